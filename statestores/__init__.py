@@ -1,0 +1,82 @@
+"""Embedded log-structured key-value stores with incremental snapshots.
+
+>>> import statestores, remotes
+>>> with statestores.open("lsm", "/tmp/db", remote=remotes.PathRemote("/tmp/snaps")) as db:
+...     db[b"k"] = b"v"
+...     info = db.snapshot(1)
+
+Engines: ``lsm`` (LSM tree), ``appendlog`` (Bitcask-style log + hash index),
+``hybridlog`` (FASTER-style log with a mutable in-memory tail), ``memonly`` (a dict).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from .base import MAX_KEY_BYTES, MAX_VALUE_BYTES, RestoreInfo, SnapshotInfo, Store
+from .errors import (
+    CorruptionError,
+    LockedError,
+    RemoteError,
+    SnapshotNotFoundError,
+    StoreClosedError,
+    StoreError,
+)
+from .fs import FaultyFS, FileSystem, InjectedFault
+
+__all__ = [
+    "ENGINES",
+    "open",
+    "engine_class",
+    "Store",
+    "SnapshotInfo",
+    "RestoreInfo",
+    "StoreError",
+    "StoreClosedError",
+    "CorruptionError",
+    "RemoteError",
+    "SnapshotNotFoundError",
+    "LockedError",
+    "FileSystem",
+    "FaultyFS",
+    "InjectedFault",
+    "MAX_KEY_BYTES",
+    "MAX_VALUE_BYTES",
+]
+
+ENGINES = ("lsm", "appendlog", "hybridlog", "memonly")
+
+_MODULES = {
+    "lsm": ("statestores.lsm", "LSMStore"),
+    "appendlog": ("statestores.appendlog", "AppendLogStore"),
+    "hybridlog": ("statestores.hybridlog", "HybridLogStore"),
+    "memonly": ("statestores.memonly", "MemOnlyStore"),
+}
+
+
+def engine_class(engine: str) -> type[Store]:
+    """The :class:`Store` subclass implementing ``engine``."""
+    if not isinstance(engine, str):
+        raise TypeError(f"engine must be a str, one of {ENGINES}, got {type(engine).__name__}")
+    if engine not in _MODULES:
+        raise ValueError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
+    module, cls = _MODULES[engine]
+    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+
+
+def open(  # noqa: A001 - the API the issue names
+    engine: str,
+    directory: str | os.PathLike[str],
+    *,
+    remote: Any = None,
+    **options: Any,
+) -> Store:
+    """Open (creating if needed) a store of ``engine`` in ``directory``.
+
+    If the directory holds no state and ``remote`` holds snapshots, the latest snapshot is
+    restored. ``options`` are the engine's tunables plus ``sync`` (``"none"``, ``"os"``,
+    ``"fsync"``); an unknown one raises ``TypeError``.
+    """
+    return engine_class(engine)(directory, remote=remote, **options)

@@ -1,0 +1,250 @@
+"""The one seam between the engines and the operating system's files.
+
+Engines never call ``os`` directly for data files: they go through a :class:`FileSystem`.
+Tests swap in :class:`FaultyFS`, which fails (optionally tearing the write) at a chosen
+mutating call and then behaves like a dead process: every later call fails too, and every
+descriptor it opened is closed, so nothing it buffered reaches disk afterwards. Reopening
+the directory with a fresh :class:`FileSystem` is then exactly a restart after ``kill -9``.
+
+Writes go straight to ``os.write`` (no Python-level buffering): what a ``write`` call has
+returned from is in the OS and survives a killed process; ``fsync`` adds power-loss safety.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import random
+import threading
+
+from .errors import LockedError
+
+__all__ = ["FileSystem", "FaultyFS", "InjectedFault"]
+
+
+class FileSystem:
+    """Real file operations. Paths are ``str``; descriptors are plain ints."""
+
+    def open_append(self, path: str) -> int:
+        """Open ``path`` for appending, creating it if missing."""
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def open_new(self, path: str) -> int:
+        """Create (or truncate) ``path`` for writing."""
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def open_read(self, path: str) -> int:
+        return os.open(path, os.O_RDONLY)
+
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
+        """Write all of ``data`` (looping over short writes)."""
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        return os.pread(fd, size, offset)
+
+    def mmap(self, fd: int) -> mmap.mmap | None:
+        """A read-only map of the whole file, or ``None`` for an empty file."""
+        if os.fstat(fd).st_size == 0:
+            return None
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+
+    def read_file(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def truncate(self, path: str, size: int) -> None:
+        os.truncate(path, size)
+
+    def rename(self, src: str, dst: str) -> None:
+        """Atomically replace ``dst`` with ``src``."""
+        os.replace(src, dst)
+
+    def remove(self, path: str) -> None:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+
+    def listdir(self, directory: str) -> list[str]:
+        return os.listdir(directory)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def size(self, path: str) -> int:
+        return os.path.getsize(path)
+
+    def makedirs(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+
+    def fsync_dir(self, directory: str) -> None:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def lock(self, path: str) -> int:
+        """Take an exclusive lock file; :class:`LockedError` if someone holds it."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                raise LockedError(f"{path}: the store directory is already open elsewhere") from None
+            raise
+        return fd
+
+    def unlock(self, fd: int) -> None:
+        os.close(fd)
+
+    # -- composed helpers (built only from the primitives above, so faults reach them) --
+
+    def write_file_atomic(self, path: str, data: bytes, *, sync: bool) -> None:
+        """Write ``data`` to ``path`` all-or-nothing: a temp file, then a rename."""
+        tmp = path + ".tmp"
+        fd = self.open_new(tmp)
+        try:
+            self.write(fd, data)
+            if sync:
+                self.fsync(fd)
+        finally:
+            self.close(fd)
+        self.rename(tmp, path)
+        if sync:
+            self.fsync_dir(os.path.dirname(path) or ".")
+
+
+class InjectedFault(OSError):
+    """Raised by :class:`FaultyFS` at the chosen call (and at every call after it)."""
+
+
+class FaultyFS(FileSystem):
+    """A :class:`FileSystem` that dies at the ``fail_at``-th mutating call.
+
+    Mutating calls are ``write``, ``fsync``, ``truncate``, ``rename``, ``remove`` and
+    ``fsync_dir``. With ``torn=True`` the failing ``write`` first writes a random prefix of
+    its data, as a process killed in the middle of a large write would. After the fault
+    every call raises :class:`InjectedFault` and all descriptors opened through this object
+    are closed (releasing the directory lock), so the store object is as good as dead.
+    """
+
+    def __init__(self, fail_at: int | None = None, *, torn: bool = True, seed: int = 0) -> None:
+        self.fail_at = fail_at
+        self.torn = torn
+        self.calls = 0
+        self.dead = False
+        self._rng = random.Random(seed)
+        self._fds: set[int] = set()
+        self._mutex = threading.Lock()
+
+    def _tick(self) -> bool:
+        """Count one mutating call; True if this is the one that must fail."""
+        with self._mutex:
+            if self.dead:
+                raise InjectedFault("injected fault: the process is dead")
+            self.calls += 1
+            return self.fail_at is not None and self.calls >= self.fail_at
+
+    def _die(self) -> InjectedFault:
+        with self._mutex:
+            self.dead = True
+            fds, self._fds = self._fds, set()
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        return InjectedFault(f"injected fault at mutating call {self.calls}")
+
+    def crash(self) -> None:
+        """Die now (as ``kill -9`` between two calls would)."""
+        self._die()
+
+    def _check_alive(self) -> None:
+        if self.dead:
+            raise InjectedFault("injected fault: the process is dead")
+
+    def _track(self, fd: int) -> int:
+        with self._mutex:
+            self._fds.add(fd)
+        return fd
+
+    def open_append(self, path: str) -> int:
+        self._check_alive()
+        return self._track(super().open_append(path))
+
+    def open_new(self, path: str) -> int:
+        self._check_alive()
+        return self._track(super().open_new(path))
+
+    def open_read(self, path: str) -> int:
+        self._check_alive()
+        return self._track(super().open_read(path))
+
+    def lock(self, path: str) -> int:
+        self._check_alive()
+        return self._track(super().lock(path))
+
+    def close(self, fd: int) -> None:
+        with self._mutex:
+            if fd not in self._fds:
+                return  # already closed by the fault
+            self._fds.discard(fd)
+        os.close(fd)
+
+    def unlock(self, fd: int) -> None:
+        self.close(fd)
+
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
+        if self._tick():
+            if self.torn and len(data) > 1:
+                super().write(fd, memoryview(data)[: self._rng.randrange(1, len(data))])
+            raise self._die()
+        super().write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        if self._tick():
+            raise self._die()
+        super().fsync(fd)
+
+    def truncate(self, path: str, size: int) -> None:
+        if self._tick():
+            raise self._die()
+        super().truncate(path, size)
+
+    def rename(self, src: str, dst: str) -> None:
+        if self._tick():
+            raise self._die()
+        super().rename(src, dst)
+
+    def remove(self, path: str) -> None:
+        if self._tick():
+            raise self._die()
+        super().remove(path)
+
+    def fsync_dir(self, directory: str) -> None:
+        if self._tick():
+            raise self._die()
+        super().fsync_dir(directory)
+
+    def read_file(self, path: str) -> bytes:
+        self._check_alive()
+        return super().read_file(path)
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        self._check_alive()
+        return super().pread(fd, size, offset)
