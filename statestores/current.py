@@ -1,0 +1,53 @@
+"""``CURRENT``: the small local document naming an engine's live files.
+
+Rewritten atomically (temp file + rename) whenever the set of live files changes, so a
+crash leaves either the old or the new version. Encoding (``FORMAT.md`` § "CURRENT"):
+``b"SFCU" | crc32c:u32 | msgpack(dict)``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any
+
+import msgpack
+
+from .checksum import crc32c
+from .errors import CorruptionError
+from .fs import FileSystem
+
+__all__ = ["NAME", "exists", "read", "write"]
+
+NAME = "CURRENT"
+_HEAD = struct.Struct("<4sI")
+_MAGIC = b"SFCU"
+
+
+def exists(fs: FileSystem, directory: str) -> bool:
+    """Whether ``directory`` holds a ``CURRENT`` file (i.e. an engine's state)."""
+    return fs.exists(os.path.join(directory, NAME))
+
+
+def read(fs: FileSystem, directory: str) -> dict[str, Any]:
+    """The ``CURRENT`` document, or ``{}`` if there is none."""
+    path = os.path.join(directory, NAME)
+    if not fs.exists(path):
+        return {}
+    data = fs.read_file(path)
+    if len(data) < _HEAD.size:
+        raise CorruptionError(path, "file too short")
+    magic, crc = _HEAD.unpack_from(data)
+    body = data[_HEAD.size :]
+    if magic != _MAGIC or crc32c(body) != crc:
+        raise CorruptionError(path, "bad magic or checksum")
+    doc = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    if not isinstance(doc, dict):
+        raise CorruptionError(path, "not a document")
+    return doc
+
+
+def write(fs: FileSystem, directory: str, doc: dict[str, Any], *, sync: bool) -> None:
+    """Replace ``CURRENT`` with ``doc`` atomically."""
+    body = msgpack.packb(doc, use_bin_type=True)
+    fs.write_file_atomic(os.path.join(directory, NAME), _HEAD.pack(_MAGIC, crc32c(body)) + body, sync=sync)

@@ -1,0 +1,254 @@
+"""``memonly``: the whole state in a dict; a snapshot writes all of it.
+
+The baseline that shows why incremental snapshots matter: every snapshot (and every
+flush without a WAL) dumps the full state into a new file, so cumulative snapshot cost
+grows quadratically with a growing state.
+
+Files (see ``FORMAT.md``): ``mem-<seq>.dump`` — the full state as one write batch of log
+records; ``mem-<seq>.wal`` — writes since that dump (only with ``sync`` ≠ ``"none"``);
+``CURRENT`` — which dump and WAL are live.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from remotes.manifest import Manifest
+
+from . import current, records
+from .base import MAX_KEY_BYTES, MAX_VALUE_BYTES, Frozen, Store, check_key, check_ops, check_value
+from .errors import CorruptionError
+
+__all__ = ["MemOnlyStore"]
+
+
+class MemOnlyStore(Store):
+    """A dict, dumped whole at every snapshot; an optional WAL for ``sync`` = os/fsync."""
+
+    engine = "memonly"
+    DEFAULT_SYNC = "none"
+
+    def _has_local_state(self) -> bool:
+        return current.exists(self.fs, self.directory)
+
+    def _open(self) -> None:
+        self._data: dict[bytes, bytes] = {}
+        self._wal_fd: int | None = None
+        self._wal_name: str | None = None
+        self._wal_bytes = 0
+        self._dumps = 0
+        state = current.read(self.fs, self.directory)
+        self._seq = int(state.get("seq", 0))
+        self._dump_name: str | None = state.get("dump")
+        if self._dump_name:
+            self._load_records(self._dump_name, truncate_torn=False)
+        wal = state.get("wal")
+        if wal and self.fs.exists(self._path(wal)):
+            self._load_records(wal, truncate_torn=True)
+            self._wal_bytes = self.fs.size(self._path(wal))
+        self._remove_strays({self._dump_name, wal})
+        if self.sync != "none":
+            if wal and self.fs.exists(self._path(wal)):
+                self._wal_name = wal
+                self._wal_fd = self.fs.open_append(self._path(wal))
+            else:
+                self._start_wal()
+                self._write_current()
+
+    def _load_records(self, name: str, *, truncate_torn: bool) -> None:
+        path = self._path(name)
+        buf = self.fs.read_file(path)
+        res = records.ScanResult(0, False)
+        data = self._data
+        for _off, key, value in records.scan(buf, path, res):
+            if value is None:
+                data.pop(key, None)
+            else:
+                data[key] = value
+        if res.torn:
+            if not truncate_torn:
+                raise CorruptionError(path, "dump file is incomplete")
+            self.fs.truncate(path, res.valid_end)
+
+    def _remove_strays(self, live: set[str | None]) -> None:
+        for name in self.fs.listdir(self.directory):
+            if name.startswith("mem-") and name not in live:
+                self._release_file(name)
+
+    def _next_name(self, ext: str) -> str:
+        self._seq += 1
+        return f"mem-{self._seq:010d}.{ext}"
+
+    def _start_wal(self) -> None:
+        if self._wal_fd is not None:
+            self.fs.close(self._wal_fd)
+        self._wal_name = self._next_name("wal")
+        self._wal_fd = self.fs.open_new(self._path(self._wal_name))
+        self._wal_bytes = 0
+
+    def _write_current(self) -> None:
+        current.write(
+            self.fs,
+            self.directory,
+            {"seq": self._seq, "dump": self._dump_name, "wal": self._wal_name},
+            sync=self.sync == "fsync",
+        )
+
+    def _append(self, data: bytes) -> None:
+        if self._wal_fd is None:
+            return
+        self.fs.write(self._wal_fd, data)
+        if self.sync == "fsync":
+            self.fs.fsync(self._wal_fd)
+        self._wal_bytes += len(data)
+
+    # -- operations --
+
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        if self._closed:
+            self._check_open()
+        if type(key) is not bytes:
+            key = check_key(key)
+        return self._data.get(key, default)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        if self._closed:
+            self._check_open()
+        if type(key) is not bytes or type(value) is not bytes or not key or len(key) > MAX_KEY_BYTES or len(value) > MAX_VALUE_BYTES:
+            key = check_key(key)
+            value = check_value(value, key)
+        with self._lock:
+            if self._wal_fd is not None:
+                self._append(records.encode(key, value))
+            self._data[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self._check_open()
+        key = check_key(key)
+        with self._lock:
+            if self._wal_fd is not None:
+                self._append(records.encode(key, None))
+            self._data.pop(key, None)
+
+    def write_batch(self, ops: Iterable[tuple[bytes, bytes | None]]) -> None:
+        self._check_open()
+        checked = check_ops(ops)
+        if not checked:
+            return
+        with self._lock:
+            if self._wal_fd is not None:
+                self._append(records.encode_batch(checked))
+            data = self._data
+            for k, v in checked:
+                if v is None:
+                    data.pop(k, None)
+                else:
+                    data[k] = v
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        self._check_open()
+        with self._lock:
+            snapshot = list(self._data.items())
+        return iter(snapshot)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def flush(self) -> None:
+        self._check_open()
+        with self._lock:
+            if self._wal_fd is None:
+                self._dump()
+            elif self.sync == "fsync":
+                self.fs.fsync(self._wal_fd)
+
+    # -- snapshots --
+
+    def _dump(self) -> str:
+        """Write the whole state to a new dump file and make it (and a fresh WAL) current."""
+        name = self._next_name("dump")
+        path = self._path(name)
+        tmp = path + ".tmp"
+        fd = self.fs.open_new(tmp)
+        try:
+            chunk: list[bytes] = []
+            size = 0
+            for k, v in self._data.items():
+                rec = records.encode(k, v, records.BATCH)
+                chunk.append(rec)
+                size += len(rec)
+                if size >= 1 << 20:
+                    self.fs.write(fd, b"".join(chunk))
+                    chunk.clear()
+                    size = 0
+            chunk.append(records.encode(b"", len(self._data).to_bytes(4, "little"), records.COMMIT))
+            self.fs.write(fd, b"".join(chunk))
+            if self.sync == "fsync":
+                self.fs.fsync(fd)
+        finally:
+            self.fs.close(fd)
+        self.fs.rename(tmp, path)
+        old_dump, old_wal = self._dump_name, self._wal_name
+        self._dump_name = name
+        if self.sync != "none":
+            self._start_wal()
+        self._write_current()
+        self._dumps += 1
+        for old in (old_dump, old_wal):
+            if old and old not in (self._dump_name, self._wal_name):
+                self._release_file(old)
+        return name
+
+    def _freeze(self) -> Frozen:
+        return Frozen([self._dump()], {})
+
+    def _install(self, manifest: Manifest, next_seq: int) -> None:
+        (name,) = manifest.files
+        self._seq = max(self._seq, next_seq)
+        self._data = {}
+        self._load_records(name, truncate_torn=False)
+        old_dump, old_wal = self._dump_name, self._wal_name
+        self._dump_name = name
+        self._wal_name = None
+        if self.sync != "none":
+            self._start_wal()
+        self._write_current()
+        for old in (old_dump, old_wal):
+            if old and old not in (self._dump_name, self._wal_name):
+                self._release_file(old)
+
+    def _quiesce(self) -> None:
+        pass  # no background work
+
+    def _close(self) -> None:
+        if self._wal_fd is None:
+            self._dump()
+        else:
+            if self._wal_bytes > (1 << 20) and self._wal_bytes > 2 * self._data_bytes():
+                self._dump()  # keep reopen time proportional to the state, not its history
+            if self.sync == "fsync":
+                self.fs.fsync(self._wal_fd)
+            self.fs.close(self._wal_fd)
+            self._wal_fd = None
+
+    def _abandon(self) -> None:
+        if getattr(self, "_wal_fd", None) is not None:
+            try:
+                self.fs.close(self._wal_fd)  # type: ignore[arg-type]
+            except OSError:
+                pass
+            self._wal_fd = None
+
+    def _data_bytes(self) -> int:
+        return sum(len(k) + len(v) for k, v in self._data.items())
+
+    def _stats(self) -> dict[str, Any]:
+        return {
+            "keys": len(self._data),
+            "data_bytes": self._data_bytes(),
+            "wal_bytes": self._wal_bytes,
+            "dumps": self._dumps,
+            "files": sorted(n for n in os.listdir(self.directory) if n.startswith("mem-")),
+        }
