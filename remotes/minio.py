@@ -1,0 +1,444 @@
+"""``MinioRemote``: snapshot storage in an S3 bucket (MinIO or any S3-compatible service).
+
+Objects live under ``<bucket>/<prefix>/`` with the layout of :mod:`remotes._layout`.
+S3 PUTs are atomic (a reader sees the old or the new object, never a mix), so
+write-then-publish needs no temp objects: files first, the manifest last.
+
+Transient failures (connection errors, timeouts, HTTP 5xx/429, ``SlowDown`` and friends)
+are retried with exponential backoff and jitter (:class:`remotes._retry.RetryPolicy`);
+then, and for every other failure, :class:`~remotes.errors.RemoteError` is raised with a
+message that names the endpoint, bucket and object — never the secret key.
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import certifi
+import urllib3
+from minio import Minio
+from minio.deleteobjects import DeleteObject
+from minio.error import InvalidResponseError, S3Error, ServerError
+from minio.helpers import check_bucket_name
+
+from ._gc import plan_gc
+from ._layout import (
+    BLOBS,
+    FILES,
+    MANIFESTS,
+    check_name,
+    check_snapshot_id,
+    manifest_name,
+    parse_manifest_name,
+)
+from ._retry import RetriesExhausted, RetryPolicy, retry_call
+from .base import GcInfo, Remote
+from .errors import RemoteError, SnapshotNotFoundError
+from .manifest import Manifest
+
+__all__ = ["MinioRemote", "RetryPolicy"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "SlowDownRead",
+        "SlowDownWrite",
+        "InternalError",
+        "ServiceUnavailable",
+        "RequestTimeout",
+        "RequestTimeTooSkewed",
+        "OperationAborted",
+        "XMinioServerNotInitialized",
+        "XMinioStorageFull",
+        "XMinioBackendDown",
+        "XMinioReadQuorum",
+        "XMinioWriteQuorum",
+    }
+)
+_MISSING_CODES = frozenset({"NoSuchKey", "NoSuchObject"})
+_CHUNK = 1 << 20
+
+
+def _status_transient(status: int) -> bool:
+    return status >= 500 or status in (408, 429)
+
+
+def is_transient(e: BaseException) -> bool:
+    """Whether ``e`` (raised by the minio client) is worth retrying."""
+    if isinstance(e, S3Error):
+        status = e.response.status if e.response is not None else 0
+        return e.code in _TRANSIENT_CODES or _status_transient(status)
+    if isinstance(e, ServerError):
+        return _status_transient(e.status_code)
+    if isinstance(e, InvalidResponseError):
+        return _status_transient(int(getattr(e, "_code", 0) or 0))
+    return isinstance(
+        e, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, http.client.HTTPException)
+    )
+
+
+def _normalize_prefix(prefix: str) -> str:
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, got {type(prefix).__name__}: {prefix!r}")
+    parts = [p for p in prefix.strip("/").split("/")]
+    if parts == [""]:
+        return ""
+    for p in parts:
+        if p in ("", ".", "..") or "\\" in p or "\x00" in p:
+            raise ValueError(f"prefix {prefix!r} has an empty, '.', '..' or invalid component {p!r}")
+    return "/".join(parts) + "/"
+
+
+class MinioRemote(Remote):
+    """A remote in ``bucket`` (created on first use if missing) under ``prefix``.
+
+    ``endpoint`` is ``host:port`` (an ``http://``/``https://`` scheme is accepted and sets
+    ``secure``). Thread-safe: one connection pool of ``pool_size`` connections is shared by
+    all threads. ``retry`` bounds how long transient errors are retried; ``connect_timeout``
+    and ``read_timeout`` bound each request.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        access_key: str,
+        secret_key: str,
+        bucket: str,
+        *,
+        secure: bool = False,
+        prefix: str = "",
+        region: str = "us-east-1",
+        retry: RetryPolicy | None = None,
+        pool_size: int = 16,
+        connect_timeout: float = 3.0,
+        read_timeout: float = 30.0,
+    ) -> None:
+        if not isinstance(endpoint, str) or not endpoint:
+            raise ValueError(f"endpoint must be a non-empty 'host:port' str, got {endpoint!r}")
+        if endpoint.startswith("https://"):
+            endpoint, secure = endpoint[len("https://"):], True
+        elif endpoint.startswith("http://"):
+            endpoint, secure = endpoint[len("http://"):], False
+        endpoint = endpoint.rstrip("/")
+        if "/" in endpoint or not endpoint:
+            raise ValueError(f"endpoint must be 'host:port' without a path, got {endpoint!r}")
+        for label, value in (("access_key", access_key), ("secret_key", secret_key)):
+            if not isinstance(value, str) or not value:
+                # Never echo the value: it may be a credential.
+                raise ValueError(f"{label} must be a non-empty str")
+        if not isinstance(bucket, str):
+            raise TypeError(f"bucket must be a str, got {type(bucket).__name__}: {bucket!r}")
+        try:
+            check_bucket_name(bucket, strict=True)
+        except ValueError as e:
+            raise ValueError(f"bucket {bucket!r} is not a valid S3 bucket name: {e}") from None
+        if pool_size < 1:
+            raise ValueError(f"pool_size must be >= 1, got {pool_size}")
+
+        self.endpoint = endpoint
+        self.bucket = bucket
+        self.secure = bool(secure)
+        self.prefix = _normalize_prefix(prefix)
+        self.retry = retry or RetryPolicy()
+        self._secret = secret_key
+        self._http = urllib3.PoolManager(
+            timeout=urllib3.Timeout(connect=connect_timeout, read=read_timeout),
+            maxsize=pool_size,
+            block=False,
+            cert_reqs="CERT_REQUIRED" if self.secure else "CERT_NONE",
+            ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+            # Our own retry loop decides; urllib3 must not retry (or sleep) underneath it.
+            retries=False,
+        )
+        self._client = Minio(
+            endpoint,
+            access_key=access_key,
+            secret_key=secret_key,
+            secure=self.secure,
+            region=region,
+            http_client=self._http,
+        )
+        self._bucket_lock = threading.Lock()
+        self._bucket_ready = False
+        self._gc_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"MinioRemote({self.endpoint!r}, bucket={self.bucket!r}, prefix={self.prefix!r})"
+
+    # -- plumbing --
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._secret, "***") if self._secret else text
+
+    def _where(self, key: str | None) -> str:
+        scheme = "https" if self.secure else "http"
+        obj = f", object {key!r}" if key is not None else f", prefix {self.prefix!r}"
+        return f"MinIO at {scheme}://{self.endpoint}, bucket {self.bucket!r}{obj}"
+
+    def _call(self, op: str, key: str | None, fn: Callable[[], T]) -> T:
+        """Run ``fn`` with retries; turn client errors into ``RemoteError``."""
+        what = f"{op} ({self._where(key)})"
+        try:
+            return retry_call(fn, policy=self.retry, is_transient=is_transient, what=what, scrub=self._scrub)
+        except RetriesExhausted as e:
+            raise RemoteError(
+                self._scrub(
+                    f"{self._where(key)}: {op} failed after {e.attempts} tries in {e.elapsed:.1f}s: "
+                    f"{type(e.last).__name__}: {e.last}"
+                )
+            ) from e.last
+        except S3Error as e:
+            raise RemoteError(self._scrub(f"{self._where(key)}: {op} failed: {e.code}: {e.message}")) from e
+        except (ServerError, InvalidResponseError) as e:
+            raise RemoteError(self._scrub(f"{self._where(key)}: {op} failed: {type(e).__name__}: {e}")) from e
+
+    def _ensure_bucket(self) -> None:
+        if self._bucket_ready:
+            return
+        with self._bucket_lock:
+            if self._bucket_ready:
+                return
+
+            def make() -> None:
+                if self._client.bucket_exists(self.bucket):
+                    return
+                try:
+                    self._client.make_bucket(self.bucket)
+                    log.info("created bucket", extra={"endpoint": self.endpoint, "bucket": self.bucket})
+                except S3Error as e:
+                    if e.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                        raise
+
+            self._call("create bucket", None, make)
+            self._bucket_ready = True
+
+    def _key(self, kind: str, name: str) -> str:
+        return f"{self.prefix}{kind}/{name}"
+
+    def _list(self, kind: str) -> Iterator[tuple[str, int, float]]:
+        """``(name, size, mtime)`` of every object under ``<prefix><kind>/``."""
+        self._ensure_bucket()
+        base = f"{self.prefix}{kind}/"
+
+        def listing() -> list[tuple[str, int, float]]:
+            out = []
+            for obj in self._client.list_objects(self.bucket, prefix=base, recursive=True):
+                name = obj.object_name or ""
+                if obj.is_dir or not name.startswith(base):
+                    continue
+                mtime = obj.last_modified.timestamp() if obj.last_modified else 0.0
+                out.append((name[len(base):], int(obj.size or 0), mtime))
+            return out
+
+        return iter(self._call(f"list {kind}", base, listing))
+
+    def _get_bytes(self, key: str, op: str) -> bytes | None:
+        """Object ``key``'s bytes, or ``None`` if it does not exist."""
+        self._ensure_bucket()
+
+        def get() -> bytes | None:
+            try:
+                resp = self._client.get_object(self.bucket, key)
+            except S3Error as e:
+                if e.code in _MISSING_CODES:
+                    return None
+                raise
+            try:
+                return resp.read()
+            finally:
+                resp.close()
+                resp.release_conn()
+
+        return self._call(op, key, get)
+
+    def _put_bytes(self, key: str, data: bytes, op: str) -> None:
+        self._ensure_bucket()
+
+        def put() -> None:
+            self._client.put_object(self.bucket, key, io.BytesIO(data), len(data))
+
+        self._call(op, key, put)
+
+    def _delete(self, key: str, op: str) -> None:
+        self._ensure_bucket()
+        self._call(op, key, lambda: self._client.remove_object(self.bucket, key))
+
+    # -- files --
+    def put_file(self, name: str, path: str | os.PathLike[str]) -> int:
+        """Upload local file ``path`` as ``files/<name>``; durable on return."""
+        check_name(name)
+        size = os.path.getsize(path)  # a missing local file is the caller's error, not ours
+        key = self._key(FILES, name)
+        self._ensure_bucket()
+        self._call("put file", key, lambda: self._client.fput_object(self.bucket, key, os.fspath(path)))
+        log.debug("put file", extra={"bucket": self.bucket, "key": key, "bytes": size})
+        return size
+
+    def get_file(self, name: str, path: str | os.PathLike[str]) -> int:
+        """Download ``files/<name>`` to ``path`` (temp file beside it, fsync, rename)."""
+        check_name(name)
+        key = self._key(FILES, name)
+        dst = Path(path)
+        tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex}.part")
+        self._ensure_bucket()
+
+        def get() -> int | None:
+            try:
+                resp = self._client.get_object(self.bucket, key)
+            except S3Error as e:
+                if e.code in _MISSING_CODES:
+                    return None
+                raise
+            n = 0
+            try:
+                with open(tmp, "wb") as f:
+                    for chunk in resp.stream(_CHUNK):
+                        f.write(chunk)
+                        n += len(chunk)
+                    f.flush()
+                    os.fsync(f.fileno())
+            finally:
+                resp.close()
+                resp.release_conn()
+            return n
+
+        try:
+            n = self._call("get file", key, get)
+            if n is None:
+                raise RemoteError(f"{self._where(key)}: no file {name!r}")
+            os.replace(tmp, dst)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return n
+
+    def list_files(self) -> dict[str, int]:
+        """Every data file: name → size in bytes."""
+        return {name: size for name, size, _ in self._list(FILES)}
+
+    def delete_file(self, name: str) -> None:
+        """Delete ``files/<name>``; a missing file is not an error."""
+        check_name(name)
+        self._delete(self._key(FILES, name), "delete file")
+
+    # -- manifests --
+    def write_manifest(self, manifest: Manifest) -> None:
+        """Publish ``manifest`` (one atomic PUT; replaces one with the same id)."""
+        if not isinstance(manifest, Manifest):
+            raise TypeError(f"manifest must be a remotes.Manifest, got {type(manifest).__name__}")
+        key = self._key(MANIFESTS, manifest_name(manifest.snapshot_id))
+        self._put_bytes(key, manifest.encode(), "write manifest")
+
+    def read_manifest(self, snapshot_id: int) -> Manifest:
+        """The manifest of ``snapshot_id``; ``SnapshotNotFoundError`` if unpublished."""
+        key = self._key(MANIFESTS, manifest_name(snapshot_id))
+        data = self._get_bytes(key, "read manifest")
+        if data is None:
+            raise SnapshotNotFoundError(f"{self._where(key)}: no snapshot {snapshot_id}")
+        m = Manifest.decode(data, source=f"s3://{self.bucket}/{key}")
+        if m.snapshot_id != snapshot_id:
+            raise RemoteError(f"{self._where(key)}: holds the manifest of snapshot {m.snapshot_id}, not {snapshot_id}")
+        return m
+
+    def _manifests(self) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for name, _, mtime in self._list(MANIFESTS):
+            sid = parse_manifest_name(name)
+            if sid is not None:
+                out[sid] = mtime
+        return out
+
+    def list_snapshots(self) -> list[int]:
+        """Ids of the published snapshots, ascending."""
+        return sorted(self._manifests())
+
+    def delete_snapshot(self, snapshot_id: int) -> None:
+        """Unpublish ``snapshot_id`` (its files stay until :meth:`gc`); missing is fine."""
+        check_snapshot_id(snapshot_id)
+        self._delete(self._key(MANIFESTS, manifest_name(snapshot_id)), "delete manifest")
+
+    # -- blobs --
+    def put_blob(self, name: str, data: bytes) -> None:
+        """Store ``data`` as ``blobs/<name>`` (one atomic PUT)."""
+        check_name(name)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"blob {name!r}: data must be bytes, got {type(data).__name__}")
+        self._put_bytes(self._key(BLOBS, name), bytes(data), "put blob")
+
+    def get_blob(self, name: str) -> bytes | None:
+        """``blobs/<name>``, or ``None`` if absent."""
+        check_name(name)
+        return self._get_bytes(self._key(BLOBS, name), "get blob")
+
+    # -- lifecycle --
+    def gc(self, keep: int) -> GcInfo:
+        """Keep the newest ``keep`` (>= 1) snapshots; delete older manifests and the files no
+        retained manifest references (files newer than the newest retained manifest are
+        kept: they may belong to an upload in flight)."""
+        with self._gc_lock:
+            manifests = self._manifests()
+            plan = plan_gc(
+                sorted(manifests), keep, self.read_manifest, list(self._list(FILES)), manifests.__getitem__
+            )
+            for sid in plan.drop_snapshots:
+                self.delete_snapshot(sid)
+            self._delete_keys([self._key(FILES, n) for n in plan.drop_files], "gc files")
+        info = GcInfo(plan.drop_snapshots, len(plan.drop_files), sum(plan.drop_files.values()))
+        log.info(
+            "gc",
+            extra={"bucket": self.bucket, "prefix": self.prefix, "snapshots_deleted": info.snapshots_deleted,
+                   "files_deleted": info.files_deleted, "bytes_deleted": info.bytes_deleted},
+        )
+        return info
+
+    def _delete_keys(self, keys: list[str], op: str) -> None:
+        if not keys:
+            return
+        self._ensure_bucket()
+
+        def delete() -> None:
+            for i in range(0, len(keys), 1000):  # S3 DeleteObjects takes <= 1000 keys
+                batch = [DeleteObject(k) for k in keys[i : i + 1000]]
+                errors = list(self._client.remove_objects(self.bucket, batch))
+                if errors:
+                    first = errors[0]
+                    raise RemoteError(
+                        self._scrub(
+                            f"{self._where(first.name)}: {op}: {len(errors)} of {len(batch)} deletes failed, "
+                            f"first: {first.code}: {first.message}"
+                        )
+                    )
+
+        self._call(op, None, delete)
+
+    def destroy(self) -> None:
+        """Delete every object under this remote's prefix (the bucket itself stays);
+        the remote can be used again afterwards (empty)."""
+        self._ensure_bucket()
+        base = self.prefix
+
+        def listing() -> list[str]:
+            return [
+                o.object_name
+                for o in self._client.list_objects(self.bucket, prefix=base or None, recursive=True)
+                if o.object_name and not o.is_dir
+            ]
+
+        with self._gc_lock:
+            keys = self._call("list for destroy", None, listing)
+            self._delete_keys(keys, "destroy")
+        log.info("destroyed", extra={"bucket": self.bucket, "prefix": self.prefix, "objects": len(keys)})
+
+    def close(self) -> None:
+        """Close pooled connections (the remote reopens them if used again)."""
+        self._http.clear()
