@@ -1,0 +1,139 @@
+"""Metamorphic, model-based test: one random history against every engine and several
+parameter sets, compared step by step with a dict (Pebble's metamorphic test, driven by
+Hypothesis' stateful testing)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import remotes
+import statestores
+
+from .engines import CONFIGS, config_id
+
+KEYS = st.sampled_from([b"k%02d" % i for i in range(24)] + [b"\x00", b"\xff" * 3, b"long" * 40])
+VALUES = st.one_of(st.just(b""), st.binary(max_size=12), st.binary(min_size=200, max_size=600))
+OPS = st.lists(st.tuples(KEYS, st.one_of(st.none(), VALUES)), max_size=8)
+
+
+def make_machine(engine: str, options: dict[str, Any]) -> type[RuleBasedStateMachine]:
+    class StoreVsDict(RuleBasedStateMachine):
+        @initialize()
+        def open_store(self) -> None:
+            self.tmp = Path(tempfile.mkdtemp(prefix="sfaas-model-"))
+            self.remote = remotes.PathRemote(self.tmp / "remote")
+            self.fs = statestores.FaultyFS()
+            self.store = statestores.open(engine, self.tmp / "db", remote=self.remote, fs=self.fs, **options)
+            self.model: dict[bytes, bytes] = {}
+            self.snaps: dict[int, dict[bytes, bytes]] = {}
+            self.next_id = 1
+
+        def teardown(self) -> None:
+            try:
+                self.store.close()
+            finally:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+
+        @rule(key=KEYS, value=VALUES)
+        def put(self, key: bytes, value: bytes) -> None:
+            self.store.put(key, value)
+            self.model[key] = value
+
+        @rule(key=KEYS)
+        def delete(self, key: bytes) -> None:
+            self.store.delete(key)
+            self.model.pop(key, None)
+
+        @rule(ops=OPS)
+        def batch(self, ops: list[tuple[bytes, bytes | None]]) -> None:
+            self.store.write_batch(ops)
+            for k, v in ops:
+                if v is None:
+                    self.model.pop(k, None)
+                else:
+                    self.model[k] = v
+
+        @rule(key=KEYS)
+        def get(self, key: bytes) -> None:
+            assert self.store.get(key) == self.model.get(key)
+            assert (key in self.store) == (key in self.model)
+
+        @rule()
+        def flush(self) -> None:
+            self.store.flush()
+
+        def _reopen(self, fs: statestores.FileSystem) -> None:
+            self.fs = fs  # type: ignore[assignment]
+            self.store = statestores.open(engine, self.tmp / "db", remote=self.remote, fs=fs, **options)
+
+        @rule()
+        def reopen(self) -> None:
+            self.store.close()
+            self._reopen(statestores.FaultyFS())
+
+        @rule()
+        def crash_and_reopen(self) -> None:
+            # kill -9: nothing more reaches the disk, no close() runs; sync="os" loses nothing.
+            self.fs.crash()
+            self.store._wait_uploads()
+            self._reopen(statestores.FaultyFS())
+
+        @rule()
+        def snapshot(self) -> None:
+            sid = self.next_id
+            self.next_id += 1
+            info = self.store.snapshot(sid)
+            assert info.snapshot_id == sid
+            self.snaps[sid] = dict(self.model)
+
+        @rule()
+        def snapshot_async_then_write(self) -> None:
+            sid = self.next_id
+            self.next_id += 1
+            fut = self.store.snapshot_async(sid)
+            self.snaps[sid] = dict(self.model)
+            self.store.put(b"k00", b"during-upload")
+            self.model[b"k00"] = b"during-upload"
+            assert fut.result(timeout=60).snapshot_id == sid
+
+        @precondition(lambda self: bool(self.snaps))
+        @rule(data=st.data())
+        def restore(self, data: st.DataObject) -> None:
+            sid = data.draw(st.sampled_from(sorted(self.snaps)))
+            self.store.restore(sid)
+            self.model = dict(self.snaps[sid])
+            # snapshot ids continue above every id in the remote (older and newer restores)
+
+        @invariant()
+        def same_contents(self) -> None:
+            if not hasattr(self, "store"):
+                return
+            items = list(self.store.items())
+            assert dict(items) == self.model
+            assert len(items) == len(self.model)
+            if engine == "lsm":
+                assert [k for k, _ in items] == sorted(self.model)
+
+    StoreVsDict.__name__ = f"StoreVsDict_{engine}"
+    return StoreVsDict
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=config_id)
+def test_engine_matches_a_dict(cfg: tuple[str, dict[str, Any]]) -> None:
+    engine, options = cfg
+    machine = make_machine(engine, options)
+    machine.TestCase.settings = settings(
+        max_examples=12,
+        stateful_step_count=40,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    machine.TestCase().runTest()
