@@ -37,7 +37,13 @@ from remotes.base import Remote
 from remotes.manifest import FileInfo, Manifest
 
 from .checksum import crc32c
-from .errors import CorruptionError, RemoteError, SnapshotNotFoundError, StoreClosedError, StoreError
+from .errors import (
+    CorruptionError,
+    RemoteError,
+    SnapshotNotFoundError,
+    StoreClosedError,
+    StoreError,
+)
 from .fs import FileSystem
 
 log = logging.getLogger("statestores")
