@@ -1,0 +1,173 @@
+"""The user-facing app model: :class:`App`, its operators and their functions.
+
+>>> app = App("bank")
+>>> accounts = app.operator("accounts", store="memonly")
+>>> @accounts.function
+... async def deposit(ctx, amount: int):
+...     ctx.put(ctx.get(default=0) + amount)
+
+The app is code deployed with the workers (``sfaas worker --app module:app``); nothing about
+it travels over the network except operator/function names.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import BadArguments, ConfigError, UnknownFunction, UnknownOperator
+
+__all__ = ["App", "Operator", "Function", "load_app"]
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
+
+UserFunction = Callable[..., Awaitable[Any]]
+
+
+def _check_name(kind: str, name: object) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ConfigError(
+            f"{kind} name must be a str of letters, digits, '_', '.', '-' (starting with a "
+            f"letter or '_'), got {name!r}"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class Function:
+    """A registered user function: its name, the coroutine function and its signature."""
+
+    name: str
+    fn: UserFunction
+    signature: inspect.Signature
+
+    def check_args(self, operator: str, args: tuple[Any, ...] | list[Any]) -> None:
+        """Raise :class:`BadArguments` if ``args`` do not fit (the ctx argument excluded)."""
+        try:
+            self.signature.bind(None, *args)
+        except TypeError as exc:
+            raise BadArguments(
+                f"{operator}.{self.name}{_params(self.signature)} got {len(args)} "
+                f"argument(s) {list(args)!r:.120}: {exc}"
+            ) from None
+
+
+def _params(sig: inspect.Signature) -> str:
+    params = list(sig.parameters.values())[1:]
+    return "(" + ", ".join(p.name for p in params) + ")"
+
+
+@dataclass
+class Operator:
+    """A partitioned, keyed piece of state plus the functions that run on one key of it."""
+
+    app: App
+    name: str
+    store: str = "memonly"
+    store_options: dict[str, Any] = field(default_factory=dict)
+    functions: dict[str, Function] = field(default_factory=dict)
+
+    def function(self, fn: UserFunction | None = None, *, name: str | None = None) -> Any:
+        """Decorator registering an ``async def f(ctx, *args)`` as a function of this operator."""
+
+        def register(f: UserFunction) -> UserFunction:
+            if not inspect.iscoroutinefunction(f):
+                raise ConfigError(
+                    f"{self.name}.{getattr(f, '__name__', f)!s} must be an 'async def' function"
+                )
+            fname = _check_name("function", name or f.__name__)
+            sig = inspect.signature(f)
+            if not sig.parameters:
+                raise ConfigError(f"{self.name}.{fname} must take the context as first argument")
+            if fname in self.functions:
+                raise ConfigError(f"function {self.name}.{fname} is already registered")
+            self.functions[fname] = Function(fname, f, sig)
+            return f
+
+        if fn is not None:
+            return register(fn)
+        return register
+
+    def get_function(self, name: object) -> Function:
+        """The function called ``name`` or :class:`UnknownFunction`."""
+        func = self.functions.get(name) if isinstance(name, str) else None
+        if func is None:
+            raise UnknownFunction(
+                f"operator {self.name!r} of app {self.app.name!r} has no function {name!r}; "
+                f"known: {sorted(self.functions)}"
+            )
+        return func
+
+
+class App:
+    """A named set of operators; the unit a cluster runs."""
+
+    def __init__(self, name: str) -> None:
+        self.name = _check_name("app", name)
+        self.operators: dict[str, Operator] = {}
+
+    def operator(
+        self, name: str, store: str = "memonly", store_options: dict[str, Any] | None = None
+    ) -> Operator:
+        """Declare an operator whose state lives in a ``statestores`` engine ``store``."""
+        import statestores
+
+        _check_name("operator", name)
+        if name in self.operators:
+            raise ConfigError(f"operator {name!r} is already declared in app {self.name!r}")
+        if store not in statestores.ENGINES:
+            raise ConfigError(
+                f"operator {name!r}: unknown store {store!r}; expected one of {statestores.ENGINES}"
+            )
+        if store_options is not None and not isinstance(store_options, dict):
+            raise ConfigError(f"operator {name!r}: store_options must be a dict, got {store_options!r}")
+        op = Operator(self, name, store, dict(store_options or {}))
+        self.operators[name] = op
+        return op
+
+    def get_operator(self, name: object) -> Operator:
+        """The operator called ``name`` or :class:`UnknownOperator`."""
+        op = self.operators.get(name) if isinstance(name, str) else None
+        if op is None:
+            raise UnknownOperator(
+                f"app {self.name!r} has no operator {name!r}; known: {sorted(self.operators)}"
+            )
+        return op
+
+    def resolve(self, operator: object, function: object) -> Function:
+        """The function ``operator.function`` (raising UnknownOperator/UnknownFunction)."""
+        return self.get_operator(operator).get_function(function)
+
+    def validate(self, operator: object, key: object, function: object, args: Any) -> Function:
+        """Check a request before it is sent: names, key type, arity, serializable arguments."""
+        from .codec import check_serializable
+        from .errors import BadKey
+
+        func = self.resolve(operator, function)
+        if not isinstance(key, str) or not key:
+            raise BadKey(f"key for operator {operator!r} must be a non-empty str, got {key!r:.80}")
+        func.check_args(str(operator), tuple(args))
+        check_serializable(list(args), f"arguments of {operator}.{function}")
+        return func
+
+    def __repr__(self) -> str:
+        return f"App({self.name!r}, operators={sorted(self.operators)})"
+
+
+def load_app(spec: str) -> App:
+    """Import ``"package.module:attr"`` and return the :class:`App` it names."""
+    if not isinstance(spec, str) or ":" not in spec:
+        raise ConfigError(f"app must look like 'package.module:app', got {spec!r}")
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import app module {module_name!r}: {exc}") from exc
+    app = getattr(module, attr, None)
+    if not isinstance(app, App):
+        raise ConfigError(f"{spec!r} is not an sfaas.App (got {type(app).__name__})")
+    return app

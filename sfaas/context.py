@@ -1,0 +1,96 @@
+"""What a user function sees: :class:`Context`, bound to one key and one transaction."""
+
+from __future__ import annotations
+
+import random as _random
+from typing import TYPE_CHECKING, Any
+
+from crc32c import crc32c
+
+if TYPE_CHECKING:
+    from .txn.engine import Engine
+
+__all__ = ["Context"]
+
+
+class Context:
+    """The handle a function gets as its first argument.
+
+    ``ctx.key`` is the key this call runs on; ``get``/``put``/``delete`` act on that key's
+    value in this operator, inside the transaction (writes become visible to others only
+    if the whole transaction commits). ``call``/``send`` invoke other functions in the same
+    transaction. ``random``/``now`` are deterministic per transaction, so a re-run of a
+    conflicting transaction sees the same values.
+    """
+
+    __slots__ = ("_engine", "_tid", "_now", "operator", "key", "_pending", "_rng", "_depth")
+
+    def __init__(
+        self, engine: Engine, tid: int, now: float, operator: str, key: str, depth: int
+    ) -> None:
+        self._engine = engine
+        self._tid = tid
+        self._now = now
+        self._depth = depth
+        #: The operator this call runs in.
+        self.operator = operator
+        #: The key this call runs on.
+        self.key = key
+        self._pending: list[Any] | None = None
+        self._rng: _random.Random | None = None
+
+    @property
+    def tid(self) -> int:
+        """This transaction's id (its position in the serial order)."""
+        return self._tid
+
+    def get(self, default: Any = None) -> Any:
+        """This key's value as of the transaction (``default`` when it has none)."""
+        return self._engine.read(self._tid, self.operator, self.key, default)
+
+    def put(self, value: Any) -> None:
+        """Set this key's value (must be msgpack-able: raises NotSerializable otherwise)."""
+        self._engine.write(self._tid, self.operator, self.key, value)
+
+    def delete(self) -> None:
+        """Remove this key's value."""
+        self._engine.remove(self._tid, self.operator, self.key)
+
+    async def call(self, operator: str, key: str, function: str, *args: Any) -> Any:
+        """Run ``operator.function`` on ``key`` in this transaction and return its result.
+
+        A failure of the callee raises here (``Abort`` for a user abort, a
+        ``TransactionAborted`` subclass otherwise) and aborts the whole transaction even
+        if caught.
+        """
+        return await self._engine.call(
+            self._tid, self._now, operator, key, function, args, self._depth + 1
+        )
+
+    def send(self, operator: str, key: str, function: str, *args: Any) -> None:
+        """Run ``operator.function`` on ``key`` in this transaction without waiting for it.
+
+        It completes before the calling function's result is returned, and commits or
+        aborts with the transaction. Concurrent sends run in no particular order.
+        """
+        import asyncio
+
+        coro = self._engine.call(self._tid, self._now, operator, key, function, args, self._depth + 1)
+        task = asyncio.ensure_future(coro)
+        if self._pending is None:
+            self._pending = []
+        self._pending.append(task)
+
+    def random(self) -> float:
+        """A float in [0, 1), deterministic per (transaction, operator, key, draw)."""
+        if self._rng is None:
+            seed = crc32c(f"{self.operator}\x00{self.key}".encode()) ^ (self._tid << 32)
+            self._rng = _random.Random(seed)
+        return self._rng.random()
+
+    def now(self) -> float:
+        """The transaction's timestamp (seconds since the epoch), fixed when it was first sequenced."""
+        return self._now
+
+    def __repr__(self) -> str:
+        return f"Context(operator={self.operator!r}, key={self.key!r}, tid={self._tid})"

@@ -1,0 +1,110 @@
+"""One exception hierarchy for everything ``sfaas`` raises.
+
+``Abort`` is what user functions raise to roll a transaction back. ``TransactionAborted`` is
+what a caller (``Client.call``, ``LocalRunner.call``) receives when a transaction did not
+commit; the validation errors (unknown operator/function, bad arguments, unserializable
+values, bad keys) are subclasses of it, so ``except TransactionAborted`` catches every
+failed request, while ``except UnknownFunction`` can single one kind out.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SfaasError",
+    "Abort",
+    "TransactionAborted",
+    "UnknownOperator",
+    "UnknownFunction",
+    "BadArguments",
+    "BadKey",
+    "NotSerializable",
+    "BadRequest",
+    "ConfigError",
+    "AuthenticationError",
+    "ChannelClosed",
+    "ClusterError",
+    "RequestTimeout",
+    "error_class",
+    "reply_error",
+]
+
+
+class SfaasError(Exception):
+    """Base class of every error the sfaas runtime raises."""
+
+
+class Abort(SfaasError):
+    """Raised by a user function to roll back the whole transaction; ``reason`` reaches the client."""
+
+    def __init__(self, reason: str = "aborted") -> None:
+        super().__init__(reason)
+        self.reason = str(reason)
+
+
+class TransactionAborted(SfaasError):
+    """A request's transaction rolled back; ``reason`` says why, ``error_type`` what raised it."""
+
+    def __init__(self, reason: str, error_type: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = str(reason)
+        self.error_type = error_type or type(self).__name__
+
+
+class UnknownOperator(TransactionAborted, LookupError):
+    """The request or a ``ctx.call`` named an operator the app does not define."""
+
+
+class UnknownFunction(TransactionAborted, LookupError):
+    """The request or a ``ctx.call`` named a function the operator does not define."""
+
+
+class BadArguments(TransactionAborted, TypeError):
+    """The arguments do not fit the function's signature (wrong arity, unknown keyword)."""
+
+
+class BadKey(TransactionAborted, TypeError):
+    """A key is not a non-empty ``str``."""
+
+
+class NotSerializable(TransactionAborted, TypeError):
+    """A value (argument, state, result) is not msgpack-able (None/bool/int/float/str/bytes/list/dict)."""
+
+
+class BadRequest(TransactionAborted, ValueError):
+    """A request record could not be decoded."""
+
+
+class ConfigError(SfaasError, ValueError):
+    """A setting (flag or ``SFAAS_*`` variable) has an invalid value."""
+
+
+class AuthenticationError(SfaasError):
+    """A peer failed the shared-secret handshake."""
+
+
+class ChannelClosed(SfaasError, ConnectionError):
+    """The peer closed a channel (or it broke) while a frame was expected."""
+
+
+class ClusterError(SfaasError):
+    """The local cluster could not be started, found or stopped."""
+
+
+class RequestTimeout(SfaasError, TimeoutError):
+    """No reply arrived for a request within the client's timeout."""
+
+
+_REPLY_ERRORS: dict[str, type[TransactionAborted]] = {
+    cls.__name__: cls
+    for cls in (UnknownOperator, UnknownFunction, BadArguments, BadKey, NotSerializable, BadRequest)
+}
+
+
+def error_class(error_type: str) -> type[TransactionAborted]:
+    """The exception class a client raises for a reply whose error has type ``error_type``."""
+    return _REPLY_ERRORS.get(error_type, TransactionAborted)
+
+
+def reply_error(error_type: str, reason: str) -> TransactionAborted:
+    """The exception a client raises for a failed request: the matching subclass, if any."""
+    return error_class(error_type)(reason, error_type)

@@ -1,0 +1,221 @@
+"""Executes user functions for one worker's share of the keys, inside epochs.
+
+An :class:`Engine` owns the stores of its partitions and an :class:`AccessLog` for the
+current epoch. It is transport-agnostic: calls to keys another worker owns go through a
+:class:`Router` (peer channels in a worker process, direct calls in
+:class:`sfaas.testing.LocalRunner`), so both share exactly the same transaction semantics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from statestores import Store
+
+from ..app import App
+from ..codec import pack, unpack
+from ..context import Context
+from ..errors import Abort, BadKey, SfaasError, TransactionAborted, error_class
+from ..partitioning import owner_of_partition, partition_of
+from .epochs import AccessLog, Decision
+
+log = logging.getLogger("sfaas.engine")
+
+__all__ = ["Engine", "Router", "Outcome", "describe", "make_error", "check_key", "MAX_CALL_DEPTH"]
+
+#: Deepest chain of nested ``ctx.call``s before the transaction aborts (catches runaway recursion).
+MAX_CALL_DEPTH = 64
+
+#: ``(True, result)`` or ``(False, (error_type, reason))``.
+Outcome = tuple[bool, Any]
+
+
+class Router(Protocol):
+    """Carries a call to the engine of worker ``dest`` and returns its :data:`Outcome`."""
+
+    async def remote_call(
+        self, dest: int, tid: int, now: float, operator: str, key: str, function: str,
+        args: Sequence[Any], depth: int,
+    ) -> Outcome: ...
+
+
+def describe(exc: BaseException) -> tuple[str, str]:
+    """``(error_type, reason)`` of a failure, as it is reported to the client."""
+    if isinstance(exc, Abort):
+        return "Abort", exc.reason
+    if isinstance(exc, TransactionAborted):
+        return exc.error_type, exc.reason
+    msg = str(exc)
+    name = type(exc).__name__
+    return name, f"{name}: {msg}" if msg else name
+
+
+def make_error(error_type: str, reason: str) -> SfaasError:
+    """The exception a caller sees for a callee failure ``(error_type, reason)``."""
+    if error_type == "Abort":
+        return Abort(reason)
+    return error_class(error_type)(reason, error_type)
+
+
+def check_key(key: object, operator: object = "?") -> str:
+    """Return ``key`` if it is a non-empty ``str``, else raise :class:`BadKey`."""
+    if not isinstance(key, str) or not key:
+        raise BadKey(f"key for operator {operator!r} must be a non-empty str, got {key!r:.80}")
+    return key
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    """What one engine saw in one epoch (for logs and stats)."""
+
+    committed: int
+    rerun: int
+    aborted: int
+
+
+class Engine:
+    """One worker's execution engine (see module docstring)."""
+
+    def __init__(
+        self,
+        app: App,
+        index: int,
+        n_workers: int,
+        partitions: int,
+        stores: Mapping[str, Store],
+        router: Router | None,
+    ) -> None:
+        if not 0 <= index < n_workers:
+            raise ValueError(f"worker index {index} not in [0, {n_workers})")
+        missing = set(app.operators) - set(stores)
+        if missing:
+            raise ValueError(f"no store for operator(s) {sorted(missing)}")
+        self.app = app
+        self.index = index
+        self.n_workers = n_workers
+        self.partitions = partitions
+        self.stores = dict(stores)
+        self.router = router
+        self.epoch = 0
+        self.log = AccessLog()
+
+    # -- placement -------------------------------------------------------------------
+    def owner(self, operator: str, key: str) -> int:
+        """The worker index owning ``key`` of ``operator``."""
+        return owner_of_partition(partition_of(operator, key, self.partitions), self.n_workers)
+
+    # -- state access (used by Context) ------------------------------------------------
+    def read(self, tid: int, operator: str, key: str, default: Any) -> Any:
+        """``key``'s value for ``tid``: its own buffered write, else the epoch-start value."""
+        k = (operator, key)
+        found, raw = self.log.buffered(tid, k)
+        if not found:
+            self.log.record_read(tid, k)
+            raw = self.stores[operator].get(key.encode())
+        return default if raw is None else unpack(raw)
+
+    def write(self, tid: int, operator: str, key: str, value: Any) -> None:
+        """Buffer ``tid``'s write of ``value`` to ``key``."""
+        self.log.record_write(tid, (operator, key), pack(value, f"value for {operator}/{key!r}"))
+
+    def remove(self, tid: int, operator: str, key: str) -> None:
+        """Buffer ``tid``'s delete of ``key``."""
+        self.log.record_write(tid, (operator, key), None)
+
+    # -- execution -----------------------------------------------------------------------
+    def begin(self, epoch: int) -> None:
+        """Start epoch ``epoch``: a fresh access log over the (committed) store state."""
+        self.epoch = epoch
+        self.log = AccessLog()
+
+    async def call(
+        self, tid: int, now: float, operator: str, key: str, function: str,
+        args: Sequence[Any], depth: int = 0,
+    ) -> Any:
+        """Run ``operator.function(key, *args)`` for ``tid`` wherever ``key`` lives.
+
+        Raises the caller-side view of a failure (:func:`make_error`); every failure is
+        also recorded as an abort of ``tid`` on this worker.
+        """
+        try:
+            func = self.app.resolve(operator, function)
+            check_key(key, operator)
+            func.check_args(operator, args)
+            if depth > MAX_CALL_DEPTH:
+                raise Abort(f"call depth exceeded {MAX_CALL_DEPTH} at {operator}.{function}")
+            dest = self.owner(operator, key)
+            if dest == self.index or self.router is None:
+                pack(list(args), f"arguments of {operator}.{function}")
+                ok, value = await self.serve(tid, now, operator, key, function, args, depth)
+            else:
+                ok, value = await self.router.remote_call(
+                    dest, tid, now, operator, key, function, args, depth
+                )
+        except Exception as exc:
+            etype, reason = describe(exc)
+            self.log.record_abort(tid, etype, reason)
+            raise make_error(etype, reason) from None
+        if not ok:
+            etype, reason = value
+            self.log.record_abort(tid, etype, reason)
+            raise make_error(etype, reason)
+        return value
+
+    async def serve(
+        self, tid: int, now: float, operator: str, key: str, function: str,
+        args: Sequence[Any], depth: int = 0,
+    ) -> Outcome:
+        """Run a call on a key this worker owns; never raises (the outcome says how it went)."""
+        try:
+            func = self.app.resolve(operator, function)
+            ctx = Context(self, tid, now, operator, key, depth)
+            try:
+                result = await func.fn(ctx, *args)
+            finally:
+                if ctx._pending:
+                    # Sends complete within the call; their failures are recorded by
+                    # Engine.call on this worker, which aborts the transaction.
+                    await asyncio.gather(*ctx._pending, return_exceptions=True)
+            pack(result, f"result of {operator}.{function}")
+            return True, result
+        except Exception as exc:
+            etype, reason = describe(exc)
+            self.log.record_abort(tid, etype, reason)
+            return False, (etype, reason)
+
+    async def run_root(self, tid: int, now: float, request: Sequence[Any]) -> Outcome:
+        """Run a transaction's root call ``(operator, key, function, args)``; never raises."""
+        operator, key, function, args = request
+        try:
+            return True, await self.call(tid, now, operator, key, function, args, 0)
+        except Exception as exc:
+            return False, describe(exc)
+
+    # -- barrier ---------------------------------------------------------------------------
+    def votes(self) -> tuple[set[int], dict[int, tuple[str, str]]]:
+        """This worker's conflicting tids and user aborts of the current epoch."""
+        return self.log.conflicts(), dict(self.log.user_aborts)
+
+    def commit(self, decision: Decision) -> int:
+        """Apply the committed tids' writes: one ``write_batch`` per operator store.
+
+        Returns the number of keys written.
+        """
+        batches = self.log.commit_batches(decision.committed)
+        n = 0
+        for op, ops in batches.items():
+            self.stores[op].write_batch(ops)
+            n += len(ops)
+        return n
+
+    def close(self) -> None:
+        """Close every store."""
+        for store in self.stores.values():
+            try:
+                store.close()
+            except Exception:
+                log.exception("closing store failed", extra={"worker": self.index})

@@ -1,0 +1,200 @@
+"""Deterministic-epoch transaction logic (Aria-style), with no I/O.
+
+Every transaction gets a **tid** that orders it totally: ``(first epoch, worker, seq)``
+packed into one int. A conflict-aborted transaction keeps its tid when it re-runs, so it
+keeps its priority, and the lowest pending tid can never be aborted: progress is guaranteed.
+
+In an epoch every transaction runs against the state as of the epoch start, buffering its
+writes; the worker owning each key records which tids read and wrote it. At the barrier:
+
+* ``find_conflicts``: a tid conflicts if a *lower* tid wrote a key it read or wrote
+  (write-after-write and read-after-write hazards). Write reservations count for every
+  tid, also ones that later abort — conservative, hence safe.
+* ``decide``: conflicting tids re-run next epoch (their user aborts are ignored: they read
+  stale data); the others either abort for good (a user abort — the function raised) or
+  commit. Committed transactions never share a written key and never read a key a lower
+  committed tid wrote, so applying their writes equals running them serially in tid order.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "Key",
+    "make_tid",
+    "tid_parts",
+    "find_conflicts",
+    "Decision",
+    "decide",
+    "AccessLog",
+    "Sequencer",
+    "MAX_WORKERS",
+    "MAX_SEQ",
+]
+
+#: ``(operator, key)``: the unit of conflict detection.
+Key = tuple[str, str]
+
+_WORKER_BITS = 12
+_SEQ_BITS = 24
+#: Most workers a tid can name.
+MAX_WORKERS = 1 << _WORKER_BITS
+#: Most transactions one worker may sequence in one epoch.
+MAX_SEQ = 1 << _SEQ_BITS
+
+
+def make_tid(epoch: int, worker: int, seq: int) -> int:
+    """Pack ``(epoch, worker, seq)`` into one int whose order is the lexicographic order."""
+    if epoch < 0 or not 0 <= worker < MAX_WORKERS or not 0 <= seq < MAX_SEQ:
+        raise ValueError(f"tid parts out of range: epoch={epoch} worker={worker} seq={seq}")
+    return (epoch << (_WORKER_BITS + _SEQ_BITS)) | (worker << _SEQ_BITS) | seq
+
+
+def tid_parts(tid: int) -> tuple[int, int, int]:
+    """Inverse of :func:`make_tid`."""
+    return (
+        tid >> (_WORKER_BITS + _SEQ_BITS),
+        (tid >> _SEQ_BITS) & (MAX_WORKERS - 1),
+        tid & (MAX_SEQ - 1),
+    )
+
+
+def find_conflicts(
+    reads: Mapping[int, Iterable[Key]], writes: Mapping[int, Iterable[Key]]
+) -> set[int]:
+    """Tids that must re-run: some lower tid wrote a key they read or wrote."""
+    min_writer: dict[Key, int] = {}
+    for tid, keys in writes.items():
+        for key in keys:
+            cur = min_writer.get(key)
+            if cur is None or tid < cur:
+                min_writer[key] = tid
+    conflicts: set[int] = set()
+    for accesses in (writes, reads):
+        for tid, keys in accesses.items():
+            if tid in conflicts:
+                continue
+            for key in keys:
+                w = min_writer.get(key)
+                if w is not None and w < tid:
+                    conflicts.add(tid)
+                    break
+    return conflicts
+
+
+@dataclass
+class Decision:
+    """The fate of each transaction of an epoch."""
+
+    committed: list[int] = field(default_factory=list)
+    rerun: list[int] = field(default_factory=list)
+    #: tid → (error type, reason) for user aborts that are final.
+    aborted: dict[int, tuple[str, str]] = field(default_factory=dict)
+
+
+def decide(
+    tids: Iterable[int],
+    conflicts: set[int],
+    user_aborts: Mapping[int, tuple[str, str]],
+) -> Decision:
+    """Split ``tids`` into committed, re-run and (finally) aborted."""
+    d = Decision()
+    for tid in sorted(tids):
+        if tid in conflicts:
+            d.rerun.append(tid)
+        elif tid in user_aborts:
+            d.aborted[tid] = user_aborts[tid]
+        else:
+            d.committed.append(tid)
+    return d
+
+
+class AccessLog:
+    """One worker's record of one epoch: who read/wrote which of its keys, who failed."""
+
+    __slots__ = ("reads", "writes", "user_aborts")
+
+    def __init__(self) -> None:
+        self.reads: dict[int, set[Key]] = {}
+        #: tid → {key: encoded value, or None for a delete}
+        self.writes: dict[int, dict[Key, bytes | None]] = {}
+        self.user_aborts: dict[int, tuple[str, str]] = {}
+
+    def record_read(self, tid: int, key: Key) -> None:
+        """``tid`` read ``key`` from the epoch-start state."""
+        s = self.reads.get(tid)
+        if s is None:
+            self.reads[tid] = {key}
+        else:
+            s.add(key)
+
+    def record_write(self, tid: int, key: Key, value: bytes | None) -> None:
+        """``tid`` wrote ``value`` (None: deleted) to ``key``; buffered until commit."""
+        w = self.writes.get(tid)
+        if w is None:
+            self.writes[tid] = {key: value}
+        else:
+            w[key] = value
+
+    def record_abort(self, tid: int, error_type: str, reason: str) -> None:
+        """``tid`` failed here; the first failure recorded is the one reported."""
+        self.user_aborts.setdefault(tid, (error_type, reason))
+
+    def buffered(self, tid: int, key: Key) -> tuple[bool, bytes | None]:
+        """``(True, value)`` if ``tid`` wrote ``key`` this epoch, else ``(False, None)``."""
+        w = self.writes.get(tid)
+        if w is not None and key in w:
+            return True, w[key]
+        return False, None
+
+    def conflicts(self) -> set[int]:
+        """Tids conflicting on this worker's keys."""
+        return find_conflicts(self.reads, self.writes)
+
+    def commit_batches(self, committed: Iterable[int]) -> dict[str, list[tuple[bytes, bytes | None]]]:
+        """Per operator, the ``write_batch`` ops applying the committed tids' writes."""
+        batches: dict[str, list[tuple[bytes, bytes | None]]] = {}
+        for tid in committed:
+            w = self.writes.get(tid)
+            if not w:
+                continue
+            for (op, key), value in w.items():
+                batches.setdefault(op, []).append((key.encode(), value))
+        return batches
+
+
+@dataclass(order=True)
+class _Retry:
+    tid: int
+    item: Any = field(compare=False)
+
+
+class Sequencer:
+    """Assigns tids to new work and keeps conflict-aborted work (with its tid) for re-runs."""
+
+    def __init__(self, worker: int) -> None:
+        if not 0 <= worker < MAX_WORKERS:
+            raise ValueError(f"worker index must be in [0, {MAX_WORKERS}), got {worker}")
+        self.worker = worker
+        self._retries: list[_Retry] = []
+
+    def requeue(self, tid: int, item: Any) -> None:
+        """Keep ``item`` (conflict-aborted) to re-run next epoch under the same ``tid``."""
+        heapq.heappush(self._retries, _Retry(tid, item))
+
+    @property
+    def pending_retries(self) -> int:
+        """How many re-runs are waiting."""
+        return len(self._retries)
+
+    def batch(self, epoch: int, new_items: Iterable[Any]) -> list[tuple[int, Any]]:
+        """This epoch's work: all re-runs (by tid) then ``new_items`` with fresh tids."""
+        out = [(r.tid, r.item) for r in sorted(self._retries)]
+        self._retries.clear()
+        for seq, item in enumerate(new_items):
+            out.append((make_tid(epoch, self.worker, seq), item))
+        return out
