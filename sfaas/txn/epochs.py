@@ -14,6 +14,9 @@ writes; the worker owning each key records which tids read and wrote it. At the 
   stale data); the others either abort for good (a user abort — the function raised) or
   commit. Committed transactions never share a written key and never read a key a lower
   committed tid wrote, so applying their writes equals running them serially in tid order.
+  Across epochs the serial order is (epoch of commit, tid): a re-run keeps its old tid,
+  which puts it first within the epoch it finally commits in, after everything committed
+  in earlier epochs.
 """
 
 from __future__ import annotations

@@ -1,0 +1,225 @@
+"""LocalRunner: the cluster's transaction semantics in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from examples import bank, cart
+from sfaas import (
+    Abort,
+    App,
+    BadArguments,
+    BadKey,
+    Context,
+    NotSerializable,
+    TransactionAborted,
+    UnknownFunction,
+    UnknownOperator,
+)
+from sfaas.testing import LocalRunner
+
+
+@pytest.fixture
+def bank_runner():
+    with LocalRunner(bank.app, store="memonly") as r:
+        yield r
+
+
+def test_bank_deposit_transfer_and_overdraft(bank_runner: LocalRunner) -> None:
+    assert bank_runner.call("accounts", "alice", "deposit", 100) == 100
+    assert bank_runner.call("accounts", "alice", "transfer", "bob", 30) == 70
+    with pytest.raises(TransactionAborted, match="insufficient funds") as info:
+        bank_runner.call("accounts", "alice", "transfer", "bob", 500)
+    assert info.value.error_type == "Abort"
+    assert bank_runner.items("accounts") == {"alice": 70, "bob": 30}
+
+
+def test_unknown_names_wrong_arity_bad_key_and_values_fail_clearly(bank_runner: LocalRunner) -> None:
+    with pytest.raises(UnknownOperator, match="nope"):
+        bank_runner.call("nope", "alice", "deposit", 1)
+    with pytest.raises(UnknownFunction, match="steal"):
+        bank_runner.call("accounts", "alice", "steal", 1)
+    with pytest.raises(BadArguments, match="transfer"):
+        bank_runner.call("accounts", "alice", "transfer", "bob")
+    with pytest.raises(BadKey):
+        bank_runner.call("accounts", 42, "deposit", 1)
+    with pytest.raises(NotSerializable):
+        bank_runner.call("accounts", "alice", "deposit", object())
+    assert bank_runner.items("accounts") == {}
+
+
+async def test_concurrent_transfers_conserve_money_across_workers() -> None:
+    accounts = [f"acct{i}" for i in range(20)]
+    rnd = random.Random(7)
+    async with LocalRunner(bank.app, store="memonly", workers=3, partitions=6) as r:
+        await asyncio.gather(*(r.call("accounts", a, "deposit", 100) for a in accounts))
+        results = await asyncio.gather(
+            *(
+                r.call("accounts", rnd.choice(accounts), "transfer", rnd.choice(accounts), rnd.randint(1, 80))
+                for _ in range(600)
+            ),
+            return_exceptions=True,
+        )
+        balances = r.items("accounts")
+    assert sum(balances.values()) == 2000
+    assert min(balances.values()) >= 0
+    failures = [e for e in results if isinstance(e, BaseException)]
+    assert all(isinstance(e, TransactionAborted) for e in failures)
+    assert len(failures) < len(results)  # most transfers succeed
+
+
+def test_checkout_reserves_all_items_or_none() -> None:
+    with LocalRunner(cart.app, store="memonly") as r:
+        r.call("stock", "apple", "restock", 5)
+        r.call("stock", "pear", "restock", 1)
+        r.call("cart", "c1", "add", "apple", 3)
+        r.call("cart", "c1", "add", "pear", 2)  # more pears than in stock
+        with pytest.raises(TransactionAborted, match="out of stock: pear"):
+            r.call("order", "o1", "checkout", "c1")
+        # nothing reserved, cart intact, no order
+        assert r.state("stock", "apple") == 5
+        assert r.state("stock", "pear") == 1
+        assert r.state("cart", "c1") == {"apple": 3, "pear": 2}
+        assert r.state("order", "o1") is None
+        r.call("stock", "pear", "restock", 1)
+        assert r.call("order", "o1", "checkout", "c1") == {"apple": 3, "pear": 2}
+        assert r.state("stock", "apple") == 2
+        assert r.state("stock", "pear") == 0
+        assert r.state("cart", "c1") is None  # cleared by ctx.send
+        assert r.state("order", "o1") == {"cart": "c1", "items": {"apple": 3, "pear": 2}}
+
+
+def _chain_app() -> App:
+    app = App("chain")
+    a = app.operator("a", store="memonly")
+    b = app.operator("b", store="memonly")
+
+    @a.function
+    async def write_then_fail_remote(ctx: Context, n: int) -> None:
+        ctx.put(n)
+        await ctx.call("b", "x", "write", n)
+        await ctx.call("b", "y", "fail")
+
+    @a.function
+    async def swallow(ctx: Context) -> str:
+        ctx.put("swallowed")
+        try:
+            await ctx.call("b", "y", "fail")
+        except Abort:
+            return "caught"
+        return "not reached"
+
+    @a.function
+    async def send_failing(ctx: Context) -> str:
+        ctx.put("sent")
+        ctx.send("b", "z", "fail")
+        return "returned"
+
+    @a.function
+    async def bad_value(ctx: Context) -> None:
+        ctx.put({1, 2})
+
+    @a.function
+    async def divide(ctx: Context, d: int) -> float:
+        return 1 / d
+
+    @a.function
+    async def meta(ctx: Context) -> list:
+        return [ctx.random(), ctx.now(), ctx.tid]
+
+    @b.function
+    async def write(ctx: Context, n: int) -> None:
+        ctx.put(n)
+
+    @b.function
+    async def fail(ctx: Context) -> None:
+        ctx.put("half-done")
+        raise Abort("b failed on purpose")
+
+    return app
+
+
+def test_aborts_roll_back_every_operator_and_key_even_when_caught() -> None:
+    with LocalRunner(_chain_app()) as r:
+        for fn, args in [("write_then_fail_remote", (1,)), ("swallow", ()), ("send_failing", ())]:
+            with pytest.raises(TransactionAborted, match="b failed on purpose"):
+                r.call("a", "k", fn, *args)
+        assert r.items("a") == {}
+        assert r.items("b") == {}
+        with pytest.raises(NotSerializable):
+            r.call("a", "k", "bad_value")
+        with pytest.raises(TransactionAborted, match="ZeroDivisionError") as info:
+            r.call("a", "k", "divide", 0)
+        assert info.value.error_type == "ZeroDivisionError"
+        rnd, now, tid = r.call("a", "k", "meta")
+        assert 0 <= rnd < 1 and now > 0 and tid > 0
+
+
+def test_calls_inside_transactions_validate_names_and_arity() -> None:
+    app = App("v")
+    op = app.operator("o", store="memonly")
+
+    @op.function
+    async def bad_call(ctx: Context, what: str) -> None:
+        ctx.put(1)
+        if what == "op":
+            await ctx.call("missing", "k", "f")
+        elif what == "fn":
+            await ctx.call("o", "k", "missing")
+        elif what == "arity":
+            await ctx.call("o", "k", "bad_call")
+        else:
+            await ctx.call("o", 5, "bad_call", "x")
+
+    with LocalRunner(app) as r:
+        for what, exc in [("op", UnknownOperator), ("fn", UnknownFunction), ("arity", BadArguments), ("key", BadKey)]:
+            with pytest.raises(exc):
+                r.call("o", "k", "bad_call", what)
+        assert r.items("o") == {}
+
+
+async def test_randomized_bank_history_is_serializable() -> None:
+    """Replaying committed transfers serially in (epoch, tid) order reproduces every result."""
+    app = App("ledger")
+    acc = app.operator("acc", store="memonly")
+
+    @acc.function
+    async def move(ctx: Context, to: str, amount: int) -> list:
+        mine = ctx.get(default=10)
+        if mine < amount:
+            raise Abort("short")
+        ctx.put(mine - amount)
+        theirs = await ctx.call("acc", to, "add", amount)
+        return [ctx.tid, mine, theirs]
+
+    @acc.function
+    async def add(ctx: Context, amount: int) -> int:
+        v = ctx.get(default=10)
+        ctx.put(v + amount)
+        return v
+
+    rnd = random.Random(11)
+    keys = [f"k{i}" for i in range(8)]
+    reqs = []
+    for _ in range(300):
+        a, b = rnd.sample(keys, 2)
+        reqs.append((a, b, rnd.randint(1, 12)))
+    async with LocalRunner(app, workers=2, partitions=4, max_batch=40) as r:
+        epochs: dict[int, int] = {}
+        r.on_epoch_committed = lambda epoch, tids: epochs.update({t: epoch for t in tids})
+        results = await r.gather(*[("acc", a, "move", b, n) for a, b, n in reqs], return_exceptions=True)
+        final = r.items("acc")
+    committed = sorted(
+        ((epochs[res[0]], res[0]), i, res) for i, res in enumerate(results) if not isinstance(res, BaseException)
+    )
+    model: dict[str, int] = {}
+    for _, i, (_tid, mine, theirs) in committed:
+        a, b, n = reqs[i]
+        assert model.get(a, 10) == mine and model.get(b, 10) == theirs, f"request {i} saw a non-serial state"
+        model[a] = mine - n
+        model[b] = theirs + n
+    assert final == model
+    assert sum(final.values()) + 10 * (len(keys) - len(final)) == 10 * len(keys)
