@@ -118,13 +118,15 @@ def test_committed_history_equals_serial_execution_in_epoch_then_tid_order(progr
         for tid, (idx, prog) in work:
             buf: dict[str, int] = {}
 
-            def read(key: str, tid: int = tid, buf: dict[str, int] = buf) -> int:
+            def read(key: str, tid: int = tid, buf: dict[str, int] = buf, log: AccessLog = log) -> int:
                 if key in buf:
                     return buf[key]
                 log.record_read(tid, ("o", key))
                 return state.get(key, 0)
 
-            def write(key: str, value: int, tid: int = tid, buf: dict[str, int] = buf) -> None:
+            def write(
+                key: str, value: int, tid: int = tid, buf: dict[str, int] = buf, log: AccessLog = log
+            ) -> None:
                 buf[key] = value
                 log.record_write(tid, ("o", key), str(value).encode())
 
