@@ -42,7 +42,7 @@ def check_name(name: object, what: str = "name") -> str:
     if not isinstance(name, str):
         raise TypeError(f"{what} must be a str, got {type(name).__name__}: {name!r}")
     if not name:
-        raise ValueError(f"{what} must not be empty")
+        raise ValueError(f"{what} must not be empty, got {name!r}")
     if "/" in name or "\\" in name or "\x00" in name:
         raise ValueError(f"{what} {name!r} must not contain '/', '\\\\' or NUL")
     if ".." in name or name == ".":

@@ -1,0 +1,71 @@
+"""Session fixtures that start the real services (MinIO, Kafka) as plain processes.
+
+A service that already runs (``sfaas services up``, or another test session) is reused.
+One this session had to start is stopped at the end, unless another session still uses
+it (see :func:`sfaas.services.using`). A service that cannot start FAILS the tests that
+need it, with the log tail; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from remotes.minio import MinioRemote
+from sfaas import services
+from sfaas.services import Endpoints, ServiceError
+
+TEST_BUCKET = "sfaas-tests"
+
+
+@contextlib.contextmanager
+def _service(**which: bool) -> Iterator[Endpoints]:
+    cm = services.using(**which)
+    try:
+        ep = cm.__enter__()
+    except ServiceError as e:
+        pytest.fail(f"could not start {', '.join(k for k, v in which.items() if v)}: {e}", pytrace=False)
+    try:
+        yield ep
+    finally:
+        cm.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def minio() -> Iterator[Endpoints]:
+    """A running MinIO (endpoint + credentials in the returned :class:`Endpoints`)."""
+    with _service(minio=True) as ep:
+        yield ep
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[Endpoints]:
+    """A running single-node Kafka; ``.kafka_bootstrap`` is its bootstrap address."""
+    with _service(kafka=True) as ep:
+        yield ep
+
+
+def make_minio_remote(ep: Endpoints, prefix: str | None = None, **kwargs: object) -> MinioRemote:
+    """A :class:`MinioRemote` on the shared test bucket under a fresh unique prefix."""
+    return MinioRemote(
+        ep.minio_endpoint,
+        ep.minio_access_key,
+        ep.minio_secret_key,
+        TEST_BUCKET,
+        prefix=prefix or f"t-{uuid.uuid4().hex[:12]}",
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def minio_remote(minio: Endpoints) -> Iterator[MinioRemote]:
+    """A MinioRemote on a unique prefix of the test bucket; destroyed afterwards."""
+    remote = make_minio_remote(minio)
+    try:
+        yield remote
+    finally:
+        remote.destroy()
+        remote.close()
