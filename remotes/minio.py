@@ -235,7 +235,8 @@ class MinioRemote(Remote):
             out = []
             for obj in self._client.list_objects(self.bucket, prefix=base, recursive=True):
                 name = obj.object_name or ""
-                if obj.is_dir or not name.startswith(base):
+                # names never contain '/': deeper keys belong to a nested prefix, not to us
+                if obj.is_dir or not name.startswith(base) or "/" in name[len(base):]:
                     continue
                 mtime = obj.last_modified.timestamp() if obj.last_modified else 0.0
                 out.append((name[len(base):], int(obj.size or 0), mtime))
@@ -422,20 +423,10 @@ class MinioRemote(Remote):
         self._call(op, None, delete)
 
     def destroy(self) -> None:
-        """Delete every object under this remote's prefix (the bucket itself stays);
-        the remote can be used again afterwards (empty)."""
-        self._ensure_bucket()
-        base = self.prefix
-
-        def listing() -> list[str]:
-            return [
-                o.object_name
-                for o in self._client.list_objects(self.bucket, prefix=base or None, recursive=True)
-                if o.object_name and not o.is_dir
-            ]
-
+        """Delete every object of this remote (``files/``, ``manifests/``, ``blobs/`` under
+        the prefix; the bucket and anything else in it stay). Usable again afterwards."""
         with self._gc_lock:
-            keys = self._call("list for destroy", None, listing)
+            keys = [self._key(kind, name) for kind in (FILES, MANIFESTS, BLOBS) for name, _, _ in self._list(kind)]
             self._delete_keys(keys, "destroy")
         log.info("destroyed", extra={"bucket": self.bucket, "prefix": self.prefix, "objects": len(keys)})
 

@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 from crc32c import crc32c
 
-from remotes import FileInfo, GcInfo, Manifest, PathRemote, Remote, RemoteError, SnapshotNotFoundError
+from remotes import (
+    FileInfo,
+    GcInfo,
+    Manifest,
+    Remote,
+    RemoteError,
+    SnapshotNotFoundError,
+)
+from remotes.path import PathRemote
 from sfaas.services import Endpoints
 from tests.conftest import make_minio_remote
 
