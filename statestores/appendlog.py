@@ -1,0 +1,348 @@
+"""``appendlog``: a Bitcask-style store — an append-only log plus an in-memory hash index.
+
+Every put/delete/batch is appended to the *active segment* (``records`` format) and the
+index maps the key to the record's logical address (``logfile``). When the active segment
+reaches ``threshold`` bytes it is sealed: its hint file (the keys it holds last, with
+addresses, and its tombstones) is written from an in-memory map kept alongside, and a new
+active segment starts. ``max_runs_per_level`` sealed segments of one level are merged in
+the background into one segment of the next level.
+
+Reopening reads ``CURRENT``, the hint files (never the values), and scans only the active
+segment, truncating a torn tail. A snapshot seals the active segment (small: it holds
+only what was written since the last roll) and names every sealed segment and hint.
+
+Files (``FORMAT.md`` § appendlog): ``al-<level>-<seq>.log``, ``al-<level>-<seq>.hint``,
+``CURRENT``.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import struct
+from collections.abc import Iterable
+from typing import Any
+
+from remotes.manifest import Manifest
+
+from . import current, records
+from .base import (
+    MAX_KEY_BYTES,
+    MAX_VALUE_BYTES,
+    Frozen,
+    Option,
+    _seq_of,
+    check_key,
+    check_ops,
+    check_value,
+)
+from .checksum import crc32c
+from .errors import CorruptionError
+from .fs import FileSystem
+from .logfile import Segment, SegmentedStore
+
+__all__ = ["AppendLogStore"]
+
+_BODY = struct.Struct("<IIB").pack
+_CRC = struct.Struct("<I").pack
+_REC = records.HEADER_SIZE
+#: With ``sync="none"`` appends wait in a user-space buffer up to this size.
+_WBUF_BYTES = 64 << 10
+_KEEP: Any = object()
+
+
+class AppendLogStore(SegmentedStore):
+    """Bitcask: append-only segments, an in-memory hash index, hint files, background merges."""
+
+    engine = "appendlog"
+    PREFIX = "al"
+    DEFAULT_SYNC = "os"
+    OPTIONS = {
+        "threshold": Option(16 << 20, int, lambda v: v >= 1, "an int >= 1 (bytes of the active segment before it is sealed)"),
+        **SegmentedStore.SEGMENT_OPTIONS,
+    }
+
+    # ------------------------------------------------------------------ open / close
+
+    def _has_local_state(self) -> bool:
+        return current.exists(self.fs, self.directory)
+
+    def _open(self) -> None:
+        self._init_segments()
+        self._active: Segment | None = None
+        self._alive: dict[bytes, int] = {}  # the active segment's live keys → addresses
+        self._atombs: set[bytes] = set()  # keys whose last record in the active segment is a delete
+        self._threshold: int = self.options["threshold"]
+        # the real file system's write is os.write; calling it directly saves a Python frame per put
+        self._direct = type(self.fs) is FileSystem and self.sync == "os"
+        self._rolls = 0
+        state = current.read(self.fs, self.directory)
+        self._seq = int(state.get("seq", 0))
+        self._load_sealed(state.get("segments", []))
+        prefix = self.PREFIX + "-"
+        self._seq = max([self._seq] + [_seq_of(n) for n in self.fs.listdir(self.directory) if n.startswith(prefix)])
+        active = state.get("active")
+        if active and self.fs.exists(self._path(active)):
+            self._open_active(active)
+        else:
+            self._start_active()
+            self._write_current()
+        assert self._active is not None
+        self._remove_strays(set(self._sealed_files()) | {self._active.name})
+        self._maybe_merge()
+
+    def _open_active(self, name: str) -> None:
+        """Reopen the active segment: replay its records, truncating a torn tail."""
+        path = self._path(name)
+        seg = Segment(name, 0, path)
+        buf = self.fs.read_file(path)
+        res = records.ScanResult(0, False)
+        base = seg.base
+        index, alive, atombs = self._index, self._alive, self._atombs
+        for off, key, value in records.scan(buf, path, res):
+            if value is None:
+                index.pop(key, None)
+                alive.pop(key, None)
+                atombs.add(key)
+            else:
+                index[key] = alive[key] = base + off
+                atombs.discard(key)
+        if res.torn:
+            self.fs.truncate(path, res.valid_end)
+        self._activate(seg, res.valid_end)
+
+    def _start_active(self) -> Segment:
+        seq = self._next_seq()
+        name = self._segment_name(0, seq)
+        seg = Segment(name, 0, self._path(name))
+        self._activate(seg, 0)
+        return seg
+
+    def _activate(self, seg: Segment, size: int) -> None:
+        seg.sealed = False
+        seg.fd = self.fs.open_append(seg.path)
+        seg.rfd = self.fs.open_read(seg.path)
+        seg.size = seg.flushed = size
+        if size:
+            seg.map(self.fs, seg.rfd)
+        self._active = seg
+        self._segs[seg.seq] = seg
+
+    def _write_current(self, sealed: list[Segment] | None = None, active: Any = _KEEP) -> None:
+        act = self._active if active is _KEEP else active
+        current.write(
+            self.fs,
+            self.directory,
+            {"seq": self._seq, "segments": self._sealed_doc(sealed), "active": act.name if act is not None else None},
+            sync=self.sync == "fsync",
+        )
+
+    def _close(self) -> None:
+        seg = self._active
+        if seg is not None:
+            if seg.size:
+                self._roll(start_new=False)
+            else:
+                self._write_current(active=None)
+                seg.close(self.fs)
+                del self._segs[seg.seq]
+                self._active = None
+                self._release_file(seg.name)
+        self._drop_segments()
+
+    def _abandon(self) -> None:
+        if hasattr(self, "_segs"):
+            self._drop_segments()
+
+    # ------------------------------------------------------------------ writes
+
+    def _emit(self, seg: Segment, data: bytes) -> None:
+        """Append ``data`` to the active segment per ``sync``."""
+        n = len(data)
+        if self.sync == "none":
+            seg.wbuf += data
+            seg.size += n
+            if len(seg.wbuf) >= _WBUF_BYTES:
+                self._flush_wbuf(seg)
+            return
+        try:
+            self.fs.write(seg.fd, data)  # type: ignore[arg-type]
+            if self.sync == "fsync":
+                self.fs.fsync(seg.fd)  # type: ignore[arg-type]
+        except BaseException:
+            self._undo_partial(seg)
+            raise
+        seg.size += n
+        seg.flushed = seg.size
+
+    def _undo_partial(self, seg: Segment) -> None:
+        """After a failed append, cut the file back to its last whole record (best effort)."""
+        try:
+            self.fs.truncate(seg.path, seg.flushed)
+        except OSError:
+            pass
+
+    def _flush_wbuf(self, seg: Segment) -> None:
+        if seg.wbuf:
+            self.fs.write(seg.fd, seg.wbuf)  # type: ignore[arg-type]
+            seg.flushed += len(seg.wbuf)
+            seg.wbuf = bytearray()
+
+    def put(self, key: bytes, value: bytes) -> None:
+        if self._closed:
+            self._check_open()
+        if type(key) is not bytes or type(value) is not bytes or not key or len(key) > MAX_KEY_BYTES or len(value) > MAX_VALUE_BYTES:
+            key = check_key(key)
+            value = check_value(value, key)
+        body = _BODY(len(key), len(value), 0) + key + value
+        rec = _CRC(crc32c(body)) + body
+        with self._lock:
+            seg = self._active
+            assert seg is not None
+            addr = (seg.seq << 36) + seg.size
+            if self._direct:
+                n = os.write(seg.fd, rec)  # type: ignore[arg-type]
+                if n != len(rec):
+                    self._emit_rest(seg, rec, n)
+                seg.size = seg.flushed = seg.size + len(rec)
+            else:
+                self._emit(seg, rec)
+            self._index[key] = self._alive[key] = addr
+            if self._atombs:
+                self._atombs.discard(key)
+            if seg.size >= self._threshold:
+                self._roll()
+
+    def _emit_rest(self, seg: Segment, rec: bytes, n: int) -> None:
+        try:
+            self.fs.write(seg.fd, memoryview(rec)[n:])  # type: ignore[arg-type]
+        except BaseException:
+            self._undo_partial(seg)
+            raise
+
+    def delete(self, key: bytes) -> None:
+        self._check_open()
+        key = check_key(key)
+        with self._lock:
+            if key not in self._index:
+                return  # nothing live to shadow: older records are shadowed already
+            seg = self._active
+            assert seg is not None
+            self._emit(seg, records.encode(key, None))
+            del self._index[key]
+            self._alive.pop(key, None)
+            self._atombs.add(key)
+            if seg.size >= self._threshold:
+                self._roll()
+
+    def write_batch(self, ops: Iterable[tuple[bytes, bytes | None]]) -> None:
+        self._check_open()
+        checked = check_ops(ops)
+        if not checked:
+            return
+        data = records.encode_batch(checked)
+        with self._lock:
+            seg = self._active
+            assert seg is not None
+            addr = seg.base + seg.size
+            self._emit(seg, data)
+            index, alive, atombs = self._index, self._alive, self._atombs
+            for k, v in checked:
+                if v is None:
+                    index.pop(k, None)
+                    alive.pop(k, None)
+                    atombs.add(k)
+                    addr += _REC + len(k)
+                else:
+                    index[k] = alive[k] = addr
+                    atombs.discard(k)
+                    addr += _REC + len(k) + len(v)
+            if seg.size >= self._threshold:
+                self._roll()
+
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        if self._closed:
+            self._check_open()
+        if type(key) is not bytes:
+            key = check_key(key)
+        return self._disk_get(key, default)  # type: ignore[no-any-return]
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def flush(self) -> None:
+        self._check_open()
+        with self._lock:
+            seg = self._active
+            if seg is None:
+                return
+            self._flush_wbuf(seg)
+            if self.sync == "fsync":
+                self.fs.fsync(seg.fd)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ rolling
+
+    def _roll(self, *, start_new: bool = True) -> None:
+        """(lock held) Seal the active segment: write its hint, start a new one, update CURRENT."""
+        seg = self._active
+        if seg is None or seg.size == 0:
+            return
+        self._flush_wbuf(seg)
+        if self.sync == "fsync":
+            self.fs.fsync(seg.fd)  # type: ignore[arg-type]
+        alive = self._alive
+        self._write_hint(seg.name, seg.seq, seg.size, list(alive), array.array("Q", alive.values()), list(self._atombs))
+        new: Segment | None = None
+        if start_new:
+            seq = self._next_seq()
+            new = Segment(self._segment_name(0, seq), 0, self._path(self._segment_name(0, seq)))
+            self.fs.close(self.fs.open_append(new.path))
+        sealed = self._sealed + [seg]
+        self._write_current(sealed, new)  # the commit point
+        seg.seal(self.fs)
+        self._sealed = sealed
+        self._alive = {}
+        self._atombs = set()
+        self._rolls += 1
+        self._active = None
+        if new is not None:
+            self._activate(new, 0)
+        self._maybe_merge()
+
+    # ------------------------------------------------------------------ snapshots
+
+    def _freeze(self) -> Frozen:
+        self._roll()
+        return Frozen(self._sealed_files(), {"segments": self._sealed_doc()})
+
+    def _install(self, manifest: Manifest, next_seq: int) -> None:
+        entries = manifest.meta.get("segments")
+        if not isinstance(entries, list):
+            raise CorruptionError(f"manifest {manifest.snapshot_id}", "appendlog manifest lacks its segment list")
+        self._drop_segments()
+        self._active = None
+        self._alive = {}
+        self._atombs = set()
+        self._seq = max(self._seq, next_seq - 1)
+        self._load_sealed(entries)
+        active = self._start_active()
+        self._write_current()
+        self._remove_strays(set(self._sealed_files()) | {active.name})
+
+    # ------------------------------------------------------------------ stats
+
+    def _stats(self) -> dict[str, Any]:
+        s = self._segment_stats()
+        seg = self._active
+        active_bytes = seg.size if seg is not None else 0
+        s.update(
+            keys=len(self._index),
+            active_bytes=active_bytes,
+            rolls=self._rolls,
+            flushes=self._rolls,
+            memory_bytes=s["index_bytes"] + 100 * len(self._alive) + (len(seg.wbuf) if seg is not None else 0),
+            files=sorted(self._sealed_files() + ([seg.name] if seg is not None else [])),
+        )
+        return s
+
+

@@ -1,0 +1,127 @@
+"""Hint files: the compact index of one log segment (AppendLog segments, HybridLog files).
+
+A hint lists, for every key whose *last* record in the segment is a put, the logical
+address of that record, and every key whose last record is a delete. Reopening a store
+reads hints only, never the values: the keys are one msgpack array (split into ``bytes``
+objects at C speed), the addresses one ``u64`` array (``array.frombytes``), so building
+the in-memory index is ``dict.update(zip(keys, addresses))`` with no per-record Python
+code. See ``FORMAT.md`` § "hint files"::
+
+    0   4   magic b"SFHI"
+    4   1   version (1)
+    5   3   zero
+    8   4   crc32c of bytes [12, end)
+    12  8   data_size   size of the segment's log file the hint describes
+    20  4   seq         the segment's sequence number (the high bits of every address)
+    24  4   n_live
+    28  4   n_tomb
+    32  8   live_len    bytes of the live-keys array
+    40  8   tomb_len    bytes of the tombstone-keys array
+    48  …   live keys: msgpack array of n_live bin
+    …   8·n_live  addresses: u64 each, ``seq << 36 | record offset``
+    …   …   tombstone keys: msgpack array of n_tomb bin
+"""
+
+from __future__ import annotations
+
+import array
+import struct
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgpack
+
+from .checksum import crc32c
+from .errors import CorruptionError
+
+__all__ = ["Hint", "encode", "decode", "OFFSET_BITS", "OFFSET_MASK", "address"]
+
+#: Low bits of a logical address hold the record's offset in its segment (segments up to 64 GiB).
+OFFSET_BITS = 36
+OFFSET_MASK = (1 << OFFSET_BITS) - 1
+
+_MAGIC = b"SFHI"
+_VERSION = 1
+_PREFIX = struct.Struct("<4sB3xI")
+_BODY = struct.Struct("<QIIIQQ")
+_HEADER_SIZE = _PREFIX.size + _BODY.size  # 48
+_SWAP = sys.byteorder != "little"
+
+
+def address(seq: int, offset: int) -> int:
+    """The logical address of the record at ``offset`` in segment ``seq``."""
+    return (seq << OFFSET_BITS) | offset
+
+
+@dataclass
+class Hint:
+    """The decoded index of one segment."""
+
+    seq: int
+    data_size: int
+    keys: list[bytes]
+    addresses: array.array  # array('Q'), parallel to keys
+    tombstones: list[bytes]
+
+
+def encode(
+    seq: int,
+    data_size: int,
+    keys: Sequence[bytes],
+    addresses: Sequence[int] | array.array,
+    tombstones: Sequence[bytes],
+) -> bytes:
+    """Encode a hint; ``keys[i]`` lives at ``addresses[i]``. Keys must be unique."""
+    if len(keys) != len(addresses):
+        raise ValueError(f"hint of segment {seq}: {len(keys)} keys but {len(addresses)} addresses")
+    live = msgpack.packb(list(keys), use_bin_type=True)
+    tomb = msgpack.packb(list(tombstones), use_bin_type=True)
+    addrs = addresses if isinstance(addresses, array.array) else array.array("Q", addresses)
+    if _SWAP:
+        addrs = array.array("Q", addrs)
+        addrs.byteswap()
+    body = (
+        _BODY.pack(data_size, seq, len(keys), len(tombstones), len(live), len(tomb))
+        + live
+        + addrs.tobytes()
+        + tomb
+    )
+    return _PREFIX.pack(_MAGIC, _VERSION, crc32c(body)) + body
+
+
+def decode(data: bytes, path: str, *, seq: int | None = None) -> Hint:
+    """Decode a hint read from ``path``; :class:`CorruptionError` naming it if malformed.
+
+    With ``seq`` given, the hint must describe that segment.
+    """
+    if len(data) < _HEADER_SIZE:
+        raise CorruptionError(path, f"hint file too short ({len(data)} bytes)")
+    magic, version, crc = _PREFIX.unpack_from(data)
+    if magic != _MAGIC:
+        raise CorruptionError(path, f"not a hint file (magic {magic!r})")
+    if version != _VERSION:
+        raise CorruptionError(path, f"unsupported hint version {version}")
+    view = memoryview(data)
+    if crc32c(view[_PREFIX.size :]) != crc:
+        raise CorruptionError(path, "hint checksum mismatch")
+    data_size, hseq, n_live, n_tomb, live_len, tomb_len = _BODY.unpack_from(data, _PREFIX.size)
+    if seq is not None and hseq != seq:
+        raise CorruptionError(path, f"hint describes segment {hseq}, expected {seq}")
+    pos = _HEADER_SIZE
+    end_live = pos + live_len
+    end_addr = end_live + 8 * n_live
+    if end_addr + tomb_len != len(data):
+        raise CorruptionError(path, "hint section lengths do not add up to the file size")
+    try:
+        keys = msgpack.unpackb(view[pos:end_live], raw=False, use_list=True)
+        tombs = msgpack.unpackb(view[end_addr:], raw=False, use_list=True)
+    except (ValueError, msgpack.ExtraData) as exc:
+        raise CorruptionError(path, f"undecodable hint key array: {exc}") from None
+    if not isinstance(keys, list) or len(keys) != n_live or not isinstance(tombs, list) or len(tombs) != n_tomb:
+        raise CorruptionError(path, "hint key counts do not match its header")
+    addrs = array.array("Q")
+    addrs.frombytes(view[end_live:end_addr])
+    if _SWAP:
+        addrs.byteswap()
+    return Hint(hseq, data_size, keys, addrs, tombs)

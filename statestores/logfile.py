@@ -1,0 +1,580 @@
+"""Log segments and what AppendLog and HybridLog share about them.
+
+Both engines keep every key in an in-memory hash index that maps it to the *logical
+address* of its latest record on disk: ``seq << 36 | offset``, where ``seq`` is the
+sequence number in the segment file's name (so a hint file can store ready-made
+addresses and reopening is one ``dict.update``). Sealed segments are immutable log files
+(``records`` format), each with a hint file (``hints``); they are ordered oldest → newest
+and carry a level. When ``max_runs_per_level`` segments share a level, they are merged
+into one segment at the next level, in the background process pool: the worker writes
+``<out>.log.tmp`` / ``<out>.hint.tmp``; the store renames them, rewrites ``CURRENT``,
+redirects the index entries that pointed into the inputs, and releases the inputs.
+
+Levels never increase from oldest to newest (tiering), so the segments of one level are
+contiguous, and a merge output takes their place in the order. A merge drops overwritten
+values; it drops tombstones only when no older segment exists (nothing left to shadow).
+"""
+
+from __future__ import annotations
+
+import abc
+import array
+import concurrent.futures
+import itertools
+import logging
+import os
+import sys
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from . import background, hints, records
+from .base import Option, Store, _seq_of
+from .checksum import crc32c
+from .errors import CorruptionError, StoreError
+from .fs import FileSystem
+from .hints import OFFSET_BITS, OFFSET_MASK
+
+log = logging.getLogger("statestores")
+
+__all__ = [
+    "Segment",
+    "SegmentedStore",
+    "MergeFailed",
+    "merge_segments",
+    "write_records",
+    "hint_name",
+]
+
+_HEADER = records.HEADER
+_HEADER_SIZE = records.HEADER_SIZE
+_WRITE_CHUNK = 1 << 20
+_MISSING = object()
+
+
+def hint_name(log_name: str) -> str:
+    """The hint file of segment ``log_name`` (``x.log`` → ``x.hint``)."""
+    return log_name[:-4] + ".hint"
+
+
+class MergeFailed(StoreError):
+    """A background merge could not read its inputs (picklable across processes)."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(path, detail)
+        self.path = path
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.detail}"
+
+
+class Segment:
+    """One log file. Sealed segments are immutable and fully mapped; the active
+    AppendLog segment grows, and its mapping covers a prefix (``mapped`` bytes)."""
+
+    __slots__ = ("name", "seq", "level", "path", "mm", "mapped", "size", "sealed",
+                 "fd", "rfd", "flushed", "wbuf")
+
+    def __init__(self, name: str, level: int, path: str) -> None:
+        self.name = name
+        self.seq = _seq_of(name)
+        self.level = level
+        self.path = path
+        self.mm: Any = None  # mmap.mmap | None
+        self.mapped = 0  # bytes [0, mapped) readable through mm
+        self.size = 0
+        self.sealed = True
+        self.fd: int | None = None  # append descriptor (active segment only)
+        self.rfd: int | None = None  # read descriptor (active segment only)
+        self.flushed = 0  # bytes handed to the OS (active segment only)
+        self.wbuf = bytearray()  # bytes not yet handed to the OS (sync="none")
+
+    @property
+    def base(self) -> int:
+        """Logical address of this segment's first byte."""
+        return self.seq << OFFSET_BITS
+
+    def map(self, fs: FileSystem, fd: int) -> None:
+        """(Re)map the file behind ``fd``; publishes ``mm`` before ``mapped`` for lock-free readers."""
+        mm = fs.mmap(fd)
+        self.mm = mm
+        self.mapped = len(mm) if mm is not None else 0
+
+    def seal(self, fs: FileSystem) -> None:
+        """Turn the active segment into a sealed one: close its descriptors, map it whole.
+
+        The old mapping is not closed (a lock-free reader may still hold it); it is freed
+        with its last reference.
+        """
+        fds = [fd for fd in (self.fd, self.rfd) if fd is not None]
+        self.fd = None
+        try:
+            if self.rfd is not None:
+                self.map(fs, self.rfd)
+        finally:
+            self.rfd = None
+            for fd in fds:
+                fs.close(fd)
+        self.size = self.mapped
+        self.flushed = self.size
+        self.sealed = True
+
+    def open_sealed(self, fs: FileSystem) -> None:
+        fd = fs.open_read(self.path)
+        try:
+            self.map(fs, fd)
+        finally:
+            fs.close(fd)
+        self.size = self.mapped
+        self.sealed = True
+
+    def close(self, fs: FileSystem) -> None:
+        """Release descriptors and the mapping (the segment is unusable afterwards)."""
+        for fd in (self.fd, self.rfd):
+            if fd is not None:
+                try:
+                    fs.close(fd)
+                except OSError:
+                    pass
+        self.fd = self.rfd = None
+        mm, self.mm, self.mapped = self.mm, None, 0
+        if mm is not None:
+            try:
+                mm.close()
+            except (BufferError, ValueError):
+                pass  # a reader still holds it; it is freed with the last reference
+
+    def read(self, fs: FileSystem, offset: int) -> tuple[bytes, bytes | None]:
+        """``(key, value_or_None)`` of the record at ``offset``; CorruptionError if bad."""
+        if offset < self.mapped:
+            key, value, _f, _end = records.decode_at(self.mm, offset, self.path)
+            return key, value
+        if self.sealed:
+            raise CorruptionError(self.path, f"record offset {offset} is past the end of the file ({self.size} bytes)")
+        if offset >= self.flushed:
+            key, value, _f, _end = records.decode_at(memoryview(self.wbuf), offset - self.flushed, self.path)
+            return key, value
+        if self.flushed - self.mapped >= _REMAP_BYTES and self.rfd is not None:
+            self.map(fs, self.rfd)
+            return self.read(fs, offset)
+        assert self.rfd is not None
+        head = fs.pread(self.rfd, _HEADER_SIZE, offset)
+        if len(head) < _HEADER_SIZE:
+            raise CorruptionError(self.path, f"truncated record header at offset {offset}")
+        _crc, klen, vlen, _flags = _HEADER.unpack(head)
+        rec = fs.pread(self.rfd, _HEADER_SIZE + klen + vlen, offset)
+        key, value, _f, _end = records.decode_at(rec, 0, self.path)
+        return key, value
+
+
+#: The active segment is remapped once this many written bytes lie beyond its mapping;
+#: smaller tails are read with pread.
+_REMAP_BYTES = 1 << 20
+
+
+def write_records(
+    fs: FileSystem, fd: int, seq: int, items: Iterable[tuple[bytes, bytes | None]]
+) -> tuple[int, list[bytes], array.array, list[bytes]]:
+    """Write one record per ``(key, value_or_None)`` (keys unique) to the new file ``fd``.
+
+    Returns ``(size, live_keys, live_addresses, tombstone_keys)`` for the hint.
+    """
+    keys: list[bytes] = []
+    addrs = array.array("Q")
+    tombs: list[bytes] = []
+    buf = bytearray()
+    pos = 0
+    base = seq << OFFSET_BITS
+    encode = records.encode
+    for k, v in items:
+        if v is None:
+            tombs.append(k)
+        else:
+            keys.append(k)
+            addrs.append(base + pos + len(buf))
+        buf += encode(k, v)
+        if len(buf) >= _WRITE_CHUNK:
+            fs.write(fd, buf)
+            pos += len(buf)
+            buf = bytearray()
+    if buf:
+        fs.write(fd, buf)
+        pos += len(buf)
+    return pos, keys, addrs, tombs
+
+
+def merge_segments(
+    directory: str,
+    inputs: list[tuple[str, int]],
+    out_name: str,
+    out_seq: int,
+    drop_tombstones: bool,
+    fsync: bool,
+) -> tuple[int, int, int]:
+    """Merge segments ``inputs`` (``(log name, seq)``, oldest first) into ``out_name``.
+
+    Runs in the background pool. Writes ``<out>.tmp`` and ``<out hint>.tmp`` (the store
+    renames them) and returns ``(bytes, live records, tombstones)``. The newest record of
+    each key wins; tombstones are dropped with ``drop_tombstones``. Every copied record's
+    checksum is verified; bad input raises :class:`MergeFailed` naming the file.
+    """
+    fs = FileSystem()
+    out_path = os.path.join(directory, out_name)
+    out_hint = os.path.join(directory, hint_name(out_name))
+    maps: dict[int, tuple[Any, str]] = {}
+    try:
+        latest: dict[bytes, int] = {}
+        for name, seq in inputs:
+            path = os.path.join(directory, name)
+            hpath = os.path.join(directory, hint_name(name))
+            h = hints.decode(fs.read_file(hpath), hpath, seq=seq)
+            latest.update(zip(h.keys, h.addresses, strict=True))
+            if h.tombstones:
+                latest.update(dict.fromkeys(h.tombstones, -1))
+            fd = fs.open_read(path)
+            try:
+                mm = fs.mmap(fd)
+            finally:
+                fs.close(fd)
+            if (len(mm) if mm is not None else 0) != h.data_size:
+                raise CorruptionError(path, f"size differs from its hint ({h.data_size} bytes)")
+            maps[seq] = (mm, path)
+        keys: list[bytes] = []
+        addrs = array.array("Q")
+        tombs: list[bytes] = []
+        base = out_seq << OFFSET_BITS
+        fd = fs.open_new(out_path + ".tmp")
+        try:
+            buf = bytearray()
+            pos = 0
+            for k, a in latest.items():
+                if a < 0:
+                    if drop_tombstones:
+                        continue
+                    tombs.append(k)
+                    buf += records.encode(k, None)
+                else:
+                    mm, path = maps[a >> OFFSET_BITS]
+                    keys.append(k)
+                    addrs.append(base + pos + len(buf))
+                    buf += _copy_record(mm, a & OFFSET_MASK, k, path)
+                if len(buf) >= _WRITE_CHUNK:
+                    fs.write(fd, buf)
+                    pos += len(buf)
+                    buf = bytearray()
+            fs.write(fd, buf)
+            pos += len(buf)
+            if fsync:
+                fs.fsync(fd)
+        finally:
+            fs.close(fd)
+        fs.write_file_atomic(out_hint + ".tmp", hints.encode(out_seq, pos, keys, addrs, tombs), sync=fsync)
+        return pos, len(keys), len(tombs)
+    except CorruptionError as exc:
+        fs.remove(out_path + ".tmp")
+        raise MergeFailed(exc.path, exc.detail) from None
+    except BaseException:
+        fs.remove(out_path + ".tmp")
+        raise
+    finally:
+        for mm, _p in maps.values():
+            if mm is not None:
+                mm.close()
+
+
+def _copy_record(mm: Any, off: int, key: bytes, path: str) -> bytes:
+    """The verified bytes of the live record at ``off`` (batch flag cleared)."""
+    if mm is None or off + _HEADER_SIZE > len(mm):
+        raise CorruptionError(path, f"record offset {off} is past the end of the file")
+    crc, klen, vlen, flags = _HEADER.unpack_from(mm, off)
+    end = off + _HEADER_SIZE + klen + vlen
+    rec = mm[off:end]
+    if end > len(mm) or crc32c(memoryview(rec)[4:]) != crc or rec[_HEADER_SIZE : _HEADER_SIZE + klen] != key:
+        raise CorruptionError(path, f"checksum mismatch in record at offset {off}")
+    if flags & ~records.TOMBSTONE:
+        # a batch member: outside its batch it is a plain record
+        return records.encode(key, rec[_HEADER_SIZE + klen :])
+    return rec
+
+
+@dataclass
+class _MergeJob:
+    inputs: list[Segment]
+    out_name: str
+    out_seq: int
+    level: int
+    future: concurrent.futures.Future[tuple[int, int, int]]
+
+
+class SegmentedStore(Store):
+    """Shared machinery of AppendLog and HybridLog: sealed segments + hints, the hash
+    index over them, background merges, and the fast read path.
+
+    Subclasses set ``PREFIX`` and implement ``_write_current(sealed)`` (persist the
+    segment list in ``CURRENT``) and ``_memory_keys()``.
+    """
+
+    PREFIX: ClassVar[str] = ""
+    SEGMENT_OPTIONS: ClassVar[dict[str, Option]] = {
+        "max_runs_per_level": Option(4, int, lambda v: 2 <= v <= 1000, "an int in [2, 1000]"),
+    }
+
+    # ------------------------------------------------------------------ state
+
+    def _init_segments(self) -> None:
+        self._seq = 0
+        self._index: dict[bytes, int] = {}
+        self._segs: dict[int, Segment] = {}
+        self._sealed: list[Segment] = []
+        self._merge: _MergeJob | None = None
+        self._merge_pause = 0
+        self._merges_done = 0
+        self._merge_failures = 0
+        self._merged_bytes = 0
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _segment_name(self, level: int, seq: int) -> str:
+        return f"{self.PREFIX}-{level}-{seq:010d}.log"
+
+    def _sealed_doc(self, sealed: list[Segment] | None = None) -> list[list[Any]]:
+        return [[s.name, s.level] for s in (self._sealed if sealed is None else sealed)]
+
+    @abc.abstractmethod
+    def _write_current(self, sealed: list[Segment] | None = None) -> None:
+        """Persist ``CURRENT`` naming ``sealed`` (default: the current list) and the engine's other live files."""
+
+    def _sealed_files(self) -> list[str]:
+        out: list[str] = []
+        for s in self._sealed:
+            out += (s.name, hint_name(s.name))
+        return out
+
+    def _load_sealed(self, entries: Iterable[list[Any]]) -> None:
+        """Open the sealed segments ``[[name, level], ...]`` (oldest first) and index them from their hints."""
+        index = self._index
+        for name, level in entries:
+            seg = Segment(name, int(level), self._path(name))
+            seg.open_sealed(self.fs)
+            try:
+                hpath = self._path(hint_name(name))
+                h = hints.decode(self.fs.read_file(hpath), hpath, seq=seg.seq)
+                if h.data_size != seg.size:
+                    raise CorruptionError(seg.path, f"file is {seg.size} bytes, its hint says {h.data_size}")
+            except (CorruptionError, OSError):
+                seg.close(self.fs)
+                raise
+            index.update(zip(h.keys, h.addresses, strict=True))
+            for k in h.tombstones:
+                index.pop(k, None)
+            self._sealed.append(seg)
+            self._segs[seg.seq] = seg
+            self._seq = max(self._seq, seg.seq)
+
+    def _seal_new(self, level: int, items: Iterable[tuple[bytes, bytes | None]]) -> Segment:
+        """Write ``items`` (unique keys) as a new sealed segment + hint; return it (not yet listed)."""
+        seq = self._next_seq()
+        name = self._segment_name(level, seq)
+        path = self._path(name)
+        fd = self.fs.open_new(path + ".tmp")
+        try:
+            size, keys, addrs, tombs = write_records(self.fs, fd, seq, items)
+            if self.sync == "fsync":
+                self.fs.fsync(fd)
+        finally:
+            self.fs.close(fd)
+        self._write_hint(name, seq, size, keys, addrs, tombs)
+        self.fs.rename(path + ".tmp", path)
+        seg = Segment(name, level, path)
+        seg.open_sealed(self.fs)
+        return seg
+
+    def _write_hint(self, name: str, seq: int, size: int, keys: list[bytes], addrs: Any, tombs: list[bytes]) -> None:
+        self.fs.write_file_atomic(
+            self._path(hint_name(name)), hints.encode(seq, size, keys, addrs, tombs), sync=self.sync == "fsync"
+        )
+
+    def _remove_strays(self, live: set[str]) -> None:
+        """Delete this engine's files that ``CURRENT`` does not name (leftovers of a crash)."""
+        prefix = self.PREFIX + "-"
+        for name in self.fs.listdir(self.directory):
+            if name.startswith(prefix) and name not in live:
+                self._release_file(name)
+
+    def _drop_segments(self) -> None:
+        for seg in self._segs.values():
+            seg.close(self.fs)
+        self._segs = {}
+        self._sealed = []
+        self._index = {}
+
+    # ------------------------------------------------------------------ reads
+
+    def _disk_get(self, key: bytes, default: Any) -> Any:
+        """The value at the index entry of ``key`` (``default`` if none): the fast read path."""
+        loc = self._index.get(key)
+        if loc is None:
+            return default
+        seg = self._segs.get(loc >> OFFSET_BITS)
+        off = loc & OFFSET_MASK
+        if seg is not None and off < seg.mapped:
+            mm = seg.mm
+            crc, klen, vlen, _flags = _HEADER.unpack_from(mm, off)
+            rec = mm[off + 4 : off + _HEADER_SIZE + klen + vlen]
+            if crc32c(rec) == crc:
+                return rec[9 + klen :]
+        return self._read_slow(key, default)
+
+    def _read_slow(self, key: bytes, default: Any) -> Any:
+        """Read under the lock: tails of the active segment, remaps, and corrupt records."""
+        with self._lock:
+            loc = self._index.get(key)
+            if loc is None:
+                return default
+            seg = self._segs.get(loc >> OFFSET_BITS)
+            if seg is None:
+                raise StoreError(f"{self.directory}: index entry of key {key!r:.60} names unknown segment {loc >> OFFSET_BITS}")
+            rkey, value = seg.read(self.fs, loc & OFFSET_MASK)
+            if rkey != key:
+                raise CorruptionError(seg.path, f"record at offset {loc & OFFSET_MASK} holds key {rkey!r:.60}, expected {key!r:.60}")
+            return default if value is None else value
+
+    def _get_any(self, key: bytes) -> Any:
+        return self.get(key, _MISSING)  # type: ignore[arg-type]
+
+    def _memory_keys(self) -> Iterable[bytes]:
+        """Keys held outside the disk index (HybridLog's in-memory regions)."""
+        return ()
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every live pair once (values read in chunks, so memory stays bounded)."""
+        self._check_open()
+        with self._lock:
+            keys = list(self._index)
+            extra = [k for k in self._memory_keys() if k not in self._index]
+        keys += extra
+        for i in range(0, len(keys), 1024):
+            with self._lock:
+                self._check_open()
+                chunk = [(k, self._get_any(k)) for k in keys[i : i + 1024]]
+            for k, v in chunk:
+                if v is not _MISSING:
+                    yield k, v
+
+    # ------------------------------------------------------------------ merges
+
+    def _maybe_merge(self) -> None:
+        """(lock held) Start a merge if a level is full and none is running."""
+        if self._merge is not None or self._merge_pause or self._closed:
+            return
+        limit = self.options["max_runs_per_level"]
+        counts = Counter(s.level for s in self._sealed)
+        for level in sorted(counts):
+            if counts[level] < limit:
+                continue
+            first = next(i for i, s in enumerate(self._sealed) if s.level == level)
+            inputs = self._sealed[first : first + counts[level]]
+            if any(s.level != level for s in inputs):
+                log.warning("segments of level %d in %s are not contiguous; not merging", level, self.directory)
+                continue
+            seq = self._next_seq()
+            out = self._segment_name(level + 1, seq)
+            fut = background.submit(
+                merge_segments,
+                self.directory,
+                [(s.name, s.seq) for s in inputs],
+                out,
+                seq,
+                first == 0,
+                self.sync == "fsync",
+            )
+            self._merge = _MergeJob(inputs, out, seq, level + 1, fut)
+            fut.add_done_callback(self._merge_done)
+            return
+
+    def _merge_done(self, fut: concurrent.futures.Future[Any]) -> None:
+        try:
+            with self._lock:
+                if self._merge is not None and self._merge.future is fut and not self._closed:
+                    self._finish_merge()
+        except Exception:
+            log.exception("installing a merge in %s failed", self.directory)
+
+    def _finish_merge(self) -> None:
+        """(lock held, merge future done) Install the merge output in place of its inputs."""
+        job = self._merge
+        assert job is not None
+        self._merge = None
+        out_path = self._path(job.out_name)
+        out_hint = self._path(hint_name(job.out_name))
+        try:
+            size, _live, _tombs = job.future.result()
+        except Exception as exc:
+            self._merge_failures += 1
+            log.error("merge into %s failed: %s", out_path, exc)
+            self.fs.remove(out_path + ".tmp")
+            self.fs.remove(out_hint + ".tmp")
+            return
+        self.fs.rename(out_path + ".tmp", out_path)
+        self.fs.rename(out_hint + ".tmp", out_hint)
+        seg = Segment(job.out_name, job.level, out_path)
+        seg.open_sealed(self.fs)
+        h = hints.decode(self.fs.read_file(out_hint), out_hint, seq=job.out_seq)
+        first = self._sealed.index(job.inputs[0])
+        sealed = self._sealed[:first] + [seg] + self._sealed[first + len(job.inputs) :]
+        self._write_current(sealed)  # the commit point
+        self._sealed = sealed
+        self._segs[seg.seq] = seg
+        index = self._index
+        get = index.get
+        gone = {s.seq for s in job.inputs}
+        for k, a in zip(h.keys, h.addresses, strict=True):
+            cur = get(k)
+            if cur is not None and (cur >> OFFSET_BITS) in gone:
+                index[k] = a
+        for s in job.inputs:
+            del self._segs[s.seq]
+            self._release_file(s.name)
+            self._release_file(hint_name(s.name))
+        self._merges_done += 1
+        self._merged_bytes += size
+        self._maybe_merge()
+
+    def _quiesce(self) -> None:
+        self._merge_pause += 1
+        job = self._merge
+        if job is not None:
+            concurrent.futures.wait([job.future])
+            with self._lock:
+                if self._merge is job:
+                    self._finish_merge()
+
+    def _resume(self) -> None:
+        self._merge_pause = max(0, self._merge_pause - 1)
+        if not self._merge_pause and not self._closed:
+            with self._lock:
+                self._maybe_merge()
+
+    # ------------------------------------------------------------------ stats
+
+    def _segment_stats(self) -> dict[str, Any]:
+        index = self._index
+        sample = list(itertools.islice(index, 64))
+        per_key = (sum(sys.getsizeof(k) for k in sample) / len(sample) if sample else 0) + 32
+        levels = Counter(s.level for s in self._sealed)
+        return {
+            "keys_on_disk": len(index),
+            "index_bytes": int(sys.getsizeof(index) + per_key * len(index)),
+            "segments": len(self._sealed),
+            "files_per_level": {f"L{lv}": levels[lv] for lv in sorted(levels)},
+            "sealed_bytes": sum(s.size for s in self._sealed),
+            "merges_done": self._merges_done,
+            "merges_running": 0 if self._merge is None else 1,
+            "merge_failures": self._merge_failures,
+            "merged_bytes": self._merged_bytes,
+        }
+
