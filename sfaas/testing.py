@@ -218,7 +218,7 @@ class LocalRunner:
                 user_aborts.setdefault(tid, why)
         decision = decide((tid for _, tid, _ in work), conflicts, user_aborts)
         for eng in self.engines:
-            eng.commit(decision)
+            eng.commit(conflicts, user_aborts)
         rerun = set(decision.rerun)
         for (i, tid, item), (ok, value) in zip(work, outcomes, strict=True):
             if tid in rerun:

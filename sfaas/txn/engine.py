@@ -21,7 +21,7 @@ from ..codec import pack, unpack
 from ..context import Context
 from ..errors import Abort, BadKey, SfaasError, TransactionAborted, error_class
 from ..partitioning import owner_of_partition, partition_of
-from .epochs import AccessLog, Decision
+from .epochs import AccessLog
 
 log = logging.getLogger("sfaas.engine")
 
@@ -200,17 +200,15 @@ class Engine:
         """This worker's conflicting tids and user aborts of the current epoch."""
         return self.log.conflicts(), dict(self.log.user_aborts)
 
-    def commit(self, decision: Decision) -> int:
-        """Apply the committed tids' writes: one ``write_batch`` per operator store.
+    def commit(self, conflicts: set[int], user_aborts: Mapping[int, object]) -> list[int]:
+        """Apply the writes of every tid that wrote here and neither conflicts nor failed.
 
-        Returns the number of keys written.
+        One ``write_batch`` per operator store. Returns the committed tids that wrote here.
         """
-        batches = self.log.commit_batches(decision.committed)
-        n = 0
-        for op, ops in batches.items():
+        committed = [t for t in self.log.writes if t not in conflicts and t not in user_aborts]
+        for op, ops in self.log.commit_batches(committed).items():
             self.stores[op].write_batch(ops)
-            n += len(ops)
-        return n
+        return committed
 
     def close(self) -> None:
         """Close every store."""

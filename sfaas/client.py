@@ -1,0 +1,187 @@
+"""Clients: send requests through Kafka, get each request's single reply.
+
+>>> async with Client(app="bank", bootstrap="127.0.0.1:9092") as client:
+...     await client.call("accounts", "alice", "deposit", 10)
+
+A request goes to the ingress partition owning its key; the reply comes back on the egress
+partition this client listens to, matched by request id. Validation that needs no
+cluster (key type, serializable arguments; names and arity when given the :class:`App`)
+happens before anything is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+from aiokafka import TopicPartition
+from crc32c import crc32c
+
+from .app import App
+from .codec import check_serializable
+from .errors import BadKey, RequestTimeout, reply_error
+from .kafka import make_consumer, make_producer, partition_count
+from .partitioning import partition_of
+from .settings import Settings
+from .wire import ProtocolError, Reply, Request
+
+log = logging.getLogger("sfaas.client")
+
+__all__ = ["Client", "SyncClient"]
+
+
+class Client:
+    """An asyncio client of one app's cluster (see module docstring)."""
+
+    def __init__(
+        self,
+        app: str | App,
+        bootstrap: str | None = None,
+        *,
+        namespace: str | None = None,
+        timeout: float = 60.0,
+        settings: Settings | None = None,
+    ) -> None:
+        self.settings = settings or Settings.load({"kafka": bootstrap, "namespace": namespace})
+        self.app = app if isinstance(app, App) else None
+        self.app_name = app.name if isinstance(app, App) else str(app)
+        self.timeout = timeout
+        self.ingress, self.egress = self.settings.topics(self.app_name)
+        self.client_id = uuid.uuid4().hex
+        self._seq = 0
+        self._waiting: dict[str, asyncio.Future[Reply]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._started = False
+
+    async def start(self) -> None:
+        """Connect to Kafka and start listening for replies (called by ``async with``)."""
+        if self._started:
+            return
+        s = self.settings
+        self._producer = make_producer(s.kafka, s.linger_ms)
+        await self._producer.start()
+        try:
+            self.partitions = await partition_count(self._producer, self.ingress)
+            egress_parts = await partition_count(self._producer, self.egress)
+            self.reply_partition = crc32c(self.client_id.encode()) % egress_parts
+            self._consumer = make_consumer(s.kafka, None, s.fetch_wait_ms)
+            await self._consumer.start()
+        except BaseException:
+            await self._producer.stop()
+            raise
+        tp = TopicPartition(self.egress, self.reply_partition)
+        self._consumer.assign([tp])
+        await self._consumer.seek_to_end(tp)
+        await self._consumer.position(tp)  # pin the start before any request goes out
+        self._reader = asyncio.create_task(self._read_replies())
+        self._started = True
+
+    async def close(self) -> None:
+        """Stop listening; pending calls fail with ``RequestTimeout``-free cancellation."""
+        if not self._started:
+            return
+        self._started = False
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.cancel()
+        await self._producer.stop()
+        await self._consumer.stop()
+
+    async def __aenter__(self) -> Client:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _read_replies(self) -> None:
+        while True:
+            data = await self._consumer.getmany(timeout_ms=1000, max_records=10000)
+            for records in data.values():
+                for rec in records:
+                    try:
+                        reply = Reply.decode(rec.value)
+                    except ProtocolError as exc:
+                        log.warning("ignoring malformed reply at offset %d: %s", rec.offset, exc)
+                        continue
+                    fut = self._waiting.pop(reply.rid, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(reply)
+
+    def _validate(self, operator: str, key: str, function: str, args: tuple[Any, ...]) -> None:
+        if self.app is not None:
+            self.app.validate(operator, key, function, args)
+            return
+        if not isinstance(key, str) or not key:
+            raise BadKey(f"key for operator {operator!r} must be a non-empty str, got {key!r:.80}")
+        check_serializable(list(args), f"arguments of {operator}.{function}")
+
+    async def submit(self, operator: str, key: str, function: str, *args: Any) -> asyncio.Future[Reply]:
+        """Send a request; the returned future resolves to its raw :class:`Reply`."""
+        if not self._started:
+            await self.start()
+        self._validate(operator, key, function, args)
+        self._seq += 1
+        rid = f"{self.client_id}-{self._seq}"
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = fut
+        req = Request(rid, operator, key, function, list(args), self.reply_partition, time.time())
+        await self._producer.send(
+            self.ingress, req.encode(), partition=partition_of(operator, key, self.partitions)
+        )
+        return fut
+
+    async def call(self, operator: str, key: str, function: str, *args: Any) -> Any:
+        """Run one transaction and return its result; raises ``TransactionAborted(reason)``."""
+        fut = await self.submit(operator, key, function, *args)
+        try:
+            reply = await asyncio.wait_for(fut, self.timeout)
+        except TimeoutError:
+            raise RequestTimeout(
+                f"no reply to {operator}/{key}.{function} within {self.timeout} s "
+                f"(is the cluster for app {self.app_name!r} running?)"
+            ) from None
+        if reply.ok:
+            return reply.value
+        raise reply_error(reply.error_type or "TransactionAborted", reply.reason or "aborted")
+
+
+class SyncClient:
+    """A blocking :class:`Client`: runs one on a private event loop in a background thread."""
+
+    def __init__(self, app: str | App, bootstrap: str | None = None, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="sfaas-client", daemon=True)
+        self._thread.start()
+        self._client = Client(app, bootstrap, **kwargs)
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def call(self, operator: str, key: str, function: str, *args: Any) -> Any:
+        """Like :meth:`Client.call`, blocking."""
+        return self._run(self._client.call(operator, key, function, *args))
+
+    def close(self) -> None:
+        """Stop the client and its thread."""
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self._client.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+            self._loop.close()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

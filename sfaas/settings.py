@@ -1,0 +1,129 @@
+"""One typed settings object per process: defaults < ``SFAAS_*`` environment < flags.
+
+Every field ``name`` is read from ``SFAAS_<NAME>`` (e.g. ``SFAAS_KAFKA``,
+``SFAAS_SECRET``, ``SFAAS_PARTITIONS``); command-line flags override the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+
+log = logging.getLogger("sfaas.settings")
+
+__all__ = ["Settings", "DEV_SECRET"]
+
+#: Used when ``SFAAS_SECRET`` is unset, with a warning: fine on a laptop, never in production.
+DEV_SECRET = "sfaas-dev-secret-change-me"
+
+
+def _default_home() -> str:
+    return os.environ.get("SFAAS_HOME", os.path.expanduser("~/.local/state/sfaas"))
+
+
+@dataclass
+class Settings:
+    """Configuration of a coordinator, worker, client or local cluster."""
+
+    #: The app as ``package.module:attr`` (workers, ``sfaas up``).
+    app: str = ""
+    #: Kafka bootstrap servers.
+    kafka: str = "127.0.0.1:9092"
+    #: Prefix of topic and consumer-group names (separates clusters sharing one Kafka).
+    namespace: str = "sfaas"
+    #: Shared secret of the coordinator/worker channels.
+    secret: str = field(default="", repr=False)
+    #: Where the coordinator listens / workers find it.
+    coordinator: str = "127.0.0.1:7700"
+    #: Host workers listen on for peer channels (port 0: any free port).
+    host: str = "127.0.0.1"
+    port: int = 0
+    #: Workers the coordinator waits for before running epochs.
+    workers: int = 2
+    #: Ingress/egress topic partitions (also the key partitions; ≥ workers).
+    partitions: int = 8
+    #: Most new requests one worker takes into one epoch.
+    max_batch: int = 2000
+    #: Override every operator's store engine (benchmarks); empty: the app's choice.
+    store: str = ""
+    #: Cluster state (pid files, logs) and store data live under here.
+    home: str = field(default_factory=_default_home)
+    #: Kafka consumer fetch wait (ms): small keeps latency low.
+    fetch_wait_ms: int = 2
+    #: Kafka producer linger (ms).
+    linger_ms: int = 0
+    #: Logging level of the process.
+    log_level: str = "INFO"
+    #: The coordinator creates this file once all workers are ready (used by ``sfaas up``).
+    ready_file: str = ""
+
+    @classmethod
+    def load(cls, overrides: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> Settings:
+        """Defaults, then ``SFAAS_*`` variables from ``env`` (default ``os.environ``), then ``overrides``."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = env.get(f"SFAAS_{f.name.upper()}")
+            if raw is not None and raw != "":
+                values[f.name] = _convert(f, raw, f"SFAAS_{f.name.upper()}")
+        for name, value in (overrides or {}).items():
+            if value is None:
+                continue
+            if name not in {f.name for f in dataclasses.fields(cls)}:
+                raise ConfigError(f"unknown setting {name!r}")
+            values[name] = value
+        s = cls(**values)
+        s.validate()
+        return s
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first invalid value."""
+        if self.workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {self.workers}")
+        if self.partitions < self.workers:
+            raise ConfigError(f"partitions ({self.partitions}) must be >= workers ({self.workers})")
+        if self.max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.store:
+            import statestores
+
+            if self.store not in statestores.ENGINES:
+                raise ConfigError(f"store must be one of {statestores.ENGINES}, got {self.store!r}")
+        self.coordinator_address()
+
+    def coordinator_address(self) -> tuple[str, int]:
+        """``(host, port)`` of the coordinator."""
+        host, sep, port = self.coordinator.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ConfigError(f"coordinator must be host:port, got {self.coordinator!r}")
+        return host, int(port)
+
+    def shared_secret(self) -> str:
+        """The channel secret (the development default, with a warning, when unset)."""
+        if not self.secret:
+            log.warning("SFAAS_SECRET is not set; using the insecure development default")
+            return DEV_SECRET
+        return self.secret
+
+    def topics(self, app: str) -> tuple[str, str]:
+        """``(ingress, egress)`` topic names of ``app``."""
+        return f"{self.namespace}.{app}.in", f"{self.namespace}.{app}.out"
+
+    def as_env(self) -> dict[str, str]:
+        """These settings as ``SFAAS_*`` variables (to pass to child processes)."""
+        return {f"SFAAS_{f.name.upper()}": str(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _convert(f: dataclasses.Field[Any], raw: str, name: str) -> Any:
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str")
+    if kind == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+    return raw

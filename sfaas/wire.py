@@ -1,0 +1,312 @@
+"""Every frame exchanged between coordinator, workers and clients, as small dataclasses.
+
+TCP frames (see :mod:`sfaas.channels`) carry a msgpack list of messages, each encoded as
+``[TAG, field, field, ...]``. Kafka records carry one request or reply, also msgpack. The
+decoder checks tags and arities, so a malformed frame raises :class:`ProtocolError`
+instead of reaching the runtime; nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import msgpack
+
+from .errors import BadRequest, SfaasError
+
+__all__ = [
+    "ProtocolError",
+    "Message",
+    "Register",
+    "Assign",
+    "Ready",
+    "Begin",
+    "Executed",
+    "Decide",
+    "Votes",
+    "Commit",
+    "Wakeup",
+    "Heartbeat",
+    "Stop",
+    "Hello",
+    "Call",
+    "Result",
+    "encode_frame",
+    "decode_frame",
+    "Request",
+    "Reply",
+]
+
+
+class ProtocolError(SfaasError):
+    """A frame or record did not decode into a known message."""
+
+
+@dataclass(slots=True)
+class Message:
+    """Base of all TCP messages; subclasses set a unique ``TAG``."""
+
+    TAG: ClassVar[int] = 0
+
+
+# -- coordinator <-> worker ------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Register(Message):
+    """Worker → coordinator: I am ``name``, my peers reach me at ``host:port``."""
+
+    TAG: ClassVar[int] = 1
+    name: str
+    host: str
+    port: int
+    pid: int
+
+
+@dataclass(slots=True)
+class Assign(Message):
+    """Coordinator → worker: your index, the membership, the topics and partition count."""
+
+    TAG: ClassVar[int] = 2
+    index: int
+    n_workers: int
+    peers: list[list[Any]]  # [host, port] per worker index
+    partitions: int
+    ingress_topic: str
+    egress_topic: str
+    group: str
+
+
+@dataclass(slots=True)
+class Ready(Message):
+    """Worker → coordinator: peers connected, Kafka ready."""
+
+    TAG: ClassVar[int] = 3
+    index: int
+
+
+@dataclass(slots=True)
+class Begin(Message):
+    """Coordinator → workers: run epoch ``epoch``.
+
+    ``marker`` is the seam for snapshots: a snapshot round id riding this epoch's barrier
+    (None: no snapshot). Workers pass it to ``on_epoch_committed``.
+    """
+
+    TAG: ClassVar[int] = 4
+    epoch: int
+    now: float
+    marker: int | None = None
+
+
+@dataclass(slots=True)
+class Executed(Message):
+    """Worker → coordinator: all my root transactions of ``epoch`` finished executing."""
+
+    TAG: ClassVar[int] = 5
+    epoch: int
+    index: int
+    count: int
+
+
+@dataclass(slots=True)
+class Decide(Message):
+    """Coordinator → workers: every worker finished executing; send your votes."""
+
+    TAG: ClassVar[int] = 6
+    epoch: int
+
+
+@dataclass(slots=True)
+class Votes(Message):
+    """Worker → coordinator: conflicting tids and user aborts seen on my keys."""
+
+    TAG: ClassVar[int] = 7
+    epoch: int
+    index: int
+    conflicts: list[int]
+    aborts: list[list[Any]]  # [tid, error_type, reason]
+    pending: int  # requests waiting for a later epoch
+
+
+@dataclass(slots=True)
+class Commit(Message):
+    """Coordinator → workers: the union of votes; commit the rest. ``idle``: nothing waits."""
+
+    TAG: ClassVar[int] = 8
+    epoch: int
+    conflicts: list[int]
+    aborts: list[list[Any]]
+    idle: bool
+    marker: int | None = None
+
+
+@dataclass(slots=True)
+class Wakeup(Message):
+    """Worker → coordinator: I have work though I last reported none."""
+
+    TAG: ClassVar[int] = 9
+    index: int
+
+
+@dataclass(slots=True)
+class Heartbeat(Message):
+    """Worker → coordinator: still alive (with counters for ``sfaas ps``)."""
+
+    TAG: ClassVar[int] = 10
+    index: int
+    committed: int
+
+
+@dataclass(slots=True)
+class Stop(Message):
+    """Coordinator → worker: shut down cleanly."""
+
+    TAG: ClassVar[int] = 11
+    reason: str
+
+
+# -- worker <-> worker -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Hello(Message):
+    """First message on a peer channel: the sender's worker index."""
+
+    TAG: ClassVar[int] = 20
+    index: int
+
+
+@dataclass(slots=True)
+class Call(Message):
+    """Run ``operator.function(key, *args)`` for transaction ``tid`` and answer with a Result."""
+
+    TAG: ClassVar[int] = 21
+    epoch: int
+    src: int
+    call_id: int
+    tid: int
+    now: float
+    operator: str
+    key: str
+    function: str
+    args: list[Any]
+    depth: int
+
+
+@dataclass(slots=True)
+class Result(Message):
+    """The outcome of a Call: ``ok`` and the value, or ``[error_type, reason]``."""
+
+    TAG: ClassVar[int] = 22
+    call_id: int
+    ok: bool
+    value: Any
+
+
+_TAGS: dict[int, type[Message]] = {}
+for _cls in list(globals().values()):
+    if isinstance(_cls, type) and issubclass(_cls, Message) and _cls is not Message:
+        assert _cls.TAG not in _TAGS, _cls
+        _TAGS[_cls.TAG] = _cls
+_NFIELDS = {tag: len(dataclasses.fields(cls)) for tag, cls in _TAGS.items()}
+
+
+def _to_list(msg: Message) -> list[Any]:
+    return [msg.TAG, *(getattr(msg, f.name) for f in dataclasses.fields(msg))]
+
+
+def encode_frame(messages: list[Message]) -> bytes:
+    """One frame's payload holding ``messages``."""
+    return msgpack.packb([_to_list(m) for m in messages], use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def decode_frame(payload: bytes) -> list[Message]:
+    """Inverse of :func:`encode_frame`; raises :class:`ProtocolError` on anything unexpected."""
+    try:
+        items = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise ProtocolError(f"frame is not valid msgpack: {exc}") from None
+    if not isinstance(items, list):
+        raise ProtocolError(f"frame must be a list of messages, got {type(items).__name__}")
+    out: list[Message] = []
+    for item in items:
+        if not isinstance(item, list) or not item or not isinstance(item[0], int):
+            raise ProtocolError(f"message must be [tag, fields...], got {item!r:.80}")
+        cls = _TAGS.get(item[0])
+        if cls is None:
+            raise ProtocolError(f"unknown message tag {item[0]}")
+        fields = item[1:]
+        if len(fields) != _NFIELDS[item[0]]:
+            raise ProtocolError(f"{cls.__name__} needs {_NFIELDS[item[0]]} fields, got {len(fields)}")
+        out.append(cls(*fields))
+    return out
+
+
+# -- Kafka records ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Request:
+    """A client request on the ingress topic."""
+
+    rid: str
+    operator: str
+    key: str
+    function: str
+    args: list[Any]
+    reply_partition: int
+    sent_at: float
+
+    def encode(self) -> bytes:
+        """The record value."""
+        return msgpack.packb(  # type: ignore[no-any-return]
+            [self.rid, self.operator, self.key, self.function, self.args, self.reply_partition, self.sent_at],
+            use_bin_type=True,
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> Request:
+        """Parse a record value; raises :class:`BadRequest` naming what is wrong."""
+        try:
+            fields = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except Exception as exc:
+            raise BadRequest(f"request record is not msgpack: {exc}") from None
+        if not isinstance(fields, list) or len(fields) != 7:
+            raise BadRequest(f"request record must be a 7-element list, got {fields!r:.80}")
+        rid, op, key, fn, args, part, sent = fields
+        if not isinstance(rid, str) or not isinstance(part, int):
+            raise BadRequest(f"request id/reply partition malformed: {rid!r:.40} {part!r:.20}")
+        if not isinstance(args, list):
+            raise BadRequest(f"request {rid}: args must be a list, got {type(args).__name__}")
+        return cls(rid, op, key, fn, args, part, float(sent or 0.0))
+
+
+@dataclass(slots=True)
+class Reply:
+    """A worker's reply on the egress topic: a result, or an error type and reason."""
+
+    rid: str
+    ok: bool
+    value: Any
+    error_type: str | None = None
+    reason: str | None = None
+
+    def encode(self) -> bytes:
+        """The record value."""
+        return msgpack.packb(  # type: ignore[no-any-return]
+            [self.rid, self.ok, self.value, self.error_type, self.reason], use_bin_type=True
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> Reply:
+        """Parse a record value; raises :class:`ProtocolError` if malformed."""
+        try:
+            fields = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except Exception as exc:
+            raise ProtocolError(f"reply record is not msgpack: {exc}") from None
+        if not isinstance(fields, list) or len(fields) != 5:
+            raise ProtocolError(f"reply record must be a 5-element list, got {fields!r:.80}")
+        return cls(*fields)

@@ -1,0 +1,370 @@
+"""The worker process: Kafka ingress, transaction execution, peer channels, Kafka egress.
+
+Life of a worker: register with the coordinator, receive its index and the membership,
+connect to every peer, assign itself its ingress partitions, then follow the
+coordinator's epochs:
+
+``Begin n``   take a bounded batch of requests (re-runs first), give each a tid, run all
+              roots concurrently; calls to keys of other workers go over peer channels
+``Decide n``  every worker finished: report conflicts and user aborts on my keys
+``Commit n``  apply surviving writes (one ``write_batch`` per operator store), requeue
+              conflicting roots with their tids, produce replies to the egress topic,
+              then :meth:`Worker.on_epoch_committed` — the seam where snapshots will hook in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import TopicPartition
+
+import statestores
+from sfaas import channels, wire
+from sfaas.app import App
+from sfaas.codec import pack
+from sfaas.errors import AuthenticationError, ChannelClosed, ClusterError
+from sfaas.kafka import make_consumer, make_producer
+from sfaas.settings import Settings
+from sfaas.txn.engine import Engine, Outcome
+from sfaas.txn.epochs import Sequencer, decide
+
+log = logging.getLogger("sfaas.worker")
+
+__all__ = ["Worker", "run_worker"]
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A request waiting to commit (it may re-run several epochs)."""
+
+    request: wire.Request
+    now: float = 0.0
+    attempts: int = 0
+
+
+class Worker:
+    """One worker process (see module docstring)."""
+
+    def __init__(self, settings: Settings, app: App, name: str | None = None) -> None:
+        self.settings = settings
+        self.app = app
+        self.name = name or f"worker-{os.getpid()}"
+        self.secret = settings.shared_secret()
+        self.index = -1
+        self.engine: Engine | None = None
+        self.peers: dict[int, channels.Channel] = {}
+        self.ingress: collections.deque[_Pending] = collections.deque()
+        self.sequencer: Sequencer | None = None
+        self._calls: dict[int, asyncio.Future[Outcome]] = {}
+        self._call_ids = 0
+        self._deferred: dict[int, list[wire.Call]] = {}
+        self._batch: list[tuple[int, _Pending]] = []
+        self._outcomes: list[Outcome] = []
+        self._replies: list[tuple[int, bytes]] = []
+        self._reply_event = asyncio.Event()
+        self._idle_reported = False
+        self._offsets: dict[int, int] = {}
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.committed = 0
+        self.aborted = 0
+        self.reruns = 0
+        self.epochs = 0
+
+    # -- snapshot seam ---------------------------------------------------------------------------
+    def on_epoch_committed(self, epoch: int, offsets: dict[int, int], marker: int | None) -> None:
+        """Called after epoch ``epoch`` committed, with the ingress offsets consumed so far.
+
+        The next issue's snapshot round hooks in here when ``marker`` is set; the cut is
+        consistent because no transaction is in flight at this point.
+        """
+
+    # -- router (Engine → peers) -----------------------------------------------------------------
+    async def remote_call(
+        self, dest: int, tid: int, now: float, operator: str, key: str, function: str,
+        args: Sequence[Any], depth: int,
+    ) -> Outcome:
+        """Send a call to worker ``dest`` and wait for its result."""
+        argv = list(args)
+        pack(argv, f"arguments of {operator}.{function}")
+        self._call_ids += 1
+        cid = self._call_ids
+        fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._calls[cid] = fut
+        assert self.engine is not None
+        self.peers[dest].send(
+            wire.Call(self.engine.epoch, self.index, cid, tid, now, operator, key, function, argv, depth)
+        )
+        try:
+            return await fut
+        finally:
+            self._calls.pop(cid, None)
+
+    async def _serve_call(self, msg: wire.Call) -> None:
+        assert self.engine is not None
+        ok, value = await self.engine.serve(
+            msg.tid, msg.now, msg.operator, msg.key, msg.function, msg.args, msg.depth
+        )
+        self.peers[msg.src].send(wire.Result(msg.call_id, ok, value if ok else list(value)))
+
+    async def _on_peer(self, chan: channels.Channel) -> None:
+        first = await chan.recv()
+        if not first or not isinstance(first[0], wire.Hello):
+            log.warning("peer %s did not say hello; dropping", chan.peer)
+            return
+        src = first[0].index
+        rest = first[1:]
+        while True:
+            for msg in rest:
+                if isinstance(msg, wire.Result):
+                    fut = self._calls.get(msg.call_id)
+                    if fut is not None and not fut.done():
+                        fut.set_result((msg.ok, msg.value if msg.ok else tuple(msg.value)))
+                elif isinstance(msg, wire.Call):
+                    self._on_call(msg)
+                else:
+                    log.warning("unexpected %s from peer %d", type(msg).__name__, src)
+            rest = await chan.recv()
+
+    def _on_call(self, msg: wire.Call) -> None:
+        assert self.engine is not None
+        if msg.epoch == self.engine.epoch:
+            self._tasks_add(asyncio.ensure_future(self._serve_call(msg)))
+        elif msg.epoch > self.engine.epoch:
+            # the peer began the next epoch before our Begin arrived: hold the call
+            self._deferred.setdefault(msg.epoch, []).append(msg)
+        else:
+            log.error("call for past epoch %d (now %d) from worker %d", msg.epoch, self.engine.epoch, msg.src)
+            self.peers[msg.src].send(wire.Result(msg.call_id, False, ["StaleEpoch", "call for a past epoch"]))
+
+    def _tasks_add(self, task: asyncio.Future[Any]) -> None:
+        # keep a reference so the task is not garbage collected mid-flight
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    # -- setup -----------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Join the cluster and process epochs until the coordinator stops us or goes away."""
+        self._running: set[asyncio.Future[Any]] = set()
+        s = self.settings
+        server = await channels.serve(s.host, s.port, self.secret, self._on_peer)
+        my_port = server.sockets[0].getsockname()[1]
+        chost, cport = s.coordinator_address()
+        self.coord = await self._connect_retry(chost, cport)
+        self.coord.send(wire.Register(self.name, s.host, my_port, os.getpid()))
+        msgs = await self.coord.recv()
+        assign = msgs[0]
+        if isinstance(assign, wire.Stop):
+            raise ClusterError(f"coordinator refused {self.name}: {assign.reason}")
+        if not isinstance(assign, wire.Assign):
+            raise ClusterError(f"expected Assign from the coordinator, got {type(assign).__name__}")
+        self.index = assign.index
+        self.assign = assign
+        log.info("joined as worker %d of %d", assign.index, assign.n_workers,
+                 extra={"worker": assign.index})
+        self.engine = Engine(self.app, assign.index, assign.n_workers, assign.partitions,
+                             self._open_stores(assign), self)
+        self.sequencer = Sequencer(assign.index)
+        for j, (host, port) in enumerate(assign.peers):
+            if j != self.index:
+                ch = await self._connect_retry(host, port)
+                ch.send(wire.Hello(self.index))
+                self.peers[j] = ch
+        self.producer = make_producer(s.kafka, s.linger_ms)
+        await self.producer.start()
+        self.consumer = make_consumer(s.kafka, assign.group, s.fetch_wait_ms)
+        await self.consumer.start()
+        mine = [TopicPartition(assign.ingress_topic, p) for p in range(assign.partitions)
+                if p % assign.n_workers == self.index]
+        self.consumer.assign(mine)
+        self._tasks = [
+            asyncio.create_task(self._ingest(), name="ingest"),
+            asyncio.create_task(self._produce(), name="egress"),
+            asyncio.create_task(self._heartbeat(), name="heartbeat"),
+        ]
+        self.coord.send(wire.Ready(self.index))
+        try:
+            await self._follow_coordinator()
+        finally:
+            for t in self._tasks:
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._flush_replies()
+            await self.producer.stop()
+            await self.consumer.stop()
+            for ch in self.peers.values():
+                ch.close()
+            self.coord.close()
+            server.close()
+            self.engine.close()
+
+    def _open_stores(self, assign: wire.Assign) -> dict[str, statestores.Store]:
+        s = self.settings
+        base = os.path.join(s.home, "data", s.namespace, self.app.name, f"worker-{assign.index}")
+        stores = {}
+        for name, op in self.app.operators.items():
+            engine = s.store or op.store
+            opts = {} if s.store else dict(op.store_options)
+            stores[name] = statestores.open(engine, os.path.join(base, name), **opts)
+        return stores
+
+    async def _connect_retry(self, host: str, port: int, timeout: float = 30.0) -> channels.Channel:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return await channels.connect(host, port, self.secret)
+            except AuthenticationError as exc:
+                if "shared-secret" in str(exc):
+                    raise
+                err: Exception = exc
+            except OSError as exc:
+                err = exc
+            if time.monotonic() > deadline:
+                raise ClusterError(f"cannot reach {host}:{port}: {err}")
+            await asyncio.sleep(0.1)
+
+    # -- epochs ----------------------------------------------------------------------------------------------
+    async def _follow_coordinator(self) -> None:
+        epoch_task: asyncio.Task[None] | None = None
+        while True:
+            try:
+                msgs = await self.coord.recv()
+            except ChannelClosed:
+                log.error("lost the coordinator; stopping", extra={"worker": self.index})
+                return
+            for msg in msgs:
+                if isinstance(msg, wire.Begin):
+                    epoch_task = asyncio.create_task(self._execute(msg))
+                elif isinstance(msg, wire.Decide):
+                    if epoch_task is not None:
+                        await epoch_task  # already done: Executed was sent
+                    self._vote(msg.epoch)
+                elif isinstance(msg, wire.Commit):
+                    self._commit(msg)
+                elif isinstance(msg, wire.Stop):
+                    log.info("stopping: %s", msg.reason, extra={"worker": self.index})
+                    return
+                else:
+                    log.warning("unexpected %s from coordinator", type(msg).__name__)
+
+    async def _execute(self, begin: wire.Begin) -> None:
+        assert self.engine is not None and self.sequencer is not None
+        eng = self.engine
+        eng.begin(begin.epoch)
+        for call in self._deferred.pop(begin.epoch, []):
+            self._on_call(call)
+        q = self.ingress
+        new = [q.popleft() for _ in range(min(len(q), self.settings.max_batch))]
+        for item in new:
+            item.now = begin.now
+        batch = self.sequencer.batch(begin.epoch, new)
+        self._batch = batch
+        run = eng.run_root
+        self._outcomes = await asyncio.gather(
+            *(run(tid, item.now, (item.request.operator, item.request.key, item.request.function,
+                                  item.request.args)) for tid, item in batch)
+        )
+        self.coord.send(wire.Executed(begin.epoch, self.index, len(batch)))
+
+    def _vote(self, epoch: int) -> None:
+        assert self.engine is not None
+        conflicts, aborts = self.engine.votes()
+        pending = len(self.ingress)
+        self._idle_reported = pending == 0
+        self.coord.send(wire.Votes(epoch, self.index, list(conflicts),
+                                   [[t, e, r] for t, (e, r) in aborts.items()], pending))
+
+    def _commit(self, msg: wire.Commit) -> None:
+        assert self.engine is not None and self.sequencer is not None
+        conflicts = set(msg.conflicts)
+        aborts = {t: (e, r) for t, e, r in msg.aborts}
+        self.engine.commit(conflicts, aborts)
+        decision = decide((tid for tid, _ in self._batch), conflicts, aborts)
+        rerun = set(decision.rerun)
+        for (tid, item), (ok, value) in zip(self._batch, self._outcomes, strict=True):
+            req = item.request
+            if tid in rerun:
+                item.attempts += 1
+                self.reruns += 1
+                self.sequencer.requeue(tid, item)
+                continue
+            if tid in decision.aborted:
+                self.aborted += 1
+                etype, reason = value if not ok else decision.aborted[tid]
+                reply = wire.Reply(req.rid, False, None, etype, reason)
+            else:
+                self.committed += 1
+                reply = wire.Reply(req.rid, True, value)
+            self._replies.append((req.reply_partition, reply.encode()))
+        self._batch = []
+        self._outcomes = []
+        self.epochs += 1
+        if self._replies:
+            self._reply_event.set()
+        self.on_epoch_committed(msg.epoch, dict(self._offsets), msg.marker)
+
+    # -- Kafka --------------------------------------------------------------------------------------------------
+    async def _ingest(self) -> None:
+        limit = 20 * self.settings.max_batch
+        while True:
+            if len(self.ingress) > limit:  # backpressure: let epochs catch up
+                await asyncio.sleep(0.005)
+                continue
+            data = await self.consumer.getmany(timeout_ms=500, max_records=self.settings.max_batch)
+            got = False
+            for tp, records in data.items():
+                for rec in records:
+                    self._offsets[tp.partition] = rec.offset + 1
+                    try:
+                        req = wire.Request.decode(rec.value)
+                    except Exception as exc:
+                        log.warning("dropping malformed request at %s:%d: %s", tp, rec.offset, exc)
+                        continue
+                    self.ingress.append(_Pending(req))
+                    got = True
+            if got and self._idle_reported:
+                self._idle_reported = False
+                self.coord.send(wire.Wakeup(self.index))
+
+    async def _produce(self) -> None:
+        while True:
+            await self._reply_event.wait()
+            self._reply_event.clear()
+            await self._flush_replies()
+
+    async def _flush_replies(self) -> None:
+        replies, self._replies = self._replies, []
+        if not replies:
+            return
+        topic = self.assign.egress_topic
+        futs = [await self.producer.send(topic, value, partition=p) for p, value in replies]
+        for f in futs:
+            f.add_done_callback(_log_send_error)
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.coord.send(wire.Heartbeat(self.index, self.committed))
+            if self._offsets:
+                try:
+                    await self.consumer.commit({
+                        TopicPartition(self.assign.ingress_topic, p): o for p, o in self._offsets.items()
+                    })
+                except Exception as exc:
+                    log.warning("committing ingress offsets failed: %s", exc)
+
+
+def _log_send_error(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.error("producing a reply failed: %s", fut.exception())
+
+
+async def run_worker(settings: Settings, app: App, name: str | None = None) -> None:
+    """Run one worker until it is stopped."""
+    await Worker(settings, app, name).run()
