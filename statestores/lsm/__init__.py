@@ -1,0 +1,8 @@
+"""The ``lsm`` engine: memtable + WAL, run files with Bloom filters and fence pointers,
+tiered background merges. See :mod:`.engine` and ``statestores/FORMAT.md`` § lsm."""
+
+from __future__ import annotations
+
+from .engine import LSMStore
+
+__all__ = ["LSMStore"]

@@ -1,0 +1,540 @@
+"""``lsm``: a log-structured merge tree with tiered merges.
+
+Writes go to a dict memtable (and, unless ``sync="none"``, to a write-ahead log). When the
+memtable reaches ``memtable_bytes`` it is sorted and written as a level-0 *run*: an
+immutable file of checksummed blocks with its fence pointers and Bloom filter embedded
+(:mod:`.runfile`). When a level holds ``max_runs_per_level`` runs they are merged, in the
+background process pool, into one run of the next level; the store installs the result
+atomically (``CURRENT``) and keeps serving reads and writes meanwhile.
+
+Files (``FORMAT.md`` § lsm): ``lsm-L<level>-<seq>.run`` runs, ``lsm-<seq>.wal`` WALs, and
+``CURRENT`` = ``{"seq", "levels": [[run names, oldest first], …], "wals": [names, oldest
+first]}``. Anything else named ``lsm-*`` is a leftover of a crash and is removed on open.
+
+Snapshots do not flush: with a WAL, freezing *seals* the active WAL (a new one takes
+over), so a snapshot is the run files plus the sealed WALs, and costs only the bytes
+written since the previous one. Without a WAL (``sync="none"``) freezing flushes the
+memtable.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from bisect import bisect_right
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from itertools import repeat
+from typing import Any
+
+import mmh3
+
+from remotes.manifest import Manifest
+
+from .. import background, current, records
+from ..base import (
+    MAX_KEY_BYTES,
+    MAX_VALUE_BYTES,
+    Frozen,
+    Option,
+    Store,
+    _seq_of,
+    check_key,
+    check_ops,
+    check_value,
+)
+from ..errors import CorruptionError
+from . import merge as merge_mod
+from .merge import merge_sorted
+from .runfile import RunReader, decode_block, write_run
+from .wal import replay
+
+__all__ = ["LSMStore"]
+
+log = logging.getLogger("statestores.lsm")
+
+_MISS = object()
+_hash64 = mmh3.hash64
+_encode = records.encode
+#: Estimated bytes a memtable entry costs beyond its key and value (two bytes objects
+#: and a dict slot); used for ``memtable_bytes`` and ``memory_bytes``.
+_ENTRY_OVERHEAD = 100
+#: Estimated bytes a cached, decoded block costs per record beyond its raw size.
+_CACHED_RECORD_OVERHEAD = 90
+#: A WAL holding this many times ``memtable_bytes`` forces a flush (bounds replay time
+#: under overwrite-heavy loads, where the memtable stays small but the log grows).
+_WAL_FACTOR = 4
+
+
+def _positive(v: int) -> bool:
+    return v >= 1
+
+
+class LSMStore(Store):
+    """An LSM tree: dict memtable + WAL, sorted runs with Bloom filters and fence pointers."""
+
+    engine = "lsm"
+    DEFAULT_SYNC = "os"
+    OPTIONS = {
+        "memtable_bytes": Option(8 << 20, int, _positive, "an int >= 1 (bytes)"),
+        "max_runs_per_level": Option(4, int, lambda v: v >= 2, "an int >= 2"),
+        "density_factor": Option(32, int, _positive, "an int >= 1 (records per fence pointer)"),
+        "block_bytes": Option(4096, int, _positive, "an int >= 1 (bytes)"),
+        "bloom_fpr": Option(0.01, float, lambda v: 0.0 < v < 1.0, "a float in (0, 1)"),
+        "cache_bytes": Option(16 << 20, int, lambda v: v >= 0, "an int >= 0 (bytes)"),
+    }
+
+    # ------------------------------------------------------------------ open
+
+    def _has_local_state(self) -> bool:
+        return current.exists(self.fs, self.directory)
+
+    def _init_state(self) -> None:
+        o = self.options
+        self._mem_limit: int = o["memtable_bytes"]
+        self._wal_limit: int = _WAL_FACTOR * o["memtable_bytes"]
+        self._max_runs: int = o["max_runs_per_level"]
+        self._run_opts = {
+            "density_factor": o["density_factor"],
+            "block_bytes": o["block_bytes"],
+            "bloom_fpr": o["bloom_fpr"],
+            "fsync": self.sync == "fsync",
+        }
+        self._cache_limit: int = o["cache_bytes"]
+        self._mem: dict[bytes, bytes | None] = {}
+        self._mem_bytes = 0
+        self._levels: list[list[RunReader]] = []
+        self._runs: tuple[RunReader, ...] = ()  # newest first, across levels
+        self._wals: list[str] = []  # oldest first; the last is active when _wal_fd is set
+        self._wal_fd: int | None = None
+        self._wal_bytes = 0
+        self._seq = 0
+        self._cache: OrderedDict[int, dict[bytes, bytes | None]] = OrderedDict()
+        self._cache_sizes: dict[int, int] = {}
+        self._cache_used = 0
+        self._merge: tuple[concurrent.futures.Future[dict[str, Any]], int, list[RunReader], str] | None = None
+        self._paused = 0
+        self._flushes = 0
+        self._merges_done = 0
+        self._merge_errors = 0
+        self._fsync = self.sync == "fsync"
+
+    def _open(self) -> None:
+        self._init_state()
+        doc = current.read(self.fs, self.directory)
+        self._seq = int(doc.get("seq", 0))
+        level_names: list[list[str]] = [list(lv) for lv in doc.get("levels", [])]
+        wal_names: list[str] = list(doc.get("wals", []))
+        live = {n for lv in level_names for n in lv} | set(wal_names)
+        for name in self.fs.listdir(self.directory):
+            if name.startswith("lsm-"):
+                self._seq = max(self._seq, _seq_of(name))
+                if name not in live:
+                    self._release_file(name)
+        for name in live:
+            if not self.fs.exists(self._path(name)):
+                raise CorruptionError(self._path(name), "named in CURRENT but missing")
+        self._levels = [[RunReader(self.fs, self._path(n), n, i) for n in lv] for i, lv in enumerate(level_names)]
+        self._rebuild_runs()
+        kept: list[str] = []
+        empty: list[str] = []
+        for i, name in enumerate(wal_names):
+            size, _n = replay(self.fs, self._path(name), self._mem, truncate_torn=i == len(wal_names) - 1)
+            (kept if size else empty).append(name)
+        self._mem_bytes = sum(len(k) + (len(v) if v else 0) + _ENTRY_OVERHEAD for k, v in self._mem.items())
+        self._wals = kept
+        if self.sync != "none":
+            self._start_wal()
+        if empty or self.sync != "none":
+            self._write_current()
+        for name in empty:
+            self._release_file(name)
+        log.debug(
+            "opened lsm store",
+            extra={"store": self.directory, "runs": len(self._runs), "wals": len(kept), "memtable_keys": len(self._mem)},
+        )
+        self._maybe_merge()
+
+    def _abandon(self) -> None:
+        fd = getattr(self, "_wal_fd", None)
+        if fd is not None:
+            try:
+                self.fs.close(fd)
+            except OSError:
+                pass
+            self._wal_fd = None
+
+    # ------------------------------------------------------------------ files
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _start_wal(self) -> None:
+        """Close the active WAL (it becomes sealed) and start a new, empty one."""
+        if self._wal_fd is not None:
+            self.fs.close(self._wal_fd)
+            self._wal_fd = None
+        name = f"lsm-{self._next_seq():010d}.wal"
+        self._wal_fd = self.fs.open_new(self._path(name))
+        self._wals.append(name)
+        self._wal_bytes = 0
+
+    def _write_current(self) -> None:
+        current.write(
+            self.fs,
+            self.directory,
+            {"seq": self._seq, "levels": [[r.name for r in lv] for lv in self._levels], "wals": list(self._wals)},
+            sync=self._fsync,
+        )
+
+    def _rebuild_runs(self) -> None:
+        while self._levels and not self._levels[-1]:
+            self._levels.pop()
+        self._runs = tuple(r for lv in self._levels for r in reversed(lv))
+
+    def _sealed_wals(self) -> list[str]:
+        return self._wals[:-1] if self._wal_fd is not None else list(self._wals)
+
+    # ------------------------------------------------------------------ operations
+
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        if self._closed:
+            self._check_open()
+        if type(key) is not bytes or not key or len(key) > MAX_KEY_BYTES:
+            key = check_key(key)
+        v = self._mem.get(key, _MISS)
+        if v is not _MISS:
+            return default if v is None else v  # type: ignore[return-value]
+        if not self._runs:
+            return default
+        h1, h2 = _hash64(key)
+        with self._lock:
+            for run in self._runs:
+                bloom = run.bloom
+                m = bloom.m
+                bits = bloom.bits
+                p = h1 % m
+                if not bits[p]:
+                    continue
+                d = h2 % m
+                for _ in bloom.probes:
+                    p += d
+                    if p >= m:
+                        p -= m
+                    if not bits[p]:
+                        break
+                else:
+                    index = run.index
+                    if key > index.last_key:
+                        continue
+                    i = bisect_right(index.fences, key) - 1
+                    if i < 0:
+                        continue
+                    cid = run.uid + i
+                    block = self._cache.get(cid)
+                    if block is None:
+                        block = self._load_block(run, i, cid)
+                    else:
+                        self._cache.move_to_end(cid)
+                    v = block.get(key, _MISS)
+                    if v is not _MISS:
+                        return default if v is None else v  # type: ignore[return-value]
+        return default
+
+    def _load_block(self, run: RunReader, i: int, cid: int) -> dict[bytes, bytes | None]:
+        """Read, verify and decode block ``i`` of ``run``; keep it in the LRU cache."""
+        offs = run.index.offsets
+        a = offs[i]
+        raw = run.mm[a : offs[i + 1]]
+        keys, values = decode_block(raw, run.path, a)
+        block = dict(zip(keys, values, strict=False))
+        size = len(raw) + _CACHED_RECORD_OVERHEAD * len(keys)
+        if size <= self._cache_limit // 4:
+            cache = self._cache
+            sizes = self._cache_sizes
+            cache[cid] = block
+            sizes[cid] = size
+            self._cache_used += size
+            while self._cache_used > self._cache_limit:
+                old, _ = cache.popitem(last=False)
+                self._cache_used -= sizes.pop(old)
+        return block
+
+    def _drop_cached(self, runs: Iterable[RunReader]) -> None:
+        dead = {r.uid >> 32 for r in runs}
+        for cid in [c for c in self._cache if c >> 32 in dead]:
+            del self._cache[cid]
+            self._cache_used -= self._cache_sizes.pop(cid)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        if self._closed:
+            self._check_open()
+        if (
+            type(key) is not bytes
+            or type(value) is not bytes
+            or not key
+            or len(key) > MAX_KEY_BYTES
+            or len(value) > MAX_VALUE_BYTES
+        ):
+            key = check_key(key)
+            value = check_value(value, key)
+        with self._lock:
+            fd = self._wal_fd
+            if fd is not None:
+                rec = _encode(key, value)
+                self.fs.write(fd, rec)
+                if self._fsync:
+                    self.fs.fsync(fd)
+                self._wal_bytes += len(rec)
+            mem = self._mem
+            n = len(mem)
+            mem[key] = value
+            if len(mem) != n:
+                self._mem_bytes += len(key) + len(value) + _ENTRY_OVERHEAD
+                if self._mem_bytes >= self._mem_limit:
+                    self._flush_locked()
+            elif self._wal_bytes >= self._wal_limit:
+                self._flush_locked()
+
+    def delete(self, key: bytes) -> None:
+        if self._closed:
+            self._check_open()
+        key = check_key(key)
+        self._apply([(key, None)], _encode(key, None))
+
+    def write_batch(self, ops: Iterable[tuple[bytes, bytes | None]]) -> None:
+        self._check_open()
+        checked = check_ops(ops)
+        if checked:
+            self._apply(checked, records.encode_batch(checked))
+
+    def _apply(self, ops: list[tuple[bytes, bytes | None]], rec: bytes) -> None:
+        with self._lock:
+            fd = self._wal_fd
+            if fd is not None:
+                self.fs.write(fd, rec)
+                if self._fsync:
+                    self.fs.fsync(fd)
+                self._wal_bytes += len(rec)
+            mem = self._mem
+            for k, v in ops:
+                if k not in mem:
+                    self._mem_bytes += len(k) + _ENTRY_OVERHEAD
+                mem[k] = v
+                if v is not None:
+                    self._mem_bytes += len(v)
+            if self._mem_bytes >= self._mem_limit or self._wal_bytes >= self._wal_limit:
+                self._flush_locked()
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every live pair once, in key order, as of this call (a lazy merge)."""
+        self._check_open()
+        with self._lock:
+            mem = self._mem
+            mkeys = sorted(mem)
+            mvals = [mem[k] for k in mkeys]
+            runs = self._runs
+        sources = [zip(mkeys, repeat(0), mvals)] + [r.tagged(i + 1) for i, r in enumerate(runs)]
+        return merge_sorted(sources, drop_tombstones=True)  # type: ignore[return-value]
+
+    def flush(self) -> None:
+        """Write the memtable to a level-0 run (and fsync it with ``sync="fsync"``)."""
+        self._check_open()
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        mem = self._mem
+        if not mem and not self._sealed_wals():
+            return
+        if mem:
+            keys = sorted(mem)
+            values = list(map(mem.__getitem__, keys))
+            if not self._runs:  # nothing older to shadow: tombstones can go
+                pairs = [(k, v) for k, v in zip(keys, values, strict=False) if v is not None]
+                keys = [k for k, _ in pairs]
+                values = [v for _, v in pairs]
+            if keys:
+                name = f"lsm-L0-{self._next_seq():010d}.run"
+                path = self._path(name)
+                write_run(self.fs, path + ".tmp", keys, values, **self._run_opts)
+                self.fs.rename(path + ".tmp", path)
+                if not self._levels:
+                    self._levels.append([])
+                self._levels[0].append(RunReader(self.fs, path, name, 0))
+                self._rebuild_runs()
+        old_wals = self._wals
+        self._wals = []
+        if self._wal_fd is not None:
+            self._start_wal()
+        self._write_current()
+        self._mem = {}  # after the runs are published: lock-free readers see one or the other
+        self._mem_bytes = 0
+        for name in old_wals:
+            self._release_file(name)
+        self._flushes += 1
+        self._maybe_merge()
+
+    # ------------------------------------------------------------------ merges
+
+    def _maybe_merge(self) -> None:
+        """Start merging the shallowest full level, unless a merge runs or merges are paused."""
+        if self._merge is not None or self._paused or self._closed:
+            return
+        for i, level in enumerate(self._levels):
+            if len(level) >= self._max_runs:
+                inputs = list(level)
+                target = i + 1
+                drop = not any(self._levels[target:])
+                name = f"lsm-L{target}-{self._next_seq():010d}.run"
+                fut = background.submit(
+                    merge_mod.merge_runs,
+                    [r.path for r in reversed(inputs)],
+                    self._path(name) + ".tmp",
+                    drop,
+                    self._run_opts["density_factor"],
+                    self._run_opts["block_bytes"],
+                    self._run_opts["bloom_fpr"],
+                    self._run_opts["fsync"],
+                )
+                self._merge = (fut, i, inputs, name)
+                fut.add_done_callback(self._merge_done)
+                return
+
+    def _merge_done(self, fut: concurrent.futures.Future[dict[str, Any]]) -> None:
+        try:
+            with self._lock:
+                self._finish_merge(fut)
+        except Exception:
+            log.exception("installing a merge result failed", extra={"store": self.directory})
+
+    def _finish_merge(self, fut: concurrent.futures.Future[dict[str, Any]]) -> None:
+        """Install a finished merge (lock held); a no-op if it was installed already."""
+        m = self._merge
+        if m is None or m[0] is not fut:
+            return
+        self._merge = None
+        _fut, level, inputs, name = m
+        path = self._path(name)
+        try:
+            result = fut.result()
+        except Exception as exc:
+            self._merge_errors += 1
+            log.error("merge into %s failed: %s", name, exc, extra={"store": self.directory})
+            self.fs.remove(path + ".tmp")
+            return
+        if self._closed:
+            return
+        if result["count"]:
+            self.fs.rename(path + ".tmp", path)
+            reader = RunReader(self.fs, path, name, level + 1)
+            while len(self._levels) <= level + 1:
+                self._levels.append([])
+            self._levels[level + 1].append(reader)
+        gone = {id(r) for r in inputs}
+        self._levels[level] = [r for r in self._levels[level] if id(r) not in gone]
+        self._rebuild_runs()
+        self._write_current()
+        self._drop_cached(inputs)
+        for r in inputs:
+            self._release_file(r.name)
+        self._merges_done += 1
+        log.debug(
+            "merge installed",
+            extra={"store": self.directory, "level": level + 1, "run": name, "inputs": result.get("inputs")},
+        )
+        self._maybe_merge()
+
+    def _quiesce(self) -> None:
+        with self._lock:
+            self._paused += 1
+            m = self._merge
+            if m is not None:
+                concurrent.futures.wait([m[0]])
+                self._finish_merge(m[0])
+
+    def _resume(self) -> None:
+        with self._lock:
+            self._paused = max(0, self._paused - 1)
+            self._maybe_merge()
+
+    # ------------------------------------------------------------------ snapshots
+
+    def _freeze(self) -> Frozen:
+        if self._wal_fd is None:
+            self._flush_locked()
+        elif self._wal_bytes:
+            self._start_wal()  # seal: the old WAL is immutable from now on
+            self._write_current()
+        levels = [[r.name for r in lv] for lv in self._levels]
+        wals = self._sealed_wals()
+        return Frozen([n for lv in levels for n in lv] + wals, {"levels": levels, "wals": wals})
+
+    def _install(self, manifest: Manifest, next_seq: int) -> None:
+        meta = manifest.meta
+        level_names: list[list[str]] = [list(lv) for lv in meta.get("levels", [])]
+        wal_names: list[str] = list(meta.get("wals", []))
+        named = {n for lv in level_names for n in lv} | set(wal_names)
+        if named != set(manifest.files):
+            raise CorruptionError(
+                f"manifest:{manifest.snapshot_id}", "lsm meta does not match the manifest's file list"
+            )
+        old = {r.name for r in self._runs} | set(self._wals)
+        self._seq = max(self._seq, next_seq - 1)
+        if self._wal_fd is not None:
+            self.fs.close(self._wal_fd)
+            self._wal_fd = None
+        mem: dict[bytes, bytes | None] = {}
+        for name in wal_names:
+            replay(self.fs, self._path(name), mem, truncate_torn=False)
+        levels = [[RunReader(self.fs, self._path(n), n, i) for n in lv] for i, lv in enumerate(level_names)]
+        self._levels = levels
+        self._rebuild_runs()
+        self._wals = wal_names
+        if self.sync != "none":
+            self._start_wal()
+        self._write_current()
+        self._mem = mem
+        self._mem_bytes = sum(len(k) + (len(v) if v else 0) + _ENTRY_OVERHEAD for k, v in mem.items())
+        self._cache.clear()
+        self._cache_sizes.clear()
+        self._cache_used = 0
+        for name in old - named:
+            self._release_file(name)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _close(self) -> None:
+        if self._mem:
+            self._flush_locked()  # reopen then reads only indexes, never replays a WAL
+        if self._wal_fd is not None:
+            if self._fsync:
+                self.fs.fsync(self._wal_fd)
+            self.fs.close(self._wal_fd)
+            self._wal_fd = None
+        self._cache.clear()
+        self._cache_sizes.clear()
+        self._runs = ()
+        self._levels = []
+
+    def _stats(self) -> dict[str, Any]:
+        runs_mem = sum(r.memory_bytes for r in self._runs)
+        return {
+            "entries_upper_bound": len(self._mem) + sum(r.count for r in self._runs),
+            "memtable_keys": len(self._mem),
+            "memtable_bytes": self._mem_bytes,
+            "memory_bytes": self._mem_bytes + runs_mem + self._cache_used,
+            "index_bytes": runs_mem,
+            "cache_bytes": self._cache_used,
+            "cached_blocks": len(self._cache),
+            "runs_per_level": [len(lv) for lv in self._levels],
+            "files_per_level": {f"L{i}": [r.name for r in lv] for i, lv in enumerate(self._levels)},
+            "run_bytes": sum(r.size for r in self._runs),
+            "wals": list(self._wals),
+            "wal_bytes": self._wal_bytes,
+            "flushes": self._flushes,
+            "merges_done": self._merges_done,
+            "merges_running": int(self._merge is not None),
+            "merge_errors": self._merge_errors,
+        }

@@ -1,0 +1,37 @@
+"""The write-ahead log: the memtable's writes as log records (``statestores.records``).
+
+A WAL is a plain sequence of records (``FORMAT.md`` § "Log records"); a ``write_batch`` is
+one ``encode_batch`` group, all-or-nothing. The engine appends to one *active* WAL; a
+snapshot *seals* it (starts a new one) so the sealed file is immutable and can be
+uploaded as is. A flush of the memtable retires every WAL.
+"""
+
+from __future__ import annotations
+
+from ..errors import CorruptionError
+from ..fs import FileSystem
+from ..records import ScanResult, scan
+
+__all__ = ["replay"]
+
+
+def replay(
+    fs: FileSystem, path: str, into: dict[bytes, bytes | None], *, truncate_torn: bool
+) -> tuple[int, int]:
+    """Apply the WAL at ``path`` to ``into`` (tombstones as ``None``).
+
+    Returns ``(valid_bytes, records_applied)``. A torn tail (a crash mid-append) is cut
+    off when ``truncate_torn`` is true and is a :class:`CorruptionError` otherwise (a
+    sealed WAL is never appended to, so it cannot be torn).
+    """
+    buf = fs.read_file(path)
+    res = ScanResult(0, False)
+    n = 0
+    for _off, key, value in scan(buf, path, res):
+        into[key] = value
+        n += 1
+    if res.torn:
+        if not truncate_torn:
+            raise CorruptionError(path, f"sealed WAL is incomplete after offset {res.valid_end}")
+        fs.truncate(path, res.valid_end)
+    return res.valid_end, n
