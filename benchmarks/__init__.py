@@ -1,0 +1,1 @@
+"""Benchmarks of sfaas: the state-store suite (``benchmarks.stores``) and the runtime's."""

@@ -1,0 +1,7 @@
+"""``python -m benchmarks.stores``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
