@@ -263,7 +263,7 @@ class AppendLogStore(SegmentedStore):
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         if self._closed:
             self._check_open()
-        if type(key) is not bytes:
+        if type(key) is not bytes or not key or len(key) > MAX_KEY_BYTES:
             key = check_key(key)
         return self._disk_get(key, default)  # type: ignore[no-any-return]
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from . import background, hints, records
-from .base import Option, Store, _seq_of
+from .base import Option, RestoreInfo, Store, _seq_of
 from .checksum import crc32c
 from .errors import CorruptionError, StoreError
 from .fs import FileSystem
@@ -543,6 +543,18 @@ class SegmentedStore(Store):
         self._merges_done += 1
         self._merged_bytes += size
         self._maybe_merge()
+
+    def restore(self, snapshot_id: int | None = None) -> RestoreInfo:
+        """See :meth:`Store.restore`. Merges stay paused for the whole restore: the base
+        class decides which files to download *before* it quiesces, and a merge finishing
+        in between would delete inputs that the snapshot still names."""
+        self._check_open()
+        with self._lock:
+            self._quiesce()
+        try:
+            return super().restore(snapshot_id)
+        finally:
+            self._resume()
 
     def _quiesce(self) -> None:
         self._merge_pause += 1
