@@ -43,7 +43,7 @@ OFFSET_MASK = (1 << OFFSET_BITS) - 1
 
 _MAGIC = b"SFHI"
 _VERSION = 1
-_PREFIX = struct.Struct("<4sB3xI")
+_PREFIX = struct.Struct("<4sB3sI")
 _BODY = struct.Struct("<QIIIQQ")
 _HEADER_SIZE = _PREFIX.size + _BODY.size  # 48
 _SWAP = sys.byteorder != "little"
@@ -87,7 +87,7 @@ def encode(
         + addrs.tobytes()
         + tomb
     )
-    return _PREFIX.pack(_MAGIC, _VERSION, crc32c(body)) + body
+    return _PREFIX.pack(_MAGIC, _VERSION, b"\0\0\0", crc32c(body)) + body
 
 
 def decode(data: bytes, path: str, *, seq: int | None = None) -> Hint:
@@ -97,8 +97,8 @@ def decode(data: bytes, path: str, *, seq: int | None = None) -> Hint:
     """
     if len(data) < _HEADER_SIZE:
         raise CorruptionError(path, f"hint file too short ({len(data)} bytes)")
-    magic, version, crc = _PREFIX.unpack_from(data)
-    if magic != _MAGIC:
+    magic, version, pad, crc = _PREFIX.unpack_from(data)
+    if magic != _MAGIC or pad != b"\0\0\0":
         raise CorruptionError(path, f"not a hint file (magic {magic!r})")
     if version != _VERSION:
         raise CorruptionError(path, f"unsupported hint version {version}")

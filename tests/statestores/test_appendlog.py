@@ -1,0 +1,290 @@
+"""The appendlog engine on its own: rolls, hint files, merges, reopen, crashes, snapshots."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import remotes
+import statestores
+from statestores import FaultyFS, InjectedFault, logfile
+
+TINY: dict[str, Any] = {"threshold": 200, "max_runs_per_level": 2}
+
+
+@pytest.fixture
+def inline_merges(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Run background merges synchronously, so every test run is deterministic."""
+
+    def submit(fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            fut.set_result(fn(*args))
+        except Exception as exc:
+            fut.set_exception(exc)
+        return fut
+
+    monkeypatch.setattr(logfile.background, "submit", submit)
+    yield
+
+
+def random_ops(seed: int, n: int, nkeys: int = 40) -> list[tuple[bytes, bytes | None]]:
+    rng = random.Random(seed)
+    ops: list[tuple[bytes, bytes | None]] = []
+    for i in range(n):
+        k = b"k%03d" % rng.randrange(nkeys)
+        ops.append((k, None if rng.random() < 0.25 else b"v%05d" % i + b"." * rng.randrange(30)))
+    return ops
+
+
+def apply_all(s: statestores.Store, ops: list[tuple[bytes, bytes | None]], model: dict[bytes, bytes]) -> None:
+    for k, v in ops:
+        if v is None:
+            s.delete(k)
+            model.pop(k, None)
+        else:
+            s.put(k, v)
+            model[k] = v
+
+
+def test_rolls_and_merges_keep_every_value(tmp_path: Path, inline_merges: None) -> None:
+    model: dict[bytes, bytes] = {}
+    with statestores.open("appendlog", tmp_path, **TINY) as s:
+        apply_all(s, random_ops(1, 2000), model)
+        stats = s.stats()
+        assert stats["rolls"] > 50 and stats["merges_done"] > 10
+        assert max(int(lv[1:]) for lv in stats["files_per_level"]) >= 3
+        assert dict(s.items()) == model
+        for k in (b"k%03d" % i for i in range(40)):
+            assert s.get(k) == model.get(k)
+    with statestores.open("appendlog", tmp_path, **TINY) as s:
+        assert dict(s.items()) == model
+        assert len(s) == len(model)
+
+
+def test_merge_into_the_last_level_drops_tombstones_but_not_before(tmp_path: Path, inline_merges: None) -> None:
+    with statestores.open("appendlog", tmp_path, threshold=1, max_runs_per_level=2) as s:
+        s.put(b"a", b"1")  # segment 1
+        s.put(b"b", b"2")  # segment 2: merged with 1 into level 1
+        s.delete(b"a")  # segment 3 (level 0, newer than the level-1 segment holding a)
+        assert s.get(b"a") is None
+        s.put(b"c", b"3")  # segment 4: merges 3+4 → level 1, then both level 1 → level 2
+        assert s.get(b"a") is None and s.get(b"b") == b"2" and s.get(b"c") == b"3"
+        files = s.stats()["files_per_level"]
+        assert files == {"L2": 1}
+    log_files = [p for p in tmp_path.iterdir() if p.suffix == ".log"]
+    assert len(log_files) == 1 and b"a" + b"1" not in log_files[0].read_bytes()  # a's tombstone and value are gone
+    with statestores.open("appendlog", tmp_path) as s:
+        assert dict(s.items()) == {b"b": b"2", b"c": b"3"}
+
+
+def test_reopen_reads_hints_not_values(tmp_path: Path) -> None:
+    with statestores.open("appendlog", tmp_path) as s:
+        for i in range(300):
+            s.put(b"key%04d" % i, b"value-%04d" % i)
+    (seg,) = [p for p in tmp_path.iterdir() if p.suffix == ".log"]
+    data = bytearray(seg.read_bytes())
+    data[data.index(b"value-0123") + 7] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    with statestores.open("appendlog", tmp_path) as s:  # opening does not touch the values
+        assert s.get(b"key0122") == b"value-0122"
+        with pytest.raises(statestores.CorruptionError, match=seg.name):
+            s.get(b"key0123")
+        with pytest.raises(statestores.CorruptionError, match=seg.name):
+            dict(s.items())
+
+
+def test_corrupt_hint_fails_the_open_naming_it(tmp_path: Path) -> None:
+    with statestores.open("appendlog", tmp_path) as s:
+        s.put(b"k", b"v")
+    (hint,) = [p for p in tmp_path.iterdir() if p.suffix == ".hint"]
+    data = bytearray(hint.read_bytes())
+    data[-1] ^= 1
+    hint.write_bytes(bytes(data))
+    with pytest.raises(statestores.CorruptionError, match=hint.name):
+        statestores.open("appendlog", tmp_path)
+
+
+def test_torn_tail_of_the_active_segment_is_truncated(tmp_path: Path) -> None:
+    fs = FaultyFS()
+    s = statestores.open("appendlog", tmp_path, fs=fs)
+    s.put(b"a", b"1")
+    s.write_batch([(b"b", b"2"), (b"a", None)])
+    fs.crash()
+    (active,) = [p for p in tmp_path.iterdir() if p.suffix == ".log"]
+    whole = active.stat().st_size
+    with open(active, "ab") as f:
+        f.write(b"\x01\x02\x03 half a record")
+    with statestores.open("appendlog", tmp_path) as s2:
+        assert dict(s2.items()) == {b"b": b"2"}
+        s2.put(b"c", b"3")
+    assert active.stat().st_size >= whole
+    with statestores.open("appendlog", tmp_path) as s3:
+        assert dict(s3.items()) == {b"b": b"2", b"c": b"3"}
+
+
+def test_unflushed_writes_are_readable_with_sync_none(tmp_path: Path) -> None:
+    fs = FaultyFS()
+    s = statestores.open("appendlog", tmp_path, sync="none", fs=fs)
+    s.put(b"a", b"1")
+    s.put(b"b", b"2")
+    s.delete(b"a")
+    assert s.get(b"a") is None and s.get(b"b") == b"2"
+    s.flush()
+    s.put(b"c", b"3")  # buffered only: lost in the crash
+    assert s.get(b"c") == b"3"
+    fs.crash()
+    with statestores.open("appendlog", tmp_path, sync="none") as s2:
+        assert dict(s2.items()) == {b"b": b"2"}
+
+
+def test_reads_see_the_growing_active_segment(tmp_path: Path) -> None:
+    with statestores.open("appendlog", tmp_path) as s:
+        big = os.urandom(300_000)
+        for i in range(8):  # past the remap threshold: mapped, preads and remaps all happen
+            s.put(b"k%d" % i, big + bytes([i]))
+            assert s.get(b"k%d" % i) == big + bytes([i])
+        for i in range(8):
+            assert s.get(b"k%d" % i) == big + bytes([i])
+
+
+def test_a_small_update_uploads_a_small_segment(tmp_path: Path) -> None:
+    remote = remotes.PathRemote(tmp_path / "remote")
+    with statestores.open("appendlog", tmp_path / "db", remote=remote) as s:
+        for i in range(5000):
+            s.put(b"key%06d" % i, b"v" * 100)
+        first = s.snapshot(1)
+        for i in range(0, 5000, 100):
+            s.put(b"key%06d" % i, b"w" * 100)
+        second = s.snapshot(2)
+        assert second.files_uploaded == 2  # the sealed active segment and its hint
+        assert second.bytes_uploaded < 0.05 * first.bytes_uploaded
+    with statestores.open("appendlog", tmp_path / "restored", remote=remote) as r:
+        assert r.get(b"key000100") == b"w" * 100 and r.get(b"key000101") == b"v" * 100
+        assert len(r) == 5000
+
+
+def test_crash_at_every_call_with_merges(tmp_path: Path, inline_merges: None) -> None:
+    ops = random_ops(3, 60, nkeys=8)
+    probe = FaultyFS()
+    with statestores.open("appendlog", tmp_path / "probe", fs=probe, **TINY) as s:
+        apply_all(s, ops, {})
+    for fail_at in range(1, probe.calls + 1):
+        d = tmp_path / f"db{fail_at}"
+        fs = FaultyFS(fail_at, torn=True, seed=fail_at)
+        model: dict[bytes, bytes] = {}
+        in_flight = None
+        try:
+            s = statestores.open("appendlog", d, fs=fs, **TINY)
+            for op in ops:
+                in_flight = op
+                apply_all(s, [op], model)
+            in_flight = None
+        except InjectedFault:
+            pass
+        fs.crash()
+        with statestores.open("appendlog", d, **TINY) as r:
+            got = dict(r.items())
+        allowed = [model]
+        if in_flight is not None:
+            with_it = dict(model)
+            k, v = in_flight
+            if v is None:
+                with_it.pop(k, None)
+            else:
+                with_it[k] = v
+            allowed.append(with_it)
+        assert got in allowed, f"crash at call {fail_at}"
+
+
+def test_bad_options_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="threshold"):
+        statestores.open("appendlog", tmp_path, threshold=0)
+    with pytest.raises(ValueError, match="max_runs_per_level"):
+        statestores.open("appendlog", tmp_path, max_runs_per_level=1)
+
+
+class AppendLogMachine(RuleBasedStateMachine):
+    """The engine against a dict through writes, reopen, crash and snapshot/restore."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import tempfile
+
+        self.root = tempfile.mkdtemp(prefix="sfaas-appendlog-")
+        self.remote = remotes.PathRemote(os.path.join(self.root, "remote"))
+        self.fs = FaultyFS()
+        self.store = statestores.open("appendlog", os.path.join(self.root, "db"), remote=self.remote, fs=self.fs, **TINY)
+        self.model: dict[bytes, bytes] = {}
+        self.snaps: dict[int, dict[bytes, bytes]] = {}
+        self.sid = 0
+
+    keys = st.sampled_from([b"a", b"b", b"c", b"d", b"e" * 50])
+    values = st.binary(max_size=60)
+
+    @rule(k=keys, v=values)
+    def put(self, k: bytes, v: bytes) -> None:
+        self.store.put(k, v)
+        self.model[k] = v
+
+    @rule(k=keys)
+    def delete(self, k: bytes) -> None:
+        self.store.delete(k)
+        self.model.pop(k, None)
+
+    @rule(ops=st.lists(st.tuples(keys, st.none() | values), max_size=4))
+    def batch(self, ops: list[tuple[bytes, bytes | None]]) -> None:
+        self.store.write_batch(ops)
+        for k, v in ops:
+            if v is None:
+                self.model.pop(k, None)
+            else:
+                self.model[k] = v
+
+    @rule()
+    def crash_and_reopen(self) -> None:
+        self.fs.crash()
+        self.fs = FaultyFS()
+        self.store = statestores.open("appendlog", os.path.join(self.root, "db"), remote=self.remote, fs=self.fs, **TINY)
+
+    @rule()
+    def snapshot(self) -> None:
+        self.sid += 1
+        self.store.snapshot(self.sid)
+        self.snaps[self.sid] = dict(self.model)
+
+    @precondition(lambda self: self.snaps)
+    @rule(data=st.data())
+    def restore(self, data: st.DataObject) -> None:
+        sid = data.draw(st.sampled_from(sorted(self.snaps)))
+        self.store.restore(sid)
+        self.model = dict(self.snaps[sid])
+        self.snaps = {i: m for i, m in self.snaps.items() if i <= sid}
+        self.sid = max(self.sid, sid)
+
+    @invariant()
+    def same_contents(self) -> None:
+        assert dict(self.store.items()) == self.model
+        for k in (b"a", b"e" * 50):
+            assert self.store.get(k) == self.model.get(k)
+
+    def teardown(self) -> None:
+        import shutil
+
+        self.store.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def test_appendlog_matches_a_dict(inline_merges: None) -> None:
+    run = AppendLogMachine.TestCase
+    run.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+    run().runTest()
