@@ -57,6 +57,7 @@ class Coordinator:
         self._all_joined = asyncio.Event()
         self._lost: asyncio.Future[str] | None = None
         self.epoch = 0
+        self._phases = [0.0, 0.0, 0.0, 0]
         self.stats: dict[str, Any] = {"epochs": 0, "txns": 0, "conflicts": 0}
 
     async def run(self, ready: asyncio.Future[tuple[str, int]] | None = None) -> None:
@@ -160,6 +161,7 @@ class Coordinator:
     async def _epochs(self) -> None:
         idle = True
         while True:
+            t_idle = time.perf_counter()
             if idle:
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), 1.0)
@@ -169,9 +171,21 @@ class Coordinator:
             self.epoch += 1
             epoch = self.epoch
             self._broadcast(wire.Begin(epoch, time.time(), None))
+            t_begin = time.perf_counter()
             executed = await self._collect(wire.Executed, epoch)
+            t_exec = time.perf_counter()
             self._broadcast(wire.Decide(epoch))
             votes = await self._collect(wire.Votes, epoch)
+            t_votes = time.perf_counter()
+            ph = self._phases
+            ph[0] += t_begin - t_idle
+            ph[1] += t_exec - t_begin
+            ph[2] += t_votes - t_exec
+            ph[3] += 1
+            if ph[3] % 200 == 0:
+                log.info("epoch phases (ms, mean of 200): idle %.2f execute %.2f votes %.2f",
+                         ph[0] / 2e-1, ph[1] / 2e-1, ph[2] / 2e-1)
+                ph[:] = [0.0, 0.0, 0.0, ph[3]]
             conflicts: set[int] = set()
             aborts: dict[int, list[Any]] = {}
             pending = 0

@@ -185,6 +185,8 @@ async def serve(
             await handler(chan)
         except ChannelClosed:
             log.debug("channel from %s closed", peer)
+        except asyncio.CancelledError:  # the process is shutting down
+            pass
         except ProtocolError as exc:
             log.warning("protocol error from %s: %s", peer, exc, extra={"peer": peer})
         except Exception:

@@ -90,7 +90,7 @@ def cluster_settings(settings: Settings) -> tuple[dict[str, Any], Settings]:
         raise ClusterError(f"no local cluster in {sd} (start one with 'sfaas up MODULE:APP')") from None
     secret = (sd / "secret").read_text().strip() if (sd / "secret").exists() else settings.secret
     s = Settings.load({"kafka": info["kafka"], "namespace": info["namespace"], "secret": secret,
-                       "coordinator": info["coordinator"]})
+                       "coordinator": info["coordinator"], "home": settings.home})
     return info, s
 
 

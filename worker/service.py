@@ -76,6 +76,8 @@ class Worker:
         self.aborted = 0
         self.reruns = 0
         self.epochs = 0
+        self._age_sum = 0.0
+        self._age_n = 0
 
     # -- snapshot seam ---------------------------------------------------------------------------
     def on_epoch_committed(self, epoch: int, offsets: dict[int, int], marker: int | None) -> None:
@@ -263,6 +265,8 @@ class Worker:
         new = [q.popleft() for _ in range(min(len(q), self.settings.max_batch))]
         for item in new:
             item.now = begin.now
+            self._age_sum += begin.now - item.request.sent_at
+            self._age_n += 1
         batch = self.sequencer.batch(begin.epoch, new)
         self._batch = batch
         run = eng.run_root
@@ -351,6 +355,10 @@ class Worker:
         while True:
             await asyncio.sleep(1.0)
             self.coord.send(wire.Heartbeat(self.index, self.committed))
+            if self._age_n:
+                log.info("epochs=%d committed=%d reruns=%d mean request age at epoch start %.1f ms",
+                         self.epochs, self.committed, self.reruns, 1000 * self._age_sum / self._age_n)
+                self._age_sum, self._age_n = 0.0, 0
             if self._offsets:
                 try:
                     await self.consumer.commit({

@@ -1,0 +1,121 @@
+"""Runtime benchmark: YCSB-T on a 2-worker local cluster over the real Kafka, open loop.
+
+    python benchmarks/runtime/bench.py --store memonly --keys 10000 --dist uniform --rates 1000
+    python benchmarks/runtime/bench.py --sweep --store memonly           # to saturation
+
+Each point: start a fresh cluster (coordinator + 2 workers, own namespace), run the load
+generator in this process at the offered rate, measure committed TPS, abort rate,
+p50/p95/p99 latency and CPU per process (psutil), stop the cluster. Results are appended
+as JSON lines to ``results.jsonl``; ``report.py`` turns them into RESULTS.md and plots.
+Kafka must be running (``sfaas services up``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import random
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from sfaas import cluster  # noqa: E402
+from sfaas.client import Client  # noqa: E402
+from sfaas.loadgen import Zipf, run_open_loop  # noqa: E402
+from sfaas.settings import Settings  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+def make_generator(keys: int, dist: str, seed: int):
+    rnd = random.Random(seed)
+    draw = Zipf(keys, 0.99, rnd) if dist == "zipf" else (lambda: rnd.randrange(keys))
+
+    def make(i: int):
+        a = draw()
+        b = draw()
+        while b == a:
+            b = draw()
+        return ("ycsb", str(a), "transfer", [str(b)])
+
+    return make
+
+
+async def one_point(settings: Settings, rate: float, seconds: float, keys: int, dist: str) -> dict:
+    procs = [psutil.Process(p.pid) for p in cluster.ps(settings) if p.alive]
+    me = psutil.Process()
+    async with Client("ycsbt", settings=settings, timeout=120) as client:
+        # warm up (topics, metadata, first epochs)
+        await run_open_loop(client, make_generator(keys, dist, 1), min(rate, 500), 1.0)
+        cpu0 = {p.pid: p.cpu_times() for p in procs}
+        me0 = me.cpu_times()
+        t0 = time.monotonic()
+        res = await run_open_loop(client, make_generator(keys, dist, 2), rate, seconds)
+        wall = time.monotonic() - t0
+        cpu = {}
+        for p, info in zip(procs, cluster.ps(settings), strict=False):
+            c1 = p.cpu_times()
+            c0 = cpu0[p.pid]
+            cpu[f"{info.role}-{p.pid}"] = round((c1.user + c1.system - c0.user - c0.system) / wall * 100, 1)
+        me1 = me.cpu_times()
+        cpu["loadgen"] = round((me1.user + me1.system - me0.user - me0.system) / wall * 100, 1)
+    out = res.summary()
+    out["cpu_percent"] = cpu
+    return out
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    rates = [float(r) for r in args.rates.split(",")]
+    out = []
+    for rate in rates:
+        ns = f"bench{uuid.uuid4().hex[:8]}"
+        env = {"SFAAS_STORE": args.store}
+        os.environ.update(env)
+        s = Settings.load({"namespace": ns, "partitions": args.partitions, "store": args.store,
+                           "kafka": args.kafka, "max_batch": args.max_batch})
+        cluster.up(s, "examples.ycsbt:app", 2)
+        try:
+            point = asyncio.run(one_point(s, rate, args.seconds, args.keys, args.dist))
+        finally:
+            cluster.down(s)
+        point.update({"store": args.store, "keys": args.keys, "dist": args.dist, "seconds": args.seconds,
+                      "workers": 2, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        print(json.dumps(point), flush=True)
+        with open(args.out, "a") as f:
+            f.write(json.dumps(point) + "\n")
+        out.append(point)
+        if args.sweep and (point["p99_ms"] > 500 or point["committed_tps"] < 0.8 * rate):
+            break
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--store", default="memonly")
+    ap.add_argument("--keys", type=int, default=10000)
+    ap.add_argument("--dist", choices=["uniform", "zipf"], default="uniform")
+    ap.add_argument("--rates", default="1000")
+    ap.add_argument("--sweep", action="store_true", help="rates 1000,2000,... until p99 > 500 ms")
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--max-batch", dest="max_batch", type=int, default=2000)
+    ap.add_argument("--kafka", default=os.environ.get("SFAAS_KAFKA", "127.0.0.1:9092"))
+    ap.add_argument("--out", default=str(HERE / "results.jsonl"))
+    args = ap.parse_args()
+    if args.sweep and args.rates == "1000":
+        args.rates = "1000,2000,3000,4000,5000,6000,7000,8000,9000,10000"
+    logging.basicConfig(level=logging.WARNING)
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
