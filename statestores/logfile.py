@@ -375,8 +375,11 @@ class SegmentedStore(Store):
             self._segs[seg.seq] = seg
             self._seq = max(self._seq, seg.seq)
 
-    def _seal_new(self, level: int, items: Iterable[tuple[bytes, bytes | None]]) -> Segment:
-        """Write ``items`` (unique keys) as a new sealed segment + hint; return it (not yet listed)."""
+    def _seal_new(
+        self, level: int, items: Iterable[tuple[bytes, bytes | None]]
+    ) -> tuple[Segment, list[bytes], array.array, list[bytes]]:
+        """Write ``items`` (unique keys) as a new sealed segment + hint (not yet listed in
+        ``CURRENT``); return it with its live keys, their addresses, and its tombstones."""
         seq = self._next_seq()
         name = self._segment_name(level, seq)
         path = self._path(name)
@@ -391,7 +394,7 @@ class SegmentedStore(Store):
         self.fs.rename(path + ".tmp", path)
         seg = Segment(name, level, path)
         seg.open_sealed(self.fs)
-        return seg
+        return seg, keys, addrs, tombs
 
     def _write_hint(self, name: str, seq: int, size: int, keys: list[bytes], addrs: Any, tombs: list[bytes]) -> None:
         self.fs.write_file_atomic(

@@ -1,0 +1,348 @@
+"""``hybridlog``: a FASTER-style store — a log whose tail lives in memory and is updated in place.
+
+The logical log has three regions, newest last:
+
+* the **mutable region** (``_mut``): the newest records, a dict. A put to a key whose
+  latest record is here overwrites it in place — no new record, no I/O. Under a skewed
+  (Zipfian) workload most puts are such in-place dict updates;
+* the **read-only region** (``_ro``): older in-memory records, never changed; a put to a
+  key found here appends a new record to the tail (the mutable region);
+* the **on-disk region**: immutable log files with hint files (``logfile``), indexed by
+  the hash index (key → logical address), merged in the background like AppendLog's.
+
+``ro_lag_interval``: how many records the read-only boundary trails the tail. The
+boundary advances in steps: when the mutable region holds ``ro_lag_interval`` records and
+a put needs a new one, the whole mutable region becomes read-only. ``flush_interval``:
+once that many records are read-only, they are written to a new log file (one record per
+key: the region is already deduplicated) and leave memory.
+
+Durability (``sync``): the default ``"none"`` keeps the in-memory regions only in memory —
+a crash loses the writes since the last flush, snapshot or close, and the store reopens to
+the state at that flush (prefix-consistent; this is HybridLog's documented trade-off).
+``"os"``/``"fsync"`` add a write-ahead log: every put/delete/batch is appended to the
+active WAL before it is applied; the WAL rolls whenever the boundary advances, and a WAL
+is deleted once every record it covers is in a log file.
+
+A snapshot flushes both in-memory regions into one new log file (only what changed since
+the last flush), and names every log file and hint.
+
+Files (``FORMAT.md`` § hybridlog): ``hl-<level>-<seq>.log``, ``hl-<level>-<seq>.hint``,
+``hl-w-<seq>.wal``, ``CURRENT``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from remotes.manifest import Manifest
+
+from . import current, records
+from .base import (
+    MAX_KEY_BYTES,
+    MAX_VALUE_BYTES,
+    Frozen,
+    Option,
+    _seq_of,
+    check_key,
+    check_ops,
+    check_value,
+)
+from .errors import CorruptionError
+from .fs import FileSystem
+from .logfile import SegmentedStore
+
+__all__ = ["HybridLogStore"]
+
+_MISSING: Any = object()
+
+
+class HybridLogStore(SegmentedStore):
+    """FASTER's HybridLog: mutable / read-only in-memory regions over log files."""
+
+    engine = "hybridlog"
+    PREFIX = "hl"
+    DEFAULT_SYNC = "none"
+    OPTIONS = {
+        "ro_lag_interval": Option(1 << 16, int, lambda v: v >= 1, "an int >= 1 (records in the mutable region)"),
+        "flush_interval": Option(1 << 16, int, lambda v: v >= 1, "an int >= 1 (read-only records before a flush)"),
+        **SegmentedStore.SEGMENT_OPTIONS,
+    }
+
+    # ------------------------------------------------------------------ open / close
+
+    def _has_local_state(self) -> bool:
+        return current.exists(self.fs, self.directory)
+
+    def _open(self) -> None:
+        self._init_segments()
+        self._mut: dict[bytes, bytes | None] = {}
+        self._ro: dict[bytes, bytes | None] = {}
+        self._lag: int = self.options["ro_lag_interval"]
+        self._flush_at: int = self.options["flush_interval"]
+        self._wal_fd: int | None = None
+        self._wals: list[str] = []  # WALs oldest → newest; the last is the active one
+        self._direct = type(self.fs) is FileSystem and self.sync == "os"
+        self._advances = 0
+        self._flushes = 0
+        state = current.read(self.fs, self.directory)
+        self._seq = int(state.get("seq", 0))
+        self._load_sealed(state.get("segments", []))
+        prefix = self.PREFIX + "-"
+        self._seq = max([self._seq] + [_seq_of(n) for n in self.fs.listdir(self.directory) if n.startswith(prefix)])
+        wals = [w for w in state.get("wals", []) if self.fs.exists(self._path(w))]
+        for i, w in enumerate(wals):
+            region = self._replay(w)
+            if i < len(wals) - 1:
+                self._ro.update(region)
+            else:
+                self._mut = region
+        self._wals = wals
+        if self.sync == "none":
+            if wals or self._mut or self._ro:
+                self._flush_all()  # the WALs of an earlier sync="os" run become a log file
+        elif wals:
+            self._wal_fd = self.fs.open_append(self._path(wals[-1]))
+        else:
+            self._start_wal()
+            self._write_current()
+        self._remove_strays(set(self._sealed_files()) | set(self._wals))
+        self._maybe_merge()
+
+    def _replay(self, name: str) -> dict[bytes, bytes | None]:
+        """The records of WAL ``name`` as a region (last record per key), truncating a torn tail."""
+        path = self._path(name)
+        buf = self.fs.read_file(path)
+        res = records.ScanResult(0, False)
+        region: dict[bytes, bytes | None] = {}
+        for _off, key, value in records.scan(buf, path, res):
+            region[key] = value
+        if res.torn:
+            self.fs.truncate(path, res.valid_end)
+        return region
+
+    def _write_current(self, sealed: list[Any] | None = None) -> None:
+        current.write(
+            self.fs,
+            self.directory,
+            {"seq": self._seq, "segments": self._sealed_doc(sealed), "wals": list(self._wals)},
+            sync=self.sync == "fsync",
+        )
+
+    def _start_wal(self) -> None:
+        """Open a new, empty active WAL (older WALs stay until their records are flushed)."""
+        if self._wal_fd is not None:
+            if self.sync == "fsync":
+                self.fs.fsync(self._wal_fd)
+            self.fs.close(self._wal_fd)
+            self._wal_fd = None
+        name = f"{self.PREFIX}-w-{self._next_seq():010d}.wal"
+        self._wal_fd = self.fs.open_append(self._path(name))
+        self._wals.append(name)
+
+    def _release_later(self, names: list[str]) -> None:
+        for n in names:
+            self._release_file(n)
+
+    def _close(self) -> None:
+        if self._mut or self._ro:
+            self._flush_all()
+        if self._wal_fd is not None:
+            self.fs.close(self._wal_fd)
+            self._wal_fd = None
+        self._drop_segments()
+
+    def _abandon(self) -> None:
+        fd = getattr(self, "_wal_fd", None)
+        if fd is not None:
+            try:
+                self.fs.close(fd)
+            except OSError:
+                pass
+            self._wal_fd = None
+        if hasattr(self, "_segs"):
+            self._drop_segments()
+
+    # ------------------------------------------------------------------ the WAL
+
+    def _log(self, data: bytes) -> None:
+        """Append ``data`` to the active WAL per ``sync`` (only called when there is one)."""
+        fd = self._wal_fd
+        assert fd is not None
+        if self._direct:
+            n = os.write(fd, data)
+            if n == len(data):
+                return
+            data = data[n:]
+        self.fs.write(fd, data)
+        if self.sync == "fsync":
+            self.fs.fsync(fd)
+
+    # ------------------------------------------------------------------ writes
+
+    def put(self, key: bytes, value: bytes) -> None:
+        if self._closed:
+            self._check_open()
+        if type(key) is not bytes or type(value) is not bytes or not key or len(key) > MAX_KEY_BYTES or len(value) > MAX_VALUE_BYTES:
+            key = check_key(key)
+            value = check_value(value, key)
+        with self._lock:
+            if self._wal_fd is not None:
+                self._log(records.encode(key, value))
+            m = self._mut
+            if key in m or len(m) < self._lag:
+                m[key] = value  # in place, or appended to the mutable tail
+            else:
+                self._advance()
+                self._mut[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self._check_open()
+        key = check_key(key)
+        with self._lock:
+            m = self._mut
+            if m.get(key) is None and self._ro.get(key) is None and key not in self._index:
+                return  # not live anywhere: nothing to shadow
+            if self._wal_fd is not None:
+                self._log(records.encode(key, None))
+            if key in m or len(m) < self._lag:
+                m[key] = None
+            else:
+                self._advance()
+                self._mut[key] = None
+
+    def write_batch(self, ops: Iterable[tuple[bytes, bytes | None]]) -> None:
+        self._check_open()
+        checked = check_ops(ops)
+        if not checked:
+            return
+        with self._lock:
+            if self._wal_fd is not None:
+                self._log(records.encode_batch(checked))
+            if len(self._mut) >= self._lag:
+                self._advance()  # never split a batch across the boundary
+            m = self._mut
+            for k, v in checked:
+                m[k] = v
+
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        if self._closed:
+            self._check_open()
+        if type(key) is not bytes or not key or len(key) > MAX_KEY_BYTES:
+            key = check_key(key)
+        v = self._mut.get(key, _MISSING)
+        if v is _MISSING:
+            v = self._ro.get(key, _MISSING)
+            if v is _MISSING:
+                return self._disk_get(key, default)  # type: ignore[no-any-return]
+        return default if v is None else v  # type: ignore[no-any-return]
+
+    def flush(self) -> None:
+        """Write both in-memory regions to a log file (durable per ``sync``)."""
+        self._check_open()
+        with self._lock:
+            if self._mut or self._ro:
+                self._flush_all()
+            elif self._wal_fd is not None and self.sync == "fsync":
+                self.fs.fsync(self._wal_fd)
+
+    # ------------------------------------------------------------------ regions
+
+    def _advance(self) -> None:
+        """(lock held) Move the read-only boundary to the tail; flush if enough is read-only."""
+        self._ro.update(self._mut)
+        self._mut = {}
+        self._advances += 1
+        if self._wal_fd is not None:
+            self._start_wal()  # the older WALs now cover exactly the read-only region
+            self._write_current()
+        if len(self._ro) >= self._flush_at:
+            self._flush_ro()
+
+    def _flush_all(self) -> None:
+        """(lock held) Make the mutable region read-only and flush everything in memory."""
+        self._ro.update(self._mut)
+        self._mut = {}
+        if self._wal_fd is not None:
+            self._start_wal()
+        self._flush_ro()
+
+    def _flush_ro(self) -> None:
+        """(lock held) Write the read-only region to a new log file and drop it from memory."""
+        index = self._index
+        # a tombstone is needed only where a log file still holds the key
+        items = [(k, v) for k, v in self._ro.items() if v is not None or k in index]
+        sealed = self._sealed
+        if items:
+            seg, keys, addrs, tombs = self._seal_new(0, items)
+            sealed = sealed + [seg]
+        old_wals = self._wals[:-1] if self._wal_fd is not None else self._wals
+        self._wals = self._wals[len(old_wals) :]
+        self._write_current(sealed)  # the commit point
+        if items:
+            self._sealed = sealed
+            self._segs[seg.seq] = seg
+            index.update(zip(keys, addrs, strict=True))
+            for k in tombs:
+                index.pop(k, None)
+        self._ro = {}
+        self._flushes += 1
+        self._release_later(old_wals)
+        self._maybe_merge()
+
+    def _memory_keys(self) -> Iterable[bytes]:
+        return list(self._ro) + list(self._mut)
+
+    # ------------------------------------------------------------------ snapshots
+
+    def _freeze(self) -> Frozen:
+        if self._mut or self._ro:
+            self._flush_all()
+        return Frozen(self._sealed_files(), {"segments": self._sealed_doc()})
+
+    def _install(self, manifest: Manifest, next_seq: int) -> None:
+        entries = manifest.meta.get("segments")
+        if not isinstance(entries, list):
+            raise CorruptionError(f"manifest {manifest.snapshot_id}", "hybridlog manifest lacks its segment list")
+        self._drop_segments()
+        self._mut = {}
+        self._ro = {}
+        if self._wal_fd is not None:
+            self.fs.close(self._wal_fd)
+            self._wal_fd = None
+        self._wals = []
+        self._seq = max(self._seq, next_seq - 1)
+        self._load_sealed(entries)
+        if self.sync != "none":
+            self._start_wal()
+        self._write_current()
+        self._remove_strays(set(self._sealed_files()) | set(self._wals))
+
+    # ------------------------------------------------------------------ stats
+
+    def _stats(self) -> dict[str, Any]:
+        s = self._segment_stats()
+        index = self._index
+        mem: dict[bytes, bytes | None] = dict(self._ro)
+        mem.update(self._mut)
+        keys = len(index)
+        mem_bytes = 0
+        for k, v in mem.items():
+            mem_bytes += sys.getsizeof(k) + (sys.getsizeof(v) if v is not None else 0) + 16
+            if v is None:
+                keys -= k in index
+            else:
+                keys += k not in index
+        s.update(
+            keys=keys,
+            mutable_records=len(self._mut),
+            read_only_records=len(self._ro),
+            boundary_advances=self._advances,
+            flushes=self._flushes,
+            wals=list(self._wals),
+            memory_bytes=s["index_bytes"] + mem_bytes + sys.getsizeof(self._mut) + sys.getsizeof(self._ro),
+            files=sorted(self._sealed_files() + self._wals),
+        )
+        return s
