@@ -1,0 +1,177 @@
+"""sfaas.services against the real MinIO and Kafka: lifecycle, idempotency, failures."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sfaas import services
+from sfaas.services import Endpoints, ServiceError, ServiceSettings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture
+def private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ServiceSettings]:
+    """Settings for a private MinIO/Kafka (own state dir and ports); stopped afterwards."""
+    monkeypatch.setenv("SFAAS_HOME", str(tmp_path / "state"))
+    for var in ("SFAAS_MINIO_PORT", "SFAAS_MINIO_CONSOLE_PORT", "SFAAS_KAFKA_PORT", "SFAAS_KAFKA_CONTROLLER_PORT"):
+        monkeypatch.setenv(var, str(free_port()))
+    settings = ServiceSettings.from_env()
+    try:
+        yield settings
+    finally:
+        services.down(progress=False)
+
+
+def test_shared_minio_status_and_idempotent_up(minio: Endpoints) -> None:
+    st = services.status()["minio"]
+    assert st["reachable"] is True
+    assert st["endpoint"] == minio.minio_endpoint == services.endpoints().minio_endpoint
+    again = services.up(kafka=False, progress=False)
+    assert again == minio
+    assert services.status()["minio"]["pid"] == st["pid"]  # nothing new was started
+
+
+def test_private_minio_lifecycle(private: ServiceSettings) -> None:
+    messages: list[str] = []
+    ep = services.up(kafka=False, progress=messages.append)
+    port = private.minio_port
+    assert ep.minio_endpoint == f"127.0.0.1:{port}"
+    st = services.status()["minio"]
+    assert st["running"] is True and st["reachable"] is True
+    pid = st["pid"]
+    assert isinstance(pid, int)
+    os.kill(pid, 0)
+    assert Path(str(st["log"])).is_file()
+    assert any("MinIO ready" in m for m in messages)
+
+    assert services.up(kafka=False, progress=messages.append) == ep
+    assert services.status()["minio"]["pid"] == pid
+    assert "already running" in messages[-1]
+
+    services.down(kafka=False, progress=False)
+    st = services.status()["minio"]
+    assert st["running"] is False and st["pid"] is None
+    assert not port_open(port)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    services.down(kafka=False, progress=False)  # stopping twice is fine
+
+
+def test_minio_port_taken_by_something_else(private: ServiceSettings) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", private.minio_port))
+        squatter.listen(1)
+        with pytest.raises(ServiceError, match="SFAAS_MINIO_PORT"):
+            services.up(kafka=False, progress=False)
+    assert services.status()["minio"]["running"] is False
+
+
+def test_kafka_port_taken_by_something_else(private: ServiceSettings) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", private.kafka_port))
+        squatter.listen(1)
+        with pytest.raises(ServiceError, match="SFAAS_KAFKA_PORT"):
+            services.up(minio=False, progress=False)
+    assert services.status()["kafka"]["running"] is False
+
+
+def test_using_stops_what_it_started_unless_others_still_use_it(private: ServiceSettings) -> None:
+    with services.using(minio=True, progress=False) as ep:
+        assert services.status()["minio"]["running"] is True
+        assert ep.minio_endpoint.endswith(str(private.minio_port))
+    assert services.status()["minio"]["running"] is False
+    assert not port_open(private.minio_port)
+
+    other = private.service_dir("minio") / "leases" / "1"  # pid 1 is alive: another user
+    with services.using(minio=True, progress=False):
+        other.touch()
+    assert services.status()["minio"]["running"] is True
+    other.unlink()
+
+
+def test_missing_build_tools_give_apt_hints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SFAAS_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(services, "_which", lambda tool, extra=(): None)
+    with pytest.raises(ServiceError, match="apt-get install maven"):
+        services.ensure_kafka_libs(progress=False)
+    with pytest.raises(ServiceError, match="Go >= 1.24"):
+        services.ensure_minio_binary(progress=False)
+
+
+def test_warm_cache_is_used_as_is() -> None:
+    assert os.access(services.ensure_minio_binary(progress=False), os.X_OK)
+    libs = services.ensure_kafka_libs(progress=False)
+    assert (libs / f"kafka_2.13-{services.KAFKA_VERSION}.jar").is_file()
+
+
+def test_bad_port_setting_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SFAAS_KAFKA_PORT", "ninety")
+    with pytest.raises(ValueError, match="SFAAS_KAFKA_PORT"):
+        services.endpoints()
+
+
+def test_endpoints_repr_hides_the_secret() -> None:
+    ep = services.endpoints()
+    assert ep.minio_secret_key not in repr(ep)
+
+
+async def test_kafka_transactions_and_logs(kafka: Endpoints) -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    topic = f"svc-test-{uuid.uuid4().hex[:8]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])
+        producer = AIOKafkaProducer(bootstrap_servers=kafka.kafka_bootstrap, transactional_id=f"tx-{topic}")
+        await producer.start()
+        try:
+            async with producer.transaction():
+                await producer.send_and_wait(topic, b"committed", partition=0)
+            await producer.begin_transaction()
+            await producer.send_and_wait(topic, b"aborted", partition=0)
+            await producer.abort_transaction()
+            async with producer.transaction():
+                await producer.send_and_wait(topic, b"after", partition=0)
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=kafka.kafka_bootstrap, isolation_level="read_committed",
+            auto_offset_reset="earliest", enable_auto_commit=False,
+        )
+        await consumer.start()
+        try:
+            got: list[bytes] = []
+            while len(got) < 2:
+                batch = await consumer.getmany(timeout_ms=5000)
+                assert batch, f"no committed records arrived; got so far {got}"
+                got += [r.value for recs in batch.values() for r in recs if r.value is not None]
+            assert got == [b"committed", b"after"]
+        finally:
+            await consumer.stop()
+        await admin.delete_topics([topic])
+    finally:
+        await admin.close()
+    st = services.status()["kafka"]
+    assert st["reachable"] is True
+    if st["running"]:  # started by sfaas: its broker log lands in the state dir
+        server_log = ServiceSettings.from_env().service_dir("kafka") / "logs" / "server.log"
+        assert "Kafka Server started" in server_log.read_text(errors="replace")
