@@ -362,9 +362,19 @@ def ensure_minio_binary(progress: Progress = True) -> Path:
                 "https://go.dev/dl (to /usr/local/go) or `apt-get install golang-1.24-go` "
                 "(bookworm-backports), or put a minio binary at " + str(binary)
             )
+        version = _go_version(go)
+        if version < (1, 21):
+            raise ServiceError(
+                f"{go} is Go {'.'.join(map(str, version))}; building MinIO needs Go >= 1.24 "
+                "(Go >= 1.21 fetches it by itself): install Go from https://go.dev/dl or "
+                "`apt-get install -t bookworm-backports golang-go`"
+            )
         binary.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=binary.parent, prefix=".gobin-") as gobin:
             env = dict(os.environ, GOBIN=gobin, GOFLAGS="-mod=mod", CGO_ENABLED="0")
+            # Debian's Go pins GOTOOLCHAIN=local; "auto" lets Go 1.21+ fetch the toolchain
+            # MinIO's go.mod asks for from the module proxy.
+            env.setdefault("GOTOOLCHAIN", "auto")
             say(f"building MinIO {MINIO_VERSION} with {go} (first time only, ~3-4 min)")
             t0 = time.monotonic()
             res = subprocess.run(
@@ -379,6 +389,16 @@ def ensure_minio_binary(progress: Progress = True) -> Path:
             os.replace(Path(gobin) / "minio", binary)
             say(f"built {binary} in {time.monotonic() - t0:.0f}s")
     return binary
+
+
+def _go_version(go: str) -> tuple[int, ...]:
+    """``(major, minor)`` of the Go toolchain at ``go`` ((0,) if it cannot be told)."""
+    res = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    raw = res.stdout.strip().removeprefix("go")
+    try:
+        return tuple(int(p) for p in raw.split(".")[:2])
+    except ValueError:
+        return (0,)
 
 
 def _minio_live(s: ServiceSettings) -> bool:

@@ -312,10 +312,10 @@ def test_endpoint_with_scheme_is_accepted(minio: Endpoints) -> None:
     ],
 )
 def test_bad_constructor_arguments(kwargs: dict[str, str], match: str) -> None:
-    args = {"endpoint": "127.0.0.1:9000", "access_key": "a", "secret_key": "s", "bucket": "ok-bucket"}
+    args = {"endpoint": "127.0.0.1:9000", "access_key": "a", "secret_key": "s", "bucket": "ok-bucket", "prefix": ""}
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
-        MinioRemote(args.pop("endpoint"), args.pop("access_key"), args.pop("secret_key"), args.pop("bucket"), **args)
+        MinioRemote(args["endpoint"], args["access_key"], args["secret_key"], args["bucket"], prefix=args["prefix"])
 
 
 def test_retry_policy_is_bounded() -> None:
