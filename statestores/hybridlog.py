@@ -189,14 +189,14 @@ class HybridLogStore(SegmentedStore):
             key = check_key(key)
             value = check_value(value, key)
         with self._lock:
+            m = self._mut
+            if key not in m and len(m) >= self._lag:
+                # advance first: the record must land in the WAL that covers the new region
+                self._advance()
+                m = self._mut
             if self._wal_fd is not None:
                 self._log(records.encode(key, value))
-            m = self._mut
-            if key in m or len(m) < self._lag:
-                m[key] = value  # in place, or appended to the mutable tail
-            else:
-                self._advance()
-                self._mut[key] = value
+            m[key] = value  # in place, or appended to the mutable tail
 
     def delete(self, key: bytes) -> None:
         self._check_open()
@@ -205,13 +205,12 @@ class HybridLogStore(SegmentedStore):
             m = self._mut
             if m.get(key) is None and self._ro.get(key) is None and key not in self._index:
                 return  # not live anywhere: nothing to shadow
+            if key not in m and len(m) >= self._lag:
+                self._advance()
+                m = self._mut
             if self._wal_fd is not None:
                 self._log(records.encode(key, None))
-            if key in m or len(m) < self._lag:
-                m[key] = None
-            else:
-                self._advance()
-                self._mut[key] = None
+            m[key] = None
 
     def write_batch(self, ops: Iterable[tuple[bytes, bytes | None]]) -> None:
         self._check_open()
@@ -219,10 +218,10 @@ class HybridLogStore(SegmentedStore):
         if not checked:
             return
         with self._lock:
-            if self._wal_fd is not None:
-                self._log(records.encode_batch(checked))
             if len(self._mut) >= self._lag:
                 self._advance()  # never split a batch across the boundary
+            if self._wal_fd is not None:
+                self._log(records.encode_batch(checked))
             m = self._mut
             for k, v in checked:
                 m[k] = v
