@@ -4,8 +4,9 @@ It creates the app's ingress/egress topics, waits for ``workers`` workers to reg
 assigns each an index (ingress partition ``p`` and the keys hashing to it belong to worker
 ``p % n``), and then drives epochs eagerly: a new epoch begins as soon as the previous one
 committed if any worker reported waiting work, otherwise when a worker wakes it up.
-Each epoch is two barriers: *executed* (all call graphs finished) and *votes* (conflicts
-and user aborts, unioned and broadcast in ``Commit``). ``Begin.marker`` is where a
+Each epoch has one barrier: workers report conflicts, user aborts and call counters
+(``wire.Report``); when the counters show no call in flight, the union is broadcast in
+``Commit``. ``Begin.marker`` is where a
 snapshot round will ride (not used yet).
 """
 
@@ -154,6 +155,25 @@ class Coordinator:
             got.append(msg)
         return got
 
+    async def _barrier(self, epoch: int) -> list[wire.Report]:
+        """Wait until epoch ``epoch`` finished executing everywhere (see ``wire.Report``)."""
+        n = len(self.members)
+        latest: dict[int, wire.Report] = {}
+        while True:
+            msg = await self._inbox.get()
+            if not isinstance(msg, wire.Report):
+                raise ClusterError(f"expected a Report, got {msg!r:.100}")
+            if msg.epoch < epoch:
+                log.warning("ignoring a late report of epoch %d from worker %d", msg.epoch, msg.index)
+                continue
+            if msg.epoch != epoch:
+                raise ClusterError(f"Report for epoch {msg.epoch} during epoch {epoch}")
+            latest[msg.index] = msg
+            if len(latest) == n and all(
+                latest[i].sent[j] == latest[j].served[i] for i in range(n) for j in range(n)
+            ):
+                return list(latest.values())
+
     def _broadcast(self, msg: wire.Message) -> None:
         for m in self.members:
             m.channel.send(msg)
@@ -172,32 +192,28 @@ class Coordinator:
             epoch = self.epoch
             self._broadcast(wire.Begin(epoch, time.time(), None))
             t_begin = time.perf_counter()
-            executed = await self._collect(wire.Executed, epoch)
+            reports = await self._barrier(epoch)
             t_exec = time.perf_counter()
-            self._broadcast(wire.Decide(epoch))
-            votes = await self._collect(wire.Votes, epoch)
-            t_votes = time.perf_counter()
             ph = self._phases
             ph[0] += t_begin - t_idle
             ph[1] += t_exec - t_begin
-            ph[2] += t_votes - t_exec
             ph[3] += 1
-            if ph[3] % 200 == 0:
-                log.info("epoch phases (ms, mean of 200): idle %.2f execute %.2f votes %.2f",
-                         ph[0] / 2e-1, ph[1] / 2e-1, ph[2] / 2e-1)
+            if ph[3] % 500 == 0:
+                log.info("epochs %d; mean of the last 500 (ms): waiting for work %.2f, "
+                         "execute+barrier %.2f", ph[3], ph[0] / 0.5, ph[1] / 0.5)
                 ph[:] = [0.0, 0.0, 0.0, ph[3]]
             conflicts: set[int] = set()
             aborts: dict[int, list[Any]] = {}
             pending = 0
-            for v in votes:
-                conflicts.update(v.conflicts)
-                for a in v.aborts:
+            for r in reports:
+                conflicts.update(r.conflicts)
+                for a in r.aborts:
                     aborts.setdefault(a[0], a)
-                pending += v.pending
+                pending += r.pending
             idle = pending == 0 and not conflicts and not self._wakeup.is_set()
             self._broadcast(wire.Commit(epoch, sorted(conflicts), list(aborts.values()), idle, None))
             self.stats["epochs"] += 1
-            self.stats["txns"] += sum(e.count for e in executed)
+            self.stats["txns"] += sum(r.roots for r in reports)
             self.stats["conflicts"] += len(conflicts)
 
     async def _watchdog(self) -> None:

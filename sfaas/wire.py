@@ -23,9 +23,7 @@ __all__ = [
     "Assign",
     "Ready",
     "Begin",
-    "Executed",
-    "Decide",
-    "Votes",
+    "Report",
     "Commit",
     "Wakeup",
     "Heartbeat",
@@ -102,38 +100,33 @@ class Begin(Message):
 
 
 @dataclass(slots=True)
-class Executed(Message):
-    """Worker → coordinator: all my root transactions of ``epoch`` finished executing."""
+class Report(Message):
+    """Worker → coordinator: my view of epoch ``epoch`` (sent when my roots finished, and
+    again after every call I served later, *before* its result goes back).
+
+    ``sent[j]``/``served[j]`` count calls this worker sent to / finished serving for worker
+    ``j`` this epoch. The epoch's execution is over when every worker reported and, for all
+    pairs, ``sent_i[j] == served_j[i]``: then no call is in flight anywhere, and the latest
+    reports hold every conflict. This saves the round trip of a separate vote phase.
+    """
 
     TAG: ClassVar[int] = 5
     epoch: int
     index: int
-    count: int
-
-
-@dataclass(slots=True)
-class Decide(Message):
-    """Coordinator → workers: every worker finished executing; send your votes."""
-
-    TAG: ClassVar[int] = 6
-    epoch: int
-
-
-@dataclass(slots=True)
-class Votes(Message):
-    """Worker → coordinator: conflicting tids and user aborts seen on my keys."""
-
-    TAG: ClassVar[int] = 7
-    epoch: int
-    index: int
+    roots: int  # root transactions this worker ran this epoch
     conflicts: list[int]
     aborts: list[list[Any]]  # [tid, error_type, reason]
+    sent: list[int]
+    served: list[int]
     pending: int  # requests waiting for a later epoch
 
 
 @dataclass(slots=True)
 class Commit(Message):
-    """Coordinator → workers: the union of votes; commit the rest. ``idle``: nothing waits."""
+    """Coordinator → workers: the union of the reports' conflicts and aborts; commit the rest.
+
+    ``idle``: no worker reported waiting work (the next epoch starts on a Wakeup).
+    """
 
     TAG: ClassVar[int] = 8
     epoch: int

@@ -5,8 +5,9 @@ connect to every peer, assign itself its ingress partitions, then follow the
 coordinator's epochs:
 
 ``Begin n``   take a bounded batch of requests (re-runs first), give each a tid, run all
-              roots concurrently; calls to keys of other workers go over peer channels
-``Decide n``  every worker finished: report conflicts and user aborts on my keys
+              roots concurrently; calls to keys of other workers go over peer channels.
+              When my roots are done, ``Report`` my conflicts, user aborts and call
+              counters; report again after each call I serve later (see ``wire.Report``)
 ``Commit n``  apply surviving writes (one ``write_batch`` per operator store), requeue
               conflicting roots with their tids, produce replies to the egress topic,
               then :meth:`Worker.on_epoch_committed` — the seam where snapshots will hook in.
@@ -66,6 +67,10 @@ class Worker:
         self._call_ids = 0
         self._deferred: dict[int, list[wire.Call]] = {}
         self._batch: list[tuple[int, _Pending]] = []
+        self._reported_epoch = 0
+        self._sent: list[int] = []
+        self._served: list[int] = []
+        self._late: list[tuple[int, wire.Result]] = []
         self._outcomes: list[Outcome] = []
         self._replies: list[tuple[int, bytes]] = []
         self._reply_event = asyncio.Event()
@@ -100,6 +105,7 @@ class Worker:
         fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._calls[cid] = fut
         assert self.engine is not None
+        self._sent[dest] += 1
         self.peers[dest].send(
             wire.Call(self.engine.epoch, self.index, cid, tid, now, operator, key, function, argv, depth)
         )
@@ -113,7 +119,31 @@ class Worker:
         ok, value = await self.engine.serve(
             msg.tid, msg.now, msg.operator, msg.key, msg.function, msg.args, msg.depth
         )
-        self.peers[msg.src].send(wire.Result(msg.call_id, ok, value if ok else list(value)))
+        self._served[msg.src] += 1
+        result = wire.Result(msg.call_id, ok, value if ok else list(value))
+        if self._reported_epoch == msg.epoch:
+            # served after my report: the coordinator needs fresh votes and counters
+            if not self._late:
+                asyncio.get_running_loop().call_soon(self._flush_late)
+            self._late.append((msg.src, result))
+        else:
+            self.peers[msg.src].send(result)
+
+    def _flush_late(self) -> None:
+        late, self._late = self._late, []
+        self._report()
+        for src, result in late:
+            self.peers[src].send(result)
+
+    def _report(self) -> None:
+        assert self.engine is not None
+        conflicts, aborts = self.engine.votes()
+        pending = len(self.ingress)
+        self._idle_reported = pending == 0
+        self.coord.send(wire.Report(
+            self.engine.epoch, self.index, len(self._batch), list(conflicts),
+            [[t, e, r] for t, (e, r) in aborts.items()], list(self._sent), list(self._served), pending,
+        ))
 
     async def _on_peer(self, chan: channels.Channel) -> None:
         first = await chan.recv()
@@ -233,7 +263,6 @@ class Worker:
 
     # -- epochs ----------------------------------------------------------------------------------------------
     async def _follow_coordinator(self) -> None:
-        epoch_task: asyncio.Task[None] | None = None
         while True:
             try:
                 msgs = await self.coord.recv()
@@ -242,11 +271,7 @@ class Worker:
                 return
             for msg in msgs:
                 if isinstance(msg, wire.Begin):
-                    epoch_task = asyncio.create_task(self._execute(msg))
-                elif isinstance(msg, wire.Decide):
-                    if epoch_task is not None:
-                        await epoch_task  # already done: Executed was sent
-                    self._vote(msg.epoch)
+                    self._tasks_add(asyncio.ensure_future(self._execute(msg)))
                 elif isinstance(msg, wire.Commit):
                     self._commit(msg)
                 elif isinstance(msg, wire.Stop):
@@ -259,6 +284,9 @@ class Worker:
         assert self.engine is not None and self.sequencer is not None
         eng = self.engine
         eng.begin(begin.epoch)
+        n = self.assign.n_workers
+        self._sent = [0] * n
+        self._served = [0] * n
         for call in self._deferred.pop(begin.epoch, []):
             self._on_call(call)
         q = self.ingress
@@ -274,15 +302,8 @@ class Worker:
             *(run(tid, item.now, (item.request.operator, item.request.key, item.request.function,
                                   item.request.args)) for tid, item in batch)
         )
-        self.coord.send(wire.Executed(begin.epoch, self.index, len(batch)))
-
-    def _vote(self, epoch: int) -> None:
-        assert self.engine is not None
-        conflicts, aborts = self.engine.votes()
-        pending = len(self.ingress)
-        self._idle_reported = pending == 0
-        self.coord.send(wire.Votes(epoch, self.index, list(conflicts),
-                                   [[t, e, r] for t, (e, r) in aborts.items()], pending))
+        self._reported_epoch = begin.epoch
+        self._report()
 
     def _commit(self, msg: wire.Commit) -> None:
         assert self.engine is not None and self.sequencer is not None
