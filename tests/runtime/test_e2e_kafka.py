@@ -117,3 +117,20 @@ async def test_unauthenticated_peer_is_refused_and_cluster_keeps_working(bank_cl
     assert [p.role for p in procs] == ["coordinator", "worker", "worker"]
     assert all(p.alive for p in procs)
     assert wire.Begin(1, 0.0).marker is None  # the snapshot seam exists on the barrier
+
+
+def test_cli_ps_json_and_call(bank_cluster: Settings, monkeypatch, capsys) -> None:
+    import json
+
+    from sfaas.cli import main
+
+    monkeypatch.setenv("SFAAS_HOME", bank_cluster.home)
+    assert main(["ps", "--json", "--namespace", bank_cluster.namespace]) == 0
+    procs = json.loads(capsys.readouterr().out)
+    assert [p["role"] for p in procs] == ["coordinator", "worker", "worker"]
+    assert all(p["alive"] and p["pid"] > 0 and ":" in p["address"] for p in procs)
+    args = ["--namespace", bank_cluster.namespace, "--kafka", bank_cluster.kafka]
+    assert main(["call", *args, "accounts", "cli-acct", "deposit", "12"]) == 0
+    assert json.loads(capsys.readouterr().out) == 12
+    assert main(["call", *args, "accounts", "cli-acct", "withdraw", "50"]) == 1
+    assert "insufficient funds" in capsys.readouterr().err
