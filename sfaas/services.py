@@ -371,7 +371,7 @@ def ensure_minio_binary(progress: Progress = True) -> Path:
             )
         binary.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=binary.parent, prefix=".gobin-") as gobin:
-            env = dict(os.environ, GOBIN=gobin, GOFLAGS="-mod=mod", CGO_ENABLED="0")
+            env = dict(os.environ, GOBIN=gobin, GOFLAGS="-mod=mod")
             # Debian's Go pins GOTOOLCHAIN=local; "auto" lets Go 1.21+ fetch the toolchain
             # MinIO's go.mod asks for from the module proxy.
             env.setdefault("GOTOOLCHAIN", "auto")
@@ -830,3 +830,38 @@ def using(*, kafka: bool = False, minio: bool = False, progress: Progress = True
                         if _stop(svc, s):
                             say(f"stopped {svc.name} (last user left)")
                     auto.unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sfaas.services {up,down,status} [--kafka-only|--minio-only]`` (for scripts)."""
+    import argparse
+    import json
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m sfaas.services", description=main.__doc__)
+    parser.add_argument("command", choices=["up", "down", "status"])
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--kafka-only", action="store_true", help="only Kafka")
+    only.add_argument("--minio-only", action="store_true", help="only MinIO")
+    args = parser.parse_args(argv)
+    which = {"kafka": not args.minio_only, "minio": not args.kafka_only}
+
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr)
+
+    try:
+        if args.command == "up":
+            ep = up(progress=say, **which)
+            print(f"kafka: {ep.kafka_bootstrap}\nminio: http://{ep.minio_endpoint} (access key {ep.minio_access_key})")
+        elif args.command == "down":
+            down(progress=say, **which)
+        else:
+            print(json.dumps(status(), indent=2))
+    except ServiceError as e:
+        say(f"error: {e}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
