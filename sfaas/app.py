@@ -37,6 +37,21 @@ def _check_name(kind: str, name: object) -> str:
     return name
 
 
+def _arity(sig: inspect.Signature) -> tuple[int, int]:
+    """(min, max) positional arguments after ctx; max is large for ``*args``."""
+    lo = hi = 0
+    for p in list(sig.parameters.values())[1:]:
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            hi += 1
+            if p.default is p.empty:
+                lo += 1
+        elif p.kind is p.VAR_POSITIONAL:
+            hi = 1 << 30
+        elif p.kind is p.KEYWORD_ONLY and p.default is p.empty:
+            return (1 << 30, -1)  # a required keyword-only parameter can never be given
+    return lo, hi
+
+
 @dataclass(frozen=True)
 class Function:
     """A registered user function: its name, the coroutine function and its signature."""
@@ -44,9 +59,13 @@ class Function:
     name: str
     fn: UserFunction
     signature: inspect.Signature
+    arity: tuple[int, int] = (0, 0)
 
     def check_args(self, operator: str, args: tuple[Any, ...] | list[Any]) -> None:
         """Raise :class:`BadArguments` if ``args`` do not fit (the ctx argument excluded)."""
+        lo, hi = self.arity
+        if lo <= len(args) <= hi:
+            return  # the hot path: no Signature.bind
         try:
             self.signature.bind(None, *args)
         except TypeError as exc:
@@ -85,7 +104,7 @@ class Operator:
                 raise ConfigError(f"{self.name}.{fname} must take the context as first argument")
             if fname in self.functions:
                 raise ConfigError(f"function {self.name}.{fname} is already registered")
-            self.functions[fname] = Function(fname, f, sig)
+            self.functions[fname] = Function(fname, f, sig, _arity(sig))
             return f
 
         if fn is not None:

@@ -29,7 +29,7 @@ from aiokafka import TopicPartition
 import statestores
 from sfaas import channels, wire
 from sfaas.app import App
-from sfaas.codec import pack
+from sfaas.codec import check_serializable
 from sfaas.errors import AuthenticationError, ChannelClosed, ClusterError
 from sfaas.kafka import make_consumer, make_producer
 from sfaas.settings import Settings
@@ -99,7 +99,7 @@ class Worker:
     ) -> Outcome:
         """Send a call to worker ``dest`` and wait for its result."""
         argv = list(args)
-        pack(argv, f"arguments of {operator}.{function}")
+        check_serializable(argv, f"arguments of {operator}.{function}")
         self._call_ids += 1
         cid = self._call_ids
         fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()

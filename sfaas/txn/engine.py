@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from statestores import Store
 
 from ..app import App
-from ..codec import pack, unpack
+from ..codec import check_serializable, pack, unpack
 from ..context import Context
 from ..errors import Abort, BadKey, SfaasError, TransactionAborted, error_class
 from ..partitioning import owner_of_partition, partition_of
@@ -149,7 +149,8 @@ class Engine:
                 raise Abort(f"call depth exceeded {MAX_CALL_DEPTH} at {operator}.{function}")
             dest = self.owner(operator, key)
             if dest == self.index or self.router is None:
-                pack(list(args), f"arguments of {operator}.{function}")
+                if depth:  # root arguments came off the wire: already msgpack values
+                    check_serializable(args, f"arguments of {operator}.{function}")
                 ok, value = await self.serve(tid, now, operator, key, function, args, depth)
             else:
                 ok, value = await self.router.remote_call(
