@@ -74,7 +74,8 @@ class Worker:
         self._outcomes: list[Outcome] = []
         self._replies: list[tuple[int, bytes]] = []
         self._reply_event = asyncio.Event()
-        self._idle_reported = False
+        # the coordinator starts idle: the first records must wake it up
+        self._idle_reported = True
         self._offsets: dict[int, int] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self.committed = 0
