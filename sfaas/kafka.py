@@ -29,8 +29,14 @@ async def ensure_topics(bootstrap: str, topics: dict[str, int]) -> dict[str, int
                 log.info("created topics %s", [t.name for t in new])
             except TopicAlreadyExistsError:
                 pass
-        described = await admin.describe_topics(list(topics))
-        counts = {d["topic"]: len(d["partitions"]) for d in described}
+        # metadata of a just-created topic can lag: ask until every topic has partitions
+        deadline = asyncio.get_running_loop().time() + 30.0
+        while True:
+            described = await admin.describe_topics(list(topics))
+            counts = {d["topic"]: len(d["partitions"] or []) for d in described}
+            if all(counts.get(t, 0) > 0 for t in topics) or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.1)
     finally:
         await admin.close()
     for t, n in topics.items():
