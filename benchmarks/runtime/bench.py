@@ -55,7 +55,7 @@ async def one_point(settings: Settings, rate: float, seconds: float, keys: int, 
     me = psutil.Process()
     async with Client("ycsbt", settings=settings, timeout=120) as client:
         # warm up (topics, metadata, first epochs)
-        await run_open_loop(client, make_generator(keys, dist, 1), min(rate, 500), 1.0)
+        await run_open_loop(client, make_generator(keys, dist, 1), min(rate, 500), 2.0)
         cpu0 = {p.pid: p.cpu_times() for p in procs}
         me0 = me.cpu_times()
         t0 = time.monotonic()
@@ -82,12 +82,14 @@ def run(args: argparse.Namespace) -> list[dict]:
         os.environ.update(env)
         s = Settings.load({"namespace": ns, "partitions": args.partitions, "store": args.store,
                            "kafka": args.kafka, "max_batch": args.max_batch})
+        load_before = round(os.getloadavg()[0], 1)
         cluster.up(s, "examples.ycsbt:app", 2)
         try:
             point = asyncio.run(one_point(s, rate, args.seconds, args.keys, args.dist))
         finally:
             cluster.down(s)
-        point.update({"store": args.store, "keys": args.keys, "dist": args.dist, "seconds": args.seconds,
+        point.update({"phase": "sweep" if args.sweep else "fixed", "loadavg": load_before,
+                      "store": args.store, "keys": args.keys, "dist": args.dist, "seconds": args.seconds,
                       "workers": 2, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         print(json.dumps(point), flush=True)
         with open(args.out, "a") as f:

@@ -1,0 +1,135 @@
+"""Turn ``results.jsonl`` (from bench.py) into ``RESULTS.md`` and PNG plots.
+
+    python benchmarks/runtime/report.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def load(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plots(rows: list[dict]) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    sweeps: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r.get("phase") == "sweep":
+            sweeps[(r["store"], r["keys"], r["dist"])].append(r)
+    if sweeps:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+        for (store, keys, dist), pts in sorted(sweeps.items()):
+            pts.sort(key=lambda p: p["offered_tps"])
+            label = f"{store} {keys // 1000}K {dist}"
+            a1.plot([p["offered_tps"] for p in pts], [p["committed_tps"] for p in pts], "o-", label=label)
+            a2.plot([p["offered_tps"] for p in pts], [p["p99_ms"] for p in pts], "o-", label=label)
+        a1.set_xlabel("offered TPS")
+        a1.set_ylabel("committed TPS")
+        a2.set_xlabel("offered TPS")
+        a2.set_ylabel("p99 latency (ms)")
+        a2.set_yscale("log")
+        a2.axhline(500, color="grey", ls="--", lw=0.8)
+        a1.legend(fontsize=7)
+        fig.suptitle("YCSB-T, 2 workers, open loop: throughput and p99 vs offered load")
+        fig.tight_layout()
+        name = "sweep.png"
+        fig.savefig(HERE / name, dpi=110)
+        out.append(name)
+    fixed = [r for r in rows if r.get("phase") == "fixed"]
+    if fixed:
+        fig, ax = plt.subplots(figsize=(9, 4))
+        labels = [f"{r['store']}\n{r['keys'] // 1000}K {r['dist']}" for r in fixed]
+        xs = range(len(fixed))
+        ax.bar([x - 0.2 for x in xs], [r["p50_ms"] for r in fixed], 0.4, label="p50")
+        ax.bar([x + 0.2 for x in xs], [r["p99_ms"] for r in fixed], 0.4, label="p99")
+        ax.axhline(7, color="C0", ls=":", lw=0.8)
+        ax.axhline(30, color="C1", ls=":", lw=0.8)
+        ax.set_xticks(list(xs), labels, fontsize=7)
+        ax.set_ylabel("latency (ms)")
+        ax.set_title("YCSB-T at 1,000 offered TPS (targets: p50 7 ms, p99 30 ms dotted)")
+        ax.legend()
+        fig.tight_layout()
+        name = "latency_1000tps.png"
+        fig.savefig(HERE / name, dpi=110)
+        out.append(name)
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| phase | store | keys | dist | offered | committed TPS | abort rate | p50 ms | p95 ms | p99 ms "
+            "| CPU % (coord / w0 / w1 / loadgen) | load avg |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for r in rows:
+        cpu = r.get("cpu_percent", {})
+        coord = [v for k, v in cpu.items() if k.startswith("coordinator")]
+        workers = [v for k, v in cpu.items() if k.startswith("worker")]
+        cpu_s = " / ".join(f"{v:.0f}" for v in coord + workers + [cpu.get("loadgen", 0)])
+        lines.append(
+            f"| {r.get('phase', '')} | {r['store']} | {r['keys']} | {r['dist']} | {r['offered_tps']:.0f} "
+            f"| {r['committed_tps']:.0f} | {r['abort_rate']:.3f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} "
+            f"| {r['p99_ms']:.1f} | {cpu_s} | {r.get('loadavg', '')} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def saturation(rows: list[dict]) -> str:
+    best: dict[tuple, float] = {}
+    for r in rows:
+        if r.get("phase") != "sweep":
+            continue
+        k = (r["store"], r["keys"], r["dist"])
+        if r["p99_ms"] <= 500 and r["committed_tps"] >= 0.95 * r["offered_tps"]:
+            best[k] = max(best.get(k, 0.0), r["committed_tps"])
+        else:
+            best.setdefault(k, 0.0)
+    lines = ["| store | keys | dist | saturation: highest committed TPS with p99 ≤ 500 ms |", "|---|---|---|---|"]
+    for (store, keys, dist), tps in sorted(best.items()):
+        lines.append(f"| {store} | {keys} | {dist} | {tps:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    rows = load(HERE / "results.jsonl")
+    images = plots(rows)
+    md = [
+        "# Runtime benchmark: YCSB-T on 2 workers over real Kafka",
+        "",
+        "Produced by `benchmarks/runtime/run_all.sh` (which calls `bench.py` per point and then",
+        "`report.py`). Every point starts a fresh cluster (coordinator + 2 worker processes) in",
+        "its own Kafka namespace; the open-loop load generator runs in the benchmark process.",
+        "Kafka (and MinIO) run on the same machine. Each transaction reads and updates two keys",
+        "(`examples/ycsbt.py`: `transfer`), the second usually on the other worker.",
+        "",
+        f"Machine: {os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}.",
+        "**Caveat:** other agents ran their own tests and benchmarks on the same 2 cores while",
+        "these numbers were taken (the `load avg` column is the 1-minute load average at the",
+        "start of each point); latencies are inflated by CPU contention accordingly.",
+        "",
+        "## Saturation",
+        "",
+        saturation(rows),
+        "## All points",
+        "",
+        table(rows),
+    ]
+    for img in images:
+        md += [f"![{img}]({img})", ""]
+    (HERE / "RESULTS.md").write_text("\n".join(md))
+    print(f"wrote {HERE / 'RESULTS.md'} and {images}")
+
+
+if __name__ == "__main__":
+    main()
