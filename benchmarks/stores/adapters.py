@@ -150,7 +150,7 @@ ENGINES: dict[str, EngineSpec] = {
         "LMDB defaults: sync=True, fsync per commit (power-loss safe, stronger class)",
         _lmdb_opener(True),
         ("lmdb",),
-        phase_budget_s=15.0,
+        phase_budget_s=8.0,
     ),
     "lmdb-nosync": EngineSpec(
         "lmdb-nosync",

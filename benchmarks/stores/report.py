@@ -58,6 +58,7 @@ def summarize(raw: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]
                 get_p50_us=_median([r["get_latency"]["p50_us"] for r in good]),
                 get_p99_us=_median([r["get_latency"]["p99_us"] for r in good]),
                 rss_delta_mb=_median([r["rss_delta_mb"] for r in good]),
+                rss_anon_delta_mb=_median([r.get("rss_anon_delta_mb", float("nan")) for r in good]),
                 disk_mb=_median([r["disk_mb"] for r in good]),
                 data_mb=good[0]["data_mb"],
                 put_ops=min(r["put_ops"] for r in good),
@@ -96,6 +97,8 @@ def summarize(raw: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]
                 rss_growth_mb=_median([r["rss_growth_mb"] for r in good]),
                 rss_growth_pct_of_data=_median([r["rss_growth_pct_of_data"] for r in good]),
                 rss_after_10k_gets_mb=_median([r["rss_after_10k_gets_mb"] for r in good]),
+                rss_anon_growth_mb=_median([r.get("rss_anon_growth_mb", float("nan")) for r in good]),
+                rss_anon_after_10k_gets_mb=_median([r.get("rss_anon_after_10k_gets_mb", float("nan")) for r in good]),
                 reopen_ms_all=[r["reopen_ms"] for r in good],
             )
         reopen[e] = row
@@ -282,7 +285,7 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any], plots: list[str], re
                     _fmt(r.get("get_ratio")) + "×",
                     _fmt(r["get_p50_us"], ".1f"),
                     _fmt(r["get_p99_us"], ".1f"),
-                    _fmt(r["rss_delta_mb"], ".1f"),
+                    f"{_fmt(r['rss_delta_mb'], '.1f')} / {_fmt(r.get('rss_anon_delta_mb'), '.1f')}",
                     _fmt(r["disk_mb"], ".1f"),
                 ]
             )
@@ -291,12 +294,13 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any], plots: list[str], re
             parts.append(
                 _table(
                     ["engine", "put ops/s", "put ×rocksdict", "put p50 µs", "put p99 µs", "get ops/s", "get ×rocksdict",
-                     "get p50 µs", "get p99 µs", "RSS Δ MB", "disk MB"],
+                     "get p50 µs", "get p99 µs", "RSS Δ MB total / anon", "disk MB"],
                     rows,
                 )
             )
             parts.append(
-                f"\n\nData: {s['n_keys'] * 116 / 2**20:.1f} MB of keys+values. RSS Δ: child RSS at the end minus before open. "
+                f"\n\nData: {s['n_keys'] * 116 / 2**20:.1f} MB of keys+values. RSS Δ: child RSS at the end minus before open; "
+                "anon = anonymous memory only (excludes mmap'd file pages). "
                 "Disk: store directory after `close()`.\n"
             )
     reopen = summary["reopen"]
@@ -307,7 +311,7 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any], plots: list[str], re
             if r is None:
                 continue
             if "reopen_ms" not in r:
-                rows.append([e, f"ERROR: {r['errors'][0] if r['errors'] else '?'}"[:100], "–", "–", "–", "–"])
+                rows.append([e, f"ERROR: {r['errors'][0] if r['errors'] else '?'}"[:100], "–", "–", "–", "–", "–"])
                 continue
             rows.append(
                 [
@@ -315,15 +319,21 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any], plots: list[str], re
                     f"{r['n_keys']:,}",
                     _fmt(r["reopen_ms"], ".1f"),
                     f"{_fmt(r['rss_growth_mb'], '.1f')} ({_fmt(r['rss_growth_pct_of_data'], '.1f')}%)",
-                    _fmt(r["rss_after_10k_gets_mb"], ".1f"),
+                    _fmt(r.get("rss_anon_growth_mb"), ".1f"),
+                    f"{_fmt(r['rss_after_10k_gets_mb'], '.1f')} / {_fmt(r.get('rss_anon_after_10k_gets_mb'), '.1f')}",
                     _fmt(r.get("disk_mb"), ".1f"),
                 ]
             )
         parts.append("\n### Reopen (fresh process: open + first get; median of 3)\n")
         parts.append(
-            _table(["engine", "keys", "reopen ms", "RSS growth MB (% of data)", "RSS after +10k gets MB", "disk MB"], rows)
+            _table(
+                ["engine", "keys", "reopen ms", "RSS growth MB (% of data)", "anon growth MB",
+                 "after +10k verified gets: RSS / anon MB", "disk MB"],
+                rows,
+            )
         )
-        parts.append(f"\n\nData size: {s['reopen_keys'] * 116 / 2**20:.1f} MB. The page cache is warm (the store was just built).\n")
+        parts.append(f"\n\nData size: {s['reopen_keys'] * 116 / 2**20:.1f} MB. The page cache is warm (the store was just built). "
+            "RSS counts mmap'd file pages a get touched; anon is the process' own memory.\n")
     snaps = summary["snapshots"]
     if snaps:
         rows = []

@@ -43,6 +43,16 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * _PAGE
 
 
+def rss_anon_bytes() -> int:
+    """Anonymous (private, not file-backed) resident memory: what the process itself holds,
+    excluding mmap'd file pages, which the page cache can drop."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return rss_bytes()
+
+
 def _timed_puts(put: Callable[[bytes, bytes], Any], keys: list[bytes], vals: list[bytes], budget: float) -> tuple[int, float]:
     n = len(keys)
     done = 0
@@ -164,6 +174,7 @@ def run_kv(engine: str, dist: str, n_keys: int, n_ops: int, lat_ops: int, workdi
     shutil.rmtree(path, ignore_errors=True)
     gc.collect()
     rss0 = rss_bytes()
+    anon0 = rss_anon_bytes()
     emit("open+load")
     h = es.opener(path)
     try:
@@ -185,6 +196,7 @@ def run_kv(engine: str, dist: str, n_keys: int, n_ops: int, lat_ops: int, workdi
         get_lat = _latency_gets(h.get, w.get_keys[:lat_ops], budget)
         _verify(h, expected, 2000, seed, f"{engine} after the put phase")
         rss_end = rss_bytes()
+        anon_end = rss_anon_bytes()
         stats = _jsonable(h.store.stats()) if h.store is not None else None
     finally:
         emit("close")
@@ -207,6 +219,7 @@ def run_kv(engine: str, dist: str, n_keys: int, n_ops: int, lat_ops: int, workdi
         "get_latency": _pcts(get_lat),
         "rss_loaded_mb": (rss_loaded - rss0) / 2**20,
         "rss_delta_mb": (rss_end - rss0) / 2**20,
+        "rss_anon_delta_mb": (anon_end - anon0) / 2**20,
         "disk_mb": disk / 2**20,
         "data_mb": w.data_bytes / 2**20,
         "timer_overhead_ns": timer_overhead_ns(),
@@ -254,12 +267,14 @@ def run_reopen(engine: str, n_keys: int, path: str, emit: Emit, seed: int = 42) 
         importlib.import_module(m)
     gc.collect()
     rss0 = rss_bytes()
+    anon0 = rss_anon_bytes()
     emit("reopen")
     t0 = time.perf_counter()
     h = es.opener(path)
     first = h.get(keys[probe[0]])
     t1 = time.perf_counter()
     rss1 = rss_bytes()
+    anon1 = rss_anon_bytes()
     try:
         if first != _expected_value(values, probe[0]):
             raise AssertionError(f"{engine}: first get after reopen returned {first!r:.40}, expected the built value")
@@ -267,6 +282,7 @@ def run_reopen(engine: str, n_keys: int, path: str, emit: Emit, seed: int = 42) 
             if h.get(keys[i]) != _expected_value(values, i):
                 raise AssertionError(f"{engine}: get({keys[i]!r}) after reopen returned a wrong value")
         rss2 = rss_bytes()
+        anon2 = rss_anon_bytes()
     finally:
         h.close()
     data = n_keys * (KEY_BYTES + VALUE_BYTES)
@@ -276,7 +292,10 @@ def run_reopen(engine: str, n_keys: int, path: str, emit: Emit, seed: int = 42) 
         "reopen_ms": (t1 - t0) * 1000.0,
         "rss_growth_mb": (rss1 - rss0) / 2**20,
         "rss_growth_pct_of_data": 100.0 * (rss1 - rss0) / data,
+        "rss_anon_growth_mb": (anon1 - anon0) / 2**20,
         "rss_after_10k_gets_mb": (rss2 - rss0) / 2**20,
+        "rss_anon_after_10k_gets_mb": (anon2 - anon0) / 2**20,
+        "gets_checked": len(probe),
         "data_mb": data / 2**20,
     }
 
