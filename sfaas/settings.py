@@ -47,14 +47,16 @@ class Settings:
     workers: int = 2
     #: Ingress/egress topic partitions (also the key partitions; ≥ workers).
     partitions: int = 8
-    #: Most new requests one worker takes into one epoch.
-    max_batch: int = 2000
+    #: Most transactions (re-runs first) one worker runs in one epoch. Conflicts grow with
+    #: the square of the epoch size, so a bound keeps contention from snowballing.
+    max_batch: int = 1000
     #: Override every operator's store engine (benchmarks); empty: the app's choice.
     store: str = ""
     #: Cluster state (pid files, logs) and store data live under here.
     home: str = field(default_factory=_default_home)
-    #: Kafka consumer fetch wait (ms): small keeps latency low.
-    fetch_wait_ms: int = 2
+    #: Kafka consumer fetch wait (ms) when no data is there; the broker answers at once when
+    #: records arrive, so this only bounds idle polling (a small value burns CPU).
+    fetch_wait_ms: int = 50
     #: Kafka producer linger (ms).
     linger_ms: int = 0
     #: Logging level of the process.

@@ -200,11 +200,12 @@ class LocalRunner:
         work: list[tuple[int, int, _Item]] = []
         for i, eng in enumerate(self.engines):
             q = self._queues[i]
-            new = [q.popleft() for _ in range(min(len(q), self.max_batch))]
+            room = max(0, self.max_batch - self._sequencers[i].pending_retries)
+            new = [q.popleft() for _ in range(min(len(q), room))]
             for item in new:
                 item.now = now
             eng.begin(epoch)
-            for tid, item in self._sequencers[i].batch(epoch, new):
+            for tid, item in self._sequencers[i].batch(epoch, new, self.max_batch):
                 work.append((i, tid, item))
         outcomes = await asyncio.gather(
             *(self.engines[i].run_root(tid, item.now, item.request) for i, tid, item in work)

@@ -139,7 +139,7 @@ class Worker:
     def _report(self) -> None:
         assert self.engine is not None
         conflicts, aborts = self.engine.votes()
-        pending = len(self.ingress)
+        pending = len(self.ingress) + self.sequencer.pending_retries
         self._idle_reported = pending == 0
         self.coord.send(wire.Report(
             self.engine.epoch, self.index, len(self._batch), list(conflicts),
@@ -291,12 +291,14 @@ class Worker:
         for call in self._deferred.pop(begin.epoch, []):
             self._on_call(call)
         q = self.ingress
-        new = [q.popleft() for _ in range(min(len(q), self.settings.max_batch))]
+        limit = self.settings.max_batch
+        room = max(0, limit - self.sequencer.pending_retries)
+        new = [q.popleft() for _ in range(min(len(q), room))]
         for item in new:
             item.now = begin.now
             self._age_sum += begin.now - item.request.sent_at
             self._age_n += 1
-        batch = self.sequencer.batch(begin.epoch, new)
+        batch = self.sequencer.batch(begin.epoch, new, limit)
         self._batch = batch
         run = eng.run_root
         self._outcomes = await asyncio.gather(

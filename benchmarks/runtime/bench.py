@@ -109,7 +109,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="rates 1000,2000,... until p99 > 500 ms")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--partitions", type=int, default=8)
-    ap.add_argument("--max-batch", dest="max_batch", type=int, default=2000)
+    ap.add_argument("--max-batch", dest="max_batch", type=int, default=1000)
     ap.add_argument("--kafka", default=os.environ.get("SFAAS_KAFKA", "127.0.0.1:9092"))
     ap.add_argument("--out", default=str(HERE / "results.jsonl"))
     args = ap.parse_args()

@@ -194,10 +194,14 @@ class Sequencer:
         """How many re-runs are waiting."""
         return len(self._retries)
 
-    def batch(self, epoch: int, new_items: Iterable[Any]) -> list[tuple[int, Any]]:
-        """This epoch's work: all re-runs (by tid) then ``new_items`` with fresh tids."""
-        out = [(r.tid, r.item) for r in sorted(self._retries)]
-        self._retries.clear()
+    def batch(
+        self, epoch: int, new_items: Iterable[Any], max_retries: int | None = None
+    ) -> list[tuple[int, Any]]:
+        """This epoch's work: re-runs (lowest tids first, at most ``max_retries``), then
+        ``new_items`` with fresh tids. Bounding the re-runs keeps epochs short under
+        contention, where re-running everything at once would only conflict more."""
+        n = len(self._retries) if max_retries is None else min(max_retries, len(self._retries))
+        out = [(r.tid, r.item) for r in (heapq.heappop(self._retries) for _ in range(n))]
         for seq, item in enumerate(new_items):
             out.append((make_tid(epoch, self.worker, seq), item))
         return out

@@ -160,3 +160,12 @@ def test_committed_history_equals_serial_execution_in_epoch_then_tid_order(progr
         if not s_aborted:
             serial.update(buf)
     assert serial == state
+
+
+def test_sequencer_bounds_reruns_lowest_tids_first() -> None:
+    seq = Sequencer(0)
+    for tid in (50, 10, 30):
+        seq.requeue(tid, f"t{tid}")
+    assert [t for t, _ in seq.batch(9, [], max_retries=2)] == [10, 30]
+    assert seq.pending_retries == 1
+    assert [t for t, _ in seq.batch(10, [])] == [50]
