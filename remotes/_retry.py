@@ -63,14 +63,16 @@ def retry_call(
     what: str,
     scrub: Callable[[str], str] = str,
     sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> T:
     """Call ``fn`` until it succeeds, a non-transient error escapes, or the policy is spent.
 
     Raises :class:`RetriesExhausted` (carrying the last error) when every try failed with a
     transient error; ``what`` names the operation in log messages, and ``scrub`` cleans
-    error texts before they are logged (e.g. removes a secret).
+    error texts before they are logged (e.g. removes a secret). ``sleep``/``clock`` are
+    seams for tests.
     """
-    start = time.monotonic()
+    start = clock()
     attempt = 0
     while True:
         attempt += 1
@@ -79,7 +81,7 @@ def retry_call(
         except Exception as e:
             if not is_transient(e):
                 raise
-            elapsed = time.monotonic() - start
+            elapsed = clock() - start
             if attempt >= policy.attempts:
                 raise RetriesExhausted(e, attempt, elapsed) from e
             pause = policy.delay(attempt)

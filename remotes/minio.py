@@ -391,8 +391,9 @@ class MinioRemote(Remote):
             plan = plan_gc(
                 sorted(manifests), keep, self.read_manifest, list(self._list(FILES)), manifests.__getitem__
             )
-            for sid in plan.drop_snapshots:
-                self.delete_snapshot(sid)
+            # manifests first: a crash in between leaves orphan files, never a manifest
+            # that names deleted files
+            self._delete_keys([self._key(MANIFESTS, manifest_name(s)) for s in plan.drop_snapshots], "gc manifests")
             self._delete_keys([self._key(FILES, n) for n in plan.drop_files], "gc files")
         info = GcInfo(plan.drop_snapshots, len(plan.drop_files), sum(plan.drop_files.values()))
         log.info(

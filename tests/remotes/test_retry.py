@@ -23,9 +23,26 @@ class Flaky:
         return "ok"
 
 
+class FakeTime:
+    """A clock that only moves when the retry loop sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    def clock(self) -> float:
+        return self.now
+
+
 def run(fn: Flaky, policy: RetryPolicy, sleeps: list[float]) -> str:
+    fake = FakeTime()
+    fake.sleeps = sleeps
     return retry_call(fn, policy=policy, is_transient=lambda e: isinstance(e, ConnectionError),
-                      what="test op", sleep=sleeps.append)
+                      what="test op", sleep=fake.sleep, clock=fake.clock)
 
 
 def test_succeeds_after_transient_failures_with_growing_backoff() -> None:
@@ -53,9 +70,10 @@ def test_deadline_stops_before_attempts_run_out() -> None:
     sleeps: list[float] = []
     fn = Flaky(100, ConnectionError("down"))
     with pytest.raises(RetriesExhausted):
-        # the second pause alone (>= 2 s) would cross the 2.5 s deadline
-        run(fn, RetryPolicy(attempts=50, base_delay=2.0, max_delay=100, deadline=2.5), sleeps)
-    assert fn.calls <= 2
+        # pauses are >= 1 s, 2 s, 4 s, ...: at most two fit in a 3.5 s deadline
+        run(fn, RetryPolicy(attempts=50, base_delay=2.0, max_delay=100, deadline=3.5), sleeps)
+    assert 2 <= fn.calls <= 3
+    assert sum(sleeps) <= 3.5
 
 
 def test_non_transient_error_is_not_retried() -> None:
