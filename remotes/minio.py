@@ -186,11 +186,19 @@ class MinioRemote(Remote):
         obj = f", object {key!r}" if key is not None else f", prefix {self.prefix!r}"
         return f"MinIO at {scheme}://{self.endpoint}, bucket {self.bucket!r}{obj}"
 
-    def _call(self, op: str, key: str | None, fn: Callable[[], T]) -> T:
+    def _call(self, op: str, key: str | None, fn: Callable[[], T], *, recreated: bool = False) -> T:
         """Run ``fn`` with retries; turn client errors into ``RemoteError``."""
         what = f"{op} ({self._where(key)})"
         try:
             return retry_call(fn, policy=self.retry, is_transient=is_transient, what=what, scrub=self._scrub)
+        except S3Error as e:
+            if e.code != "NoSuchBucket" or recreated or not self._bucket_ready:
+                raise self._error(op, key, e) from e
+            # The bucket vanished after we created/saw it: create it again, like on first use.
+            log.warning("bucket disappeared; creating it again", extra={"endpoint": self.endpoint, "bucket": self.bucket})
+            self._bucket_ready = False
+            self._ensure_bucket()
+            return self._call(op, key, fn, recreated=True)
         except RetriesExhausted as e:
             raise RemoteError(
                 self._scrub(
@@ -198,10 +206,12 @@ class MinioRemote(Remote):
                     f"{type(e.last).__name__}: {e.last}"
                 )
             ) from e.last
-        except S3Error as e:
-            raise RemoteError(self._scrub(f"{self._where(key)}: {op} failed: {e.code}: {e.message}")) from e
         except (ServerError, InvalidResponseError) as e:
-            raise RemoteError(self._scrub(f"{self._where(key)}: {op} failed: {type(e).__name__}: {e}")) from e
+            raise self._error(op, key, e) from e
+
+    def _error(self, op: str, key: str | None, e: Exception) -> RemoteError:
+        detail = f"{e.code}: {e.message}" if isinstance(e, S3Error) else f"{type(e).__name__}: {e}"
+        return RemoteError(self._scrub(f"{self._where(key)}: {op} failed: {detail}"))
 
     def _ensure_bucket(self) -> None:
         if self._bucket_ready:

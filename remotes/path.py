@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -33,6 +34,7 @@ __all__ = ["PathRemote"]
 log = logging.getLogger(__name__)
 
 _TMP = "tmp"
+_STALE_TMP_S = 3600.0  # a write in flight never takes this long
 _COPY_CHUNK = 1 << 20
 
 
@@ -240,6 +242,7 @@ class PathRemote(Remote):
                 self.delete_snapshot(sid)
             for name in plan.drop_files:
                 self.delete_file(name)
+            self._sweep_tmp()
         info = GcInfo(plan.drop_snapshots, len(plan.drop_files), sum(plan.drop_files.values()))
         log.info(
             "gc",
@@ -247,6 +250,21 @@ class PathRemote(Remote):
                    "files_deleted": info.files_deleted, "bytes_deleted": info.bytes_deleted},
         )
         return info
+
+    def _sweep_tmp(self) -> None:
+        """Delete temp files that a crashed writer left behind (older than an hour)."""
+        cutoff = time.time() - _STALE_TMP_S
+        try:
+            entries = list(os.scandir(self.root / _TMP))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            try:
+                if entry.stat().st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    log.info("removed stale temp file", extra={"remote": str(self.root), "file": entry.name})
+            except FileNotFoundError:
+                continue
 
     def destroy(self) -> None:
         """Delete the whole directory; the remote can be used again afterwards (empty)."""

@@ -325,3 +325,20 @@ def test_retry_policy_is_bounded() -> None:
     assert sum(min(p.max_delay, p.base_delay * 2 ** (i - 1)) for i in range(1, p.attempts)) <= p.deadline
     with pytest.raises(ValueError, match="attempts"):
         RetryPolicy(attempts=0)
+
+
+def test_bucket_deleted_under_a_live_remote_is_recreated(minio: Endpoints) -> None:
+    bucket = f"sfaas-gone-{uuid.uuid4().hex[:10]}"
+    remote = MinioRemote(minio.minio_endpoint, minio.minio_access_key, minio.minio_secret_key, bucket)
+    client = Minio(minio.minio_endpoint, minio.minio_access_key, minio.minio_secret_key, secure=False)
+    try:
+        remote.put_blob("a", b"1")
+        remote.destroy()
+        client.remove_bucket(bucket)
+        remote.put_blob("b", b"2")
+        assert client.bucket_exists(bucket)
+        assert remote.get_blob("b") == b"2"
+    finally:
+        remote.destroy()
+        remote.close()
+        client.remove_bucket(bucket)
