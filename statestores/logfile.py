@@ -24,6 +24,7 @@ import itertools
 import logging
 import os
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -299,6 +300,32 @@ def _copy_record(mm: Any, off: int, key: bytes, path: str) -> bytes:
     return rec
 
 
+def _submit(fn: Any, *args: Any) -> concurrent.futures.Future[Any]:
+    """``background.submit`` without ever blocking the caller.
+
+    The first submit in a process starts the process pool (a forkserver: ~0.5 s), which
+    must not stall the put that happened to trigger a merge; so the submit itself runs
+    on a short-lived thread and the returned future mirrors the pool's.
+    """
+    outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def mirror(inner: concurrent.futures.Future[Any]) -> None:
+        exc = inner.exception()
+        if exc is not None:
+            outer.set_exception(exc)
+        else:
+            outer.set_result(inner.result())
+
+    def start() -> None:
+        try:
+            background.submit(fn, *args).add_done_callback(mirror)
+        except BaseException as exc:  # a broken pool: the merge fails, the store goes on
+            outer.set_exception(exc)
+
+    threading.Thread(target=start, name="statestores-merge-submit", daemon=True).start()
+    return outer
+
+
 @dataclass
 class _MergeJob:
     inputs: list[Segment]
@@ -458,7 +485,7 @@ class SegmentedStore(Store):
         self._check_open()
         with self._lock:
             keys = list(self._index)
-            extra = [k for k in self._memory_keys() if k not in self._index]
+            extra = [k for k in dict.fromkeys(self._memory_keys()) if k not in self._index]
         keys += extra
         for i in range(0, len(keys), 1024):
             with self._lock:
@@ -486,7 +513,7 @@ class SegmentedStore(Store):
                 continue
             seq = self._next_seq()
             out = self._segment_name(level + 1, seq)
-            fut = background.submit(
+            fut = _submit(
                 merge_segments,
                 self.directory,
                 [(s.name, s.seq) for s in inputs],

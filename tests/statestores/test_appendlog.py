@@ -33,7 +33,7 @@ def inline_merges(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             fut.set_exception(exc)
         return fut
 
-    monkeypatch.setattr(logfile.background, "submit", submit)
+    monkeypatch.setattr(logfile, "_submit", submit)
     yield
 
 
