@@ -9,6 +9,7 @@ instead of reaching the runtime; nothing is ever unpickled.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -205,10 +206,17 @@ for _cls in list(globals().values()):
         assert _cls.TAG not in _TAGS, _cls
         _TAGS[_cls.TAG] = _cls
 _NFIELDS = {tag: len(dataclasses.fields(cls)) for tag, cls in _TAGS.items()}
+# attrgetter per class: dataclasses.fields() is far too slow for the hot path
+_GETTERS = {
+    cls: operator.attrgetter(*(f.name for f in dataclasses.fields(cls))) for cls in _TAGS.values()
+}
 
 
 def _to_list(msg: Message) -> list[Any]:
-    return [msg.TAG, *(getattr(msg, f.name) for f in dataclasses.fields(msg))]
+    values = _GETTERS[type(msg)](msg)
+    if type(values) is not tuple:  # a single field
+        return [msg.TAG, values]
+    return [msg.TAG, *values]
 
 
 def encode_frame(messages: list[Message]) -> bytes:

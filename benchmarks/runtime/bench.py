@@ -28,7 +28,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from sfaas import cluster  # noqa: E402
+from sfaas import cluster, services  # noqa: E402
 from sfaas.client import Client  # noqa: E402
 from sfaas.loadgen import Zipf, run_open_loop  # noqa: E402
 from sfaas.settings import Settings  # noqa: E402
@@ -51,7 +51,11 @@ def make_generator(keys: int, dist: str, seed: int):
 
 
 async def one_point(settings: Settings, rate: float, seconds: float, keys: int, dist: str) -> dict:
-    procs = [psutil.Process(p.pid) for p in cluster.ps(settings) if p.alive]
+    infos = [p for p in cluster.ps(settings) if p.alive]
+    kafka_pid = services.status().get("kafka", {}).get("pid")
+    if kafka_pid:  # the broker's CPU is part of the cost (it shares the same cores)
+        infos.append(cluster.ProcessInfo("kafka", int(kafka_pid), "", ""))
+    procs = [psutil.Process(p.pid) for p in infos]
     me = psutil.Process()
     async with Client("ycsbt", settings=settings, timeout=120) as client:
         # warm up (topics, metadata, first epochs)
@@ -62,14 +66,20 @@ async def one_point(settings: Settings, rate: float, seconds: float, keys: int, 
         res = await run_open_loop(client, make_generator(keys, dist, 2), rate, seconds)
         wall = time.monotonic() - t0
         cpu = {}
-        for p, info in zip(procs, cluster.ps(settings), strict=False):
+        cpu_us = {}
+        done = max(1, res.committed + res.aborted)
+        for p, info in zip(procs, infos, strict=True):
             c1 = p.cpu_times()
             c0 = cpu0[p.pid]
-            cpu[f"{info.role}-{p.pid}"] = round((c1.user + c1.system - c0.user - c0.system) / wall * 100, 1)
+            used = c1.user + c1.system - c0.user - c0.system
+            cpu[f"{info.role}-{p.pid}"] = round(used / wall * 100, 1)
+            cpu_us[info.role] = round(cpu_us.get(info.role, 0) + used * 1e6 / done)
         me1 = me.cpu_times()
         cpu["loadgen"] = round((me1.user + me1.system - me0.user - me0.system) / wall * 100, 1)
     out = res.summary()
     out["cpu_percent"] = cpu
+    out["cpu_us_per_txn"] = cpu_us  # summed over processes of a role
+    out["wall_s"] = round(wall, 1)
     return out
 
 
