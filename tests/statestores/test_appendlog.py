@@ -5,6 +5,8 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import random
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -213,78 +215,91 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
         statestores.open("appendlog", tmp_path, max_runs_per_level=1)
 
 
-class AppendLogMachine(RuleBasedStateMachine):
-    """The engine against a dict through writes, reopen, crash and snapshot/restore."""
+def machine(engine: str, options: dict[str, Any]) -> type[RuleBasedStateMachine]:
+    """A state machine driving ``engine`` against a dict through writes, reopen, crash,
+    snapshot and restore (shared with the hybridlog tests)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        import tempfile
+    class Machine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.root = tempfile.mkdtemp(prefix=f"sfaas-{engine}-")
+            self.remote = remotes.PathRemote(os.path.join(self.root, "remote"))
+            self.model: dict[bytes, bytes] = {}
+            self.snaps: dict[int, dict[bytes, bytes]] = {}
+            self.sid = 0
+            self.open()
 
-        self.root = tempfile.mkdtemp(prefix="sfaas-appendlog-")
-        self.remote = remotes.PathRemote(os.path.join(self.root, "remote"))
-        self.fs = FaultyFS()
-        self.store = statestores.open("appendlog", os.path.join(self.root, "db"), remote=self.remote, fs=self.fs, **TINY)
-        self.model: dict[bytes, bytes] = {}
-        self.snaps: dict[int, dict[bytes, bytes]] = {}
-        self.sid = 0
+        def open(self) -> None:
+            self.fs = FaultyFS()
+            path = os.path.join(self.root, "db")
+            self.store = statestores.open(engine, path, remote=self.remote, fs=self.fs, **options)
 
-    keys = st.sampled_from([b"a", b"b", b"c", b"d", b"e" * 50])
-    values = st.binary(max_size=60)
+        keys = st.sampled_from([b"a", b"b", b"c", b"d", b"e" * 50])
+        values = st.binary(max_size=60)
 
-    @rule(k=keys, v=values)
-    def put(self, k: bytes, v: bytes) -> None:
-        self.store.put(k, v)
-        self.model[k] = v
+        @rule(k=keys, v=values)
+        def put(self, k: bytes, v: bytes) -> None:
+            self.store.put(k, v)
+            self.model[k] = v
 
-    @rule(k=keys)
-    def delete(self, k: bytes) -> None:
-        self.store.delete(k)
-        self.model.pop(k, None)
+        @rule(k=keys)
+        def delete(self, k: bytes) -> None:
+            self.store.delete(k)
+            self.model.pop(k, None)
 
-    @rule(ops=st.lists(st.tuples(keys, st.none() | values), max_size=4))
-    def batch(self, ops: list[tuple[bytes, bytes | None]]) -> None:
-        self.store.write_batch(ops)
-        for k, v in ops:
-            if v is None:
-                self.model.pop(k, None)
-            else:
-                self.model[k] = v
+        @rule(ops=st.lists(st.tuples(keys, st.none() | values), max_size=4))
+        def batch(self, ops: list[tuple[bytes, bytes | None]]) -> None:
+            self.store.write_batch(ops)
+            for k, v in ops:
+                if v is None:
+                    self.model.pop(k, None)
+                else:
+                    self.model[k] = v
 
-    @rule()
-    def crash_and_reopen(self) -> None:
-        self.fs.crash()
-        self.fs = FaultyFS()
-        self.store = statestores.open("appendlog", os.path.join(self.root, "db"), remote=self.remote, fs=self.fs, **TINY)
+        @rule()
+        def flush(self) -> None:
+            self.store.flush()
 
-    @rule()
-    def snapshot(self) -> None:
-        self.sid += 1
-        self.store.snapshot(self.sid)
-        self.snaps[self.sid] = dict(self.model)
+        @rule()
+        def crash_and_reopen(self) -> None:
+            if options.get("sync", "os") == "none":
+                self.store.flush()  # without a log only flushed writes survive a crash
+            self.fs.crash()
+            self.open()
 
-    @precondition(lambda self: self.snaps)
-    @rule(data=st.data())
-    def restore(self, data: st.DataObject) -> None:
-        sid = data.draw(st.sampled_from(sorted(self.snaps)))
-        self.store.restore(sid)
-        self.model = dict(self.snaps[sid])
-        self.snaps = {i: m for i, m in self.snaps.items() if i <= sid}
-        self.sid = max(self.sid, sid)
+        @rule()
+        def snapshot(self) -> None:
+            self.sid += 1
+            self.store.snapshot(self.sid)
+            self.snaps[self.sid] = dict(self.model)
 
-    @invariant()
-    def same_contents(self) -> None:
-        assert dict(self.store.items()) == self.model
-        for k in (b"a", b"e" * 50):
-            assert self.store.get(k) == self.model.get(k)
+        @precondition(lambda self: self.snaps)
+        @rule(data=st.data())
+        def restore(self, data: st.DataObject) -> None:
+            sid = data.draw(st.sampled_from(sorted(self.snaps)))
+            self.store.restore(sid)
+            self.model = dict(self.snaps[sid])
+            self.snaps = {i: m for i, m in self.snaps.items() if i <= sid}
 
-    def teardown(self) -> None:
-        import shutil
+        @invariant()
+        def same_contents(self) -> None:
+            assert dict(self.store.items()) == self.model
+            for k in (b"a", b"e" * 50):
+                assert self.store.get(k) == self.model.get(k)
 
-        self.store.close()
-        shutil.rmtree(self.root, ignore_errors=True)
+        def teardown(self) -> None:
+            self.store.close()
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    Machine.__name__ = f"{engine.capitalize()}Machine"
+    return Machine
+
+
+def run_machine(cls: type[RuleBasedStateMachine]) -> None:
+    case = cls.TestCase
+    case.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+    case().runTest()
 
 
 def test_appendlog_matches_a_dict(inline_merges: None) -> None:
-    run = AppendLogMachine.TestCase
-    run.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
-    run().runTest()
+    run_machine(machine("appendlog", TINY))

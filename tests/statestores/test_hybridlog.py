@@ -1,0 +1,192 @@
+"""The hybridlog engine on its own: in-place updates, the read-only boundary, flushes,
+the optional WAL, crashes, snapshots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import remotes
+import statestores
+from statestores import FaultyFS, InjectedFault
+
+from .test_appendlog import apply_all, inline_merges, machine, random_ops, run_machine
+
+__all__ = ["inline_merges"]  # the fixture, re-exported for pytest
+
+TINY: dict[str, Any] = {"ro_lag_interval": 3, "flush_interval": 5, "max_runs_per_level": 2}
+
+
+def test_hot_keys_are_updated_in_place(tmp_path: Path) -> None:
+    with statestores.open("hybridlog", tmp_path, ro_lag_interval=4, flush_interval=4) as s:
+        for i in range(1000):
+            s.put(b"hot%d" % (i % 3), b"%d" % i)
+        st = s.stats()
+        assert st["mutable_records"] == 3 and st["boundary_advances"] == 0 and st["segments"] == 0
+        assert [s.get(b"hot%d" % j) for j in range(3)] == [b"999", b"997", b"998"]
+
+
+def test_the_boundary_advances_and_read_only_records_are_flushed(tmp_path: Path) -> None:
+    with statestores.open("hybridlog", tmp_path, ro_lag_interval=4, flush_interval=8) as s:
+        for i in range(4):
+            s.put(b"k%d" % i, b"a")
+        s.put(b"k4", b"b")  # a new key with a full mutable region: the region turns read-only
+        st = s.stats()
+        assert (st["mutable_records"], st["read_only_records"], st["segments"]) == (1, 4, 0)
+        s.put(b"k0", b"c")  # k0 is read-only: the update is appended to the tail
+        assert s.get(b"k0") == b"c" and s.stats()["read_only_records"] == 4
+        for i in range(5, 12):
+            s.put(b"k%d" % i, b"d")
+        st = s.stats()
+        assert st["segments"] == 1 and st["flushes"] == 1 and st["read_only_records"] == 0
+        assert s.get(b"k1") == b"a" and s.get(b"k0") == b"c" and s.get(b"k11") == b"d"
+
+
+def test_regions_and_log_files_agree_with_a_dict(tmp_path: Path, inline_merges: None) -> None:
+    model: dict[bytes, bytes] = {}
+    with statestores.open("hybridlog", tmp_path, **TINY) as s:
+        apply_all(s, random_ops(5, 3000), model)
+        st = s.stats()
+        assert st["flushes"] > 50 and st["merges_done"] > 10 and st["keys"] == len(model)
+        assert dict(s.items()) == model
+    with statestores.open("hybridlog", tmp_path, **TINY) as s:
+        assert dict(s.items()) == model
+
+
+def test_sync_none_crash_keeps_exactly_the_last_flush(tmp_path: Path) -> None:
+    fs = FaultyFS()
+    s = statestores.open("hybridlog", tmp_path, fs=fs)
+    s.put(b"a", b"1")
+    s.write_batch([(b"b", b"2"), (b"c", b"3")])
+    s.flush()
+    s.put(b"a", b"changed")
+    s.delete(b"b")
+    assert s.get(b"a") == b"changed" and s.get(b"b") is None
+    fs.crash()
+    with statestores.open("hybridlog", tmp_path) as r:
+        assert dict(r.items()) == {b"a": b"1", b"b": b"2", b"c": b"3"}
+
+
+def test_sync_os_replays_the_wal_and_truncates_a_torn_tail(tmp_path: Path) -> None:
+    fs = FaultyFS()
+    s = statestores.open("hybridlog", tmp_path, sync="os", ro_lag_interval=2, flush_interval=100, fs=fs)
+    s.put(b"a", b"1")
+    s.put(b"b", b"2")
+    s.put(b"c", b"3")  # advance: a, b read-only (older WAL), c mutable (active WAL)
+    s.write_batch([(b"a", None), (b"d", b"4")])
+    wals = s.stats()["wals"]
+    assert len(wals) == 2
+    fs.crash()
+    with open(tmp_path / wals[-1], "ab") as f:
+        f.write(b"\x07torn record")
+    with statestores.open("hybridlog", tmp_path, sync="os") as r:
+        assert dict(r.items()) == {b"b": b"2", b"c": b"3", b"d": b"4"}
+
+
+def test_wal_of_a_sync_os_run_becomes_a_log_file_under_sync_none(tmp_path: Path) -> None:
+    fs = FaultyFS()
+    s = statestores.open("hybridlog", tmp_path, sync="os", fs=fs)
+    s.put(b"a", b"1")
+    fs.crash()
+    with statestores.open("hybridlog", tmp_path) as r:
+        assert r.get(b"a") == b"1"
+        assert r.stats()["wals"] == [] and r.stats()["segments"] == 1
+    assert not list(tmp_path.glob("*.wal"))
+
+
+def test_deletes_of_keys_never_flushed_leave_no_tombstone_on_disk(tmp_path: Path) -> None:
+    with statestores.open("hybridlog", tmp_path) as s:
+        s.put(b"old", b"1")
+        s.flush()
+        s.put(b"young", b"2")
+        s.delete(b"young")
+        s.delete(b"old")
+        s.delete(b"never")
+        s.flush()
+    data = b"".join(p.read_bytes() for p in tmp_path.glob("*.log"))
+    assert b"young" not in data and b"never" not in data
+    assert data.count(b"old") == 2  # the value and its tombstone
+    with statestores.open("hybridlog", tmp_path) as s:
+        assert dict(s.items()) == {}
+
+
+def test_a_small_update_uploads_a_small_file(tmp_path: Path) -> None:
+    remote = remotes.PathRemote(tmp_path / "remote")
+    with statestores.open("hybridlog", tmp_path / "db", remote=remote) as s:
+        for i in range(5000):
+            s.put(b"key%06d" % i, b"v" * 100)
+        first = s.snapshot(1)
+        for i in range(0, 5000, 100):
+            s.put(b"key%06d" % i, b"w" * 100)
+        second = s.snapshot(2)
+        assert second.files_uploaded == 2
+        assert second.bytes_uploaded < 0.05 * first.bytes_uploaded
+    with statestores.open("hybridlog", tmp_path / "restored", remote=remote) as r:
+        assert r.get(b"key000100") == b"w" * 100 and r.get(b"key000101") == b"v" * 100
+        assert r.stats()["keys"] == 5000
+
+
+def test_corrupt_value_in_a_log_file_is_reported_not_returned(tmp_path: Path) -> None:
+    with statestores.open("hybridlog", tmp_path) as s:
+        for i in range(100):
+            s.put(b"key%03d" % i, b"value-%03d" % i)
+    (seg,) = tmp_path.glob("*.log")
+    data = bytearray(seg.read_bytes())
+    data[data.index(b"value-042") + 6] ^= 0x10
+    seg.write_bytes(bytes(data))
+    with statestores.open("hybridlog", tmp_path) as s:
+        assert s.get(b"key041") == b"value-041"
+        with pytest.raises(statestores.CorruptionError, match=seg.name):
+            s.get(b"key042")
+
+
+@pytest.mark.parametrize("sync", ["os", "none"])
+def test_crash_at_every_call_with_merges(tmp_path: Path, inline_merges: None, sync: str) -> None:
+    ops = random_ops(9, 50, nkeys=8)
+    opts = dict(TINY, sync=sync)
+    probe = FaultyFS()
+    with statestores.open("hybridlog", tmp_path / "probe", fs=probe, **opts) as s:
+        apply_all(s, ops, {})
+    for fail_at in range(1, probe.calls + 1):
+        d = tmp_path / f"db{fail_at}"
+        fs = FaultyFS(fail_at, torn=True, seed=fail_at)
+        prefixes: list[dict[bytes, bytes]] = [{}]
+        model: dict[bytes, bytes] = {}
+        try:
+            s = statestores.open("hybridlog", d, fs=fs, **opts)
+            for op in ops:
+                apply_all(s, [op], model)
+                prefixes.append(dict(model))
+        except InjectedFault:
+            pass
+        fs.crash()
+        model_in_flight = dict(model)
+        if len(prefixes) <= len(ops):
+            apply_all_model(model_in_flight, ops[len(prefixes) - 1])
+        with statestores.open("hybridlog", d, **opts) as r:
+            got = dict(r.items())
+        if sync == "os":  # every acknowledged write, plus possibly the one in flight
+            assert got in (model, model_in_flight), f"crash at call {fail_at}"
+        else:  # some prefix of the writes: nothing torn, nothing resurrected
+            assert got in prefixes + [model_in_flight], f"crash at call {fail_at}"
+
+
+def apply_all_model(model: dict[bytes, bytes], op: tuple[bytes, bytes | None]) -> None:
+    k, v = op
+    if v is None:
+        model.pop(k, None)
+    else:
+        model[k] = v
+
+
+def test_bad_options_are_named(tmp_path: Path) -> None:
+    for name in ("ro_lag_interval", "flush_interval"):
+        with pytest.raises(ValueError, match=name):
+            statestores.open("hybridlog", tmp_path, **{name: 0})
+
+
+@pytest.mark.parametrize("sync", ["none", "os"])
+def test_hybridlog_matches_a_dict(inline_merges: None, sync: str) -> None:
+    run_machine(machine("hybridlog", dict(TINY, sync=sync)))
