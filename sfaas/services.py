@@ -431,7 +431,7 @@ def _minio_usable(s: ServiceSettings) -> bool:
         http.clear()
 
 
-def _up_minio(s: ServiceSettings, say: Callable[[str], None], timeout: float = 60.0) -> None:
+def _up_minio(s: ServiceSettings, say: Callable[[str], None], timeout: float = 90.0) -> None:
     svc = _MINIO
     with _file_lock(svc.lock_file(s)):
         pid = svc.read_pid(s)
@@ -455,7 +455,6 @@ def _up_minio(s: ServiceSettings, say: Callable[[str], None], timeout: float = 6
             MINIO_ROOT_USER=s.minio_access_key,
             MINIO_ROOT_PASSWORD=s.minio_secret_key,
             MINIO_UPDATE="off",
-            MINIO_BROWSER="off",
         )
         argv = [
             str(binary), "server", str(data),
@@ -655,7 +654,7 @@ def _kafka_usable(s: ServiceSettings) -> bool:
     return result[0]
 
 
-def _up_kafka(s: ServiceSettings, say: Callable[[str], None], timeout: float = 90.0) -> None:
+def _up_kafka(s: ServiceSettings, say: Callable[[str], None], timeout: float = 180.0) -> None:
     svc = _KAFKA
     with _file_lock(svc.lock_file(s)):
         pid = svc.read_pid(s)
