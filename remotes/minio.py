@@ -20,7 +20,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import certifi
 import urllib3
@@ -147,6 +147,13 @@ class MinioRemote(Remote):
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
 
+        # What pickling needs to rebuild this remote in another process (pools and locks
+        # cannot travel); it holds the secret, so it is never logged or printed.
+        self._init_args: dict[str, Any] = dict(
+            endpoint=("https://" if secure else "http://") + endpoint, access_key=access_key,
+            secret_key=secret_key, bucket=bucket, prefix=prefix, region=region, retry=retry,
+            pool_size=pool_size, connect_timeout=connect_timeout, read_timeout=read_timeout,
+        )
         self.endpoint = endpoint
         self.bucket = bucket
         self.secure = bool(secure)
@@ -173,6 +180,9 @@ class MinioRemote(Remote):
         self._bucket_lock = threading.Lock()
         self._bucket_ready = False
         self._gc_lock = threading.Lock()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self._init_args,))
 
     def __repr__(self) -> str:
         return f"MinioRemote({self.endpoint!r}, bucket={self.bucket!r}, prefix={self.prefix!r})"
@@ -444,3 +454,9 @@ class MinioRemote(Remote):
     def close(self) -> None:
         """Close pooled connections (the remote reopens them if used again)."""
         self._http.clear()
+
+
+def _rebuild(kwargs: dict[str, Any]) -> MinioRemote:
+    """Unpickle helper: a fresh MinioRemote (own pool and locks) with the same settings."""
+    kw = dict(kwargs)
+    return MinioRemote(kw.pop("endpoint"), kw.pop("access_key"), kw.pop("secret_key"), kw.pop("bucket"), **kw)

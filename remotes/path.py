@@ -78,6 +78,10 @@ class PathRemote(Remote):
         self._dirs_ready = False
         self._ensure_dirs()
 
+    def __reduce__(self) -> tuple[type[PathRemote], tuple[str]]:
+        # The lock cannot be pickled; a copy in another process gets its own.
+        return (PathRemote, (str(self.root),))
+
     def __repr__(self) -> str:
         return f"PathRemote({str(self.root)!r})"
 

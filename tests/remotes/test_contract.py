@@ -325,3 +325,18 @@ def test_concurrent_use_from_threads(remote: Remote, tmp_path: Path) -> None:
     assert len(remote.list_files()) == 6 * 8
     for t in range(6):
         assert remote.get_blob(f"blob-{t}") == f"t{t}-f7:".encode() * 8
+
+
+def test_pickled_copy_sees_the_same_namespace(remote: Remote, tmp_path: Path) -> None:
+    # e.g. handed to a merge worker process: the copy gets its own pool and locks
+    import pickle
+
+    upload(remote, tmp_path, {"before": b"1"})
+    copy = pickle.loads(pickle.dumps(remote))
+    try:
+        assert copy.list_files() == {"before": 1}
+        copy.put_blob("from-copy", b"hi")
+        assert remote.get_blob("from-copy") == b"hi"
+        assert repr(copy) == repr(remote)
+    finally:
+        copy.close()
