@@ -24,6 +24,7 @@ from sfaas import channels, wire
 from sfaas.errors import ChannelClosed, ClusterError
 from sfaas.kafka import ensure_topics
 from sfaas.settings import Settings
+from sfaas.txn.epochs import execution_finished
 
 log = logging.getLogger("sfaas.coordinator")
 
@@ -169,9 +170,7 @@ class Coordinator:
             if msg.epoch != epoch:
                 raise ClusterError(f"Report for epoch {msg.epoch} during epoch {epoch}")
             latest[msg.index] = msg
-            if len(latest) == n and all(
-                latest[i].sent[j] == latest[j].served[i] for i in range(n) for j in range(n)
-            ):
+            if execution_finished(n, {i: (r.sent, r.served) for i, r in latest.items()}):
                 return list(latest.values())
 
     def _broadcast(self, msg: wire.Message) -> None:

@@ -161,15 +161,14 @@ def ps(settings: Settings) -> list[ProcessInfo]:
     return out
 
 
-def down(settings: Settings, timeout: float = 15.0) -> list[ProcessInfo]:
-    """Stop the local cluster's processes (TERM, then KILL after ``timeout``)."""
-    procs = ps(settings)
-    for p in procs:  # the coordinator first: it tells workers to stop cleanly
-        if p.alive:
-            try:
-                os.kill(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_gone(procs: list[ProcessInfo], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     for p in procs:
         while _alive(p.pid) and time.monotonic() < deadline:
@@ -178,12 +177,27 @@ def down(settings: Settings, timeout: float = 15.0) -> list[ProcessInfo]:
                 os.waitpid(p.pid, os.WNOHANG)
             except ChildProcessError:
                 pass
+
+
+def down(settings: Settings, timeout: float = 15.0) -> list[ProcessInfo]:
+    """Stop the local cluster's processes (TERM, then KILL after ``timeout``).
+
+    The coordinator goes first: it tells the workers to stop, so they close Kafka clients
+    and stores cleanly; workers still running after a few seconds get their own TERM.
+    """
+    procs = ps(settings)
+    coords = [p for p in procs if p.role == "coordinator" and p.alive]
+    for p in coords:
+        _signal(p.pid, signal.SIGTERM)
+    _wait_gone(procs, 5.0 if coords else 0.0)
+    for p in procs:
+        if _alive(p.pid):
+            _signal(p.pid, signal.SIGTERM)
+    _wait_gone(procs, timeout)
+    for p in procs:
         if _alive(p.pid):
             log.warning("%s pid %d ignored SIGTERM; killing", p.role, p.pid)
-            try:
-                os.kill(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _signal(p.pid, signal.SIGKILL)
     sd = state_dir(settings)
     (sd / "cluster.json").unlink(missing_ok=True)
     (sd / "ready").unlink(missing_ok=True)

@@ -22,7 +22,7 @@ writes; the worker owning each key records which tids read and wrote it. At the 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ __all__ = [
     "decide",
     "AccessLog",
     "Sequencer",
+    "execution_finished",
     "MAX_WORKERS",
     "MAX_SEQ",
 ]
@@ -168,6 +169,21 @@ class AccessLog:
             for (op, key), value in w.items():
                 batches.setdefault(op, []).append((key.encode(), value))
         return batches
+
+
+def execution_finished(
+    n_workers: int, counters: Mapping[int, tuple[Sequence[int], Sequence[int]]]
+) -> bool:
+    """Whether an epoch's execution is over, given each worker's latest ``(sent, served)``.
+
+    ``sent[j]``/``served[j]``: calls a worker sent to / finished serving for worker ``j``.
+    Over when every worker reported (its roots are done) and every call sent was served.
+    """
+    if len(counters) < n_workers:
+        return False
+    return all(
+        counters[i][0][j] == counters[j][1][i] for i in range(n_workers) for j in range(n_workers)
+    )
 
 
 @dataclass(order=True)

@@ -169,3 +169,18 @@ def test_sequencer_bounds_reruns_lowest_tids_first() -> None:
     assert [t for t, _ in seq.batch(9, [], max_retries=2)] == [10, 30]
     assert seq.pending_retries == 1
     assert [t for t, _ in seq.batch(10, [])] == [50]
+
+
+def test_execution_is_finished_only_when_every_call_sent_was_served() -> None:
+    from sfaas.txn.epochs import execution_finished
+
+    # worker 0 sent 2 calls to worker 1; worker 1 has served only one so far
+    assert not execution_finished(2, {0: ([0, 2], [0, 0]), 1: ([0, 0], [1, 0])})
+    assert execution_finished(2, {0: ([0, 2], [0, 0]), 1: ([0, 0], [2, 0])})
+    # a worker that has not reported yet (roots still running) blocks the barrier
+    assert not execution_finished(2, {0: ([0, 0], [0, 0])})
+    # nested: 1 served 0's call and called 2, whose serve is not reported yet
+    three = {0: ([0, 1, 0], [0, 0, 0]), 1: ([0, 0, 1], [1, 0, 0]), 2: ([0, 0, 0], [0, 0, 0])}
+    assert not execution_finished(3, three)
+    three[2] = ([0, 0, 0], [0, 1, 0])
+    assert execution_finished(3, three)
