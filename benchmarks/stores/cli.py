@@ -7,6 +7,7 @@ progress bar. An engine that fails or hangs is reported in the tables and the ru
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -178,6 +179,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--minio", action="store_true", help="snapshot to the MinIO of sfaas.services instead of a directory")
     p.add_argument("--workdir", default=None, help="where stores are created (default: a fresh temp dir, removed afterwards)")
     p.add_argument("--timeout", type=float, default=None, help="seconds before one child task is killed")
+    p.add_argument("--from-json", default=None, metavar="PATH",
+                   help="do not measure: re-render tables, plots and README from a results(.partial).json")
     a = p.parse_args(argv)
     if a.repeat is not None and a.repeat < 1:
         p.error(f"--repeat must be >= 1, got {a.repeat}")
@@ -188,6 +191,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmarks; exit status 0 even when engines fail (the tables say so)."""
     args = _parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        _publish(args, saved["meta"], saved["raw"])
+        return 0
     mode = "quick" if args.quick else "full"
     sizes = SIZES[mode]
     if args.repeat is not None:
@@ -197,9 +205,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = args.workdir or tempfile.mkdtemp(prefix="sfaas-bench-")
     os.makedirs(workdir, exist_ok=True)
     if args.minio:
-        from sfaas import services
-
-        services.up(kafka=False, minio=True)
         remote: dict[str, Any] = {"kind": "minio", "bucket": "sfaas-bench"}
     else:
         remote = {"kind": "path", "root": os.path.join(workdir, "remote")}
@@ -218,8 +223,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "durability": {e: ENGINES[e].durability for e in args.engines},
     }
     raw: list[dict[str, Any]] = []
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    partial = os.path.join(out, "results.partial.json")
     t_start = time.perf_counter()
-    try:
+    with contextlib.ExitStack() as stack:
+        if args.workdir is None:
+            stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        if args.minio:
+            from sfaas import services
+
+            # A lease: MinIO is started if needed, and stopped afterwards only if we started it.
+            stack.enter_context(services.using(minio=True, progress=lambda msg: log.info("%s", msg)))
         with tqdm(total=len(tasks), unit="task", dynamic_ncols=True) as bar:
             for task in tasks:
                 label = _label(task)
@@ -235,11 +250,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if "error" in res:
                     tqdm.write(f"{label}: ERROR {res['error']}")
                 raw.append({"task": {k: v for k, v in task.items() if k not in ("workdir", "path", "remote_spec")}, **res})
+                # so an interrupted run still leaves its numbers behind
+                report.write_json(partial, {"meta": meta, "raw": raw})
                 bar.update(1)
-    finally:
-        if args.workdir is None:
-            shutil.rmtree(workdir, ignore_errors=True)
     meta["seconds"] = time.perf_counter() - t_start
+    os.makedirs(out, exist_ok=True)
+    _publish(args, meta, raw)
+    os.remove(partial)
+    return 0
+
+
+def _publish(args: argparse.Namespace, meta: dict[str, Any], raw: list[dict[str, Any]]) -> None:
+    """Summaries, plots, JSON, profiles, the printed tables and the README section."""
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     summary = report.summarize(raw, meta)
@@ -251,7 +273,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_readme:
         report.rewrite_readme(args.readme, md)
         log.info("results written to %s and %s", out, args.readme)
-    return 0
 
 
 def _build_failed(raw: list[dict[str, Any]], engine: str) -> bool:

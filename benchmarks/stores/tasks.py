@@ -466,8 +466,26 @@ def run_profile(engine: str, n_keys: int, n_ops: int, workdir: str, emit: Emit, 
 
 
 def _trim_pstats(text: str) -> str:
-    """Drop pstats' preamble lines, keep the totals line and the table; shorten paths."""
+    """Keep pstats' totals line and its table; shorten file paths to the repo or package."""
     lines = [ln for ln in text.splitlines() if ln.strip()]
-    keep = [ln for ln in lines if "function calls" in ln or ln.lstrip().startswith(("ncalls",)) or ln[:1] == " " and ":" in ln]
+    keep: list[str] = []
+    in_table = False
+    for ln in lines:
+        if "function calls" in ln:
+            keep.append(ln)
+        elif ln.lstrip().startswith("ncalls"):
+            in_table = True
+            keep.append(ln)
+        elif in_table:
+            keep.append(ln)
     cwd = os.getcwd() + os.sep
-    return "\n".join(ln.replace(cwd, "") for ln in keep)
+    out = []
+    for ln in keep:
+        ln = ln.replace(cwd, "")
+        for marker in ("site-packages/", "lib/python3.11/"):
+            i = ln.find(marker)
+            if i >= 0:
+                j = ln.rfind(" ", 0, i)
+                ln = ln[: j + 1] + ln[i + len(marker) :]
+        out.append(ln)
+    return "\n".join(out)
