@@ -95,7 +95,8 @@ class Coordinator:
                 os.replace(tmp, s.ready_file)
             watchdog = asyncio.create_task(self._watchdog())
             loop_task = asyncio.create_task(self._epochs())
-            done, _ = await asyncio.wait([loop_task, self._lost], return_when=asyncio.FIRST_COMPLETED)
+            waiters: list[asyncio.Future[Any]] = [loop_task, self._lost]
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             watchdog.cancel()
             loop_task.cancel()
             if self._lost.done():

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +61,7 @@ class Function:
     signature: inspect.Signature
     arity: tuple[int, int] = (0, 0)
 
-    def check_args(self, operator: str, args: tuple[Any, ...] | list[Any]) -> None:
+    def check_args(self, operator: str, args: Sequence[Any]) -> None:
         """Raise :class:`BadArguments` if ``args`` do not fit (the ctx argument excluded)."""
         lo, hi = self.arity
         if lo <= len(args) <= hi:

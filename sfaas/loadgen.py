@@ -8,6 +8,7 @@ Used by ``sfaas demo`` and the runtime benchmark.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import random
@@ -136,7 +137,7 @@ async def run_open_loop(
         t0 = time.perf_counter()
         fut = await client.submit(spec[0], spec[1], spec[2], *spec[3])
         outstanding.add(fut)
-        fut.add_done_callback(lambda f, spec=spec, t0=t0: on_reply(spec, t0, f))
+        fut.add_done_callback(functools.partial(on_reply, spec, t0))
         res.sent += 1
     res.seconds = max(seconds, loop.time() - start)
     if outstanding:

@@ -32,8 +32,10 @@ import asyncio
 import base64
 import contextlib
 import fcntl
+import json
 import logging
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -70,6 +72,8 @@ log = logging.getLogger(__name__)
 MINIO_MODULE = "github.com/minio/minio"
 MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 KAFKA_VERSION = "4.3.1"
+# Go that MinIO's go.mod asks for (`toolchain` line); fetched when the local Go is < 1.21.
+GO_TOOLCHAIN = "go1.24.8"
 SCALA_VERSION = "2.13"
 LOG4J_VERSION = "2.24.3"
 
@@ -358,17 +362,12 @@ def ensure_minio_binary(progress: Progress = True) -> Path:
         go = _which("go", ("/usr/local/go/bin/go", "/usr/lib/go/bin/go"))
         if go is None:
             raise ServiceError(
-                "building MinIO needs Go >= 1.24, and `go` is not on PATH: install it from "
-                "https://go.dev/dl (to /usr/local/go) or `apt-get install golang-1.24-go` "
-                "(bookworm-backports), or put a minio binary at " + str(binary)
+                "building MinIO needs Go, and `go` is not on PATH: `apt-get install golang-go` "
+                "(any version: an older Go fetches Go >= 1.24 from the module proxy), or install "
+                "Go from https://go.dev/dl, or put a minio binary at " + str(binary)
             )
-        version = _go_version(go)
-        if version < (1, 21):
-            raise ServiceError(
-                f"{go} is Go {'.'.join(map(str, version))}; building MinIO needs Go >= 1.24 "
-                "(Go >= 1.21 fetches it by itself): install Go from https://go.dev/dl or "
-                "`apt-get install -t bookworm-backports golang-go`"
-            )
+        if _go_version(go) < (1, 21):
+            go = _fetch_go_toolchain(go, s, say)
         binary.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=binary.parent, prefix=".gobin-") as gobin:
             env = dict(os.environ, GOBIN=gobin, GOFLAGS="-mod=mod")
@@ -389,6 +388,52 @@ def ensure_minio_binary(progress: Progress = True) -> Path:
             os.replace(Path(gobin) / "minio", binary)
             say(f"built {binary} in {time.monotonic() - t0:.0f}s")
     return binary
+
+
+def _fetch_go_toolchain(go: str, s: ServiceSettings, say: Callable[[str], None]) -> str:
+    """A Go >= 1.24 for building MinIO, fetched with an older ``go`` (e.g. Debian's 1.19).
+
+    Go publishes its toolchains as the module ``golang.org/toolchain`` on the module proxy
+    (this is what ``GOTOOLCHAIN=auto`` uses from Go 1.21 on); older Go can download that
+    module like any other. Module zips drop file modes, so the binaries are made
+    executable again after the copy into the cache.
+    """
+    arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine())
+    if arch is None:
+        raise ServiceError(f"no Go toolchain known for machine {platform.machine()!r}; install Go >= 1.24")
+    dest = s.cache_dir / "go" / GO_TOOLCHAIN
+    gobin = dest / "bin" / "go"
+    if os.access(gobin, os.X_OK):
+        return str(gobin)
+    module = f"golang.org/toolchain@v0.0.1-{GO_TOOLCHAIN}.linux-{arch}"
+    say(f"{go} is older than Go 1.21; fetching {module} from the Go module proxy")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".fetch-") as work:
+        env = dict(os.environ, GOMODCACHE=str(Path(work) / "modcache"), GOFLAGS="-mod=mod", GO111MODULE="on")
+        try:
+            res = subprocess.run(
+                [go, "mod", "download", "-json", module],
+                cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            )
+            info = json.loads(res.stdout) if res.stdout.strip() else {}
+            if res.returncode != 0 or not info.get("Dir"):
+                raise ServiceError(
+                    f"`go mod download {module}` failed (exit {res.returncode}): "
+                    f"{info.get('Error') or res.stderr.strip()[-2000:]}"
+                )
+            staged = Path(work) / "go"
+            shutil.copytree(info["Dir"], staged)
+            for sub in ("bin", f"pkg/tool/linux_{arch}"):
+                for f in (staged / sub).glob("*"):
+                    if f.is_file():
+                        f.chmod(0o755)
+            os.replace(staged, dest)
+        finally:
+            # the module cache is read-only by design; let go remove it
+            subprocess.run([go, "clean", "-modcache"], env=env, cwd=work, capture_output=True,
+                           stdin=subprocess.DEVNULL)
+    say(f"Go toolchain {GO_TOOLCHAIN} in {dest}")
+    return str(gobin)
 
 
 def _go_version(go: str) -> tuple[int, ...]:
@@ -834,7 +879,6 @@ def using(*, kafka: bool = False, minio: bool = False, progress: Progress = True
 def main(argv: list[str] | None = None) -> int:
     """``python -m sfaas.services {up,down,status} [--kafka-only|--minio-only]`` (for scripts)."""
     import argparse
-    import json
     import sys
 
     parser = argparse.ArgumentParser(prog="python -m sfaas.services", description=main.__doc__)

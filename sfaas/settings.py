@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,9 +66,12 @@ class Settings:
     ready_file: str = ""
 
     @classmethod
-    def load(cls, overrides: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> Settings:
+    def load(
+        cls, overrides: dict[str, Any] | None = None, env: Mapping[str, str] | None = None
+    ) -> Settings:
         """Defaults, then ``SFAAS_*`` variables from ``env`` (default ``os.environ``), then ``overrides``."""
-        env = os.environ if env is None else env
+        if env is None:
+            env = os.environ
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             raw = env.get(f"SFAAS_{f.name.upper()}")

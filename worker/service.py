@@ -137,7 +137,7 @@ class Worker:
             self.peers[src].send(result)
 
     def _report(self) -> None:
-        assert self.engine is not None
+        assert self.engine is not None and self.sequencer is not None
         conflicts, aborts = self.engine.votes()
         pending = len(self.ingress) + self.sequencer.pending_retries
         self._idle_reported = pending == 0
