@@ -23,6 +23,7 @@ import concurrent.futures
 import itertools
 import logging
 import os
+import struct
 import sys
 import threading
 from collections import Counter
@@ -49,6 +50,8 @@ __all__ = [
 ]
 
 _HEADER = records.HEADER
+_BODY_PACK = struct.Struct("<IIB").pack
+_CRC_PACK = struct.Struct("<I").pack
 _HEADER_SIZE = records.HEADER_SIZE
 _WRITE_CHUNK = 1 << 20
 _MISSING = object()
@@ -189,13 +192,21 @@ def write_records(
     pos = 0
     base = seq << OFFSET_BITS
     encode = records.encode
+    body_pack = _BODY_PACK
+    crc_pack = _CRC_PACK
+    add_key = keys.append
+    add_addr = addrs.append
     for k, v in items:
         if v is None:
             tombs.append(k)
+            buf += encode(k, None)
         else:
-            keys.append(k)
-            addrs.append(base + pos + len(buf))
-        buf += encode(k, v)
+            add_key(k)
+            add_addr(base + pos + len(buf))
+            # records.encode, inlined: this loop runs once per record of every flush
+            body = body_pack(len(k), len(v), 0) + k + v
+            buf += crc_pack(crc32c(body))
+            buf += body
         if len(buf) >= _WRITE_CHUNK:
             fs.write(fd, buf)
             pos += len(buf)
