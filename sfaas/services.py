@@ -409,7 +409,7 @@ def _fetch_go_toolchain(go: str, s: ServiceSettings, say: Callable[[str], None])
     say(f"{go} is older than Go 1.21; fetching {module} from the Go module proxy")
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".fetch-") as work:
-        env = dict(os.environ, GOMODCACHE=str(Path(work) / "modcache"), GOFLAGS="-mod=mod", GO111MODULE="on")
+        env = dict(os.environ, GOMODCACHE=str(Path(work) / "modcache"), GO111MODULE="on")
         try:
             res = subprocess.run(
                 [go, "mod", "download", "-json", module],

@@ -111,7 +111,7 @@ def test_missing_build_tools_give_apt_hints(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(services, "_which", lambda tool, extra=(): None)
     with pytest.raises(ServiceError, match="apt-get install maven"):
         services.ensure_kafka_libs(progress=False)
-    with pytest.raises(ServiceError, match="Go >= 1.24"):
+    with pytest.raises(ServiceError, match="apt-get install golang-go"):
         services.ensure_minio_binary(progress=False)
 
 
