@@ -299,7 +299,7 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any], plots: list[str], re
                 )
             )
             parts.append(
-                f"\n\nData: {s['n_keys'] * 116 / 2**20:.1f} MB of keys+values. RSS Δ: child RSS at the end minus before open; "
+                f"\n\nData: {s['n_keys'] * 116 / 2**20:.1f} MB of keys+values. RSS Δ: child RSS after the put and get phases minus before open; "
                 "anon = anonymous memory only (excludes mmap'd file pages). "
                 "Disk: store directory after `close()`.\n"
             )

@@ -7,8 +7,8 @@ Methodology (also in ``benchmarks/README.md``):
 * **Latency**: a separate pass in which *every* op is timed individually with
   ``perf_counter_ns`` (the timer's own cost, reported as ``timer_overhead_ns``, is not
   subtracted); p50/p99 over those samples.
-* **Memory**: RSS (``/proc/self/statm``) of the child after loading and after the whole
-  run, minus its RSS before opening the store (the workload lists already exist then).
+* **Memory**: RSS (``/proc/self/statm``) of the child after loading and after the put and
+  get phases, minus its RSS before opening the store (the workload lists already exist then).
 * **Disk**: apparent bytes of the store directory after ``close()``.
 """
 
@@ -185,18 +185,20 @@ def run_kv(engine: str, dist: str, n_keys: int, n_ops: int, lat_ops: int, workdi
         budget = es.phase_budget_s
         emit("put")
         put_done, put_s = _timed_puts(h.put, w.put_keys, w.put_values, budget)
+        emit("get")
+        get_done, get_s = _timed_gets(h.get, w.get_keys, budget)
+        # memory before the latency passes and the check allocate their own lists
+        rss_end = rss_bytes()
+        anon_end = rss_anon_bytes()
         emit("put latency")
         put_lat = _latency_puts(h.put, lat_keys, lat_vals, budget)
+        emit("get latency")
+        get_lat = _latency_gets(h.get, w.get_keys[:lat_ops], budget)
+        emit("verify")
         expected = dict(pairs)
         expected.update(zip(w.put_keys[:put_done], w.put_values[:put_done], strict=True))
         expected.update(zip(lat_keys[: len(put_lat)], lat_vals[: len(put_lat)], strict=True))
-        emit("get")
-        get_done, get_s = _timed_gets(h.get, w.get_keys, budget)
-        emit("get latency")
-        get_lat = _latency_gets(h.get, w.get_keys[:lat_ops], budget)
         _verify(h, expected, 2000, seed, f"{engine} after the put phase")
-        rss_end = rss_bytes()
-        anon_end = rss_anon_bytes()
         stats = _jsonable(h.store.stats()) if h.store is not None else None
     finally:
         emit("close")
