@@ -31,13 +31,11 @@ from .base import (
     MAX_VALUE_BYTES,
     Frozen,
     Option,
-    _seq_of,
     check_key,
     check_ops,
     check_value,
 )
 from .checksum import crc32c
-from .errors import CorruptionError
 from .fs import FileSystem
 from .logfile import Segment, SegmentedStore
 
@@ -64,11 +62,7 @@ class AppendLogStore(SegmentedStore):
 
     # ------------------------------------------------------------------ open / close
 
-    def _has_local_state(self) -> bool:
-        return current.exists(self.fs, self.directory)
-
     def _open(self) -> None:
-        self._init_segments()
         self._active: Segment | None = None
         self._alive: dict[bytes, int] = {}  # the active segment's live keys → addresses
         self._atombs: set[bytes] = set()  # keys whose last record in the active segment is a delete
@@ -76,11 +70,7 @@ class AppendLogStore(SegmentedStore):
         # the real file system's write is os.write; calling it directly saves a Python frame per put
         self._direct = type(self.fs) is FileSystem and self.sync == "os"
         self._rolls = 0
-        state = current.read(self.fs, self.directory)
-        self._seq = int(state.get("seq", 0))
-        self._load_sealed(state.get("segments", []))
-        prefix = self.PREFIX + "-"
-        self._seq = max([self._seq] + [_seq_of(n) for n in self.fs.listdir(self.directory) if n.startswith(prefix)])
+        state = self._open_segments()
         active = state.get("active")
         if active and self.fs.exists(self._path(active)):
             self._open_active(active)
@@ -313,18 +303,13 @@ class AppendLogStore(SegmentedStore):
 
     def _freeze(self) -> Frozen:
         self._roll()
-        return Frozen(self._sealed_files(), {"segments": self._sealed_doc()})
+        return self._frozen()
 
     def _install(self, manifest: Manifest, next_seq: int) -> None:
-        entries = manifest.meta.get("segments")
-        if not isinstance(entries, list):
-            raise CorruptionError(f"manifest {manifest.snapshot_id}", "appendlog manifest lacks its segment list")
-        self._drop_segments()
+        self._install_segments(manifest, next_seq)
         self._active = None
         self._alive = {}
         self._atombs = set()
-        self._seq = max(self._seq, next_seq - 1)
-        self._load_sealed(entries)
         active = self._start_active()
         self._write_current()
         self._remove_strays(set(self._sealed_files()) | {active.name})

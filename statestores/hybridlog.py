@@ -45,12 +45,10 @@ from .base import (
     MAX_VALUE_BYTES,
     Frozen,
     Option,
-    _seq_of,
     check_key,
     check_ops,
     check_value,
 )
-from .errors import CorruptionError
 from .fs import FileSystem
 from .logfile import SegmentedStore
 
@@ -73,11 +71,7 @@ class HybridLogStore(SegmentedStore):
 
     # ------------------------------------------------------------------ open / close
 
-    def _has_local_state(self) -> bool:
-        return current.exists(self.fs, self.directory)
-
     def _open(self) -> None:
-        self._init_segments()
         self._mut: dict[bytes, bytes | None] = {}
         self._ro: dict[bytes, bytes | None] = {}
         self._lag: int = self.options["ro_lag_interval"]
@@ -87,11 +81,7 @@ class HybridLogStore(SegmentedStore):
         self._direct = type(self.fs) is FileSystem and self.sync == "os"
         self._advances = 0
         self._flushes = 0
-        state = current.read(self.fs, self.directory)
-        self._seq = int(state.get("seq", 0))
-        self._load_sealed(state.get("segments", []))
-        prefix = self.PREFIX + "-"
-        self._seq = max([self._seq] + [_seq_of(n) for n in self.fs.listdir(self.directory) if n.startswith(prefix)])
+        state = self._open_segments()
         wals = [w for w in state.get("wals", []) if self.fs.exists(self._path(w))]
         for i, w in enumerate(wals):
             region = self._replay(w)
@@ -299,21 +289,16 @@ class HybridLogStore(SegmentedStore):
     def _freeze(self) -> Frozen:
         if self._mut or self._ro:
             self._flush_all()
-        return Frozen(self._sealed_files(), {"segments": self._sealed_doc()})
+        return self._frozen()
 
     def _install(self, manifest: Manifest, next_seq: int) -> None:
-        entries = manifest.meta.get("segments")
-        if not isinstance(entries, list):
-            raise CorruptionError(f"manifest {manifest.snapshot_id}", "hybridlog manifest lacks its segment list")
-        self._drop_segments()
+        self._install_segments(manifest, next_seq)
         self._mut = {}
         self._ro = {}
         if self._wal_fd is not None:
             self.fs.close(self._wal_fd)
             self._wal_fd = None
         self._wals = []
-        self._seq = max(self._seq, next_seq - 1)
-        self._load_sealed(entries)
         if self.sync != "none":
             self._start_wal()
         self._write_current()

@@ -31,8 +31,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from . import background, hints, records
-from .base import Option, RestoreInfo, Store, _seq_of
+from remotes.manifest import Manifest
+
+from . import background, current, hints, records
+from .base import Frozen, Option, RestoreInfo, Store, _seq_of
 from .checksum import crc32c
 from .errors import CorruptionError, StoreError
 from .fs import FileSystem
@@ -371,6 +373,39 @@ class SegmentedStore(Store):
         self._merges_done = 0
         self._merge_failures = 0
         self._merged_bytes = 0
+
+    def _has_local_state(self) -> bool:
+        return current.exists(self.fs, self.directory)
+
+    def _open_segments(self) -> dict[str, Any]:
+        """Reset, read ``CURRENT``, load its sealed segments; return the ``CURRENT`` document.
+
+        The sequence counter continues above every name in the directory (strays too), so
+        a name is never reused for other bytes.
+        """
+        self._init_segments()
+        state = current.read(self.fs, self.directory)
+        self._seq = int(state.get("seq", 0))
+        self._load_sealed(state.get("segments", []))
+        prefix = self.PREFIX + "-"
+        names = [n for n in self.fs.listdir(self.directory) if n.startswith(prefix)]
+        self._seq = max([self._seq] + [_seq_of(n) for n in names])
+        return state
+
+    def _install_segments(self, manifest: Manifest, next_seq: int) -> None:
+        """Drop every segment and load those of ``manifest`` (the shared part of ``_install``)."""
+        entries = manifest.meta.get("segments")
+        if not isinstance(entries, list):
+            raise CorruptionError(
+                f"manifest {manifest.snapshot_id}", f"{self.engine} manifest lacks its segment list"
+            )
+        self._drop_segments()
+        self._seq = max(self._seq, next_seq - 1)
+        self._load_sealed(entries)
+
+    def _frozen(self) -> Frozen:
+        """The sealed segments as a snapshot (after the engine made everything sealed)."""
+        return Frozen(self._sealed_files(), {"segments": self._sealed_doc()})
 
     def _next_seq(self) -> int:
         self._seq += 1

@@ -8,11 +8,17 @@ from typing import Any
 
 import pytest
 
-import remotes
 import statestores
 from statestores import FaultyFS, InjectedFault
 
-from .test_appendlog import apply_all, inline_merges, machine, random_ops, run_machine
+from .test_appendlog import (
+    apply_all,
+    check_small_update_uploads_little,
+    inline_merges,
+    machine,
+    random_ops,
+    run_machine,
+)
 
 __all__ = ["inline_merges"]  # the fixture, re-exported for pytest
 
@@ -113,19 +119,7 @@ def test_deletes_of_keys_never_flushed_leave_no_tombstone_on_disk(tmp_path: Path
 
 
 def test_a_small_update_uploads_a_small_file(tmp_path: Path) -> None:
-    remote = remotes.PathRemote(tmp_path / "remote")
-    with statestores.open("hybridlog", tmp_path / "db", remote=remote) as s:
-        for i in range(5000):
-            s.put(b"key%06d" % i, b"v" * 100)
-        first = s.snapshot(1)
-        for i in range(0, 5000, 100):
-            s.put(b"key%06d" % i, b"w" * 100)
-        second = s.snapshot(2)
-        assert second.files_uploaded == 2
-        assert second.bytes_uploaded < 0.05 * first.bytes_uploaded
-    with statestores.open("hybridlog", tmp_path / "restored", remote=remote) as r:
-        assert r.get(b"key000100") == b"w" * 100 and r.get(b"key000101") == b"v" * 100
-        assert r.stats()["keys"] == 5000
+    check_small_update_uploads_little("hybridlog", tmp_path)
 
 
 def test_corrupt_value_in_a_log_file_is_reported_not_returned(tmp_path: Path) -> None:
