@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import os
+import struct
+import threading
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
@@ -28,6 +31,7 @@ from itertools import repeat
 from typing import Any
 
 import mmh3
+from crc32c import crc32c as crc32c_raw
 
 from remotes.manifest import Manifest
 
@@ -42,8 +46,10 @@ from ..base import (
     check_key,
     check_ops,
     check_value,
+    file_crc,
 )
 from ..errors import CorruptionError
+from ..fs import FileSystem
 from . import merge as merge_mod
 from .merge import merge_sorted
 from .runfile import RunReader, decode_block, write_run
@@ -56,6 +62,10 @@ log = logging.getLogger("statestores.lsm")
 _MISS = object()
 _hash64 = mmh3.hash64
 _encode = records.encode
+_crc = crc32c_raw
+#: ``records`` body header (klen, vlen, flags); ``put`` inlines ``records.encode`` with it.
+_BODY = struct.Struct("<IIB")
+_CRC = struct.Struct("<I")
 #: Estimated bytes a memtable entry costs beyond its key and value (two bytes objects
 #: and a dict slot); used for ``memtable_bytes`` and ``memory_bytes``.
 _ENTRY_OVERHEAD = 100
@@ -81,7 +91,7 @@ class LSMStore(Store):
         "density_factor": Option(32, int, _positive, "an int >= 1 (records per fence pointer)"),
         "block_bytes": Option(4096, int, _positive, "an int >= 1 (bytes)"),
         "bloom_fpr": Option(0.01, float, lambda v: 0.0 < v < 1.0, "a float in (0, 1)"),
-        "cache_bytes": Option(16 << 20, int, lambda v: v >= 0, "an int >= 0 (bytes)"),
+        "cache_bytes": Option(32 << 20, int, lambda v: v >= 0, "an int >= 0 (bytes)"),
     }
 
     # ------------------------------------------------------------------ open
@@ -114,10 +124,15 @@ class LSMStore(Store):
         self._cache_used = 0
         self._merge: tuple[concurrent.futures.Future[dict[str, Any]], int, list[RunReader], str] | None = None
         self._paused = 0
+        self._zombies: set[str] = set()
         self._flushes = 0
         self._merges_done = 0
         self._merge_errors = 0
         self._fsync = self.sync == "fsync"
+        # The plain FileSystem's write is os.write plus a short-write loop; calling
+        # os.write directly on the put path saves a call and a memoryview. Any other
+        # FileSystem (FaultyFS) keeps seeing every write.
+        self._raw_write = type(self.fs) is FileSystem
 
     def _open(self) -> None:
         self._init_state()
@@ -153,7 +168,13 @@ class LSMStore(Store):
             "opened lsm store",
             extra={"store": self.directory, "runs": len(self._runs), "wals": len(kept), "memtable_keys": len(self._mem)},
         )
-        self._maybe_merge()
+        if any(len(lv) >= self._max_runs for lv in self._levels):
+            # Submitting may have to start the pool's process (~100 ms): not on open's clock.
+            threading.Thread(target=self._resume_merges, name="statestores-lsm-open", daemon=True).start()
+
+    def _resume_merges(self) -> None:
+        with self._lock:
+            self._maybe_merge()
 
     def _abandon(self) -> None:
         fd = getattr(self, "_wal_fd", None)
@@ -282,8 +303,15 @@ class LSMStore(Store):
         with self._lock:
             fd = self._wal_fd
             if fd is not None:
-                rec = _encode(key, value)
-                self.fs.write(fd, rec)
+                # records.encode(key, value), inlined (the same bytes; see test_lsm_wal)
+                body = _BODY.pack(len(key), len(value), 0) + key + value
+                rec = _CRC.pack(_crc(body)) + body
+                if self._raw_write:
+                    n = os.write(fd, rec)
+                    if n != len(rec):
+                        self.fs.write(fd, rec[n:])
+                else:
+                    self.fs.write(fd, rec)
                 if self._fsync:
                     self.fs.fsync(fd)
                 self._wal_bytes += len(rec)
@@ -403,6 +431,11 @@ class LSMStore(Store):
                 return
 
     def _merge_done(self, fut: concurrent.futures.Future[dict[str, Any]]) -> None:
+        # Runs on the pool's result thread: never block it on our lock (a thread holding
+        # the lock may be waiting for another future that thread has to deliver).
+        threading.Thread(target=self._install_merge, args=(fut,), name="statestores-lsm-install", daemon=True).start()
+
+    def _install_merge(self, fut: concurrent.futures.Future[dict[str, Any]]) -> None:
         try:
             with self._lock:
                 self._finish_merge(fut)
@@ -438,7 +471,13 @@ class LSMStore(Store):
         self._write_current()
         self._drop_cached(inputs)
         for r in inputs:
-            self._release_file(r.name)
+            if self._paused:
+                # A restore may be about to install a snapshot that names these files
+                # (it checked the directory before pausing us): delete them only once
+                # it is clear they are not needed (_install / _resume / _close).
+                self._zombies.add(r.name)
+            else:
+                self._release_file(r.name)
         self._merges_done += 1
         log.debug(
             "merge installed",
@@ -457,7 +496,15 @@ class LSMStore(Store):
     def _resume(self) -> None:
         with self._lock:
             self._paused = max(0, self._paused - 1)
+            if not self._paused:
+                self._release_zombies()
             self._maybe_merge()
+
+    def _release_zombies(self) -> None:
+        live = {r.name for r in self._runs} | set(self._wals)
+        zombies, self._zombies = self._zombies, set()
+        for name in zombies - live:
+            self._release_file(name)
 
     # ------------------------------------------------------------------ snapshots
 
@@ -480,7 +527,10 @@ class LSMStore(Store):
             raise CorruptionError(
                 f"manifest:{manifest.snapshot_id}", "lsm meta does not match the manifest's file list"
             )
-        old = {r.name for r in self._runs} | set(self._wals)
+        for name in sorted(named):
+            self._refetch_if_missing(manifest, name)
+        old = {r.name for r in self._runs} | set(self._wals) | self._zombies
+        self._zombies = set()
         self._seq = max(self._seq, next_seq - 1)
         if self._wal_fd is not None:
             self.fs.close(self._wal_fd)
@@ -503,9 +553,28 @@ class LSMStore(Store):
         for name in old - named:
             self._release_file(name)
 
+    def _refetch_if_missing(self, manifest: Manifest, name: str) -> None:
+        """Download ``name`` again if a merge deleted it after ``restore`` checked it.
+
+        ``Store.restore`` verifies local files before it pauses merges, so a merge that
+        finishes in between may release an input the snapshot names.
+        """
+        path = self._path(name)
+        if self.fs.exists(path) or self.remote is None:
+            return
+        tmp = path + ".download"
+        self.remote.get_file(name, tmp)
+        info = manifest.files[name]
+        if file_crc(self.fs, tmp) != (info.size, info.crc):
+            self.fs.remove(tmp)
+            raise CorruptionError(f"remote:{name}", f"downloaded file does not match snapshot {manifest.snapshot_id}'s checksum")
+        self.fs.rename(tmp, path)
+        log.info("re-fetched %s, deleted by a merge during restore", name, extra={"store": self.directory})
+
     # ------------------------------------------------------------------ lifecycle
 
     def _close(self) -> None:
+        self._release_zombies()
         if self._mem:
             self._flush_locked()  # reopen then reads only indexes, never replays a WAL
         if self._wal_fd is not None:

@@ -79,17 +79,32 @@ def decode_block(raw: bytes, path: str, offset: int) -> tuple[list[bytes], list[
         raise CorruptionError(path, f"data block at offset {offset} is malformed") from None
     klens = lens[:n]
     vlens = lens[n:]
-    kends = list(accumulate(klens, initial=4 + 8 * n))
-    keys = [raw[a:b] for a, b in zip(kends, kends[1:], strict=False)]
-    if TOMBSTONE_LEN in vlens:
-        vends = list(accumulate((0 if v == TOMBSTONE_LEN else v for v in vlens), initial=kends[-1]))
-        values: list[bytes | None] = [
-            None if vl == TOMBSTONE_LEN else raw[a:b] for a, b, vl in zip(vends, vends[1:], vlens, strict=False)
-        ]
+    kstart = 4 + 8 * n
+    kl = klens[0] if n else 0
+    if n and klens.count(kl) == n:  # fixed-size keys (common): no offset table needed
+        kend = kstart + kl * n
+        keys = [raw[p : p + kl] for p in range(kstart, kend, kl)]
     else:
-        vends = list(accumulate(vlens, initial=kends[-1]))
+        kends = list(accumulate(klens, initial=kstart))
+        keys = [raw[a:b] for a, b in zip(kends, kends[1:], strict=False)]
+        kend = kends[-1]
+    vl = vlens[0] if n else 0
+    values: list[bytes | None]
+    if n and vl != TOMBSTONE_LEN and vlens.count(vl) == n:
+        end = kend + vl * n
+        values = [raw[p : p + vl] for p in range(kend, end, vl)] if vl else [b""] * n
+    elif TOMBSTONE_LEN in vlens:
+        vends = list(accumulate((0 if v == TOMBSTONE_LEN else v for v in vlens), initial=kend))
+        values = [
+            None if vl == TOMBSTONE_LEN else raw[a:b]
+            for a, b, vl in zip(vends, vends[1:], vlens, strict=False)
+        ]
+        end = vends[-1]
+    else:
+        vends = list(accumulate(vlens, initial=kend))
         values = [raw[a:b] for a, b in zip(vends, vends[1:], strict=False)]
-    if vends[-1] != len(raw) - 4:
+        end = vends[-1]
+    if end != len(raw) - 4:
         raise CorruptionError(path, f"data block at offset {offset} lengths do not match its size")
     return keys, values
 
@@ -121,15 +136,15 @@ class RunWriter:
         self._last_key = b""
         self._pos = 0
         self._buf = bytearray()
-        self._fd = fs.open_new(path)
+        self._fd: int | None = fs.open_new(path)
 
     def add_many(self, keys: list[bytes], values: list[bytes | None]) -> None:
         """Append records; ``keys`` ascending and greater than every key added before."""
         n = len(keys)
         if not n:
             return
-        if keys[0] <= self._last_key and self.count:
-            raise ValueError(f"run keys must ascend: {keys[0]!r:.60} after {self._last_key!r:.60}")
+        if (keys[0] <= self._last_key and self.count) or any(map(bytes.__ge__, keys, keys[1:])):
+            raise ValueError(f"run keys must ascend strictly ({self.path}): got {keys[:3]!r:.80} after {self._last_key!r:.60}")
         d = self.density_factor
         limit = self.block_bytes
         hashes = self._hashes
@@ -160,12 +175,20 @@ class RunWriter:
             i = j
         self.count += n
         self._last_key = keys[-1]
-        if len(self._buf) >= _WRITE_CHUNK:
+        if len(self._buf) >= _WRITE_CHUNK and self._fd is not None:
             self.fs.write(self._fd, self._buf)
             self._buf = bytearray()
 
+    def _close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            self.fs.close(fd)
+
     def finish(self) -> dict[str, Any]:
         """Write index, Bloom filter and footer; close. Returns the run's counts."""
+        if self._fd is None:
+            raise ValueError(f"run writer for {self.path} is already closed")
+        fd = self._fd
         try:
             index = encode_index(self._offsets + [self._pos], self._fences, self._last_key)
             bloom = Bloom.build(self._hashes, self.bloom_fpr)
@@ -181,12 +204,12 @@ class RunWriter:
             self._buf += index
             self._buf += bbytes
             self._buf += footer
-            self.fs.write(self._fd, self._buf)
+            self.fs.write(fd, self._buf)
             self._buf = bytearray()
             if self.fsync:
-                self.fs.fsync(self._fd)
+                self.fs.fsync(fd)
         finally:
-            self.fs.close(self._fd)
+            self._close()
         return {
             "count": self.count,
             "tombstones": self.tombstones,
@@ -194,9 +217,9 @@ class RunWriter:
         }
 
     def abort(self) -> None:
-        """Close without finishing (the caller removes the file)."""
+        """Close without finishing (the caller removes the file). Idempotent."""
         try:
-            self.fs.close(self._fd)
+            self._close()
         except OSError:
             pass
 

@@ -1,0 +1,390 @@
+"""The lsm engine against a dict: tiny thresholds so flushes and background merges happen
+every few operations; reopen, crash at every file-system call, snapshots, corruption."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import remotes
+import statestores
+from statestores.errors import CorruptionError, RemoteError
+from statestores.fs import FaultyFS, InjectedFault
+from statestores.lsm import LSMStore
+
+TINY: dict[str, Any] = {"memtable_bytes": 400, "max_runs_per_level": 2, "density_factor": 2, "block_bytes": 64}
+
+
+def settle(store: LSMStore) -> None:
+    """Wait for the store's in-flight background merge (also of a crashed store)."""
+    m = store._merge
+    if m is not None:
+        concurrent.futures.wait([m[0]])
+    # the done-callback installs it (or fails on a dead file system) under the lock
+    with store._lock:
+        pass
+
+
+def run_files(d: Path) -> list[str]:
+    return sorted(n for n in os.listdir(d) if n.endswith(".run"))
+
+
+# ---------------------------------------------------------------- basics
+
+
+def test_options_are_validated_by_name(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_runs_per_level"):
+        statestores.open("lsm", tmp_path, max_runs_per_level=1)
+    with pytest.raises(ValueError, match="bloom_fpr"):
+        statestores.open("lsm", tmp_path, bloom_fpr=1.0)
+    with pytest.raises(TypeError, match="memtable_bytes"):
+        statestores.open("lsm", tmp_path, memtable_bytes="big")
+    with pytest.raises(TypeError, match="memtable_size"):
+        statestores.open("lsm", tmp_path, memtable_size=10)
+
+
+def test_merges_run_and_tombstones_never_resurrect(tmp_path: Path) -> None:
+    model: dict[bytes, bytes] = {}
+    with statestores.open("lsm", tmp_path, **TINY) as s:
+        for rnd in range(6):
+            for i in range(150):
+                k = b"k%04d" % ((i * 7 + rnd) % 200)
+                if (i + rnd) % 4 == 0:
+                    s.delete(k)
+                    model.pop(k, None)
+                else:
+                    v = b"r%d-%d" % (rnd, i)
+                    s.put(k, v)
+                    model[k] = v
+            settle(s)
+        st_ = s.stats()
+        assert st_["merges_done"] > 0 and st_["flushes"] > 10
+        assert len(st_["runs_per_level"]) >= 2  # data really moved down the levels
+        assert dict(s.items()) == model
+        assert [k for k, _ in s.items()] == sorted(model)
+        for i in range(200):
+            k = b"k%04d" % i
+            assert s.get(k) == model.get(k)
+            assert (k in s) == (k in model)
+    with statestores.open("lsm", tmp_path, **TINY) as s:
+        assert dict(s.items()) == model
+        assert all(s.get(k) == v for k, v in model.items())
+
+
+def test_clean_close_leaves_no_wal_to_replay(tmp_path: Path) -> None:
+    with statestores.open("lsm", tmp_path) as s:
+        for i in range(100):
+            s.put(b"%03d" % i, b"v")
+    with statestores.open("lsm", tmp_path) as s:
+        assert s.stats()["memtable_keys"] == 0
+        assert s.get(b"050") == b"v"
+        assert len(run_files(tmp_path)) == 1
+
+
+def test_sync_none_keeps_writes_until_close(tmp_path: Path) -> None:
+    with statestores.open("lsm", tmp_path, sync="none") as s:
+        s.put(b"a", b"1")
+        assert not [n for n in os.listdir(tmp_path) if n.endswith(".wal")]
+    with statestores.open("lsm", tmp_path, sync="fsync") as s:
+        assert s[b"a"] == b"1"
+        s.put(b"b", b"2")
+        s.write_batch([(b"a", None), (b"c", b"3")])
+    with statestores.open("lsm", tmp_path) as s:
+        assert dict(s.items()) == {b"b": b"2", b"c": b"3"}
+
+
+def test_stats_describe_memory_disk_and_levels(tmp_path: Path) -> None:
+    with statestores.open("lsm", tmp_path, memtable_bytes=2000) as s:
+        for i in range(200):
+            s.put(b"key%05d" % i, b"x" * 50)
+        st_ = s.stats()
+    for field in ("memory_bytes", "disk_bytes", "runs_per_level", "files_per_level", "flushes", "merges_done", "merges_running", "memtable_keys"):
+        assert field in st_
+    assert st_["flushes"] >= 5 and st_["disk_bytes"] > 200 * 50
+    assert st_["memory_bytes"] > 0
+
+
+# ---------------------------------------------------------------- corruption
+
+
+def test_damaged_block_raises_and_restore_repairs(tmp_path: Path) -> None:
+    remote = remotes.PathRemote(tmp_path / "remote")
+    db = tmp_path / "db"
+    model = {b"key%04d" % i: b"value%04d" % i for i in range(300)}
+    with statestores.open("lsm", db, remote=remote) as s:
+        for k, v in model.items():
+            s.put(k, v)
+        s.flush()
+        s.snapshot(1)
+    (run,) = run_files(db)
+    raw = bytearray((db / run).read_bytes())
+    raw[20] ^= 0xFF  # inside the first data block
+    (db / run).write_bytes(bytes(raw))
+    with statestores.open("lsm", db, remote=remote) as s:
+        with pytest.raises(CorruptionError, match=run):
+            s.get(b"key0000")
+        with pytest.raises(CorruptionError, match=run):
+            dict(s.items())
+        info = s.restore()
+        assert info.files_downloaded == 1
+        assert dict(s.items()) == model
+
+
+def test_damaged_current_or_footer_fails_open(tmp_path: Path) -> None:
+    with statestores.open("lsm", tmp_path) as s:
+        s.put(b"a", b"1")
+    (run,) = run_files(tmp_path)
+    raw = bytearray((tmp_path / run).read_bytes())
+    raw[-3] ^= 1
+    (tmp_path / run).write_bytes(bytes(raw))
+    with pytest.raises(CorruptionError, match=run):
+        statestores.open("lsm", tmp_path)
+
+
+# ---------------------------------------------------------------- snapshots
+
+
+def test_snapshot_seals_the_wal_and_uploads_only_new_bytes(tmp_path: Path) -> None:
+    remote = remotes.PathRemote(tmp_path / "remote")
+    with statestores.open("lsm", tmp_path / "db", remote=remote, memtable_bytes=64 << 10) as s:
+        for i in range(3000):
+            s.put(b"key%06d" % i, b"v" * 100)
+        settle(s)
+        first = s.snapshot(1)
+        assert first.bytes_uploaded >= 3000 * 100
+        for i in range(30):  # 1% update
+            s.put(b"key%06d" % (i * 100), b"w" * 100)
+        fut = s.snapshot_async(2)
+        s.put(b"after", b"not in 2")  # writes go on during the upload
+        second = fut.result()
+        assert second.files_uploaded == 1  # just the sealed WAL
+        assert second.bytes_uploaded < 0.05 * first.bytes_total
+        s.restore(2)
+        assert s.get(b"after") is None
+        assert s.get(b"key000000") == b"w" * 100
+        assert s.get(b"key000001") == b"v" * 100
+    with statestores.open("lsm", tmp_path / "fresh", remote=remote) as s:
+        assert s.get(b"key000100") == b"w" * 100
+        assert len(dict(s.items())) == 3000
+
+
+def test_merge_inputs_survive_until_upload_is_done(tmp_path: Path) -> None:
+    remote = remotes.PathRemote(tmp_path / "remote")
+    with statestores.open("lsm", tmp_path / "db", remote=remote, **TINY) as s:
+        for i in range(300):
+            s.put(b"k%04d" % i, b"v%d" % i)
+        fut = s.snapshot_async(1)
+        for i in range(300):  # flushes and merges while the upload runs
+            s.put(b"k%04d" % i, b"w%d" % i)
+        fut.result()
+        settle(s)
+        s.restore(1)
+        assert dict(s.items()) == {b"k%04d" % i: b"v%d" % i for i in range(300)}
+
+
+# ---------------------------------------------------------------- crashes
+
+
+def _history() -> list[tuple[str, Any]]:
+    h: list[tuple[str, Any]] = []
+    for i in range(36):
+        k = b"k%02d" % (i * 5 % 13)
+        if i % 9 == 4:
+            h.append(("batch", [(k, b"b%d" % i), (b"k%02d" % (i % 7), None), (b"z%d" % i, b"" )]))
+        elif i % 5 == 3:
+            h.append(("delete", k))
+        elif i == 20:
+            h.append(("snapshot", 1))
+        else:
+            h.append(("put", (k, b"v%d-" % i + b"x" * 30)))
+    return h
+
+
+def _apply(model: dict[bytes, bytes], op: tuple[str, Any]) -> None:
+    kind, arg = op
+    if kind == "put":
+        model[arg[0]] = arg[1]
+    elif kind == "delete":
+        model.pop(arg, None)
+    elif kind == "batch":
+        for k, v in arg:
+            if v is None:
+                model.pop(k, None)
+            else:
+                model[k] = v
+
+
+def _run(s: statestores.Store, op: tuple[str, Any]) -> None:
+    kind, arg = op
+    if kind == "put":
+        s.put(*arg)
+    elif kind == "delete":
+        s.delete(arg)
+    elif kind == "batch":
+        s.write_batch(arg)
+    else:
+        s.snapshot(arg)
+
+
+@pytest.mark.parametrize("torn", [True, False])
+def test_crash_at_every_file_system_call(tmp_path: Path, torn: bool) -> None:
+    history = _history()
+    states = [{}]
+    for op in history:
+        m = dict(states[-1])
+        _apply(m, op)
+        states.append(m)
+    probe = FaultyFS()
+    with LSMStore(tmp_path / "probe", fs=probe, remote=remotes.PathRemote(tmp_path / "r0"), **TINY) as s:
+        for op in history:
+            _run(s, op)
+    total = probe.calls
+    assert total > 50
+    for fail_at in range(1, total + 1, 1 if torn else 3):
+        d = tmp_path / f"c{fail_at}"
+        fs = FaultyFS(fail_at, torn=torn, seed=fail_at)
+        acked = 0
+        store = None
+        try:
+            store = LSMStore(d, fs=fs, remote=remotes.PathRemote(tmp_path / f"r{fail_at}"), **TINY)
+            for op in history:
+                _run(store, op)
+                acked += 1
+            store.close()
+        except (InjectedFault, RemoteError):  # a fault mid-upload surfaces as RemoteError
+            pass
+        if store is not None:
+            settle(store)
+        with LSMStore(d, **TINY) as s:
+            got = dict(s.items())
+            assert got in (states[acked], states[min(acked + 1, len(history))]), f"fail_at={fail_at} acked={acked}"
+            for k in (b"k%02d" % i for i in range(13)):
+                assert s.get(k) == got.get(k)
+            s.put(b"after-crash", b"1")
+        with LSMStore(d, **TINY) as s:
+            assert s.get(b"after-crash") == b"1"
+        leftovers = [n for n in os.listdir(d) if n.endswith(".tmp")]
+        assert not leftovers, leftovers
+
+
+# ---------------------------------------------------------------- model-based
+
+
+class LSMMachine(RuleBasedStateMachine):
+    """Drive one lsm store (tiny thresholds) and a dict through the same history."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import tempfile
+
+        self.tmp = Path(tempfile.mkdtemp(prefix="lsm-model-"))
+        self.remote = remotes.PathRemote(self.tmp / "remote")
+        self.model: dict[bytes, bytes] = {}
+        self.snaps: dict[int, dict[bytes, bytes]] = {}
+        self.next_id = 1
+        self.fs = FaultyFS()
+        self.store: LSMStore | None = None
+
+    @initialize(opts=st.sampled_from([TINY, {**TINY, "max_runs_per_level": 3, "density_factor": 5}, {"memtable_bytes": 1500}]))
+    def open_store(self, opts: dict[str, Any]) -> None:
+        self.opts = opts
+        self.store = LSMStore(self.tmp / "db", fs=self.fs, remote=self.remote, **opts)
+
+    keys = st.sampled_from([b"a", b"b", b"c", b"key-%d" % 1, b"key-%d" % 2, b"\x00", b"\xff" * 3, b"long" * 20])
+    values = st.binary(max_size=40)
+
+    @rule(k=keys, v=values)
+    def put(self, k: bytes, v: bytes) -> None:
+        assert self.store is not None
+        self.store.put(k, v)
+        self.model[k] = v
+
+    @rule(k=keys)
+    def delete(self, k: bytes) -> None:
+        assert self.store is not None
+        self.store.delete(k)
+        self.model.pop(k, None)
+
+    @rule(ops=st.lists(st.tuples(keys, st.one_of(st.none(), values)), max_size=5))
+    def batch(self, ops: list[tuple[bytes, bytes | None]]) -> None:
+        assert self.store is not None
+        self.store.write_batch(ops)
+        for k, v in ops:
+            if v is None:
+                self.model.pop(k, None)
+            else:
+                self.model[k] = v
+
+    @rule(n=st.integers(1, 30))
+    def many(self, n: int) -> None:
+        assert self.store is not None
+        for i in range(n):
+            k = b"bulk-%d" % (i % 11)
+            self.store.put(k, b"%d" % i)
+            self.model[k] = b"%d" % i
+
+    @rule()
+    def flush(self) -> None:
+        assert self.store is not None
+        self.store.flush()
+
+    @rule()
+    def reopen(self) -> None:
+        assert self.store is not None
+        self.store.close()
+        self.fs = FaultyFS()
+        self.store = LSMStore(self.tmp / "db", fs=self.fs, remote=self.remote, **self.opts)
+
+    @rule()
+    def crash_reopen(self) -> None:
+        assert self.store is not None
+        self.fs.crash()  # kill -9 between two calls: sync="os" loses nothing
+        settle(self.store)
+        self.fs = FaultyFS()
+        self.store = LSMStore(self.tmp / "db", fs=self.fs, remote=self.remote, **self.opts)
+
+    @rule()
+    def snapshot(self) -> None:
+        assert self.store is not None
+        self.store.snapshot(self.next_id)
+        self.snaps[self.next_id] = dict(self.model)
+        self.next_id += 1
+
+    @precondition(lambda self: bool(self.snaps))
+    @rule(data=st.data())
+    def restore(self, data: st.DataObject) -> None:
+        assert self.store is not None
+        sid = data.draw(st.sampled_from(sorted(self.snaps)))
+        self.store.restore(sid)
+        self.model = dict(self.snaps[sid])
+
+    @invariant()
+    def agrees(self) -> None:
+        if self.store is None:
+            return
+        for k in [b"a", b"c", b"key-1", b"\xff" * 3, b"long" * 20, b"bulk-3", b"missing"]:
+            assert self.store.get(k) == self.model.get(k), k
+        assert list(self.store.items()) == sorted(self.model.items())
+
+    def teardown(self) -> None:
+        if self.store is not None:
+            try:
+                self.store.close()
+            except InjectedFault:
+                pass
+        import shutil
+
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+TestLSMModel = LSMMachine.TestCase
+TestLSMModel.settings = settings(
+    max_examples=25, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
