@@ -41,7 +41,7 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         """Sleep before try number ``attempt`` (1-based count of failures so far)."""
-        d = min(self.max_delay, self.base_delay * (2 ** (attempt - 1)))
+        d = min(self.max_delay, self.base_delay * 2.0 ** (attempt - 1))
         return d / 2 + random.uniform(0, d / 2)
 
 
