@@ -189,7 +189,9 @@ class MinioRemote(Remote):
 
     # -- plumbing --
     def _scrub(self, text: str) -> str:
-        return text.replace(self._secret, "***") if self._secret else text
+        # (a secret of 1-3 chars would turn every message into asterisks, and a server never
+        # echoes secrets anyway; this is defence in depth, not the only guard)
+        return text.replace(self._secret, "***") if len(self._secret) >= 4 else text
 
     def _where(self, key: str | None) -> str:
         scheme = "https" if self.secure else "http"
