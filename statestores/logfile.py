@@ -339,6 +339,22 @@ def _submit(fn: Any, *args: Any) -> concurrent.futures.Future[Any]:
     return outer
 
 
+class _Redirect:
+    """An index redirect in progress after a merge: the output's keys and addresses, and
+    how far the redirect got."""
+
+    def __init__(self, keys: list[bytes], addrs: array.array, gone: set[int], inputs: list[Segment]) -> None:
+        self.keys = keys
+        self.addrs = addrs
+        self.pos = 0
+        self.gone = gone
+        self.inputs = inputs
+
+
+#: Index entries redirected per lock hold after a merge.
+_REDIRECT_CHUNK = 1 << 15
+
+
 @dataclass
 class _MergeJob:
     inputs: list[Segment]
@@ -369,6 +385,7 @@ class SegmentedStore(Store):
         self._segs: dict[int, Segment] = {}
         self._sealed: list[Segment] = []
         self._merge: _MergeJob | None = None
+        self._redirect: _Redirect | None = None
         self._merge_pause = 0
         self._merges_done = 0
         self._merge_failures = 0
@@ -545,7 +562,7 @@ class SegmentedStore(Store):
 
     def _maybe_merge(self) -> None:
         """(lock held) Start a merge if a level is full and none is running."""
-        if self._merge is not None or self._merge_pause or self._closed:
+        if self._merge is not None or self._redirect is not None or self._merge_pause or self._closed:
             return
         limit = self.options["max_runs_per_level"]
         counts = Counter(s.level for s in self._sealed)
@@ -575,13 +592,24 @@ class SegmentedStore(Store):
     def _merge_done(self, fut: concurrent.futures.Future[Any]) -> None:
         try:
             with self._lock:
-                if self._merge is not None and self._merge.future is fut and not self._closed:
-                    self._finish_merge()
+                if self._merge is None or self._merge.future is not fut or self._closed:
+                    return
+                self._finish_merge()
+                r = self._redirect
+            # point the index at the output in chunks, letting writers in between
+            while r is not None:
+                with self._lock:
+                    if self._redirect is not r or self._redirect_step(r, _REDIRECT_CHUNK):
+                        return
         except Exception:
             log.exception("installing a merge in %s failed", self.directory)
 
     def _finish_merge(self) -> None:
-        """(lock held, merge future done) Install the merge output in place of its inputs."""
+        """(lock held, merge future done) Install the merge output in place of its inputs.
+
+        The index redirect that follows is left in ``self._redirect`` for the caller to
+        run (:meth:`_redirect_step`); until it is done the inputs stay readable.
+        """
         job = self._merge
         assert job is not None
         self._merge = None
@@ -605,20 +633,32 @@ class SegmentedStore(Store):
         self._write_current(sealed)  # the commit point
         self._sealed = sealed
         self._segs[seg.seq] = seg
+        self._merged_bytes += size
+        self._redirect = _Redirect(h.keys, h.addresses, {s.seq for s in job.inputs}, job.inputs)
+
+    def _redirect_step(self, r: _Redirect, limit: int | None) -> bool:
+        """(lock held) Redirect up to ``limit`` index entries from the merge inputs to the
+        output (``None``: all); when all are done, release the inputs. True when finished."""
         index = self._index
         get = index.get
-        gone = {s.seq for s in job.inputs}
-        for k, a in zip(h.keys, h.addresses, strict=True):
+        gone = r.gone
+        n = len(r.keys)
+        end = n if limit is None else min(n, r.pos + limit)
+        for k, a in zip(r.keys[r.pos : end], r.addrs[r.pos : end], strict=True):
             cur = get(k)
             if cur is not None and (cur >> OFFSET_BITS) in gone:
                 index[k] = a
-        for s in job.inputs:
+        r.pos = end
+        if end < n:
+            return False
+        self._redirect = None
+        for s in r.inputs:
             del self._segs[s.seq]
             self._release_file(s.name)
             self._release_file(hint_name(s.name))
         self._merges_done += 1
-        self._merged_bytes += size
         self._maybe_merge()
+        return True
 
     def restore(self, snapshot_id: int | None = None) -> RestoreInfo:
         """See :meth:`Store.restore`. Merges stay paused for the whole restore: the base
@@ -640,6 +680,9 @@ class SegmentedStore(Store):
             with self._lock:
                 if self._merge is job:
                     self._finish_merge()
+        with self._lock:
+            if self._redirect is not None:
+                self._redirect_step(self._redirect, None)
 
     def _resume(self) -> None:
         self._merge_pause = max(0, self._merge_pause - 1)
