@@ -320,6 +320,7 @@ def _stop(svc: _Service, s: ServiceSettings, timeout: float = 20.0) -> bool:
     if _pid_alive(pid, svc.marker):
         raise ServiceError(f"could not stop {svc.name} (pid {pid})")
     svc.pid_file(s).unlink(missing_ok=True)
+    _auto_file(svc, s).unlink(missing_ok=True)
     return True
 
 
@@ -476,7 +477,7 @@ def _minio_usable(s: ServiceSettings) -> bool:
         http.clear()
 
 
-def _up_minio(s: ServiceSettings, say: Callable[[str], None], timeout: float = 90.0) -> None:
+def _up_minio(s: ServiceSettings, say: Callable[[str], None], *, auto: bool, timeout: float = 90.0) -> None:
     svc = _MINIO
     with _file_lock(svc.lock_file(s)):
         pid = svc.read_pid(s)
@@ -509,6 +510,7 @@ def _up_minio(s: ServiceSettings, say: Callable[[str], None], timeout: float = 9
         ]
         t0 = time.monotonic()
         pid = _spawn(svc, s, argv, env)
+        _mark_auto(svc, s, auto)
         say(f"starting MinIO (pid {pid}), data in {data}, log {svc.log_file(s)}")
         try:
             _wait_ready(svc, s, pid, lambda: _minio_usable(s), timeout)
@@ -699,7 +701,7 @@ def _kafka_usable(s: ServiceSettings) -> bool:
     return result[0]
 
 
-def _up_kafka(s: ServiceSettings, say: Callable[[str], None], timeout: float = 180.0) -> None:
+def _up_kafka(s: ServiceSettings, say: Callable[[str], None], *, auto: bool, timeout: float = 180.0) -> None:
     svc = _KAFKA
     with _file_lock(svc.lock_file(s)):
         pid = svc.read_pid(s)
@@ -754,6 +756,7 @@ def _up_kafka(s: ServiceSettings, say: Callable[[str], None], timeout: float = 1
         ]
         t0 = time.monotonic()
         pid = _spawn(svc, s, argv, dict(os.environ))
+        _mark_auto(svc, s, auto)
         say(f"starting Kafka {KAFKA_VERSION} (pid {pid}), data in {data}, logs in {logs}")
         try:
             _wait_ready(svc, s, pid, lambda: _kafka_usable(s), timeout)
@@ -774,12 +777,16 @@ def up(*, kafka: bool = True, minio: bool = True, progress: Progress = True) -> 
     same port with the same credentials) is reused. Raises :class:`ServiceError` with the
     log tail when a service cannot start.
     """
+    return _up(kafka=kafka, minio=minio, progress=progress, auto=False)
+
+
+def _up(*, kafka: bool, minio: bool, progress: Progress, auto: bool) -> Endpoints:
     s = ServiceSettings.from_env()
     say = _reporter(progress)
     if minio:
-        _up_minio(s, say)
+        _up_minio(s, say, auto=auto)
     if kafka:
-        _up_kafka(s, say)
+        _up_kafka(s, say, auto=auto)
     return endpoints()
 
 
@@ -822,6 +829,19 @@ def _lease_dir(s: ServiceSettings, svc: _Service) -> Path:
     return s.service_dir(svc.name) / "leases"
 
 
+def _auto_file(svc: _Service, s: ServiceSettings) -> Path:
+    return s.service_dir(svc.name) / "auto-started"
+
+
+def _mark_auto(svc: _Service, s: ServiceSettings, auto: bool) -> None:
+    """Record whether the process just started belongs to :func:`using` (stopped when its
+    last user leaves) or to an explicit :func:`up` (runs until :func:`down`)."""
+    if auto:
+        _auto_file(svc, s).write_text(f"{os.getpid()}\n")
+    else:
+        _auto_file(svc, s).unlink(missing_ok=True)
+
+
 def _live_leases(s: ServiceSettings, svc: _Service) -> list[int]:
     live = []
     d = _lease_dir(s, svc)
@@ -853,27 +873,18 @@ def using(*, kafka: bool = False, minio: bool = False, progress: Progress = True
     chosen = [svc for wanted, svc in ((minio, _MINIO), (kafka, _KAFKA)) if wanted]
     for svc in chosen:
         with _file_lock(svc.lock_file(s)):
-            running = svc.read_pid(s) is not None or _port_open(svc.port(s))
-            auto = s.service_dir(svc.name) / "auto-started"
-            if not running:
-                auto.parent.mkdir(parents=True, exist_ok=True)
-                auto.write_text(f"{os.getpid()}\n")
-            elif svc.read_pid(s) is None:
-                auto.unlink(missing_ok=True)  # someone else's server: never ours to stop
             _lease_dir(s, svc).mkdir(parents=True, exist_ok=True)
             (_lease_dir(s, svc) / str(os.getpid())).touch()
     try:
-        yield up(minio=minio, kafka=kafka, progress=say)
+        yield _up(minio=minio, kafka=kafka, progress=say, auto=True)
     finally:
         for svc in chosen:
             with _file_lock(svc.lock_file(s)):
                 (_lease_dir(s, svc) / str(os.getpid())).unlink(missing_ok=True)
-                auto = s.service_dir(svc.name) / "auto-started"
-                if auto.exists() and not _live_leases(s, svc):
+                if _auto_file(svc, s).exists() and not _live_leases(s, svc):
                     with contextlib.suppress(ServiceError):
                         if _stop(svc, s):
                             say(f"stopped {svc.name} (last user left)")
-                    auto.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -105,6 +105,13 @@ def test_using_stops_what_it_started_unless_others_still_use_it(private: Service
     assert services.status()["minio"]["running"] is True
     other.unlink()
 
+    # started explicitly (`sfaas services up`): a test session only borrows it
+    services.down(kafka=False, progress=False)
+    services.up(kafka=False, progress=False)
+    with services.using(minio=True, progress=False):
+        pass
+    assert services.status()["minio"]["running"] is True
+
 
 def test_missing_build_tools_give_apt_hints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SFAAS_CACHE", str(tmp_path / "empty-cache"))
