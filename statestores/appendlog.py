@@ -176,7 +176,11 @@ class AppendLogStore(SegmentedStore):
 
     def _flush_wbuf(self, seg: Segment) -> None:
         if seg.wbuf:
-            self.fs.write(seg.fd, seg.wbuf)  # type: ignore[arg-type]
+            try:
+                self.fs.write(seg.fd, seg.wbuf)  # type: ignore[arg-type]
+            except BaseException:
+                self._undo_partial(seg)
+                raise
             seg.flushed += len(seg.wbuf)
             seg.wbuf = bytearray()
 

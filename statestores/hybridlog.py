@@ -77,6 +77,7 @@ class HybridLogStore(SegmentedStore):
         self._lag: int = self.options["ro_lag_interval"]
         self._flush_at: int = self.options["flush_interval"]
         self._wal_fd: int | None = None
+        self._wal_size = 0  # bytes of whole records in the active WAL
         self._wals: list[str] = []  # WALs oldest → newest; the last is the active one
         self._direct = type(self.fs) is FileSystem and self.sync == "os"
         self._advances = 0
@@ -95,6 +96,7 @@ class HybridLogStore(SegmentedStore):
                 self._flush_all()  # the WALs of an earlier sync="os" run become a log file
         elif wals:
             self._wal_fd = self.fs.open_append(self._path(wals[-1]))
+            self._wal_size = self.fs.size(self._path(wals[-1]))
         else:
             self._start_wal()
             self._write_current()
@@ -130,6 +132,7 @@ class HybridLogStore(SegmentedStore):
             self._wal_fd = None
         name = f"{self.PREFIX}-w-{self._next_seq():010d}.wal"
         self._wal_fd = self.fs.open_append(self._path(name))
+        self._wal_size = 0
         self._wals.append(name)
 
     def _release_later(self, names: list[str]) -> None:
@@ -163,12 +166,22 @@ class HybridLogStore(SegmentedStore):
         assert fd is not None
         if self._direct:
             n = os.write(fd, data)
+            self._wal_size += n
             if n == len(data):
                 return
             data = data[n:]
-        self.fs.write(fd, data)
-        if self.sync == "fsync":
-            self.fs.fsync(fd)
+        try:
+            self.fs.write(fd, data)
+            if self.sync == "fsync":
+                self.fs.fsync(fd)
+        except BaseException:
+            # cut a partly written record off, so later appends do not follow garbage
+            try:
+                self.fs.truncate(self._path(self._wals[-1]), self._wal_size)
+            except OSError:
+                pass
+            raise
+        self._wal_size += len(data)
 
     # ------------------------------------------------------------------ writes
 
