@@ -20,7 +20,7 @@ from sfaas.services import Endpoints
 from tests.conftest import TEST_BUCKET, make_minio_remote
 
 FAST = RetryPolicy(attempts=3, base_delay=0.02, max_delay=0.05, deadline=5)
-PATIENT = RetryPolicy(attempts=40, base_delay=0.05, max_delay=0.3, deadline=30)
+PATIENT = RetryPolicy(attempts=200, base_delay=0.05, max_delay=0.3, deadline=30)  # deadline governs
 SECRET = "Zq9-very-secret-value-7731"
 
 
