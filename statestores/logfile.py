@@ -391,6 +391,7 @@ class SegmentedStore(Store):
         self._merge_pause = 0
         self._merges_done = 0
         self._merge_failures = 0
+        self._merge_retry_at = 0  # no merge starts while fewer segments exist (after a failure)
         self._merged_bytes = 0
 
     def _has_local_state(self) -> bool:
@@ -567,6 +568,8 @@ class SegmentedStore(Store):
         if self._merge is not None or self._redirect is not None or self._merge_pause or self._closed:
             return
         limit = self.options["max_runs_per_level"]
+        if len(self._sealed) < self._merge_retry_at:
+            return  # the last merge failed: wait for more segments before trying again
         counts = Counter(s.level for s in self._sealed)
         for level in sorted(counts):
             if counts[level] < limit:
@@ -621,6 +624,7 @@ class SegmentedStore(Store):
             size, _live, _tombs = job.future.result()
         except Exception as exc:
             self._merge_failures += 1
+            self._merge_retry_at = len(self._sealed) + self.options["max_runs_per_level"]
             log.error("merge into %s failed: %s", out_path, exc)
             self.fs.remove(out_path + ".tmp")
             self.fs.remove(out_hint + ".tmp")

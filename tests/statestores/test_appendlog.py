@@ -387,3 +387,25 @@ def test_a_failed_write_leaves_no_garbage(tmp_path: Path, engine: str, opts: dic
     fs.crash()  # reopen must scan the log past the failed write
     with statestores.open(engine, tmp_path, **opts) as r:
         assert dict(r.items()) == {b"a": b"1", b"d": b"4"}
+
+
+def test_failed_merges_leave_the_store_intact_and_back_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def broken(fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        calls.append(args)
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        fut.set_exception(logfile.MergeFailed("somewhere.log", "injected"))
+        return fut
+
+    monkeypatch.setattr(logfile, "_submit", broken)
+    model: dict[bytes, bytes] = {}
+    with statestores.open("appendlog", tmp_path, **TINY) as s:
+        apply_all(s, random_ops(4, 400), model)
+        st = s.stats()
+        assert st["merge_failures"] == len(calls) > 0
+        assert len(calls) <= st["rolls"] // 2 + 1  # not one attempt per roll
+        assert st["merges_done"] == 0 and dict(s.items()) == model
+    assert not list(tmp_path.glob("*.tmp"))
+    with statestores.open("appendlog", tmp_path, **TINY) as s:
+        assert dict(s.items()) == model
