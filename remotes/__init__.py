@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .base import GcInfo, Remote
 from .errors import RemoteError, SnapshotNotFoundError
 from .manifest import FileInfo, Manifest, ManifestError
 
 __all__ = ["Remote", "GcInfo", "Manifest", "FileInfo", "ManifestError", "RemoteError", "SnapshotNotFoundError", "PathRemote", "MinioRemote"]
+
+if TYPE_CHECKING:
+    from .minio import MinioRemote
+    from .path import PathRemote
 
 
 def __getattr__(name: str) -> object:
