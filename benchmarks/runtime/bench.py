@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import random
+import re
 import sys
 import time
 import uuid
@@ -83,6 +84,18 @@ async def one_point(settings: Settings, rate: float, seconds: float, keys: int, 
     return out
 
 
+def _reruns(settings: Settings) -> float | None:
+    """Conflict re-runs per committed transaction, from the workers' periodic log lines
+    (counted over the whole run, warm-up included)."""
+    committed = reruns = 0
+    for log_file in cluster.state_dir(settings).glob("worker-*.log"):
+        last = re.findall(r"committed=(\d+) reruns=(\d+)", log_file.read_text())
+        if last:
+            committed += int(last[-1][0])
+            reruns += int(last[-1][1])
+    return round(reruns / committed, 3) if committed else None
+
+
 def run(args: argparse.Namespace) -> list[dict]:
     rates = [float(r) for r in args.rates.split(",")]
     out = []
@@ -98,6 +111,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             point = asyncio.run(one_point(s, rate, args.seconds, args.keys, args.dist))
         finally:
             cluster.down(s)
+        point["conflict_reruns_per_txn"] = _reruns(s)
         point.update({"phase": "sweep" if args.sweep else "fixed", "loadavg": load_before,
                       "store": args.store, "keys": args.keys, "dist": args.dist, "seconds": args.seconds,
                       "workers": 2, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})

@@ -69,9 +69,9 @@ def plots(rows: list[dict]) -> list[str]:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| phase | store | keys | dist | offered | committed TPS | abort rate | p50 ms | p95 ms | p99 ms "
+    head = ("| phase | store | keys | dist | offered | committed TPS | user-abort rate | conflict re-runs per txn | p50 ms | p95 ms | p99 ms "
             "| CPU % (coord / w0 / w1 / loadgen / kafka) | CPU µs per txn (coord / workers / kafka) "
-            "| load avg |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "| load avg |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in rows:
         cpu = r.get("cpu_percent", {})
@@ -83,7 +83,7 @@ def table(rows: list[dict]) -> str:
         us = " / ".join(str(per.get(k, "-")) for k in ("coordinator", "worker", "kafka"))
         lines.append(
             f"| {r.get('phase', '')} | {r['store']} | {r['keys']} | {r['dist']} | {r['offered_tps']:.0f} "
-            f"| {r['committed_tps']:.0f} | {r['abort_rate']:.3f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} "
+            f"| {r['committed_tps']:.0f} | {r['abort_rate']:.3f} | {r.get('conflict_reruns_per_txn', '-')} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} "
             f"| {r['p99_ms']:.1f} | {cpu_s} | {us} | {r.get('loadavg', '')} |"
         )
     return head + "\n".join(lines) + "\n"
