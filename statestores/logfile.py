@@ -354,7 +354,7 @@ class _Redirect:
 
 
 #: Index entries redirected per lock hold after a merge.
-_REDIRECT_CHUNK = 1 << 15
+_REDIRECT_CHUNK = 1 << 13
 
 
 @dataclass
@@ -596,10 +596,19 @@ class SegmentedStore(Store):
 
     def _merge_done(self, fut: concurrent.futures.Future[Any]) -> None:
         try:
+            job = self._merge
+            pre: hints.Hint | None = None
+            if job is not None and job.future is fut and fut.exception() is None:
+                # decode the output's hint before taking the lock: it is the slow part
+                path = self._path(hint_name(job.out_name)) + ".tmp"
+                try:
+                    pre = hints.decode(self.fs.read_file(path), path, seq=job.out_seq)
+                except (OSError, CorruptionError):
+                    pre = None  # _finish_merge reads it again and reports
             with self._lock:
                 if self._merge is None or self._merge.future is not fut or self._closed:
                     return
-                self._finish_merge()
+                self._finish_merge(pre)
                 r = self._redirect
             # point the index at the output in chunks, letting writers in between
             while r is not None:
@@ -609,7 +618,7 @@ class SegmentedStore(Store):
         except Exception:
             log.exception("installing a merge in %s failed", self.directory)
 
-    def _finish_merge(self) -> None:
+    def _finish_merge(self, pre: hints.Hint | None = None) -> None:
         """(lock held, merge future done) Install the merge output in place of its inputs.
 
         The index redirect that follows is left in ``self._redirect`` for the caller to
@@ -633,7 +642,7 @@ class SegmentedStore(Store):
         self.fs.rename(out_hint + ".tmp", out_hint)
         seg = Segment(job.out_name, job.level, out_path)
         seg.open_sealed(self.fs)
-        h = hints.decode(self.fs.read_file(out_hint), out_hint, seq=job.out_seq)
+        h = pre if pre is not None else hints.decode(self.fs.read_file(out_hint), out_hint, seq=job.out_seq)
         first = self._sealed.index(job.inputs[0])
         sealed = self._sealed[:first] + [seg] + self._sealed[first + len(job.inputs) :]
         self._write_current(sealed)  # the commit point
