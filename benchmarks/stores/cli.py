@@ -133,6 +133,7 @@ def run_child(task: dict[str, Any], timeout_s: float, on_phase: Any = None) -> d
         timed_out.set()
         proc.kill()
 
+    t0 = time.perf_counter()
     timer = threading.Timer(timeout_s, kill)
     timer.start()
     stderr_lines: list[str] = []
@@ -153,13 +154,14 @@ def run_child(task: dict[str, Any], timeout_s: float, on_phase: Any = None) -> d
     finally:
         timer.cancel()
         reader.join(timeout=5)
+    seconds = time.perf_counter() - t0
     if timed_out.is_set():
-        return {"error": f"timed out after {timeout_s:.0f} s"}
+        return {"error": f"timed out after {timeout_s:.0f} s", "task_seconds": seconds}
     if proc.returncode != 0 or result is None:
         tail = [ln.rstrip() for ln in stderr_lines if ln.strip()]
         last = tail[-1] if tail else f"exit code {proc.returncode}"
-        return {"error": last[:300], "stderr_tail": "\n".join(tail[-25:])}
-    return result
+        return {"error": last[:300], "stderr_tail": "\n".join(tail[-25:]), "task_seconds": seconds}
+    return {**result, "task_seconds": seconds}
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:

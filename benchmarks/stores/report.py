@@ -65,6 +65,9 @@ def summarize(raw: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]
                 get_ops=min(r["get_ops"] for r in good),
                 n_ops=good[0]["n_ops"],
                 timer_overhead_ns=_median([r["timer_overhead_ns"] for r in good]),
+                put_cpu_share=_median([r.get("put_cpu_share", float("nan")) for r in good]),
+                get_cpu_share=_median([r.get("get_cpu_share", float("nan")) for r in good]),
+                loadavg=_median([r.get("loadavg_1m_at_put", float("nan")) for r in good]),
                 put_ops_per_s_all=[r["put_ops_per_s"] for r in good],
                 get_ops_per_s_all=[r["get_ops_per_s"] for r in good],
             )
@@ -260,6 +263,13 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any], plots: list[str], re
         f"distribution after loading every key; latency from {s['lat_ops']:,} individually timed ops; "
         f"{s['repeat']} repetition(s), medians shown; snapshots to a `{meta['remote']}` remote.\n"
     )
+    loads = [r["loadavg"] for r in summary["kv"].values() if "loadavg" in r and not math.isnan(r["loadavg"])]
+    if loads:
+        parts.append(
+            f"\nMachine load: the 1-minute load average at the start of the put phases was {min(loads):.1f}–{max(loads):.1f} "
+            f"(median {statistics.median(loads):.1f}) on {os.cpu_count()} cores — other work shared the machine, so "
+            "single numbers are noisy; compare engines within this run only.\n"
+        )
     parts.append("\n### Durability of each engine's default settings\n")
     parts.append(_table(["engine", "what a returned put survives"], [[e, meta["durability"][e]] for e in engines]))
     parts.append("\n")
@@ -298,8 +308,16 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any], plots: list[str], re
                     rows,
                 )
             )
+            shares = ", ".join(
+                f"{e} {_fmt(kv[f'{e}/{d}'].get('put_cpu_share'))}/{_fmt(kv[f'{e}/{d}'].get('get_cpu_share'))}"
+                for e in engines
+                if "put_cpu_share" in kv.get(f"{e}/{d}", {})
+            )
             parts.append(
-                f"\n\nData: {s['n_keys'] * 116 / 2**20:.1f} MB of keys+values. RSS Δ: child RSS after the put and get phases minus before open; "
+                f"\n\nCPU share of the timed loop's thread, put/get (1.00 = it never waited or was descheduled): {shares}."
+            )
+            parts.append(
+                f" Data: {s['n_keys'] * 116 / 2**20:.1f} MB of keys+values. RSS Δ: child RSS after the put and get phases minus before open; "
                 "anon = anonymous memory only (excludes mmap'd file pages). "
                 "Disk: store directory after `close()`.\n"
             )
@@ -491,34 +509,50 @@ def _plot_reopen_memory(summary: dict[str, Any], out: str) -> str | None:
     order = list(_COLORS)
     re_eng = sorted(reopen, key=lambda e: order.index(e) if e in order else 99)
     ax = axes[0]
-    ax.bar(re_eng, [reopen[e]["reopen_ms"] for e in re_eng], color=[_COLORS.get(e, "k") for e in re_eng])
+    vals = [reopen[e]["reopen_ms"] for e in re_eng]
+    bars = ax.bar(re_eng, vals, color=[_COLORS.get(e, "k") for e in re_eng])
+    for b, y in zip(bars, vals, strict=True):
+        ax.annotate(f"{y:.0f}" if y >= 10 else f"{y:.1f}", (b.get_x() + b.get_width() / 2, y), ha="center", va="bottom", fontsize=8)
+    ax.axhline(150, color="#1f77b4", ls="--", lw=1, label="lsm target 150 ms")
+    ax.axhline(500, color="#d62728", ls=":", lw=1, label="appendlog/hybridlog target 500 ms")
     ax.set_yscale("log")
+    if vals:
+        ax.set_ylim(top=max(max(vals), 500) * 30)  # room for the legend above the bars
     n = next(iter(reopen.values()))["n_keys"] if reopen else 0
     ax.set_title(f"reopen: open + first get at {n:,} keys (ms, log)")
     ax.tick_params(axis="x", rotation=25)
     ax.grid(axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
     ax = axes[1]
-    ax.bar(re_eng, [reopen[e]["rss_growth_pct_of_data"] for e in re_eng], color=[_COLORS.get(e, "k") for e in re_eng])
-    ax.axhline(25, color="k", ls="--", lw=1, label="lsm target 25%")
-    ax.set_title("reopened process RSS growth, % of data size")
-    ax.tick_params(axis="x", rotation=25)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend()
-    ax = axes[2]
     width = 0.38
+    xs = range(len(re_eng))
+    tot = [reopen[e]["rss_growth_pct_of_data"] for e in re_eng]
+    anon = [100.0 * reopen[e].get("rss_anon_growth_mb", float("nan")) / reopen[e]["data_mb"] for e in re_eng]
+    ax.bar([x - width / 2 for x in xs], tot, width, label="RSS", color="#4c72b0")
+    ax.bar([x + width / 2 for x in xs], anon, width, label="anon (no file pages)", color="#8172b3")
+    ax.axhline(25, color="k", ls="--", lw=1, label="lsm target 25%")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(re_eng, rotation=25, ha="right")
+    ax.set_title("reopened process: memory growth, % of data size")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax = axes[2]
+    width = 0.27
     xs = range(len(mem_engines))
     rss = [kv.get(f"{e}/uniform", {}).get("rss_delta_mb", 0) for e in mem_engines]
+    anon_kv = [kv.get(f"{e}/uniform", {}).get("rss_anon_delta_mb", 0) for e in mem_engines]
     disk = [kv.get(f"{e}/uniform", {}).get("disk_mb", 0) for e in mem_engines]
-    ax.bar([x - width / 2 for x in xs], rss, width, label="RSS Δ", color="#4c72b0")
-    ax.bar([x + width / 2 for x in xs], disk, width, label="disk after close", color="#55a868")
+    ax.bar([x - width for x in xs], rss, width, label="RSS Δ", color="#4c72b0")
+    ax.bar(list(xs), anon_kv, width, label="anon Δ", color="#8172b3")
+    ax.bar([x + width for x in xs], disk, width, label="disk after close", color="#55a868")
     data = next((r.get("data_mb") for r in kv.values() if "data_mb" in r), None)
     if data:
         ax.axhline(data, color="k", ls="--", lw=1, label=f"data {data:.1f} MB")
     ax.set_xticks(list(xs))
     ax.set_xticklabels(mem_engines, rotation=25, ha="right")
-    ax.set_title("memory and disk, uniform run (MB)")
+    ax.set_title("put/get run (uniform): memory and disk, MB")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     path = os.path.join(out, "reopen_memory.png")
     fig.savefig(path, dpi=110)

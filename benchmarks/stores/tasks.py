@@ -53,9 +53,10 @@ def rss_anon_bytes() -> int:
     return rss_bytes()
 
 
-def _timed_puts(put: Callable[[bytes, bytes], Any], keys: list[bytes], vals: list[bytes], budget: float) -> tuple[int, float]:
+def _timed_puts(put: Callable[[bytes, bytes], Any], keys: list[bytes], vals: list[bytes], budget: float) -> tuple[int, float, float]:
     n = len(keys)
     done = 0
+    c0 = time.thread_time()
     t0 = time.perf_counter()
     deadline = t0 + budget
     for s in range(0, n, _CHUNK):
@@ -64,12 +65,13 @@ def _timed_puts(put: Callable[[bytes, bytes], Any], keys: list[bytes], vals: lis
         done = min(n, s + _CHUNK)
         if time.perf_counter() > deadline:
             break
-    return done, time.perf_counter() - t0
+    return done, time.perf_counter() - t0, time.thread_time() - c0
 
 
-def _timed_gets(get: Callable[[bytes], Any], keys: list[bytes], budget: float) -> tuple[int, float]:
+def _timed_gets(get: Callable[[bytes], Any], keys: list[bytes], budget: float) -> tuple[int, float, float]:
     n = len(keys)
     done = 0
+    c0 = time.thread_time()
     t0 = time.perf_counter()
     deadline = t0 + budget
     for s in range(0, n, _CHUNK):
@@ -78,7 +80,7 @@ def _timed_gets(get: Callable[[bytes], Any], keys: list[bytes], budget: float) -
         done = min(n, s + _CHUNK)
         if time.perf_counter() > deadline:
             break
-    return done, time.perf_counter() - t0
+    return done, time.perf_counter() - t0, time.thread_time() - c0
 
 
 def _latency_puts(put: Callable[[bytes, bytes], Any], keys: list[bytes], vals: list[bytes], budget: float) -> list[int]:
@@ -184,9 +186,10 @@ def run_kv(engine: str, dist: str, n_keys: int, n_ops: int, lat_ops: int, workdi
         rss_loaded = rss_bytes()
         budget = es.phase_budget_s
         emit("put")
-        put_done, put_s = _timed_puts(h.put, w.put_keys, w.put_values, budget)
+        load1 = os.getloadavg()[0]
+        put_done, put_s, put_cpu = _timed_puts(h.put, w.put_keys, w.put_values, budget)
         emit("get")
-        get_done, get_s = _timed_gets(h.get, w.get_keys, budget)
+        get_done, get_s, get_cpu = _timed_gets(h.get, w.get_keys, budget)
         # memory before the latency passes and the check allocate their own lists
         rss_end = rss_bytes()
         anon_end = rss_anon_bytes()
@@ -214,6 +217,11 @@ def run_kv(engine: str, dist: str, n_keys: int, n_ops: int, lat_ops: int, workdi
         "put_ops": put_done,
         "put_s": put_s,
         "put_ops_per_s": put_done / put_s if put_s > 0 else float("nan"),
+        # CPU time of the calling thread / wall time: well below 1 means the loop waited
+        # (I/O, locks) or was descheduled by other processes on the machine.
+        "put_cpu_share": put_cpu / put_s if put_s > 0 else float("nan"),
+        "get_cpu_share": get_cpu / get_s if get_s > 0 else float("nan"),
+        "loadavg_1m_at_put": load1,
         "get_ops": get_done,
         "get_s": get_s,
         "get_ops_per_s": get_done / get_s if get_s > 0 else float("nan"),

@@ -93,7 +93,7 @@ def test_a_failing_engine_is_reported_not_fatal(tmp_path: object) -> None:
 def test_a_hung_task_is_killed(tmp_path: object) -> None:
     # 2M keys cannot be generated in 0.5 s: the child is killed and the error says why
     res = run_child({"kind": "build", "engine": "memonly", "n_keys": 2_000_000, "path": str(tmp_path)}, timeout_s=0.5)
-    assert res == {"error": "timed out after 0 s"} or res["error"].startswith("timed out")
+    assert res["error"].startswith("timed out")
 
 
 def test_memonly_end_to_end_through_the_report(tmp_path: object) -> None:
