@@ -202,16 +202,17 @@ class Coordinator:
                 log.info("epochs %d; mean of the last 500 (ms): waiting for work %.2f, "
                          "execute+barrier %.2f", ph[3], ph[0] / 0.5, ph[1] / 0.5)
                 ph[:] = [0.0, 0.0, 0.0, ph[3]]
-            conflicts: set[int] = set()
+            conflicts: dict[int, int] = {}
             aborts: dict[int, list[Any]] = {}
             pending = 0
             for r in reports:
-                conflicts.update(r.conflicts)
+                for tid, blocker in r.conflicts:
+                    conflicts[tid] = max(blocker, conflicts.get(tid, -1))
                 for a in r.aborts:
                     aborts.setdefault(a[0], a)
                 pending += r.pending
             idle = pending == 0 and not conflicts and not self._wakeup.is_set()
-            self._broadcast(wire.Commit(epoch, sorted(conflicts), list(aborts.values()), idle, None))
+            self._broadcast(wire.Commit(epoch, [[t, b] for t, b in conflicts.items()], list(aborts.values()), idle, None))
             self.stats["epochs"] += 1
             self.stats["txns"] += sum(r.roots for r in reports)
             self.stats["conflicts"] += len(conflicts)

@@ -198,26 +198,30 @@ class LocalRunner:
         epoch = self.stats.epochs
         now = time.time()
         work: list[tuple[int, int, _Item]] = []
+        blocked: set[int] = set()
+        for seq in self._sequencers:
+            blocked |= seq.pending_tids()
         for i, eng in enumerate(self.engines):
             q = self._queues[i]
-            room = max(0, self.max_batch - self._sequencers[i].pending_retries)
-            new = [q.popleft() for _ in range(min(len(q), room))]
+            retries = self._sequencers[i].take_retries(self.max_batch, blocked)
+            new = [q.popleft() for _ in range(min(len(q), self.max_batch - len(retries)))]
             for item in new:
                 item.now = now
             eng.begin(epoch)
-            for tid, item in self._sequencers[i].batch(epoch, new, self.max_batch):
+            for tid, item in retries + self._sequencers[i].assign(epoch, new):
                 work.append((i, tid, item))
         outcomes = await asyncio.gather(
             *(self.engines[i].run_root(tid, item.now, item.request) for i, tid, item in work)
         )
-        conflicts: set[int] = set()
+        conflicts: dict[int, int] = {}
         user_aborts: dict[int, tuple[str, str]] = {}
         for eng in self.engines:
             c, u = eng.votes()
-            conflicts |= c
+            for tid, blocker in c.items():
+                conflicts[tid] = max(blocker, conflicts.get(tid, -1))
             for tid, why in u.items():
                 user_aborts.setdefault(tid, why)
-        decision = decide((tid for _, tid, _ in work), conflicts, user_aborts)
+        decision = decide((tid for _, tid, _ in work), set(conflicts), user_aborts)
         for eng in self.engines:
             eng.commit(conflicts, user_aborts)
         rerun = set(decision.rerun)
@@ -225,7 +229,7 @@ class LocalRunner:
             if tid in rerun:
                 item.attempts += 1
                 self.stats.reruns += 1
-                self._sequencers[i].requeue(tid, item)
+                self._sequencers[i].requeue(tid, item, conflicts[tid])
             elif tid in decision.aborted:
                 self.stats.aborted += 1
                 etype, reason = value if not ok else decision.aborted[tid]

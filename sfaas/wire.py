@@ -115,7 +115,7 @@ class Report(Message):
     epoch: int
     index: int
     roots: int  # root transactions this worker ran this epoch
-    conflicts: list[int]
+    conflicts: list[list[int]]  # [tid, blocker]
     aborts: list[list[Any]]  # [tid, error_type, reason]
     sent: list[int]
     served: list[int]
@@ -131,7 +131,7 @@ class Commit(Message):
 
     TAG: ClassVar[int] = 8
     epoch: int
-    conflicts: list[int]
+    conflicts: list[list[int]]  # [tid, blocker]
     aborts: list[list[Any]]
     idle: bool
     marker: int | None = None

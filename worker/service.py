@@ -68,6 +68,7 @@ class Worker:
         self._deferred: dict[int, list[wire.Call]] = {}
         self._batch: list[tuple[int, _Pending]] = []
         self._reported_epoch = 0
+        self._last_conflicts: set[int] = set()
         self._sent: list[int] = []
         self._served: list[int] = []
         self._late: list[tuple[int, wire.Result]] = []
@@ -142,7 +143,7 @@ class Worker:
         pending = len(self.ingress) + self.sequencer.pending_retries
         self._idle_reported = pending == 0
         self.coord.send(wire.Report(
-            self.engine.epoch, self.index, len(self._batch), list(conflicts),
+            self.engine.epoch, self.index, len(self._batch), [[t, b] for t, b in conflicts.items()],
             [[t, e, r] for t, (e, r) in aborts.items()], list(self._sent), list(self._served), pending,
         ))
 
@@ -292,13 +293,15 @@ class Worker:
             self._on_call(call)
         q = self.ingress
         limit = self.settings.max_batch
-        room = max(0, limit - self.sequencer.pending_retries)
-        new = [q.popleft() for _ in range(min(len(q), room))]
+        # re-runs whose blocker is still pending anywhere would only conflict again
+        blocked = self._last_conflicts | self.sequencer.pending_tids()
+        retries = self.sequencer.take_retries(limit, blocked)
+        new = [q.popleft() for _ in range(min(len(q), limit - len(retries)))]
         for item in new:
             item.now = begin.now
             self._age_sum += begin.now - item.request.sent_at
             self._age_n += 1
-        batch = self.sequencer.batch(begin.epoch, new, limit)
+        batch = retries + self.sequencer.assign(begin.epoch, new)
         self._batch = batch
         run = eng.run_root
         self._outcomes = await asyncio.gather(
@@ -310,17 +313,18 @@ class Worker:
 
     def _commit(self, msg: wire.Commit) -> None:
         assert self.engine is not None and self.sequencer is not None
-        conflicts = set(msg.conflicts)
+        conflicts = {t: b for t, b in msg.conflicts}
+        self._last_conflicts = set(conflicts)
         aborts = {t: (e, r) for t, e, r in msg.aborts}
         self.engine.commit(conflicts, aborts)
-        decision = decide((tid for tid, _ in self._batch), conflicts, aborts)
+        decision = decide((tid for tid, _ in self._batch), self._last_conflicts, aborts)
         rerun = set(decision.rerun)
         for (tid, item), (ok, value) in zip(self._batch, self._outcomes, strict=True):
             req = item.request
             if tid in rerun:
                 item.attempts += 1
                 self.reruns += 1
-                self.sequencer.requeue(tid, item)
+                self.sequencer.requeue(tid, item, conflicts[tid])
                 continue
             if tid in decision.aborted:
                 self.aborted += 1

@@ -197,11 +197,11 @@ class Engine:
             return False, describe(exc)
 
     # -- barrier ---------------------------------------------------------------------------
-    def votes(self) -> tuple[set[int], dict[int, tuple[str, str]]]:
-        """This worker's conflicting tids and user aborts of the current epoch."""
+    def votes(self) -> tuple[dict[int, int], dict[int, tuple[str, str]]]:
+        """This worker's conflicting tids (→ blockers) and user aborts of the current epoch."""
         return self.log.conflicts(), dict(self.log.user_aborts)
 
-    def commit(self, conflicts: set[int], user_aborts: Mapping[int, object]) -> list[int]:
+    def commit(self, conflicts: Mapping[int, int] | set[int], user_aborts: Mapping[int, object]) -> list[int]:
         """Apply the writes of every tid that wrote here and neither conflicts nor failed.
 
         One ``write_batch`` per operator store. Returns the committed tids that wrote here.

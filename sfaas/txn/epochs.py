@@ -21,6 +21,7 @@ writes; the worker owning each key records which tids read and wrote it. At the 
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ __all__ = [
     "make_tid",
     "tid_parts",
     "find_conflicts",
+    "find_blockers",
     "Decision",
     "decide",
     "AccessLog",
@@ -67,27 +69,45 @@ def tid_parts(tid: int) -> tuple[int, int, int]:
     )
 
 
+def find_blockers(
+    reads: Mapping[int, Iterable[Key]], writes: Mapping[int, Iterable[Key]]
+) -> dict[int, int]:
+    """Conflicting tids, each mapped to its *blocker*.
+
+    A tid conflicts if some lower tid wrote a key it read or wrote. Its blocker is the
+    nearest such writer (the highest lower tid writing one of its keys): re-running
+    before the blocker commits would just conflict again, so schedulers defer it (see
+    :meth:`Sequencer.take_retries`). On a hot key this forms a chain in tid order.
+    """
+    writers: dict[Key, list[int]] = {}
+    for tid, keys in writes.items():
+        for key in keys:
+            writers.setdefault(key, []).append(tid)
+    for tids in writers.values():
+        if len(tids) > 1:
+            tids.sort()
+    blockers: dict[int, int] = {}
+    for accesses in (writes, reads):
+        for tid, keys in accesses.items():
+            best = blockers.get(tid, -1)
+            for key in keys:
+                ws = writers.get(key)
+                if ws is None or ws[0] >= tid:
+                    continue
+                # the highest writer below tid
+                i = bisect.bisect_left(ws, tid)
+                if ws[i - 1] > best:
+                    best = ws[i - 1]
+            if best >= 0:
+                blockers[tid] = best
+    return blockers
+
+
 def find_conflicts(
     reads: Mapping[int, Iterable[Key]], writes: Mapping[int, Iterable[Key]]
 ) -> set[int]:
     """Tids that must re-run: some lower tid wrote a key they read or wrote."""
-    min_writer: dict[Key, int] = {}
-    for tid, keys in writes.items():
-        for key in keys:
-            cur = min_writer.get(key)
-            if cur is None or tid < cur:
-                min_writer[key] = tid
-    conflicts: set[int] = set()
-    for accesses in (writes, reads):
-        for tid, keys in accesses.items():
-            if tid in conflicts:
-                continue
-            for key in keys:
-                w = min_writer.get(key)
-                if w is not None and w < tid:
-                    conflicts.add(tid)
-                    break
-    return conflicts
+    return set(find_blockers(reads, writes))
 
 
 @dataclass
@@ -155,9 +175,9 @@ class AccessLog:
             return True, w[key]
         return False, None
 
-    def conflicts(self) -> set[int]:
-        """Tids conflicting on this worker's keys."""
-        return find_conflicts(self.reads, self.writes)
+    def conflicts(self) -> dict[int, int]:
+        """Tids conflicting on this worker's keys → their blockers (see :func:`find_blockers`)."""
+        return find_blockers(self.reads, self.writes)
 
     def commit_batches(self, committed: Iterable[int]) -> dict[str, list[tuple[bytes, bytes | None]]]:
         """Per operator, the ``write_batch`` ops applying the committed tids' writes."""
@@ -190,6 +210,7 @@ def execution_finished(
 class _Retry:
     tid: int
     item: Any = field(compare=False)
+    blocker: int = field(default=-1, compare=False)
 
 
 class Sequencer:
@@ -201,23 +222,48 @@ class Sequencer:
         self.worker = worker
         self._retries: list[_Retry] = []
 
-    def requeue(self, tid: int, item: Any) -> None:
-        """Keep ``item`` (conflict-aborted) to re-run next epoch under the same ``tid``."""
-        heapq.heappush(self._retries, _Retry(tid, item))
+    def requeue(self, tid: int, item: Any, blocker: int = -1) -> None:
+        """Keep ``item`` (conflict-aborted by ``blocker``) to re-run later under the same ``tid``."""
+        heapq.heappush(self._retries, _Retry(tid, item, blocker))
 
     @property
     def pending_retries(self) -> int:
         """How many re-runs are waiting."""
         return len(self._retries)
 
-    def batch(
-        self, epoch: int, new_items: Iterable[Any], max_retries: int | None = None
+    def pending_tids(self) -> set[int]:
+        """The tids of the waiting re-runs."""
+        return {r.tid for r in self._retries}
+
+    def take_retries(
+        self, max_retries: int | None = None, blocked: set[int] | frozenset[int] = frozenset()
     ) -> list[tuple[int, Any]]:
-        """This epoch's work: re-runs (lowest tids first, at most ``max_retries``), then
-        ``new_items`` with fresh tids. Bounding the re-runs keeps epochs short under
-        contention, where re-running everything at once would only conflict more."""
-        n = len(self._retries) if max_retries is None else min(max_retries, len(self._retries))
-        out = [(r.tid, r.item) for r in (heapq.heappop(self._retries) for _ in range(n))]
-        for seq, item in enumerate(new_items):
-            out.append((make_tid(epoch, self.worker, seq), item))
-        return out
+        """Re-runs for this epoch: lowest tids first, at most ``max_retries``.
+
+        A re-run whose blocker is in ``blocked`` (still pending) waits: it would only
+        conflict again. The lowest pending tid's blocker is never pending, so it always
+        runs — progress is kept. Bounding the re-runs keeps epochs short under contention.
+        """
+        limit = len(self._retries) if max_retries is None else max_retries
+        chosen: list[_Retry] = []
+        waiting: list[_Retry] = []
+        while self._retries and len(chosen) < limit:
+            r = heapq.heappop(self._retries)
+            (waiting if r.blocker in blocked else chosen).append(r)
+        for r in waiting:
+            heapq.heappush(self._retries, r)
+        return [(r.tid, r.item) for r in chosen]
+
+    def assign(self, epoch: int, new_items: Iterable[Any]) -> list[tuple[int, Any]]:
+        """Fresh tids for new work, in arrival order."""
+        return [(make_tid(epoch, self.worker, seq), item) for seq, item in enumerate(new_items)]
+
+    def batch(
+        self,
+        epoch: int,
+        new_items: Iterable[Any],
+        max_retries: int | None = None,
+        blocked: set[int] | frozenset[int] = frozenset(),
+    ) -> list[tuple[int, Any]]:
+        """:meth:`take_retries` followed by :meth:`assign` of ``new_items``."""
+        return self.take_retries(max_retries, blocked) + self.assign(epoch, new_items)

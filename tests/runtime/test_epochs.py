@@ -111,8 +111,9 @@ def test_committed_history_equals_serial_execution_in_epoch_then_tid_order(progr
         assert epoch < 10_000, "no progress"
         new, pending = pending[: batch * workers], pending[batch * workers :]
         work = []
+        blocked = set().union(*(s.pending_tids() for s in seqs))
         for w in range(workers):
-            work += seqs[w].batch(epoch, new[w::workers])
+            work += seqs[w].batch(epoch, new[w::workers], max_retries=batch, blocked=blocked)
         log = AccessLog()
         results = {}
         for tid, (idx, prog) in work:
@@ -134,13 +135,15 @@ def test_committed_history_equals_serial_execution_in_epoch_then_tid_order(progr
             if aborted:
                 log.record_abort(tid, "Abort", "data-dependent")
             results[tid] = (idx, prog, aborted, seen)
-        d = decide(results, log.conflicts(), log.user_aborts)
+        blockers = log.conflicts()
+        assert all(b < t for t, b in blockers.items())
+        d = decide(results, set(blockers), log.user_aborts)
         for tid in d.committed:
             for (_, key), raw in log.writes.get(tid, {}).items():
                 state[key] = int(raw)
         for tid in d.rerun:
             idx, prog, _, _ = results[tid]
-            seqs[tid_parts(tid)[1]].requeue(tid, (idx, prog))
+            seqs[tid_parts(tid)[1]].requeue(tid, (idx, prog), blockers[tid])
         for tid in list(d.committed) + list(d.aborted):
             idx, _, aborted, seen = results[tid]
             outcome[idx] = ((epoch, tid), aborted, seen)
@@ -184,3 +187,18 @@ def test_execution_is_finished_only_when_every_call_sent_was_served() -> None:
     assert not execution_finished(3, three)
     three[2] = ([0, 0, 0], [0, 1, 0])
     assert execution_finished(3, three)
+
+
+def test_blocked_reruns_wait_for_their_blocker_but_the_lowest_always_runs() -> None:
+    from sfaas.txn.epochs import find_blockers
+
+    k = ("o", "hot")
+    assert find_blockers({}, {1: [k], 2: [k], 3: [k]}) == {2: 1, 3: 2}
+    assert find_blockers({5: [k]}, {1: [k], 3: [k]}) == {3: 1, 5: 3}
+    seq = Sequencer(0)
+    seq.requeue(20, "b", blocker=10)
+    seq.requeue(30, "c", blocker=20)
+    # 30 waits for 20, which is pending; 20's blocker 10 is gone: it runs
+    assert seq.take_retries(blocked=seq.pending_tids()) == [(20, "b")]
+    assert seq.take_retries(blocked={20}) == []
+    assert seq.take_retries(blocked=set()) == [(30, "c")]
