@@ -75,12 +75,12 @@ def summarize(raw: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]
     for d in DISTS:
         peer = kv.get(f"{PEER}/{d}", {})
         for e in engines:
-            row = kv.get(f"{e}/{d}")
-            if not row or "put_ops_per_s" not in row:
+            this = kv.get(f"{e}/{d}")
+            if not this or "put_ops_per_s" not in this:
                 continue
             for op in ("put", "get"):
                 base = peer.get(f"{op}_ops_per_s")
-                row[f"{op}_ratio"] = row[f"{op}_ops_per_s"] / base if base else float("nan")
+                this[f"{op}_ratio"] = this[f"{op}_ops_per_s"] / base if base else float("nan")
 
     reopen: dict[str, dict[str, Any]] = {}
     for e in engines:
