@@ -19,14 +19,17 @@ memtable.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import logging
+import multiprocessing
 import os
 import struct
 import threading
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
@@ -80,6 +83,56 @@ def _positive(v: int) -> bool:
     return v >= 1
 
 
+#: Immutable memtables that may wait for their background flush before a writer stalls.
+_MAX_IMMS = 3
+
+_flush_pool_lock = threading.Lock()
+_flush_pool: concurrent.futures.Executor | None = None
+_flush_pool_pid: int | None = None
+
+
+def _flush_executor() -> concurrent.futures.Executor:
+    """A one-worker pool for memtable flushes, separate from the merge pool.
+
+    Flushes must not queue behind a long merge (writers would stall), and a flush's
+    sorting, encoding and Bloom filter are CPU work that belongs off the caller's
+    thread. Follows ``SFAAS_BACKGROUND`` like :mod:`statestores.background`.
+    """
+    global _flush_pool, _flush_pool_pid
+    with _flush_pool_lock:
+        if _flush_pool is None or _flush_pool_pid != os.getpid():
+            if background.mode() == "thread":
+                _flush_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="statestores-lsm-flush")
+            else:
+                ctx = multiprocessing.get_context("forkserver")
+                _flush_pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+            _flush_pool_pid = os.getpid()
+        return _flush_pool
+
+
+def _shutdown_flush_pool() -> None:
+    global _flush_pool
+    with _flush_pool_lock:
+        pool, _flush_pool = _flush_pool, None
+    if pool is not None:
+        pool.shutdown(wait=True)
+
+
+atexit.register(_shutdown_flush_pool)
+
+
+@dataclass(eq=False)
+class _Imm:
+    """A full memtable being written to a level-0 run in the background."""
+
+    mem: dict[bytes, bytes | None]
+    nbytes: int
+    wals: list[str]  # the WALs holding exactly these writes (sealed)
+    name: str  # the run it becomes
+    drop_tombstones: bool
+    future: concurrent.futures.Future[dict[str, Any]]
+
+
 class LSMStore(Store):
     """An LSM tree: dict memtable + WAL, sorted runs with Bloom filters and fence pointers."""
 
@@ -118,6 +171,7 @@ class LSMStore(Store):
         self._wals: list[str] = []  # oldest first; the last is active when _wal_fd is set
         self._wal_fd: int | None = None
         self._wal_bytes = 0
+        self._imms: tuple[_Imm, ...] = ()  # oldest first; replaced whole (lock-free readers)
         self._seq = 0
         self._cache: OrderedDict[int, dict[bytes, bytes | None]] = OrderedDict()
         self._cache_sizes: dict[int, int] = {}
@@ -205,7 +259,7 @@ class LSMStore(Store):
         current.write(
             self.fs,
             self.directory,
-            {"seq": self._seq, "levels": [[r.name for r in lv] for lv in self._levels], "wals": list(self._wals)},
+            {"seq": self._seq, "levels": [[r.name for r in lv] for lv in self._levels], "wals": self._all_wals()},
             sync=self._fsync,
         )
 
@@ -214,8 +268,12 @@ class LSMStore(Store):
             self._levels.pop()
         self._runs = tuple(r for lv in self._levels for r in reversed(lv))
 
+    def _all_wals(self) -> list[str]:
+        return [w for imm in self._imms for w in imm.wals] + self._wals
+
     def _sealed_wals(self) -> list[str]:
-        return self._wals[:-1] if self._wal_fd is not None else list(self._wals)
+        own = self._wals[:-1] if self._wal_fd is not None else self._wals
+        return [w for imm in self._imms for w in imm.wals] + own
 
     # ------------------------------------------------------------------ operations
 
@@ -227,6 +285,12 @@ class LSMStore(Store):
         v = self._mem.get(key, _MISS)
         if v is not _MISS:
             return default if v is None else v  # type: ignore[return-value]
+        imms = self._imms
+        if imms:
+            for imm in reversed(imms):
+                v = imm.mem.get(key, _MISS)
+                if v is not _MISS:
+                    return default if v is None else v  # type: ignore[return-value]
         if not self._runs:
             return default
         h1, h2 = _hash64(key)
@@ -321,9 +385,9 @@ class LSMStore(Store):
             if len(mem) != n:
                 self._mem_bytes += len(key) + len(value) + _ENTRY_OVERHEAD
                 if self._mem_bytes >= self._mem_limit:
-                    self._flush_locked()
+                    self._rotate_locked()
             elif self._wal_bytes >= self._wal_limit:
-                self._flush_locked()
+                self._rotate_locked()
 
     def delete(self, key: bytes) -> None:
         if self._closed:
@@ -353,7 +417,7 @@ class LSMStore(Store):
                 if v is not None:
                     self._mem_bytes += len(v)
             if self._mem_bytes >= self._mem_limit or self._wal_bytes >= self._wal_limit:
-                self._flush_locked()
+                self._rotate_locked()
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         """Every live pair once, in key order, as of this call (a lazy merge)."""
@@ -362,8 +426,12 @@ class LSMStore(Store):
             mem = self._mem
             mkeys = sorted(mem)
             mvals = [mem[k] for k in mkeys]
+            imms = [sorted(imm.mem.items()) for imm in reversed(self._imms)]
             runs = self._runs
-        sources = [zip(mkeys, repeat(0), mvals)] + [r.tagged(i + 1) for i, r in enumerate(runs)]
+        sources: list[Iterator[tuple[bytes, int, bytes | None]]] = [zip(mkeys, repeat(0), mvals)]
+        for i, pairs in enumerate(imms):
+            sources.append(zip([k for k, _ in pairs], repeat(i + 1), [v for _, v in pairs], strict=False))
+        sources += [r.tagged(len(imms) + i + 1) for i, r in enumerate(runs)]
         return merge_sorted(sources, drop_tombstones=True)  # type: ignore[return-value]
 
     def flush(self) -> None:
@@ -373,6 +441,8 @@ class LSMStore(Store):
             self._flush_locked()
 
     def _flush_locked(self) -> None:
+        """Write the memtable to a level-0 run now (after every pending background flush)."""
+        self._drain_imms()
         mem = self._mem
         if not mem and not self._sealed_wals():
             return
@@ -401,6 +471,83 @@ class LSMStore(Store):
         self._mem_bytes = 0
         for name in old_wals:
             self._release_file(name)
+        self._flushes += 1
+        self._maybe_merge()
+
+    def _rotate_locked(self) -> None:
+        """Hand the full memtable to the background flush pool and start a fresh one."""
+        if not self._mem:
+            return
+        while len(self._imms) >= _MAX_IMMS:  # flushes fall behind: stall this writer
+            self._drain_imms(1)
+        mem = self._mem
+        name = f"lsm-L0-{self._next_seq():010d}.run"
+        drop = not self._runs and not self._imms
+        wals = self._wals
+        self._wals = []
+        if self._wal_fd is not None:
+            self._start_wal()
+        o = self._run_opts
+        fut = _flush_executor().submit(
+            merge_mod.flush_memtable, self._path(name) + ".tmp", mem, drop,
+            o["density_factor"], o["block_bytes"], o["bloom_fpr"], o["fsync"],
+        )
+        self._imms = (*self._imms, _Imm(mem, self._mem_bytes, wals, name, drop, fut))
+        self._mem = {}  # after the imm is published: lock-free readers see one or the other
+        self._mem_bytes = 0
+        self._write_current()
+        fut.add_done_callback(self._flush_done)
+
+    def _flush_done(self, fut: concurrent.futures.Future[dict[str, Any]]) -> None:
+        threading.Thread(target=self._install_flushes, name="statestores-lsm-install", daemon=True).start()
+
+    def _install_flushes(self) -> None:
+        try:
+            with self._lock:
+                while self._imms and self._imms[0].future.done() and not self._closed:
+                    self._install_imm(self._imms[0])
+        except Exception:
+            log.exception("installing a flushed run failed", extra={"store": self.directory})
+
+    def _drain_imms(self, n: int | None = None) -> None:
+        """Wait for the oldest ``n`` (default: all) background flushes and install them."""
+        done = 0
+        while self._imms and (n is None or done < n):
+            imm = self._imms[0]
+            concurrent.futures.wait([imm.future])
+            self._install_imm(imm)
+            done += 1
+
+    def _install_imm(self, imm: _Imm) -> None:
+        """Put a flushed memtable's run into level 0 (lock held; ``imm`` is the oldest)."""
+        path = self._path(imm.name)
+        try:
+            result = imm.future.result()
+        except Exception as exc:  # e.g. the pool died: flush here instead
+            log.warning("background flush of %s failed (%s); flushing in the foreground", imm.name, exc)
+            self.fs.remove(path + ".tmp")
+            keys = sorted(imm.mem)
+            values = list(map(imm.mem.__getitem__, keys))
+            if imm.drop_tombstones:
+                keep = [i for i, v in enumerate(values) if v is not None]
+                keys = [keys[i] for i in keep]
+                values = [values[i] for i in keep]
+            result = {"count": len(keys)}
+            if keys:
+                write_run(self.fs, path + ".tmp", keys, values, **self._run_opts)
+        if result["count"]:
+            self.fs.rename(path + ".tmp", path)
+            if not self._levels:
+                self._levels.append([])
+            self._levels[0].append(RunReader(self.fs, path, imm.name, 0))
+            self._rebuild_runs()
+        self._imms = self._imms[1:]  # after the run is published
+        self._write_current()
+        for name in imm.wals:
+            if self._paused:
+                self._zombies.add(name)  # a restore may need it: see _finish_merge
+            else:
+                self._release_file(name)
         self._flushes += 1
         self._maybe_merge()
 
@@ -488,6 +635,7 @@ class LSMStore(Store):
     def _quiesce(self) -> None:
         with self._lock:
             self._paused += 1
+            self._drain_imms()
             m = self._merge
             if m is not None:
                 concurrent.futures.wait([m[0]])
@@ -501,7 +649,7 @@ class LSMStore(Store):
             self._maybe_merge()
 
     def _release_zombies(self) -> None:
-        live = {r.name for r in self._runs} | set(self._wals)
+        live = {r.name for r in self._runs} | set(self._all_wals())
         zombies, self._zombies = self._zombies, set()
         for name in zombies - live:
             self._release_file(name)
@@ -529,6 +677,7 @@ class LSMStore(Store):
             )
         for name in sorted(named):
             self._refetch_if_missing(manifest, name)
+        self._drain_imms()
         old = {r.name for r in self._runs} | set(self._wals) | self._zombies
         self._zombies = set()
         self._seq = max(self._seq, next_seq - 1)
@@ -590,17 +739,18 @@ class LSMStore(Store):
     def _stats(self) -> dict[str, Any]:
         runs_mem = sum(r.memory_bytes for r in self._runs)
         return {
-            "entries_upper_bound": len(self._mem) + sum(r.count for r in self._runs),
+            "entries_upper_bound": len(self._mem) + sum(len(i.mem) for i in self._imms) + sum(r.count for r in self._runs),
             "memtable_keys": len(self._mem),
             "memtable_bytes": self._mem_bytes,
-            "memory_bytes": self._mem_bytes + runs_mem + self._cache_used,
+            "flushes_pending": len(self._imms),
+            "memory_bytes": self._mem_bytes + sum(i.nbytes for i in self._imms) + runs_mem + self._cache_used,
             "index_bytes": runs_mem,
             "cache_bytes": self._cache_used,
             "cached_blocks": len(self._cache),
             "runs_per_level": [len(lv) for lv in self._levels],
             "files_per_level": {f"L{i}": [r.name for r in lv] for i, lv in enumerate(self._levels)},
             "run_bytes": sum(r.size for r in self._runs),
-            "wals": list(self._wals),
+            "wals": self._all_wals(),
             "wal_bytes": self._wal_bytes,
             "flushes": self._flushes,
             "merges_done": self._merges_done,

@@ -17,7 +17,7 @@ from typing import Any
 from ..fs import FileSystem
 from .runfile import RunReader, RunWriter
 
-__all__ = ["merge_sorted", "merge_runs"]
+__all__ = ["merge_sorted", "merge_runs", "flush_memtable"]
 
 #: Records handed to the writer at a time.
 _BATCH = 4096
@@ -82,3 +82,36 @@ def merge_runs(
         raise
     out["inputs"] = sum(r.count for r in readers)
     return out
+
+
+def flush_memtable(
+    output: str,
+    mem: dict[bytes, bytes | None],
+    drop_tombstones: bool,
+    density_factor: int,
+    block_bytes: int,
+    bloom_fpr: float,
+    fsync: bool,
+) -> dict[str, Any]:
+    """Write an immutable memtable (tombstones as ``None``) as a run at ``output``.
+
+    Runs off the caller's thread (sorting, encoding and the Bloom filter are most of a
+    flush's cost). ``count == 0`` means nothing was left to write and no file exists.
+    """
+    keys = sorted(mem)
+    values = list(map(mem.__getitem__, keys))
+    if drop_tombstones:
+        live = [i for i, v in enumerate(values) if v is not None]
+        keys = [keys[i] for i in live]
+        values = [values[i] for i in live]
+    if not keys:
+        return {"count": 0, "tombstones": 0, "bytes": 0}
+    writer = RunWriter(
+        FileSystem(), output, density_factor=density_factor, block_bytes=block_bytes, bloom_fpr=bloom_fpr, fsync=fsync
+    )
+    try:
+        writer.add_many(keys, values)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.finish()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,27 @@ from statestores.lsm import LSMStore
 TINY: dict[str, Any] = {"memtable_bytes": 400, "max_runs_per_level": 2, "density_factor": 2, "block_bytes": 64}
 
 
-def settle(store: LSMStore) -> None:
-    """Wait for the store's in-flight background merge (also of a crashed store)."""
-    m = store._merge
-    if m is not None:
-        concurrent.futures.wait([m[0]])
-    # the done-callback installs it (or fails on a dead file system) under the lock
-    with store._lock:
-        pass
+def settle(store: LSMStore, *, dead: bool = False) -> None:
+    """Wait until no background flush or merge is in flight.
+
+    For a crashed store (``dead``) only wait for the background jobs to stop writing
+    their ``.tmp`` files; installing them fails on the dead file system.
+    """
+    while True:
+        futs = [imm.future for imm in store._imms]
+        m = store._merge
+        if m is not None:
+            futs.append(m[0])
+        if not futs:
+            return
+        concurrent.futures.wait(futs)
+        if dead:
+            time.sleep(0.01)
+            return
+        deadline = time.monotonic() + 30
+        while (store._merge is m and m is not None) or any(i.future in futs for i in store._imms):
+            assert time.monotonic() < deadline, "background work was never installed"
+            time.sleep(0.001)
 
 
 def run_files(d: Path) -> list[str]:
@@ -261,7 +275,7 @@ def test_crash_at_every_file_system_call(tmp_path: Path, torn: bool) -> None:
         except (InjectedFault, RemoteError):  # a fault mid-upload surfaces as RemoteError
             pass
         if store is not None:
-            settle(store)
+            settle(store, dead=True)
         with LSMStore(d, **TINY) as s:
             got = dict(s.items())
             assert got in (states[acked], states[min(acked + 1, len(history))]), f"fail_at={fail_at} acked={acked}"
@@ -346,7 +360,7 @@ class LSMMachine(RuleBasedStateMachine):
     def crash_reopen(self) -> None:
         assert self.store is not None
         self.fs.crash()  # kill -9 between two calls: sync="os" loses nothing
-        settle(self.store)
+        settle(self.store, dead=True)
         self.fs = FaultyFS()
         self.store = LSMStore(self.tmp / "db", fs=self.fs, remote=self.remote, **self.opts)
 
