@@ -61,9 +61,11 @@ class Bloom:
         rk = range(k)
         step = 2 * _CHUNK
         for start in range(0, len(hashes), step):
-            h1s = hashes[start : start + step : 2]
-            h2s = hashes[start + 1 : start + step : 2]
-            bits[[(a + i * b) % m for a, b in zip(h1s, h2s, strict=False) for i in rk]] = 1
+            # reduce mod m first: the products below stay small ints (no bignum math)
+            h1s = [a % m for a in hashes[start : start + step : 2]]
+            h2s = [b % m for b in hashes[start + 1 : start + step : 2]]
+            for i in rk:
+                bits[[(a + i * b) % m for a, b in zip(h1s, h2s, strict=True)]] = 1
         return cls(m, k, bits)
 
     @classmethod

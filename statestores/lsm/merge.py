@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import heapq
 import os
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..fs import FileSystem
 from .runfile import RunReader, RunWriter
 
-__all__ = ["merge_sorted", "merge_runs", "flush_memtable"]
-
-#: Records handed to the writer at a time.
-_BATCH = 4096
+__all__ = ["merge_sorted", "merge_chunks", "merge_runs", "flush_memtable"]
 
 
 def merge_sorted(
@@ -40,6 +38,52 @@ def merge_sorted(
         if value is None and drop_tombstones:
             continue
         yield key, value
+
+
+def merge_chunks(
+    sources: list[Iterator[tuple[list[bytes], list[bytes | None]]]], *, drop_tombstones: bool
+) -> Iterator[tuple[list[bytes], list[bytes | None]]]:
+    """Merge sorted sources given as chunks of ``(keys, values)``, newest source first.
+
+    Works a key range at a time: everything up to the smallest last key among the
+    sources' current chunks is final, so that range is merged with a dict (newest
+    written last) and one sort — C-speed work instead of a heap step per record.
+    """
+    n = len(sources)
+    bufs: list[tuple[list[bytes], list[bytes | None]] | None] = [None] * n
+    live = list(range(n))
+    while True:
+        for i in list(live):
+            if not bufs[i] or not bufs[i][0]:  # type: ignore[index]
+                nxt = next(sources[i], None)
+                while nxt is not None and not nxt[0]:
+                    nxt = next(sources[i], None)
+                if nxt is None:
+                    live.remove(i)
+                    bufs[i] = None
+                else:
+                    bufs[i] = nxt
+        if not live:
+            return
+        bound = min(bufs[i][0][-1] for i in live)  # type: ignore[index]
+        merged: dict[bytes, bytes | None] = {}
+        for i in reversed(live):  # oldest first, so newer values overwrite
+            keys, values = bufs[i]  # type: ignore[misc]
+            j = bisect_right(keys, bound)
+            if j == len(keys):
+                merged.update(zip(keys, values, strict=True))
+                bufs[i] = ([], [])
+            elif j:
+                merged.update(zip(keys[:j], values[:j], strict=True))
+                bufs[i] = (keys[j:], values[j:])
+        out_keys = sorted(merged)
+        out_values = list(map(merged.__getitem__, out_keys))
+        if drop_tombstones and None in out_values:
+            keep = [t for t, v in enumerate(out_values) if v is not None]
+            out_keys = [out_keys[t] for t in keep]
+            out_values = [out_values[t] for t in keep]
+        if out_keys:
+            yield out_keys, out_values
 
 
 def merge_runs(
@@ -62,16 +106,8 @@ def merge_runs(
         fs, output, density_factor=density_factor, block_bytes=block_bytes, bloom_fpr=bloom_fpr, fsync=fsync
     )
     try:
-        keys: list[bytes] = []
-        values: list[bytes | None] = []
-        for k, v in merge_sorted((r.tagged(i) for i, r in enumerate(readers)), drop_tombstones=drop_tombstones):
-            keys.append(k)
-            values.append(v)
-            if len(keys) >= _BATCH:
-                writer.add_many(keys, values)
-                keys = []
-                values = []
-        writer.add_many(keys, values)
+        for keys, values in merge_chunks([r.chunks() for r in readers], drop_tombstones=drop_tombstones):
+            writer.add_many(keys, values)
         if writer.count == 0:
             writer.abort()
             os.remove(output)

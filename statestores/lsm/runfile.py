@@ -154,7 +154,10 @@ class RunWriter:
             j = min(i + d, n)
             ks = keys[i:j]
             vs = values[i:j]
-            size = sum(map(len, ks)) + sum(len(v) for v in vs if v is not None)
+            try:
+                size = sum(map(len, ks)) + sum(map(len, vs))  # type: ignore[arg-type]
+            except TypeError:  # tombstones (None) in this block
+                size = sum(map(len, ks)) + sum(len(v) for v in vs if v is not None)
             if size > limit and j - i > 1:
                 acc = 0
                 cut = 0
@@ -303,6 +306,17 @@ class RunReader:
         for i in range(self.nblocks):
             keys, values = self.read_block(i)
             yield from zip(keys, values, strict=False)
+
+    def chunks(self, nblocks: int = 64) -> Iterator[tuple[list[bytes], list[bytes | None]]]:
+        """Keys and values ``nblocks`` blocks at a time, in key order (for merges)."""
+        for start in range(0, self.nblocks, nblocks):
+            keys: list[bytes] = []
+            values: list[bytes | None] = []
+            for i in range(start, min(start + nblocks, self.nblocks)):
+                ks, vs = self.read_block(i)
+                keys += ks
+                values += vs
+            yield keys, values
 
     def tagged(self, tag: int) -> Iterator[tuple[bytes, int, bytes | None]]:
         """Every record as ``(key, tag, value)``, for heap merges where a lower tag wins."""
