@@ -93,7 +93,7 @@ class AppendLogStore(SegmentedStore):
         index, alive, atombs = self._index, self._alive, self._atombs
         for off, key, value in records.scan(buf, path, res):
             if value is None:
-                index.pop(key, None)
+                self._forget(key)
                 alive.pop(key, None)
                 atombs.add(key)
             else:
@@ -220,12 +220,12 @@ class AppendLogStore(SegmentedStore):
         self._check_open()
         key = check_key(key)
         with self._lock:
-            if key not in self._index:
+            if self._lookup(key) is None:
                 return  # nothing live to shadow: older records are shadowed already
             seg = self._active
             assert seg is not None
             self._emit(seg, records.encode(key, None))
-            del self._index[key]
+            self._forget(key)
             self._alive.pop(key, None)
             self._atombs.add(key)
             if seg.size >= self._threshold:
@@ -245,7 +245,7 @@ class AppendLogStore(SegmentedStore):
             index, alive, atombs = self._index, self._alive, self._atombs
             for k, v in checked:
                 if v is None:
-                    index.pop(k, None)
+                    self._forget(k)
                     alive.pop(k, None)
                     atombs.add(k)
                     addr += _REC + len(k)
@@ -264,6 +264,7 @@ class AppendLogStore(SegmentedStore):
         return self._disk_get(key, default)  # type: ignore[no-any-return]
 
     def __len__(self) -> int:
+        self._await_index()
         return len(self._index)
 
     def flush(self) -> None:
@@ -287,7 +288,9 @@ class AppendLogStore(SegmentedStore):
         if self.sync == "fsync":
             self.fs.fsync(seg.fd)  # type: ignore[arg-type]
         alive = self._alive
-        self._write_hint(seg.name, seg.seq, seg.size, list(alive), array.array("Q", alive.values()), list(self._atombs))
+        keys = sorted(alive)  # hint keys are sorted (binary search before the index is built)
+        addrs = array.array("Q", map(alive.__getitem__, keys))
+        self._write_hint(seg.name, seg.seq, seg.size, keys, addrs, sorted(self._atombs))
         new: Segment | None = None
         if start_new:
             seq = self._next_seq()

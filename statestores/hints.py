@@ -1,7 +1,8 @@
 """Hint files: the compact index of one log segment (AppendLog segments, HybridLog files).
 
 A hint lists, for every key whose *last* record in the segment is a put, the logical
-address of that record, and every key whose last record is a delete. Reopening a store
+address of that record, and every key whose last record is a delete; both key lists are
+sorted, so a key can be found by binary search before the hash index exists. Reopening a store
 reads hints only, never the values: the keys are one msgpack array (split into ``bytes``
 objects at C speed), the addresses one ``u64`` array (``array.frombytes``), so building
 the in-memory index is ``dict.update(zip(keys, addresses))`` with no per-record Python
@@ -72,7 +73,8 @@ def encode(
     addresses: Sequence[int] | array.array,
     tombstones: Sequence[bytes],
 ) -> bytes:
-    """Encode a hint; ``keys[i]`` lives at ``addresses[i]``. Keys must be unique."""
+    """Encode a hint; ``keys[i]`` lives at ``addresses[i]``. Keys must be unique, and both
+    ``keys`` and ``tombstones`` sorted ascending (readers binary-search them)."""
     if len(keys) != len(addresses):
         raise ValueError(f"hint of segment {seq}: {len(keys)} keys but {len(addresses)} addresses")
     live = msgpack.packb(list(keys), use_bin_type=True)

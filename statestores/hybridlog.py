@@ -206,7 +206,7 @@ class HybridLogStore(SegmentedStore):
         key = check_key(key)
         with self._lock:
             m = self._mut
-            if m.get(key) is None and self._ro.get(key) is None and key not in self._index:
+            if m.get(key) is None and self._ro.get(key) is None and self._lookup(key) is None:
                 return  # not live anywhere: nothing to shadow
             if key not in m and len(m) >= self._lag:
                 self._advance()
@@ -273,6 +273,7 @@ class HybridLogStore(SegmentedStore):
 
     def _flush_ro(self) -> None:
         """(lock held) Write the read-only region to a new log file and drop it from memory."""
+        self._await_index()
         index = self._index
         # a tombstone is needed only where a log file still holds the key
         items = [(k, v) for k, v in self._ro.items() if v is not None or k in index]

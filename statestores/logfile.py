@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import array
+import bisect
 import concurrent.futures
 import itertools
 import logging
@@ -29,6 +30,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, ClassVar
 
 # the C function itself, not the checksum.crc32c wrapper: one Python frame less per get/put
@@ -59,6 +61,7 @@ _CRC_PACK = struct.Struct("<I").pack
 _HEADER_SIZE = records.HEADER_SIZE
 _WRITE_CHUNK = 1 << 20
 _MISSING = object()
+_first = itemgetter(0)
 
 
 def hint_name(log_name: str) -> str:
@@ -265,7 +268,7 @@ def merge_segments(
         try:
             buf = bytearray()
             pos = 0
-            for k, a in latest.items():
+            for k, a in sorted(latest.items(), key=_first):  # hint keys must be sorted
                 if a < 0:
                     if drop_tombstones:
                         continue
@@ -353,6 +356,47 @@ class _Redirect:
         self.inputs = inputs
 
 
+class _PendingIndex:
+    """The hints of the sealed segments, before (and while) they become the hash index.
+
+    Hint keys are sorted, so a key is found by binary search, newest segment first.
+    """
+
+    def __init__(self, loaded: list[hints.Hint]) -> None:
+        self.hints = loaded  # oldest first
+        self._lock = threading.Lock()
+        self._built: dict[bytes, int] | None = None
+
+    def lookup(self, key: bytes) -> int | None:
+        """The address of ``key``'s newest record in the hints, None if none or deleted."""
+        for h in reversed(self.hints):
+            keys = h.keys
+            i = bisect.bisect_left(keys, key)
+            if i < len(keys) and keys[i] == key:
+                return h.addresses[i]
+            tombs = h.tombstones
+            if tombs:
+                i = bisect.bisect_left(tombs, key)
+                if i < len(tombs) and tombs[i] == key:
+                    return None
+        return None
+
+    def build(self) -> dict[bytes, int]:
+        """The hash index of all hints (built once; concurrent callers wait for it)."""
+        with self._lock:
+            if self._built is None:
+                index: dict[bytes, int] = {}
+                for h in self.hints:
+                    index.update(zip(h.keys, h.addresses, strict=True))
+                    for k in h.tombstones:
+                        index.pop(k, None)
+                self._built = index
+            return self._built
+
+
+#: Stores whose hints hold at least this many keys open with the index built in the background.
+_LAZY_INDEX_KEYS = 1 << 16
+
 #: Index entries redirected per lock hold after a merge.
 _REDIRECT_CHUNK = 1 << 13
 
@@ -384,6 +428,9 @@ class SegmentedStore(Store):
     def _init_segments(self) -> None:
         self._seq = 0
         self._index: dict[bytes, int] = {}
+        # while the index is built in the background: the hints (sorted), and keys deleted since
+        self._pending: _PendingIndex | None = None
+        self._gone: set[bytes] = set()
         self._segs: dict[int, Segment] = {}
         self._sealed: list[Segment] = []
         self._merge: _MergeJob | None = None
@@ -449,7 +496,7 @@ class SegmentedStore(Store):
 
     def _load_sealed(self, entries: Iterable[list[Any]]) -> None:
         """Open the sealed segments ``[[name, level], ...]`` (oldest first) and index them from their hints."""
-        index = self._index
+        loaded: list[hints.Hint] = []
         for name, level in entries:
             seg = Segment(name, int(level), self._path(name))
             seg.open_sealed(self.fs)
@@ -461,12 +508,65 @@ class SegmentedStore(Store):
             except (CorruptionError, OSError):
                 seg.close(self.fs)
                 raise
-            index.update(zip(h.keys, h.addresses, strict=True))
-            for k in h.tombstones:
-                index.pop(k, None)
+            loaded.append(h)
             self._sealed.append(seg)
             self._segs[seg.seq] = seg
             self._seq = max(self._seq, seg.seq)
+        if not loaded:
+            return
+        pending = _PendingIndex(loaded)
+        if sum(len(h.keys) for h in loaded) < _LAZY_INDEX_KEYS:
+            self._index = pending.build()
+        else:
+            # open returns now; reads use the hints' sorted key arrays until the hash
+            # index, built on a thread, is adopted
+            self._pending = pending
+            self._start_index_build(pending)
+
+    def _start_index_build(self, pending: _PendingIndex) -> None:
+        threading.Thread(target=self._index_builder, args=(pending,), name="statestores-index", daemon=True).start()
+
+    def _index_builder(self, pending: _PendingIndex) -> None:
+        try:
+            pending.build()
+            with self._lock:
+                self._adopt_index(pending)
+        except Exception:
+            log.exception("building the index of %s failed", self.directory)
+
+    def _adopt_index(self, pending: _PendingIndex) -> None:
+        """(lock held) Replace the interim index by the built one, with every write since open applied."""
+        if self._pending is not pending:
+            return  # dropped meanwhile (restore, close)
+        built = pending.build()
+        for k in self._gone:
+            built.pop(k, None)
+        built.update(self._index)
+        self._index = built  # before _pending = None: see _disk_get
+        self._pending = None
+        self._gone = set()
+        self._maybe_merge()
+
+    def _await_index(self) -> None:
+        """Make sure the hash index is complete (building it here if need be)."""
+        pending = self._pending
+        if pending is not None:
+            pending.build()
+            with self._lock:
+                self._adopt_index(pending)
+
+    def _lookup(self, key: bytes) -> int | None:
+        """(lock held) The address of ``key``'s live record, or None."""
+        loc = self._index.get(key)
+        if loc is not None or self._pending is None or key in self._gone:
+            return loc
+        return self._pending.lookup(key)
+
+    def _forget(self, key: bytes) -> None:
+        """(lock held) ``key`` was deleted: drop it from the index (and shadow the interim one)."""
+        self._index.pop(key, None)
+        if self._pending is not None:
+            self._gone.add(key)
 
     def _seal_new(
         self, level: int, items: Iterable[tuple[bytes, bytes | None]]
@@ -478,7 +578,8 @@ class SegmentedStore(Store):
         path = self._path(name)
         fd = self.fs.open_new(path + ".tmp")
         try:
-            size, keys, addrs, tombs = write_records(self.fs, fd, seq, items)
+            # in key order: hint keys must be sorted (see _PendingIndex)
+            size, keys, addrs, tombs = write_records(self.fs, fd, seq, sorted(items, key=_first))
             if self.sync == "fsync":
                 self.fs.fsync(fd)
         finally:
@@ -507,14 +608,19 @@ class SegmentedStore(Store):
         self._segs = {}
         self._sealed = []
         self._index = {}
+        self._pending = None
+        self._gone = set()
 
     # ------------------------------------------------------------------ reads
 
     def _disk_get(self, key: bytes, default: Any) -> Any:
         """The value at the index entry of ``key`` (``default`` if none): the fast read path."""
-        loc = self._index.get(key)
+        index = self._index
+        loc = index.get(key)
         if loc is None:
-            return default
+            if self._pending is None and self._index is index:
+                return default
+            return self._read_slow(key, default)  # the index is still being built
         seg = self._segs.get(loc >> OFFSET_BITS)
         off = loc & OFFSET_MASK
         if seg is not None and off < seg.mapped:
@@ -528,7 +634,7 @@ class SegmentedStore(Store):
     def _read_slow(self, key: bytes, default: Any) -> Any:
         """Read under the lock: tails of the active segment, remaps, and corrupt records."""
         with self._lock:
-            loc = self._index.get(key)
+            loc = self._lookup(key)
             if loc is None:
                 return default
             seg = self._segs.get(loc >> OFFSET_BITS)
@@ -549,6 +655,7 @@ class SegmentedStore(Store):
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         """Every live pair once (values read in chunks, so memory stays bounded)."""
         self._check_open()
+        self._await_index()
         with self._lock:
             keys = list(self._index)
             extra = [k for k in dict.fromkeys(self._memory_keys()) if k not in self._index]
@@ -567,6 +674,8 @@ class SegmentedStore(Store):
         """(lock held) Start a merge if a level is full and none is running."""
         if self._merge is not None or self._redirect is not None or self._merge_pause or self._closed:
             return
+        if self._pending is not None:
+            return  # the redirect after a merge needs the complete index; adoption calls back
         limit = self.options["max_runs_per_level"]
         if len(self._sealed) < self._merge_retry_at:
             return  # the last merge failed: wait for more segments before trying again
@@ -708,6 +817,7 @@ class SegmentedStore(Store):
     # ------------------------------------------------------------------ stats
 
     def _segment_stats(self) -> dict[str, Any]:
+        self._await_index()
         index = self._index
         sample = list(itertools.islice(index, 64))
         per_key = (sum(sys.getsizeof(k) for k in sample) / len(sample) if sample else 0) + 32

@@ -15,12 +15,13 @@ from .test_appendlog import (
     apply_all,
     check_small_update_uploads_little,
     inline_merges,
+    lazy_index,
     machine,
     random_ops,
     run_machine,
 )
 
-__all__ = ["inline_merges"]  # the fixture, re-exported for pytest
+__all__ = ["inline_merges", "lazy_index"]  # fixtures, re-exported for pytest
 
 TINY: dict[str, Any] = {"ro_lag_interval": 3, "flush_interval": 5, "max_runs_per_level": 2}
 
@@ -184,3 +185,7 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
 @pytest.mark.parametrize("sync", ["none", "os"])
 def test_hybridlog_matches_a_dict(inline_merges: None, sync: str) -> None:
     run_machine(machine("hybridlog", dict(TINY, sync=sync)))
+
+
+def test_hybridlog_matches_a_dict_with_a_lazy_index(inline_merges: None, lazy_index: None) -> None:
+    run_machine(machine("hybridlog", dict(TINY, sync="os")))
