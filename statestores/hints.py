@@ -9,7 +9,7 @@ the in-memory index is ``dict.update(zip(keys, addresses))`` with no per-record 
 code. See ``FORMAT.md`` § "hint files"::
 
     0   4   magic b"SFHI"
-    4   1   version (1)
+    4   1   version (2: key arrays sorted)
     5   3   zero
     8   4   crc32c of bytes [12, end)
     12  8   data_size   size of the segment's log file the hint describes
@@ -43,7 +43,7 @@ OFFSET_BITS = 36
 OFFSET_MASK = (1 << OFFSET_BITS) - 1
 
 _MAGIC = b"SFHI"
-_VERSION = 1
+_VERSION = 2  # 2: key arrays sorted
 _PREFIX = struct.Struct("<4sB3sI")
 _BODY = struct.Struct("<QIIIQQ")
 _HEADER_SIZE = _PREFIX.size + _BODY.size  # 48
