@@ -192,3 +192,50 @@ def test_inlined_put_record_equals_records_encode(tmp_path: Path) -> None:
         assert len(wal) == 1
         data = (tmp_path / wal[0]).read_bytes()
     assert data == records.encode(b"key", b"value") + records.encode(b"k2", b"")
+
+
+# ---------------------------------------------------------------- merges
+
+
+@given(
+    sources=st.lists(st.dictionaries(st.binary(min_size=1, max_size=3), value_st, max_size=40), min_size=1, max_size=5),
+    chunk=st.integers(1, 7),
+    drop=st.booleans(),
+)
+@settings(max_examples=150, deadline=None)
+def test_chunked_merge_equals_newest_wins(sources: list[dict[bytes, bytes | None]], chunk: int, drop: bool) -> None:
+    from statestores.lsm.merge import merge_chunks, merge_sorted
+
+    expect: dict[bytes, bytes | None] = {}
+    for src in reversed(sources):  # sources are newest first
+        expect.update(src)
+    if drop:
+        expect = {k: v for k, v in expect.items() if v is not None}
+
+    def chunks(src: dict[bytes, bytes | None]):  # type: ignore[no-untyped-def]
+        ks = sorted(src)
+        for i in range(0, len(ks), chunk):
+            yield ks[i : i + chunk], [src[k] for k in ks[i : i + chunk]]
+
+    out = [kv for ks, vs in merge_chunks([chunks(s) for s in sources], drop_tombstones=drop) for kv in zip(ks, vs, strict=True)]
+    assert out == sorted(expect.items())
+    tagged = [iter([(k, i, src[k]) for k in sorted(src)]) for i, src in enumerate(sources)]
+    assert list(merge_sorted(tagged, drop_tombstones=drop)) == out
+
+
+def test_merge_and_flush_jobs_write_valid_runs(tmp_path: Path) -> None:
+    from statestores.lsm.merge import flush_memtable, merge_runs
+
+    opts = (2, 64, 0.01, False)
+    new = str(tmp_path / "new.run")
+    old = str(tmp_path / "old.run")
+    assert flush_memtable(new, {b"a": b"1", b"b": None, b"c": b"3"}, False, *opts)["count"] == 3
+    assert flush_memtable(old, {b"b": b"old", b"d": b"4", b"e": None}, False, *opts)["count"] == 3
+    assert flush_memtable(str(tmp_path / "none.run"), {b"x": None}, True, *opts)["count"] == 0
+    assert not (tmp_path / "none.run").exists()
+    out = str(tmp_path / "out.run")
+    res = merge_runs([new, old], out, True, *opts)
+    assert res["count"] == 3 and res["inputs"] == 6
+    assert list(RunReader(FileSystem(), out).items()) == [(b"a", b"1"), (b"c", b"3"), (b"d", b"4")]
+    res = merge_runs([new, old], out, False, *opts)
+    assert list(RunReader(FileSystem(), out).items()) == [(b"a", b"1"), (b"b", None), (b"c", b"3"), (b"d", b"4"), (b"e", None)]
