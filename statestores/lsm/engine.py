@@ -1,11 +1,14 @@
 """``lsm``: a log-structured merge tree with tiered merges.
 
 Writes go to a dict memtable (and, unless ``sync="none"``, to a write-ahead log). When the
-memtable reaches ``memtable_bytes`` it is sorted and written as a level-0 *run*: an
+memtable reaches ``memtable_bytes`` it becomes *immutable* (still read by lookups, its WALs
+still live) and a one-process flush pool sorts it and writes it as a level-0 *run*: an
 immutable file of checksummed blocks with its fence pointers and Bloom filter embedded
-(:mod:`.runfile`). When a level holds ``max_runs_per_level`` runs they are merged, in the
-background process pool, into one run of the next level; the store installs the result
-atomically (``CURRENT``) and keeps serving reads and writes meanwhile.
+(:mod:`.runfile`); the store installs runs in memtable order. When a level holds
+``max_runs_per_level`` runs they are merged, in the shared background process pool
+(:mod:`statestores.background`), into one run of the next level; the store installs the
+result atomically (``CURRENT``) and keeps serving reads and writes meanwhile. Writers
+wait only if ``_MAX_IMMS`` memtables are already waiting for their flush.
 
 Files (``FORMAT.md`` § lsm): ``lsm-L<level>-<seq>.run`` runs, ``lsm-<seq>.wal`` WALs, and
 ``CURRENT`` = ``{"seq", "levels": [[run names, oldest first], …], "wals": [names, oldest
