@@ -387,12 +387,19 @@ class _PendingIndex:
             if self._built is None:
                 index: dict[bytes, int] = {}
                 for h in self.hints:
-                    index.update(zip(h.keys, h.addresses, strict=True))
+                    keys, addrs = h.keys, h.addresses
+                    # in slices: one dict.update holds the GIL throughout, and the thread
+                    # that opened the store should not wait for the whole build
+                    for i in range(0, len(keys), _BUILD_SLICE):
+                        index.update(zip(keys[i : i + _BUILD_SLICE], addrs[i : i + _BUILD_SLICE], strict=True))
                     for k in h.tombstones:
                         index.pop(k, None)
                 self._built = index
             return self._built
 
+
+#: Keys per dict.update while building the index in the background (~1 ms each).
+_BUILD_SLICE = 1 << 12
 
 #: Stores whose hints hold at least this many keys open with the index built in the background.
 _LAZY_INDEX_KEYS = 1 << 16
