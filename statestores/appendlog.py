@@ -75,7 +75,8 @@ class AppendLogStore(SegmentedStore):
         state = self._open_segments()
         active = state.get("active")
         if active and self.fs.exists(self._path(active)):
-            self._open_active(active)
+            with self._lock:  # the index may be adopted by its builder thread meanwhile
+                self._open_active(active)
         else:
             self._start_active()
             self._write_current()

@@ -487,3 +487,13 @@ def test_hints_are_written_sorted(tmp_path: Path, inline_merges: None) -> None:
 
 def test_appendlog_matches_a_dict_with_a_lazy_index(inline_merges: None, lazy_index: None) -> None:
     run_machine(machine("appendlog", TINY))
+
+
+def test_appendlog_matches_a_dict_when_the_index_is_adopted_at_once(
+    inline_merges: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other extreme: the builder finishes before open goes on (e.g. before the
+    active segment is replayed)."""
+    monkeypatch.setattr(logfile, "_LAZY_INDEX_KEYS", 0)
+    monkeypatch.setattr(logfile.SegmentedStore, "_start_index_build", logfile.SegmentedStore._index_builder)
+    run_machine(machine("appendlog", TINY))
