@@ -33,6 +33,13 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def _per_cpu(r: dict[str, Any], op: str) -> float:
+    share = r.get(f"{op}_cpu_share")
+    if not share:
+        return float("nan")
+    return float(r[f"{op}_ops_per_s"]) / float(share)
+
+
 def _ok(r: dict[str, Any]) -> bool:
     return "error" not in r
 
@@ -68,6 +75,10 @@ def summarize(raw: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]
                 put_cpu_share=_median([r.get("put_cpu_share", float("nan")) for r in good]),
                 get_cpu_share=_median([r.get("get_cpu_share", float("nan")) for r in good]),
                 loadavg=_median([r.get("loadavg_1m_at_put", float("nan")) for r in good]),
+                # ops per second of the calling thread's CPU time: less sensitive to other
+                # processes, but blind to work done in background threads/processes
+                put_ops_per_thread_cpu_s=_median([_per_cpu(r, "put") for r in good]),
+                get_ops_per_thread_cpu_s=_median([_per_cpu(r, "get") for r in good]),
                 put_ops_per_s_all=[r["put_ops_per_s"] for r in good],
                 get_ops_per_s_all=[r["get_ops_per_s"] for r in good],
             )
