@@ -18,9 +18,9 @@ code. See ``FORMAT.md`` § "hint files"::
     28  4   n_tomb
     32  8   live_len    bytes of the live-keys array
     40  8   tomb_len    bytes of the tombstone-keys array
-    48  …   live keys: msgpack array of n_live bin
+    48  …   live keys: msgpack arrays of bin (8192 keys each, the last one shorter), n_live in all
     …   8·n_live  addresses: u64 each, ``seq << 36 | record offset``
-    …   …   tombstone keys: msgpack array of n_tomb bin
+    …   …   tombstone keys: msgpack arrays of bin, likewise, n_tomb in all
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ def encode(
     ``keys`` and ``tombstones`` sorted ascending (readers binary-search them)."""
     if len(keys) != len(addresses):
         raise ValueError(f"hint of segment {seq}: {len(keys)} keys but {len(addresses)} addresses")
-    live = msgpack.packb(list(keys), use_bin_type=True)
-    tomb = msgpack.packb(list(tombstones), use_bin_type=True)
+    live = _pack_keys(keys)
+    tomb = _pack_keys(tombstones)
     addrs = addresses if isinstance(addresses, array.array) else array.array("Q", addresses)
     if _SWAP:
         addrs = array.array("Q", addrs)
@@ -115,15 +115,39 @@ def decode(data: bytes, path: str, *, seq: int | None = None) -> Hint:
     end_addr = end_live + 8 * n_live
     if end_addr + tomb_len != len(data):
         raise CorruptionError(path, "hint section lengths do not add up to the file size")
-    try:
-        keys = msgpack.unpackb(view[pos:end_live], raw=False, use_list=True)
-        tombs = msgpack.unpackb(view[end_addr:], raw=False, use_list=True)
-    except (ValueError, msgpack.ExtraData) as exc:
-        raise CorruptionError(path, f"undecodable hint key array: {exc}") from None
-    if not isinstance(keys, list) or len(keys) != n_live or not isinstance(tombs, list) or len(tombs) != n_tomb:
+    keys = _unpack_keys(view[pos:end_live], path)
+    tombs = _unpack_keys(view[end_addr:], path)
+    if len(keys) != n_live or len(tombs) != n_tomb:
         raise CorruptionError(path, "hint key counts do not match its header")
     addrs = array.array("Q")
     addrs.frombytes(view[end_live:end_addr])
     if _SWAP:
         addrs.byteswap()
     return Hint(hseq, data_size, keys, addrs, tombs)
+
+
+#: Keys per msgpack array. Decoding one array is one C call that holds the GIL; pieces of
+#: this size keep a background decode (after a merge) from stalling the serving thread.
+_KEYS_PER_ARRAY = 1 << 13
+
+
+def _pack_keys(keys: Sequence[bytes]) -> bytes:
+    """Keys as consecutive msgpack arrays of at most ``_KEYS_PER_ARRAY`` bins (none if empty)."""
+    pack = msgpack.Packer(use_bin_type=True).pack
+    return b"".join(pack(list(keys[i : i + _KEYS_PER_ARRAY])) for i in range(0, len(keys), _KEYS_PER_ARRAY))
+
+
+def _unpack_keys(blob: memoryview, path: str) -> list[bytes]:
+    out: list[bytes] = []
+    if not blob:
+        return out
+    unpacker = msgpack.Unpacker(raw=False, use_list=True, max_buffer_size=max(len(blob), 1))
+    unpacker.feed(blob)
+    try:
+        for part in unpacker:
+            if not isinstance(part, list):
+                raise CorruptionError(path, "hint key section holds something other than key arrays")
+            out += part
+    except ValueError as exc:
+        raise CorruptionError(path, f"undecodable hint key array: {exc}") from None
+    return out

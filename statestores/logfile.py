@@ -27,6 +27,7 @@ import os
 import struct
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -404,6 +405,9 @@ _BUILD_SLICE = 1 << 12
 #: Stores whose hints hold at least this many keys open with the index built in the background.
 _LAZY_INDEX_KEYS = 1 << 16
 
+#: Pause between two chunks of background work that takes the store lock.
+_YIELD_SECONDS = 0.0002
+
 #: Index entries redirected per lock hold after a merge.
 _REDIRECT_CHUNK = 1 << 13
 
@@ -731,6 +735,7 @@ class SegmentedStore(Store):
                 with self._lock:
                     if self._redirect is not r or self._redirect_step(r, _REDIRECT_CHUNK):
                         return
+                time.sleep(_YIELD_SECONDS)  # a lock is not fair: give a waiting writer the chance to take it
         except Exception:
             log.exception("installing a merge in %s failed", self.directory)
 

@@ -53,3 +53,12 @@ def test_hint_of_another_segment_is_rejected() -> None:
 def test_mismatched_lengths_are_a_value_error() -> None:
     with pytest.raises(ValueError, match="2 keys but 1 addresses"):
         hints.encode(1, 0, [b"a", b"b"], [0], [])
+
+
+def test_many_keys_span_several_arrays_and_round_trip() -> None:
+    keys = sorted(b"key-%07d" % i for i in range(20_000))
+    tombs = sorted(b"gone-%07d" % i for i in range(9_000))
+    addrs = array.array("Q", (hints.address(3, 40 * i) for i in range(len(keys))))
+    data = hints.encode(3, 40 * len(keys), keys, addrs, tombs)
+    h = hints.decode(data, "big.hint", seq=3)
+    assert h.keys == keys and h.tombstones == tombs and h.addresses == addrs
