@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 
 import statestores
-from statestores import FaultyFS, InjectedFault
+from statestores import FaultyFS
 
 from .test_appendlog import (
     apply_all,
     check_small_update_uploads_little,
+    crash_everywhere,
     inline_merges,
     lazy_index,
     machine,
@@ -139,41 +140,11 @@ def test_corrupt_value_in_a_log_file_is_reported_not_returned(tmp_path: Path) ->
 
 @pytest.mark.parametrize("sync", ["os", "none"])
 def test_crash_at_every_call_with_merges(tmp_path: Path, inline_merges: None, sync: str) -> None:
-    ops = random_ops(9, 50, nkeys=8)
-    opts = dict(TINY, sync=sync)
-    probe = FaultyFS()
-    with statestores.open("hybridlog", tmp_path / "probe", fs=probe, **opts) as s:
-        apply_all(s, ops, {})
-    for fail_at in range(1, probe.calls + 1):
-        d = tmp_path / f"db{fail_at}"
-        fs = FaultyFS(fail_at, torn=True, seed=fail_at)
-        prefixes: list[dict[bytes, bytes]] = [{}]
-        model: dict[bytes, bytes] = {}
-        try:
-            s = statestores.open("hybridlog", d, fs=fs, **opts)
-            for op in ops:
-                apply_all(s, [op], model)
-                prefixes.append(dict(model))
-        except InjectedFault:
-            pass
-        fs.crash()
-        model_in_flight = dict(model)
-        if len(prefixes) <= len(ops):
-            apply_all_model(model_in_flight, ops[len(prefixes) - 1])
-        with statestores.open("hybridlog", d, **opts) as r:
-            got = dict(r.items())
+    for run in crash_everywhere("hybridlog", dict(TINY, sync=sync), random_ops(9, 50, nkeys=8), tmp_path):
         if sync == "os":  # every acknowledged write, plus possibly the one in flight
-            assert got in (model, model_in_flight), f"crash at call {fail_at}"
+            assert run.got in (run.acknowledged, run.with_in_flight), f"crash at call {run.fail_at}"
         else:  # some prefix of the writes: nothing torn, nothing resurrected
-            assert got in prefixes + [model_in_flight], f"crash at call {fail_at}"
-
-
-def apply_all_model(model: dict[bytes, bytes], op: tuple[bytes, bytes | None]) -> None:
-    k, v = op
-    if v is None:
-        model.pop(k, None)
-    else:
-        model[k] = v
+            assert run.got in run.prefixes + [run.with_in_flight], f"crash at call {run.fail_at}"
 
 
 def test_bad_options_are_named(tmp_path: Path) -> None:
