@@ -118,7 +118,7 @@ def _shutdown_flush_pool() -> None:
     with _flush_pool_lock:
         pool, _flush_pool = _flush_pool, None
     if pool is not None:
-        pool.shutdown(wait=True)
+        pool.shutdown(wait=True, cancel_futures=False)
 
 
 atexit.register(_shutdown_flush_pool)
@@ -486,15 +486,25 @@ class LSMStore(Store):
         mem = self._mem
         name = f"lsm-L0-{self._next_seq():010d}.run"
         drop = not self._runs and not self._imms
+        o = self._run_opts
+        args: tuple[Any, ...] = (
+            merge_mod.flush_memtable, self._path(name) + ".tmp", mem, drop,
+            o["density_factor"], o["block_bytes"], o["bloom_fpr"], o["fsync"],
+        )
+        try:
+            fut = _flush_executor().submit(*args)
+        except concurrent.futures.BrokenExecutor:  # its process died: start a new pool
+            _shutdown_flush_pool()
+            try:
+                fut = _flush_executor().submit(*args)
+            except (concurrent.futures.BrokenExecutor, RuntimeError, OSError) as exc:
+                log.warning("no background flush pool (%s); flushing in the foreground", exc)
+                self._flush_locked()
+                return
         wals = self._wals
         self._wals = []
         if self._wal_fd is not None:
             self._start_wal()
-        o = self._run_opts
-        fut = _flush_executor().submit(
-            merge_mod.flush_memtable, self._path(name) + ".tmp", mem, drop,
-            o["density_factor"], o["block_bytes"], o["bloom_fpr"], o["fsync"],
-        )
         self._imms = (*self._imms, _Imm(mem, self._mem_bytes, wals, name, drop, fut))
         self._mem = {}  # after the imm is published: lock-free readers see one or the other
         self._mem_bytes = 0

@@ -402,3 +402,41 @@ TestLSMModel = LSMMachine.TestCase
 TestLSMModel.settings = settings(
     max_examples=25, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+
+
+# ---------------------------------------------------------------- background failures
+
+
+class _FailingExecutor(concurrent.futures.Executor):
+    """A flush pool whose jobs die (as when its process is killed)."""
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def,override]
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        fut.set_exception(concurrent.futures.BrokenExecutor("worker killed"))
+        return fut
+
+
+class _BrokenExecutor(concurrent.futures.Executor):
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def,override]
+        raise concurrent.futures.BrokenExecutor("pool is broken")
+
+
+@pytest.mark.parametrize("pool", [_FailingExecutor, _BrokenExecutor])
+def test_flushes_fall_back_to_the_foreground_when_the_pool_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: type
+) -> None:
+    from statestores.lsm import engine
+
+    monkeypatch.setattr(engine, "_flush_executor", pool)
+    monkeypatch.setattr(engine, "_shutdown_flush_pool", lambda: None)
+    model = {}
+    with statestores.open("lsm", tmp_path, memtable_bytes=2000, max_runs_per_level=3) as s:
+        for i in range(400):
+            k, v = b"k%03d" % (i % 150), b"v%d" % i
+            s.put(k, v)
+            model[k] = v
+        settle(s)
+        assert s.stats()["flushes"] > 5
+        assert dict(s.items()) == model
+    with statestores.open("lsm", tmp_path) as s:
+        assert dict(s.items()) == model
