@@ -111,6 +111,7 @@ def summarize(raw: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]
                 rss_growth_mb=_median([r["rss_growth_mb"] for r in good]),
                 rss_growth_pct_of_data=_median([r["rss_growth_pct_of_data"] for r in good]),
                 rss_after_10k_gets_mb=_median([r["rss_after_10k_gets_mb"] for r in good]),
+                next_gets_ms=_median([r.get("next_gets_ms", float("nan")) for r in good]),
                 rss_anon_growth_mb=_median([r.get("rss_anon_growth_mb", float("nan")) for r in good]),
                 rss_anon_after_10k_gets_mb=_median([r.get("rss_anon_after_10k_gets_mb", float("nan")) for r in good]),
                 reopen_ms_all=[r["reopen_ms"] for r in good],
@@ -340,7 +341,7 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any], plots: list[str], re
             if r is None:
                 continue
             if "reopen_ms" not in r:
-                rows.append([e, f"ERROR: {r['errors'][0] if r['errors'] else '?'}"[:100], "–", "–", "–", "–", "–"])
+                rows.append([e, f"ERROR: {r['errors'][0] if r['errors'] else '?'}"[:100], "–", "–", "–", "–", "–", "–"])
                 continue
             rows.append(
                 [
@@ -349,6 +350,7 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any], plots: list[str], re
                     _fmt(r["reopen_ms"], ".1f"),
                     f"{_fmt(r['rss_growth_mb'], '.1f')} ({_fmt(r['rss_growth_pct_of_data'], '.1f')}%)",
                     _fmt(r.get("rss_anon_growth_mb"), ".1f"),
+                    _fmt(r.get("next_gets_ms"), ".0f"),
                     f"{_fmt(r['rss_after_10k_gets_mb'], '.1f')} / {_fmt(r.get('rss_anon_after_10k_gets_mb'), '.1f')}",
                     _fmt(r.get("disk_mb"), ".1f"),
                 ]
@@ -357,7 +359,7 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any], plots: list[str], re
         parts.append(
             _table(
                 ["engine", "keys", "reopen ms", "RSS growth MB (% of data)", "anon growth MB",
-                 "after +10k verified gets: RSS / anon MB", "disk MB"],
+                 "next 10k verified gets, ms", "after them: RSS / anon MB", "disk MB"],
                 rows,
             )
         )
