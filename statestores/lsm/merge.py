@@ -10,6 +10,8 @@ records it in ``CURRENT`` and releases the inputs, so a job that dies leaves onl
 from __future__ import annotations
 
 import heapq
+import logging
+import multiprocessing
 import os
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
@@ -19,6 +21,23 @@ from ..fs import FileSystem
 from .runfile import RunReader, RunWriter
 
 __all__ = ["merge_sorted", "merge_chunks", "merge_runs", "flush_memtable"]
+
+log = logging.getLogger("statestores.lsm")
+
+
+_niced = False
+
+
+def _background_priority() -> None:
+    """Lower this worker process' CPU priority (once): when the machine is busy, the
+    caller's reads and writes should win over merges and flushes. A no-op on a thread."""
+    global _niced
+    if not _niced and multiprocessing.parent_process() is not None:
+        try:
+            os.nice(10)
+        except OSError as exc:
+            log.debug("could not lower the background worker's priority: %s", exc)
+        _niced = True
 
 
 def merge_sorted(
@@ -100,6 +119,7 @@ def merge_runs(
     Returns the output's ``count``, ``tombstones`` and ``bytes``; ``count == 0`` means
     everything cancelled out and no output file exists.
     """
+    _background_priority()
     fs = FileSystem()
     readers = [RunReader(fs, p) for p in inputs]
     writer = RunWriter(
@@ -134,6 +154,7 @@ def flush_memtable(
     Runs off the caller's thread (sorting, encoding and the Bloom filter are most of a
     flush's cost). ``count == 0`` means nothing was left to write and no file exists.
     """
+    _background_priority()
     keys = sorted(mem)
     values = list(map(mem.__getitem__, keys))
     if drop_tombstones:
