@@ -82,6 +82,7 @@ class HybridLogStore(SegmentedStore):
         self._direct = type(self.fs) is FileSystem and self.sync == "os"
         self._advances = 0
         self._flushes = 0
+        self._appends = 0
         state = self._open_segments()
         wals = [w for w in state.get("wals", []) if self.fs.exists(self._path(w))]
         for i, w in enumerate(wals):
@@ -193,13 +194,15 @@ class HybridLogStore(SegmentedStore):
             value = check_value(value, key)
         with self._lock:
             m = self._mut
-            if key not in m and len(m) >= self._lag:
-                # advance first: the record must land in the WAL that covers the new region
-                self._advance()
-                m = self._mut
+            if key not in m:
+                if len(m) >= self._lag:
+                    # advance first: the record must land in the WAL that covers the new region
+                    self._advance()
+                    m = self._mut
+                self._appends += 1  # a new record at the tail (the other puts update in place)
             if self._wal_fd is not None:
                 self._log(records.encode(key, value))
-            m[key] = value  # in place, or appended to the mutable tail
+            m[key] = value
 
     def delete(self, key: bytes) -> None:
         self._check_open()
@@ -338,6 +341,7 @@ class HybridLogStore(SegmentedStore):
             mutable_records=len(self._mut),
             read_only_records=len(self._ro),
             boundary_advances=self._advances,
+            tail_appends=self._appends,
             flushes=self._flushes,
             wals=list(self._wals),
             memory_bytes=s["index_bytes"] + mem_bytes + sys.getsizeof(self._mut) + sys.getsizeof(self._ro),

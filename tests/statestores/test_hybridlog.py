@@ -33,6 +33,7 @@ def test_hot_keys_are_updated_in_place(tmp_path: Path) -> None:
             s.put(b"hot%d" % (i % 3), b"%d" % i)
         st = s.stats()
         assert st["mutable_records"] == 3 and st["boundary_advances"] == 0 and st["segments"] == 0
+        assert st["tail_appends"] == 3  # the other 997 puts were in-place updates
         assert [s.get(b"hot%d" % j) for j in range(3)] == [b"999", b"997", b"998"]
 
 
