@@ -82,7 +82,7 @@ class AppendLogStore(SegmentedStore):
             self._write_current()
         assert self._active is not None
         self._remove_strays(set(self._sealed_files()) | {self._active.name})
-        self._maybe_merge()
+        self._open_done()
 
     def _open_active(self, name: str) -> None:
         """Reopen the active segment: replay its records, truncating a torn tail."""

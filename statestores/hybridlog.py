@@ -102,7 +102,7 @@ class HybridLogStore(SegmentedStore):
             self._start_wal()
             self._write_current()
         self._remove_strays(set(self._sealed_files()) | set(self._wals))
-        self._maybe_merge()
+        self._open_done()
 
     def _replay(self, name: str) -> dict[bytes, bytes | None]:
         """The records of WAL ``name`` as a region (last record per key), truncating a torn tail."""

@@ -462,6 +462,9 @@ class SegmentedStore(Store):
         a name is never reused for other bytes.
         """
         self._init_segments()
+        # no merge may start before open is done (the index builder thread could start one,
+        # and the engine's stray removal would delete its output)
+        self._merge_pause = 1
         state = current.read(self.fs, self.directory)
         self._seq = int(state.get("seq", 0))
         self._load_sealed(state.get("segments", []))
@@ -469,6 +472,12 @@ class SegmentedStore(Store):
         names = [n for n in self.fs.listdir(self.directory) if n.startswith(prefix)]
         self._seq = max([self._seq] + [_seq_of(n) for n in names])
         return state
+
+    def _open_done(self) -> None:
+        """End of the engine's ``_open``: merges may start."""
+        with self._lock:
+            self._merge_pause = 0
+            self._maybe_merge()
 
     def _install_segments(self, manifest: Manifest, next_seq: int) -> None:
         """Drop every segment and load those of ``manifest`` (the shared part of ``_install``)."""
