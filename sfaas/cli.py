@@ -140,6 +140,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def _say(message: str) -> None:
+    """Progress of long set-up steps (first-run builds take minutes), on stderr."""
+    print(message, file=sys.stderr, flush=True)
+
+
 def _dispatch(ns: argparse.Namespace) -> int:
     cmd = ns.command
     if cmd == "services":
@@ -147,10 +152,10 @@ def _dispatch(ns: argparse.Namespace) -> int:
 
         kw = {"kafka": not ns.no_kafka, "minio": not ns.no_minio}
         if ns.action == "up":
-            ep = services.up(**kw)
+            ep = services.up(**kw, progress=_say)
             print(f"kafka  {ep.kafka_bootstrap}\nminio  {ep.minio_endpoint} (access key {ep.minio_access_key})")
         elif ns.action == "down":
-            services.down(**kw)
+            services.down(**kw, progress=_say)
         else:
             for name, st in services.status().items():
                 state = "running" if st.get("running") else ("reachable" if st.get("reachable") else "stopped")

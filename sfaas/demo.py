@@ -37,7 +37,7 @@ def run_demo(seconds: float = 10.0, rate: float = 1000.0, accounts: int = 1000,
     """Run the demo; returns the process exit code (0: invariants held)."""
     before = services.status()
     print("starting Kafka and MinIO (first run downloads/builds them; later runs reuse them) ...")
-    ep = services.up(kafka=True, minio=True)
+    ep = services.up(kafka=True, minio=True, progress=lambda m: print(f"  {m}", flush=True))
     s = Settings.load({
         "kafka": ep.kafka_bootstrap,
         "namespace": f"demo-{uuid.uuid4().hex[:8]}",
