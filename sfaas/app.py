@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import re
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -182,6 +184,10 @@ def load_app(spec: str) -> App:
     if not isinstance(spec, str) or ":" not in spec:
         raise ConfigError(f"app must look like 'package.module:app', got {spec!r}")
     module_name, _, attr = spec.partition(":")
+    # Like other app runners, import from the current directory too: the console script's
+    # sys.path[0] is its bin directory, not the user's project.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
