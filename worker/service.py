@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import os
 import time
@@ -35,6 +36,7 @@ from sfaas.kafka import make_consumer, make_producer
 from sfaas.settings import Settings
 from sfaas.txn.engine import Engine, Outcome
 from sfaas.txn.epochs import Sequencer, decide
+from sfaas.txn.offsets import OffsetTracker
 
 log = logging.getLogger("sfaas.worker")
 
@@ -46,6 +48,9 @@ class _Pending:
     """A request waiting to commit (it may re-run several epochs)."""
 
     request: wire.Request
+    #: ingress partition and offset the request was read from (see ``OffsetTracker``)
+    partition: int = -1
+    offset: int = -1
     now: float = 0.0
     attempts: int = 0
 
@@ -73,15 +78,21 @@ class Worker:
         self._served: list[int] = []
         self._late: list[tuple[int, wire.Result]] = []
         self._outcomes: list[Outcome] = []
-        self._replies: list[tuple[int, bytes]] = []
+        #: (reply partition, encoded reply, ingress partition, ingress offset)
+        self._replies: list[tuple[int, bytes, int, int]] = []
         self._reply_event = asyncio.Event()
         # the coordinator starts idle: the first records must wake it up
         self._idle_reported = True
-        self._offsets: dict[int, int] = {}
+        #: ingress offsets: a request counts as completed once its reply is acknowledged
+        self.offsets = OffsetTracker()
         self._tasks: list[asyncio.Task[Any]] = []
         self.committed = 0
         self.aborted = 0
         self.reruns = 0
+        #: conflicting roots run in the fallback phase (committed there, or re-run after)
+        self.fallbacks = 0
+        #: SFAAS_FALLBACK=0 turns the fallback phase off (conflicts re-run next epoch only)
+        self.fallback_enabled = os.environ.get("SFAAS_FALLBACK", "1") != "0"
         self.epochs = 0
         self._age_sum = 0.0
         self._age_n = 0
@@ -230,7 +241,8 @@ class Worker:
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await self._flush_replies()
-            await self.producer.stop()
+            await self.producer.stop()  # waits for outstanding deliveries
+            await self._commit_offsets()
             await self.consumer.stop()
             for ch in self.peers.values():
                 ch.close()
@@ -275,7 +287,8 @@ class Worker:
                 if isinstance(msg, wire.Begin):
                     self._tasks_add(asyncio.ensure_future(self._execute(msg)))
                 elif isinstance(msg, wire.Commit):
-                    self._commit(msg)
+                    # awaited: the fallback phase must finish before the next Begin runs
+                    await self._commit(msg)
                 elif isinstance(msg, wire.Stop):
                     log.info("stopping: %s", msg.reason, extra={"worker": self.index})
                     return
@@ -311,16 +324,45 @@ class Worker:
         self._reported_epoch = begin.epoch
         self._report()
 
-    def _commit(self, msg: wire.Commit) -> None:
+    async def _commit(self, msg: wire.Commit) -> None:
         assert self.engine is not None and self.sequencer is not None
+        eng = self.engine
         conflicts = {t: b for t, b in msg.conflicts}
         self._last_conflicts = set(conflicts)
         aborts = {t: (e, r) for t, e, r in msg.aborts}
-        self.engine.commit(conflicts, aborts)
+        eng.commit(conflicts, aborts)
         decision = decide((tid for tid, _ in self._batch), self._last_conflicts, aborts)
         rerun = set(decision.rerun)
+        # fallback phase: conflicting roots that stayed on this worker run serially now
+        items = dict(self._batch)
+        fb = [t for t in decision.rerun if eng.local_only(t)] if self.fallback_enabled else []
+        fb_results: dict[int, tuple[str, Any]] = {}
+        if fb:
+            out = await eng.run_fallback([
+                (t, items[t].now, (items[t].request.operator, items[t].request.key,
+                                   items[t].request.function, items[t].request.args))
+                for t in fb
+            ])
+            fb_results = dict(zip(fb, out, strict=True))
+            self.fallbacks += len(fb)
         for (tid, item), (ok, value) in zip(self._batch, self._outcomes, strict=True):
             req = item.request
+            fate = fb_results.get(tid)
+            if fate is not None:
+                kind, detail = fate
+                if kind == "committed":
+                    self.committed += 1
+                    reply = wire.Reply(req.rid, True, detail[1])
+                elif kind == "aborted":
+                    self.aborted += 1
+                    reply = wire.Reply(req.rid, False, None, str(detail[0]), str(detail[1]))
+                else:
+                    item.attempts += 1
+                    self.reruns += 1
+                    self.sequencer.requeue(tid, item, conflicts[tid])
+                    continue
+                self._replies.append((req.reply_partition, reply.encode(), item.partition, item.offset))
+                continue
             if tid in rerun:
                 item.attempts += 1
                 self.reruns += 1
@@ -333,13 +375,13 @@ class Worker:
             else:
                 self.committed += 1
                 reply = wire.Reply(req.rid, True, value)
-            self._replies.append((req.reply_partition, reply.encode()))
+            self._replies.append((req.reply_partition, reply.encode(), item.partition, item.offset))
         self._batch = []
         self._outcomes = []
         self.epochs += 1
         if self._replies:
             self._reply_event.set()
-        self.on_epoch_committed(msg.epoch, dict(self._offsets), msg.marker)
+        self.on_epoch_committed(msg.epoch, self.offsets.watermarks(), msg.marker)
 
     # -- Kafka --------------------------------------------------------------------------------------------------
     async def _ingest(self) -> None:
@@ -352,13 +394,14 @@ class Worker:
             got = False
             for tp, records in data.items():
                 for rec in records:
-                    self._offsets[tp.partition] = rec.offset + 1
+                    self.offsets.take(tp.partition, rec.offset)
                     try:
                         req = wire.Request.decode(rec.value)
                     except Exception as exc:
                         log.warning("dropping malformed request at %s:%d: %s", tp, rec.offset, exc)
+                        self.offsets.complete(tp.partition, rec.offset)
                         continue
-                    self.ingress.append(_Pending(req))
+                    self.ingress.append(_Pending(req, tp.partition, rec.offset))
                     got = True
             if got and self._idle_reported:
                 self._idle_reported = False
@@ -375,30 +418,43 @@ class Worker:
         if not replies:
             return
         topic = self.assign.egress_topic
-        futs = [await self.producer.send(topic, value, partition=p) for p, value in replies]
-        for f in futs:
-            f.add_done_callback(_log_send_error)
+        for p, value, in_part, in_offset in replies:
+            fut = await self.producer.send(topic, value, partition=p)
+            fut.add_done_callback(functools.partial(self._reply_sent, in_part, in_offset))
+
+    def _reply_sent(self, partition: int, offset: int, fut: asyncio.Future[Any]) -> None:
+        """A reply's delivery finished: on success its request is completed (offset-wise)."""
+        if fut.cancelled() or fut.exception() is not None:
+            # not completed: the offset stays uncommitted, so a restart re-runs the request
+            log.error("producing the reply to ingress %d:%d failed: %s", partition, offset,
+                      "cancelled" if fut.cancelled() else fut.exception())
+            return
+        if offset >= 0:
+            self.offsets.complete(partition, offset)
 
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(1.0)
             self.coord.send(wire.Heartbeat(self.index, self.committed))
             if self._age_n:
-                log.info("epochs=%d committed=%d reruns=%d mean request age at epoch start %.1f ms",
-                         self.epochs, self.committed, self.reruns, 1000 * self._age_sum / self._age_n)
+                log.info("epochs=%d committed=%d reruns=%d fallbacks=%d mean request age at epoch start %.1f ms",
+                         self.epochs, self.committed, self.reruns, self.fallbacks, 1000 * self._age_sum / self._age_n)
                 self._age_sum, self._age_n = 0.0, 0
-            if self._offsets:
-                try:
-                    await self.consumer.commit({
-                        TopicPartition(self.assign.ingress_topic, p): o for p, o in self._offsets.items()
-                    })
-                except Exception as exc:
-                    log.warning("committing ingress offsets failed: %s", exc)
+            await self._commit_offsets()
 
-
-def _log_send_error(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled() and fut.exception() is not None:
-        log.error("producing a reply failed: %s", fut.exception())
+    async def _commit_offsets(self) -> None:
+        """Commit to the consumer group the offsets below which every request completed."""
+        offsets = self.offsets.to_commit()
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit({
+                TopicPartition(self.assign.ingress_topic, p): o for p, o in offsets.items()
+            })
+        except Exception as exc:
+            log.warning("committing ingress offsets failed: %s", exc)
+        else:
+            self.offsets.mark_committed(offsets)
 
 
 async def run_worker(settings: Settings, app: App, name: str | None = None) -> None:

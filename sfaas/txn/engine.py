@@ -102,6 +102,11 @@ class Engine:
         self.router = router
         self.epoch = 0
         self.log = AccessLog()
+        #: tids whose calls left this worker in the current epoch (not fallback-eligible)
+        self._remote_tids: set[int] = set()
+        #: set while :meth:`run_fallback` runs: remote calls are refused, not made
+        self._in_fallback = False
+        self._deviated: set[int] = set()
 
     # -- placement -------------------------------------------------------------------
     def owner(self, operator: str, key: str) -> int:
@@ -131,6 +136,7 @@ class Engine:
         """Start epoch ``epoch``: a fresh access log over the (committed) store state."""
         self.epoch = epoch
         self.log = AccessLog()
+        self._remote_tids = set()
 
     async def call(
         self, tid: int, now: float, operator: str, key: str, function: str,
@@ -152,7 +158,12 @@ class Engine:
                 if depth:  # root arguments came off the wire: already msgpack values
                     check_serializable(args, f"arguments of {operator}.{function}")
                 ok, value = await self.serve(tid, now, operator, key, function, args, depth)
+            elif self._in_fallback:
+                # the first run stayed on this worker; this one would not: re-run next epoch
+                self._deviated.add(tid)
+                raise Abort(f"fallback run of {tid} left worker {self.index}")
             else:
+                self._remote_tids.add(tid)
                 ok, value = await self.router.remote_call(
                     dest, tid, now, operator, key, function, args, depth
                 )
@@ -195,6 +206,51 @@ class Engine:
             return True, await self.call(tid, now, operator, key, function, args, 0)
         except Exception as exc:
             return False, describe(exc)
+
+    def local_only(self, tid: int) -> bool:
+        """Whether root ``tid`` (run here this epoch) touched only this worker's keys.
+
+        Every other worker a transaction reaches is reached through a call chain starting
+        with a remote call from its root's worker, so no remote call here means none at all.
+        """
+        return tid not in self._remote_tids
+
+    async def run_fallback(
+        self, items: Sequence[tuple[int, float, Sequence[Any]]]
+    ) -> list[tuple[str, Any]]:
+        """Aria's fallback phase for conflicting, local-only roots, after the epoch's commit.
+
+        ``items`` are ``(tid, now, request)`` in increasing tid order. Each runs alone, to
+        completion, against the state including the epoch's commits and the earlier
+        fallback commits, and its writes are applied before the next one starts — a serial
+        execution, so a hot-key chain commits whole in one epoch. The serial order of the
+        history is: the epoch's commits, then these in tid order (another worker's fallback
+        transactions touch only its own keys, so they commute with these), then the next
+        epoch. Returns, per item, ``("committed", outcome)``, ``("aborted", (type, reason))``
+        (a user abort, final: it saw current state) or ``("rerun", outcome)`` when the run
+        tried to leave this worker (its writes are discarded; it re-runs next epoch).
+        Must not overlap an epoch's execution on this engine.
+        """
+        results: list[tuple[str, Any]] = []
+        self._in_fallback = True
+        try:
+            for tid, now, request in items:
+                self.log = AccessLog()
+                self._deviated.clear()
+                ok, value = await self.run_root(tid, now, request)
+                if tid in self._deviated:
+                    results.append(("rerun", (ok, value)))
+                elif tid in self.log.user_aborts:
+                    results.append(("aborted", self.log.user_aborts[tid]))
+                else:
+                    for op, ops in self.log.commit_batches([tid]).items():
+                        self.stores[op].write_batch(ops)
+                    results.append(("committed", (ok, value)))
+        finally:
+            self._in_fallback = False
+            self._deviated.clear()
+            self.log = AccessLog()
+        return results
 
     # -- barrier ---------------------------------------------------------------------------
     def votes(self) -> tuple[dict[int, int], dict[int, tuple[str, str]]]:

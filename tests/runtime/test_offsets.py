@@ -1,0 +1,139 @@
+"""Ingress offsets: only the offset below which every request completed is committed."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sfaas import wire
+from sfaas.txn.offsets import OffsetTracker
+from worker.service import Worker, _Pending
+
+
+def test_waiting_request_holds_the_watermark() -> None:
+    t = OffsetTracker()
+    for o in range(5):
+        t.take(0, o)
+    assert t.watermark(0) == 0
+    for o in (1, 2, 4):  # offset 0 waits to re-run; 3 too
+        t.complete(0, o)
+    assert t.watermark(0) == 0
+    t.complete(0, 0)
+    assert t.watermark(0) == 3
+    t.complete(0, 3)
+    assert t.watermark(0) == 5
+    assert t.outstanding(0) == 0
+    assert t.watermark(1) is None
+
+
+def test_misuse_names_the_offset() -> None:
+    t = OffsetTracker()
+    t.take(2, 10)
+    with pytest.raises(ValueError, match="offset 9 of partition 2"):
+        t.take(2, 9)
+    with pytest.raises(ValueError, match="never taken"):
+        t.complete(2, 11)
+    t.complete(2, 10)
+    with pytest.raises(ValueError, match="completed twice"):
+        t.complete(2, 10)
+
+
+def test_to_commit_reports_only_moved_watermarks() -> None:
+    t = OffsetTracker()
+    t.take(0, 0)
+    t.take(1, 0)
+    assert t.to_commit() == {0: 0, 1: 0}
+    t.mark_committed({0: 0, 1: 0})
+    assert t.to_commit() == {}
+    t.complete(1, 0)
+    assert t.to_commit() == {1: 1}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_watermark_matches_model(data: st.DataObject) -> None:
+    """Against a model: the watermark is the lowest incomplete taken offset (or next)."""
+    t = OffsetTracker()
+    parts = data.draw(st.integers(1, 3))
+    nxt = {p: 0 for p in range(parts)}
+    incomplete: dict[int, set[int]] = {p: set() for p in range(parts)}
+    for _ in range(data.draw(st.integers(1, 60))):
+        p = data.draw(st.integers(0, parts - 1))
+        if incomplete[p] and data.draw(st.booleans()):
+            o = data.draw(st.sampled_from(sorted(incomplete[p])))
+            t.complete(p, o)
+            incomplete[p].discard(o)
+        else:
+            o = nxt[p] + data.draw(st.integers(0, 2))  # Kafka offsets may have gaps
+            t.take(p, o)
+            incomplete[p].add(o)
+            nxt[p] = o + 1
+        for q in range(parts):
+            expect = min(incomplete[q]) if incomplete[q] else (nxt[q] if nxt[q] else None)
+            if expect is None and q not in t.watermarks():
+                continue
+            assert t.watermark(q) == expect
+            assert t.outstanding(q) == len(incomplete[q])
+
+
+# -- the worker's wiring -------------------------------------------------------------------------
+
+
+class _FakeConsumer:
+    def __init__(self) -> None:
+        self.commits: list[dict[int, int]] = []
+
+    async def commit(self, offsets: dict[Any, int]) -> None:
+        self.commits.append({tp.partition: o for tp, o in offsets.items()})
+
+
+class _FakeProducer:
+    def __init__(self) -> None:
+        self.futs: list[asyncio.Future[Any]] = []
+
+    async def send(self, topic: str, value: bytes, partition: int) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.futs.append(fut)
+        return fut
+
+
+def _request(i: int) -> wire.Request:
+    return wire.Request(f"r{i}", "accounts", f"k{i}", "deposit", [1], 0, 0.0)
+
+
+async def test_worker_commits_completed_offsets_only() -> None:
+    """A re-running request keeps the committed offset below it; failed replies too."""
+    w = Worker.__new__(Worker)
+    w.offsets = OffsetTracker()
+    w.consumer = _FakeConsumer()
+    w.producer = _FakeProducer()
+    w.assign = SimpleNamespace(ingress_topic="in", egress_topic="out")
+    w._replies = []
+    items = [_Pending(_request(i), 3, 100 + i) for i in range(4)]
+    for it in items:
+        w.offsets.take(it.partition, it.offset)
+    # epoch: 100 re-runs (no reply); 101..103 complete
+    for it in items[1:]:
+        w._replies.append((0, b"reply", it.partition, it.offset))
+    await w._flush_replies()
+    await w._commit_offsets()
+    assert w.consumer.commits == [{3: 100}]  # nothing acknowledged yet
+    for f in w.producer.futs:
+        f.set_result(None)
+    await asyncio.sleep(0)
+    await w._commit_offsets()
+    assert w.consumer.commits[-1] == {3: 100}  # 100 still waits: no move, nothing sent
+    assert len(w.consumer.commits) == 1
+    # the re-run completes, but its reply delivery fails: still not completed
+    w._replies.append((0, b"reply", 3, 100))
+    await w._flush_replies()
+    w.producer.futs[-1].set_exception(RuntimeError("broker down"))
+    await asyncio.sleep(0)
+    await w._commit_offsets()
+    assert len(w.consumer.commits) == 1
+    assert w.offsets.watermark(3) == 100
