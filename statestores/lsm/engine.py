@@ -58,7 +58,7 @@ from ..errors import CorruptionError
 from ..fs import FileSystem
 from . import merge as merge_mod
 from .merge import merge_sorted
-from .runfile import RunReader, decode_block, write_run
+from .runfile import ABSENT, RunReader, block_get, decode_block, write_run
 from .wal import replay
 
 __all__ = ["LSMStore"]
@@ -77,6 +77,8 @@ _CRC = struct.Struct("<I")
 _ENTRY_OVERHEAD = 100
 #: Estimated bytes a cached, decoded block costs per record beyond its raw size.
 _CACHED_RECORD_OVERHEAD = 90
+#: One block-cache miss in this many decodes its block into the cache (see _miss).
+_ADMIT_EVERY = 4
 #: A WAL holding this many times ``memtable_bytes`` forces a flush (bounds replay time
 #: under overwrite-heavy loads, where the memtable stays small but the log grows).
 _WAL_FACTOR = 4
@@ -179,6 +181,7 @@ class LSMStore(Store):
         self._cache: OrderedDict[int, dict[bytes, bytes | None]] = OrderedDict()
         self._cache_sizes: dict[int, int] = {}
         self._cache_used = 0
+        self._misses = 0
         self._merge: tuple[concurrent.futures.Future[dict[str, Any]], int, list[RunReader], str] | None = None
         self._paused = 0
         self._zombies: set[str] = set()
@@ -322,13 +325,29 @@ class LSMStore(Store):
                     cid = run.uid + i
                     block = self._cache.get(cid)
                     if block is None:
-                        block = self._load_block(run, i, cid)
+                        v = self._miss(run, i, cid, key)
                     else:
                         self._cache.move_to_end(cid)
-                    v = block.get(key, _MISS)
+                        v = block.get(key, _MISS)
                     if v is not _MISS:
                         return default if v is None else v  # type: ignore[return-value]
         return default
+
+    def _miss(self, run: RunReader, i: int, cid: int, key: bytes) -> bytes | None | object:
+        """Look ``key`` up in block ``i`` of ``run``, which is not cached.
+
+        Decoding a block for the cache costs several lookups' worth, so only every
+        ``_ADMIT_EVERY``-th miss admits its block; the others search the raw block. A
+        working set that fits in the cache still ends up cached; one that does not
+        no longer pays a decode on every miss.
+        """
+        self._misses += 1
+        offs = run.index.offsets
+        a = offs[i]
+        if self._misses % _ADMIT_EVERY == 0 and 2 * (offs[i + 1] - a) <= self._cache_limit // 4:
+            return self._load_block(run, i, cid).get(key, _MISS)
+        v = block_get(run.mm[a : offs[i + 1]], key, run.path, a)
+        return _MISS if v is ABSENT else v
 
     def _load_block(self, run: RunReader, i: int, cid: int) -> dict[bytes, bytes | None]:
         """Read, verify and decode block ``i`` of ``run``; keep it in the LRU cache."""

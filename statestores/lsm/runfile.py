@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import struct
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterator
 from itertools import accumulate, repeat
 from typing import Any
@@ -35,6 +36,8 @@ from .bloom import Bloom
 from .fence import FenceIndex, decode_index, encode_index
 
 __all__ = [
+    "ABSENT",
+    "block_get",
     "TOMBSTONE_LEN",
     "FOOTER",
     "encode_block",
@@ -107,6 +110,54 @@ def decode_block(raw: bytes, path: str, offset: int) -> tuple[list[bytes], list[
     if end != len(raw) - 4:
         raise CorruptionError(path, f"data block at offset {offset} lengths do not match its size")
     return keys, values
+
+
+#: What :func:`block_get` returns for a key the block does not hold.
+ABSENT = object()
+
+
+def block_get(raw: bytes, key: bytes, path: str, offset: int) -> bytes | None | object:
+    """The value of ``key`` in a data block without decoding the block.
+
+    Returns the value, ``None`` for a tombstone, or :data:`ABSENT`. With fixed-size keys
+    (the common case) the key is found by one ``bytes.find`` over the key area;
+    otherwise the block is decoded. Verifies the block's crc like :func:`decode_block`.
+    """
+    if len(raw) < 8 or crc32c(memoryview(raw)[:-4]) != _U32.unpack_from(raw, len(raw) - 4)[0]:
+        raise CorruptionError(path, f"data block at offset {offset} checksum mismatch")
+    try:
+        (n,) = _U32.unpack_from(raw, 0)
+        lens = struct.unpack_from(f"<{2 * n}I", raw, 4)
+    except struct.error:
+        raise CorruptionError(path, f"data block at offset {offset} is malformed") from None
+    kl = len(key)
+    klens = lens[:n]
+    if klens.count(kl) != n:
+        if kl not in klens:
+            return ABSENT
+        keys, values = decode_block(raw, path, offset)
+        i = bisect_left(keys, key)
+        return values[i] if i < n and keys[i] == key else ABSENT
+    kstart = 4 + 8 * n
+    kend = kstart + kl * n
+    pos = raw.find(key, kstart, kend)
+    while pos >= 0 and (pos - kstart) % kl:
+        pos = raw.find(key, pos + 1, kend)
+    if pos < 0:
+        return ABSENT
+    i = (pos - kstart) // kl
+    vlens = lens[n:]
+    vl = vlens[i]
+    if vl == TOMBSTONE_LEN:
+        return None
+    if vlens.count(vl) == n:
+        start = kend + i * vl
+    else:
+        start = kend + sum(v for v in vlens[:i] if v != TOMBSTONE_LEN)
+    end = start + vl
+    if end > len(raw) - 4:
+        raise CorruptionError(path, f"data block at offset {offset} lengths do not match its size")
+    return raw[start:end]
 
 
 class RunWriter:

@@ -307,7 +307,16 @@ class LSMMachine(RuleBasedStateMachine):
         self.fs = FaultyFS()
         self.store: LSMStore | None = None
 
-    @initialize(opts=st.sampled_from([TINY, {**TINY, "max_runs_per_level": 3, "density_factor": 5}, {"memtable_bytes": 1500}]))
+    @initialize(
+        opts=st.sampled_from(
+            [
+                TINY,
+                {**TINY, "max_runs_per_level": 3, "density_factor": 5},
+                {**TINY, "cache_bytes": 0},  # every lookup searches the raw block
+                {"memtable_bytes": 1500, "cache_bytes": 2000},
+            ]
+        )
+    )
     def open_store(self, opts: dict[str, Any]) -> None:
         self.opts = opts
         self.store = LSMStore(self.tmp / "db", fs=self.fs, remote=self.remote, **opts)

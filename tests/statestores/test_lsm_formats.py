@@ -51,6 +51,38 @@ def test_block_fixed_and_mixed_sizes_round_trip() -> None:
         assert decode_block(encode_block(keys, values), "blk", 0) == (keys, values)
 
 
+@given(keys=keys_st, data=st.data(), fixed=st.booleans())
+@settings(max_examples=150, deadline=None)
+def test_block_get_agrees_with_decode(keys: list[bytes], data: st.DataObject, fixed: bool) -> None:
+    from statestores.lsm.runfile import ABSENT, block_get
+
+    if fixed:  # the bytes.find fast path: every key the same length
+        keys = sorted({k.ljust(8, b"\x00")[:8] for k in keys})
+    values = [data.draw(value_st) for _ in keys]
+    raw = encode_block(keys, values)
+    for k, v in zip(keys, values, strict=True):
+        assert block_get(raw, k, "blk", 0) == v
+    probes = data.draw(st.lists(st.binary(min_size=1, max_size=10), max_size=10))
+    for p in probes:
+        want = dict(zip(keys, values, strict=True)).get(p, ABSENT)
+        assert block_get(raw, p, "blk", 0) is want or block_get(raw, p, "blk", 0) == want
+    # a key straddling two fixed-size keys is not a match
+    if fixed and len(keys) >= 2:
+        probe = keys[0][4:] + keys[1][:4]
+        want = dict(zip(keys, values, strict=True)).get(probe, ABSENT)
+        got = block_get(raw, probe, "blk", 0)
+        assert got is want or got == want
+
+
+def test_block_get_detects_damage() -> None:
+    from statestores.lsm.runfile import block_get
+
+    raw = encode_block([b"aa", b"bb"], [b"1", b"2"])
+    for i in range(len(raw)):
+        with pytest.raises(CorruptionError, match="blk-file"):
+            block_get(_flip(raw, i), b"aa", "blk-file", 0)
+
+
 def test_every_flipped_block_byte_is_detected() -> None:
     raw = encode_block([b"a", b"bb", b"ccc"], [b"1", None, b"333"])
     for i in range(len(raw)):
