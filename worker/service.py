@@ -8,9 +8,17 @@ coordinator's epochs:
               roots concurrently; calls to keys of other workers go over peer channels.
               When my roots are done, ``Report`` my conflicts, user aborts and call
               counters; report again after each call I serve later (see ``wire.Report``)
-``Commit n``  apply surviving writes (one ``write_batch`` per operator store), requeue
-              conflicting roots with their tids, produce replies to the egress topic,
-              then :meth:`Worker.on_epoch_committed` — the seam where snapshots will hook in.
+``Commit n``  apply surviving writes (one ``write_batch`` per operator store); run the
+              *fallback phase*: conflicting roots whose first run stayed on this worker
+              re-run one at a time in tid order against the just-committed state, each
+              applied before the next (``Engine.run_fallback``), so a hot-key chain commits
+              whole; requeue the other conflicting roots with their tids, produce replies to
+              the egress topic, then :meth:`Worker.on_epoch_committed` — the seam where
+              snapshots will hook in.
+
+Ingress offsets are committed to the consumer group only up to the lowest request not yet
+completed (its reply acknowledged by the broker; see ``sfaas.txn.offsets``), so a restart
+never skips a request that was still waiting to re-run.
 """
 
 from __future__ import annotations

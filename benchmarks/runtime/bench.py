@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     out = []
     for rate in rates:
         ns = f"bench{uuid.uuid4().hex[:8]}"
-        env = {"SFAAS_STORE": args.store}
+        # the workers inherit the environment: SFAAS_FALLBACK=0 turns their fallback phase off
+        env = {"SFAAS_STORE": args.store, "SFAAS_FALLBACK": "0" if args.no_fallback else "1"}
         os.environ.update(env)
         s = Settings.load({"namespace": ns, "partitions": args.partitions, "store": args.store,
                            "kafka": args.kafka, "max_batch": args.max_batch})
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         point["conflict_reruns_per_txn"] = _reruns(s)
         point.update({"phase": "sweep" if args.sweep else "fixed", "loadavg": load_before,
                       "store": args.store, "keys": args.keys, "dist": args.dist, "seconds": args.seconds,
-                      "workers": 2, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                      "workers": 2, "fallback": not args.no_fallback, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         print(json.dumps(point), flush=True)
         with open(args.out, "a") as f:
             f.write(json.dumps(point) + "\n")
@@ -135,6 +136,8 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--max-batch", dest="max_batch", type=int, default=1000)
     ap.add_argument("--kafka", default=os.environ.get("SFAAS_KAFKA", "127.0.0.1:9092"))
+    ap.add_argument("--no-fallback", dest="no_fallback", action="store_true",
+                    help="workers without the fallback phase (conflicts only re-run next epoch)")
     ap.add_argument("--out", default=str(HERE / "results.jsonl"))
     args = ap.parse_args()
     if args.sweep and args.rates == "1000":

@@ -51,7 +51,8 @@ def plots(rows: list[dict]) -> list[str]:
     fixed = [r for r in rows if r.get("phase") == "fixed"]
     if fixed:
         fig, ax = plt.subplots(figsize=(9, 4))
-        labels = [f"{r['store']}\n{r['keys'] // 1000}K {r['dist']}" for r in fixed]
+        labels = [f"{r['store']}\n{r['keys'] // 1000}K {r['dist']}" + ("" if r.get("fallback") else "\nno fallback")
+                  for r in fixed]
         xs = range(len(fixed))
         ax.bar([x - 0.2 for x in xs], [r["p50_ms"] for r in fixed], 0.4, label="p50")
         ax.bar([x + 0.2 for x in xs], [r["p99_ms"] for r in fixed], 0.4, label="p99")
@@ -69,9 +70,10 @@ def plots(rows: list[dict]) -> list[str]:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| phase | store | keys | dist | offered | committed TPS | user-abort rate | conflict re-runs per txn | p50 ms | p95 ms | p99 ms "
+    head = ("| phase | store | keys | dist | fallback | offered | committed TPS | lost | user-abort rate "
+            "| conflicts per txn | p50 ms | p95 ms | p99 ms "
             "| CPU % (coord / w0 / w1 / loadgen / kafka) | CPU µs per txn (coord / workers / kafka) "
-            "| load avg |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "| load avg |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in rows:
         cpu = r.get("cpu_percent", {})
@@ -82,8 +84,9 @@ def table(rows: list[dict]) -> str:
         per = r.get("cpu_us_per_txn", {})
         us = " / ".join(str(per.get(k, "-")) for k in ("coordinator", "worker", "kafka"))
         lines.append(
-            f"| {r.get('phase', '')} | {r['store']} | {r['keys']} | {r['dist']} | {r['offered_tps']:.0f} "
-            f"| {r['committed_tps']:.0f} | {r['abort_rate']:.3f} | {r.get('conflict_reruns_per_txn', '-')} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} "
+            f"| {r.get('phase', '')} | {r['store']} | {r['keys']} | {r['dist']} "
+            f"| {'on' if r.get('fallback') else 'off'} | {r['offered_tps']:.0f} "
+            f"| {r['committed_tps']:.0f} | {r.get('lost', '-')} | {r['abort_rate']:.3f} | {r.get('conflict_reruns_per_txn', '-')} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} "
             f"| {r['p99_ms']:.1f} | {cpu_s} | {us} | {r.get('loadavg', '')} |"
         )
     return head + "\n".join(lines) + "\n"

@@ -17,6 +17,10 @@ writes; the worker owning each key records which tids read and wrote it. At the 
   Across epochs the serial order is (epoch of commit, tid): a re-run keeps its old tid,
   which puts it first within the epoch it finally commits in, after everything committed
   in earlier epochs.
+
+Workers add a *fallback phase* after the commit (``Engine.run_fallback``): a conflicting
+root whose calls never left its worker re-runs at once, alone and in tid order, against
+the committed state; it then sits in the serial order right after the epoch's commits.
 """
 
 from __future__ import annotations
