@@ -21,8 +21,10 @@ import abc
 import array
 import bisect
 import concurrent.futures
+import contextlib
 import itertools
 import logging
+import multiprocessing
 import os
 import struct
 import sys
@@ -240,6 +242,7 @@ def merge_segments(
     each key wins; tombstones are dropped with ``drop_tombstones``. Every copied record's
     checksum is verified; bad input raises :class:`MergeFailed` naming the file.
     """
+    _lower_priority()
     fs = FileSystem()
     out_path = os.path.join(directory, out_name)
     out_hint = os.path.join(directory, hint_name(out_name))
@@ -302,6 +305,18 @@ def merge_segments(
         for mm, _p in maps.values():
             if mm is not None:
                 mm.close()
+
+
+_niced = False
+
+
+def _lower_priority() -> None:
+    """In a pool process (once): let the serving process win the CPU over merges."""
+    global _niced
+    if not _niced and multiprocessing.parent_process() is not None:
+        with contextlib.suppress(OSError):
+            os.nice(10)
+        _niced = True
 
 
 def _copy_record(mm: Any, off: int, key: bytes, path: str) -> bytes:
@@ -406,10 +421,10 @@ _BUILD_SLICE = 1 << 12
 _LAZY_INDEX_KEYS = 1 << 16
 
 #: Pause between two chunks of background work that takes the store lock.
-_YIELD_SECONDS = 0.0002
+_YIELD_SECONDS = 0.001
 
 #: Index entries redirected per lock hold after a merge.
-_REDIRECT_CHUNK = 1 << 13
+_REDIRECT_CHUNK = 1 << 12
 
 
 @dataclass
