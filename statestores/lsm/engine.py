@@ -228,11 +228,17 @@ class LSMStore(Store):
             "opened lsm store",
             extra={"store": self.directory, "runs": len(self._runs), "wals": len(kept), "memtable_keys": len(self._mem)},
         )
-        if any(len(lv) >= self._max_runs for lv in self._levels):
-            # Submitting may have to start the pool's process (~100 ms): not on open's clock.
-            threading.Thread(target=self._resume_merges, name="statestores-lsm-open", daemon=True).start()
+        # Starting a pool's worker process takes 0.1-0.5 s: do it now, on a helper thread
+        # and without the store lock, so neither open nor the first flush or merge (which
+        # submit under the lock, blocking readers) pays for it.
+        threading.Thread(target=self._warm_up, name="statestores-lsm-warmup", daemon=True).start()
 
-    def _resume_merges(self) -> None:
+    def _warm_up(self) -> None:
+        try:
+            _flush_executor().submit(merge_mod.noop).result()
+            background.submit(merge_mod.noop).result()
+        except Exception as exc:  # the pools are retried (or bypassed) when used
+            log.debug("warming up the lsm background pools failed: %s", exc)
         with self._lock:
             self._maybe_merge()
 

@@ -40,6 +40,10 @@ def _background_priority() -> None:
         _niced = True
 
 
+def noop() -> None:
+    """A job that does nothing: submitted once to start a pool's worker process early."""
+
+
 def merge_sorted(
     sources: Iterable[Iterator[tuple[bytes, int, bytes | None]]], *, drop_tombstones: bool
 ) -> Iterator[tuple[bytes, bytes | None]]:
