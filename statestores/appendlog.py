@@ -58,7 +58,9 @@ class AppendLogStore(SegmentedStore):
     PREFIX = "al"
     DEFAULT_SYNC = "os"
     OPTIONS = {
-        "threshold": Option(16 << 20, int, lambda v: v >= 1, "an int >= 1 (bytes of the active segment before it is sealed)"),
+        "threshold": Option(
+            16 << 20, int, lambda v: 1 <= v <= 1 << 34, "an int in [1, 2**34] (bytes of the active segment before it is sealed)"
+        ),
         **SegmentedStore.SEGMENT_OPTIONS,
     }
 

@@ -287,6 +287,8 @@ def merge_segments(
                     fs.write(fd, buf)
                     pos += len(buf)
                     buf = bytearray()
+                    if pos > OFFSET_MASK:  # addresses hold 36 bits of offset
+                        raise MergeFailed(out_path, "a merged segment would exceed 64 GiB; not merging")
             fs.write(fd, buf)
             pos += len(buf)
             if fsync:
