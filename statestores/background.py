@@ -50,7 +50,12 @@ def _executor() -> concurrent.futures.Executor:
 
 
 def submit(fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
-    """Run ``fn(*args)`` in the background; the future carries its result or exception."""
+    """Run ``fn(*args)`` in the background; the future carries its result or exception.
+
+    Done-callbacks run on the pool's result thread, shared by every store in the process:
+    a callback must not block on a store's lock (the store's own thread may hold it while
+    waiting for another future). Hand the result to a thread of the store instead.
+    """
     try:
         return _executor().submit(fn, *args)
     except concurrent.futures.BrokenExecutor:

@@ -518,28 +518,41 @@ class Store(abc.ABC):
         remote_files = remote.list_files()
         downloaded = 0
         nbytes = 0
-        for name, info in manifest.files.items():
-            path = self._path(name)
-            if self.fs.exists(path) and file_crc(self.fs, path) == (info.size, info.crc):
-                continue
-            if name not in remote_files:
-                raise RemoteError(f"snapshot {snapshot_id} names file {name!r}, which the remote lacks")
-            tmp = path + ".download"
-            nbytes += remote.get_file(name, tmp)
-            if file_crc(self.fs, tmp) != (info.size, info.crc):
-                self.fs.remove(tmp)
-                raise CorruptionError(f"remote:{name}", f"downloaded file does not match snapshot {snapshot_id}'s checksum")
-            self.fs.rename(tmp, path)
-            downloaded += 1
-        next_seq = 1 + max((_seq_of(n) for n in remote_files), default=0)
+        # Pin the manifest's files first: a merge finishing while we download must not
+        # delete a local file the snapshot needs (its delete is deferred, then cancelled).
+        wanted = list(manifest.files)
         with self._lock:
-            self._quiesce()
-            try:
-                self._install(manifest, next_seq)
-            finally:
-                self._resume()
-            self._last_snapshot_id = snapshot_id
-            self._remote_files = dict(remote_files)
+            for n in wanted:
+                self._pins[n] += 1
+        try:
+            for name, info in manifest.files.items():
+                path = self._path(name)
+                if self.fs.exists(path) and file_crc(self.fs, path) == (info.size, info.crc):
+                    continue
+                if name not in remote_files:
+                    raise RemoteError(f"snapshot {snapshot_id} names file {name!r}, which the remote lacks")
+                tmp = path + ".download"
+                nbytes += remote.get_file(name, tmp)
+                if file_crc(self.fs, tmp) != (info.size, info.crc):
+                    self.fs.remove(tmp)
+                    raise CorruptionError(
+                        f"remote:{name}", f"downloaded file does not match snapshot {snapshot_id}'s checksum"
+                    )
+                self.fs.rename(tmp, path)
+                downloaded += 1
+            next_seq = 1 + max((_seq_of(n) for n in remote_files), default=0)
+            with self._lock:
+                self._quiesce()
+                try:
+                    self._install(manifest, next_seq)
+                finally:
+                    self._resume()
+                # the restored state references these files again: cancel deferred deletes
+                self._deferred.difference_update(wanted)
+                self._last_snapshot_id = snapshot_id
+                self._remote_files = dict(remote_files)
+        finally:
+            self._unpin(wanted)
         return RestoreInfo(
             snapshot_id,
             downloaded,
