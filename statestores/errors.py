@@ -37,6 +37,10 @@ class CorruptionError(StoreError):
         self.path = path
         self.detail = detail
 
+    def __reduce__(self) -> tuple[type[CorruptionError], tuple[str, str]]:
+        # picklable, so a merge in the background process can report it as it is
+        return (CorruptionError, (self.path, self.detail))
+
 
 class LockedError(StoreError):
     """Another open store (in this or another process) already owns the directory."""

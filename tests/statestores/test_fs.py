@@ -48,3 +48,13 @@ def test_crash_releases_the_directory_lock(tmp_path: Path) -> None:
         FileSystem().lock(str(tmp_path / "LOCK"))
     fs.crash()
     FileSystem().lock(str(tmp_path / "LOCK"))
+
+
+def test_corruption_error_crosses_process_boundaries() -> None:
+    import pickle
+
+    from statestores import CorruptionError
+
+    err = pickle.loads(pickle.dumps(CorruptionError("lsm-L1-0000000007.run", "checksum mismatch")))
+    assert isinstance(err, CorruptionError)
+    assert err.path == "lsm-L1-0000000007.run" and "checksum mismatch" in str(err)
