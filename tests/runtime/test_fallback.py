@@ -228,3 +228,41 @@ async def test_fallback_run_that_leaves_the_worker_reruns_next_epoch() -> None:
     assert [r[1] for _, r in c.order] == [0, 1, 2]
     assert c.epochs_used >= 3
     assert c.items() == {"h": 3, far: 10}
+
+
+async def test_worker_commit_replies_from_the_fallback_phase() -> None:
+    """The worker's Commit handling: a hot chain commits whole, replies carry fallback results."""
+    import msgpack
+
+    from sfaas import wire
+    from worker.service import Worker, _Pending
+
+    app = _ledger()
+    eng = Engine(app, 0, 1, 4, {"acc": statestores.open("memonly", f"{tempfile.mkdtemp()}/acc")}, None)
+    w = Worker.__new__(Worker)
+    w.engine, w.sequencer = eng, Sequencer(0)
+    w.fallback_enabled = True
+    from sfaas.txn.offsets import OffsetTracker
+
+    w.offsets = OffsetTracker()
+    for i in range(4):
+        w.offsets.take(0, i)
+    w._replies, w._reply_event = [], asyncio.Event()
+    w.committed = w.aborted = w.reruns = w.fallbacks = w.epochs = 0
+    items = [_Pending(wire.Request(f"r{i}", "acc", "hot", "move", ["cold", 4], 0, 0.0), 0, i)
+             for i in range(4)]
+    eng.begin(1)
+    w._batch = w.sequencer.assign(1, items)
+    w._outcomes = list(await asyncio.gather(*(
+        eng.run_root(t, 0.0, ("acc", "hot", "move", ["cold", 4])) for t, _ in w._batch)))
+    conflicts, aborts = eng.votes()
+    await w._commit(wire.Commit(1, [[t, b] for t, b in conflicts.items()],
+                                [[t, e, r] for t, (e, r) in aborts.items()], False, None))
+    replies = {msgpack.unpackb(v)[0]: msgpack.unpackb(v) for _, v, _, _ in w._replies}
+    # 10 → 6 → 2, then short of money: all four decided in one epoch, in tid order
+    assert [replies[f"r{i}"][1] for i in range(4)] == [True, True, False, False]
+    assert [replies[f"r{i}"][2][1:] for i in range(2)] == [[10, 10], [6, 14]]
+    assert replies["r2"][4] == "short"
+    assert w.sequencer.pending_retries == 0 and w.fallbacks == 3
+    assert eng_unpack(eng.stores["acc"].get(b"hot")) == 2
+    assert eng_unpack(eng.stores["acc"].get(b"cold")) == 18
