@@ -146,6 +146,7 @@ class AppendLogStore(SegmentedStore):
         self._drop_segments()
 
     def _abandon(self) -> None:
+        super()._abandon()
         if hasattr(self, "_segs"):
             self._drop_segments()
 

@@ -187,6 +187,8 @@ class Store(abc.ABC):
     OPTIONS: ClassVar[dict[str, Option]] = {}
     #: Default for ``sync`` when the caller does not give one.
     DEFAULT_SYNC: ClassVar[str] = "os"
+    #: An engine's WAL descriptor, if it keeps one (closed by the default :meth:`_abandon`).
+    _wal_fd: int | None
 
     def __init__(
         self,
@@ -299,8 +301,19 @@ class Store(abc.ABC):
     def _close(self) -> None:
         """Engine hook: flush per ``sync`` and release the engine's resources."""
 
-    def _abandon(self) -> None:  # noqa: B027 - optional hook
-        """Engine hook: drop resources without writing anything (a failed open)."""
+    def _abandon(self) -> None:
+        """Engine hook: drop resources without writing anything (a failed open).
+
+        The default closes a WAL descriptor kept in ``self._wal_fd``; engines holding more
+        extend it and call ``super()._abandon()``.
+        """
+        fd = getattr(self, "_wal_fd", None)
+        if fd is not None:
+            try:
+                self.fs.close(fd)
+            except OSError:
+                pass  # the open already failed; the error being raised is the one that matters
+            self._wal_fd = None
 
     @abc.abstractmethod
     def _stats(self) -> dict[str, Any]:

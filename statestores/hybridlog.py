@@ -149,13 +149,7 @@ class HybridLogStore(SegmentedStore):
         self._drop_segments()
 
     def _abandon(self) -> None:
-        fd = getattr(self, "_wal_fd", None)
-        if fd is not None:
-            try:
-                self.fs.close(fd)
-            except OSError:
-                pass
-            self._wal_fd = None
+        super()._abandon()
         if hasattr(self, "_segs"):
             self._drop_segments()
 

@@ -233,14 +233,6 @@ class MemOnlyStore(Store):
             self.fs.close(self._wal_fd)
             self._wal_fd = None
 
-    def _abandon(self) -> None:
-        if getattr(self, "_wal_fd", None) is not None:
-            try:
-                self.fs.close(self._wal_fd)  # type: ignore[arg-type]
-            except OSError:
-                pass
-            self._wal_fd = None
-
     def _data_bytes(self) -> int:
         return sum(len(k) + len(v) for k, v in self._data.items())
 

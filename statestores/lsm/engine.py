@@ -242,15 +242,6 @@ class LSMStore(Store):
         with self._lock:
             self._maybe_merge()
 
-    def _abandon(self) -> None:
-        fd = getattr(self, "_wal_fd", None)
-        if fd is not None:
-            try:
-                self.fs.close(fd)
-            except OSError:
-                pass
-            self._wal_fd = None
-
     # ------------------------------------------------------------------ files
 
     def _next_seq(self) -> int:
