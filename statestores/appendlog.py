@@ -1,15 +1,16 @@
 """``appendlog``: a Bitcask-style store — an append-only log plus an in-memory hash index.
 
 Every put/delete/batch is appended to the *active segment* (``records`` format) and the
-index maps the key to the record's logical address (``logfile``). When the active segment
-reaches ``threshold`` bytes it is sealed: its hint file (the keys it holds last, with
-addresses, and its tombstones) is written from an in-memory map kept alongside, and a new
-active segment starts. ``max_runs_per_level`` sealed segments of one level are merged in
-the background into one segment of the next level.
+index maps the key to the record's logical address (``statestores.log``). When the active
+segment reaches ``threshold`` bytes it is sealed: a new active segment takes over at once,
+and the maintainer thread writes the sealed one's hint file (the keys it holds last, with
+addresses, and its tombstones) from the in-memory map kept alongside. ``max_runs_per_level``
+hinted segments of one level are merged in the background into one of the next level.
 
 Reopening reads ``CURRENT``, the hint files (never the values), and scans only the active
-segment, truncating a torn tail. A snapshot seals the active segment (small: it holds
-only what was written since the last roll) and names every sealed segment and hint.
+segment (and a sealed one whose hint a crash prevented), truncating a torn tail. A
+snapshot seals the active segment — a file switch, a few milliseconds — and names every
+sealed segment and hint; its upload waits for the hints still being written.
 
 Files (``FORMAT.md`` § appendlog): ``al-<level>-<seq>.log``, ``al-<level>-<seq>.hint``,
 ``CURRENT``.
@@ -26,20 +27,21 @@ from typing import Any
 # the C function itself, not the checksum.crc32c wrapper: one Python frame less per get/put
 from crc32c import crc32c
 
-from remotes.manifest import Manifest
-
-from . import current, records
+from . import records
 from .base import (
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
-    Frozen,
     Option,
     check_key,
     check_ops,
     check_value,
 )
+from .errors import CorruptionError
 from .fs import FileSystem
-from .logfile import Segment, SegmentedStore
+from .log import Segment, SegmentedStore
+from .log.segment import hint_name, scan_segment
+from .snapshots import Frozen as _Frozen
+from .version import FileEntry
 
 __all__ = ["AppendLogStore"]
 
@@ -74,44 +76,34 @@ class AppendLogStore(SegmentedStore):
         # the real file system's write is os.write; calling it directly saves a Python frame per put
         self._direct = type(self.fs) is FileSystem and self.sync == "os"
         self._rolls = 0
-        state = self._open_segments()
-        active = state.get("active")
-        if active and self.fs.exists(self._path(active)):
+        wals = self._open_segments()
+        if len(wals) > 1:
+            raise CorruptionError(self._path("CURRENT"), f"more than one active segment: {[e.name for e in wals]}")
+        if wals:
             with self._lock:  # the index may be adopted by its builder thread meanwhile
-                self._open_active(active)
+                self._open_active(wals[0].name)
         else:
-            self._start_active()
-            self._write_current()
-        assert self._active is not None
-        self._remove_strays(set(self._sealed_files()) | {self._active.name})
+            self._edit([self._start_active()])
         self._open_done()
 
     def _open_active(self, name: str) -> None:
         """Reopen the active segment: replay its records, truncating a torn tail."""
-        path = self._path(name)
-        seg = Segment(name, 0, path)
-        buf = self.fs.read_file(path)
-        res = records.ScanResult(0, False)
-        base = seg.base
-        index, alive, atombs = self._index, self._alive, self._atombs
-        for off, key, value in records.scan(buf, path, res):
-            if value is None:
-                self._forget(key)
-                alive.pop(key, None)
-                atombs.add(key)
-            else:
-                index[key] = alive[key] = base + off
-                atombs.discard(key)
-        if res.torn:
-            self.fs.truncate(path, res.valid_end)
-        self._activate(seg, res.valid_end)
+        seg = Segment(name, 0, self._path(name))
+        size, alive, tombs = scan_segment(self.fs, seg.path, seg.seq, truncate_torn=True)
+        for key in tombs:
+            self._forget(key)
+        self._index.update(alive)
+        self._alive, self._atombs = alive, tombs
+        self._activate(seg, size)
 
-    def _start_active(self) -> Segment:
+    def _start_active(self) -> FileEntry:
+        """A new, empty active segment (the caller puts the entry into its edit)."""
         seq = self._next_seq()
         name = self._segment_name(0, seq)
         seg = Segment(name, 0, self._path(name))
+        self.fs.close(self.fs.open_append(seg.path))
         self._activate(seg, 0)
-        return seg
+        return FileEntry(name, "wal")
 
     def _activate(self, seg: Segment, size: int) -> None:
         seg.sealed = False
@@ -123,26 +115,16 @@ class AppendLogStore(SegmentedStore):
         self._active = seg
         self._segs[seg.seq] = seg
 
-    def _write_current(self, sealed: list[Segment] | None = None, active: Any = _KEEP) -> None:
-        act = self._active if active is _KEEP else active
-        current.write(
-            self.fs,
-            self.directory,
-            {"seq": self._seq, "segments": self._sealed_doc(sealed), "active": act.name if act is not None else None},
-            sync=self.sync == "fsync",
-        )
-
     def _close(self) -> None:
         seg = self._active
         if seg is not None:
             if seg.size:
-                self._roll(start_new=False)
+                self._roll(start_new=False, inline=True)
             else:
-                self._write_current(active=None)
                 seg.close(self.fs)
                 del self._segs[seg.seq]
                 self._active = None
-                self._release_file(seg.name)
+                self._edit((), [seg.name])
         self._drop_segments()
 
     def _abandon(self) -> None:
@@ -283,49 +265,63 @@ class AppendLogStore(SegmentedStore):
 
     # ------------------------------------------------------------------ rolling
 
-    def _roll(self, *, start_new: bool = True) -> None:
-        """(lock held) Seal the active segment: write its hint, start a new one, update CURRENT."""
+    def _roll(self, *, start_new: bool = True, inline: bool = False) -> None:
+        """(lock held) Seal the active segment: a new one takes over (one version edit), and
+        its hint is written by the maintainer (``inline``: here, e.g. at close)."""
         seg = self._active
         if seg is None or seg.size == 0:
             return
+        if not inline:
+            self._reserve_handoff()  # first: waiting releases the lock
+            seg = self._active
+            if seg is None or seg.size == 0:
+                return
         self._flush_wbuf(seg)
         if self.sync == "fsync":
             self.fs.fsync(seg.fd)  # type: ignore[arg-type]
-        alive = self._alive
-        keys = sorted(alive)  # hint keys are sorted (binary search before the index is built)
-        addrs = array.array("Q", map(alive.__getitem__, keys))
-        self._write_hint(seg.name, seg.seq, seg.size, keys, addrs, sorted(self._atombs))
-        new: Segment | None = None
+        alive, atombs = self._alive, self._atombs
+        added = [FileEntry(seg.name, "segment", 0)]
+        self._active = None
         if start_new:
-            seq = self._next_seq()
-            new = Segment(self._segment_name(0, seq), 0, self._path(self._segment_name(0, seq)))
-            self.fs.close(self.fs.open_append(new.path))
-        sealed = self._sealed + [seg]
-        self._write_current(sealed, new)  # the commit point
+            added.append(self._start_active())
         seg.seal(self.fs)
-        self._sealed = sealed
+        seg.hint_ready = False
+        self._sealed.append(seg)
         self._alive = {}
         self._atombs = set()
         self._rolls += 1
-        self._active = None
-        if new is not None:
-            self._activate(new, 0)
-        self._maybe_merge()
+        self._edit(added, [seg.name])  # the commit point: the segment is sealed (its hint may follow)
+
+        def write_hint() -> None:
+            keys = sorted(alive)  # hint keys are sorted (binary search before the index is built)
+            addrs = array.array("Q", map(alive.__getitem__, keys))
+            self._write_hint(seg.name, seg.seq, seg.size, keys, addrs, sorted(atombs))
+            with self._lock:
+                self._edit([FileEntry(hint_name(seg.name), "hint", seg.level)])
+                seg.hint_ready = True
+                self._kick()
+
+        if inline:
+            write_hint()
+        else:
+            seg.hint_future = self._hand_off(write_hint)
 
     # ------------------------------------------------------------------ snapshots
 
-    def _freeze(self) -> Frozen:
+    def _freeze(self) -> _Frozen:
         self._roll()
         return self._frozen()
 
-    def _install(self, manifest: Manifest, next_seq: int) -> None:
-        self._install_segments(manifest, next_seq)
+    def _install(self, entries: list[FileEntry]) -> None:
+        new = self._install_segments(entries)
+        seg = self._active
+        if seg is not None:
+            seg.close(self.fs)
         self._active = None
         self._alive = {}
         self._atombs = set()
-        active = self._start_active()
-        self._write_current()
-        self._remove_strays(set(self._sealed_files()) | {active.name})
+        new.append(self._start_active())
+        self._reset_version(new)
 
     # ------------------------------------------------------------------ stats
 
@@ -339,7 +335,7 @@ class AppendLogStore(SegmentedStore):
             rolls=self._rolls,
             flushes=self._rolls,
             memory_bytes=s["index_bytes"] + 100 * len(self._alive) + (len(seg.wbuf) if seg is not None else 0),
-            files=sorted(self._sealed_files() + ([seg.name] if seg is not None else [])),
+            files=self._version.names(),
         )
         return s
 

@@ -49,13 +49,26 @@ def _executor() -> concurrent.futures.Executor:
         return _pool
 
 
-def submit(fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+def warm_up(lane: str = "merge") -> None:
+    """Start the lane's worker now (temporary: a no-op)."""
+
+
+def submit(fn: Callable[..., T], *args: Any, lane: str = "merge", local: bool = False) -> concurrent.futures.Future[T]:
     """Run ``fn(*args)`` in the background; the future carries its result or exception.
 
     Done-callbacks run on the pool's result thread, shared by every store in the process:
     a callback must not block on a store's lock (the store's own thread may hold it while
     waiting for another future). Hand the result to a thread of the store instead.
     """
+    if local:
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        def run() -> None:
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as exc:
+                fut.set_exception(exc)
+        threading.Thread(target=run, daemon=True).start()
+        return fut
     try:
         return _executor().submit(fn, *args)
     except concurrent.futures.BrokenExecutor:

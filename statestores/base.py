@@ -1,22 +1,21 @@
-"""What every engine shares: argument checks, the mapping protocol, snapshots and restores.
+"""What every engine shares: argument checks, options, the mapping protocol, the live
+file set (versions and their edits), file lifetimes, and the background-work rule.
 
-An engine subclasses :class:`Store` and implements the hooks marked *engine hook*. The
-contract that makes incremental snapshots work:
+An engine subclasses :class:`Store` and implements the hooks marked *engine hook*.
 
-* All state the engine holds is, after :meth:`Store._freeze`, described by a set of
-  **immutable** files in the store directory whose names never change meaning (a name is
-  never reused for different bytes, also not after a restore to an older snapshot: names
-  carry a sequence number that :meth:`Store._install` bumps past everything the remote
-  has seen).
-* A snapshot is that set of names plus the engine's ``meta``; it uploads only the names
-  the remote lacks and publishes a manifest last.
-* Engines never delete a data file directly: they call :meth:`Store._release_file`, which
-  defers the delete while an upload still needs the file.
+**Files.** All durable state is a :class:`~statestores.version.Version`: a set of files
+whose names never change meaning (names carry a sequence number from
+:meth:`Store._next_seq`, which continues above every name the directory or the remote
+has seen). Every change of the set is one :meth:`Store._edit`: it persists ``CURRENT``,
+queues the edit for subscribers (:meth:`Store.subscribe`), and is the one place that
+decides when a file is deleted — once no version names it, no snapshot, upload or
+restore pins it, and every subscriber has been handed the edit that removed it.
 
-Thread model: one lock (``self._lock``) guards the engine's state. The caller's thread
-takes it for every operation (uncontended, so cheap); background merges take it only to
-install their result. Uploads run on a single background thread and touch only immutable
-files.
+**Threads.** One lock (``self._lock``, an ``RLock``) guards the engine's state; the
+caller's thread takes it for every operation. Background work (flushes, merges, seals)
+runs elsewhere and its results are installed by the store's :class:`Maintainer` thread.
+Nobody waits for background work while holding the lock: waiting is
+``self._cond.wait_for(...)``, which releases it.
 """
 
 from __future__ import annotations
@@ -25,26 +24,20 @@ import abc
 import concurrent.futures
 import logging
 import os
-import re
 import threading
-import time
-from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from remotes.base import Remote
-from remotes.manifest import FileInfo, Manifest
 
-from .checksum import crc32c
-from .errors import (
-    CorruptionError,
-    RemoteError,
-    SnapshotNotFoundError,
-    StoreClosedError,
-    StoreError,
-)
+from . import current, snapshots
+from .errors import StoreClosedError, StoreError
 from .fs import FileSystem
+from .maintainer import Maintainer
+from .snapshots import Frozen, RestoreInfo, SnapshotInfo, file_crc
+from .version import FileEntry, Version, VersionEdit, decode_entries, seq_of
 
 log = logging.getLogger("statestores")
 
@@ -54,10 +47,12 @@ __all__ = [
     "RestoreInfo",
     "Frozen",
     "Option",
+    "Subscriber",
     "MAX_KEY_BYTES",
     "MAX_VALUE_BYTES",
     "check_key",
     "check_value",
+    "check_ops",
     "file_crc",
 ]
 
@@ -66,9 +61,13 @@ MAX_KEY_BYTES = 1 << 20
 #: Largest value accepted (the issue asks for at least 64 MiB).
 MAX_VALUE_BYTES = 1 << 28
 
+#: A version-edit subscriber: called with each edit, in order, after it is durable.
+Subscriber = Callable[[VersionEdit], None]
+
 _MISSING = object()
 _LOCK_NAME = "LOCK"
-_SEQ_RE = re.compile(r"(\d{6,})")
+#: Edits waiting for delivery to subscribers, at most; beyond it the editor waits.
+_OUTBOX_LIMIT = 256
 
 
 def check_key(key: object) -> bytes:
@@ -116,23 +115,6 @@ def check_ops(ops: Iterable[tuple[bytes, bytes | None]]) -> list[tuple[bytes, by
     return checked
 
 
-def file_crc(fs: FileSystem, path: str) -> tuple[int, int]:
-    """``(size, crc32c)`` of a whole file, read in chunks."""
-    fd = fs.open_read(path)
-    try:
-        crc = 0
-        size = 0
-        while True:
-            chunk = fs.pread(fd, 1 << 20, size)
-            if not chunk:
-                break
-            crc = crc32c(chunk, crc)
-            size += len(chunk)
-        return size, crc
-    finally:
-        fs.close(fd)
-
-
 @dataclass(frozen=True)
 class Option:
     """One engine option: its default, accepted types, and a check with a message."""
@@ -146,43 +128,12 @@ class Option:
 SYNC_MODES = ("none", "os", "fsync")
 
 
-@dataclass(frozen=True)
-class SnapshotInfo:
-    """What one snapshot cost: files/bytes sent to the remote, and what it references."""
-
-    snapshot_id: int
-    files_uploaded: int
-    bytes_uploaded: int
-    files_total: int
-    bytes_total: int
-    freeze_seconds: float
-    upload_seconds: float
-
-
-@dataclass(frozen=True)
-class RestoreInfo:
-    """What one restore cost: files/bytes fetched from the remote."""
-
-    snapshot_id: int
-    files_downloaded: int
-    bytes_downloaded: int
-    files_total: int
-    bytes_total: int
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Frozen:
-    """The engine's whole state as immutable files (names relative to the directory)."""
-
-    files: list[str]
-    meta: dict[str, Any]
-
-
 class Store(abc.ABC):
     """A key-value store over bytes with incremental snapshots. See :func:`statestores.open`."""
 
     engine: ClassVar[str] = ""
+    #: Prefix of every data file name of this engine (``<prefix>-…``).
+    PREFIX: ClassVar[str] = ""
     #: Engine options (beyond ``sync``): name → :class:`Option`.
     OPTIONS: ClassVar[dict[str, Option]] = {}
     #: Default for ``sync`` when the caller does not give one.
@@ -206,13 +157,23 @@ class Store(abc.ABC):
         self.fs = fs if fs is not None else FileSystem()
         self.remote = remote
         self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self._closed = False
+        self._paused = 0  # > 0: no new background merge starts (restore, close)
+        #: The first exception an install on the maintainer raised: the store's files may
+        #: no longer match its memory, so waiters raise it instead of waiting forever.
+        self._bg_error: BaseException | None = None
+        self._seq = 0  # the last sequence number used in a file name
+        self._version = Version()
         self._pins: Counter[str] = Counter()
-        self._deferred: set[str] = set()
+        self._subscribers: list[Subscriber] = []
+        self._outbox: deque[VersionEdit] = deque()
+        self._maint = Maintainer(f"statestores-{self.engine}-maint")
         self._uploader: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending_uploads: list[concurrent.futures.Future[SnapshotInfo]] = []
         self._last_snapshot_id: int | None = None
         self._remote_files: dict[str, int] | None = None  # cache of remote.list_files()
+        self._file_infos: dict[str, Any] | None = None  # name → FileInfo known without reading
         self.fs.makedirs(self.directory)
         self._lock_fd = self.fs.lock(os.path.join(self.directory, _LOCK_NAME))
         try:
@@ -223,6 +184,7 @@ class Store(abc.ABC):
                 self._open()
         except BaseException:
             self._closed = True
+            self._maint.stop()
             self._abandon()
             self.fs.unlock(self._lock_fd)
             raise
@@ -263,13 +225,14 @@ class Store(abc.ABC):
 
     # ------------------------------------------------------------------ engine hooks
 
-    @abc.abstractmethod
     def _has_local_state(self) -> bool:
         """Engine hook: whether the directory holds any state of this engine."""
+        return current.exists(self.fs, self.directory)
 
     @abc.abstractmethod
     def _open(self) -> None:
-        """Engine hook: load whatever the directory holds (after a clean close or a crash)."""
+        """Engine hook: load whatever the directory holds (after a clean close or a crash).
+        Start from :meth:`_load_version`."""
 
     def _open_empty(self) -> None:
         """Engine hook: set up an empty store that is about to be restored. Default: ``_open``."""
@@ -277,29 +240,28 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def _freeze(self) -> Frozen:
-        """Engine hook (lock held): make all state immutable files; name them and the meta."""
+        """Engine hook (lock held): name the files that hold all state written so far.
 
-    @abc.abstractmethod
-    def _install(self, manifest: Manifest, next_seq: int) -> None:
-        """Engine hook (lock held, merges stopped): become exactly the state of ``manifest``.
-
-        Every file the manifest names is present and verified in the directory. Drop all
-        other state (memtables, WALs, hash indexes), persist the engine's local manifest,
-        and make every file name created from now on use a sequence number ``>= next_seq``.
-        Delete (through :meth:`_release_file`) data files the manifest does not name.
+        Must be cheap (the caller waits): in-memory data may be handed to the maintainer
+        thread, with futures in ``Frozen.pending`` that resolve once its files are durable.
         """
 
     @abc.abstractmethod
-    def _quiesce(self) -> None:
-        """Engine hook: wait for background merges to finish and stop starting new ones
-        until :meth:`_resume`."""
+    def _install(self, entries: list[FileEntry]) -> None:
+        """Engine hook (lock held, background work idle): become exactly the state of
+        ``entries``, whose files are present and verified. Drop all other state and end
+        with one :meth:`_reset_version` to ``entries`` (plus any new WAL)."""
 
-    def _resume(self) -> None:  # noqa: B027 - optional hook
-        """Engine hook: background merges may start again."""
+    def _idle(self) -> bool:
+        """Engine hook (lock held): no background work of this store is in flight."""
+        return True
+
+    def _kick(self) -> None:  # noqa: B027 - optional hook
+        """Engine hook (lock held): start background work that may be due (a merge)."""
 
     @abc.abstractmethod
     def _close(self) -> None:
-        """Engine hook: flush per ``sync`` and release the engine's resources."""
+        """Engine hook (lock held, background idle): flush per ``sync``, release resources."""
 
     def _abandon(self) -> None:
         """Engine hook: drop resources without writing anything (a failed open).
@@ -383,31 +345,189 @@ class Store(abc.ABC):
         if self._closed:
             raise StoreClosedError(f"store at {self.directory} is closed")
 
-    # ------------------------------------------------------------------ files
+    # ------------------------------------------------------------------ versions and files
 
     def _path(self, name: str) -> str:
         return os.path.join(self.directory, name)
 
-    def _release_file(self, name: str) -> None:
-        """Delete data file ``name`` now, or when the last upload pinning it finishes."""
+    def _next_seq(self) -> int:
+        """A fresh sequence number for a new file name (lock held)."""
+        self._seq += 1
+        return self._seq
+
+    def _load_version(self) -> Version:
+        """(open) Read ``CURRENT`` into ``self._version``, continue numbering above every
+        name in the directory, and delete leftovers no version names."""
+        path = self._path(current.NAME)
+        doc = current.read(self.fs, self.directory)
+        self._seq = int(doc.get("seq", 0))
+        entries = decode_entries(doc.get("files", []), path)
+        self._version = Version(int(doc.get("version", 0)), {e.name: e for e in entries})
+        for e in entries:
+            if not self.fs.exists(self._path(e.name)):
+                raise StoreError(f"{self._path(e.name)}: named in {path} but missing")
+        names = self.fs.listdir(self.directory)
+        self._seq = max([self._seq] + [seq_of(n) for n in names if n.startswith(self.PREFIX + "-")])
+        self._remove_strays(names)
+        return self._version
+
+    def _remove_strays(self, names: Iterable[str] | None = None) -> None:
+        """Delete this engine's files that no version names and nothing pins (leftovers of
+        a crash: unfinished ``.tmp`` outputs, files a crash left unreferenced)."""
+        prefix = self.PREFIX + "-"
+        for name in self.fs.listdir(self.directory) if names is None else names:
+            if name.startswith(prefix) and name not in self._version and not self._pins[name]:
+                self.fs.remove(self._path(name))
+
+    def _write_current(self) -> None:
+        current.write_version(self.fs, self.directory, self._seq, self._version, sync=self.sync == "fsync")
+
+    def _edit(self, added: Iterable[FileEntry] = (), removed: Iterable[str] = ()) -> VersionEdit:
+        """(lock held) The one way the live file set changes: apply, persist, publish, and
+        delete what the edit removed once nothing needs it."""
+        edit = self._version.apply(added, removed)
+        self._write_current()
+        self._publish(edit)
+        return edit
+
+    def _reset_version(self, entries: Iterable[FileEntry]) -> VersionEdit:
+        """(lock held) One edit that makes the version exactly ``entries``."""
+        new = {e.name: e for e in entries}
+        old = self._version.files
+        added = [e for n, e in new.items() if old.get(n) != e]
+        removed = [n for n in old if n not in new or old[n] != new[n]]
+        return self._edit(added, removed)
+
+    def _publish(self, edit: VersionEdit) -> None:
+        if not self._subscribers:
+            self._maybe_delete(edit.removed)
+            return
+        # removed files stay on disk until every subscriber has been handed this edit
+        self._pin(edit.removed)
+        if len(self._outbox) >= _OUTBOX_LIMIT and not self._maint.on_thread():
+            self._wait(lambda: len(self._outbox) < _OUTBOX_LIMIT)
+        self._outbox.append(edit)
+        self._post(self._deliver)
+
+    def _deliver(self) -> None:
+        """(maintainer) Hand queued edits to subscribers in order, without the lock."""
+        while True:
+            with self._lock:
+                if not self._outbox:
+                    self._cond.notify_all()
+                    return
+                edit = self._outbox.popleft()
+                subs = list(self._subscribers)
+            for cb in subs:
+                try:
+                    cb(edit)
+                except Exception:
+                    log.exception("version subscriber %r failed on edit %d of %s", cb, edit.seq, self.directory)
+            with self._lock:
+                self._unpin(edit.removed)
+
+    def _pin(self, names: Iterable[str]) -> None:
         with self._lock:
-            if self._pins[name] > 0:
-                self._deferred.add(name)
-                return
-        self.fs.remove(self._path(name))
+            for n in names:
+                self._pins[n] += 1
 
     def _unpin(self, names: Iterable[str]) -> None:
-        to_delete = []
         with self._lock:
+            done = []
             for n in names:
                 self._pins[n] -= 1
                 if self._pins[n] <= 0:
                     del self._pins[n]
-                    if n in self._deferred:
-                        self._deferred.discard(n)
-                        to_delete.append(n)
-        for n in to_delete:
-            self.fs.remove(self._path(n))
+                    done.append(n)
+            self._maybe_delete(done)
+
+    def _maybe_delete(self, names: Iterable[str]) -> None:
+        """(lock held) Delete each of ``names`` that no version names and nothing pins."""
+        for n in names:
+            if n not in self._version and not self._pins[n]:
+                self.fs.remove(self._path(n))
+
+    def version(self) -> tuple[int, list[FileEntry]]:
+        """``(seq, files)``: the live version's number and its files (age order per kind)."""
+        self._check_open()
+        with self._lock:
+            v = self._version
+            return v.seq, sorted(v.files.values(), key=lambda e: (e.kind, -e.level, e.seq))
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call ``callback(edit)`` for every later :class:`VersionEdit`, in sequence order,
+        after it is durable; returns a function that unsubscribes.
+
+        Files an edit removes stay on disk until the callback returned. The callback runs
+        on the store's maintainer thread: it must hand the edit to a thread of its own
+        (e.g. put it on a queue) and never call back into the store or block.
+        """
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {type(callback).__name__}")
+        self._check_open()
+        with self._lock:
+            self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in self._subscribers:
+                    self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    # ------------------------------------------------------------------ background work
+
+    def _post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Hand ``fn(*args)`` to the maintainer thread (a done-callback's only job). If it
+        raises, the store remembers the error and wakes every waiter with it."""
+
+        def task() -> None:
+            try:
+                fn(*args)
+            except BaseException as exc:
+                with self._lock:
+                    if self._bg_error is None:
+                        self._bg_error = exc
+                    self._cond.notify_all()
+                raise
+
+        self._maint.post(task)
+
+    def _on_done(self, fn: Callable[[Any], Any]) -> Callable[[concurrent.futures.Future[Any]], None]:
+        """A done-callback that hands the future to ``fn`` on the maintainer thread."""
+
+        def callback(fut: concurrent.futures.Future[Any]) -> None:
+            self._post(fn, fut)
+
+        return callback
+
+    def _wait(self, predicate: Callable[[], bool]) -> None:
+        """(lock held) Wait for background work until ``predicate()``, releasing the lock
+        meanwhile; raises the background error if an install failed."""
+        self._cond.wait_for(lambda: predicate() or self._bg_error is not None)
+        if self._bg_error is not None and not predicate():
+            raise self._bg_error
+
+    def _notify(self) -> None:
+        """(lock held) Wake threads waiting in :meth:`_wait` (after installing background results)."""
+        self._cond.notify_all()
+
+    def _quiesce(self) -> None:
+        """Stop starting merges and wait, without holding the lock, until none is in flight."""
+        with self._lock:
+            self._paused += 1
+            self._cond.wait_for(lambda: self._idle() or self._bg_error is not None)
+
+    def _resume(self) -> None:
+        with self._lock:
+            self._paused = max(0, self._paused - 1)
+            if not self._paused and not self._closed:
+                self._kick()
+
+    def settle(self) -> None:
+        """Wait until no background flush, merge or seal of this store is in flight."""
+        with self._lock:
+            self._wait(lambda: self._closed or (self._idle() and not self._outbox))
 
     # ------------------------------------------------------------------ snapshots
 
@@ -429,76 +549,7 @@ class Store(abc.ABC):
         taken or restored.
         """
         self._check_open()
-        remote = self._require_remote("snapshot")
-        if isinstance(snapshot_id, bool) or not isinstance(snapshot_id, int):
-            raise TypeError(f"snapshot_id must be an int, got {type(snapshot_id).__name__} {snapshot_id!r:.40}")
-        if snapshot_id < 0:
-            raise ValueError(f"snapshot_id must be >= 0, got {snapshot_id}")
-        t0 = time.perf_counter()
-        with self._lock:
-            if self._last_snapshot_id is not None and snapshot_id <= self._last_snapshot_id:
-                raise ValueError(
-                    f"snapshot_id {snapshot_id} must be greater than the last snapshot id "
-                    f"{self._last_snapshot_id} of this store"
-                )
-            frozen = self._freeze()
-            for n in frozen.files:
-                self._pins[n] += 1
-            self._last_snapshot_id = snapshot_id
-            if self._uploader is None:
-                self._uploader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="statestores-upload")
-        freeze_s = time.perf_counter() - t0
-        fut = self._uploader.submit(self._upload, remote, snapshot_id, frozen, freeze_s)
-        self._pending_uploads = [f for f in self._pending_uploads if not f.done()] + [fut]
-        return fut
-
-    def _upload(self, remote: Remote, snapshot_id: int, frozen: Frozen, freeze_s: float) -> SnapshotInfo:
-        t0 = time.perf_counter()
-        try:
-            if self._remote_files is None:
-                self._remote_files = dict(remote.list_files())
-            infos: dict[str, FileInfo] = {}
-            uploaded = 0
-            sent = 0
-            for name in frozen.files:
-                size, crc = file_crc(self.fs, self._path(name))
-                infos[name] = FileInfo(size, crc)
-                if self._remote_files.get(name) != size:
-                    sent += remote.put_file(name, self._path(name))
-                    self._remote_files[name] = size
-                    uploaded += 1
-            manifest = Manifest(snapshot_id, self.engine, infos, frozen.meta)
-            remote.write_manifest(manifest)
-        except RemoteError:
-            self._remote_files = None
-            raise
-        except OSError as exc:
-            self._remote_files = None
-            raise RemoteError(f"snapshot {snapshot_id} of {self.directory} failed: {exc}") from exc
-        finally:
-            self._unpin(frozen.files)
-        info = SnapshotInfo(
-            snapshot_id,
-            uploaded,
-            sent,
-            len(infos),
-            manifest.total_bytes,
-            freeze_s,
-            time.perf_counter() - t0,
-        )
-        log.info(
-            "snapshot done",
-            extra={"store": self.directory, "snapshot_id": snapshot_id, "files_uploaded": uploaded, "bytes_uploaded": sent},
-        )
-        return info
-
-    def _wait_uploads(self) -> None:
-        pending, self._pending_uploads = self._pending_uploads, []
-        for f in pending:
-            try:
-                f.result()
-            except Exception as exc:  # the caller of snapshot_async owns the error
-                log.warning("snapshot upload failed: %s", exc)
+        return snapshots.freeze(self, self._require_remote("snapshot"), snapshot_id)
 
     def snapshots(self) -> list[int]:
         """Ids of the complete snapshots in the remote, ascending."""
@@ -513,67 +564,7 @@ class Store(abc.ABC):
         unknown id, leaving the store as it was.
         """
         self._check_open()
-        remote = self._require_remote("restore")
-        t0 = time.perf_counter()
-        self._wait_uploads()
-        if snapshot_id is None:
-            latest = remote.latest_snapshot()
-            if latest is None:
-                raise SnapshotNotFoundError(f"the remote of {self.directory} holds no snapshot to restore")
-            snapshot_id = latest
-        elif isinstance(snapshot_id, bool) or not isinstance(snapshot_id, int):
-            raise TypeError(f"snapshot_id must be an int or None, got {type(snapshot_id).__name__}")
-        manifest = remote.read_manifest(snapshot_id)
-        if manifest.engine != self.engine:
-            raise StoreError(
-                f"snapshot {snapshot_id} was taken by engine {manifest.engine!r}, this store is {self.engine!r}"
-            )
-        remote_files = remote.list_files()
-        downloaded = 0
-        nbytes = 0
-        # Pin the manifest's files first: a merge finishing while we download must not
-        # delete a local file the snapshot needs (its delete is deferred, then cancelled).
-        wanted = list(manifest.files)
-        with self._lock:
-            for n in wanted:
-                self._pins[n] += 1
-        try:
-            for name, info in manifest.files.items():
-                path = self._path(name)
-                if self.fs.exists(path) and file_crc(self.fs, path) == (info.size, info.crc):
-                    continue
-                if name not in remote_files:
-                    raise RemoteError(f"snapshot {snapshot_id} names file {name!r}, which the remote lacks")
-                tmp = path + ".download"
-                nbytes += remote.get_file(name, tmp)
-                if file_crc(self.fs, tmp) != (info.size, info.crc):
-                    self.fs.remove(tmp)
-                    raise CorruptionError(
-                        f"remote:{name}", f"downloaded file does not match snapshot {snapshot_id}'s checksum"
-                    )
-                self.fs.rename(tmp, path)
-                downloaded += 1
-            next_seq = 1 + max((_seq_of(n) for n in remote_files), default=0)
-            with self._lock:
-                self._quiesce()
-                try:
-                    self._install(manifest, next_seq)
-                finally:
-                    self._resume()
-                # the restored state references these files again: cancel deferred deletes
-                self._deferred.difference_update(wanted)
-                self._last_snapshot_id = snapshot_id
-                self._remote_files = dict(remote_files)
-        finally:
-            self._unpin(wanted)
-        return RestoreInfo(
-            snapshot_id,
-            downloaded,
-            nbytes,
-            len(manifest.files),
-            manifest.total_bytes,
-            time.perf_counter() - t0,
-        )
+        return snapshots.restore(self, self._require_remote("restore"), snapshot_id)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -582,6 +573,7 @@ class Store(abc.ABC):
         self._check_open()
         with self._lock:
             s = self._stats()
+            s["version"] = self._version.seq
         s.setdefault("engine", self.engine)
         s.setdefault("directory", self.directory)
         s.setdefault("disk_bytes", _dir_bytes(self.directory))
@@ -593,27 +585,27 @@ class Store(abc.ABC):
         """Flush, wait for background work, release the directory. Idempotent."""
         if self._closed:
             return
-        self._wait_uploads()
-        with self._lock:
-            if self._closed:
-                return
+        snapshots.wait_uploads(self)
+        self._quiesce()
+        try:
+            with self._lock:
+                if self._closed:
+                    return
+                try:
+                    self._close()
+                finally:
+                    self._closed = True
+                    self._cond.notify_all()
+        finally:
+            self._maint.stop()  # delivers queued edits, then ends (we hold no lock here)
+            if self._uploader is not None:
+                self._uploader.shutdown(wait=True)
             try:
-                self._quiesce()
-                self._close()
-            finally:
-                self._closed = True
-                if self._uploader is not None:
-                    self._uploader.shutdown(wait=True)
-                for n in list(self._deferred):
-                    self.fs.remove(self._path(n))
-                self._deferred.clear()
-                self.fs.unlock(self._lock_fd)
-
-
-def _seq_of(name: str) -> int:
-    """The sequence number embedded in a data file name (0 if it has none)."""
-    m = _SEQ_RE.findall(name)
-    return int(m[-1]) if m else 0
+                with self._lock:
+                    self._remove_strays()
+            except OSError as exc:  # e.g. a FaultyFS that died: nothing more to clean
+                log.debug("removing leftovers of %s failed: %s", self.directory, exc)
+            self.fs.unlock(self._lock_fd)
 
 
 def _dir_bytes(directory: str) -> int:

@@ -1,8 +1,8 @@
-"""``CURRENT``: the small local document naming an engine's live files.
+"""``CURRENT``: the small local document naming a store's live version.
 
-Rewritten atomically (temp file + rename) whenever the set of live files changes, so a
-crash leaves either the old or the new version. Encoding (``FORMAT.md`` § "CURRENT"):
-``b"SFCU" | crc32c:u32 | msgpack(dict)``.
+Rewritten atomically (temp file + rename) by every version edit, so a crash leaves either
+the old or the new version. Encoding (``FORMAT.md`` § "CURRENT"):
+``b"SFCU" | crc32c:u32 | msgpack({"seq", "version", "files"})``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import msgpack
 from .checksum import crc32c
 from .errors import CorruptionError
 from .fs import FileSystem
+from .version import Version, encode_entries
 
-__all__ = ["NAME", "exists", "read", "write"]
+__all__ = ["NAME", "exists", "read", "write", "write_version"]
 
 NAME = "CURRENT"
 _HEAD = struct.Struct("<4sI")
@@ -51,3 +52,8 @@ def write(fs: FileSystem, directory: str, doc: dict[str, Any], *, sync: bool) ->
     """Replace ``CURRENT`` with ``doc`` atomically."""
     body = msgpack.packb(doc, use_bin_type=True)
     fs.write_file_atomic(os.path.join(directory, NAME), _HEAD.pack(_MAGIC, crc32c(body)) + body, sync=sync)
+
+
+def write_version(fs: FileSystem, directory: str, seq: int, version: Version, *, sync: bool) -> None:
+    """Persist ``version`` (and the file-name counter ``seq``) as ``CURRENT``."""
+    write(fs, directory, {"seq": seq, "version": version.seq, "files": encode_entries(version.files.values())}, sync=sync)

@@ -149,7 +149,9 @@ class FaultyFS(FileSystem):
         self.dead = False
         self._rng = random.Random(seed)
         self._fds: set[int] = set()
-        self._mutex = threading.Lock()
+        # held across each call's liveness check *and* its syscall: a crash() never lands
+        # in the middle of another thread's call (as a real kill -9 stops every thread at once)
+        self._mutex = threading.RLock()
 
     def _tick(self) -> bool:
         """Count one mutating call; True if this is the one that must fail."""
@@ -184,67 +186,101 @@ class FaultyFS(FileSystem):
         return fd
 
     def open_append(self, path: str) -> int:
-        self._check_alive()
-        return self._track(super().open_append(path))
+        with self._mutex:
+            self._check_alive()
+            return self._track(super().open_append(path))
 
     def open_new(self, path: str) -> int:
-        self._check_alive()
-        return self._track(super().open_new(path))
+        with self._mutex:
+            self._check_alive()
+            return self._track(super().open_new(path))
 
     def open_read(self, path: str) -> int:
-        self._check_alive()
-        return self._track(super().open_read(path))
+        with self._mutex:
+            self._check_alive()
+            return self._track(super().open_read(path))
 
     def lock(self, path: str) -> int:
-        self._check_alive()
-        return self._track(super().lock(path))
+        with self._mutex:
+            self._check_alive()
+            return self._track(super().lock(path))
 
     def close(self, fd: int) -> None:
         with self._mutex:
             if fd not in self._fds:
                 return  # already closed by the fault
             self._fds.discard(fd)
-        os.close(fd)
+            os.close(fd)
 
     def unlock(self, fd: int) -> None:
         self.close(fd)
 
+    def _dead_if_gone(self, exc: OSError) -> BaseException:
+        """An ``OSError`` raised because another thread's fault closed our descriptor is
+        the injected crash, not a bug (threads share the one dying file system)."""
+        return InjectedFault("injected fault: the process is dead") if self.dead else exc
+
     def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
-        if self._tick():
-            if self.torn and len(data) > 1:
-                super().write(fd, memoryview(data)[: self._rng.randrange(1, len(data))])
-            raise self._die()
-        super().write(fd, data)
+        with self._mutex:
+            if self._tick():
+                if self.torn and len(data) > 1:
+                    super().write(fd, memoryview(data)[: self._rng.randrange(1, len(data))])
+                raise self._die()
+            try:
+                super().write(fd, data)
+            except OSError as exc:
+                raise self._dead_if_gone(exc) from None
 
     def fsync(self, fd: int) -> None:
-        if self._tick():
-            raise self._die()
-        super().fsync(fd)
+        with self._mutex:
+            if self._tick():
+                raise self._die()
+            try:
+                super().fsync(fd)
+            except OSError as exc:
+                raise self._dead_if_gone(exc) from None
 
     def truncate(self, path: str, size: int) -> None:
-        if self._tick():
-            raise self._die()
-        super().truncate(path, size)
+        with self._mutex:
+            if self._tick():
+                raise self._die()
+            super().truncate(path, size)
 
     def rename(self, src: str, dst: str) -> None:
-        if self._tick():
-            raise self._die()
-        super().rename(src, dst)
+        with self._mutex:
+            if self._tick():
+                raise self._die()
+            super().rename(src, dst)
 
     def remove(self, path: str) -> None:
-        if self._tick():
-            raise self._die()
-        super().remove(path)
+        with self._mutex:
+            if self._tick():
+                raise self._die()
+            super().remove(path)
 
     def fsync_dir(self, directory: str) -> None:
-        if self._tick():
-            raise self._die()
-        super().fsync_dir(directory)
+        with self._mutex:
+            if self._tick():
+                raise self._die()
+            super().fsync_dir(directory)
 
     def read_file(self, path: str) -> bytes:
-        self._check_alive()
-        return super().read_file(path)
+        with self._mutex:
+            self._check_alive()
+            return super().read_file(path)
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
-        self._check_alive()
-        return super().pread(fd, size, offset)
+        with self._mutex:
+            self._check_alive()
+            try:
+                return super().pread(fd, size, offset)
+            except OSError as exc:
+                raise self._dead_if_gone(exc) from None
+
+    def mmap(self, fd: int) -> mmap.mmap | None:
+        with self._mutex:
+            self._check_alive()
+            try:
+                return super().mmap(fd)
+            except (OSError, ValueError) as exc:
+                raise self._dead_if_gone(OSError(str(exc))) from None

@@ -13,8 +13,9 @@ The logical log has three regions, newest last:
 ``ro_lag_interval``: how many records the read-only boundary trails the tail. The
 boundary advances in steps: when the mutable region holds ``ro_lag_interval`` records and
 a put needs a new one, the whole mutable region becomes read-only. ``flush_interval``:
-once that many records are read-only, they are written to a new log file (one record per
-key: the region is already deduplicated) and leave memory.
+once that many records are read-only, the region is *handed off*: it stays readable (as a
+flushing region) while the maintainer thread writes it to a new log file (one record per
+key: the region is already deduplicated), and leaves memory once that file is installed.
 
 Durability (``sync``): the default ``"none"`` keeps the in-memory regions only in memory —
 a crash loses the writes since the last flush, snapshot or close, and the store reopens to
@@ -23,8 +24,9 @@ the state at that flush (prefix-consistent; this is HybridLog's documented trade
 active WAL before it is applied; the WAL rolls whenever the boundary advances, and a WAL
 is deleted once every record it covers is in a log file.
 
-A snapshot flushes both in-memory regions into one new log file (only what changed since
-the last flush), and names every log file and hint.
+A snapshot hands both in-memory regions off the same way (a dict swap: a few
+microseconds) and names every log file and hint, including the one being written; its
+upload waits for that file.
 
 Files (``FORMAT.md`` § hybridlog): ``hl-<level>-<seq>.log``, ``hl-<level>-<seq>.hint``,
 ``hl-w-<seq>.wal``, ``CURRENT``.
@@ -32,14 +34,14 @@ Files (``FORMAT.md`` § hybridlog): ``hl-<level>-<seq>.log``, ``hl-<level>-<seq>
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
-from remotes.manifest import Manifest
-
-from . import current, records
+from . import records
 from .base import (
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
@@ -50,11 +52,26 @@ from .base import (
     check_value,
 )
 from .fs import FileSystem
-from .logfile import SegmentedStore
+from .log import Segment, SegmentedStore
+from .log.segment import hint_name
+from .version import FileEntry
 
 __all__ = ["HybridLogStore"]
 
 _MISSING: Any = object()
+
+
+@dataclass(eq=False)
+class _Region:
+    """In-memory records handed to the maintainer to become log file ``name``: readable
+    until that file is installed. ``dicts`` oldest first; ``wals`` hold exactly them."""
+
+    dicts: list[dict[bytes, bytes | None]]
+    wals: list[str]
+    name: str
+    seq: int
+    future: concurrent.futures.Future[None] | None = None
+    failed: bool = field(default=False)
 
 
 class HybridLogStore(SegmentedStore):
@@ -74,6 +91,7 @@ class HybridLogStore(SegmentedStore):
     def _open(self) -> None:
         self._mut: dict[bytes, bytes | None] = {}
         self._ro: dict[bytes, bytes | None] = {}
+        self._flushing: tuple[_Region, ...] = ()  # oldest first; replaced whole (lock-free readers)
         self._lag: int = self.options["ro_lag_interval"]
         self._flush_at: int = self.options["flush_interval"]
         self._wal_fd: int | None = None
@@ -83,8 +101,7 @@ class HybridLogStore(SegmentedStore):
         self._advances = 0
         self._flushes = 0
         self._appends = 0
-        state = self._open_segments()
-        wals = [w for w in state.get("wals", []) if self.fs.exists(self._path(w))]
+        wals = [e.name for e in self._open_segments()]
         for i, w in enumerate(wals):
             region = self._replay(w)
             if i < len(wals) - 1:
@@ -94,14 +111,12 @@ class HybridLogStore(SegmentedStore):
         self._wals = wals
         if self.sync == "none":
             if wals or self._mut or self._ro:
-                self._flush_all()  # the WALs of an earlier sync="os" run become a log file
+                self._flush_all(inline=True)  # the WALs of an earlier sync="os" run become a log file
         elif wals:
             self._wal_fd = self.fs.open_append(self._path(wals[-1]))
             self._wal_size = self.fs.size(self._path(wals[-1]))
         else:
-            self._start_wal()
-            self._write_current()
-        self._remove_strays(set(self._sealed_files()) | set(self._wals))
+            self._edit([self._new_wal()])
         self._open_done()
 
     def _replay(self, name: str) -> dict[bytes, bytes | None]:
@@ -116,16 +131,9 @@ class HybridLogStore(SegmentedStore):
             self.fs.truncate(path, res.valid_end)
         return region
 
-    def _write_current(self, sealed: list[Any] | None = None) -> None:
-        current.write(
-            self.fs,
-            self.directory,
-            {"seq": self._seq, "segments": self._sealed_doc(sealed), "wals": list(self._wals)},
-            sync=self.sync == "fsync",
-        )
-
-    def _start_wal(self) -> None:
-        """Open a new, empty active WAL (older WALs stay until their records are flushed)."""
+    def _new_wal(self) -> FileEntry:
+        """Open a new, empty active WAL (older WALs stay until their records are in log
+        files); the caller puts the entry into its version edit."""
         if self._wal_fd is not None:
             if self.sync == "fsync":
                 self.fs.fsync(self._wal_fd)
@@ -135,14 +143,11 @@ class HybridLogStore(SegmentedStore):
         self._wal_fd = self.fs.open_append(self._path(name))
         self._wal_size = 0
         self._wals.append(name)
-
-    def _release_later(self, names: list[str]) -> None:
-        for n in names:
-            self._release_file(n)
+        return FileEntry(name, "wal")
 
     def _close(self) -> None:
-        if self._mut or self._ro:
-            self._flush_all()
+        if self._mut or self._ro or self._flushing:
+            self._flush_all(inline=True)
         if self._wal_fd is not None:
             self.fs.close(self._wal_fd)
             self._wal_fd = None
@@ -203,7 +208,7 @@ class HybridLogStore(SegmentedStore):
         key = check_key(key)
         with self._lock:
             m = self._mut
-            if m.get(key) is None and self._ro.get(key) is None and self._lookup(key) is None:
+            if self.get(key, _MISSING) is _MISSING:
                 return  # not live anywhere: nothing to shadow
             if key not in m and len(m) >= self._lag:
                 self._advance()
@@ -235,92 +240,152 @@ class HybridLogStore(SegmentedStore):
         if v is _MISSING:
             v = self._ro.get(key, _MISSING)
             if v is _MISSING:
-                return self._disk_get(key, default)  # type: ignore[no-any-return]
+                flushing = self._flushing
+                if flushing:
+                    v = self._flushing_get(flushing, key)
+                if v is _MISSING:
+                    return self._disk_get(key, default)  # type: ignore[no-any-return]
         return default if v is None else v  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _flushing_get(flushing: tuple[_Region, ...], key: bytes) -> Any:
+        for region in reversed(flushing):
+            for d in reversed(region.dicts):
+                v = d.get(key, _MISSING)
+                if v is not _MISSING:
+                    return v
+        return _MISSING
 
     def flush(self) -> None:
         """Write both in-memory regions to a log file (durable per ``sync``)."""
         self._check_open()
         with self._lock:
-            if self._mut or self._ro:
-                self._flush_all()
+            if self._mut or self._ro or self._flushing:
+                self._flush_all(inline=True)
             elif self._wal_fd is not None and self.sync == "fsync":
                 self.fs.fsync(self._wal_fd)
 
     # ------------------------------------------------------------------ regions
 
     def _advance(self) -> None:
-        """(lock held) Move the read-only boundary to the tail; flush if enough is read-only."""
+        """(lock held) Move the read-only boundary to the tail; hand the read-only region
+        off once it holds ``flush_interval`` records."""
+        if len(self._ro) + len(self._mut) >= self._flush_at:
+            self._reserve_handoff()  # first: waiting releases the lock
         self._ro.update(self._mut)
         self._mut = {}
         self._advances += 1
         if self._wal_fd is not None:
-            self._start_wal()  # the older WALs now cover exactly the read-only region
-            self._write_current()
+            self._edit([self._new_wal()])  # the older WALs now cover exactly the read-only region
         if len(self._ro) >= self._flush_at:
             self._flush_ro()
 
-    def _flush_all(self) -> None:
-        """(lock held) Make the mutable region read-only and flush everything in memory."""
-        self._ro.update(self._mut)
-        self._mut = {}
-        if self._wal_fd is not None:
-            self._start_wal()
-        self._flush_ro()
-
     def _flush_ro(self) -> None:
-        """(lock held) Write the read-only region to a new log file and drop it from memory."""
-        self._await_index()
-        index = self._index
-        # a tombstone is needed only where a log file still holds the key
-        items = [(k, v) for k, v in self._ro.items() if v is not None or k in index]
-        sealed = self._sealed
-        if items:
-            seg, keys, addrs, tombs = self._seal_new(0, items)
-            sealed = sealed + [seg]
+        """(lock held) Hand the read-only region to the maintainer to become a log file."""
         old_wals = self._wals[:-1] if self._wal_fd is not None else self._wals
-        self._wals = self._wals[len(old_wals) :]
-        self._write_current(sealed)  # the commit point
-        if items:
-            self._sealed = sealed
+        self._start_region([self._ro], old_wals)
+        self._ro = {}
+
+    def _flush_all(self, *, inline: bool = False) -> None:
+        """(lock held) Both in-memory regions become one log file: handed off, or written
+        here with ``inline`` (after every earlier hand-off, waited for without the lock)."""
+        if inline:
+            self._drain_handoffs()  # first: waiting releases the lock
+            dicts = [d for r in self._flushing for d in r.dicts] + [self._ro, self._mut]
+            wals = [w for r in self._flushing for w in r.wals]
+            self._flushing = ()
+        else:
+            self._reserve_handoff()  # first: waiting releases the lock
+            dicts = [self._ro, self._mut]
+            wals = []
+        if self._wal_fd is not None:
+            self._edit([self._new_wal()])  # the older WALs cover exactly the regions flushed here
+        wals += self._wals[:-1] if self._wal_fd is not None else self._wals
+        self._wals = [w for w in self._wals if w not in wals]
+        self._ro = {}
+        self._mut = {}
+        if inline:
+            seq = self._next_seq()
+            region = _Region(dicts, wals, self._segment_name(0, seq), seq)
+            self._flushing = (*self._flushing, region)
+            self._write_region(region)
+        else:
+            self._start_region(dicts, wals)
+
+    def _start_region(self, dicts: list[dict[bytes, bytes | None]], wals: list[str]) -> None:
+        seq = self._next_seq()
+        region = _Region(dicts, list(wals), self._segment_name(0, seq), seq)
+        self._wals = [w for w in self._wals if w not in region.wals]
+        self._flushing = (*self._flushing, region)  # readable from now until installed
+        region.future = self._hand_off(lambda: self._write_region(region))
+
+    def _write_region(self, region: _Region) -> None:
+        """Write ``region`` as a log file + hint (no lock: the files are new), then install
+        it with one version edit and drop it from memory."""
+        merged: dict[bytes, bytes | None] = {}
+        for d in region.dicts:
+            merged.update(d)
+        index = self._index
+        exact = self._pending is None
+        # a tombstone is needed only where a log file still holds the key
+        items = [(k, v) for k, v in merged.items() if v is not None or not exact or k in index]
+        try:
+            size, keys, addrs, tombs = self._write_segment(region.name, region.seq, items)
+        except BaseException:
+            region.failed = True  # stays in memory (and its WALs on disk); close or flush() retries
+            raise
+        with self._lock:
+            seg = Segment(region.name, 0, self._path(region.name))
+            seg.open_sealed(self.fs)
+            self._edit(
+                [FileEntry(seg.name, "segment", 0), FileEntry(hint_name(seg.name), "hint", 0)], region.wals
+            )  # the commit point
+            self._sealed.append(seg)
             self._segs[seg.seq] = seg
+            index = self._index
             index.update(zip(keys, addrs, strict=True))
             for k in tombs:
-                index.pop(k, None)
-        self._ro = {}
-        self._flushes += 1
-        self._release_later(old_wals)
-        self._maybe_merge()
+                self._forget(k)
+            self._flushing = tuple(r for r in self._flushing if r is not region)  # after the index
+            self._flushes += 1
+            self._kick()
 
     def _memory_keys(self) -> Iterable[bytes]:
-        return list(self._ro) + list(self._mut)
+        return [k for r in self._flushing for d in r.dicts for k in d] + list(self._ro) + list(self._mut)
 
     # ------------------------------------------------------------------ snapshots
 
     def _freeze(self) -> Frozen:
         if self._mut or self._ro:
             self._flush_all()
-        return self._frozen()
+        frozen = self._frozen(r.future for r in self._flushing if r.future is not None)
+        for r in self._flushing:  # the log files being written are part of the snapshot
+            frozen.entries += (FileEntry(r.name, "segment", 0), FileEntry(hint_name(r.name), "hint", 0))
+        return frozen
 
-    def _install(self, manifest: Manifest, next_seq: int) -> None:
-        self._install_segments(manifest, next_seq)
+    def _install(self, entries: list[FileEntry]) -> None:
+        new = self._install_segments(entries)
         self._mut = {}
         self._ro = {}
+        self._flushing = ()
         if self._wal_fd is not None:
             self.fs.close(self._wal_fd)
             self._wal_fd = None
         self._wals = []
         if self.sync != "none":
-            self._start_wal()
-        self._write_current()
-        self._remove_strays(set(self._sealed_files()) | set(self._wals))
+            new.append(self._new_wal())
+        self._reset_version(new)
 
     # ------------------------------------------------------------------ stats
 
     def _stats(self) -> dict[str, Any]:
         s = self._segment_stats()
         index = self._index
-        mem: dict[bytes, bytes | None] = dict(self._ro)
+        mem: dict[bytes, bytes | None] = {}
+        for r in self._flushing:
+            for d in r.dicts:
+                mem.update(d)
+        mem.update(self._ro)
         mem.update(self._mut)
         keys = len(index)
         mem_bytes = 0
@@ -339,6 +404,7 @@ class HybridLogStore(SegmentedStore):
             flushes=self._flushes,
             wals=list(self._wals),
             memory_bytes=s["index_bytes"] + mem_bytes + sys.getsizeof(self._mut) + sys.getsizeof(self._ro),
-            files=sorted(self._sealed_files() + self._wals),
+            flushing_regions=len(self._flushing),
+            files=self._version.names(),
         )
         return s

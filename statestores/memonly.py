@@ -11,15 +11,13 @@ records; ``mem-<seq>.wal`` — writes since that dump (only with ``sync`` ≠ ``
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from remotes.manifest import Manifest
-
-from . import current, records
+from . import records
 from .base import MAX_KEY_BYTES, MAX_VALUE_BYTES, Frozen, Store, check_key, check_ops, check_value
 from .errors import CorruptionError
+from .version import FileEntry
 
 __all__ = ["MemOnlyStore"]
 
@@ -28,10 +26,8 @@ class MemOnlyStore(Store):
     """A dict, dumped whole at every snapshot; an optional WAL for ``sync`` = os/fsync."""
 
     engine = "memonly"
+    PREFIX = "mem"
     DEFAULT_SYNC = "none"
-
-    def _has_local_state(self) -> bool:
-        return current.exists(self.fs, self.directory)
 
     def _open(self) -> None:
         self._data: dict[bytes, bytes] = {}
@@ -39,23 +35,22 @@ class MemOnlyStore(Store):
         self._wal_name: str | None = None
         self._wal_bytes = 0
         self._dumps = 0
-        state = current.read(self.fs, self.directory)
-        self._seq = int(state.get("seq", 0))
-        self._dump_name: str | None = state.get("dump")
+        version = self._load_version()
+        dumps = version.of_kind("dump")
+        wals = version.of_kind("wal")
+        self._dump_name: str | None = dumps[-1].name if dumps else None
         if self._dump_name:
             self._load_records(self._dump_name, truncate_torn=False)
-        wal = state.get("wal")
-        if wal and self.fs.exists(self._path(wal)):
+        wal = wals[-1].name if wals else None
+        if wal:
             self._load_records(wal, truncate_torn=True)
             self._wal_bytes = self.fs.size(self._path(wal))
-        self._remove_strays({self._dump_name, wal})
+            self._wal_name = wal
         if self.sync != "none":
-            if wal and self.fs.exists(self._path(wal)):
-                self._wal_name = wal
+            if wal:
                 self._wal_fd = self.fs.open_append(self._path(wal))
             else:
                 self._start_wal()
-                self._write_current()
 
     def _load_records(self, name: str, *, truncate_torn: bool) -> None:
         path = self._path(name)
@@ -72,29 +67,23 @@ class MemOnlyStore(Store):
                 raise CorruptionError(path, "dump file is incomplete")
             self.fs.truncate(path, res.valid_end)
 
-    def _remove_strays(self, live: set[str | None]) -> None:
-        for name in self.fs.listdir(self.directory):
-            if name.startswith("mem-") and name not in live:
-                self._release_file(name)
-
     def _next_name(self, ext: str) -> str:
-        self._seq += 1
-        return f"mem-{self._seq:010d}.{ext}"
+        return f"mem-{self._next_seq():010d}.{ext}"
 
-    def _start_wal(self) -> None:
+    def _new_wal(self) -> FileEntry:
+        """Open a new, empty WAL (not yet in the version) in place of the current one."""
         if self._wal_fd is not None:
             self.fs.close(self._wal_fd)
+            self._wal_fd = None
         self._wal_name = self._next_name("wal")
         self._wal_fd = self.fs.open_new(self._path(self._wal_name))
         self._wal_bytes = 0
+        return FileEntry(self._wal_name, "wal")
 
-    def _write_current(self) -> None:
-        current.write(
-            self.fs,
-            self.directory,
-            {"seq": self._seq, "dump": self._dump_name, "wal": self._wal_name},
-            sync=self.sync == "fsync",
-        )
+    def _start_wal(self) -> None:
+        old = self._wal_name
+        entry = self._new_wal()
+        self._edit([entry], [old] if old else [])
 
     def _append(self, data: bytes) -> None:
         if self._wal_fd is None:
@@ -190,37 +179,35 @@ class MemOnlyStore(Store):
         finally:
             self.fs.close(fd)
         self.fs.rename(tmp, path)
-        old_dump, old_wal = self._dump_name, self._wal_name
+        old = [n for n in (self._dump_name, self._wal_name) if n]
         self._dump_name = name
+        added = [FileEntry(name, "dump")]
         if self.sync != "none":
-            self._start_wal()
-        self._write_current()
+            added.append(self._new_wal())
+        else:
+            self._wal_name = None
+        self._edit(added, old)
         self._dumps += 1
-        for old in (old_dump, old_wal):
-            if old and old not in (self._dump_name, self._wal_name):
-                self._release_file(old)
         return name
 
     def _freeze(self) -> Frozen:
-        return Frozen([self._dump()], {})
+        return Frozen([FileEntry(self._dump(), "dump")])
 
-    def _install(self, manifest: Manifest, next_seq: int) -> None:
-        (name,) = manifest.files
-        self._seq = max(self._seq, next_seq)
+    def _install(self, entries: list[FileEntry]) -> None:
+        dumps = [e for e in entries if e.kind == "dump"]
+        if len(dumps) != 1 or len(entries) != 1:
+            raise CorruptionError(self.directory, f"a memonly snapshot names one dump file, got {[e.name for e in entries]}")
         self._data = {}
-        self._load_records(name, truncate_torn=False)
-        old_dump, old_wal = self._dump_name, self._wal_name
-        self._dump_name = name
+        self._load_records(dumps[0].name, truncate_torn=False)
+        self._dump_name = dumps[0].name
+        new = list(dumps)
+        if self._wal_fd is not None:
+            self.fs.close(self._wal_fd)
+            self._wal_fd = None
         self._wal_name = None
         if self.sync != "none":
-            self._start_wal()
-        self._write_current()
-        for old in (old_dump, old_wal):
-            if old and old not in (self._dump_name, self._wal_name):
-                self._release_file(old)
-
-    def _quiesce(self) -> None:
-        pass  # no background work
+            new.append(self._new_wal())
+        self._reset_version(new)
 
     def _close(self) -> None:
         if self._wal_fd is None:
@@ -242,5 +229,5 @@ class MemOnlyStore(Store):
             "data_bytes": self._data_bytes(),
             "wal_bytes": self._wal_bytes,
             "dumps": self._dumps,
-            "files": sorted(n for n in os.listdir(self.directory) if n.startswith("mem-")),
+            "files": self._version.names(),
         }

@@ -22,13 +22,10 @@ memtable.
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import logging
-import multiprocessing
 import os
 import struct
-import threading
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
@@ -39,23 +36,20 @@ from typing import Any
 import mmh3
 from crc32c import crc32c as crc32c_raw
 
-from remotes.manifest import Manifest
-
-from .. import background, current, records
+from .. import background, records
 from ..base import (
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
     Frozen,
     Option,
     Store,
-    _seq_of,
     check_key,
     check_ops,
     check_value,
-    file_crc,
 )
-from ..errors import CorruptionError
+from ..errors import BackgroundBusy, CorruptionError
 from ..fs import FileSystem
+from ..version import FileEntry
 from . import merge as merge_mod
 from .merge import merge_sorted
 from .runfile import ABSENT, RunReader, block_get, decode_block, write_run
@@ -91,41 +85,6 @@ def _positive(v: int) -> bool:
 #: Immutable memtables that may wait for their background flush before a writer stalls.
 _MAX_IMMS = 3
 
-_flush_pool_lock = threading.Lock()
-_flush_pool: concurrent.futures.Executor | None = None
-_flush_pool_pid: int | None = None
-
-
-def _flush_executor() -> concurrent.futures.Executor:
-    """A one-worker pool for memtable flushes, separate from the merge pool.
-
-    Flushes must not queue behind a long merge (writers would stall), and a flush's
-    sorting, encoding and Bloom filter are CPU work that belongs off the caller's
-    thread. Follows ``SFAAS_BACKGROUND`` like :mod:`statestores.background`.
-    """
-    global _flush_pool, _flush_pool_pid
-    with _flush_pool_lock:
-        if _flush_pool is None or _flush_pool_pid != os.getpid():
-            if background.mode() == "thread":
-                _flush_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="statestores-lsm-flush")
-            else:
-                ctx = multiprocessing.get_context("forkserver")
-                _flush_pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx)
-            _flush_pool_pid = os.getpid()
-        return _flush_pool
-
-
-def _shutdown_flush_pool() -> None:
-    global _flush_pool
-    with _flush_pool_lock:
-        pool, _flush_pool = _flush_pool, None
-    if pool is not None:
-        pool.shutdown(wait=True, cancel_futures=False)
-
-
-atexit.register(_shutdown_flush_pool)
-
-
 @dataclass(eq=False)
 class _Imm:
     """A full memtable being written to a level-0 run in the background."""
@@ -142,6 +101,7 @@ class LSMStore(Store):
     """An LSM tree: dict memtable + WAL, sorted runs with Bloom filters and fence pointers."""
 
     engine = "lsm"
+    PREFIX = "lsm"
     DEFAULT_SYNC = "os"
     OPTIONS = {
         "memtable_bytes": Option(8 << 20, int, _positive, "an int >= 1 (bytes)"),
@@ -153,9 +113,6 @@ class LSMStore(Store):
     }
 
     # ------------------------------------------------------------------ open
-
-    def _has_local_state(self) -> bool:
-        return current.exists(self.fs, self.directory)
 
     def _init_state(self) -> None:
         o = self.options
@@ -177,14 +134,11 @@ class LSMStore(Store):
         self._wal_fd: int | None = None
         self._wal_bytes = 0
         self._imms: tuple[_Imm, ...] = ()  # oldest first; replaced whole (lock-free readers)
-        self._seq = 0
         self._cache: OrderedDict[int, dict[bytes, bytes | None]] = OrderedDict()
         self._cache_sizes: dict[int, int] = {}
         self._cache_used = 0
         self._misses = 0
         self._merge: tuple[concurrent.futures.Future[dict[str, Any]], int, list[RunReader], str] | None = None
-        self._paused = 0
-        self._zombies: set[str] = set()
         self._flushes = 0
         self._merges_done = 0
         self._merge_errors = 0
@@ -196,21 +150,13 @@ class LSMStore(Store):
 
     def _open(self) -> None:
         self._init_state()
-        doc = current.read(self.fs, self.directory)
-        self._seq = int(doc.get("seq", 0))
-        level_names: list[list[str]] = [list(lv) for lv in doc.get("levels", [])]
-        wal_names: list[str] = list(doc.get("wals", []))
-        live = {n for lv in level_names for n in lv} | set(wal_names)
-        for name in self.fs.listdir(self.directory):
-            if name.startswith("lsm-"):
-                self._seq = max(self._seq, _seq_of(name))
-                if name not in live:
-                    self._release_file(name)
-        for name in live:
-            if not self.fs.exists(self._path(name)):
-                raise CorruptionError(self._path(name), "named in CURRENT but missing")
-        self._levels = [[RunReader(self.fs, self._path(n), n, i) for n in lv] for i, lv in enumerate(level_names)]
+        version = self._load_version()
+        for e in version.of_kind("run"):
+            while len(self._levels) <= e.level:
+                self._levels.append([])
+            self._levels[e.level].append(RunReader(self.fs, self._path(e.name), e.name, e.level))
         self._rebuild_runs()
+        wal_names = [e.name for e in version.of_kind("wal")]
         kept: list[str] = []
         empty: list[str] = []
         for i, name in enumerate(wal_names):
@@ -218,38 +164,25 @@ class LSMStore(Store):
             (kept if size else empty).append(name)
         self._mem_bytes = sum(len(k) + (len(v) if v else 0) + _ENTRY_OVERHEAD for k, v in self._mem.items())
         self._wals = kept
-        if self.sync != "none":
-            self._start_wal()
-        if empty or self.sync != "none":
-            self._write_current()
-        for name in empty:
-            self._release_file(name)
+        added = [self._new_wal()] if self.sync != "none" else []
+        if added or empty:
+            self._edit(added, empty)
         log.debug(
             "opened lsm store",
             extra={"store": self.directory, "runs": len(self._runs), "wals": len(kept), "memtable_keys": len(self._mem)},
         )
-        # Starting a pool's worker process takes 0.1-0.5 s: do it now, on a helper thread
-        # and without the store lock, so neither open nor the first flush or merge (which
-        # submit under the lock, blocking readers) pays for it.
-        threading.Thread(target=self._warm_up, name="statestores-lsm-warmup", daemon=True).start()
-
-    def _warm_up(self) -> None:
-        try:
-            _flush_executor().submit(merge_mod.noop).result()
-            background.submit(merge_mod.noop).result()
-        except Exception as exc:  # the pools are retried (or bypassed) when used
-            log.debug("warming up the lsm background pools failed: %s", exc)
+        # Starting a background process takes 0.1-0.5 s: have the pools start theirs now
+        # (on their own threads), so the first flush or merge does not wait for it.
+        background.warm_up("flush")
+        background.warm_up("merge")
         with self._lock:
-            self._maybe_merge()
+            self._kick()
 
     # ------------------------------------------------------------------ files
 
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
-
-    def _start_wal(self) -> None:
-        """Close the active WAL (it becomes sealed) and start a new, empty one."""
+    def _new_wal(self) -> FileEntry:
+        """Close the active WAL (it becomes sealed) and open a new, empty one; the caller
+        puts the returned entry into its version edit."""
         if self._wal_fd is not None:
             self.fs.close(self._wal_fd)
             self._wal_fd = None
@@ -257,14 +190,7 @@ class LSMStore(Store):
         self._wal_fd = self.fs.open_new(self._path(name))
         self._wals.append(name)
         self._wal_bytes = 0
-
-    def _write_current(self) -> None:
-        current.write(
-            self.fs,
-            self.directory,
-            {"seq": self._seq, "levels": [[r.name for r in lv] for lv in self._levels], "wals": self._all_wals()},
-            sync=self._fsync,
-        )
+        return FileEntry(name, "wal")
 
     def _rebuild_runs(self) -> None:
         while self._levels and not self._levels[-1]:
@@ -460,11 +386,13 @@ class LSMStore(Store):
             self._flush_locked()
 
     def _flush_locked(self) -> None:
-        """Write the memtable to a level-0 run now (after every pending background flush)."""
+        """Write the memtable to a level-0 run now (after every pending background flush,
+        waited for without holding the lock)."""
         self._drain_imms()
         mem = self._mem
         if not mem and not self._sealed_wals():
             return
+        added: list[FileEntry] = []
         if mem:
             keys = sorted(mem)
             values = list(map(mem.__getitem__, keys))
@@ -481,78 +409,72 @@ class LSMStore(Store):
                     self._levels.append([])
                 self._levels[0].append(RunReader(self.fs, path, name, 0))
                 self._rebuild_runs()
+                added.append(FileEntry(name, "run", 0))
         old_wals = self._wals
         self._wals = []
         if self._wal_fd is not None:
-            self._start_wal()
-        self._write_current()
+            added.append(self._new_wal())
+        self._edit(added, old_wals)
         self._mem = {}  # after the runs are published: lock-free readers see one or the other
         self._mem_bytes = 0
-        for name in old_wals:
-            self._release_file(name)
         self._flushes += 1
-        self._maybe_merge()
+        self._kick()
 
     def _rotate_locked(self) -> None:
-        """Hand the full memtable to the background flush pool and start a fresh one."""
+        """Hand the full memtable to the background flush lane and start a fresh one."""
+        if len(self._imms) >= _MAX_IMMS:  # flushes fall behind: stall this writer
+            self._wait(lambda: len(self._imms) < _MAX_IMMS or self._closed)
+            self._check_open()
         if not self._mem:
             return
-        while len(self._imms) >= _MAX_IMMS:  # flushes fall behind: stall this writer
-            self._drain_imms(1)
         mem = self._mem
         name = f"lsm-L0-{self._next_seq():010d}.run"
         drop = not self._runs and not self._imms
         o = self._run_opts
-        args: tuple[Any, ...] = (
-            merge_mod.flush_memtable, self._path(name) + ".tmp", mem, drop,
-            o["density_factor"], o["block_bytes"], o["bloom_fpr"], o["fsync"],
-        )
         try:
-            fut = _flush_executor().submit(*args)
-        except concurrent.futures.BrokenExecutor:  # its process died: start a new pool
-            _shutdown_flush_pool()
-            try:
-                fut = _flush_executor().submit(*args)
-            except (concurrent.futures.BrokenExecutor, RuntimeError, OSError) as exc:
-                log.warning("no background flush pool (%s); flushing in the foreground", exc)
-                self._flush_locked()
-                return
+            fut = background.submit(
+                merge_mod.flush_memtable, self._path(name) + ".tmp", mem, drop,
+                o["density_factor"], o["block_bytes"], o["bloom_fpr"], o["fsync"],
+                lane="flush", local=self._local_background,
+            )
+        except (BackgroundBusy, RuntimeError, OSError) as exc:
+            log.warning("no background flush (%s); flushing in the foreground", exc)
+            self._flush_locked()
+            return
         wals = self._wals
         self._wals = []
-        if self._wal_fd is not None:
-            self._start_wal()
+        added = [self._new_wal()] if self._wal_fd is not None else []
         self._imms = (*self._imms, _Imm(mem, self._mem_bytes, wals, name, drop, fut))
         self._mem = {}  # after the imm is published: lock-free readers see one or the other
         self._mem_bytes = 0
-        self._write_current()
-        fut.add_done_callback(self._flush_done)
+        if added:
+            self._edit(added)
+        fut.add_done_callback(self._on_done(self._install_flushes))
 
-    def _flush_done(self, fut: concurrent.futures.Future[dict[str, Any]]) -> None:
-        threading.Thread(target=self._install_flushes, name="statestores-lsm-install", daemon=True).start()
+    @property
+    def _local_background(self) -> bool:
+        """Background jobs run in this process when the file system is not the real one
+        (a test's FaultyFS must see the job's writes)."""
+        return type(self.fs) is not FileSystem
 
-    def _install_flushes(self) -> None:
-        try:
-            with self._lock:
-                while self._imms and self._imms[0].future.done() and not self._closed:
-                    self._install_imm(self._imms[0])
-        except Exception:
-            log.exception("installing a flushed run failed", extra={"store": self.directory})
+    def _install_flushes(self, _fut: object = None) -> None:
+        """(maintainer) Install finished flushes, oldest first."""
+        with self._lock:
+            while self._imms and self._imms[0].future.done() and not self._closed:
+                self._install_imm(self._imms[0])
+            self._notify()
 
-    def _drain_imms(self, n: int | None = None) -> None:
-        """Wait for the oldest ``n`` (default: all) background flushes and install them."""
-        done = 0
-        while self._imms and (n is None or done < n):
-            imm = self._imms[0]
-            concurrent.futures.wait([imm.future])
-            self._install_imm(imm)
-            done += 1
+    def _drain_imms(self) -> None:
+        """(lock held) Wait, releasing the lock, until every background flush is installed."""
+        if self._imms:
+            self._wait(lambda: not self._imms or self._closed)
 
     def _install_imm(self, imm: _Imm) -> None:
         """Put a flushed memtable's run into level 0 (lock held; ``imm`` is the oldest)."""
         path = self._path(imm.name)
         try:
             result = imm.future.result()
-        except Exception as exc:  # e.g. the pool died: flush here instead
+        except Exception as exc:  # e.g. the background process died: flush here instead
             log.warning("background flush of %s failed (%s); flushing in the foreground", imm.name, exc)
             self.fs.remove(path + ".tmp")
             keys = sorted(imm.mem)
@@ -564,25 +486,25 @@ class LSMStore(Store):
             result = {"count": len(keys)}
             if keys:
                 write_run(self.fs, path + ".tmp", keys, values, **self._run_opts)
+        added: list[FileEntry] = []
         if result["count"]:
             self.fs.rename(path + ".tmp", path)
             if not self._levels:
                 self._levels.append([])
             self._levels[0].append(RunReader(self.fs, path, imm.name, 0))
             self._rebuild_runs()
+            added.append(FileEntry(imm.name, "run", 0))
         self._imms = self._imms[1:]  # after the run is published
-        self._write_current()
-        for name in imm.wals:
-            if self._paused:
-                self._zombies.add(name)  # a restore may need it: see _finish_merge
-            else:
-                self._release_file(name)
+        self._edit(added, imm.wals)
         self._flushes += 1
-        self._maybe_merge()
+        self._kick()
 
     # ------------------------------------------------------------------ merges
 
-    def _maybe_merge(self) -> None:
+    def _idle(self) -> bool:
+        return not self._imms and self._merge is None
+
+    def _kick(self) -> None:
         """Start merging the shallowest full level, unless a merge runs or merges are paused."""
         if self._merge is not None or self._paused or self._closed:
             return
@@ -592,34 +514,35 @@ class LSMStore(Store):
                 target = i + 1
                 drop = not any(self._levels[target:])
                 name = f"lsm-L{target}-{self._next_seq():010d}.run"
-                fut = background.submit(
-                    merge_mod.merge_runs,
-                    [r.path for r in reversed(inputs)],
-                    self._path(name) + ".tmp",
-                    drop,
-                    self._run_opts["density_factor"],
-                    self._run_opts["block_bytes"],
-                    self._run_opts["bloom_fpr"],
-                    self._run_opts["fsync"],
-                )
+                try:
+                    fut = background.submit(
+                        merge_mod.merge_runs,
+                        [r.path for r in reversed(inputs)],
+                        self._path(name) + ".tmp",
+                        drop,
+                        self._run_opts["density_factor"],
+                        self._run_opts["block_bytes"],
+                        self._run_opts["bloom_fpr"],
+                        self._run_opts["fsync"],
+                        lane="merge",
+                        local=self._local_background,
+                    )
+                except BackgroundBusy as exc:
+                    log.debug("merge of %s postponed: %s", self.directory, exc)
+                    return
                 self._merge = (fut, i, inputs, name)
-                fut.add_done_callback(self._merge_done)
+                fut.add_done_callback(self._on_done(self._finish_merge))
                 return
 
-    def _merge_done(self, fut: concurrent.futures.Future[dict[str, Any]]) -> None:
-        # Runs on the pool's result thread: never block it on our lock (a thread holding
-        # the lock may be waiting for another future that thread has to deliver).
-        threading.Thread(target=self._install_merge, args=(fut,), name="statestores-lsm-install", daemon=True).start()
+    def _finish_merge(self, fut: concurrent.futures.Future[dict[str, Any]]) -> None:
+        """(maintainer) Install a finished merge: one edit adds the output, removes the inputs."""
+        with self._lock:
+            try:
+                self._install_merge(fut)
+            finally:
+                self._notify()
 
     def _install_merge(self, fut: concurrent.futures.Future[dict[str, Any]]) -> None:
-        try:
-            with self._lock:
-                self._finish_merge(fut)
-        except Exception:
-            log.exception("installing a merge result failed", extra={"store": self.directory})
-
-    def _finish_merge(self, fut: concurrent.futures.Future[dict[str, Any]]) -> None:
-        """Install a finished merge (lock held); a no-op if it was installed already."""
         m = self._merge
         if m is None or m[0] is not fut:
             return
@@ -634,54 +557,27 @@ class LSMStore(Store):
             self.fs.remove(path + ".tmp")
             return
         if self._closed:
+            self.fs.remove(path + ".tmp")
             return
+        added: list[FileEntry] = []
         if result["count"]:
             self.fs.rename(path + ".tmp", path)
             reader = RunReader(self.fs, path, name, level + 1)
             while len(self._levels) <= level + 1:
                 self._levels.append([])
             self._levels[level + 1].append(reader)
+            added.append(FileEntry(name, "run", level + 1))
         gone = {id(r) for r in inputs}
         self._levels[level] = [r for r in self._levels[level] if id(r) not in gone]
         self._rebuild_runs()
-        self._write_current()
+        self._edit(added, [r.name for r in inputs])
         self._drop_cached(inputs)
-        for r in inputs:
-            if self._paused:
-                # A restore may be about to install a snapshot that names these files
-                # (it checked the directory before pausing us): delete them only once
-                # it is clear they are not needed (_install / _resume / _close).
-                self._zombies.add(r.name)
-            else:
-                self._release_file(r.name)
         self._merges_done += 1
         log.debug(
             "merge installed",
             extra={"store": self.directory, "level": level + 1, "run": name, "inputs": result.get("inputs")},
         )
-        self._maybe_merge()
-
-    def _quiesce(self) -> None:
-        with self._lock:
-            self._paused += 1
-            self._drain_imms()
-            m = self._merge
-            if m is not None:
-                concurrent.futures.wait([m[0]])
-                self._finish_merge(m[0])
-
-    def _resume(self) -> None:
-        with self._lock:
-            self._paused = max(0, self._paused - 1)
-            if not self._paused:
-                self._release_zombies()
-            self._maybe_merge()
-
-    def _release_zombies(self) -> None:
-        live = {r.name for r in self._runs} | set(self._all_wals())
-        zombies, self._zombies = self._zombies, set()
-        for name in zombies - live:
-            self._release_file(name)
+        self._kick()
 
     # ------------------------------------------------------------------ snapshots
 
@@ -689,70 +585,43 @@ class LSMStore(Store):
         if self._wal_fd is None:
             self._flush_locked()
         elif self._wal_bytes:
-            self._start_wal()  # seal: the old WAL is immutable from now on
-            self._write_current()
-        levels = [[r.name for r in lv] for lv in self._levels]
-        wals = self._sealed_wals()
-        return Frozen([n for lv in levels for n in lv] + wals, {"levels": levels, "wals": wals})
+            self._edit([self._new_wal()])  # seal: the old WAL is immutable from now on
+        entries = [FileEntry(r.name, "run", r.level) for lv in self._levels for r in lv]
+        entries += [FileEntry(w, "wal") for w in self._sealed_wals()]
+        return Frozen(entries)
 
-    def _install(self, manifest: Manifest, next_seq: int) -> None:
-        meta = manifest.meta
-        level_names: list[list[str]] = [list(lv) for lv in meta.get("levels", [])]
-        wal_names: list[str] = list(meta.get("wals", []))
-        named = {n for lv in level_names for n in lv} | set(wal_names)
-        if named != set(manifest.files):
-            raise CorruptionError(
-                f"manifest:{manifest.snapshot_id}", "lsm meta does not match the manifest's file list"
-            )
-        for name in sorted(named):
-            self._refetch_if_missing(manifest, name)
-        self._drain_imms()
-        old = {r.name for r in self._runs} | set(self._wals) | self._zombies
-        self._zombies = set()
-        self._seq = max(self._seq, next_seq - 1)
+    def _install(self, entries: list[FileEntry]) -> None:
+        runs = sorted((e for e in entries if e.kind == "run"), key=lambda e: (-e.level, e.seq))
+        wal_names = sorted((e.name for e in entries if e.kind == "wal"), key=lambda n: n)
+        if len(runs) + len(wal_names) != len(entries):
+            raise CorruptionError(self.directory, f"an lsm snapshot holds only runs and WALs, got {[e.kind for e in entries]}")
         if self._wal_fd is not None:
             self.fs.close(self._wal_fd)
             self._wal_fd = None
         mem: dict[bytes, bytes | None] = {}
         for name in wal_names:
             replay(self.fs, self._path(name), mem, truncate_torn=False)
-        levels = [[RunReader(self.fs, self._path(n), n, i) for n in lv] for i, lv in enumerate(level_names)]
+        levels: list[list[RunReader]] = []
+        for e in runs:
+            while len(levels) <= e.level:
+                levels.append([])
+            levels[e.level].append(RunReader(self.fs, self._path(e.name), e.name, e.level))
         self._levels = levels
         self._rebuild_runs()
-        self._wals = wal_names
+        self._wals = list(wal_names)
+        new = list(entries)
         if self.sync != "none":
-            self._start_wal()
-        self._write_current()
+            new.append(self._new_wal())
+        self._reset_version(new)
         self._mem = mem
         self._mem_bytes = sum(len(k) + (len(v) if v else 0) + _ENTRY_OVERHEAD for k, v in mem.items())
         self._cache.clear()
         self._cache_sizes.clear()
         self._cache_used = 0
-        for name in old - named:
-            self._release_file(name)
-
-    def _refetch_if_missing(self, manifest: Manifest, name: str) -> None:
-        """Download ``name`` again if a merge deleted it after ``restore`` checked it.
-
-        ``Store.restore`` verifies local files before it pauses merges, so a merge that
-        finishes in between may release an input the snapshot names.
-        """
-        path = self._path(name)
-        if self.fs.exists(path) or self.remote is None:
-            return
-        tmp = path + ".download"
-        self.remote.get_file(name, tmp)
-        info = manifest.files[name]
-        if file_crc(self.fs, tmp) != (info.size, info.crc):
-            self.fs.remove(tmp)
-            raise CorruptionError(f"remote:{name}", f"downloaded file does not match snapshot {manifest.snapshot_id}'s checksum")
-        self.fs.rename(tmp, path)
-        log.info("re-fetched %s, deleted by a merge during restore", name, extra={"store": self.directory})
 
     # ------------------------------------------------------------------ lifecycle
 
     def _close(self) -> None:
-        self._release_zombies()
         if self._mem:
             self._flush_locked()  # reopen then reads only indexes, never replays a WAL
         if self._wal_fd is not None:
@@ -780,6 +649,7 @@ class LSMStore(Store):
             "files_per_level": {f"L{i}": [r.name for r in lv] for i, lv in enumerate(self._levels)},
             "run_bytes": sum(r.size for r in self._runs),
             "wals": self._all_wals(),
+            "files": self._version.names(),
             "wal_bytes": self._wal_bytes,
             "flushes": self._flushes,
             "merges_done": self._merges_done,

@@ -20,16 +20,18 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import remotes
 import statestores
-from statestores import FaultyFS, InjectedFault, logfile
+from statestores import FaultyFS, InjectedFault, background, maintainer
+from statestores import log as logfile
+from statestores.log import store as logstore
 
 TINY: dict[str, Any] = {"threshold": 200, "max_runs_per_level": 2}
 
 
 @pytest.fixture
 def inline_merges(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Run background merges synchronously, so every test run is deterministic."""
+    """Run background merges and their installs synchronously, so every test run is deterministic."""
 
-    def submit(fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+    def submit(fn: Callable[..., Any], *args: Any, lane: str = "merge", local: bool = False) -> concurrent.futures.Future[Any]:
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         try:
             fut.set_result(fn(*args))
@@ -37,7 +39,8 @@ def inline_merges(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             fut.set_exception(exc)
         return fut
 
-    monkeypatch.setattr(logfile, "_submit", submit)
+    monkeypatch.setattr(background, "submit", submit)
+    monkeypatch.setattr(maintainer, "INLINE", True)
     yield
 
 
@@ -64,7 +67,7 @@ def apply_all(s: statestores.Store, ops: list[tuple[bytes, bytes | None]], model
 def test_rolls_and_merges_keep_every_value(
     tmp_path: Path, inline_merges: None, monkeypatch: pytest.MonkeyPatch, chunk: int
 ) -> None:
-    monkeypatch.setattr(logfile, "_REDIRECT_CHUNK", chunk)  # 3: index redirects take many steps
+    monkeypatch.setattr(logstore, "REDIRECT_CHUNK", chunk)  # 3: index redirects take many steps
     model: dict[bytes, bytes] = {}
     with statestores.open("appendlog", tmp_path, **TINY) as s:
         apply_all(s, random_ops(1, 2000), model)
@@ -332,7 +335,7 @@ def test_appendlog_matches_a_dict(inline_merges: None) -> None:
 
 @pytest.mark.parametrize("engine", ["appendlog", "hybridlog"])
 def test_background_merges_while_reading_and_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
-    monkeypatch.setattr(logfile, "_REDIRECT_CHUNK", 64)
+    monkeypatch.setattr(logstore, "REDIRECT_CHUNK", 64)
     opts: dict[str, Any] = (
         {"threshold": 4096, "max_runs_per_level": 2}
         if engine == "appendlog"
@@ -351,8 +354,7 @@ def test_background_merges_while_reading_and_writing(tmp_path: Path, monkeypatch
                 model[k] = b"%d" % i
             probe = b"key%05d" % rng.randrange(3000)
             assert s.get(probe) == model.get(probe)
-        s._quiesce()  # let the last merge land, then check everything
-        s._resume()
+        s.settle()  # let the last merge land, then check everything
         assert s.stats()["merges_done"] > 0
         assert dict(s.items()) == model
     with statestores.open(engine, tmp_path, **opts) as s:
@@ -407,13 +409,14 @@ def test_a_failed_write_leaves_no_garbage(tmp_path: Path, engine: str, opts: dic
 def test_failed_merges_leave_the_store_intact_and_back_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
 
-    def broken(fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+    def broken(fn: Callable[..., Any], *args: Any, lane: str = "merge", local: bool = False) -> concurrent.futures.Future[Any]:
         calls.append(args)
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         fut.set_exception(logfile.MergeFailed("somewhere.log", "injected"))
         return fut
 
-    monkeypatch.setattr(logfile, "_submit", broken)
+    monkeypatch.setattr(background, "submit", broken)
+    monkeypatch.setattr(maintainer, "INLINE", True)
     model: dict[bytes, bytes] = {}
     with statestores.open("appendlog", tmp_path, **TINY) as s:
         apply_all(s, random_ops(4, 400), model)
@@ -437,7 +440,7 @@ def lazy_index(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every reopen/restore takes the lazy-index path, and the background build never runs
     on its own: the store must answer everything from the sorted hints (plus the writes
     since open) until something needs the full index and builds it in place."""
-    monkeypatch.setattr(logfile, "_LAZY_INDEX_KEYS", 0)
+    monkeypatch.setattr(logstore, "LAZY_INDEX_KEYS", 0)
     monkeypatch.setattr(logfile.SegmentedStore, "_start_index_build", lambda self, pending: None)
     yield
 
@@ -470,7 +473,7 @@ def test_reads_writes_and_deletes_before_the_index_is_built(tmp_path: Path, lazy
 
 @pytest.mark.parametrize("engine", ["appendlog", "hybridlog"])
 def test_the_index_is_built_in_the_background(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
-    monkeypatch.setattr(logfile, "_LAZY_INDEX_KEYS", 0)
+    monkeypatch.setattr(logstore, "LAZY_INDEX_KEYS", 0)
     with statestores.open(engine, tmp_path) as s:
         for i in range(2000):
             s.put(b"key%05d" % i, b"v%d" % i)
@@ -508,6 +511,6 @@ def test_appendlog_matches_a_dict_when_the_index_is_adopted_at_once(
 ) -> None:
     """The other extreme: the builder finishes before open goes on (e.g. before the
     active segment is replayed)."""
-    monkeypatch.setattr(logfile, "_LAZY_INDEX_KEYS", 0)
+    monkeypatch.setattr(logstore, "LAZY_INDEX_KEYS", 0)
     monkeypatch.setattr(logfile.SegmentedStore, "_start_index_build", logfile.SegmentedStore._index_builder)
     run_machine(machine("appendlog", TINY))

@@ -17,7 +17,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import remotes
 import statestores
-from statestores.errors import CorruptionError, RemoteError
+from statestores import background
+from statestores.errors import BackgroundBusy, BackgroundDied, CorruptionError, RemoteError
 from statestores.fs import FaultyFS, InjectedFault
 from statestores.lsm import LSMStore
 
@@ -32,21 +33,14 @@ def settle(store: LSMStore, *, dead: bool = False) -> None:
     For a crashed store (``dead``) only wait for the background jobs to stop writing
     their ``.tmp`` files; installing them fails on the dead file system.
     """
-    while True:
-        futs = [imm.future for imm in store._imms]
-        m = store._merge
-        if m is not None:
-            futs.append(m[0])
-        if not futs:
-            return
-        concurrent.futures.wait(futs)
-        if dead:
-            time.sleep(0.01)
-            return
-        deadline = time.monotonic() + 30
-        while (store._merge is m and m is not None) or any(i.future in futs for i in store._imms):
-            assert time.monotonic() < deadline, "background work was never installed"
-            time.sleep(0.001)
+    if not dead:
+        store.settle()
+        return
+    futs = [imm.future for imm in store._imms]
+    if store._merge is not None:
+        futs.append(store._merge[0])
+    concurrent.futures.wait(futs, timeout=30)
+    time.sleep(0.05)
 
 
 def run_files(d: Path) -> list[str]:
@@ -411,28 +405,35 @@ TestLSMModel.settings = settings(
 # ---------------------------------------------------------------- background failures
 
 
-class _FailingExecutor(concurrent.futures.Executor):
-    """A flush pool whose jobs die (as when its process is killed)."""
+def _dying_flushes(real: Any) -> Any:
+    """A background whose flush jobs die (as when its process is killed)."""
 
-    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def,override]
+    def submit(fn: Any, *args: Any, lane: str = "merge", local: bool = False) -> Any:
+        if lane != "flush":
+            return real(fn, *args, lane=lane, local=local)
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        fut.set_exception(concurrent.futures.BrokenExecutor("worker killed"))
+        fut.set_exception(BackgroundDied("flush lane: worker killed"))
         return fut
 
-
-class _BrokenExecutor(concurrent.futures.Executor):
-    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def,override]
-        raise concurrent.futures.BrokenExecutor("pool is broken")
+    return submit
 
 
-@pytest.mark.parametrize("pool", [_FailingExecutor, _BrokenExecutor])
+def _busy_flushes(real: Any) -> Any:
+    """A background whose flush lane refuses every job."""
+
+    def submit(fn: Any, *args: Any, lane: str = "merge", local: bool = False) -> Any:
+        if lane == "flush":
+            raise BackgroundBusy("flush lane is full")
+        return real(fn, *args, lane=lane, local=local)
+
+    return submit
+
+
+@pytest.mark.parametrize("pool", [_dying_flushes, _busy_flushes])
 def test_flushes_fall_back_to_the_foreground_when_the_pool_fails(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: type
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: Any
 ) -> None:
-    from statestores.lsm import engine
-
-    monkeypatch.setattr(engine, "_flush_executor", pool)
-    monkeypatch.setattr(engine, "_shutdown_flush_pool", lambda: None)
+    monkeypatch.setattr(background, "submit", pool(background.submit))
     model = {}
     with statestores.open("lsm", tmp_path, memtable_bytes=2000, max_runs_per_level=3) as s:
         for i in range(400):

@@ -16,6 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import remotes
 import statestores
+from statestores import snapshots
 
 from .engines import CONFIGS, config_id
 
@@ -83,7 +84,7 @@ def make_machine(engine: str, options: dict[str, Any]) -> type[RuleBasedStateMac
         def crash_and_reopen(self) -> None:
             # kill -9: nothing more reaches the disk, no close() runs; sync="os" loses nothing.
             self.fs.crash()
-            self.store._wait_uploads()
+            snapshots.wait_uploads(self.store)
             self._reopen(statestores.FaultyFS())
 
         @rule()

@@ -1,0 +1,14 @@
+"""Log segments and what AppendLog and HybridLog share about them.
+
+``segment`` (one log file, writing and scanning it), ``merge`` (the background merge),
+``index`` (the hash index before it is complete, and redirects after a merge),
+``store`` (:class:`SegmentedStore`: segments, hints, merges, hand-offs, reads).
+"""
+
+from __future__ import annotations
+
+from .merge import MergeFailed, merge_segments
+from .segment import Segment, hint_name, write_records
+from .store import SegmentedStore
+
+__all__ = ["Segment", "SegmentedStore", "MergeFailed", "merge_segments", "write_records", "hint_name"]

@@ -1,0 +1,75 @@
+"""The in-memory hash index of the log engines, before and after it is complete.
+
+:class:`PendingIndex` answers lookups from the hints' sorted key arrays while the hash
+index is built on a thread after open; :class:`Redirect` is an index redirect in
+progress after a merge (entries that pointed into the inputs now point at the output).
+"""
+
+from __future__ import annotations
+
+import array
+import bisect
+import threading
+
+from .. import hints
+from .segment import Segment
+
+__all__ = ["PendingIndex", "Redirect", "BUILD_SLICE"]
+
+#: Keys per dict.update while building the index in the background (~1 ms each).
+BUILD_SLICE = 1 << 12
+
+class Redirect:
+    """An index redirect in progress after a merge: the output's keys and addresses, and
+    how far the redirect got."""
+
+    def __init__(self, keys: list[bytes], addrs: array.array, gone: set[int], inputs: list[Segment]) -> None:
+        self.keys = keys
+        self.addrs = addrs
+        self.pos = 0
+        self.gone = gone
+        self.inputs = inputs
+
+
+class PendingIndex:
+    """The hints of the sealed segments, before (and while) they become the hash index.
+
+    Hint keys are sorted, so a key is found by binary search, newest segment first.
+    """
+
+    def __init__(self, loaded: list[hints.Hint]) -> None:
+        self.hints = loaded  # oldest first
+        self._lock = threading.Lock()
+        self._built: dict[bytes, int] | None = None
+
+    def lookup(self, key: bytes) -> int | None:
+        """The address of ``key``'s newest record in the hints, None if none or deleted."""
+        for h in reversed(self.hints):
+            keys = h.keys
+            i = bisect.bisect_left(keys, key)
+            if i < len(keys) and keys[i] == key:
+                return h.addresses[i]
+            tombs = h.tombstones
+            if tombs:
+                i = bisect.bisect_left(tombs, key)
+                if i < len(tombs) and tombs[i] == key:
+                    return None
+        return None
+
+    def build(self) -> dict[bytes, int]:
+        """The hash index of all hints (built once; concurrent callers wait for it)."""
+        with self._lock:
+            if self._built is None:
+                index: dict[bytes, int] = {}
+                for h in self.hints:
+                    keys, addrs = h.keys, h.addresses
+                    # in slices: one dict.update holds the GIL throughout, and the thread
+                    # that opened the store should not wait for the whole build
+                    for i in range(0, len(keys), BUILD_SLICE):
+                        index.update(zip(keys[i : i + BUILD_SLICE], addrs[i : i + BUILD_SLICE], strict=True))
+                    for k in h.tombstones:
+                        index.pop(k, None)
+                self._built = index
+            return self._built
+
+

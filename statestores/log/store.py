@@ -1,0 +1,514 @@
+"""What AppendLog and HybridLog share: sealed segments with hints, the hash index over
+them, background merges, hand-offs to the maintainer, and the fast read path.
+
+Both engines keep every key in an in-memory hash index mapping it to the logical address
+of its latest record on disk. Sealed segments are immutable log files, each with a hint
+file, ordered oldest → newest and carrying a level (``version.py`` derives the order).
+When ``max_runs_per_level`` hinted segments share a level, they are merged into one
+segment at the next level in the background process; the maintainer thread renames the
+outputs, applies one version edit (output in, inputs out), and redirects the index
+entries that pointed into the inputs, in chunks so writers get the lock in between.
+
+Levels never increase from oldest to newest (tiering), so the segments of one level are
+contiguous, and a merge output takes their place in the order. A merge drops overwritten
+values; it drops tombstones only when no older segment exists (nothing left to shadow).
+
+Slow file work an engine must do at a snapshot (AppendLog: a sealed segment's hint;
+HybridLog: writing its in-memory regions) is *handed off* (:meth:`SegmentedStore._hand_off`)
+to the maintainer, so ``snapshot_async`` returns in a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import array
+import concurrent.futures
+import itertools
+import logging
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any, ClassVar
+
+from crc32c import crc32c
+
+from .. import background, hints
+from ..base import Option, Store
+from ..errors import BackgroundBusy, CorruptionError, StoreError
+from ..fs import FileSystem
+from ..hints import OFFSET_BITS, OFFSET_MASK
+from ..snapshots import Frozen
+from ..version import FileEntry
+from .index import PendingIndex, Redirect
+from .merge import merge_segments
+from .segment import _HEADER, _HEADER_SIZE, Segment, hint_name, scan_segment, write_records
+
+log = logging.getLogger("statestores")
+
+__all__ = ["SegmentedStore"]
+
+_MISSING = object()
+_first = itemgetter(0)
+
+#: Stores whose hints hold at least this many keys open with the index built in the background.
+LAZY_INDEX_KEYS = 1 << 16
+#: Pause between two chunks of background work that takes the store lock.
+YIELD_SECONDS = 0.001
+#: Index entries redirected per lock hold after a merge.
+REDIRECT_CHUNK = 1 << 12
+#: Hand-offs (seals, region flushes) in flight at most; then the writer waits for one.
+MAX_HANDOFFS = 4
+
+
+@dataclass
+class _MergeJob:
+    inputs: list[Segment]
+    out_name: str
+    out_seq: int
+    level: int
+    future: concurrent.futures.Future[tuple[int, int, int]]
+
+
+class SegmentedStore(Store):
+    """Shared machinery of AppendLog and HybridLog."""
+
+    SEGMENT_OPTIONS: ClassVar[dict[str, Option]] = {
+        "max_runs_per_level": Option(4, int, lambda v: 2 <= v <= 1000, "an int in [2, 1000]"),
+    }
+
+    # ------------------------------------------------------------------ state
+
+    def _init_segments(self) -> None:
+        self._index: dict[bytes, int] = {}
+        # while the index is built in the background: the hints (sorted), and keys deleted since
+        self._pending: PendingIndex | None = None
+        self._gone: set[bytes] = set()
+        self._segs: dict[int, Segment] = {}
+        self._sealed: list[Segment] = []
+        self._merge: _MergeJob | None = None
+        self._redirect: Redirect | None = None
+        self._handoffs = 0
+        self._merges_done = 0
+        self._merge_failures = 0
+        self._merge_retry_at = 0  # no merge starts while fewer segments exist (after a failure)
+        self._merged_bytes = 0
+
+    def _open_segments(self) -> list[FileEntry]:
+        """Reset, read the version, load its sealed segments; return its ``wal`` entries.
+
+        A segment the version lists without its hint (a crash before the maintainer wrote
+        it) is scanned and hinted now. No merge starts before open is done.
+        """
+        self._init_segments()
+        self._paused += 1
+        version = self._load_version()
+        segs = version.of_kind("segment")
+        missing = [e for e in segs if hint_name(e.name) not in version]
+        added = []
+        for e in missing:
+            size, alive, tombs = scan_segment(self.fs, self._path(e.name), e.seq, truncate_torn=True)
+            keys = sorted(alive)
+            self._write_hint(e.name, e.seq, size, keys, array.array("Q", map(alive.__getitem__, keys)), sorted(tombs))
+            added.append(FileEntry(hint_name(e.name), "hint", e.level))
+        if added:
+            self._edit(added)
+        self._load_sealed(segs)
+        return version.of_kind("wal")
+
+    def _open_done(self) -> None:
+        """End of the engine's ``_open``: merges may start."""
+        with self._lock:
+            self._paused -= 1
+            self._kick()
+
+    def _install_segments(self, entries: list[FileEntry]) -> list[FileEntry]:
+        """Drop every segment and load those of ``entries``; return the segment + hint entries."""
+        segs = sorted((e for e in entries if e.kind == "segment"), key=lambda e: (-e.level, e.seq))
+        names = {e.name for e in entries}
+        for e in segs:
+            if hint_name(e.name) not in names:
+                raise CorruptionError(self.directory, f"snapshot names segment {e.name} without its hint")
+        self._drop_segments()
+        self._load_sealed(segs)
+        return [e for e in entries if e.kind in ("segment", "hint")]
+
+    def _segment_name(self, level: int, seq: int) -> str:
+        return f"{self.PREFIX}-{level}-{seq:010d}.log"
+
+    def _sealed_entries(self) -> list[FileEntry]:
+        """Every sealed segment and its hint (a hint may still be being written)."""
+        out: list[FileEntry] = []
+        for s in self._sealed:
+            out += (FileEntry(s.name, "segment", s.level), FileEntry(hint_name(s.name), "hint", s.level))
+        return out
+
+    def _frozen(self, pending: Iterable[concurrent.futures.Future[Any]] = ()) -> Frozen:
+        futs = [s.hint_future for s in self._sealed if s.hint_future is not None and not s.hint_future.done()]
+        return Frozen(self._sealed_entries(), futs + list(pending))
+
+    def _load_sealed(self, entries: Iterable[FileEntry]) -> None:
+        """Open the sealed segments (oldest first) and index them from their hints."""
+        loaded: list[hints.Hint] = []
+        for e in entries:
+            seg = Segment(e.name, e.level, self._path(e.name))
+            seg.open_sealed(self.fs)
+            try:
+                hpath = self._path(hint_name(e.name))
+                h = hints.decode(self.fs.read_file(hpath), hpath, seq=seg.seq)
+                if h.data_size != seg.size:
+                    raise CorruptionError(seg.path, f"file is {seg.size} bytes, its hint says {h.data_size}")
+            except (CorruptionError, OSError):
+                seg.close(self.fs)
+                raise
+            loaded.append(h)
+            self._sealed.append(seg)
+            self._segs[seg.seq] = seg
+        if not loaded:
+            return
+        pending = PendingIndex(loaded)
+        if sum(len(h.keys) for h in loaded) < LAZY_INDEX_KEYS:
+            self._index = pending.build()
+        else:
+            # open returns now; reads use the hints' sorted key arrays until the hash
+            # index, built on a thread, is adopted
+            self._pending = pending
+            self._start_index_build(pending)
+
+    def _start_index_build(self, pending: PendingIndex) -> None:
+        import threading
+
+        threading.Thread(target=self._index_builder, args=(pending,), name="statestores-index", daemon=True).start()
+
+    def _index_builder(self, pending: PendingIndex) -> None:
+        try:
+            pending.build()
+            with self._lock:
+                self._adopt_index(pending)
+        except Exception:
+            log.exception("building the index of %s failed", self.directory)
+
+    def _adopt_index(self, pending: PendingIndex) -> None:
+        """(lock held) Replace the interim index by the built one, with every write since open applied."""
+        if self._pending is not pending:
+            return  # dropped meanwhile (restore, close)
+        built = pending.build()
+        for k in self._gone:
+            built.pop(k, None)
+        built.update(self._index)
+        self._index = built  # before _pending = None: see _disk_get
+        self._pending = None
+        self._gone = set()
+        self._kick()
+
+    def _await_index(self) -> None:
+        """Make sure the hash index is complete (building it here if need be)."""
+        pending = self._pending
+        if pending is not None:
+            pending.build()
+            with self._lock:
+                self._adopt_index(pending)
+
+    def _lookup(self, key: bytes) -> int | None:
+        """(lock held) The address of ``key``'s live record, or None."""
+        loc = self._index.get(key)
+        if loc is not None or self._pending is None or key in self._gone:
+            return loc
+        return self._pending.lookup(key)
+
+    def _forget(self, key: bytes) -> None:
+        """(lock held) ``key`` was deleted: drop it from the index (and shadow the interim one)."""
+        self._index.pop(key, None)
+        if self._pending is not None:
+            self._gone.add(key)
+
+    def _write_segment(
+        self, name: str, seq: int, items: Iterable[tuple[bytes, bytes | None]]
+    ) -> tuple[int, list[bytes], array.array, list[bytes]]:
+        """Write ``items`` (unique keys) as sealed segment ``name`` + its hint (no lock
+        needed: the files are new); return its size, live keys, their addresses, tombstones."""
+        path = self._path(name)
+        fd = self.fs.open_new(path + ".tmp")
+        try:
+            # in key order: hint keys must be sorted (see PendingIndex)
+            size, keys, addrs, tombs = write_records(self.fs, fd, seq, sorted(items, key=_first))
+            if self.sync == "fsync":
+                self.fs.fsync(fd)
+        finally:
+            self.fs.close(fd)
+        self._write_hint(name, seq, size, keys, addrs, tombs)
+        self.fs.rename(path + ".tmp", path)
+        return size, keys, addrs, tombs
+
+    def _write_hint(self, name: str, seq: int, size: int, keys: list[bytes], addrs: Any, tombs: list[bytes]) -> None:
+        self.fs.write_file_atomic(
+            self._path(hint_name(name)), hints.encode(seq, size, keys, addrs, tombs), sync=self.sync == "fsync"
+        )
+
+    def _drop_segments(self) -> None:
+        for seg in self._segs.values():
+            seg.close(self.fs)
+        self._segs = {}
+        self._sealed = []
+        self._index = {}
+        self._pending = None
+        self._gone = set()
+
+    # ------------------------------------------------------------------ hand-offs
+
+    def _reserve_handoff(self) -> None:
+        """(lock held, caller's thread) Before touching any state a hand-off will take:
+        wait, releasing the lock, while ``MAX_HANDOFFS`` are in flight — the write path's
+        backpressure. When this returns the lock is held again and a slot is free."""
+        if self._handoffs >= MAX_HANDOFFS:
+            self._wait(lambda: self._handoffs < MAX_HANDOFFS or self._closed)
+            self._check_open()
+
+    def _hand_off(self, job: Callable[[], None]) -> concurrent.futures.Future[None]:
+        """(lock held, after :meth:`_reserve_handoff`) Run ``job`` on the maintainer; the
+        future resolves when it is done."""
+        fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._handoffs += 1
+
+        def run() -> None:
+            try:
+                job()
+            except BaseException as exc:
+                log.error("background write in %s failed: %s", self.directory, exc)
+                fut.set_exception(exc)
+            else:
+                fut.set_result(None)
+            finally:
+                with self._lock:
+                    self._handoffs -= 1
+                    self._notify()
+
+        self._post(run)
+        return fut
+
+    def _drain_handoffs(self) -> None:
+        """(lock held) Wait, releasing the lock, until every hand-off is done."""
+        if self._handoffs:
+            self._wait(lambda: not self._handoffs or self._closed)
+
+    # ------------------------------------------------------------------ reads
+
+    def _disk_get(self, key: bytes, default: Any) -> Any:
+        """The value at the index entry of ``key`` (``default`` if none): the fast read path."""
+        index = self._index
+        loc = index.get(key)
+        if loc is None:
+            if self._pending is None and self._index is index:
+                return default
+            return self._read_slow(key, default)  # the index is still being built
+        seg = self._segs.get(loc >> OFFSET_BITS)
+        off = loc & OFFSET_MASK
+        if seg is not None and off < seg.mapped:
+            mm = seg.mm
+            crc, klen, vlen, _flags = _HEADER.unpack_from(mm, off)
+            rec = mm[off + 4 : off + _HEADER_SIZE + klen + vlen]
+            if crc32c(rec) == crc:
+                return rec[9 + klen :]
+        return self._read_slow(key, default)
+
+    def _read_slow(self, key: bytes, default: Any) -> Any:
+        """Read under the lock: tails of the active segment, remaps, and corrupt records."""
+        with self._lock:
+            loc = self._lookup(key)
+            if loc is None:
+                return default
+            seg = self._segs.get(loc >> OFFSET_BITS)
+            if seg is None:
+                raise StoreError(f"{self.directory}: index entry of key {key!r:.60} names unknown segment {loc >> OFFSET_BITS}")
+            rkey, value = seg.read(self.fs, loc & OFFSET_MASK)
+            if rkey != key:
+                raise CorruptionError(seg.path, f"record at offset {loc & OFFSET_MASK} holds key {rkey!r:.60}, expected {key!r:.60}")
+            return default if value is None else value
+
+    def _get_any(self, key: bytes) -> Any:
+        return self.get(key, _MISSING)  # type: ignore[arg-type]
+
+    def _memory_keys(self) -> Iterable[bytes]:
+        """Keys held outside the disk index (HybridLog's in-memory regions)."""
+        return ()
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every live pair once (values read in chunks, so memory stays bounded)."""
+        self._check_open()
+        self._await_index()
+        with self._lock:
+            keys = list(self._index)
+            extra = [k for k in dict.fromkeys(self._memory_keys()) if k not in self._index]
+        keys += extra
+        for i in range(0, len(keys), 1024):
+            with self._lock:
+                self._check_open()
+                chunk = [(k, self._get_any(k)) for k in keys[i : i + 1024]]
+            for k, v in chunk:
+                if v is not _MISSING:
+                    yield k, v
+
+    # ------------------------------------------------------------------ merges
+
+    def _idle(self) -> bool:
+        return self._merge is None and self._redirect is None and not self._handoffs
+
+    def _kick(self) -> None:
+        """(lock held) Start a merge if a level is full and none is running."""
+        if self._merge is not None or self._redirect is not None or self._paused or self._closed:
+            return
+        if self._pending is not None:
+            return  # the redirect after a merge needs the complete index; adoption calls back
+        limit = self.options["max_runs_per_level"]
+        if len(self._sealed) < self._merge_retry_at:
+            return  # the last merge failed: wait for more segments before trying again
+        counts = Counter(s.level for s in self._sealed)
+        for level in sorted(counts):
+            if counts[level] < limit:
+                continue
+            first = next(i for i, s in enumerate(self._sealed) if s.level == level)
+            inputs = self._sealed[first : first + counts[level]]
+            if any(s.level != level for s in inputs):
+                log.warning("segments of level %d in %s are not contiguous; not merging", level, self.directory)
+                continue
+            if not all(s.hinted for s in inputs):
+                continue  # a hint is still being written: its hand-off calls back
+            seq = self._next_seq()
+            out = self._segment_name(level + 1, seq)
+            local = type(self.fs) is not FileSystem  # a test's FaultyFS must see the merge's writes
+            try:
+                fut = background.submit(
+                    merge_segments,
+                    self.fs if local else None,
+                    self.directory,
+                    [(s.name, s.seq) for s in inputs],
+                    out,
+                    seq,
+                    first == 0,
+                    self.sync == "fsync",
+                    lane="merge",
+                    local=local,
+                )
+            except BackgroundBusy as exc:
+                log.debug("merge in %s postponed: %s", self.directory, exc)
+                return
+            self._merge = _MergeJob(inputs, out, seq, level + 1, fut)
+            fut.add_done_callback(self._on_done(self._merge_done))
+            return
+
+    def _merge_done(self, fut: concurrent.futures.Future[Any]) -> None:
+        """(maintainer) Install a finished merge, then redirect the index in chunks."""
+        try:
+            job = self._merge
+            pre: hints.Hint | None = None
+            if job is not None and job.future is fut and fut.exception() is None:
+                # decode the output's hint before taking the lock: it is the slow part
+                path = self._path(hint_name(job.out_name)) + ".tmp"
+                try:
+                    pre = hints.decode(self.fs.read_file(path), path, seq=job.out_seq)
+                except (OSError, CorruptionError):
+                    pre = None  # _finish_merge reads it again and reports
+            with self._lock:
+                if self._merge is None or self._merge.future is not fut:
+                    return
+                try:
+                    self._finish_merge(pre)
+                finally:
+                    self._notify()
+                r = self._redirect
+            # point the index at the output in chunks, letting writers in between
+            while r is not None:
+                with self._lock:
+                    chunk = None if self._paused or self._closed else REDIRECT_CHUNK
+                    if self._redirect is not r or self._redirect_step(r, chunk):
+                        self._notify()
+                        return
+                time.sleep(YIELD_SECONDS)  # a lock is not fair: give a waiting writer the chance to take it
+        except Exception:
+            log.exception("installing a merge in %s failed", self.directory)
+            with self._lock:
+                self._merge = None
+                self._redirect = None
+                self._notify()
+
+    def _finish_merge(self, pre: hints.Hint | None = None) -> None:
+        """(lock held, merge future done) Install the merge output in place of its inputs.
+
+        The index redirect that follows is left in ``self._redirect`` (see
+        :meth:`_redirect_step`); until it is done the inputs' mappings stay readable.
+        """
+        job = self._merge
+        assert job is not None
+        self._merge = None
+        out_path = self._path(job.out_name)
+        out_hint = self._path(hint_name(job.out_name))
+        try:
+            size, _live, _tombs = job.future.result()
+            if self._closed:
+                raise StoreError("the store closed before the merge was installed")
+        except Exception as exc:
+            self._merge_failures += 1
+            self._merge_retry_at = len(self._sealed) + self.options["max_runs_per_level"]
+            log.error("merge into %s failed: %s", out_path, exc)
+            self.fs.remove(out_path + ".tmp")
+            self.fs.remove(out_hint + ".tmp")
+            return
+        self.fs.rename(out_path + ".tmp", out_path)
+        self.fs.rename(out_hint + ".tmp", out_hint)
+        seg = Segment(job.out_name, job.level, out_path)
+        seg.open_sealed(self.fs)
+        h = pre if pre is not None else hints.decode(self.fs.read_file(out_hint), out_hint, seq=job.out_seq)
+        first = self._sealed.index(job.inputs[0])
+        sealed = self._sealed[:first] + [seg] + self._sealed[first + len(job.inputs) :]
+        removed = [n for s in job.inputs for n in (s.name, hint_name(s.name))]
+        self._edit(
+            [FileEntry(seg.name, "segment", seg.level), FileEntry(hint_name(seg.name), "hint", seg.level)], removed
+        )  # the commit point; the inputs' files go, their mappings stay readable until the redirect is done
+        self._sealed = sealed
+        self._segs[seg.seq] = seg
+        self._merged_bytes += size
+        self._redirect = Redirect(h.keys, h.addresses, {s.seq for s in job.inputs}, job.inputs)
+
+    def _redirect_step(self, r: Redirect, limit: int | None) -> bool:
+        """(lock held) Redirect up to ``limit`` index entries from the merge inputs to the
+        output (``None``: all); when all are done, drop the inputs. True when finished."""
+        index = self._index
+        get = index.get
+        gone = r.gone
+        n = len(r.keys)
+        end = n if limit is None else min(n, r.pos + limit)
+        for k, a in zip(r.keys[r.pos : end], r.addrs[r.pos : end], strict=True):
+            cur = get(k)
+            if cur is not None and (cur >> OFFSET_BITS) in gone:
+                index[k] = a
+        r.pos = end
+        if end < n:
+            return False
+        self._redirect = None
+        for s in r.inputs:
+            self._segs.pop(s.seq, None)
+        self._merges_done += 1
+        self._kick()
+        return True
+
+    # ------------------------------------------------------------------ stats
+
+    def _segment_stats(self) -> dict[str, Any]:
+        self._await_index()
+        index = self._index
+        sample = list(itertools.islice(index, 64))
+        per_key = (sum(sys.getsizeof(k) for k in sample) / len(sample) if sample else 0) + 32
+        levels = Counter(s.level for s in self._sealed)
+        return {
+            "keys_on_disk": len(index),
+            "index_bytes": int(sys.getsizeof(index) + per_key * len(index)),
+            "segments": len(self._sealed),
+            "files_per_level": {f"L{lv}": levels[lv] for lv in sorted(levels)},
+            "sealed_bytes": sum(s.size for s in self._sealed),
+            "merges_done": self._merges_done,
+            "merges_running": 0 if self._merge is None else 1,
+            "merge_failures": self._merge_failures,
+            "merged_bytes": self._merged_bytes,
+            "handoffs_pending": self._handoffs,
+        }

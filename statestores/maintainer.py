@@ -1,0 +1,99 @@
+"""The one thread a store owns for everything that happens after background work.
+
+The rule every engine follows (``statestores/README.md``): **no lock is held while
+waiting for background work, and a done-callback only hands its result to the store's
+own thread.** This module is that thread: callbacks :meth:`Maintainer.post` a function,
+and the maintainer runs it — installing a flushed run, a finished merge, a sealed
+segment's hint — taking the store lock itself, with nobody waiting on it while holding
+that lock.
+
+The inbox is bounded: what posts to it (one merge, a few flushes or seals in flight per
+store, version-edit deliveries) is bounded at its source, so a full inbox is a bug and
+raises instead of blocking a callback.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Maintainer", "INBOX_LIMIT"]
+
+log = logging.getLogger("statestores")
+
+#: Tasks the inbox holds at most (its sources are bounded far below this).
+INBOX_LIMIT = 1024
+
+#: Test seam: run posted tasks at once on the posting thread (which may hold the store's
+#: re-entrant lock), making background installs deterministic. Never set in production.
+INLINE = False
+
+#: An idle maintainer thread ends after this long (an abandoned store keeps no thread).
+IDLE_EXIT_SECONDS = 5.0
+
+
+class Maintainer:
+    """A lazily started daemon thread running posted functions in order."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._q: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...]] | None] = queue.Queue(INBOX_LIMIT)
+        self._mutex = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def post(self, fn: Callable[..., Any], *args: Any) -> bool:
+        """Run ``fn(*args)`` on the maintainer thread; never blocks. False once stopped."""
+        if INLINE:
+            fn(*args)
+            return True
+        with self._mutex:
+            if self._stopped:
+                return False
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+            try:
+                self._q.put_nowait((fn, args))
+            except queue.Full:
+                raise RuntimeError(f"{self.name}: maintainer inbox full ({INBOX_LIMIT} tasks)") from None
+        return True
+
+    def on_thread(self) -> bool:
+        """Whether the caller is the maintainer thread."""
+        return threading.current_thread() is self._thread
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Run what is queued, then end the thread. The caller must not hold the store lock."""
+        with self._mutex:
+            if self._stopped:
+                return
+            self._stopped = True
+            thread = self._thread
+            if thread is not None:
+                self._q.put(None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+            if thread.is_alive():
+                log.error("%s did not stop within %.0f s", self.name, timeout)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._q.get(timeout=IDLE_EXIT_SECONDS)
+            except queue.Empty:
+                with self._mutex:  # idle: end the thread; the next post starts a new one
+                    if self._q.empty():
+                        self._thread = None
+                        return
+                continue
+            if item is None:
+                return
+            fn, args = item
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("%s: background task %s failed", self.name, getattr(fn, "__name__", fn))

@@ -1,0 +1,270 @@
+"""Snapshot and restore orchestration, shared by every engine.
+
+A snapshot is a set of file names plus the version's entries. :func:`freeze` asks the
+engine to make its state immutable files *cheaply* — an engine may hand in-memory
+regions to its maintainer thread and return futures for files still being written —
+pins those names, and queues :func:`upload` on the store's uploader thread, which waits
+for the files, uploads only those the remote lacks, and publishes the manifest last.
+
+A restore pins the snapshot's files (so nothing deletes them while it downloads), fetches
+the missing or damaged ones, waits for background work to stop (without holding the
+store lock), and asks the engine to become exactly that version.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from remotes.base import Remote
+from remotes.manifest import FileInfo, Manifest
+
+from .checksum import crc32c
+from .errors import CorruptionError, RemoteError, SnapshotNotFoundError, StoreError
+from .fs import FileSystem
+from .version import FileEntry, decode_entries, encode_entries, seq_of
+
+if TYPE_CHECKING:
+    from .base import Store
+
+__all__ = ["Frozen", "SnapshotInfo", "RestoreInfo", "file_crc", "freeze", "restore", "wait_uploads"]
+
+log = logging.getLogger("statestores")
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """What one snapshot cost: files/bytes sent to the remote, bytes read, what it references."""
+
+    snapshot_id: int
+    files_uploaded: int
+    bytes_uploaded: int
+    files_total: int
+    bytes_total: int
+    freeze_seconds: float
+    upload_seconds: float
+    #: Bytes of local files read to checksum and upload (only files the remote lacked).
+    bytes_read: int = 0
+
+
+@dataclass(frozen=True)
+class RestoreInfo:
+    """What one restore cost: files/bytes fetched from the remote."""
+
+    snapshot_id: int
+    files_downloaded: int
+    bytes_downloaded: int
+    files_total: int
+    bytes_total: int
+    seconds: float
+
+
+@dataclass
+class Frozen:
+    """The engine's state as files: the version entries naming them, and futures that
+    resolve once files still being written (off the caller's thread) are durable.
+
+    ``finalize`` (optional, run on the uploader thread after ``pending``) returns the
+    entries as they ended up (e.g. without an output that turned out empty).
+    """
+
+    entries: list[FileEntry]
+    pending: list[concurrent.futures.Future[Any]] = field(default_factory=list)
+    finalize: Any = None  # Callable[[], list[FileEntry]] | None
+
+    @property
+    def names(self) -> list[str]:
+        return [e.name for e in self.entries]
+
+
+def file_crc(fs: FileSystem, path: str) -> tuple[int, int]:
+    """``(size, crc32c)`` of a whole file, read in chunks."""
+    fd = fs.open_read(path)
+    try:
+        crc = 0
+        size = 0
+        while True:
+            chunk = fs.pread(fd, 1 << 20, size)
+            if not chunk:
+                break
+            crc = crc32c(chunk, crc)
+            size += len(chunk)
+        return size, crc
+    finally:
+        fs.close(fd)
+
+
+def _check_id(snapshot_id: object, what: str) -> int:
+    if isinstance(snapshot_id, bool) or not isinstance(snapshot_id, int):
+        raise TypeError(f"{what} must be an int, got {type(snapshot_id).__name__} {snapshot_id!r:.40}")
+    if snapshot_id < 0:
+        raise ValueError(f"{what} must be >= 0, got {snapshot_id}")
+    return snapshot_id
+
+
+def freeze(store: Store, remote: Remote, snapshot_id: int) -> concurrent.futures.Future[SnapshotInfo]:
+    """Freeze ``store`` now (cheap: the engine hands work to its maintainer) and queue the upload."""
+    _check_id(snapshot_id, "snapshot_id")
+    t0 = time.perf_counter()
+    with store._lock:
+        store._check_open()
+        if store._last_snapshot_id is not None and snapshot_id <= store._last_snapshot_id:
+            raise ValueError(
+                f"snapshot_id {snapshot_id} must be greater than the last snapshot id "
+                f"{store._last_snapshot_id} of this store"
+            )
+        frozen = store._freeze()
+        store._pin(frozen.names)
+        store._last_snapshot_id = snapshot_id
+        if store._uploader is None:
+            store._uploader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="statestores-upload")
+        uploader = store._uploader
+    freeze_s = time.perf_counter() - t0
+    fut = uploader.submit(upload, store, remote, snapshot_id, frozen, freeze_s)
+    store._pending_uploads = [f for f in store._pending_uploads if not f.done()] + [fut]
+    return fut
+
+
+def _known_infos(store: Store, remote: Remote) -> dict[str, FileInfo]:
+    """Checksums of files the remote holds, known without reading them: from earlier
+    uploads and downloads of this store object, seeded once from the remote's latest manifest."""
+    infos = store._file_infos
+    if infos is None:
+        infos = {}
+        latest = remote.latest_snapshot()
+        if latest is not None:
+            try:
+                infos.update(remote.read_manifest(latest).files)
+            except (RemoteError, ValueError) as exc:
+                log.warning("reading manifest %s of %s failed: %s", latest, store.directory, exc)
+        store._file_infos = infos
+    return infos
+
+
+def upload(store: Store, remote: Remote, snapshot_id: int, frozen: Frozen, freeze_s: float) -> SnapshotInfo:
+    """(uploader thread) Wait for the frozen files, upload what the remote lacks, publish."""
+    t0 = time.perf_counter()
+    names = frozen.names
+    try:
+        for f in frozen.pending:
+            f.result()  # a failed background write fails the snapshot
+        entries = frozen.finalize() if frozen.finalize is not None else frozen.entries
+        if store._remote_files is None:
+            store._remote_files = dict(remote.list_files())
+        have = store._remote_files
+        known = _known_infos(store, remote)
+        infos: dict[str, FileInfo] = {}
+        uploaded = sent = read = 0
+        for e in entries:
+            path = store._path(e.name)
+            info = known.get(e.name)
+            if info is None or have.get(e.name) != info.size:
+                size, crc = file_crc(store.fs, path)
+                read += size
+                info = FileInfo(size, crc)
+                if have.get(e.name) != size:
+                    sent += remote.put_file(e.name, path)
+                    read += size
+                    have[e.name] = size
+                    uploaded += 1
+                known[e.name] = info
+            infos[e.name] = info
+        manifest = Manifest(snapshot_id, store.engine, infos, {"files": encode_entries(entries)})
+        remote.write_manifest(manifest)
+    except RemoteError:
+        store._remote_files = None
+        raise
+    except OSError as exc:
+        store._remote_files = None
+        raise RemoteError(f"snapshot {snapshot_id} of {store.directory} failed: {exc}") from exc
+    finally:
+        store._unpin(names)
+    info_out = SnapshotInfo(
+        snapshot_id, uploaded, sent, len(infos), manifest.total_bytes, freeze_s, time.perf_counter() - t0, read
+    )
+    log.info(
+        "snapshot done",
+        extra={"store": store.directory, "snapshot_id": snapshot_id, "files_uploaded": uploaded, "bytes_uploaded": sent},
+    )
+    return info_out
+
+
+def wait_uploads(store: Store) -> None:
+    """Wait for every queued upload (their errors belong to the callers of ``snapshot_async``)."""
+    pending, store._pending_uploads = store._pending_uploads, []
+    for f in pending:
+        try:
+            f.result()
+        except Exception as exc:
+            log.warning("snapshot upload failed: %s", exc)
+
+
+def manifest_entries(manifest: Manifest) -> list[FileEntry]:
+    """The version entries a manifest names (checked against its file list)."""
+    source = f"manifest {manifest.snapshot_id}"
+    if "files" not in manifest.meta:
+        raise CorruptionError(source, "manifest lacks its version entries (meta 'files')")
+    entries = decode_entries(manifest.meta["files"], source)
+    if {e.name for e in entries} != set(manifest.files):
+        raise CorruptionError(source, "version entries do not match the manifest's file list")
+    return entries
+
+
+def restore(store: Store, remote: Remote, snapshot_id: int | None) -> RestoreInfo:
+    """Make ``store`` exactly snapshot ``snapshot_id`` (``None``: the latest)."""
+    t0 = time.perf_counter()
+    wait_uploads(store)
+    if snapshot_id is None:
+        latest = remote.latest_snapshot()
+        if latest is None:
+            raise SnapshotNotFoundError(f"the remote of {store.directory} holds no snapshot to restore")
+        snapshot_id = latest
+    else:
+        _check_id(snapshot_id, "snapshot_id")
+    manifest = remote.read_manifest(snapshot_id)
+    if manifest.engine != store.engine:
+        raise StoreError(f"snapshot {snapshot_id} was taken by engine {manifest.engine!r}, this store is {store.engine!r}")
+    entries = manifest_entries(manifest)
+    remote_files = remote.list_files()
+    downloaded = nbytes = 0
+    wanted = list(manifest.files)
+    # Pinned, a local file the snapshot names survives a merge that finishes meanwhile:
+    # the merge's edit removes it from the version, the pin keeps it on disk.
+    with store._lock:
+        store._pin(wanted)
+    try:
+        fs = store.fs
+        for name, info in manifest.files.items():
+            path = store._path(name)
+            if fs.exists(path) and file_crc(fs, path) == (info.size, info.crc):
+                continue
+            if name not in remote_files:
+                raise RemoteError(f"snapshot {snapshot_id} names file {name!r}, which the remote lacks")
+            tmp = path + ".download"
+            nbytes += remote.get_file(name, tmp)
+            if file_crc(fs, tmp) != (info.size, info.crc):
+                fs.remove(tmp)
+                raise CorruptionError(f"remote:{name}", f"downloaded file does not match snapshot {snapshot_id}'s checksum")
+            fs.rename(tmp, path)
+            downloaded += 1
+        next_seq = 1 + max((seq_of(n) for n in remote_files), default=0)
+        store._quiesce()
+        try:
+            with store._lock:
+                store._check_open()
+                store._seq = max(store._seq, next_seq - 1)
+                store._install(entries)
+                store._last_snapshot_id = snapshot_id
+                store._remote_files = dict(remote_files)
+                known = store._file_infos if store._file_infos is not None else {}
+                known.update(manifest.files)
+                store._file_infos = known
+        finally:
+            store._resume()
+    finally:
+        with store._lock:
+            store._unpin(wanted)
+    return RestoreInfo(snapshot_id, downloaded, nbytes, len(manifest.files), manifest.total_bytes, time.perf_counter() - t0)
