@@ -1,0 +1,122 @@
+"""The version-edit stream: every engine's file set changes only through ordered, durable
+edits that a subscriber can follow, and files are deleted only when nothing needs them."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from pathlib import Path
+
+import pytest
+
+import remotes
+import statestores
+from statestores.errors import CorruptionError
+from statestores.version import FileEntry, Version, VersionEdit, decode_entries
+
+from .engines import TINY
+
+
+def _drive(s: statestores.Store, rng: random.Random, n: int, model: dict[bytes, bytes]) -> None:
+    for i in range(n):
+        k = b"k%03d" % rng.randrange(60)
+        if rng.random() < 0.2:
+            s.delete(k)
+            model.pop(k, None)
+        else:
+            v = b"v%d-" % i + b"x" * rng.randrange(40)
+            s.put(k, v)
+            model[k] = v
+
+
+@pytest.mark.parametrize("engine", statestores.ENGINES)
+def test_a_subscriber_can_follow_the_file_set_edit_by_edit(tmp_path: Path, engine: str) -> None:
+    rng = random.Random(3)
+    model: dict[bytes, bytes] = {}
+    edits: list[VersionEdit] = []
+    seen_on_disk: list[bool] = []
+    lock = threading.Lock()
+    with statestores.open(engine, tmp_path / "db", remote=remotes.PathRemote(tmp_path / "r"), **TINY[engine]) as s:
+        seq0, files0 = s.version()
+        follower = Version(seq0, {e.name: e for e in files0})
+
+        def on_edit(edit: VersionEdit) -> None:
+            with lock:
+                edits.append(edit)
+                # a file an edit removes is still there while the subscriber is called
+                seen_on_disk.append(all(os.path.exists(tmp_path / "db" / n) for n in edit.removed))
+
+        unsubscribe = s.subscribe(on_edit)
+        for rnd in range(4):
+            _drive(s, rng, 300, model)
+            s.snapshot_async(rnd + 1)
+        s.flush()
+        s.settle()
+        seq, files = s.version()
+        with lock:
+            got = list(edits)
+        assert got, f"{engine}: no edit was published"
+        assert [e.seq for e in got] == list(range(seq0 + 1, seq + 1)), "edits arrive in order, none missing"
+        assert all(seen_on_disk)
+        for e in got:
+            follower.apply(e.added, e.removed)
+        assert follower.seq == seq and sorted(follower.files.values(), key=lambda f: f.name) == sorted(
+            files, key=lambda f: f.name
+        )
+        for f in files:
+            assert (tmp_path / "db" / f.name).exists(), f"{f.name} is in the version but not on disk"
+        unsubscribe()
+        n = len(edits)
+        _drive(s, rng, 200, model)
+        s.flush()
+        s.settle()
+        assert len(edits) == n, "no edit after unsubscribing"
+        assert dict(s.items()) == model
+    with statestores.open(engine, tmp_path / "db", **TINY[engine]) as s:
+        seq2, files2 = s.version()
+        on_disk = {p.name for p in (tmp_path / "db").iterdir() if p.name.startswith(s.PREFIX + "-")}
+        assert {f.name for f in files2} == on_disk, "after close, the directory holds exactly the version's files"
+        assert dict(s.items()) == model
+
+
+@pytest.mark.parametrize("engine", ["lsm", "appendlog", "hybridlog"])
+def test_merged_away_files_are_deleted_once_no_snapshot_pins_them(tmp_path: Path, engine: str) -> None:
+    rng = random.Random(5)
+    model: dict[bytes, bytes] = {}
+    with statestores.open(engine, tmp_path / "db", remote=remotes.PathRemote(tmp_path / "r"), **TINY[engine]) as s:
+        _drive(s, rng, 400, model)
+        s.snapshot(1)
+        _drive(s, rng, 400, model)
+        s.flush()
+        s.settle()
+        assert s.stats()["merges_done"] > 0
+        _, files = s.version()
+        names = {f.name for f in files}
+        on_disk = {p.name for p in (tmp_path / "db").iterdir() if p.name.startswith(s.PREFIX + "-")}
+        assert on_disk == names, f"stray or missing files: {sorted(on_disk ^ names)}"
+        s.restore(1)  # files merged away since snapshot 1 come back from the remote
+        _, files = s.version()
+        assert all((tmp_path / "db" / f.name).exists() for f in files)
+
+
+def test_entries_are_checked_when_decoded() -> None:
+    good = [["al-0-0000000001.log", "segment", 0], ["al-0-0000000001.hint", "hint", 0]]
+    assert decode_entries(good, "x") == [
+        FileEntry("al-0-0000000001.log", "segment", 0),
+        FileEntry("al-0-0000000001.hint", "hint", 0),
+    ]
+    for bad in (
+        {"a": 1},
+        [["x.log", "blob", 0]],
+        [["x.log", "segment"]],
+        [["../escape.log", "segment", 0]],
+        [["x.log", "segment", "0"]],
+    ):
+        with pytest.raises(CorruptionError, match="CURRENT"):
+            decode_entries(bad, "CURRENT")
+
+
+def test_subscribe_needs_a_callable(tmp_path: Path) -> None:
+    with statestores.open("lsm", tmp_path) as s, pytest.raises(TypeError, match="callable"):
+        s.subscribe("not a function")  # type: ignore[arg-type]
