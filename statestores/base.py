@@ -447,6 +447,22 @@ class Store(abc.ABC):
             if n not in self._version and not self._pins[n]:
                 self.fs.remove(self._path(n))
 
+    def _frozen_version(
+        self,
+        *,
+        skip: Iterable[str] = (),
+        extra: Iterable[FileEntry] = (),
+        pending: Iterable[concurrent.futures.Future[Any]] = (),
+    ) -> Frozen:
+        """(lock held) A snapshot's files, derived from the live version: every file but
+        ``skip`` (files still being written to, e.g. the active WAL), plus ``extra`` files
+        a hand-off is writing (their ``pending`` futures resolve once they are durable)."""
+        skipped = set(skip)
+        entries = [e for e in self._version if e.name not in skipped]
+        have = {e.name for e in entries}
+        entries += [e for e in extra if e.name not in have]
+        return Frozen(entries, list(pending))
+
     def version(self) -> tuple[int, list[FileEntry]]:
         """``(seq, files)``: the live version's number and its files (age order per kind)."""
         self._check_open()

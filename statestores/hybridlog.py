@@ -358,10 +358,9 @@ class HybridLogStore(SegmentedStore):
     def _freeze(self) -> Frozen:
         if self._mut or self._ro:
             self._flush_all()
-        frozen = self._frozen(r.future for r in self._flushing if r.future is not None)
-        for r in self._flushing:  # the log files being written are part of the snapshot
-            frozen.entries += (FileEntry(r.name, "segment", 0), FileEntry(hint_name(r.name), "hint", 0))
-        return frozen
+        # the log files being written for the handed-off regions are part of the snapshot
+        extra = [e for r in self._flushing for e in (FileEntry(r.name, "segment", 0), FileEntry(hint_name(r.name), "hint", 0))]
+        return self._frozen(extra, [r.future for r in self._flushing if r.future is not None])
 
     def _install(self, entries: list[FileEntry]) -> None:
         new = self._install_segments(entries)

@@ -137,16 +137,15 @@ class SegmentedStore(Store):
     def _segment_name(self, level: int, seq: int) -> str:
         return f"{self.PREFIX}-{level}-{seq:010d}.log"
 
-    def _sealed_entries(self) -> list[FileEntry]:
-        """Every sealed segment and its hint (a hint may still be being written)."""
-        out: list[FileEntry] = []
-        for s in self._sealed:
-            out += (FileEntry(s.name, "segment", s.level), FileEntry(hint_name(s.name), "hint", s.level))
-        return out
-
-    def _frozen(self, pending: Iterable[concurrent.futures.Future[Any]] = ()) -> Frozen:
-        futs = [s.hint_future for s in self._sealed if s.hint_future is not None and not s.hint_future.done()]
-        return Frozen(self._sealed_entries(), futs + list(pending))
+    def _frozen(self, extra: Iterable[FileEntry] = (), pending: Iterable[concurrent.futures.Future[Any]] = ()) -> Frozen:
+        """(lock held) The snapshot: the version without its WALs (appendlog's active
+        segment, hybridlog's WALs: their records are in ``extra`` files or sealed segments),
+        plus the hints still being written and ``extra`` files of hand-offs."""
+        unhinted = [s for s in self._sealed if not s.hint_ready]
+        extra = [FileEntry(hint_name(s.name), "hint", s.level) for s in unhinted] + list(extra)
+        futs = [s.hint_future for s in unhinted if s.hint_future is not None] + list(pending)
+        wals = [e.name for e in self._version if e.kind == "wal"]
+        return self._frozen_version(skip=wals, extra=extra, pending=futs)
 
     def _load_sealed(self, entries: Iterable[FileEntry]) -> None:
         """Open the sealed segments (oldest first) and index them from their hints."""

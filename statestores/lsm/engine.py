@@ -586,9 +586,8 @@ class LSMStore(Store):
             self._flush_locked()
         elif self._wal_bytes:
             self._edit([self._new_wal()])  # seal: the old WAL is immutable from now on
-        entries = [FileEntry(r.name, "run", r.level) for lv in self._levels for r in lv]
-        entries += [FileEntry(w, "wal") for w in self._sealed_wals()]
-        return Frozen(entries)
+        active = self._wals[-1:] if self._wal_fd is not None else []
+        return self._frozen_version(skip=active)
 
     def _install(self, entries: list[FileEntry]) -> None:
         runs = sorted((e for e in entries if e.kind == "run"), key=lambda e: (-e.level, e.seq))
