@@ -220,6 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "engines": list(args.engines),
         "remote": remote["kind"],
         "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "loadavg_start": list(os.getloadavg()),
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
         "durability": {e: ENGINES[e].durability for e in args.engines},
@@ -256,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 report.write_json(partial, {"meta": meta, "raw": raw})
                 bar.update(1)
     meta["seconds"] = time.perf_counter() - t_start
+    meta["loadavg_end"] = list(os.getloadavg())
     os.makedirs(out, exist_ok=True)
     _publish(args, meta, raw)
     os.remove(partial)

@@ -350,6 +350,10 @@ def _snap(store: Any, sid: int) -> dict[str, Any]:
         "files_uploaded": info.files_uploaded,
         "bytes_total": getattr(info, "bytes_total", None),
         "files_total": getattr(info, "files_total", None),
+        # bytes of local files the snapshot read to checksum and upload (older SnapshotInfo: None)
+        "bytes_read": getattr(info, "bytes_read", None),
+        # the store's own measure of the freeze (inside snapshot_async, without the call overhead)
+        "freeze_ms": (info.freeze_seconds * 1000.0) if getattr(info, "freeze_seconds", None) is not None else None,
     }
 
 
@@ -375,7 +379,7 @@ def run_snapshots(
     values = make_values(seed)
     nv = len(values)
     rng = np.random.default_rng(seed)
-    out: dict[str, Any] = {"engine": engine, "remote": remote_spec["kind"]}
+    out: dict[str, Any] = {"engine": engine, "remote": remote_spec["kind"], "loadavg_start": list(os.getloadavg())}
 
     # (a) growing state
     keys = make_keys(max(grow_iters * grow_keys, big_keys))
@@ -426,6 +430,7 @@ def run_snapshots(
             rec["updated_keys"] = n_upd
             rec["state_bytes"] = state_bytes
             rec["uploaded_pct_of_state"] = 100.0 * rec["bytes_uploaded"] / state_bytes
+            rec["read_pct_of_state"] = None if rec["bytes_read"] is None else 100.0 * rec["bytes_read"] / state_bytes
             upd.append(rec)
     finally:
         store.close()
@@ -434,6 +439,7 @@ def run_snapshots(
     out["update"] = upd
     out["big_keys"] = big_keys
     out["upd_frac"] = upd_frac
+    out["loadavg_end"] = list(os.getloadavg())
     return out
 
 

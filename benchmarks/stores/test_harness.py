@@ -154,3 +154,60 @@ def test_readme_section_is_replaced_between_markers_only(tmp_path: object) -> No
     assert "old table" not in text and "new table\n" not in text and text.count("newer table") == 1
     assert text.startswith("# Bench\n\nintro\n\n") and text.endswith("## After\ntext\n")
     assert text.count(report.BEGIN) == 1 and text.count(report.END) == 1
+
+
+def _fake_snapshot_result(engine: str, freeze_ms: list[float], read_bytes: list[int | None], big_keys: int) -> dict:
+    state = big_keys * 116
+    upd = [
+        {"snapshot_id": i + 2, "async_return_ms": f, "snapshot_s": 0.1, "bytes_uploaded": state // 100, "files_uploaded": 1,
+         "bytes_total": state, "files_total": 3, "bytes_read": b, "updated_keys": big_keys // 100, "state_bytes": state,
+         "uploaded_pct_of_state": 1.0}
+        for i, (f, b) in enumerate(zip(freeze_ms, read_bytes, strict=True))
+    ]
+    base = {"snapshot_id": 1, "async_return_ms": 1.0, "snapshot_s": 1.0, "bytes_uploaded": state, "files_uploaded": 3,
+            "bytes_total": state, "files_total": 3, "bytes_read": 2 * state, "state_bytes": state}
+    grow = [{**base, "state_keys": big_keys}]
+    return {"task": {"kind": "snapshots", "engine": engine}, "engine": engine, "grow": grow, "update": upd,
+            "update_base": base, "big_keys": big_keys, "upd_frac": 0.01, "loadavg_start": [1.5, 1.0, 0.5],
+            "loadavg_end": [2.25, 1.0, 0.5]}
+
+
+def test_snapshot_freeze_and_bytes_read_columns_and_targets_render() -> None:
+    n = 1_000_000
+    state = n * 116
+    raw = [
+        # lsm: freeze p50 2 ms, max 10 ms; reads 2% of the state per round -> both PASS
+        _fake_snapshot_result("lsm", [1.0, 2.0, 10.0], [state // 50] * 3, n),
+        # appendlog: p50 fine but one round over 20 ms -> freeze MISS; reads 10% -> MISS
+        _fake_snapshot_result("appendlog", [3.0, 4.0, 25.0], [state // 10] * 3, n),
+        # hybridlog: an older result without bytes_read -> not measured, not a PASS
+        _fake_snapshot_result("hybridlog", [1.0, 1.0, 1.0], [None] * 3, n),
+    ]
+    engines = ["lsm", "appendlog", "hybridlog"]
+    sizes = Sizes(10, 10, 10, 10, 1, 10, n, 0.01, 3, 10, 10, 1, 1.0)
+    meta = {"engines": engines, "sizes": sizes.__dict__, "command": "x", "mode": "full", "remote": "path",
+            "started_utc": "now", "python": "3", "machine": "m", "durability": {e: "-" for e in engines},
+            "loadavg_start": [0.5, 0.25, 0.125], "loadavg_end": [3.0, 2.0, 1.0]}
+    summary = report.summarize(raw, meta)
+    assert summary["snapshots"]["lsm"]["read_pct_median"] == pytest.approx(2.0, rel=1e-3)
+    assert summary["snapshots"]["appendlog"]["async_max_ms"] == 25.0
+    md = report.markdown(summary, meta, [], ".")
+    header = next(ln for ln in md.splitlines() if ln.startswith("| engine | (a) cumulative"))
+    assert "(b) freeze p50 / max ms" in header and "(b) bytes read per 1% update, % of state" in header
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    lsm_row = next(ln for ln in md.splitlines() if ln.startswith("| lsm | ") and "MB" in ln)
+    cells = [c.strip() for c in lsm_row.strip("|").split("|")]
+    assert len(cells) == len(cols)
+    assert cells[cols.index("(b) freeze p50 / max ms")] == "2.0 / 10.0"
+    assert cells[cols.index("(b) bytes read per 1% update, % of state")] == "2.00% (max 2.00%)"
+    hy_row = next(ln for ln in md.splitlines() if ln.startswith("| hybridlog | ") and "MB" in ln)
+    assert [c.strip() for c in hy_row.strip("|").split("|")][cols.index("(b) bytes read per 1% update, % of state")] == "–"
+    assert "lsm 1.50 → 2.25" in md and "at the start of the run: 0.50 / 0.25 / 0.12" in md
+    v = {t["target"]: t["verdict"] for t in summary["targets"]}
+    assert v["lsm: snapshot_async freeze p50 ≤ 5 ms and max ≤ 20 ms at 1M keys"] == "PASS"
+    assert v["lsm: snapshot after updating 1% reads ≤ 5% of the state"] == "PASS"
+    assert v["appendlog: snapshot_async freeze p50 ≤ 5 ms and max ≤ 20 ms at 1M keys"] == "MISS"
+    assert v["appendlog: snapshot after updating 1% reads ≤ 5% of the state"] == "MISS"
+    assert v["hybridlog: snapshot_async freeze p50 ≤ 5 ms and max ≤ 20 ms at 1M keys"] == "PASS"
+    assert v["hybridlog: snapshot after updating 1% reads ≤ 5% of the state"] == "–"
+    assert "| lsm: snapshot_async freeze p50 ≤ 5 ms and max ≤ 20 ms at 1M keys | p50 2.0 ms, max 10.0 ms" in md
