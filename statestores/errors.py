@@ -13,6 +13,8 @@ __all__ = [
     "StoreClosedError",
     "CorruptionError",
     "LockedError",
+    "BackgroundBusy",
+    "BackgroundDied",
     "RemoteError",
     "SnapshotNotFoundError",
 ]
@@ -44,3 +46,11 @@ class CorruptionError(StoreError):
 
 class LockedError(StoreError):
     """Another open store (in this or another process) already owns the directory."""
+
+
+class BackgroundBusy(StoreError):
+    """A background lane's queue is full (``statestores.background.MAX_QUEUED`` tasks wait)."""
+
+
+class BackgroundDied(StoreError):
+    """The background process died while it ran the task (the next task starts a new one)."""

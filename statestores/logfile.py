@@ -6,7 +6,7 @@ sequence number in the segment file's name (so a hint file can store ready-made
 addresses and reopening is one ``dict.update``). Sealed segments are immutable log files
 (``records`` format), each with a hint file (``hints``); they are ordered oldest → newest
 and carry a level. When ``max_runs_per_level`` segments share a level, they are merged
-into one segment at the next level, in the background process pool: the worker writes
+into one segment at the next level, in a background process (:mod:`.background`): it writes
 ``<out>.log.tmp`` / ``<out>.hint.tmp``; the store renames them, rewrites ``CURRENT``,
 redirects the index entries that pointed into the inputs, and releases the inputs.
 
@@ -21,10 +21,8 @@ import abc
 import array
 import bisect
 import concurrent.futures
-import contextlib
 import itertools
 import logging
-import multiprocessing
 import os
 import struct
 import sys
@@ -237,12 +235,11 @@ def merge_segments(
 ) -> tuple[int, int, int]:
     """Merge segments ``inputs`` (``(log name, seq)``, oldest first) into ``out_name``.
 
-    Runs in the background pool. Writes ``<out>.tmp`` and ``<out hint>.tmp`` (the store
+    Runs in the background merge process. Writes ``<out>.tmp`` and ``<out hint>.tmp`` (the store
     renames them) and returns ``(bytes, live records, tombstones)``. The newest record of
     each key wins; tombstones are dropped with ``drop_tombstones``. Every copied record's
     checksum is verified; bad input raises :class:`MergeFailed` naming the file.
     """
-    _lower_priority()
     fs = FileSystem()
     out_path = os.path.join(directory, out_name)
     out_hint = os.path.join(directory, hint_name(out_name))
@@ -309,18 +306,6 @@ def merge_segments(
                 mm.close()
 
 
-_niced = False
-
-
-def _lower_priority() -> None:
-    """In a pool process (once): let the serving process win the CPU over merges."""
-    global _niced
-    if not _niced and multiprocessing.parent_process() is not None:
-        with contextlib.suppress(OSError):
-            os.nice(10)
-        _niced = True
-
-
 def _copy_record(mm: Any, off: int, key: bytes, path: str) -> bytes:
     """The verified bytes of the live record at ``off`` (batch flag cleared)."""
     if mm is None or off + _HEADER_SIZE > len(mm):
@@ -337,29 +322,14 @@ def _copy_record(mm: Any, off: int, key: bytes, path: str) -> bytes:
 
 
 def _submit(fn: Any, *args: Any) -> concurrent.futures.Future[Any]:
-    """``background.submit`` without ever blocking the caller.
-
-    The first submit in a process starts the process pool (a forkserver: ~0.5 s), which
-    must not stall the put that happened to trigger a merge; so the submit itself runs
-    on a short-lived thread and the returned future mirrors the pool's.
-    """
-    outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-    def mirror(inner: concurrent.futures.Future[Any]) -> None:
-        exc = inner.exception()
-        if exc is not None:
-            outer.set_exception(exc)
-        else:
-            outer.set_result(inner.result())
-
-    def start() -> None:
-        try:
-            background.submit(fn, *args).add_done_callback(mirror)
-        except BaseException as exc:  # a broken pool: the merge fails, the store goes on
-            outer.set_exception(exc)
-
-    threading.Thread(target=start, name="statestores-merge-submit", daemon=True).start()
-    return outer
+    """``background.submit`` on the merge lane, never raising: a full queue fails the
+    returned future instead (the merge counts as failed and is retried later)."""
+    try:
+        return background.submit(fn, *args)
+    except Exception as exc:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        fut.set_exception(exc)
+        return fut
 
 
 class _Redirect:
@@ -737,8 +707,16 @@ class SegmentedStore(Store):
                 self.sync == "fsync",
             )
             self._merge = _MergeJob(inputs, out, seq, level + 1, fut)
-            fut.add_done_callback(self._merge_done)
+            if fut.done():  # failed at once (or a test's synchronous _submit): install now
+                self._merge_done(fut)
+            else:
+                fut.add_done_callback(self._merge_landed)
             return
+
+    def _merge_landed(self, fut: concurrent.futures.Future[Any]) -> None:
+        # Runs on the background lane's dispatcher thread: hand over to a thread of our own
+        # (installing takes the store lock and decodes the output's hint).
+        threading.Thread(target=self._merge_done, args=(fut,), name="statestores-merge-install", daemon=True).start()
 
     def _merge_done(self, fut: concurrent.futures.Future[Any]) -> None:
         try:

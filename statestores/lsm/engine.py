@@ -2,11 +2,11 @@
 
 Writes go to a dict memtable (and, unless ``sync="none"``, to a write-ahead log). When the
 memtable reaches ``memtable_bytes`` it becomes *immutable* (still read by lookups, its WALs
-still live) and a one-process flush pool sorts it and writes it as a level-0 *run*: an
-immutable file of checksummed blocks with its fence pointers and Bloom filter embedded
-(:mod:`.runfile`); the store installs runs in memtable order. When a level holds
-``max_runs_per_level`` runs they are merged, in the shared background process pool
-(:mod:`statestores.background`), into one run of the next level; the store installs the
+still live) and a background process (:mod:`statestores.background`, lane ``"flush"``)
+sorts it and writes it as a level-0 *run*: an immutable file of checksummed blocks with
+its fence pointers and Bloom filter embedded (:mod:`.runfile`); the store installs runs in
+memtable order. When a level holds ``max_runs_per_level`` runs they are merged, in the
+background process of lane ``"merge"``, into one run of the next level; the store installs the
 result atomically (``CURRENT``) and keeps serving reads and writes meanwhile. Writers
 wait only if ``_MAX_IMMS`` memtables are already waiting for their flush.
 
@@ -22,10 +22,8 @@ memtable.
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import logging
-import multiprocessing
 import os
 import struct
 import threading
@@ -54,7 +52,7 @@ from ..base import (
     check_value,
     file_crc,
 )
-from ..errors import CorruptionError
+from ..errors import BackgroundBusy, CorruptionError
 from ..fs import FileSystem
 from . import merge as merge_mod
 from .merge import merge_sorted
@@ -90,41 +88,6 @@ def _positive(v: int) -> bool:
 
 #: Immutable memtables that may wait for their background flush before a writer stalls.
 _MAX_IMMS = 3
-
-_flush_pool_lock = threading.Lock()
-_flush_pool: concurrent.futures.Executor | None = None
-_flush_pool_pid: int | None = None
-
-
-def _flush_executor() -> concurrent.futures.Executor:
-    """A one-worker pool for memtable flushes, separate from the merge pool.
-
-    Flushes must not queue behind a long merge (writers would stall), and a flush's
-    sorting, encoding and Bloom filter are CPU work that belongs off the caller's
-    thread. Follows ``SFAAS_BACKGROUND`` like :mod:`statestores.background`.
-    """
-    global _flush_pool, _flush_pool_pid
-    with _flush_pool_lock:
-        if _flush_pool is None or _flush_pool_pid != os.getpid():
-            if background.mode() == "thread":
-                _flush_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="statestores-lsm-flush")
-            else:
-                ctx = multiprocessing.get_context("forkserver")
-                _flush_pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx)
-            _flush_pool_pid = os.getpid()
-        return _flush_pool
-
-
-def _shutdown_flush_pool() -> None:
-    global _flush_pool
-    with _flush_pool_lock:
-        pool, _flush_pool = _flush_pool, None
-    if pool is not None:
-        pool.shutdown(wait=True, cancel_futures=False)
-
-
-atexit.register(_shutdown_flush_pool)
-
 
 @dataclass(eq=False)
 class _Imm:
@@ -228,17 +191,14 @@ class LSMStore(Store):
             "opened lsm store",
             extra={"store": self.directory, "runs": len(self._runs), "wals": len(kept), "memtable_keys": len(self._mem)},
         )
-        # Starting a pool's worker process takes 0.1-0.5 s: do it now, on a helper thread
-        # and without the store lock, so neither open nor the first flush or merge (which
-        # submit under the lock, blocking readers) pays for it.
-        threading.Thread(target=self._warm_up, name="statestores-lsm-warmup", daemon=True).start()
+        self._warm_up()
 
     def _warm_up(self) -> None:
-        try:
-            _flush_executor().submit(merge_mod.noop).result()
-            background.submit(merge_mod.noop).result()
-        except Exception as exc:  # the pools are retried (or bypassed) when used
-            log.debug("warming up the lsm background pools failed: %s", exc)
+        # Starting a background process takes 0.1-0.5 s: have both lanes start theirs now
+        # (on their own threads: this returns at once), before the first flush or merge.
+        if background.mode() == "process":
+            background.warm_up("flush")
+            background.warm_up("merge")
         with self._lock:
             self._maybe_merge()
 
@@ -494,7 +454,7 @@ class LSMStore(Store):
         self._maybe_merge()
 
     def _rotate_locked(self) -> None:
-        """Hand the full memtable to the background flush pool and start a fresh one."""
+        """Hand the full memtable to the background flush process and start a fresh one."""
         if not self._mem:
             return
         while len(self._imms) >= _MAX_IMMS:  # flushes fall behind: stall this writer
@@ -508,15 +468,11 @@ class LSMStore(Store):
             o["density_factor"], o["block_bytes"], o["bloom_fpr"], o["fsync"],
         )
         try:
-            fut = _flush_executor().submit(*args)
-        except concurrent.futures.BrokenExecutor:  # its process died: start a new pool
-            _shutdown_flush_pool()
-            try:
-                fut = _flush_executor().submit(*args)
-            except (concurrent.futures.BrokenExecutor, RuntimeError, OSError) as exc:
-                log.warning("no background flush pool (%s); flushing in the foreground", exc)
-                self._flush_locked()
-                return
+            fut = background.submit(*args, lane="flush")
+        except BackgroundBusy as exc:
+            log.warning("no background flush (%s); flushing in the foreground", exc)
+            self._flush_locked()
+            return
         wals = self._wals
         self._wals = []
         if self._wal_fd is not None:
@@ -552,7 +508,7 @@ class LSMStore(Store):
         path = self._path(imm.name)
         try:
             result = imm.future.result()
-        except Exception as exc:  # e.g. the pool died: flush here instead
+        except Exception as exc:  # e.g. the process died (BackgroundDied): flush here instead
             log.warning("background flush of %s failed (%s); flushing in the foreground", imm.name, exc)
             self.fs.remove(path + ".tmp")
             keys = sorted(imm.mem)
@@ -592,23 +548,27 @@ class LSMStore(Store):
                 target = i + 1
                 drop = not any(self._levels[target:])
                 name = f"lsm-L{target}-{self._next_seq():010d}.run"
-                fut = background.submit(
-                    merge_mod.merge_runs,
-                    [r.path for r in reversed(inputs)],
-                    self._path(name) + ".tmp",
-                    drop,
-                    self._run_opts["density_factor"],
-                    self._run_opts["block_bytes"],
-                    self._run_opts["bloom_fpr"],
-                    self._run_opts["fsync"],
-                )
+                try:
+                    fut = background.submit(
+                        merge_mod.merge_runs,
+                        [r.path for r in reversed(inputs)],
+                        self._path(name) + ".tmp",
+                        drop,
+                        self._run_opts["density_factor"],
+                        self._run_opts["block_bytes"],
+                        self._run_opts["bloom_fpr"],
+                        self._run_opts["fsync"],
+                    )
+                except BackgroundBusy as exc:  # retried after the next flush or merge
+                    log.warning("not merging level %d now: %s", i, exc, extra={"store": self.directory})
+                    return
                 self._merge = (fut, i, inputs, name)
                 fut.add_done_callback(self._merge_done)
                 return
 
     def _merge_done(self, fut: concurrent.futures.Future[dict[str, Any]]) -> None:
-        # Runs on the pool's result thread: never block it on our lock (a thread holding
-        # the lock may be waiting for another future that thread has to deliver).
+        # Runs on the background lane's dispatcher thread: never block it on our lock (a
+        # thread holding the lock may be waiting for another future that thread delivers).
         threading.Thread(target=self._install_merge, args=(fut,), name="statestores-lsm-install", daemon=True).start()
 
     def _install_merge(self, fut: concurrent.futures.Future[dict[str, Any]]) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import multiprocessing
 import os
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
@@ -25,23 +24,8 @@ __all__ = ["merge_sorted", "merge_chunks", "merge_runs", "flush_memtable"]
 log = logging.getLogger("statestores.lsm")
 
 
-_niced = False
-
-
-def _background_priority() -> None:
-    """Lower this worker process' CPU priority (once): when the machine is busy, the
-    caller's reads and writes should win over merges and flushes. A no-op on a thread."""
-    global _niced
-    if not _niced and multiprocessing.parent_process() is not None:
-        try:
-            os.nice(10)
-        except OSError as exc:
-            log.debug("could not lower the background worker's priority: %s", exc)
-        _niced = True
-
-
 def noop() -> None:
-    """A job that does nothing: submitted once to start a pool's worker process early."""
+    """A job that does nothing (checks that a background process answers)."""
 
 
 def merge_sorted(
@@ -123,7 +107,6 @@ def merge_runs(
     Returns the output's ``count``, ``tombstones`` and ``bytes``; ``count == 0`` means
     everything cancelled out and no output file exists.
     """
-    _background_priority()
     fs = FileSystem()
     readers = [RunReader(fs, p) for p in inputs]
     writer = RunWriter(
@@ -158,7 +141,6 @@ def flush_memtable(
     Runs off the caller's thread (sorting, encoding and the Bloom filter are most of a
     flush's cost). ``count == 0`` means nothing was left to write and no file exists.
     """
-    _background_priority()
     keys = sorted(mem)
     values = list(map(mem.__getitem__, keys))
     if drop_tombstones:

@@ -411,28 +411,29 @@ TestLSMModel.settings = settings(
 # ---------------------------------------------------------------- background failures
 
 
-class _FailingExecutor(concurrent.futures.Executor):
-    """A flush pool whose jobs die (as when its process is killed)."""
+@pytest.mark.parametrize("failure", ["died", "busy"])
+def test_flushes_fall_back_to_the_foreground_when_the_pool_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    """Flush jobs whose process dies (their futures fail) or a flush lane that refuses
+    work (submit raises): the memtable is flushed in the foreground, nothing is lost."""
+    from statestores import background
+    from statestores.errors import BackgroundBusy, BackgroundDied
 
-    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def,override]
+    real_submit = background.submit
+    flushes = []
+
+    def submit(fn: Any, *args: Any, lane: str = "merge", local: bool = False) -> concurrent.futures.Future[Any]:
+        if lane != "flush":
+            return real_submit(fn, *args, lane=lane, local=local)
+        flushes.append(args[0])
+        if failure == "busy":
+            raise BackgroundBusy("injected: the flush lane is full")
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        fut.set_exception(concurrent.futures.BrokenExecutor("worker killed"))
+        fut.set_exception(BackgroundDied("injected: background flush process died (exit code -9)"))
         return fut
 
-
-class _BrokenExecutor(concurrent.futures.Executor):
-    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def,override]
-        raise concurrent.futures.BrokenExecutor("pool is broken")
-
-
-@pytest.mark.parametrize("pool", [_FailingExecutor, _BrokenExecutor])
-def test_flushes_fall_back_to_the_foreground_when_the_pool_fails(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: type
-) -> None:
-    from statestores.lsm import engine
-
-    monkeypatch.setattr(engine, "_flush_executor", pool)
-    monkeypatch.setattr(engine, "_shutdown_flush_pool", lambda: None)
+    monkeypatch.setattr(background, "submit", submit)
     model = {}
     with statestores.open("lsm", tmp_path, memtable_bytes=2000, max_runs_per_level=3) as s:
         for i in range(400):
@@ -441,6 +442,7 @@ def test_flushes_fall_back_to_the_foreground_when_the_pool_fails(
             model[k] = v
         settle(s)
         assert s.stats()["flushes"] > 5
+        assert len(flushes) > 5  # every flush went to the (broken) lane first
         assert dict(s.items()) == model
     with statestores.open("lsm", tmp_path) as s:
         assert dict(s.items()) == model
