@@ -1,31 +1,82 @@
-"""One shared process pool for CPU-heavy background work (merges).
+"""Background processes for CPU-heavy store work (merges, memtable flushes).
 
-Merges run in a separate process so that they use the second core and never hold the
-GIL of the process serving reads and writes. The pool is created lazily, shared by every
-store in the process, and uses the ``forkserver`` start method (forking a process with
-threads is unsafe). Submitted functions must be top-level functions of plain arguments.
+The work runs in a separate process so that it uses the second core and never holds the
+GIL of the process serving reads and writes. There are two *lanes*, ``"merge"`` and
+``"flush"`` (a flush must never queue behind a long merge); each has one worker process
+and one dispatcher thread (a daemon) that owns it. :func:`submit` puts the task on the
+lane's bounded queue and returns at once; the dispatcher starts the worker if needed (so
+the 0.1-0.5 s a process start takes is never paid on the caller's thread), sends it the
+task, waits for the reply and completes the future. Submitted functions must be top-level
+functions of a module the worker can import (not ``__main__``) with picklable arguments.
 
-``SFAAS_BACKGROUND=thread`` runs the work on a thread instead (useful under profilers
-or on a single core).
+The worker is ``python -P -m statestores._bgmain <parent pid>`` started with
+:class:`subprocess.Popen` (never :mod:`multiprocessing`): it imports ``statestores`` and
+what the tasks name, never the user's ``__main__``, so a script that opens a store at
+module level needs no ``if __name__ == "__main__":`` guard. It dies with its parent:
+``PR_SET_PDEATHSIG`` (Linux) plus a watchdog thread that exits once ``os.getppid()``
+changes; it inherits no descriptor but its pipes and stderr; it runs at ``nice`` 10 and
+ignores SIGINT (the parent handles Ctrl-C). Tasks and replies are length-prefixed pickle
+frames over the anonymous pipes between the two processes (nothing from the network).
+
+**Done-callbacks run on the lane's dispatcher thread**, shared by every store in the
+process: a done-callback must only hand the result to a thread the store owns (put it on
+a queue, start a thread); it must never take a store lock or do slow work — the next
+task of the lane waits for it, and if a store thread holds that lock while it waits for
+a later task of the same lane, neither ever goes on.
+
+``SFAAS_BACKGROUND=thread`` (or ``submit(..., local=True)``) runs tasks on the lane's
+dispatcher thread in this process instead (under profilers, on a single core, or when an
+argument cannot cross processes).
 """
 
 from __future__ import annotations
 
 import atexit
 import concurrent.futures
-import multiprocessing
+import contextlib
+import ctypes
+import logging
 import os
+import pickle
+import queue
+import signal
+import struct
+import subprocess
+import sys
 import threading
+import time
+import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["submit", "shutdown", "mode"]
+from .errors import BackgroundBusy, BackgroundDied
+
+__all__ = ["submit", "warm_up", "shutdown", "mode", "MAX_QUEUED", "BackgroundBusy", "BackgroundDied"]
+
+log = logging.getLogger("statestores")
 
 T = TypeVar("T")
 
-_lock = threading.Lock()
-_pool: concurrent.futures.Executor | None = None
-_pid: int | None = None
+#: Per lane bound on queued (not yet started) tasks; :func:`submit` raises
+#: :class:`BackgroundBusy` beyond it.
+MAX_QUEUED: int = 256
+
+LANES = ("merge", "flush")
+
+#: Set in the worker process (informational: tasks may look at it).
+CHILD_ENV = "SFAAS_BACKGROUND_CHILD"
+
+#: Seconds :func:`shutdown` waits for a lane's running task before killing its worker.
+_SHUTDOWN_WAIT = 2.0
+#: Seconds between two checks of the worker's watchdog.
+_WATCHDOG_PERIOD = 0.2
+
+_FRAME = struct.Struct("<Q")
+_PR_SET_PDEATHSIG = 1
+_PICKLE = pickle.HIGHEST_PROTOCOL
+
+# the directory that holds the statestores package: first on the worker's PYTHONPATH
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def mode() -> str:
@@ -36,53 +87,432 @@ def mode() -> str:
     return m
 
 
-def _executor() -> concurrent.futures.Executor:
-    global _pool, _pid
+# ---------------------------------------------------------------------- framing
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _read_exact(fd: int, n: int) -> bytearray | None:
+    """``n`` bytes from ``fd``; None at EOF before the first byte, EOFError at EOF after it."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = os.readv(fd, [view[got:]])
+        if k == 0:
+            if got == 0:
+                return None
+            raise EOFError(f"pipe closed after {got} of {n} bytes")
+        got += k
+    return buf
+
+
+def _recv_frame(fd: int) -> bytearray | None:
+    """The next frame's body; None at EOF between frames."""
+    head = _read_exact(fd, _FRAME.size)
+    if head is None:
+        return None
+    (size,) = _FRAME.unpack(head)
+    body = _read_exact(fd, size)
+    if body is None:
+        raise EOFError("pipe closed before a frame's body")
+    return body
+
+
+# ---------------------------------------------------------------------- parent side
+
+
+class _Task:
+    __slots__ = ("fn", "args", "future", "local")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], future: concurrent.futures.Future[Any], local: bool) -> None:
+        self.fn = fn
+        self.args = args
+        self.future = future
+        self.local = local
+
+
+_WARM = object()  # queue marker: start the worker now
+_STOP = object()  # queue marker: stop the worker and the dispatcher
+
+
+class _Lane:
+    """One worker process and the dispatcher thread that owns it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.queue: queue.Queue[Any] = queue.Queue(MAX_QUEUED)
+        self.lock = threading.Lock()  # guards closed, warming and proc
+        self.closed = False
+        self.warming = False  # a _WARM marker is queued
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._task_ids = 0
+        self.thread = threading.Thread(target=self._run, name=f"statestores-bg-{name}", daemon=True)
+        self.thread.start()
+
+    # -- caller side
+
+    def put(self, task: _Task) -> None:
+        with self.lock:
+            if self.closed:
+                raise _LaneClosed
+            try:
+                self.queue.put_nowait(task)
+            except queue.Full:
+                raise BackgroundBusy(
+                    f"background lane {self.name!r} has {self.queue.maxsize} tasks queued; try again later"
+                ) from None
+
+    def warm(self) -> None:
+        with self.lock:
+            if self.closed or self.proc is not None or self.warming:
+                return
+            with contextlib.suppress(queue.Full):  # a full queue: the worker is busy anyway
+                self.queue.put_nowait(_WARM)
+                self.warming = True
+
+    def stop(self) -> None:
+        """Fail queued tasks, let the running one finish (<= 2 s, then kill), join."""
+        dropped: list[_Task] = []
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            while True:  # no put can happen any more: drain, then the stop marker fits
+                try:
+                    item = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, _Task):
+                    dropped.append(item)
+            self.queue.put_nowait(_STOP)
+        for task in dropped:
+            # failed, not cancelled: callers handle a failed task already (while
+            # fut.exception() raises for a cancelled future)
+            if task.future.set_running_or_notify_cancel():
+                task.future.set_exception(BackgroundDied(f"background lane {self.name!r} was shut down before the task ran"))
+        del dropped
+        if self.thread is threading.current_thread():
+            return  # shutdown() from a done-callback: the dispatcher stops after it
+        self.thread.join(_SHUTDOWN_WAIT)
+        deadline = time.monotonic() + 5.0
+        while self.thread.is_alive() and time.monotonic() < deadline:
+            with self.lock:
+                proc = self.proc
+            if proc is not None:
+                with contextlib.suppress(OSError):
+                    proc.kill()
+            self.thread.join(0.1)
+        if self.thread.is_alive():
+            log.warning("background lane %r did not stop (a local task still runs?)", self.name)
+
+    # -- dispatcher thread
+
+    def _run(self) -> None:
+        try:
+            while True:
+                item = self.queue.get()
+                if item is _STOP:
+                    break
+                try:
+                    self._handle(item)
+                except BaseException as exc:  # a bug here must not stop the lane
+                    log.exception("background lane %r failed to run a task", self.name)
+                    if isinstance(item, _Task) and not item.future.done():
+                        item.future.set_exception(exc)
+                del item  # drop the reference to the arguments (a memtable) now
+        finally:
+            self._stop_proc()
+
+    def _handle(self, item: Any) -> None:
+        if item is _WARM:
+            with self.lock:
+                self.warming = False
+            if mode() == "process":
+                try:
+                    self._ensure_proc()
+                except Exception as exc:  # retried by the next task
+                    log.debug("starting the background %s process failed: %s", self.name, exc)
+            return
+        task: _Task = item
+        if not task.future.set_running_or_notify_cancel():
+            return
+        if task.local or _in_child or mode() == "thread":
+            self._run_local(task)
+        else:
+            self._run_remote(task)
+
+    def _run_local(self, task: _Task) -> None:
+        try:
+            result = task.fn(*task.args)
+        except BaseException as exc:
+            task.future.set_exception(exc)
+        else:
+            task.future.set_result(result)
+
+    def _ensure_proc(self) -> subprocess.Popen[bytes]:
+        with self.lock:
+            proc = self.proc
+        if proc is not None:
+            return proc
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        env[CHILD_ENV] = "1"
+        proc = subprocess.Popen(
+            [sys.executable, "-P", "-m", "statestores._bgmain", str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+            bufsize=0,
+            env=env,
+        )
+        with self.lock:
+            self.proc = proc
+            closed = self.closed
+        if closed:  # stop() gave up waiting for us meanwhile
+            proc.kill()
+        return proc
+
+    def _run_remote(self, task: _Task) -> None:
+        fut = task.future
+        try:
+            proc = self._ensure_proc()
+        except Exception as exc:
+            fut.set_exception(exc)
+            return
+        assert proc.stdin is not None and proc.stdout is not None
+        if getattr(task.fn, "__module__", None) == "__main__":
+            fut.set_exception(TypeError(
+                f"{task.fn!r} is defined in __main__, which the background process does not import; "
+                "move it to a module or submit it with local=True"
+            ))
+            return
+        self._task_ids += 1
+        tid = self._task_ids
+        try:
+            frame = pickle.dumps((tid, task.fn, task.args), _PICKLE)
+        except Exception as exc:  # an argument cannot cross processes
+            fut.set_exception(exc)
+            return
+        try:
+            _write_all(proc.stdin.fileno(), _FRAME.pack(len(frame)))
+            _write_all(proc.stdin.fileno(), frame)
+            del frame
+            reply = _recv_frame(proc.stdout.fileno())
+        except (OSError, EOFError, ValueError):
+            reply = None
+        if reply is None:
+            fut.set_exception(BackgroundDied(f"background {self.name} process died while running a task (exit code {self._reap()})"))
+            return
+        try:
+            rid, ok, value = pickle.loads(reply)
+        except Exception as exc:
+            fut.set_exception(RuntimeError(f"the background {self.name} process sent a reply that cannot be read: {exc!r}"))
+            return
+        if rid not in (tid, None):  # None: the worker could not read the task's id
+            fut.set_exception(RuntimeError(f"background {self.name} process replied to task {rid}, expected {tid}"))
+            self._reap(kill=True)
+            return
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    def _reap(self, kill: bool = False) -> int | None:
+        """Forget the worker (after EOF on its pipe: it died); its exit code."""
+        with self.lock:
+            proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        if kill:
+            with contextlib.suppress(OSError):
+                proc.kill()
+        for f in (proc.stdin, proc.stdout):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+        try:
+            return proc.wait(1.0)
+        except subprocess.TimeoutExpired:  # EOF but alive: it closed its pipe itself
+            proc.kill()
+            return proc.wait()
+
+    def _stop_proc(self) -> None:
+        """Close the worker's stdin (it exits at EOF), wait <= 2 s, then kill it."""
+        with self.lock:
+            proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        for f in (proc.stdin, proc.stdout):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+        try:
+            proc.wait(_SHUTDOWN_WAIT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class _LaneClosed(Exception):
+    """(internal) The lane was stopped between looking it up and queueing on it."""
+
+
+_lock = threading.Lock()
+_lanes: dict[str, _Lane] = {}
+_pid = os.getpid()
+_in_child = False  # True in a worker process: tasks there run locally (no grandchildren)
+
+
+def _lane(name: str) -> _Lane:
+    global _pid, _lanes
+    if name not in LANES:
+        raise ValueError(f"unknown background lane {name!r}; expected one of {', '.join(map(repr, LANES))}")
     with _lock:
-        if _pool is None or _pid != os.getpid():
-            if mode() == "thread":
-                _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="statestores-merge")
-            else:
-                ctx = multiprocessing.get_context("forkserver")
-                _pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+        if _pid != os.getpid():  # forked: the lanes (threads, pipes) belong to the parent
+            _lanes = {}
             _pid = os.getpid()
-        return _pool
-
-
-def warm_up(lane: str = "merge") -> None:
-    """Start the lane's worker now (temporary: a no-op)."""
+        lane = _lanes.get(name)
+        if lane is None:
+            lane = _lanes[name] = _Lane(name)
+        return lane
 
 
 def submit(fn: Callable[..., T], *args: Any, lane: str = "merge", local: bool = False) -> concurrent.futures.Future[T]:
-    """Run ``fn(*args)`` in the background; the future carries its result or exception.
+    """Run ``fn(*args)`` in ``lane``'s worker process; the future carries its result or exception.
 
-    Done-callbacks run on the pool's result thread, shared by every store in the process:
-    a callback must not block on a store's lock (the store's own thread may hold it while
-    waiting for another future). Hand the result to a thread of the store instead.
+    Never blocks: raises :class:`BackgroundBusy` when ``MAX_QUEUED`` tasks already wait
+    in the lane. If the worker dies while running the task the future fails with
+    :class:`BackgroundDied` (the next task starts a new worker). ``local=True`` runs it on
+    the lane's dispatcher thread in this process instead. Done-callbacks run on the
+    dispatcher thread: see the module docstring.
     """
-    if local:
-        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-        def run() -> None:
-            try:
-                fut.set_result(fn(*args))
-            except BaseException as exc:
-                fut.set_exception(exc)
-        threading.Thread(target=run, daemon=True).start()
-        return fut
-    try:
-        return _executor().submit(fn, *args)
-    except concurrent.futures.BrokenExecutor:
-        shutdown()
-        return _executor().submit(fn, *args)
+    fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+    task = _Task(fn, args, fut, local)
+    for _ in range(3):
+        try:
+            _lane(lane).put(task)
+            return fut
+        except _LaneClosed:  # a concurrent shutdown(): the next lookup makes a new lane
+            continue
+    raise BackgroundBusy(f"background lane {lane!r} keeps being shut down")
+
+
+def warm_up(lane: str = "merge") -> None:
+    """Start ``lane``'s worker process now (on its dispatcher thread; returns at once)."""
+    _lane(lane).warm()
 
 
 def shutdown() -> None:
-    """Stop the pool (waiting for running work). A later :func:`submit` starts a new one."""
-    global _pool
+    """Stop every lane: queued tasks fail with :class:`BackgroundDied`, a running one gets
+    <= 2 s before its worker is killed (its future then fails the same way). A later
+    :func:`submit` starts anew."""
+    global _lanes
     with _lock:
-        pool, _pool = _pool, None
-    if pool is not None:
-        pool.shutdown(wait=True, cancel_futures=False)
+        if _pid != os.getpid():
+            lanes: list[_Lane] = []
+        else:
+            lanes = list(_lanes.values())
+        _lanes = {}
+    for lane in lanes:
+        lane.stop()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child gets fresh locks and no lanes; it closes the parent's worker pipes
+    (they would keep a worker's stdin open after the parent closed it)."""
+    global _lock, _lanes, _pid
+    old = list(_lanes.values())
+    _lock = threading.Lock()
+    _lanes = {}
+    _pid = os.getpid()
+    for lane in old:
+        proc = lane.proc
+        if proc is not None:
+            for f in (proc.stdin, proc.stdout):
+                if f is not None:
+                    with contextlib.suppress(OSError):
+                        f.close()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(shutdown)
+
+
+# ---------------------------------------------------------------------- worker side
+
+
+def _set_pdeathsig() -> None:
+    """Ask the kernel to SIGKILL this process when its parent thread exits (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _watchdog(parent: int) -> None:
+    while True:
+        time.sleep(_WATCHDOG_PERIOD)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _error_reply(tid: Any, exc: BaseException) -> bytes:
+    """The pickled failure reply for ``exc``, as it is if it survives a pickle round trip."""
+    tb = "".join(traceback.format_exception(exc))
+    with contextlib.suppress(Exception):
+        exc.add_note(f"raised in background process {os.getpid()}:\n{tb.rstrip()}")
+    try:
+        data = pickle.dumps((tid, False, exc), _PICKLE)
+        pickle.loads(data)
+        return data
+    except Exception:
+        return pickle.dumps((tid, False, RuntimeError(f"{exc!r}\n{tb}")), _PICKLE)
+
+
+def _child_main(argv: list[str]) -> int:
+    """The worker: run tasks from stdin, reply on stdout, until EOF on stdin."""
+    global _in_child
+    parent = int(argv[0])
+    _set_pdeathsig()
+    if os.getppid() != parent:
+        return 0  # the parent died before prctl took effect
+    threading.Thread(target=_watchdog, args=(parent,), name="statestores-bg-watchdog", daemon=True).start()
+    _in_child = True
+    with contextlib.suppress(OSError):
+        os.nice(10)  # background work loses the CPU to the serving process
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # private descriptors for the protocol; a task that prints writes to stderr, a task
+    # that reads stdin reads /dev/null
+    rfd = os.dup(0)
+    wfd = os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
+    while True:
+        try:
+            frame = _recv_frame(rfd)
+        except EOFError:
+            return 1
+        if frame is None:
+            return 0
+        tid: Any = None
+        try:
+            tid, fn, args = pickle.loads(frame)
+            del frame
+            reply = pickle.dumps((tid, True, fn(*args)), _PICKLE)
+        except BaseException as exc:  # reported to the parent, which decides
+            reply = _error_reply(tid, exc)
+        args = None  # drop the arguments before waiting for the next task
+        _write_all(wfd, _FRAME.pack(len(reply)))
+        _write_all(wfd, reply)
+        del reply

@@ -49,8 +49,8 @@ class LockedError(StoreError):
 
 
 class BackgroundBusy(StoreError):
-    """A background lane's queue is full; the caller does the work itself or later."""
+    """A background lane's queue is full (``statestores.background.MAX_QUEUED`` tasks wait)."""
 
 
 class BackgroundDied(StoreError):
-    """The background process running a job died before it answered."""
+    """The background process died while it ran the task (the next task starts a new one)."""

@@ -433,7 +433,7 @@ class LSMStore(Store):
         o = self._run_opts
         try:
             fut = background.submit(
-                merge_mod.flush_memtable, self._path(name) + ".tmp", mem, drop,
+                merge_mod.flush_memtable, self._bg_fs, self._path(name) + ".tmp", mem, drop,
                 o["density_factor"], o["block_bytes"], o["bloom_fpr"], o["fsync"],
                 lane="flush", local=self._local_background,
             )
@@ -454,8 +454,13 @@ class LSMStore(Store):
     @property
     def _local_background(self) -> bool:
         """Background jobs run in this process when the file system is not the real one
-        (a test's FaultyFS must see the job's writes)."""
+        (a test's FaultyFS must see the job's writes, crash included)."""
         return type(self.fs) is not FileSystem
+
+    @property
+    def _bg_fs(self) -> FileSystem | None:
+        """The file system a background job uses: ours when it runs locally."""
+        return self.fs if self._local_background else None
 
     def _install_flushes(self, _fut: object = None) -> None:
         """(maintainer) Install finished flushes, oldest first."""
@@ -517,6 +522,7 @@ class LSMStore(Store):
                 try:
                     fut = background.submit(
                         merge_mod.merge_runs,
+                        self._bg_fs,
                         [r.path for r in reversed(inputs)],
                         self._path(name) + ".tmp",
                         drop,

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import multiprocessing
-import os
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -25,23 +23,8 @@ __all__ = ["merge_sorted", "merge_chunks", "merge_runs", "flush_memtable"]
 log = logging.getLogger("statestores.lsm")
 
 
-_niced = False
-
-
-def _background_priority() -> None:
-    """Lower this worker process' CPU priority (once): when the machine is busy, the
-    caller's reads and writes should win over merges and flushes. A no-op on a thread."""
-    global _niced
-    if not _niced and multiprocessing.parent_process() is not None:
-        try:
-            os.nice(10)
-        except OSError as exc:
-            log.debug("could not lower the background worker's priority: %s", exc)
-        _niced = True
-
-
 def noop() -> None:
-    """A job that does nothing: submitted once to start a pool's worker process early."""
+    """A job that does nothing (checks that a background process answers)."""
 
 
 def merge_sorted(
@@ -110,6 +93,7 @@ def merge_chunks(
 
 
 def merge_runs(
+    fs: FileSystem | None,
     inputs: list[str],
     output: str,
     drop_tombstones: bool,
@@ -121,10 +105,10 @@ def merge_runs(
     """Merge the runs at ``inputs`` (newest first) into a new run at ``output``.
 
     Returns the output's ``count``, ``tombstones`` and ``bytes``; ``count == 0`` means
-    everything cancelled out and no output file exists.
+    everything cancelled out and no output file exists. ``fs`` is None in the background
+    process (the real file system); a test's ``FaultyFS`` when run on a local thread.
     """
-    _background_priority()
-    fs = FileSystem()
+    fs = fs if fs is not None else FileSystem()
     readers = [RunReader(fs, p) for p in inputs]
     writer = RunWriter(
         fs, output, density_factor=density_factor, block_bytes=block_bytes, bloom_fpr=bloom_fpr, fsync=fsync
@@ -134,7 +118,7 @@ def merge_runs(
             writer.add_many(keys, values)
         if writer.count == 0:
             writer.abort()
-            os.remove(output)
+            fs.remove(output)
             return {"count": 0, "tombstones": 0, "bytes": 0, "inputs": sum(r.count for r in readers)}
         out = writer.finish()
     except BaseException:
@@ -145,6 +129,7 @@ def merge_runs(
 
 
 def flush_memtable(
+    fs: FileSystem | None,
     output: str,
     mem: dict[bytes, bytes | None],
     drop_tombstones: bool,
@@ -158,7 +143,6 @@ def flush_memtable(
     Runs off the caller's thread (sorting, encoding and the Bloom filter are most of a
     flush's cost). ``count == 0`` means nothing was left to write and no file exists.
     """
-    _background_priority()
     keys = sorted(mem)
     values = list(map(mem.__getitem__, keys))
     if drop_tombstones:
@@ -168,7 +152,7 @@ def flush_memtable(
     if not keys:
         return {"count": 0, "tombstones": 0, "bytes": 0}
     writer = RunWriter(
-        FileSystem(), output, density_factor=density_factor, block_bytes=block_bytes, bloom_fpr=bloom_fpr, fsync=fsync
+        fs if fs is not None else FileSystem(), output, density_factor=density_factor, block_bytes=block_bytes, bloom_fpr=bloom_fpr, fsync=fsync
     )
     try:
         writer.add_many(keys, values)

@@ -17,8 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import remotes
 import statestores
-from statestores import background
-from statestores.errors import BackgroundBusy, BackgroundDied, CorruptionError, RemoteError
+from statestores.errors import CorruptionError, RemoteError
 from statestores.fs import FaultyFS, InjectedFault
 from statestores.lsm import LSMStore
 
@@ -405,35 +404,29 @@ TestLSMModel.settings = settings(
 # ---------------------------------------------------------------- background failures
 
 
-def _dying_flushes(real: Any) -> Any:
-    """A background whose flush jobs die (as when its process is killed)."""
+@pytest.mark.parametrize("failure", ["died", "busy"])
+def test_flushes_fall_back_to_the_foreground_when_the_pool_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    """Flush jobs whose process dies (their futures fail) or a flush lane that refuses
+    work (submit raises): the memtable is flushed in the foreground, nothing is lost."""
+    from statestores import background
+    from statestores.errors import BackgroundBusy, BackgroundDied
 
-    def submit(fn: Any, *args: Any, lane: str = "merge", local: bool = False) -> Any:
+    real_submit = background.submit
+    flushes = []
+
+    def submit(fn: Any, *args: Any, lane: str = "merge", local: bool = False) -> concurrent.futures.Future[Any]:
         if lane != "flush":
-            return real(fn, *args, lane=lane, local=local)
+            return real_submit(fn, *args, lane=lane, local=local)
+        flushes.append(args[0])
+        if failure == "busy":
+            raise BackgroundBusy("injected: the flush lane is full")
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        fut.set_exception(BackgroundDied("flush lane: worker killed"))
+        fut.set_exception(BackgroundDied("injected: background flush process died (exit code -9)"))
         return fut
 
-    return submit
-
-
-def _busy_flushes(real: Any) -> Any:
-    """A background whose flush lane refuses every job."""
-
-    def submit(fn: Any, *args: Any, lane: str = "merge", local: bool = False) -> Any:
-        if lane == "flush":
-            raise BackgroundBusy("flush lane is full")
-        return real(fn, *args, lane=lane, local=local)
-
-    return submit
-
-
-@pytest.mark.parametrize("pool", [_dying_flushes, _busy_flushes])
-def test_flushes_fall_back_to_the_foreground_when_the_pool_fails(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: Any
-) -> None:
-    monkeypatch.setattr(background, "submit", pool(background.submit))
+    monkeypatch.setattr(background, "submit", submit)
     model = {}
     with statestores.open("lsm", tmp_path, memtable_bytes=2000, max_runs_per_level=3) as s:
         for i in range(400):
@@ -442,6 +435,7 @@ def test_flushes_fall_back_to_the_foreground_when_the_pool_fails(
             model[k] = v
         settle(s)
         assert s.stats()["flushes"] > 5
+        assert len(flushes) > 5  # every flush went to the (broken) lane first
         assert dict(s.items()) == model
     with statestores.open("lsm", tmp_path) as s:
         assert dict(s.items()) == model

@@ -261,13 +261,13 @@ def test_merge_and_flush_jobs_write_valid_runs(tmp_path: Path) -> None:
     opts = (2, 64, 0.01, False)
     new = str(tmp_path / "new.run")
     old = str(tmp_path / "old.run")
-    assert flush_memtable(new, {b"a": b"1", b"b": None, b"c": b"3"}, False, *opts)["count"] == 3
-    assert flush_memtable(old, {b"b": b"old", b"d": b"4", b"e": None}, False, *opts)["count"] == 3
-    assert flush_memtable(str(tmp_path / "none.run"), {b"x": None}, True, *opts)["count"] == 0
+    assert flush_memtable(None, new, {b"a": b"1", b"b": None, b"c": b"3"}, False, *opts)["count"] == 3
+    assert flush_memtable(None, old, {b"b": b"old", b"d": b"4", b"e": None}, False, *opts)["count"] == 3
+    assert flush_memtable(None, str(tmp_path / "none.run"), {b"x": None}, True, *opts)["count"] == 0
     assert not (tmp_path / "none.run").exists()
     out = str(tmp_path / "out.run")
-    res = merge_runs([new, old], out, True, *opts)
+    res = merge_runs(None, [new, old], out, True, *opts)
     assert res["count"] == 3 and res["inputs"] == 6
     assert list(RunReader(FileSystem(), out).items()) == [(b"a", b"1"), (b"c", b"3"), (b"d", b"4")]
-    res = merge_runs([new, old], out, False, *opts)
+    res = merge_runs(None, [new, old], out, False, *opts)
     assert list(RunReader(FileSystem(), out).items()) == [(b"a", b"1"), (b"b", None), (b"c", b"3"), (b"d", b"4"), (b"e", None)]
