@@ -23,6 +23,26 @@ from .errors import LockedError
 
 __all__ = ["FileSystem", "FaultyFS", "InjectedFault"]
 
+# Directory locks are POSIX record locks (``fcntl.lockf``), as LevelDB's: they belong to
+# the process, so a child forked by any thread (a background worker being spawned, the
+# user's subprocess) never holds one — with ``flock`` the lock lives in the open file
+# description, which a child shares from fork until exec, so a store closed meanwhile
+# could not be reopened. A record lock does not exclude the process itself, so this
+# table does: lock path → descriptor, and descriptor → path.
+_locks_mutex = threading.Lock()
+_locked_paths: dict[str, int] = {}
+_locked_fds: dict[int, str] = {}
+
+
+def _close_fd(fd: int) -> None:
+    """Close ``fd``; if it holds a directory lock, drop it from the table in the same step
+    (no lock can be taken, and no table entry reused, in between)."""
+    with _locks_mutex:
+        path = _locked_fds.pop(fd, None)
+        if path is not None:
+            _locked_paths.pop(path, None)
+        os.close(fd)
+
 
 class FileSystem:
     """Real file operations. Paths are ``str``; descriptors are plain ints."""
@@ -97,19 +117,26 @@ class FileSystem:
             os.close(fd)
 
     def lock(self, path: str) -> int:
-        """Take an exclusive lock file; :class:`LockedError` if someone holds it."""
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EAGAIN, errno.EACCES):
-                raise LockedError(f"{path}: the store directory is already open elsewhere") from None
-            raise
+        """Take an exclusive lock file; :class:`LockedError` if someone holds it (another
+        process, or another store of this process)."""
+        key = os.path.realpath(path)
+        with _locks_mutex:
+            if key in _locked_paths:
+                raise LockedError(f"{path}: the store directory is already open in this process")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno in (errno.EAGAIN, errno.EACCES):
+                    raise LockedError(f"{path}: the store directory is already open elsewhere") from None
+                raise
+            _locked_paths[key] = fd
+            _locked_fds[fd] = key
         return fd
 
     def unlock(self, fd: int) -> None:
-        os.close(fd)
+        _close_fd(fd)
 
     # -- composed helpers (built only from the primitives above, so faults reach them) --
 
@@ -167,7 +194,7 @@ class FaultyFS(FileSystem):
             fds, self._fds = self._fds, set()
         for fd in fds:
             try:
-                os.close(fd)
+                _close_fd(fd)
             except OSError:
                 pass
         return InjectedFault(f"injected fault at mutating call {self.calls}")
@@ -213,7 +240,11 @@ class FaultyFS(FileSystem):
             os.close(fd)
 
     def unlock(self, fd: int) -> None:
-        self.close(fd)
+        with self._mutex:
+            if fd not in self._fds:
+                return  # already closed by the fault
+            self._fds.discard(fd)
+            _close_fd(fd)
 
     def _dead_if_gone(self, exc: OSError) -> BaseException:
         """An ``OSError`` raised because another thread's fault closed our descriptor is

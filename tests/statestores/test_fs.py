@@ -58,3 +58,29 @@ def test_corruption_error_crosses_process_boundaries() -> None:
     err = pickle.loads(pickle.dumps(CorruptionError("lsm-L1-0000000007.run", "checksum mismatch")))
     assert isinstance(err, CorruptionError)
     assert err.path == "lsm-L1-0000000007.run" and "checksum mismatch" in str(err)
+
+
+def test_a_forked_child_does_not_keep_a_closed_store_locked(tmp_path: Path) -> None:
+    """A child forked while a store is open (a background worker being spawned, the
+    user's own subprocess) shares its descriptors until it execs or exits: the store must
+    still reopen once closed, and a second open in this process must be refused."""
+    import os
+    import signal
+
+    import statestores
+
+    s = statestores.open("lsm", tmp_path)
+    with pytest.raises(statestores.LockedError, match="already open in this process"):
+        statestores.open("lsm", tmp_path)
+    pid = os.fork()
+    if pid == 0:  # the child holds copies of every descriptor, the LOCK's included
+        signal.pause()
+        os._exit(0)
+    try:
+        s.put(b"k", b"v")
+        s.close()
+        with statestores.open("lsm", tmp_path) as again:
+            assert again.get(b"k") == b"v"
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
