@@ -36,7 +36,6 @@ from .base import (
     check_ops,
     check_value,
 )
-from .errors import CorruptionError
 from .fs import FileSystem
 from .log import Segment, SegmentedStore
 from .log.segment import hint_name, scan_segment
@@ -76,14 +75,16 @@ class AppendLogStore(SegmentedStore):
         # the real file system's write is os.write; calling it directly saves a Python frame per put
         self._direct = type(self.fs) is FileSystem and self.sync == "os"
         self._rolls = 0
-        wals = self._open_segments()
-        if len(wals) > 1:
-            raise CorruptionError(self._path("CURRENT"), f"more than one active segment: {[e.name for e in wals]}")
+        #: The next active segment, created (and listed in the version) ahead of time, so
+        #: that a roll — and so a snapshot's freeze — is a pointer swap with no syscall.
+        self._spare: Segment | None = None
+        wals = self._open_segments(seal_older_wals=True)
         if wals:
             with self._lock:  # the index may be adopted by its builder thread meanwhile
-                self._open_active(wals[0].name)
+                self._open_active(wals[-1].name)
+            self._edit([self._new_spare()])
         else:
-            self._edit([self._start_active()])
+            self._edit([self._start_active(), self._new_spare()])
         self._open_done()
 
     def _open_active(self, name: str) -> None:
@@ -98,20 +99,33 @@ class AppendLogStore(SegmentedStore):
 
     def _start_active(self) -> FileEntry:
         """A new, empty active segment (the caller puts the entry into its edit)."""
-        seq = self._next_seq()
+        seg = self._create_segment(self._next_seq())
+        self._active = seg
+        self._segs[seg.seq] = seg
+        return FileEntry(seg.name, "wal")
+
+    def _new_spare(self) -> FileEntry:
+        """(lock held) Create the spare segment; the caller puts the entry into its edit."""
+        self._spare = self._create_segment(self._next_seq())
+        return FileEntry(self._spare.name, "wal")
+
+    def _create_segment(self, seq: int) -> Segment:
+        """An empty, writable segment file with its descriptors open (no lock needed)."""
         name = self._segment_name(0, seq)
         seg = Segment(name, 0, self._path(name))
-        self.fs.close(self.fs.open_append(seg.path))
-        self._activate(seg, 0)
-        return FileEntry(name, "wal")
+        self._open_fds(seg, 0)
+        return seg
 
-    def _activate(self, seg: Segment, size: int) -> None:
+    def _open_fds(self, seg: Segment, size: int) -> None:
         seg.sealed = False
-        seg.fd = self.fs.open_append(seg.path)
+        seg.fd = self.fs.open_append(seg.path)  # creates the file
         seg.rfd = self.fs.open_read(seg.path)
         seg.size = seg.flushed = size
+
+    def _activate(self, seg: Segment, size: int) -> None:
+        self._open_fds(seg, size)
         if size:
-            seg.map(self.fs, seg.rfd)
+            seg.map(self.fs, seg.rfd)  # type: ignore[arg-type]
         self._active = seg
         self._segs[seg.seq] = seg
 
@@ -125,9 +139,16 @@ class AppendLogStore(SegmentedStore):
                 del self._segs[seg.seq]
                 self._active = None
                 self._edit((), [seg.name])
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.close(self.fs)
+            self._edit((), [spare.name])
         self._drop_segments()
 
     def _abandon(self) -> None:
+        spare = getattr(self, "_spare", None)
+        if spare is not None:
+            spare.close(self.fs)
         super()._abandon()
         if hasattr(self, "_segs"):
             self._drop_segments()
@@ -266,8 +287,12 @@ class AppendLogStore(SegmentedStore):
     # ------------------------------------------------------------------ rolling
 
     def _roll(self, *, start_new: bool = True, inline: bool = False) -> None:
-        """(lock held) Seal the active segment: a new one takes over (one version edit), and
-        its hint is written by the maintainer (``inline``: here, e.g. at close)."""
+        """(lock held) Seal the active segment. The spare takes over at once — a pointer
+        swap, no syscall, no version edit (both files are already listed as ``wal``, and
+        reopen replays every ``wal`` in order). The maintainer then maps the old segment,
+        writes its hint, creates the next spare, and applies one edit (the commit point:
+        the old segment becomes a ``segment`` with its ``hint``). ``inline``: all of it
+        here (close)."""
         seg = self._active
         if seg is None or seg.size == 0:
             return
@@ -280,31 +305,49 @@ class AppendLogStore(SegmentedStore):
         if self.sync == "fsync":
             self.fs.fsync(seg.fd)  # type: ignore[arg-type]
         alive, atombs = self._alive, self._atombs
-        added = [FileEntry(seg.name, "segment", 0)]
         self._active = None
         if start_new:
-            added.append(self._start_active())
-        seg.seal(self.fs)
-        seg.hint_ready = False
+            spare, self._spare = self._spare, None
+            if spare is None:  # the maintainer has not made the next one yet
+                self._edit([self._start_active()])
+            else:
+                self._active = spare
+                self._segs[spare.seq] = spare
+        seg.hint_ready = False  # readable through its descriptors until the maintainer maps it
         self._sealed.append(seg)
         self._alive = {}
         self._atombs = set()
         self._rolls += 1
-        self._edit(added, [seg.name])  # the commit point: the segment is sealed (its hint may follow)
+        make_spare = start_new and self._spare is None
 
-        def write_hint() -> None:
+        def seal() -> None:
             keys = sorted(alive)  # hint keys are sorted (binary search before the index is built)
             addrs = array.array("Q", map(alive.__getitem__, keys))
             self._write_hint(seg.name, seg.seq, seg.size, keys, addrs, sorted(atombs))
             with self._lock:
-                self._edit([FileEntry(hint_name(seg.name), "hint", seg.level)])
+                seq = self._next_seq() if make_spare and not self._closed else None
+            spare = self._create_segment(seq) if seq is not None else None  # syscalls, no lock
+            with self._lock:
+                seg.seal(self.fs)
+                added = [FileEntry(seg.name, "segment", 0), FileEntry(hint_name(seg.name), "hint", 0)]
+                if spare is not None:
+                    active = self._active
+                    # age order is seq order: a spare older than the active (made while
+                    # the fallback started a new active) would sort before it — drop it
+                    if self._spare is None and not self._closed and (active is None or spare.seq > active.seq):
+                        self._spare = spare
+                        added.append(FileEntry(spare.name, "wal"))
+                    else:
+                        spare.close(self.fs)
+                        self.fs.remove(spare.path)
+                self._edit(added, [seg.name])  # the commit point
                 seg.hint_ready = True
                 self._kick()
 
         if inline:
-            write_hint()
+            seal()
         else:
-            seg.hint_future = self._hand_off(write_hint)
+            seg.hint_future = self._hand_off(seal)
 
     # ------------------------------------------------------------------ snapshots
 
@@ -317,10 +360,14 @@ class AppendLogStore(SegmentedStore):
         seg = self._active
         if seg is not None:
             seg.close(self.fs)
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.close(self.fs)
         self._active = None
         self._alive = {}
         self._atombs = set()
         new.append(self._start_active())
+        new.append(self._new_spare())
         self._reset_version(new)
 
     # ------------------------------------------------------------------ stats

@@ -178,10 +178,12 @@ class Store(abc.ABC):
         self._lock_fd = self.fs.lock(os.path.join(self.directory, _LOCK_NAME))
         try:
             if remote is not None and not self._has_local_state() and remote.list_snapshots():
-                self._open_empty()
+                with self._lock:  # the maintainer may edit the version as soon as open starts
+                    self._open_empty()
                 self.restore(None)
             else:
-                self._open()
+                with self._lock:
+                    self._open()
         except BaseException:
             self._closed = True
             self._maint.stop()
@@ -385,6 +387,7 @@ class Store(abc.ABC):
     def _edit(self, added: Iterable[FileEntry] = (), removed: Iterable[str] = ()) -> VersionEdit:
         """(lock held) The one way the live file set changes: apply, persist, publish, and
         delete what the edit removed once nothing needs it."""
+        assert self._lock._is_owned(), "Store._edit needs the store lock"  # type: ignore[attr-defined]
         edit = self._version.apply(added, removed)
         self._write_current()
         self._publish(edit)
@@ -541,9 +544,20 @@ class Store(abc.ABC):
                 self._kick()
 
     def settle(self) -> None:
-        """Wait until no background flush, merge or seal of this store is in flight."""
-        with self._lock:
-            self._wait(lambda: self._closed or (self._idle() and not self._outbox))
+        """Wait until no background flush, merge, seal or other maintainer task of this
+        store is in flight (e.g. before looking at its files)."""
+        for _ in range(100):
+            with self._lock:
+                self._wait(lambda: self._closed or (self._idle() and not self._outbox))
+                if self._closed:
+                    return
+            marker = threading.Event()
+            if not self._maint.post(marker.set):
+                return
+            marker.wait()  # the inbox is FIFO: everything posted before the marker has run
+            with self._lock:
+                if self._idle() and not self._outbox:
+                    return
 
     # ------------------------------------------------------------------ snapshots
 

@@ -95,15 +95,22 @@ class SegmentedStore(Store):
         self._merge_retry_at = 0  # no merge starts while fewer segments exist (after a failure)
         self._merged_bytes = 0
 
-    def _open_segments(self) -> list[FileEntry]:
+    def _open_segments(self, *, seal_older_wals: bool = False) -> list[FileEntry]:
         """Reset, read the version, load its sealed segments; return its ``wal`` entries.
 
         A segment the version lists without its hint (a crash before the maintainer wrote
-        it) is scanned and hinted now. No merge starts before open is done.
+        it) is scanned and hinted now. With ``seal_older_wals`` (AppendLog, whose ``wal``
+        entries are active segments) every ``wal`` but the newest becomes such a segment,
+        or goes if it is empty. No merge starts before open is done.
         """
         self._init_segments()
         self._paused += 1
         version = self._load_version()
+        if seal_older_wals:
+            older = version.of_kind("wal")[:-1]
+            if older:
+                keep = [e for e in older if self.fs.size(self._path(e.name)) > 0]
+                self._edit([FileEntry(e.name, "segment", 0) for e in keep], [e.name for e in older])
         segs = version.of_kind("segment")
         missing = [e for e in segs if hint_name(e.name) not in version]
         added = []
@@ -142,7 +149,8 @@ class SegmentedStore(Store):
         segment, hybridlog's WALs: their records are in ``extra`` files or sealed segments),
         plus the hints still being written and ``extra`` files of hand-offs."""
         unhinted = [s for s in self._sealed if not s.hint_ready]
-        extra = [FileEntry(hint_name(s.name), "hint", s.level) for s in unhinted] + list(extra)
+        sealing = [e for s in unhinted for e in (FileEntry(s.name, "segment", s.level), FileEntry(hint_name(s.name), "hint", s.level))]
+        extra = sealing + list(extra)
         futs = [s.hint_future for s in unhinted if s.hint_future is not None] + list(pending)
         wals = [e.name for e in self._version if e.kind == "wal"]
         return self._frozen_version(skip=wals, extra=extra, pending=futs)

@@ -49,7 +49,7 @@ from ..base import (
 )
 from ..errors import BackgroundBusy, CorruptionError
 from ..fs import FileSystem
-from ..version import FileEntry
+from ..version import FileEntry, seq_of
 from . import merge as merge_mod
 from .merge import merge_sorted
 from .runfile import ABSENT, RunReader, block_get, decode_block, write_run
@@ -132,6 +132,7 @@ class LSMStore(Store):
         self._runs: tuple[RunReader, ...] = ()  # newest first, across levels
         self._wals: list[str] = []  # oldest first; the last is active when _wal_fd is set
         self._wal_fd: int | None = None
+        self._spare_wal: tuple[str, int] | None = None  # (name, descriptor): the next WAL, in the version
         self._wal_bytes = 0
         self._imms: tuple[_Imm, ...] = ()  # oldest first; replaced whole (lock-free readers)
         self._cache: OrderedDict[int, dict[bytes, bytes | None]] = OrderedDict()
@@ -159,12 +160,16 @@ class LSMStore(Store):
         wal_names = [e.name for e in version.of_kind("wal")]
         kept: list[str] = []
         empty: list[str] = []
+        # the WAL that was active at a crash may end torn: the newest non-empty one (an
+        # empty spare may follow it)
+        sizes = [self.fs.size(self._path(n)) for n in wal_names]
+        last = max((i for i, n in enumerate(sizes) if n), default=-1)
         for i, name in enumerate(wal_names):
-            size, _n = replay(self.fs, self._path(name), self._mem, truncate_torn=i == len(wal_names) - 1)
+            size, _n = replay(self.fs, self._path(name), self._mem, truncate_torn=i == last)
             (kept if size else empty).append(name)
         self._mem_bytes = sum(len(k) + (len(v) if v else 0) + _ENTRY_OVERHEAD for k, v in self._mem.items())
         self._wals = kept
-        added = [self._new_wal()] if self.sync != "none" else []
+        added = self._switch_wal() if self.sync != "none" else []
         if added or empty:
             self._edit(added, empty)
         log.debug(
@@ -180,17 +185,58 @@ class LSMStore(Store):
 
     # ------------------------------------------------------------------ files
 
-    def _new_wal(self) -> FileEntry:
-        """Close the active WAL (it becomes sealed) and open a new, empty one; the caller
-        puts the returned entry into its version edit."""
-        if self._wal_fd is not None:
-            self.fs.close(self._wal_fd)
-            self._wal_fd = None
-        name = f"lsm-{self._next_seq():010d}.wal"
-        self._wal_fd = self.fs.open_new(self._path(name))
+    def _switch_wal(self) -> list[FileEntry]:
+        """(lock held) Seal the active WAL and make another one active: the spare — a
+        pointer swap, no syscall, already in the version — or else a new file, whose entry
+        is returned for the caller's edit. The maintainer closes the old descriptor and
+        makes the next spare, so a snapshot's freeze never waits for the file system."""
+        old_fd = self._wal_fd
+        spare, self._spare_wal = self._spare_wal, None
+        added: list[FileEntry] = []
+        if spare is not None:
+            name, self._wal_fd = spare
+        else:
+            name = f"lsm-{self._next_seq():010d}.wal"
+            self._wal_fd = self.fs.open_new(self._path(name))
+            added.append(FileEntry(name, "wal"))
         self._wals.append(name)
         self._wal_bytes = 0
-        return FileEntry(name, "wal")
+        if old_fd is not None:
+            self._post(self._close_fd, old_fd)
+        self._post(self._refill_spare)
+        return added
+
+    def _close_fd(self, fd: int) -> None:
+        """(maintainer) Close a sealed WAL's descriptor (it may take milliseconds)."""
+        if self._fsync:
+            self.fs.fsync(fd)
+        self.fs.close(fd)
+
+    def _refill_spare(self) -> None:
+        """(maintainer) Create the next spare WAL and add it to the version."""
+        with self._lock:
+            if self._closed or self._spare_wal is not None or self._wal_fd is None:
+                return
+            seq = self._next_seq()
+        name = f"lsm-{seq:010d}.wal"
+        fd = self.fs.open_new(self._path(name))  # the syscall, without the lock
+        with self._lock:
+            # replay order is seq order: a spare older than the active WAL (a new file was
+            # made meanwhile) would replay before it — drop it
+            if self._closed or self._spare_wal is not None or self._wal_fd is None or seq < seq_of(self._wals[-1]):
+                self.fs.close(fd)
+                self.fs.remove(self._path(name))
+                return
+            self._spare_wal = (name, fd)
+            self._edit([FileEntry(name, "wal")])
+
+    def _drop_spare(self) -> list[str]:
+        """(lock held) Close the spare WAL; its name, for the caller's edit to remove."""
+        spare, self._spare_wal = self._spare_wal, None
+        if spare is None:
+            return []
+        self.fs.close(spare[1])
+        return [spare[0]]
 
     def _rebuild_runs(self) -> None:
         while self._levels and not self._levels[-1]:
@@ -413,7 +459,7 @@ class LSMStore(Store):
         old_wals = self._wals
         self._wals = []
         if self._wal_fd is not None:
-            added.append(self._new_wal())
+            added += self._switch_wal()
         self._edit(added, old_wals)
         self._mem = {}  # after the runs are published: lock-free readers see one or the other
         self._mem_bytes = 0
@@ -443,7 +489,7 @@ class LSMStore(Store):
             return
         wals = self._wals
         self._wals = []
-        added = [self._new_wal()] if self._wal_fd is not None else []
+        added = self._switch_wal() if self._wal_fd is not None else []
         self._imms = (*self._imms, _Imm(mem, self._mem_bytes, wals, name, drop, fut))
         self._mem = {}  # after the imm is published: lock-free readers see one or the other
         self._mem_bytes = 0
@@ -591,9 +637,12 @@ class LSMStore(Store):
         if self._wal_fd is None:
             self._flush_locked()
         elif self._wal_bytes:
-            self._edit([self._new_wal()])  # seal: the old WAL is immutable from now on
+            added = self._switch_wal()  # seal: the old WAL is immutable from now on
+            if added:
+                self._edit(added)
         active = self._wals[-1:] if self._wal_fd is not None else []
-        return self._frozen_version(skip=active)
+        spare = [self._spare_wal[0]] if self._spare_wal is not None else []
+        return self._frozen_version(skip=active + spare)
 
     def _install(self, entries: list[FileEntry]) -> None:
         runs = sorted((e for e in entries if e.kind == "run"), key=lambda e: (-e.level, e.seq))
@@ -603,6 +652,7 @@ class LSMStore(Store):
         if self._wal_fd is not None:
             self.fs.close(self._wal_fd)
             self._wal_fd = None
+        self._drop_spare()
         mem: dict[bytes, bytes | None] = {}
         for name in wal_names:
             replay(self.fs, self._path(name), mem, truncate_torn=False)
@@ -616,7 +666,7 @@ class LSMStore(Store):
         self._wals = list(wal_names)
         new = list(entries)
         if self.sync != "none":
-            new.append(self._new_wal())
+            new += self._switch_wal()
         self._reset_version(new)
         self._mem = mem
         self._mem_bytes = sum(len(k) + (len(v) if v else 0) + _ENTRY_OVERHEAD for k, v in mem.items())
@@ -634,10 +684,23 @@ class LSMStore(Store):
                 self.fs.fsync(self._wal_fd)
             self.fs.close(self._wal_fd)
             self._wal_fd = None
+        spare = self._drop_spare()
+        if spare:
+            self._edit((), spare)
         self._cache.clear()
         self._cache_sizes.clear()
         self._runs = ()
         self._levels = []
+
+    def _abandon(self) -> None:
+        spare = getattr(self, "_spare_wal", None)
+        if spare is not None:
+            try:
+                self.fs.close(spare[1])
+            except OSError:
+                pass  # the open failed already; that error is the one that matters
+            self._spare_wal = None
+        super()._abandon()
 
     def _stats(self) -> dict[str, Any]:
         runs_mem = sum(r.memory_bytes for r in self._runs)
