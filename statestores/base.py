@@ -169,6 +169,7 @@ class Store(abc.ABC):
         self._subscribers: list[Subscriber] = []
         self._outbox: deque[VersionEdit] = deque()
         self._maint = Maintainer(f"statestores-{self.engine}-maint")
+        self._scheduled: set[str] = set()  # coalesced maintainer tasks posted, not yet started
         self._uploader: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending_uploads: list[concurrent.futures.Future[SnapshotInfo]] = []
         self._last_snapshot_id: int | None = None
@@ -410,7 +411,7 @@ class Store(abc.ABC):
         if len(self._outbox) >= _OUTBOX_LIMIT and not self._maint.on_thread():
             self._wait(lambda: len(self._outbox) < _OUTBOX_LIMIT)
         self._outbox.append(edit)
-        self._post(self._deliver)
+        self._post_once(self._deliver)
 
     def _deliver(self) -> None:
         """(maintainer) Hand queued edits to subscribers in order, without the lock."""
@@ -511,6 +512,22 @@ class Store(abc.ABC):
                 raise
 
         self._maint.post(task)
+
+    def _post_once(self, fn: Callable[[], Any]) -> None:
+        """(lock held) Post ``fn`` unless it is already posted and has not started: work
+        whose triggers can come at any rate (WAL switches, edits for subscribers) costs
+        one inbox slot, however many triggers."""
+        key = fn.__name__
+        if key in self._scheduled:
+            return
+        self._scheduled.add(key)
+
+        def once() -> None:
+            with self._lock:
+                self._scheduled.discard(key)
+            fn()
+
+        self._post(once)
 
     def _on_done(self, fn: Callable[[Any], Any]) -> Callable[[concurrent.futures.Future[Any]], None]:
         """A done-callback that hands the future to ``fn`` on the maintainer thread."""

@@ -379,8 +379,12 @@ class SegmentedStore(Store):
             if any(s.level != level for s in inputs):
                 log.warning("segments of level %d in %s are not contiguous; not merging", level, self.directory)
                 continue
-            if not all(s.hinted for s in inputs):
-                continue  # a hint is still being written: its hand-off calls back
+            # the oldest hinted ones (a newer segment's hint may still be being written; its
+            # hand-off kicks again): the output, one level up, sorts before the rest
+            n = next((i for i, s in enumerate(inputs) if not s.hinted), len(inputs))
+            if n < limit:
+                continue
+            inputs = inputs[:n]
             seq = self._next_seq()
             out = self._segment_name(level + 1, seq)
             local = type(self.fs) is not FileSystem  # a test's FaultyFS must see the merge's writes

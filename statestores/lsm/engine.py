@@ -133,6 +133,7 @@ class LSMStore(Store):
         self._wals: list[str] = []  # oldest first; the last is active when _wal_fd is set
         self._wal_fd: int | None = None
         self._spare_wal: tuple[str, int] | None = None  # (name, descriptor): the next WAL, in the version
+        self._fds_to_close: list[int] = []  # sealed WALs' descriptors, closed by the maintainer
         self._wal_bytes = 0
         self._imms: tuple[_Imm, ...] = ()  # oldest first; replaced whole (lock-free readers)
         self._cache: OrderedDict[int, dict[bytes, bytes | None]] = OrderedDict()
@@ -202,18 +203,19 @@ class LSMStore(Store):
         self._wals.append(name)
         self._wal_bytes = 0
         if old_fd is not None:
-            self._post(self._close_fd, old_fd)
-        self._post(self._refill_spare)
+            self._fds_to_close.append(old_fd)
+        self._post_once(self._maintain_wals)
         return added
 
-    def _close_fd(self, fd: int) -> None:
-        """(maintainer) Close a sealed WAL's descriptor (it may take milliseconds)."""
-        if self._fsync:
-            self.fs.fsync(fd)
-        self.fs.close(fd)
-
-    def _refill_spare(self) -> None:
-        """(maintainer) Create the next spare WAL and add it to the version."""
+    def _maintain_wals(self) -> None:
+        """(maintainer) Close sealed WALs' descriptors (each may take milliseconds) and
+        make the next spare WAL."""
+        with self._lock:
+            fds, self._fds_to_close = self._fds_to_close, []
+        for fd in fds:
+            if self._fsync:
+                self.fs.fsync(fd)
+            self.fs.close(fd)
         with self._lock:
             if self._closed or self._spare_wal is not None or self._wal_fd is None:
                 return
@@ -700,6 +702,11 @@ class LSMStore(Store):
             except OSError:
                 pass  # the open failed already; that error is the one that matters
             self._spare_wal = None
+        for fd in self._fds_to_close if hasattr(self, "_fds_to_close") else ():
+            try:
+                self.fs.close(fd)
+            except OSError:
+                pass
         super()._abandon()
 
     def _stats(self) -> dict[str, Any]:
