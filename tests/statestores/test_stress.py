@@ -178,10 +178,10 @@ class Writer:
             ops = []
             for _ in range(rng.randint(1, 8)):  # the same key may occur twice: order counts
                 k = rng.choice(KEYS)
-                v = None if rng.random() < 0.25 else self.value()
-                if v is not None:
-                    self.seen[k].add(v)
-                ops.append((k, v))
+                bv: bytes | None = None if rng.random() < 0.25 else self.value()
+                if bv is not None:
+                    self.seen[k].add(bv)
+                ops.append((k, bv))
             s.write_batch(ops)
         apply(self.model, ops)
         self.log.append(ops)
