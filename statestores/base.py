@@ -27,12 +27,20 @@ import os
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from remotes.base import Remote
 
 from . import current, snapshots
+from .checks import (
+    MAX_KEY_BYTES,
+    MAX_VALUE_BYTES,
+    Option,
+    check_key,
+    check_ops,
+    check_value,
+    parse_options,
+)
 from .errors import StoreClosedError, StoreError
 from .fs import FileSystem
 from .maintainer import Maintainer
@@ -56,11 +64,6 @@ __all__ = [
     "file_crc",
 ]
 
-#: Largest key accepted (the issue asks for at least 64 KiB).
-MAX_KEY_BYTES = 1 << 20
-#: Largest value accepted (the issue asks for at least 64 MiB).
-MAX_VALUE_BYTES = 1 << 28
-
 #: A version-edit subscriber: called with each edit, in order, after it is durable.
 Subscriber = Callable[[VersionEdit], None]
 
@@ -68,64 +71,6 @@ _MISSING = object()
 _LOCK_NAME = "LOCK"
 #: Edits waiting for delivery to subscribers, at most; beyond it the editor waits.
 _OUTBOX_LIMIT = 256
-
-
-def check_key(key: object) -> bytes:
-    """Return ``key`` as ``bytes`` or raise a ``TypeError``/``ValueError`` naming it."""
-    if isinstance(key, (bytearray, memoryview)):
-        key = bytes(key)
-    if not isinstance(key, bytes):
-        raise TypeError(f"key must be bytes, got {type(key).__name__}: {key!r:.80}")
-    if not key:
-        raise ValueError("key must not be empty (b'')")
-    if len(key) > MAX_KEY_BYTES:
-        raise ValueError(f"key of {len(key)} bytes is larger than the maximum {MAX_KEY_BYTES} bytes")
-    return key
-
-
-def check_value(value: object, key: bytes = b"") -> bytes:
-    """Return ``value`` as ``bytes`` or raise a ``TypeError``/``ValueError`` naming it."""
-    if isinstance(value, (bytearray, memoryview)):
-        value = bytes(value)
-    if not isinstance(value, bytes):
-        raise TypeError(
-            f"value for key {key!r:.60} must be bytes, got {type(value).__name__} "
-            "(use store.delete(key) to delete)"
-            if value is None
-            else f"value for key {key!r:.60} must be bytes, got {type(value).__name__}"
-        )
-    if len(value) > MAX_VALUE_BYTES:
-        raise ValueError(
-            f"value for key {key!r:.60} of {len(value)} bytes is larger than the maximum "
-            f"{MAX_VALUE_BYTES} bytes"
-        )
-    return value
-
-
-def check_ops(ops: Iterable[tuple[bytes, bytes | None]]) -> list[tuple[bytes, bytes | None]]:
-    """Validate a whole batch before anything is applied (a bad op leaves the store intact)."""
-    checked: list[tuple[bytes, bytes | None]] = []
-    for i, op in enumerate(ops):
-        try:
-            key, value = op
-        except (TypeError, ValueError):
-            raise TypeError(f"write_batch op #{i} must be a (key, value) pair, got {op!r:.80}") from None
-        key = check_key(key)
-        checked.append((key, None if value is None else check_value(value, key)))
-    return checked
-
-
-@dataclass(frozen=True)
-class Option:
-    """One engine option: its default, accepted types, and a check with a message."""
-
-    default: Any
-    types: type | tuple[type, ...]
-    check: Any = None  # callable(value) -> bool
-    expect: str = ""  # what a valid value looks like, for the error message
-
-
-SYNC_MODES = ("none", "os", "fsync")
 
 
 class Store(abc.ABC):
@@ -196,35 +141,7 @@ class Store(abc.ABC):
 
     @classmethod
     def _parse_options(cls, given: dict[str, Any]) -> dict[str, Any]:
-        specs = dict(cls.OPTIONS)
-        specs["sync"] = Option(cls.DEFAULT_SYNC, str, lambda v: v in SYNC_MODES, "one of 'none', 'os', 'fsync'")
-        unknown = sorted(set(given) - set(specs))
-        if unknown:
-            raise TypeError(
-                f"unknown option(s) {', '.join(map(repr, unknown))} for engine {cls.engine!r}; "
-                f"known: {', '.join(sorted(specs))}"
-            )
-        out: dict[str, Any] = {}
-        for name, spec in specs.items():
-            if name not in given:
-                out[name] = spec.default
-                continue
-            value = given[name]
-            if isinstance(value, bool) and spec.types in (int, float, (int, float)):
-                raise TypeError(f"option {name!r} for engine {cls.engine!r} must be {spec.expect or spec.types}, got {value!r}")
-            if spec.types is float and isinstance(value, int):
-                value = float(value)
-            if not isinstance(value, spec.types):
-                raise TypeError(
-                    f"option {name!r} for engine {cls.engine!r} must be {spec.expect or spec.types}, "
-                    f"got {type(value).__name__} {value!r:.60}"
-                )
-            if spec.check is not None and not spec.check(value):
-                raise ValueError(
-                    f"option {name!r} for engine {cls.engine!r} must be {spec.expect}, got {value!r:.60}"
-                )
-            out[name] = value
-        return out
+        return parse_options(cls.engine, cls.OPTIONS, cls.DEFAULT_SYNC, given)
 
     # ------------------------------------------------------------------ engine hooks
 
