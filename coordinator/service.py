@@ -6,8 +6,8 @@ assigns each an index (ingress partition ``p`` and the keys hashing to it belong
 committed if any worker reported waiting work, otherwise when a worker wakes it up.
 Each epoch has one barrier: workers report conflicts, user aborts and call counters
 (``wire.Report``); when the counters show no call in flight, the union is broadcast in
-``Commit``. ``Begin.marker`` is where a
-snapshot round will ride (not used yet).
+``Commit``. Every ``snapshot_interval`` seconds a Commit carries a snapshot round's
+marker (``coordinator.rounds``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ from sfaas import channels, wire
 from sfaas.errors import ChannelClosed, ClusterError
 from sfaas.kafka import ensure_topics
 from sfaas.settings import Settings
+from sfaas.state import rounds_remote, store_remote
 from sfaas.txn.epochs import execution_finished
+
+from .rounds import RoundKeeper
 
 log = logging.getLogger("sfaas.coordinator")
 
@@ -71,6 +74,11 @@ class Coordinator:
         self.partitions = counts[ingress]
         if self.partitions < s.workers:
             raise ClusterError(f"topic {ingress} has {self.partitions} partitions < {s.workers} workers")
+        app = self.app_name
+        self.rounds = RoundKeeper(
+            s.snapshot_interval, s.snapshot_retain, s.workers, self.partitions,
+            lambda: rounds_remote(s, app), lambda op, p: store_remote(s, app, op, p),
+        )
         host, port = s.coordinator_address()
         server = await channels.serve(host, port, self.secret, self._on_worker)
         bound = server.sockets[0].getsockname()
@@ -99,6 +107,7 @@ class Coordinator:
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             watchdog.cancel()
             loop_task.cancel()
+            await self.rounds.close()
             if self._lost.done():
                 raise ClusterError(self._lost.result())
             loop_task.result()
@@ -137,6 +146,8 @@ class Coordinator:
                         self._wakeup.set()
                     elif isinstance(msg, wire.Heartbeat):
                         member.committed = msg.committed
+                    elif isinstance(msg, wire.Snapshotted):
+                        self.rounds.on_report(msg)
                     else:
                         self._inbox.put_nowait(msg)
         except ChannelClosed:
@@ -212,9 +223,10 @@ class Coordinator:
                     aborts.setdefault(a[0], a)
                 pending += r.pending
             idle = pending == 0 and not conflicts and not self._wakeup.is_set()
-            self._broadcast(wire.Commit(epoch, [[t, b] for t, b in conflicts.items()], list(aborts.values()), idle, None))
             self.stats["epochs"] += 1
             self.stats["txns"] += sum(r.roots for r in reports)
+            marker = self.rounds.marker(epoch, self.stats["txns"])
+            self._broadcast(wire.Commit(epoch, [[t, b] for t, b in conflicts.items()], list(aborts.values()), idle, marker))
             self.stats["conflicts"] += len(conflicts)
 
     async def _watchdog(self) -> None:

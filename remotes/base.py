@@ -80,6 +80,10 @@ class Remote(abc.ABC):
     def get_blob(self, name: str) -> bytes | None:
         """A document stored with :meth:`put_blob`, or ``None``."""
 
+    @abc.abstractmethod
+    def delete_blob(self, name: str) -> None:
+        """Delete a document; deleting a missing one is not an error."""
+
     # -- lifecycle --
     @abc.abstractmethod
     def gc(self, keep: int) -> GcInfo:

@@ -403,6 +403,11 @@ class MinioRemote(Remote):
         check_name(name)
         return self._get_bytes(self._key(BLOBS, name), "get blob")
 
+    def delete_blob(self, name: str) -> None:
+        """Delete ``blobs/<name>``; a missing blob is not an error."""
+        check_name(name)
+        self._delete(self._key(BLOBS, name), "delete blob")
+
     # -- lifecycle --
     def gc(self, keep: int) -> GcInfo:
         """Keep the newest ``keep`` (>= 1) snapshots; delete older manifests and the files no

@@ -232,6 +232,11 @@ class PathRemote(Remote):
         except FileNotFoundError:
             return None
 
+    def delete_blob(self, name: str) -> None:
+        """Delete ``blobs/<name>``; a missing blob is not an error."""
+        check_name(name)
+        (self.root / BLOBS / name).unlink(missing_ok=True)
+
     # -- lifecycle --
     def gc(self, keep: int) -> GcInfo:
         """Keep the newest ``keep`` (>= 1) snapshots; delete older manifests and the files no

@@ -25,11 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import statestores
-
 from .app import App
 from .codec import pack, unpack
 from .errors import reply_error
+from .partitioning import owner_of_partition
+from .state import open_partition_stores
 from .txn.engine import Engine, Outcome
 from .txn.epochs import Sequencer, decide
 
@@ -101,12 +101,9 @@ class LocalRunner:
         self._router = _LocalRouter()
         self.engines: list[Engine] = []
         for i in range(workers):
-            stores = {}
-            for name, op in app.operators.items():
-                engine = store or op.store
-                opts = dict(op.store_options if store is None else (store_options or {}))
-                path = os.path.join(self.directory, f"worker-{i}", name)
-                stores[name] = statestores.open(engine, path, **opts)
+            mine = [p for p in range(partitions) if owner_of_partition(p, workers) == i]
+            stores = open_partition_stores(app, self.directory, mine, partitions,
+                                           store=store, store_options=store_options)
             self.engines.append(Engine(app, i, workers, partitions, stores, self._router))
         self._router.engines = self.engines
         self._sequencers = [Sequencer(i) for i in range(workers)]
@@ -166,7 +163,7 @@ class LocalRunner:
         """The committed value of ``key`` in ``operator`` (``default`` if none)."""
         self.app.get_operator(operator)
         eng = self.engines[self.engines[0].owner(operator, key)]
-        raw = eng.stores[operator].get(key.encode())
+        raw = eng.store_of(operator, key).get(key.encode())
         return default if raw is None else unpack(raw)
 
     def items(self, operator: str) -> dict[str, Any]:
@@ -174,8 +171,9 @@ class LocalRunner:
         self.app.get_operator(operator)
         out: dict[str, Any] = {}
         for eng in self.engines:
-            for k, v in eng.stores[operator].items():
-                out[k.decode()] = unpack(v)
+            for store in eng.operator_stores(operator):
+                for k, v in store.items():
+                    out[k.decode()] = unpack(v)
         return out
 
     # -- epochs ----------------------------------------------------------------------------

@@ -29,6 +29,7 @@ __all__ = [
     "Wakeup",
     "Heartbeat",
     "Stop",
+    "Snapshotted",
     "Hello",
     "Call",
     "Result",
@@ -160,6 +161,33 @@ class Stop(Message):
 
     TAG: ClassVar[int] = 11
     reason: str
+
+
+@dataclass(slots=True)
+class Snapshotted(Message):
+    """Worker → coordinator: my part of snapshot round ``round`` (sent once its uploads ended).
+
+    ``stores``: ``[operator, partition, bytes uploaded, files, bytes of the snapshot]`` per
+    store (each store's snapshot id is the round). ``ingress``: per owned partition, the
+    first offset whose request is *not* in the snapshot's state (replay starts there);
+    ``skip``: per partition, the offsets above that one whose requests *are* in the state
+    (they completed while an earlier request waited to re-run; replay skips them).
+    ``egress``: per egress partition, an offset at or before the first reply produced after
+    the cut (a de-duplicating scan starts there). ``retries``: the conflict-aborted
+    requests waiting to re-run at the cut, as ``[tid, partition, offset]``. ``error``:
+    empty, or why this worker's part failed (the round then fails; the next one retries).
+    """
+
+    TAG: ClassVar[int] = 12
+    round: int
+    index: int
+    epoch: int
+    stores: list[list[Any]]
+    ingress: dict[int, int]
+    skip: dict[int, list[int]]
+    egress: dict[int, int]
+    retries: list[list[int]]
+    error: str
 
 
 # -- worker <-> worker -------------------------------------------------------------------------

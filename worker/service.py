@@ -13,12 +13,17 @@ coordinator's epochs:
               re-run one at a time in tid order against the just-committed state, each
               applied before the next (``Engine.run_fallback``), so a hot-key chain commits
               whole; requeue the other conflicting roots with their tids, produce replies to
-              the egress topic, then :meth:`Worker.on_epoch_committed` — the seam where
-              snapshots will hook in.
+              the egress topic, then :meth:`Worker.on_epoch_committed`: when the Commit
+              carries a snapshot round's marker, every store is frozen there — a
+              consistent cut — and uploads while epochs go on (``worker.snapshots``).
 
 Ingress offsets are committed to the consumer group only up to the lowest request not yet
 completed (its reply acknowledged by the broker; see ``sfaas.txn.offsets``), so a restart
-never skips a request that was still waiting to re-run.
+never skips a request that was still waiting to re-run. A second tracker, ``applied``,
+completes a request when its fate is in the state (at its epoch's commit): its watermarks
+are where a replay from a snapshot must start.
+
+State lives in one store per (operator, owned partition), opened by ``sfaas.state``.
 """
 
 from __future__ import annotations
@@ -35,16 +40,18 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-import statestores
 from sfaas import channels, wire
 from sfaas.app import App
 from sfaas.codec import check_serializable
 from sfaas.errors import AuthenticationError, ChannelClosed, ClusterError
 from sfaas.kafka import make_consumer, make_producer
 from sfaas.settings import Settings
+from sfaas.state import PartitionStores, open_stores
 from sfaas.txn.engine import Engine, Outcome
 from sfaas.txn.epochs import Sequencer, decide
 from sfaas.txn.offsets import OffsetTracker
+
+from .snapshots import RoundTaker
 
 log = logging.getLogger("sfaas.worker")
 
@@ -93,6 +100,12 @@ class Worker:
         self._idle_reported = True
         #: ingress offsets: a request counts as completed once its reply is acknowledged
         self.offsets = OffsetTracker()
+        #: ingress offsets whose request's fate is in the state (see module docstring)
+        self.applied = OffsetTracker()
+        #: per owned ingress partition, the consumer's position when this worker started
+        self._start_offsets: dict[int, int] = {}
+        #: per egress partition, one past the highest offset of a reply acknowledged
+        self._egress_acked: dict[int, int] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self.committed = 0
         self.aborted = 0
@@ -105,13 +118,26 @@ class Worker:
         self._age_sum = 0.0
         self._age_n = 0
 
-    # -- snapshot seam ---------------------------------------------------------------------------
-    def on_epoch_committed(self, epoch: int, offsets: dict[int, int], marker: int | None) -> None:
-        """Called after epoch ``epoch`` committed, with the ingress offsets consumed so far.
+    # -- snapshots -------------------------------------------------------------------------------
+    def on_epoch_committed(self, epoch: int, marker: int | None) -> None:
+        """Called after epoch ``epoch`` committed and its writes were applied.
 
-        The next issue's snapshot round hooks in here when ``marker`` is set; the cut is
-        consistent because no transaction is in flight at this point.
+        With ``marker`` set, take this worker's part of snapshot round ``marker``: no
+        transaction is in flight here, so the stores and positions are a consistent cut.
         """
+        if marker is None:
+            return
+        assert self.engine is not None and self.sequencer is not None
+        if self.settings.snapshot_interval <= 0:
+            log.warning("round %d requested but snapshot rounds are off here", marker)
+            self.coord.send(wire.Snapshotted(marker, self.index, epoch, [], {}, {}, {}, [],
+                                             "snapshot rounds are off on this worker (snapshot_interval=0)"))
+            return
+        ingress = dict(self._start_offsets)
+        ingress.update(self.applied.watermarks())
+        retries = [[tid, item.partition, item.offset] for tid, item in self.sequencer.retries()]
+        self.rounds.take(marker, epoch, self.engine.stores, ingress, self.applied.completed_above(),
+                         dict(self._egress_acked), retries)
 
     # -- router (Engine → peers) -----------------------------------------------------------------
     async def remote_call(
@@ -221,8 +247,10 @@ class Worker:
         self.assign = assign
         log.info("joined as worker %d of %d", assign.index, assign.n_workers,
                  extra={"worker": assign.index})
+        mine = [p for p in range(assign.partitions) if p % assign.n_workers == self.index]
         self.engine = Engine(self.app, assign.index, assign.n_workers, assign.partitions,
-                             self._open_stores(assign), self)
+                             self._open_stores(assign, mine), self)
+        self.rounds = RoundTaker(self.index, self.coord.send)
         self.sequencer = Sequencer(assign.index)
         for j, (host, port) in enumerate(assign.peers):
             if j != self.index:
@@ -233,9 +261,14 @@ class Worker:
         await self.producer.start()
         self.consumer = make_consumer(s.kafka, assign.group, s.fetch_wait_ms)
         await self.consumer.start()
-        mine = [TopicPartition(assign.ingress_topic, p) for p in range(assign.partitions)
-                if p % assign.n_workers == self.index]
-        self.consumer.assign(mine)
+        tps = [TopicPartition(assign.ingress_topic, p) for p in mine]
+        self.consumer.assign(tps)
+        for tp in tps:
+            self._start_offsets[tp.partition] = await self.consumer.position(tp)
+        # every reply this worker produces from now on lands above these offsets
+        out_parts = await self.producer.partitions_for(assign.egress_topic)
+        ends = await self.consumer.end_offsets([TopicPartition(assign.egress_topic, p) for p in out_parts])
+        self._egress_acked = {tp.partition: off for tp, off in ends.items()}
         self._tasks = [
             asyncio.create_task(self._ingest(), name="ingest"),
             asyncio.create_task(self._produce(), name="egress"),
@@ -252,21 +285,15 @@ class Worker:
             await self.producer.stop()  # waits for outstanding deliveries
             await self._commit_offsets()
             await self.consumer.stop()
+            await self.rounds.close()
             for ch in self.peers.values():
                 ch.close()
             self.coord.close()
             server.close()
             self.engine.close()
 
-    def _open_stores(self, assign: wire.Assign) -> dict[str, statestores.Store]:
-        s = self.settings
-        base = os.path.join(s.home, "data", s.namespace, self.app.name, f"worker-{assign.index}")
-        stores = {}
-        for name, op in self.app.operators.items():
-            engine = s.store or op.store
-            opts = {} if s.store else dict(op.store_options)
-            stores[name] = statestores.open(engine, os.path.join(base, name), **opts)
-        return stores
+    def _open_stores(self, assign: wire.Assign, mine: list[int]) -> PartitionStores:
+        return open_stores(self.settings, self.app, mine, assign.partitions)
 
     async def _connect_retry(self, host: str, port: int, timeout: float = 30.0) -> channels.Channel:
         deadline = time.monotonic() + timeout
@@ -370,6 +397,7 @@ class Worker:
                     self.sequencer.requeue(tid, item, conflicts[tid])
                     continue
                 self._replies.append((req.reply_partition, reply.encode(), item.partition, item.offset))
+                self._applied(item)
                 continue
             if tid in rerun:
                 item.attempts += 1
@@ -384,12 +412,17 @@ class Worker:
                 self.committed += 1
                 reply = wire.Reply(req.rid, True, value)
             self._replies.append((req.reply_partition, reply.encode(), item.partition, item.offset))
+            self._applied(item)
         self._batch = []
         self._outcomes = []
         self.epochs += 1
         if self._replies:
             self._reply_event.set()
-        self.on_epoch_committed(msg.epoch, self.offsets.watermarks(), msg.marker)
+        self.on_epoch_committed(msg.epoch, msg.marker)
+
+    def _applied(self, item: _Pending) -> None:
+        if item.offset >= 0:
+            self.applied.complete(item.partition, item.offset)
 
     # -- Kafka --------------------------------------------------------------------------------------------------
     async def _ingest(self) -> None:
@@ -403,11 +436,13 @@ class Worker:
             for tp, records in data.items():
                 for rec in records:
                     self.offsets.take(tp.partition, rec.offset)
+                    self.applied.take(tp.partition, rec.offset)
                     try:
                         req = wire.Request.decode(rec.value)
                     except Exception as exc:
                         log.warning("dropping malformed request at %s:%d: %s", tp, rec.offset, exc)
                         self.offsets.complete(tp.partition, rec.offset)
+                        self.applied.complete(tp.partition, rec.offset)
                         continue
                     self.ingress.append(_Pending(req, tp.partition, rec.offset))
                     got = True
@@ -437,6 +472,9 @@ class Worker:
             log.error("producing the reply to ingress %d:%d failed: %s", partition, offset,
                       "cancelled" if fut.cancelled() else fut.exception())
             return
+        md = fut.result()
+        if md.offset + 1 > self._egress_acked.get(md.partition, 0):
+            self._egress_acked[md.partition] = md.offset + 1
         if offset >= 0:
             self.offsets.complete(partition, offset)
 

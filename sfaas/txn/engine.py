@@ -86,12 +86,12 @@ class Engine:
         index: int,
         n_workers: int,
         partitions: int,
-        stores: Mapping[str, Store],
+        stores: Mapping[tuple[str, int], Store],
         router: Router | None,
     ) -> None:
         if not 0 <= index < n_workers:
             raise ValueError(f"worker index {index} not in [0, {n_workers})")
-        missing = set(app.operators) - set(stores)
+        missing = set(app.operators) - {op for op, _ in stores}
         if missing:
             raise ValueError(f"no store for operator(s) {sorted(missing)}")
         self.app = app
@@ -113,6 +113,14 @@ class Engine:
         """The worker index owning ``key`` of ``operator``."""
         return owner_of_partition(partition_of(operator, key, self.partitions), self.n_workers)
 
+    def store_of(self, operator: str, key: str) -> Store:
+        """The store of ``key``'s partition (KeyError if this worker does not own it)."""
+        return self.stores[(operator, partition_of(operator, key, self.partitions))]
+
+    def operator_stores(self, operator: str) -> list[Store]:
+        """This worker's stores of ``operator``, one per owned partition."""
+        return [s for (op, _), s in self.stores.items() if op == operator]
+
     # -- state access (used by Context) ------------------------------------------------
     def read(self, tid: int, operator: str, key: str, default: Any) -> Any:
         """``key``'s value for ``tid``: its own buffered write, else the epoch-start value."""
@@ -120,7 +128,7 @@ class Engine:
         found, raw = self.log.buffered(tid, k)
         if not found:
             self.log.record_read(tid, k)
-            raw = self.stores[operator].get(key.encode())
+            raw = self.store_of(operator, key).get(key.encode())
         return default if raw is None else unpack(raw)
 
     def write(self, tid: int, operator: str, key: str, value: Any) -> None:
@@ -243,8 +251,7 @@ class Engine:
                 elif tid in self.log.user_aborts:
                     results.append(("aborted", self.log.user_aborts[tid]))
                 else:
-                    for op, ops in self.log.commit_batches([tid]).items():
-                        self.stores[op].write_batch(ops)
+                    self._apply([tid])
                     results.append(("committed", (ok, value)))
         finally:
             self._in_fallback = False
@@ -260,12 +267,16 @@ class Engine:
     def commit(self, conflicts: Mapping[int, int] | set[int], user_aborts: Mapping[int, object]) -> list[int]:
         """Apply the writes of every tid that wrote here and neither conflicts nor failed.
 
-        One ``write_batch`` per operator store. Returns the committed tids that wrote here.
+        One ``write_batch`` per (operator, partition) store. Returns the committed tids that wrote here.
         """
         committed = [t for t in self.log.writes if t not in conflicts and t not in user_aborts]
-        for op, ops in self.log.commit_batches(committed).items():
-            self.stores[op].write_batch(ops)
+        self._apply(committed)
         return committed
+
+    def _apply(self, tids: list[int]) -> None:
+        """Write the buffered writes of ``tids``: one ``write_batch`` per (operator, partition) store."""
+        for where, ops in self.log.commit_batches(tids, self.partitions).items():
+            self.stores[where].write_batch(ops)
 
     def close(self) -> None:
         """Close every store."""

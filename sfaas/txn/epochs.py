@@ -31,6 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..partitioning import partition_of
+
 __all__ = [
     "Key",
     "make_tid",
@@ -183,15 +185,18 @@ class AccessLog:
         """Tids conflicting on this worker's keys → their blockers (see :func:`find_blockers`)."""
         return find_blockers(self.reads, self.writes)
 
-    def commit_batches(self, committed: Iterable[int]) -> dict[str, list[tuple[bytes, bytes | None]]]:
-        """Per operator, the ``write_batch`` ops applying the committed tids' writes."""
-        batches: dict[str, list[tuple[bytes, bytes | None]]] = {}
+    def commit_batches(
+        self, committed: Iterable[int], partitions: int
+    ) -> dict[tuple[str, int], list[tuple[bytes, bytes | None]]]:
+        """Per ``(operator, partition)`` store, the ``write_batch`` ops applying the committed
+        tids' writes (``partitions``: the key space's partition count)."""
+        batches: dict[tuple[str, int], list[tuple[bytes, bytes | None]]] = {}
         for tid in committed:
             w = self.writes.get(tid)
             if not w:
                 continue
             for (op, key), value in w.items():
-                batches.setdefault(op, []).append((key.encode(), value))
+                batches.setdefault((op, partition_of(op, key, partitions)), []).append((key.encode(), value))
         return batches
 
 
@@ -234,6 +239,10 @@ class Sequencer:
     def pending_retries(self) -> int:
         """How many re-runs are waiting."""
         return len(self._retries)
+
+    def retries(self) -> list[tuple[int, Any]]:
+        """The waiting re-runs as ``(tid, item)``, lowest tid first (nothing is taken)."""
+        return [(r.tid, r.item) for r in sorted(self._retries)]
 
     def pending_tids(self) -> set[int]:
         """The tids of the waiting re-runs."""

@@ -76,6 +76,10 @@ class OffsetTracker:
         """:meth:`watermark` of every partition that had requests taken."""
         return {part: (p.taken[0] if p.taken else p.next) for part, p in self._parts.items()}
 
+    def completed_above(self) -> dict[int, list[int]]:
+        """Per partition, the completed offsets above its watermark (behind an outstanding one)."""
+        return {part: sorted(p.done) for part, p in self._parts.items() if p.done}
+
     def outstanding(self, partition: int) -> int:
         """How many taken requests of ``partition`` have not completed."""
         p = self._parts.get(partition)

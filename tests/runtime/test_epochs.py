@@ -6,6 +6,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
+from sfaas.partitioning import partition_of
 from sfaas.txn.epochs import (
     MAX_SEQ,
     AccessLog,
@@ -58,12 +59,17 @@ def test_sequencer_reruns_first_with_their_old_tids() -> None:
     assert second[0][0] == first[1][0] < second[1][0]
 
 
-def test_commit_batches_only_committed_writes() -> None:
+def test_commit_batches_only_committed_writes_grouped_by_partition_store() -> None:
     log = AccessLog()
     log.record_write(1, ("x", "k1"), b"1")
     log.record_write(2, ("x", "k2"), None)
     log.record_write(3, ("y", "k3"), b"3")
-    assert log.commit_batches([2, 3]) == {"x": [(b"k2", None)], "y": [(b"k3", b"3")]}
+    log.record_write(3, ("y", "k4"), b"4")
+    p2, p3, p4 = (partition_of(op, k, 8) for op, k in (("x", "k2"), ("y", "k3"), ("y", "k4")))
+    want: dict[tuple[str, int], list[tuple[bytes, bytes | None]]] = {("x", p2): [(b"k2", None)]}
+    for part, entry in ((p3, (b"k3", b"3")), (p4, (b"k4", b"4"))):
+        want.setdefault(("y", part), []).append(entry)
+    assert log.commit_batches([2, 3], 8) == want
 
 
 # --- randomized serializability ------------------------------------------------------------

@@ -1,0 +1,185 @@
+"""The coordinator's side of snapshot rounds (see :mod:`sfaas.rounds`).
+
+Every ``snapshot_interval`` seconds, if transactions committed since the last round, the
+next epoch's ``Commit`` carries ``marker = n``. Each worker freezes its stores at that
+commit and reports ``wire.Snapshotted`` once its uploads ended. With every report in, the
+round's manifest is published (write-then-publish) and files no retained round needs are
+garbage-collected — both on a thread, never on the epoch loop. A round that fails (a
+worker's upload failed, MinIO is down, or it took longer than ``ROUND_TIMEOUT``) is
+logged and the next interval tries again; epochs never wait for a round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from remotes import Remote
+from sfaas import wire
+from sfaas.rounds import RoundManifest, Rounds, StoreCut, collect_garbage
+
+log = logging.getLogger("sfaas.coordinator.rounds")
+
+__all__ = ["RoundKeeper", "ROUND_TIMEOUT"]
+
+#: A round not complete after this many seconds (or 10 intervals, if longer) has failed.
+ROUND_TIMEOUT = 60.0
+
+
+@dataclass
+class _InFlight:
+    round: int
+    epoch: int
+    started: float
+    reports: dict[int, wire.Snapshotted] = field(default_factory=dict)
+
+
+class RoundKeeper:
+    """Starts rounds, collects the workers' reports, publishes and collects garbage."""
+
+    def __init__(
+        self, interval: float, retain: int, workers: int, partitions: int,
+        rounds_remote: Callable[[], Remote], store_remote: Callable[[str, int], Remote],
+    ) -> None:
+        self.interval = interval
+        self.retain = retain
+        self.workers = workers
+        self.partitions = partitions
+        self._rounds_remote = rounds_remote
+        self._store_remote = store_remote
+        self._rounds: Rounds | None = None
+        self._next_id: int | None = None  # unknown until the published index was read
+        self._loading: asyncio.Task[None] | None = None
+        self._inflight: _InFlight | None = None
+        self._publishing: asyncio.Task[None] | None = None
+        self._next_at = time.monotonic() + interval
+        self._txns_at_last = -1
+        #: counters for logs, ``sfaas ps`` and tests
+        self.completed = 0
+        self.failed = 0
+        self.last_complete: RoundManifest | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval > 0
+
+    # -- starting ----------------------------------------------------------------------------
+    def marker(self, epoch: int, txns: int) -> int | None:
+        """The round id to put on epoch ``epoch``'s Commit, or None. ``txns``: transactions
+        run so far (no round is taken when nothing happened since the last one)."""
+        if not self.enabled:
+            return None
+        now = time.monotonic()
+        self._expire(now)
+        if self._inflight is not None or self._publishing is not None or now < self._next_at:
+            return None
+        if self._next_id is None:
+            if self._loading is None:
+                self._loading = asyncio.get_running_loop().create_task(self._load())
+            return None
+        if txns == self._txns_at_last:
+            self._next_at = now + self.interval
+            return None
+        self._txns_at_last = txns
+        round_id = self._next_id
+        self._next_id += 1
+        self._inflight = _InFlight(round_id, epoch, time.time())
+        self._next_at = now + self.interval
+        return round_id
+
+    async def _load(self) -> None:
+        """Learn the newest published round, so new ids continue above it."""
+        try:
+            self._rounds = Rounds(self._rounds_remote())
+            ids = await asyncio.to_thread(self._rounds.ids)
+        except Exception as exc:
+            log.warning("cannot read the published snapshot rounds (will retry): %s", exc)
+            self._next_at = time.monotonic() + self.interval
+        else:
+            self._next_id = (ids[-1] if ids else 0) + 1
+            log.info("snapshot rounds every %.1f s, keeping %d; next round %d",
+                     self.interval, self.retain, self._next_id)
+        finally:
+            self._loading = None
+
+    def _expire(self, now_monotonic: float) -> None:
+        f = self._inflight
+        if f is not None and time.time() - f.started > max(ROUND_TIMEOUT, 10 * self.interval):
+            self._fail(f"not complete after {time.time() - f.started:.0f} s "
+                       f"(reports from workers {sorted(f.reports)} of {self.workers})")
+
+    def _fail(self, why: str) -> None:
+        assert self._inflight is not None
+        log.warning("snapshot round %d failed: %s; the next interval retries", self._inflight.round, why)
+        self.failed += 1
+        self._inflight = None
+
+    # -- reports ---------------------------------------------------------------------------
+    def on_report(self, msg: wire.Snapshotted) -> None:
+        """A worker's part of a round (called on the event loop)."""
+        f = self._inflight
+        if f is None or msg.round != f.round:
+            log.info("ignoring worker %d's report of round %d (not in flight)", msg.index, msg.round)
+            return
+        if msg.error:
+            self._fail(f"worker {msg.index}: {msg.error}")
+            return
+        f.reports[msg.index] = msg
+        if len(f.reports) == self.workers:
+            self._inflight = None
+            manifest = self._manifest(f)
+            self._publishing = asyncio.get_running_loop().create_task(self._publish(manifest))
+
+    def _manifest(self, f: _InFlight) -> RoundManifest:
+        ingress: dict[int, int] = {}
+        skip: dict[int, list[int]] = {}
+        egress: dict[int, int] = {}
+        stores: list[StoreCut] = []
+        retries: list[tuple[int, int, int]] = []
+        for r in f.reports.values():
+            ingress.update(r.ingress)
+            skip.update(r.skip)
+            for p, o in r.egress.items():
+                egress[p] = min(o, egress.get(p, o))
+            stores += [StoreCut(str(op), int(p), int(b), int(n), int(t)) for op, p, b, n, t in r.stores]
+            retries += [(t, p, o) for t, p, o in r.retries]
+        # an egress partition some worker did not report has no safe scan start: omit it
+        egress = {p: o for p, o in egress.items() if all(p in r.egress for r in f.reports.values())}
+        stores.sort(key=lambda s: (s.operator, s.partition))
+        return RoundManifest(f.round, f.epoch, self.workers, self.partitions, tuple(stores), ingress, skip, egress,
+                             tuple(sorted(retries)), started=f.started)
+
+    async def _publish(self, manifest: RoundManifest) -> None:
+        assert self._rounds is not None
+        try:
+            retained, dropped = await asyncio.to_thread(self._rounds.publish, manifest, self.retain)
+        except Exception as exc:
+            log.warning("publishing snapshot round %d failed: %s; the next interval retries", manifest.round, exc)
+            self.failed += 1
+            self._publishing = None
+            return
+        self.completed += 1
+        self.last_complete = manifest
+        log.info("snapshot round %d complete: epoch %d, %d stores, %d files, %.1f MB uploaded, "
+                 "published %.2f s after its marker", manifest.round, manifest.epoch, len(manifest.stores),
+                 manifest.files, manifest.bytes_uploaded / 1e6, manifest.created - manifest.started)
+        try:
+            n, freed = await asyncio.to_thread(
+                collect_garbage, [(s.operator, s.partition) for s in manifest.stores], self._store_remote, retained,
+            )
+            if n or freed or dropped:
+                log.info("snapshot gc: %d rounds and %d store snapshots dropped, %.1f MB deleted",
+                         len(dropped), n, freed / 1e6)
+        except Exception as exc:
+            log.warning("snapshot garbage collection after round %d failed (retried next round): %s",
+                        manifest.round, exc)
+        finally:
+            self._publishing = None
+
+    async def close(self) -> None:
+        for task in (self._loading, self._publishing):
+            if task is not None:
+                await asyncio.gather(task, return_exceptions=True)

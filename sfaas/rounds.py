@@ -1,0 +1,241 @@
+"""Snapshot rounds: the global manifest of one consistent cut, and where rounds are kept.
+
+A round ``n`` rides an epoch's commit (``Commit.marker = n``): at that point no transaction
+is in flight, so every store's ``snapshot(n)`` plus each worker's replay positions form a
+consistent cut. When every worker reported (``wire.Snapshotted``), the coordinator
+publishes a :class:`RoundManifest` — write-then-publish: the round's blob first, then the
+index that makes it visible. Layout in the app's rounds remote (``sfaas.state.rounds_remote``):
+
+* ``blobs/round-<n:012d>`` — one encoded :class:`RoundManifest`;
+* ``blobs/index`` — the complete rounds still retained, ascending (an encoded :class:`RoundIndex`).
+
+Encoding of both (FORMAT.md § "Snapshot rounds"): ``magic:4 | version:u8 | crc32c:u32 |
+msgpack(body)``, the crc over the msgpack bytes; magic ``SFRM`` (round) / ``SFRI`` (index).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+from crc32c import crc32c
+
+from remotes import Remote
+
+log = logging.getLogger("sfaas.rounds")
+
+__all__ = ["StoreCut", "RoundManifest", "RoundIndex", "RoundError", "Rounds", "collect_garbage", "INDEX_BLOB"]
+
+_HEAD = struct.Struct("<4sBI")
+_VERSION = 1
+INDEX_BLOB = "index"
+
+
+class RoundError(ValueError):
+    """Bytes that are not a valid round manifest or index (names the blob and the fault)."""
+
+
+def _encode(magic: bytes, body: Any) -> bytes:
+    raw = msgpack.packb(body, use_bin_type=True)
+    return _HEAD.pack(magic, _VERSION, crc32c(raw)) + raw
+
+
+def _decode(magic: bytes, data: bytes, source: str) -> Any:
+    if len(data) < _HEAD.size:
+        raise RoundError(f"{source}: {len(data)} bytes, too short for a header of {_HEAD.size}")
+    got, version, crc = _HEAD.unpack_from(data)
+    if got != magic:
+        raise RoundError(f"{source}: magic {got!r}, expected {magic!r}")
+    if version != _VERSION:
+        raise RoundError(f"{source}: version {version}, expected {_VERSION}")
+    raw = data[_HEAD.size:]
+    if crc32c(raw) != crc:
+        raise RoundError(f"{source}: checksum mismatch")
+    try:
+        return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise RoundError(f"{source}: body is not msgpack: {exc}") from None
+
+
+def _int_map(value: Any, what: str) -> dict[int, int]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, int) and isinstance(v, int) for k, v in value.items()
+    ):
+        raise RoundError(f"{what} must map ints to ints, got {value!r:.80}")
+    return dict(value)
+
+
+def _skip_map(value: Any) -> dict[int, list[int]]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, int) and isinstance(v, list) and all(isinstance(o, int) for o in v) for k, v in value.items()
+    ):
+        raise RoundError(f"skip must map ints to lists of ints, got {value!r:.80}")
+    return {k: list(v) for k, v in value.items()}
+
+
+@dataclass(frozen=True)
+class StoreCut:
+    """One store's part of a round: its snapshot (id = the round) and what it cost."""
+
+    operator: str
+    partition: int
+    bytes_uploaded: int
+    files: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class RoundManifest:
+    """A complete snapshot round: every store's snapshot plus what replay needs.
+
+    ``ingress``: per ingress partition, the first offset not in the state; ``skip``: per
+    partition, offsets above it whose requests are in the state; ``egress``: per
+    egress partition, where a de-duplicating scan of replies starts; ``retries``:
+    ``[tid, partition, offset]`` of requests waiting to re-run at the cut (their tids keep
+    their priority on replay).
+    """
+
+    round: int
+    epoch: int
+    workers: int
+    partitions: int
+    stores: tuple[StoreCut, ...]
+    ingress: dict[int, int]
+    skip: dict[int, list[int]]
+    egress: dict[int, int]
+    retries: tuple[tuple[int, int, int], ...] = ()
+    started: float = 0.0
+    created: float = field(default_factory=time.time)
+
+    @property
+    def bytes_uploaded(self) -> int:
+        return sum(s.bytes_uploaded for s in self.stores)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.total_bytes for s in self.stores)
+
+    @property
+    def files(self) -> int:
+        return sum(s.files for s in self.stores)
+
+    def encode(self) -> bytes:
+        return _encode(b"SFRM", {
+            "round": self.round, "epoch": self.epoch, "workers": self.workers,
+            "partitions": self.partitions,
+            "stores": [[s.operator, s.partition, s.bytes_uploaded, s.files, s.total_bytes] for s in self.stores],
+            "ingress": self.ingress, "skip": self.skip, "egress": self.egress,
+            "retries": [list(r) for r in self.retries],
+            "started": self.started, "created": self.created,
+        })
+
+    @classmethod
+    def decode(cls, data: bytes, source: str = "round manifest") -> RoundManifest:
+        d = _decode(b"SFRM", data, source)
+        try:
+            stores = tuple(StoreCut(str(o), int(p), int(b), int(f), int(t)) for o, p, b, f, t in d["stores"])
+            retries = tuple((int(t), int(p), int(o)) for t, p, o in d["retries"])
+            m = cls(int(d["round"]), int(d["epoch"]), int(d["workers"]), int(d["partitions"]), stores,
+                    _int_map(d["ingress"], "ingress"), _skip_map(d["skip"]), _int_map(d["egress"], "egress"), retries,
+                    float(d["started"]), float(d["created"]))
+        except RoundError as exc:
+            raise RoundError(f"{source}: {exc}") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RoundError(f"{source}: malformed body ({type(exc).__name__}: {exc})") from None
+        return m
+
+
+@dataclass(frozen=True)
+class RoundIndex:
+    """The complete rounds still retained, ascending."""
+
+    rounds: tuple[int, ...] = ()
+
+    def encode(self) -> bytes:
+        return _encode(b"SFRI", list(self.rounds))
+
+    @classmethod
+    def decode(cls, data: bytes, source: str = "round index") -> RoundIndex:
+        body = _decode(b"SFRI", data, source)
+        if not isinstance(body, list) or not all(isinstance(r, int) and r >= 1 for r in body) \
+                or body != sorted(set(body)):
+            raise RoundError(f"{source}: expected ascending distinct round ids >= 1, got {body!r:.80}")
+        return cls(tuple(body))
+
+
+def round_blob(round_id: int) -> str:
+    return f"round-{round_id:012d}"
+
+
+class Rounds:
+    """The published rounds of one app (blocking calls: run them off the event loop)."""
+
+    def __init__(self, remote: Remote) -> None:
+        self.remote = remote
+
+    def index(self) -> RoundIndex:
+        data = self.remote.get_blob(INDEX_BLOB)
+        return RoundIndex() if data is None else RoundIndex.decode(data, f"{self.remote!r} blob {INDEX_BLOB!r}")
+
+    def ids(self) -> list[int]:
+        """Ids of the complete rounds retained, ascending."""
+        return list(self.index().rounds)
+
+    def read(self, round_id: int) -> RoundManifest:
+        data = self.remote.get_blob(round_blob(round_id))
+        if data is None:
+            raise RoundError(f"round {round_id} is listed but its manifest {round_blob(round_id)!r} is missing")
+        return RoundManifest.decode(data, f"{self.remote!r} blob {round_blob(round_id)!r}")
+
+    def latest(self) -> RoundManifest | None:
+        ids = self.ids()
+        return self.read(ids[-1]) if ids else None
+
+    def publish(self, manifest: RoundManifest, retain: int) -> tuple[list[int], list[int]]:
+        """Write the round, then the index naming it (the publish step); returns
+        ``(retained, dropped)`` round ids. The dropped rounds' blobs are deleted last."""
+        if retain < 1:
+            raise ValueError(f"retain must be >= 1, got {retain}")
+        self.remote.put_blob(round_blob(manifest.round), manifest.encode())
+        ids = sorted(set(self.ids()) | {manifest.round})
+        retained, dropped = ids[-retain:], ids[:-retain]
+        self.remote.put_blob(INDEX_BLOB, RoundIndex(tuple(retained)).encode())
+        for r in dropped:
+            self.remote.delete_blob(round_blob(r))
+        return retained, dropped
+
+
+def collect_garbage(
+    stores: Iterable[tuple[str, int]], remote_of: Callable[[str, int], Remote], retained: list[int],
+) -> tuple[int, int]:
+    """Delete the store snapshots no retained round needs, then their unreferenced files.
+
+    A store snapshot older than the newest retained round and not retained itself is
+    unpublished (rounds that failed midway leave such snapshots); snapshots newer than the
+    newest retained round may belong to a round in flight and stay. Files are deleted by
+    :meth:`Remote.gc`, which keeps files newer than the newest manifest (an upload in
+    flight). Returns ``(snapshots dropped, bytes deleted)``.
+    """
+    if not retained:
+        return 0, 0
+    keep, newest = set(retained), max(retained)
+    dropped = freed = 0
+    for op, p in stores:
+        remote = remote_of(op, p)
+        try:
+            ids = remote.list_snapshots()
+            for sid in ids:
+                if sid < newest and sid not in keep:
+                    remote.delete_snapshot(sid)
+                    dropped += 1
+            left = [s for s in ids if s >= newest or s in keep]
+            if left:
+                freed += remote.gc(keep=len(left)).bytes_deleted
+        finally:
+            remote.close()
+    return dropped, freed

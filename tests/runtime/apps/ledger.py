@@ -1,0 +1,45 @@
+"""A test app for snapshot rounds and recovery: accounts with transfers (overdrafts
+abort) and counters whose ``bump`` returns the pre-increment value, so a test can check
+that every committed increment is in the state exactly once and agrees with the replies."""
+
+from __future__ import annotations
+
+import os
+
+from sfaas import Abort, App, Context
+
+app = App("ledger")
+_store = os.environ.get("SFAAS_STORE", "lsm")
+accounts = app.operator("accounts", store=_store)
+counters = app.operator("counters", store=_store)
+
+
+@accounts.function
+async def balance(ctx: Context) -> int:
+    return int(ctx.get(default=0))
+
+
+@accounts.function
+async def deposit(ctx: Context, amount: int) -> int:
+    new = int(ctx.get(default=0)) + amount
+    ctx.put(new)
+    return new
+
+
+@accounts.function
+async def transfer(ctx: Context, to: str, amount: int) -> int:
+    """Move ``amount`` to ``to``; aborts (nothing changes) on an overdraft."""
+    bal = int(ctx.get(default=0))
+    if bal < amount:
+        raise Abort(f"insufficient funds: {ctx.key} has {bal}, needs {amount}")
+    ctx.put(bal - amount)
+    await ctx.call("accounts", to, "deposit", amount)
+    return bal - amount
+
+
+@counters.function
+async def bump(ctx: Context) -> int:
+    """Add one; returns the value before."""
+    v = int(ctx.get(default=0))
+    ctx.put(v + 1)
+    return v

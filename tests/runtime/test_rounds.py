@@ -1,0 +1,228 @@
+"""Snapshot rounds on a real cluster: Kafka, MinIO, a coordinator and 2 worker processes.
+
+Under load (transfers between accounts on both workers, plus counter bumps), rounds are
+taken every 0.5 s. Each published round is restored from MinIO into fresh stores and
+checked as a user would: the money is all there (the cut is consistent across workers),
+and each counter equals the number of its bump requests the round's ingress positions
+say are in the state (the recorded offsets match the state exactly). Retention keeps
+``snapshot_retain`` rounds and collects the rest; a MinIO that is down fails rounds but
+never the transactions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from sfaas import cluster, wire
+from sfaas.client import Client
+from sfaas.partitioning import partition_of
+from sfaas.rounds import RoundManifest, Rounds
+from sfaas.settings import Settings
+from sfaas.state import open_partition_stores, rounds_remote, store_remote
+from tests.conftest import TEST_BUCKET
+from tests.runtime.apps import ledger
+
+ACCOUNTS = [f"acct-{i}" for i in range(12)]
+COUNTERS = [f"ctr-{i}" for i in range(6)]
+START = 1000
+PARTITIONS = 4
+
+
+def _settings(kafka, minio, home: Path, **extra: object) -> Settings:
+    return Settings.load({
+        "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}", "home": str(home),
+        "store": "lsm", "partitions": PARTITIONS, "snapshot_interval": 0.5, "snapshot_retain": 2,
+        "minio": minio.minio_endpoint, "minio_access_key": minio.minio_access_key,
+        "minio_secret_key": minio.minio_secret_key, "bucket": TEST_BUCKET, **extra,
+    })
+
+
+@pytest.fixture(scope="module")
+def ledger_cluster(kafka, minio, tmp_path_factory) -> Iterator[tuple[Settings, Settings]]:
+    """``(settings the cluster was started with, settings for clients)``."""
+    s = _settings(kafka, minio, tmp_path_factory.mktemp("sfaas-home"))
+    cluster.up(s, "tests.runtime.apps.ledger:app", 2, timeout=90)
+    try:
+        yield s, cluster.cluster_settings(s)[1]
+    finally:
+        cluster.down(s)
+        rounds_remote(s, "ledger").destroy()
+        for op in ledger.app.operators:
+            for p in range(PARTITIONS):
+                store_remote(s, "ledger", op, p).destroy()
+
+
+async def _wait_rounds(rounds: Rounds, above: int, timeout: float = 60.0) -> list[int]:
+    """Wait until a round with id > ``above`` is published; returns the retained ids."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ids = await asyncio.to_thread(rounds.ids)
+        if ids and ids[-1] > above:
+            return ids
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no snapshot round above {above} published within {timeout} s")
+
+
+async def _ingress_requests(s: Settings) -> dict[int, list[tuple[int, wire.Request]]]:
+    """Every request in the ingress topic: partition → [(offset, request)]."""
+    topic = s.topics("ledger")[0]
+    consumer = AIOKafkaConsumer(bootstrap_servers=s.kafka, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        out: dict[int, list[tuple[int, wire.Request]]] = {p: [] for p in range(PARTITIONS)}
+        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+            for tp, records in (await consumer.getmany(timeout_ms=500)).items():
+                out[tp.partition] += [(r.offset, wire.Request.decode(r.value)) for r in records]
+        return out
+    finally:
+        await consumer.stop()
+
+
+def _restore(s: Settings, round_id: int, directory: Path) -> tuple[dict[str, int], dict[str, int]]:
+    """The accounts and counters of round ``round_id``, restored from MinIO into ``directory``."""
+    stores = open_partition_stores(ledger.app, str(directory), range(PARTITIONS), PARTITIONS, store="lsm",
+                                   remote_of=lambda op, p: store_remote(s, "ledger", op, p))
+    try:
+        values: dict[str, dict[str, int]] = {"accounts": {}, "counters": {}}
+        for (op, _), store in stores.items():
+            info = store.restore(round_id)
+            assert info.snapshot_id == round_id
+            for k, v in store.items():
+                from sfaas.codec import unpack
+
+                values[op][k.decode()] = int(unpack(v))
+        return values["accounts"], values["counters"]
+    finally:
+        stores.close()
+
+
+async def test_rounds_under_load_are_consistent_cuts_that_match_their_offsets(ledger_cluster, tmp_path) -> None:
+    s, cs = ledger_cluster
+    rounds = Rounds(rounds_remote(s, "ledger"))
+    async with Client("ledger", settings=cs) as c:
+        await asyncio.gather(*(c.call("accounts", a, "deposit", START) for a in ACCOUNTS))
+        # a round in flight now may have started before the deposits: check later ones only
+        published = await asyncio.to_thread(rounds.ids)
+        first_checked = (published[-1] if published else 0) + 2
+
+        rnd = random.Random(7)
+        bumps: dict[str, list[int]] = {k: [] for k in COUNTERS}
+        futs: list[tuple[str, asyncio.Future[wire.Reply]]] = []
+        t_end = time.monotonic() + 4.0
+        while time.monotonic() < t_end:  # ~4 s of load, ~250 requests/s
+            for _ in range(5):
+                a, b = rnd.sample(ACCOUNTS, 2)
+                futs.append(("t", await c.submit("accounts", a, "transfer", b, rnd.randint(1, 300))))
+                k = rnd.choice(COUNTERS)
+                futs.append((k, await c.submit("counters", k, "bump")))
+            await asyncio.sleep(0.02)
+        replies = await asyncio.wait_for(asyncio.gather(*(f for _, f in futs)), 120)
+        for (what, _), reply in zip(futs, replies, strict=True):
+            if what != "t":
+                assert reply.ok, reply
+                bumps[what].append(reply.value)
+            elif not reply.ok:
+                assert "insufficient funds" in (reply.reason or ""), reply
+        ids = await _wait_rounds(rounds, first_checked + 1)
+    # every bump answered once, with the values 0..n-1 (no failure here: nothing repeats)
+    for k, vals in bumps.items():
+        assert sorted(vals) == list(range(len(vals))), k
+
+    requests = await _ingress_requests(cs)
+    checked = [r for r in ids if r >= first_checked]
+    assert checked, f"no round to check among {ids} (first checked {first_checked})"
+    for round_id in checked:
+        m = await asyncio.to_thread(rounds.read, round_id)
+        assert {(st.operator, st.partition) for st in m.stores} == {
+            (op, p) for op in ("accounts", "counters") for p in range(PARTITIONS)
+        }
+        assert sorted(m.ingress) == list(range(PARTITIONS)) and m.workers == 2
+        accounts, counters = await asyncio.to_thread(_restore, s, round_id, tmp_path / f"r{round_id}")
+        # a consistent cut: no transfer is half in the round, no money appears or vanishes
+        assert sum(accounts.values()) == START * len(ACCOUNTS), (round_id, accounts)
+        assert min(accounts.values()) >= 0
+        # each counter holds exactly the bumps before the round's ingress position (+ skips)
+        for k in COUNTERS:
+            p = partition_of("counters", k, PARTITIONS)
+            skip = set(m.skip.get(p, []))
+            want = sum(1 for off, req in requests[p]
+                       if req.operator == "counters" and req.key == k and (off < m.ingress[p] or off in skip))
+            assert counters.get(k, 0) == want, (round_id, k, counters.get(k), want, m.ingress, m.skip)
+
+
+async def test_retention_keeps_the_newest_rounds_and_collects_older_files(ledger_cluster) -> None:
+    s, cs = ledger_cluster
+    rounds = Rounds(rounds_remote(s, "ledger"))
+    start = (await asyncio.to_thread(rounds.ids) or [0])[-1]
+    async with Client("ledger", settings=cs) as c:
+        for i in range(3):  # a change per round, so each interval takes one
+            await c.call("counters", f"gc-{i}", "bump")
+            start = (await _wait_rounds(rounds, start))[-1]
+    ids = await asyncio.to_thread(rounds.ids)
+    assert len(ids) == s.snapshot_retain and ids == sorted(ids)
+    for dropped in range(1, ids[0]):
+        assert rounds.remote.get_blob(f"round-{dropped:012d}") is None
+    last: RoundManifest = await asyncio.to_thread(rounds.read, ids[-1])
+    assert last.bytes_uploaded > 0 and last.created >= last.started
+    # each store keeps only retained rounds' snapshots, and (once the last round's gc ran;
+    # no upload is in flight: nothing changed since) only the files they reference
+    for op in ("accounts", "counters"):
+        for p in range(PARTITIONS):
+            remote = store_remote(s, "ledger", op, p)
+            deadline = time.monotonic() + 15
+            while True:
+                snaps = await asyncio.to_thread(remote.list_snapshots)
+                refs: set[str] = set()
+                for x in snaps:
+                    refs |= set((await asyncio.to_thread(remote.read_manifest, x)).files)
+                stray = set(await asyncio.to_thread(remote.list_files)) - refs
+                if (set(snaps) <= set(ids) and not stray) or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.3)
+            assert set(snaps) <= set(ids), (op, p, snaps, ids)
+            assert not stray, (op, p, stray)
+
+
+def test_transactions_go_on_while_minio_is_unreachable(kafka, tmp_path) -> None:
+    from tests.conftest import Endpoints
+
+    nowhere = Endpoints(kafka.kafka_bootstrap, "127.0.0.1:1", "sfaas", "not-a-real-secret-xyz")
+    s = _settings(kafka, nowhere, tmp_path / "home")
+    cluster.up(s, "tests.runtime.apps.ledger:app", 2, timeout=90)
+    try:
+        cs = cluster.cluster_settings(s)[1]
+
+        async def load() -> list[int]:
+            async with Client("ledger", settings=cs) as c:
+                out = []
+                for _ in range(8):  # spread over > 2 round intervals
+                    out.append(await c.call("counters", "c", "bump"))
+                    await asyncio.sleep(0.5)
+                return out
+
+        assert asyncio.run(load()) == list(range(8))
+        coord_log = Path(cluster.state_dir(s) / "coordinator.log")
+        deadline = time.monotonic() + 30
+        while "snapshot round" not in coord_log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        text = coord_log.read_text()
+        assert "snapshot round 1 failed" in text or "cannot read the published snapshot rounds" in text, text[-3000:]
+        assert "not-a-real-secret-xyz" not in text
+        assert all(p.alive for p in cluster.ps(s))
+    finally:
+        cluster.down(s)
+    counts = Counter(p.role for p in cluster.ps(s) if p.alive)
+    assert not counts

@@ -1,0 +1,87 @@
+"""A worker's part of a snapshot round (see :mod:`sfaas.rounds`).
+
+At the commit of the epoch carrying ``marker = n`` no transaction is in flight, so the
+worker's state plus its replay positions are a consistent cut. :meth:`RoundTaker.take`
+freezes every store there (``snapshot_async(n)``: milliseconds, on the event loop's thread
+so nothing can write in between), records the positions, and returns; the uploads run on
+the stores' uploader threads while epochs go on. When they end, one ``wire.Snapshotted``
+goes to the coordinator — with ``error`` set if any store failed (MinIO down): the round
+then fails and the coordinator retries at the next interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sfaas import wire
+from sfaas.state import StoreKey
+from statestores import SnapshotInfo, Store
+
+log = logging.getLogger("sfaas.worker.snapshots")
+
+__all__ = ["RoundTaker"]
+
+
+class RoundTaker:
+    """Takes this worker's part of each round; ``send`` delivers the report."""
+
+    def __init__(self, index: int, send: Callable[[wire.Message], None]) -> None:
+        self.index = index
+        self._send = send
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: rounds this worker took part in, and how many failed
+        self.taken = 0
+        self.failed = 0
+
+    def take(
+        self, round_id: int, epoch: int, stores: Mapping[StoreKey, Store],
+        ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int], retries: list[list[int]],
+    ) -> None:
+        """Freeze every store for round ``round_id`` now; report when the uploads end."""
+        t0 = time.perf_counter()
+        futures: list[tuple[StoreKey, concurrent.futures.Future[SnapshotInfo]]] = []
+        errors: list[str] = []
+        for key, store in stores.items():
+            try:
+                futures.append((key, store.snapshot_async(round_id)))
+            except Exception as exc:  # e.g. an id not above the store's last snapshot
+                errors.append(f"{key[0]}/p{key[1]}: {type(exc).__name__}: {exc}")
+        freeze_ms = 1000 * (time.perf_counter() - t0)
+        log.debug("round %d: froze %d stores in %.1f ms", round_id, len(futures), freeze_ms)
+        task = asyncio.get_running_loop().create_task(
+            self._report(round_id, epoch, futures, errors, ingress, skip, egress, retries),
+            name=f"round-{round_id}",
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _report(
+        self, round_id: int, epoch: int,
+        futures: list[tuple[StoreKey, concurrent.futures.Future[SnapshotInfo]]], errors: list[str],
+        ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int], retries: list[list[int]],
+    ) -> None:
+        cuts: list[list[Any]] = []
+        for (op, p), fut in futures:
+            try:
+                info = await asyncio.wrap_future(fut)
+            except Exception as exc:
+                errors.append(f"{op}/p{p}: {type(exc).__name__}: {exc}")
+                continue
+            cuts.append([op, p, info.bytes_uploaded, info.files_total, info.bytes_total])
+        self.taken += 1
+        error = "; ".join(errors)[:2000]
+        if error:
+            self.failed += 1
+            log.warning("round %d: this worker's snapshot failed: %s", round_id, error,
+                        extra={"worker": self.index})
+        self._send(wire.Snapshotted(round_id, self.index, epoch, cuts, ingress, skip, egress, retries, error))
+
+    async def close(self) -> None:
+        """Wait for the reports still pending (their uploads finish or fail first)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
