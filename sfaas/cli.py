@@ -28,6 +28,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", dest="log_level", help="logging level (SFAAS_LOG_LEVEL)")
 
 
+def _rounds_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--snapshot-interval", dest="snapshot_interval", type=float,
+                   help="seconds between snapshot rounds, 0 = off (SFAAS_SNAPSHOT_INTERVAL)")
+    p.add_argument("--snapshot-retain", dest="snapshot_retain", type=int,
+                   help="complete rounds kept in MinIO (SFAAS_SNAPSHOT_RETAIN)")
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="sfaas", description="Transactional stateful functions.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -43,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--listen", dest="coordinator", help="host:port to listen on (SFAAS_COORDINATOR)")
     c.add_argument("--workers", type=int, help="workers to wait for (SFAAS_WORKERS)")
     c.add_argument("--partitions", type=int, help="topic partitions (SFAAS_PARTITIONS)")
+    _rounds_flags(c)
 
     w = sub.add_parser("worker", help="run a worker in the foreground")
     _common(w)
@@ -60,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--workers", type=int, default=2)
     u.add_argument("--partitions", type=int)
     u.add_argument("--store", help="override every operator's store engine")
+    _rounds_flags(u)
+
+    sn = sub.add_parser("snapshots", help="list the complete snapshot rounds in MinIO")
+    _common(sn)
+    sn.add_argument("--app", dest="app_name", help="app name (default: the running local cluster's)")
+    sn.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("ps", help="list the local cluster's processes")
     p.add_argument("--namespace")
@@ -162,7 +176,8 @@ def _dispatch(ns: argparse.Namespace) -> int:
                 print(f"{name:6} {state:9} {st.get('endpoint')} pid={st.get('pid')}")
         return 0
     if cmd == "coordinator":
-        s = _settings(ns, "kafka", "namespace", "log_level", "app", "coordinator", "workers", "partitions")
+        s = _settings(ns, "kafka", "namespace", "log_level", "app", "coordinator", "workers", "partitions",
+                      "snapshot_interval", "snapshot_retain")
         _setup_logging(s.log_level)
         from coordinator.service import run_coordinator
 
@@ -183,7 +198,8 @@ def _dispatch(ns: argparse.Namespace) -> int:
     if cmd == "up":
         from . import cluster
 
-        s = _settings(ns, "kafka", "namespace", "log_level", "partitions", "store")
+        s = _settings(ns, "kafka", "namespace", "log_level", "partitions", "store", "snapshot_interval",
+                      "snapshot_retain")
         procs = cluster.up(s, ns.app, ns.workers)
         for p in procs:
             print(f"{p.role:12} pid={p.pid:<8} {p.address}")
@@ -211,6 +227,8 @@ def _dispatch(ns: argparse.Namespace) -> int:
         return 0
     if cmd == "call":
         return _call(ns)
+    if cmd == "snapshots":
+        return _snapshots(ns)
     if cmd == "demo":
         from .demo import run_demo
 
@@ -234,6 +252,41 @@ def _call(ns: argparse.Namespace) -> int:
             return await client.call(ns.operator, ns.key, ns.function, *map(_parse_arg, ns.args))
 
     print(json.dumps(asyncio.run(go())))
+    return 0
+
+
+def _snapshots(ns: argparse.Namespace) -> int:
+    import time
+
+    from . import cluster
+    from .rounds import Rounds
+    from .state import rounds_remote
+
+    s = _settings(ns, "kafka", "namespace", "log_level")
+    app_name = ns.app_name
+    if app_name is None:
+        app_name = cluster.cluster_settings(s)[0]["app"]
+    rounds = Rounds(rounds_remote(s, app_name))
+    try:
+        manifests = [rounds.read(r) for r in rounds.ids()]
+    except Exception as exc:  # RemoteError, RoundError: both name the remote
+        raise SfaasError(f"cannot list the snapshot rounds of app {app_name!r}: {exc}") from None
+    if ns.json:
+        print(json.dumps([{
+            "round": m.round, "epoch": m.epoch, "created": m.created, "publish_seconds": m.created - m.started,
+            "bytes_uploaded": m.bytes_uploaded, "bytes_total": m.total_bytes, "files": m.files,
+            "partitions": sorted({st.partition for st in m.stores}), "stores": len(m.stores),
+            "ingress": m.ingress,
+        } for m in manifests], indent=2))
+    elif not manifests:
+        print(f"no complete snapshot round of app {app_name!r} in namespace {s.namespace!r}")
+    else:
+        print(f"{'ROUND':>6} {'TIME (UTC)':20} {'EPOCH':>8} {'UPLOADED':>10} {'TOTAL':>10} {'FILES':>6} PARTITIONS")
+        for m in manifests:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(m.created))
+            parts = sorted({st.partition for st in m.stores})
+            print(f"{m.round:>6} {when:20} {m.epoch:>8} {m.bytes_uploaded / 1e6:>8.2f}MB "
+                  f"{m.total_bytes / 1e6:>8.2f}MB {m.files:>6} {','.join(map(str, parts))}")
     return 0
 
 

@@ -128,6 +128,7 @@ def test_bad_names_rejected_everywhere(remote: Remote, tmp_path: Path, bad: str)
         lambda: remote.delete_file(bad),
         lambda: remote.put_blob(bad, b"x"),
         lambda: remote.get_blob(bad),
+        lambda: remote.delete_blob(bad),
     ]
     for call in calls:
         with pytest.raises(ValueError) as info:
@@ -209,6 +210,9 @@ def test_blobs_roundtrip_are_separate_from_files(remote: Remote) -> None:
     assert remote.get_blob("empty") == b""
     assert remote.list_files() == {}
     assert remote.list_snapshots() == []
+    remote.delete_blob("global")
+    remote.delete_blob("global")  # deleting a missing blob is not an error
+    assert remote.get_blob("global") is None and remote.get_blob("empty") == b""
 
 
 # -- gc -------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ never the transactions.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 import uuid
@@ -163,7 +164,7 @@ async def test_rounds_under_load_are_consistent_cuts_that_match_their_offsets(le
             assert counters.get(k, 0) == want, (round_id, k, counters.get(k), want, m.ingress, m.skip)
 
 
-async def test_retention_keeps_the_newest_rounds_and_collects_older_files(ledger_cluster) -> None:
+async def test_retention_keeps_the_newest_rounds_and_collects_older_files(ledger_cluster, monkeypatch, capsys) -> None:
     s, cs = ledger_cluster
     rounds = Rounds(rounds_remote(s, "ledger"))
     start = (await asyncio.to_thread(rounds.ids) or [0])[-1]
@@ -194,6 +195,23 @@ async def test_retention_keeps_the_newest_rounds_and_collects_older_files(ledger
                 await asyncio.sleep(0.3)
             assert set(snaps) <= set(ids), (op, p, snaps, ids)
             assert not stray, (op, p, stray)
+
+    # what `sfaas snapshots` shows is what is retained
+    from sfaas.cli import main
+
+    for name, value in (("MINIO", s.minio), ("MINIO_ACCESS_KEY", s.minio_access_key),
+                        ("MINIO_SECRET_KEY", s.minio_secret_key), ("BUCKET", s.bucket)):
+        monkeypatch.setenv(f"SFAAS_{name}", value)
+    capsys.readouterr()
+    assert main(["snapshots", "--namespace", s.namespace, "--app", "ledger", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [r["round"] for r in listed] == ids
+    assert listed[-1]["partitions"] == list(range(PARTITIONS)) and listed[-1]["stores"] == 2 * PARTITIONS
+    assert main(["snapshots", "--namespace", s.namespace, "--app", "ledger"]) == 0
+    table = capsys.readouterr().out
+    assert table.startswith(" ROUND") and len(table.splitlines()) == 1 + len(ids)
+    assert main(["snapshots", "--namespace", s.namespace, "--app", "nothing-here"]) == 0
+    assert "no complete snapshot round of app 'nothing-here'" in capsys.readouterr().out
 
 
 def test_transactions_go_on_while_minio_is_unreachable(kafka, tmp_path) -> None:

@@ -1,0 +1,154 @@
+"""Round manifests and their index: the codec, publishing with retention, and the garbage
+collection of store snapshots no retained round needs (on real stores and a PathRemote)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given, settings
+
+import statestores
+from remotes import PathRemote
+from sfaas.errors import ConfigError
+from sfaas.rounds import (
+    RoundError,
+    RoundIndex,
+    RoundManifest,
+    Rounds,
+    StoreCut,
+    collect_garbage,
+    round_blob,
+)
+from sfaas.settings import Settings
+
+_ints = st.integers(min_value=0, max_value=2**40)
+manifests = st.builds(
+    RoundManifest,
+    round=st.integers(min_value=1, max_value=2**40),
+    epoch=_ints,
+    workers=st.integers(min_value=1, max_value=64),
+    partitions=st.integers(min_value=1, max_value=512),
+    stores=st.lists(st.builds(StoreCut, st.text(min_size=1, max_size=20), _ints, _ints, _ints, _ints),
+                    max_size=8).map(tuple),
+    ingress=st.dictionaries(_ints, _ints, max_size=8),
+    skip=st.dictionaries(_ints, st.lists(_ints, max_size=5), max_size=4),
+    egress=st.dictionaries(_ints, _ints, max_size=8),
+    retries=st.lists(st.tuples(_ints, _ints, _ints), max_size=5).map(tuple),
+    started=st.floats(min_value=0, max_value=2e9),
+    created=st.floats(min_value=0, max_value=2e9),
+)
+
+
+@given(manifests)
+@settings(max_examples=200, deadline=None)
+def test_manifest_roundtrips(m: RoundManifest) -> None:
+    assert RoundManifest.decode(m.encode()) == m
+
+
+@given(manifests, st.data())
+@settings(max_examples=200, deadline=None)
+def test_any_changed_byte_is_refused_with_the_source_named(m: RoundManifest, data: st.DataObject) -> None:
+    raw = bytearray(m.encode())
+    i = data.draw(st.integers(min_value=0, max_value=len(raw) - 1))
+    raw[i] ^= data.draw(st.integers(min_value=1, max_value=255))
+    with pytest.raises(RoundError, match="blob round-7"):
+        RoundManifest.decode(bytes(raw), "blob round-7")
+    with pytest.raises(RoundError, match="too short"):
+        RoundManifest.decode(bytes(raw[:5]), "blob round-7")
+
+
+def test_index_refuses_unsorted_or_bad_ids() -> None:
+    assert RoundIndex.decode(RoundIndex((1, 5, 9)).encode()).rounds == (1, 5, 9)
+    for bad in ((5, 1), (0,), (3, 3)):
+        with pytest.raises(RoundError, match="ascending distinct"):
+            RoundIndex.decode(RoundIndex(bad).encode())
+    with pytest.raises(RoundError, match="magic"):
+        RoundIndex.decode(RoundManifest(1, 1, 1, 1, (), {}, {}, {}).encode())
+
+
+@given(st.lists(st.tuples(st.integers(min_value=1, max_value=40), st.integers(min_value=1, max_value=4)),
+                min_size=1, max_size=12))
+@settings(max_examples=40, deadline=None)
+def test_publish_keeps_the_newest_rounds_and_deletes_the_others(tmp_path_factory, steps) -> None:
+    rounds = Rounds(PathRemote(tmp_path_factory.mktemp("rounds")))
+    published: set[int] = set()
+    for rid, retain in steps:
+        m = RoundManifest(rid, rid * 10, 2, 4, (), {0: rid}, {}, {})
+        retained, dropped = rounds.publish(m, retain)
+        published.add(rid)
+        want = sorted(published)[-retain:]
+        assert rounds.ids() == retained == want
+        assert set(dropped).isdisjoint(want)
+        published = set(want)
+        assert rounds.read(want[-1]).ingress == {0: want[-1]}
+        for r in dropped:
+            assert rounds.remote.get_blob(round_blob(r)) is None
+    assert rounds.latest() == rounds.read(max(published))
+
+
+def test_a_listed_round_whose_blob_is_gone_is_a_clear_error(tmp_path: Path) -> None:
+    rounds = Rounds(PathRemote(tmp_path))
+    rounds.publish(RoundManifest(3, 1, 1, 1, (), {}, {}, {}), 2)
+    rounds.remote.delete_blob(round_blob(3))
+    with pytest.raises(RoundError, match="round 3 is listed but its manifest 'round-000000000003' is missing"):
+        rounds.latest()
+
+
+@pytest.mark.parametrize("engine", ["lsm", "appendlog", "hybridlog"])
+def test_gc_keeps_retained_and_newer_snapshots_and_their_files(tmp_path: Path, engine: str) -> None:
+    remotes = {p: PathRemote(tmp_path / "remote" / f"p{p}") for p in range(2)}
+    small = {  # small files and eager merges, so rounds make earlier files obsolete
+        "lsm": {"memtable_bytes": 32 << 10, "max_runs_per_level": 2, "density_factor": 2},
+        "appendlog": {"threshold": 32 << 10, "max_runs_per_level": 2},
+        "hybridlog": {"ro_lag_interval": 2, "flush_interval": 4, "max_runs_per_level": 2},
+    }[engine]
+    stores = {p: statestores.open(engine, tmp_path / "local" / f"p{p}", remote=remotes[p], **small) for p in range(2)}
+    try:
+        for rid in range(1, 8):
+            for p, s in stores.items():
+                # new keys, and the same hot keys rewritten: merges make files obsolete
+                s.write_batch([(f"k{rid}-{i}".encode(), os.urandom(64)) for i in range(200)]
+                              + [(f"hot-{i}".encode(), os.urandom(64)) for i in range(2000)])
+                if rid == 5 and p == 1:
+                    continue  # round 5 failed midway: only partition 0 took part
+                s.snapshot(rid)
+                s.settle()
+        kept = {4, 6, 7}
+        unneeded = {}
+        for p, r in remotes.items():
+            refs = set().union(*(r.read_manifest(x).files for x in kept if x in r.list_snapshots()))
+            unneeded[p] = {n: size for n, size in r.list_files().items() if n not in refs}
+        # rounds 4 and 6 complete and retained; 7 is newer (in flight): it must survive
+        dropped, freed = collect_garbage([("op", 0), ("op", 1)], lambda op, p: remotes[p], [4, 6])
+        assert dropped == 2 * 3 + 1  # 1, 2, 3 of both, 5 of partition 0
+        for r in remotes.values():
+            assert r.list_snapshots() == [4, 6, 7]
+            refs = set().union(*(r.read_manifest(x).files for x in r.list_snapshots()))
+            assert set(r.list_files()) == refs
+        assert freed == sum(sum(u.values()) for u in unneeded.values()) > 0
+        for s in stores.values():  # the retained rounds still restore completely
+            s.restore(4)
+            assert s.get(b"k4-0") is not None and s.get(b"k6-0") is None
+    finally:
+        for s in stores.values():
+            s.close()
+
+
+def test_round_settings_are_checked(monkeypatch) -> None:
+    monkeypatch.setenv("SFAAS_SNAPSHOT_INTERVAL", "0.25")
+    assert Settings.load().snapshot_interval == 0.25
+    monkeypatch.setenv("SFAAS_SNAPSHOT_INTERVAL", "soon")
+    with pytest.raises(ConfigError, match="SFAAS_SNAPSHOT_INTERVAL must be a number, got 'soon'"):
+        Settings.load()
+    monkeypatch.delenv("SFAAS_SNAPSHOT_INTERVAL")
+    with pytest.raises(ConfigError, match="snapshot_interval must be a number of seconds >= 0"):
+        Settings.load({"snapshot_interval": -1.0})
+    with pytest.raises(ConfigError, match="snapshot_retain must be >= 1, got 0"):
+        Settings.load({"snapshot_retain": 0})
+    with pytest.raises(ConfigError, match="bucket 'Bad_Bucket' is not a valid S3 bucket name"):
+        Settings.load({"bucket": "Bad_Bucket"})
+    assert Settings.load({"bucket": "Bad_Bucket", "snapshot_interval": 0.0}).bucket == "Bad_Bucket"
+    assert "sfaas-local-secret" not in repr(Settings.load())
