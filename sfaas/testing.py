@@ -15,14 +15,13 @@ as msgpack would (tuples become lists).
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .app import App
@@ -31,7 +30,8 @@ from .errors import reply_error
 from .partitioning import owner_of_partition
 from .state import open_partition_stores
 from .txn.engine import Engine, Outcome
-from .txn.epochs import Sequencer, decide
+from .txn.epochs import Sequencer
+from .txn.loop import Participant, merge_votes
 
 log = logging.getLogger("sfaas.testing")
 
@@ -56,6 +56,10 @@ class _Item:
     attempts: int = 0
 
 
+def _request_of(item: _Item) -> tuple[str, str, str, Any]:
+    return item.request
+
+
 class _LocalRouter:
     """Delivers calls to the in-process engine that owns the key (copying like a wire would)."""
 
@@ -71,11 +75,6 @@ class _LocalRouter:
         return ok, (unpack(pack(value)) if ok else value)
 
 
-@dataclass
-class _Queues:
-    per_worker: list[collections.deque[_Item]] = field(default_factory=list)
-
-
 class LocalRunner:
     """An in-process cluster for tests and notebooks (see module docstring)."""
 
@@ -89,6 +88,7 @@ class LocalRunner:
         store_options: dict[str, Any] | None = None,
         directory: str | os.PathLike[str] | None = None,
         max_batch: int = 1000,
+        fallback: bool = True,
     ) -> None:
         if not isinstance(app, App):
             raise TypeError(f"LocalRunner needs an sfaas.App, got {type(app).__name__}")
@@ -106,15 +106,18 @@ class LocalRunner:
                                            store=store, store_options=store_options)
             self.engines.append(Engine(app, i, workers, partitions, stores, self._router))
         self._router.engines = self.engines
-        self._sequencers = [Sequencer(i) for i in range(workers)]
-        self._queues: list[collections.deque[_Item]] = [collections.deque() for _ in range(workers)]
+        #: one participant of the epoch loop per simulated worker (``sfaas.txn.loop``)
+        self.loops: list[Participant[_Item]] = [
+            Participant(eng, Sequencer(i), _request_of, max_batch, fallback=fallback)
+            for i, eng in enumerate(self.engines)
+        ]
         self._wake: asyncio.Event | None = None
         self._driver: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._own_loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self.stats = RunnerStats()
-        #: Called after every epoch's commit with ``(epoch, committed_tids)`` (the snapshot hook's seam).
+        #: Called after every epoch's commit with ``(epoch, committed tids in serial order)``.
         self.on_epoch_committed: Any = None
 
     # -- calling -----------------------------------------------------------------------
@@ -147,7 +150,7 @@ class LocalRunner:
         fut: asyncio.Future[Any] = loop.create_future()
         item = _Item((operator, key, function, unpack(pack(list(args)))), fut)
         owner = self.engines[0].owner(operator, key)
-        self._queues[owner].append(item)
+        self.loops[owner].queue.append(item)
         assert self._wake is not None
         self._wake.set()
         return await fut
@@ -184,7 +187,7 @@ class LocalRunner:
             self._wake.clear()
             # let requests submitted in the same tick join this epoch
             await asyncio.sleep(0)
-            while any(self._queues) or any(s.pending_retries for s in self._sequencers):
+            while any(lp.pending for lp in self.loops):
                 try:
                     await self._run_epoch()
                 except Exception:  # a bug in the runtime: fail loudly, but fail the waiters too
@@ -192,53 +195,37 @@ class LocalRunner:
                     raise
 
     async def _run_epoch(self) -> None:
+        """One epoch exactly as the cluster runs it: every participant begins and executes
+        concurrently, the votes are merged, every participant commits."""
         self.stats.epochs += 1
         epoch = self.stats.epochs
         now = time.time()
-        work: list[tuple[int, int, _Item]] = []
-        blocked: set[int] = set()
-        for seq in self._sequencers:
-            blocked |= seq.pending_tids()
-        for i, eng in enumerate(self.engines):
-            q = self._queues[i]
-            retries = self._sequencers[i].take_retries(self.max_batch, blocked)
-            new = [q.popleft() for _ in range(min(len(q), self.max_batch - len(retries)))]
-            for item in new:
-                item.now = now
-            eng.begin(epoch)
-            for tid, item in retries + self._sequencers[i].assign(epoch, new):
-                work.append((i, tid, item))
-        outcomes = await asyncio.gather(
-            *(self.engines[i].run_root(tid, item.now, item.request) for i, tid, item in work)
+        for lp in self.loops:
+            lp.begin(epoch, now)
+        await asyncio.gather(*(lp.execute() for lp in self.loops))
+        conflicts, aborts = merge_votes(
+            (c.items(), ((t, e, r) for t, (e, r) in u.items())) for c, u in (lp.votes() for lp in self.loops)
         )
-        conflicts: dict[int, int] = {}
-        user_aborts: dict[int, tuple[str, str]] = {}
-        for eng in self.engines:
-            c, u = eng.votes()
-            for tid, blocker in c.items():
-                conflicts[tid] = max(blocker, conflicts.get(tid, -1))
-            for tid, why in u.items():
-                user_aborts.setdefault(tid, why)
-        decision = decide((tid for _, tid, _ in work), set(conflicts), user_aborts)
-        for eng in self.engines:
-            eng.commit(conflicts, user_aborts)
-        rerun = set(decision.rerun)
-        for (i, tid, item), (ok, value) in zip(work, outcomes, strict=True):
-            if tid in rerun:
-                item.attempts += 1
-                self.stats.reruns += 1
-                self._sequencers[i].requeue(tid, item, conflicts[tid])
-            elif tid in decision.aborted:
-                self.stats.aborted += 1
-                etype, reason = value if not ok else decision.aborted[tid]
-                if not item.future.done():
-                    item.future.set_exception(reply_error(etype, reason))
-            else:
-                self.stats.committed += 1
-                if not item.future.done():
-                    item.future.set_result(value)
+        committed: list[int] = []
+        in_fallback: list[int] = []
+        for lp in self.loops:
+            reruns = lp.reruns
+            for f in await lp.commit(conflicts, aborts):
+                fut = f.item.future
+                if f.committed:
+                    self.stats.committed += 1
+                    (in_fallback if f.fallback else committed).append(f.tid)
+                    if not fut.done():
+                        fut.set_result(f.value)
+                else:
+                    self.stats.aborted += 1
+                    if not fut.done():
+                        fut.set_exception(reply_error(*f.value))
+            self.stats.reruns += lp.reruns - reruns
         if self.on_epoch_committed is not None:
-            self.on_epoch_committed(epoch, decision.committed)
+            # the serial order: the epoch's commits by tid, then the fallback phase's
+            # (each worker's in tid order; different workers' commute)
+            self.on_epoch_committed(epoch, sorted(committed) + in_fallback)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def close(self) -> None:

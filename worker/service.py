@@ -29,7 +29,6 @@ State lives in one store per (operator, owned partition), opened by ``sfaas.stat
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import logging
 import os
@@ -48,7 +47,8 @@ from sfaas.kafka import make_consumer, make_producer
 from sfaas.settings import Settings
 from sfaas.state import PartitionStores, open_stores
 from sfaas.txn.engine import Engine, Outcome
-from sfaas.txn.epochs import Sequencer, decide
+from sfaas.txn.epochs import Sequencer
+from sfaas.txn.loop import Participant
 from sfaas.txn.offsets import OffsetTracker
 
 from .snapshots import RoundTaker
@@ -56,6 +56,11 @@ from .snapshots import RoundTaker
 log = logging.getLogger("sfaas.worker")
 
 __all__ = ["Worker", "run_worker"]
+
+
+def _request_of(item: _Pending) -> tuple[str, str, str, Any]:
+    r = item.request
+    return r.operator, r.key, r.function, r.args
 
 
 @dataclass(slots=True)
@@ -81,18 +86,15 @@ class Worker:
         self.index = -1
         self.engine: Engine | None = None
         self.peers: dict[int, channels.Channel] = {}
-        self.ingress: collections.deque[_Pending] = collections.deque()
-        self.sequencer: Sequencer | None = None
+        #: the epoch loop's state (queue, batch, re-runs, counters); made once assigned
+        self.loop: Participant[_Pending] | None = None
         self._calls: dict[int, asyncio.Future[Outcome]] = {}
         self._call_ids = 0
         self._deferred: dict[int, list[wire.Call]] = {}
-        self._batch: list[tuple[int, _Pending]] = []
         self._reported_epoch = 0
-        self._last_conflicts: set[int] = set()
         self._sent: list[int] = []
         self._served: list[int] = []
         self._late: list[tuple[int, wire.Result]] = []
-        self._outcomes: list[Outcome] = []
         #: (reply partition, encoded reply, ingress partition, ingress offset)
         self._replies: list[tuple[int, bytes, int, int]] = []
         self._reply_event = asyncio.Event()
@@ -107,14 +109,8 @@ class Worker:
         #: per egress partition, one past the highest offset of a reply acknowledged
         self._egress_acked: dict[int, int] = {}
         self._tasks: list[asyncio.Task[Any]] = []
-        self.committed = 0
-        self.aborted = 0
-        self.reruns = 0
-        #: conflicting roots run in the fallback phase (committed there, or re-run after)
-        self.fallbacks = 0
         #: SFAAS_FALLBACK=0 turns the fallback phase off (conflicts re-run next epoch only)
         self.fallback_enabled = os.environ.get("SFAAS_FALLBACK", "1") != "0"
-        self.epochs = 0
         self._age_sum = 0.0
         self._age_n = 0
 
@@ -127,7 +123,7 @@ class Worker:
         """
         if marker is None:
             return
-        assert self.engine is not None and self.sequencer is not None
+        assert self.engine is not None and self.loop is not None
         if self.settings.snapshot_interval <= 0:
             log.warning("round %d requested but snapshot rounds are off here", marker)
             self.coord.send(wire.Snapshotted(marker, self.index, epoch, [], {}, {}, {}, [],
@@ -135,7 +131,7 @@ class Worker:
             return
         ingress = dict(self._start_offsets)
         ingress.update(self.applied.watermarks())
-        retries = [[tid, item.partition, item.offset] for tid, item in self.sequencer.retries()]
+        retries = [[tid, item.partition, item.offset] for tid, item in self.loop.sequencer.retries()]
         self.rounds.take(marker, epoch, self.engine.stores, ingress, self.applied.completed_above(),
                          dict(self._egress_acked), retries)
 
@@ -183,12 +179,12 @@ class Worker:
             self.peers[src].send(result)
 
     def _report(self) -> None:
-        assert self.engine is not None and self.sequencer is not None
-        conflicts, aborts = self.engine.votes()
-        pending = len(self.ingress) + self.sequencer.pending_retries
+        assert self.engine is not None and self.loop is not None
+        conflicts, aborts = self.loop.votes()
+        pending = self.loop.pending
         self._idle_reported = pending == 0
         self.coord.send(wire.Report(
-            self.engine.epoch, self.index, len(self._batch), [[t, b] for t, b in conflicts.items()],
+            self.engine.epoch, self.index, len(self.loop.batch), [[t, b] for t, b in conflicts.items()],
             [[t, e, r] for t, (e, r) in aborts.items()], list(self._sent), list(self._served), pending,
         ))
 
@@ -251,7 +247,8 @@ class Worker:
         self.engine = Engine(self.app, assign.index, assign.n_workers, assign.partitions,
                              self._open_stores(assign, mine), self)
         self.rounds = RoundTaker(self.index, self.coord.send)
-        self.sequencer = Sequencer(assign.index)
+        self.loop = Participant(self.engine, Sequencer(assign.index), _request_of, s.max_batch,
+                                fallback=self.fallback_enabled)
         for j, (host, port) in enumerate(assign.peers):
             if j != self.index:
                 ch = await self._connect_retry(host, port)
@@ -331,91 +328,32 @@ class Worker:
                     log.warning("unexpected %s from coordinator", type(msg).__name__)
 
     async def _execute(self, begin: wire.Begin) -> None:
-        assert self.engine is not None and self.sequencer is not None
-        eng = self.engine
-        eng.begin(begin.epoch)
+        assert self.engine is not None and self.loop is not None
         n = self.assign.n_workers
+        self.loop.begin(begin.epoch, begin.now)
         self._sent = [0] * n
         self._served = [0] * n
         for call in self._deferred.pop(begin.epoch, []):
             self._on_call(call)
-        q = self.ingress
-        limit = self.settings.max_batch
-        # re-runs whose blocker is still pending anywhere would only conflict again
-        blocked = self._last_conflicts | self.sequencer.pending_tids()
-        retries = self.sequencer.take_retries(limit, blocked)
-        new = [q.popleft() for _ in range(min(len(q), limit - len(retries)))]
-        for item in new:
-            item.now = begin.now
-            self._age_sum += begin.now - item.request.sent_at
-            self._age_n += 1
-        batch = retries + self.sequencer.assign(begin.epoch, new)
-        self._batch = batch
-        run = eng.run_root
-        self._outcomes = await asyncio.gather(
-            *(run(tid, item.now, (item.request.operator, item.request.key, item.request.function,
-                                  item.request.args)) for tid, item in batch)
-        )
+        for _, item in self.loop.batch:
+            if item.attempts == 0:
+                self._age_sum += begin.now - item.request.sent_at
+                self._age_n += 1
+        await self.loop.execute()
         self._reported_epoch = begin.epoch
         self._report()
 
     async def _commit(self, msg: wire.Commit) -> None:
-        assert self.engine is not None and self.sequencer is not None
-        eng = self.engine
-        conflicts = {t: b for t, b in msg.conflicts}
-        self._last_conflicts = set(conflicts)
-        aborts = {t: (e, r) for t, e, r in msg.aborts}
-        eng.commit(conflicts, aborts)
-        decision = decide((tid for tid, _ in self._batch), self._last_conflicts, aborts)
-        rerun = set(decision.rerun)
-        # fallback phase: conflicting roots that stayed on this worker run serially now
-        items = dict(self._batch)
-        fb = [t for t in decision.rerun if eng.local_only(t)] if self.fallback_enabled else []
-        fb_results: dict[int, tuple[str, Any]] = {}
-        if fb:
-            out = await eng.run_fallback([
-                (t, items[t].now, (items[t].request.operator, items[t].request.key,
-                                   items[t].request.function, items[t].request.args))
-                for t in fb
-            ])
-            fb_results = dict(zip(fb, out, strict=True))
-            self.fallbacks += len(fb)
-        for (tid, item), (ok, value) in zip(self._batch, self._outcomes, strict=True):
-            req = item.request
-            fate = fb_results.get(tid)
-            if fate is not None:
-                kind, detail = fate
-                if kind == "committed":
-                    self.committed += 1
-                    reply = wire.Reply(req.rid, True, detail[1])
-                elif kind == "aborted":
-                    self.aborted += 1
-                    reply = wire.Reply(req.rid, False, None, str(detail[0]), str(detail[1]))
-                else:
-                    item.attempts += 1
-                    self.reruns += 1
-                    self.sequencer.requeue(tid, item, conflicts[tid])
-                    continue
-                self._replies.append((req.reply_partition, reply.encode(), item.partition, item.offset))
-                self._applied(item)
-                continue
-            if tid in rerun:
-                item.attempts += 1
-                self.reruns += 1
-                self.sequencer.requeue(tid, item, conflicts[tid])
-                continue
-            if tid in decision.aborted:
-                self.aborted += 1
-                etype, reason = value if not ok else decision.aborted[tid]
-                reply = wire.Reply(req.rid, False, None, etype, reason)
+        assert self.loop is not None
+        fates = await self.loop.commit({t: b for t, b in msg.conflicts}, {t: (e, r) for t, e, r in msg.aborts})
+        for f in fates:
+            req = f.item.request
+            if f.committed:
+                reply = wire.Reply(req.rid, True, f.value)
             else:
-                self.committed += 1
-                reply = wire.Reply(req.rid, True, value)
-            self._replies.append((req.reply_partition, reply.encode(), item.partition, item.offset))
-            self._applied(item)
-        self._batch = []
-        self._outcomes = []
-        self.epochs += 1
+                reply = wire.Reply(req.rid, False, None, str(f.value[0]), str(f.value[1]))
+            self._replies.append((req.reply_partition, reply.encode(), f.item.partition, f.item.offset))
+            self._applied(f.item)
         if self._replies:
             self._reply_event.set()
         self.on_epoch_committed(msg.epoch, msg.marker)
@@ -427,8 +365,10 @@ class Worker:
     # -- Kafka --------------------------------------------------------------------------------------------------
     async def _ingest(self) -> None:
         limit = 20 * self.settings.max_batch
+        assert self.loop is not None
+        queue = self.loop.queue
         while True:
-            if len(self.ingress) > limit:  # backpressure: let epochs catch up
+            if len(queue) > limit:  # backpressure: let epochs catch up
                 await asyncio.sleep(0.005)
                 continue
             data = await self.consumer.getmany(timeout_ms=500, max_records=self.settings.max_batch)
@@ -444,7 +384,7 @@ class Worker:
                         self.offsets.complete(tp.partition, rec.offset)
                         self.applied.complete(tp.partition, rec.offset)
                         continue
-                    self.ingress.append(_Pending(req, tp.partition, rec.offset))
+                    queue.append(_Pending(req, tp.partition, rec.offset))
                     got = True
             if got and self._idle_reported:
                 self._idle_reported = False
@@ -481,10 +421,12 @@ class Worker:
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            self.coord.send(wire.Heartbeat(self.index, self.committed))
+            lp = self.loop
+            assert lp is not None
+            self.coord.send(wire.Heartbeat(self.index, lp.committed))
             if self._age_n:
                 log.info("epochs=%d committed=%d reruns=%d fallbacks=%d mean request age at epoch start %.1f ms",
-                         self.epochs, self.committed, self.reruns, self.fallbacks, 1000 * self._age_sum / self._age_n)
+                         lp.epochs, lp.committed, lp.reruns, lp.fallbacks, 1000 * self._age_sum / self._age_n)
                 self._age_sum, self._age_n = 0.0, 0
             await self._commit_offsets()
 

@@ -11,6 +11,7 @@ import asyncio
 import random
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -19,7 +20,8 @@ from hypothesis import strategies as st
 from sfaas import Abort, App, Context
 from sfaas.state import open_partition_stores
 from sfaas.txn.engine import Engine, Outcome
-from sfaas.txn.epochs import Sequencer, decide
+from sfaas.txn.epochs import Sequencer
+from sfaas.txn.loop import Participant, merge_votes
 
 
 class _Router:
@@ -64,8 +66,17 @@ def _ledger() -> App:
     return app
 
 
+@dataclass
+class _Req:
+    index: int
+    request: tuple[str, str, str, list[Any]]
+    now: float = 0.0
+    attempts: int = 0
+
+
 class _Cluster:
-    """Engines plus the worker's epoch loop, recording the serial commit order."""
+    """Engines driven by the shared epoch loop (``sfaas.txn.loop``), recording the serial
+    commit order: each epoch's commits in tid order, then each worker's fallback commits."""
 
     def __init__(self, app: App, workers: int, partitions: int = 8, fallback: bool = True) -> None:
         self.dir = tempfile.mkdtemp(prefix="sfaas-fb-")
@@ -77,8 +88,8 @@ class _Cluster:
             for i in range(workers)
         ]
         router.engines = self.engines
-        self.seqs = [Sequencer(i) for i in range(workers)]
-        self.fallback = fallback
+        self.loops = [Participant(eng, Sequencer(i), lambda r: r.request, 1000, fallback=fallback)
+                      for i, eng in enumerate(self.engines)]
         self.epoch = 0
         #: (tid, result) of committed transactions, in the serial order
         self.order: list[tuple[int, Any]] = []
@@ -86,52 +97,25 @@ class _Cluster:
         self.epochs_used = 0
 
     async def run(self, requests: list[tuple[str, str, list[Any]]], max_batch: int = 1000) -> None:
-        queues: list[list[Any]] = [[] for _ in self.engines]
         for i, (key, fn, args) in enumerate(requests):
-            queues[self.engines[0].owner("acc", key)].append((i, ("acc", key, fn, args)))
-        while any(queues) or any(s.pending_retries for s in self.seqs):
+            lp = self.loops[self.engines[0].owner("acc", key)]
+            lp.queue.append(_Req(i, ("acc", key, fn, args)))
+        while any(lp.pending for lp in self.loops):
             self.epoch += 1
-            batches = []
-            for w, eng in enumerate(self.engines):
-                eng.begin(self.epoch)
-                retries = self.seqs[w].take_retries(max_batch)
-                new, queues[w] = queues[w][: max_batch - len(retries)], queues[w][max_batch - len(retries):]
-                batches.append(retries + self.seqs[w].assign(self.epoch, new))
-            outs = await asyncio.gather(*(
-                asyncio.gather(*(eng.run_root(tid, 0.0, item[1]) for tid, item in batch))
-                for eng, batch in zip(self.engines, batches, strict=True)
-            ))
-            conflicts: dict[int, int] = {}
-            aborts: dict[int, tuple[str, str]] = {}
-            for eng in self.engines:
-                c, u = eng.votes()
-                for t, b in c.items():
-                    conflicts[t] = max(b, conflicts.get(t, -1))
-                for t, a in u.items():
-                    aborts.setdefault(t, a)
-            for eng in self.engines:
-                eng.commit(conflicts, aborts)
-            results = {tid: out for batch, o in zip(batches, outs, strict=True)
-                       for (tid, _), out in zip(batch, o, strict=True)}
-            all_tids = [tid for b in batches for tid, _ in b]
-            d = decide(all_tids, set(conflicts), aborts)
-            self.order += [(t, results[t][1]) for t in d.committed]
-            self.aborted.update(d.aborted)
-            rerun = set(d.rerun)
-            for w, eng in enumerate(self.engines):
-                mine = [(tid, item) for tid, item in batches[w] if tid in rerun]
-                fb = [(t, it) for t, it in mine if self.fallback and eng.local_only(t)]
-                fates = await eng.run_fallback([(t, 0.0, it[1]) for t, it in fb]) if fb else []
-                done = {}
-                for (t, _), (kind, detail) in zip(fb, fates, strict=True):
-                    done[t] = kind
-                    if kind == "committed":
-                        self.order.append((t, detail[1]))
-                    elif kind == "aborted":
-                        self.aborted[t] = detail
-                for t, it in mine:
-                    if done.get(t, "rerun") == "rerun":
-                        self.seqs[w].requeue(t, it, conflicts[t])
+            for lp in self.loops:
+                lp.max_batch = max_batch
+                lp.begin(self.epoch, 0.0)
+            await asyncio.gather(*(lp.execute() for lp in self.loops))
+            conflicts, aborts = merge_votes(
+                (c.items(), ((t, e, r) for t, (e, r) in u.items())) for c, u in (lp.votes() for lp in self.loops)
+            )
+            fates = [await lp.commit(conflicts, aborts) for lp in self.loops]
+            normal = sorted((f for fs in fates for f in fs if not f.fallback), key=lambda f: f.tid)
+            for f in normal + [f for fs in fates for f in fs if f.fallback]:
+                if f.committed:
+                    self.order.append((f.tid, f.value))
+                else:
+                    self.aborted[f.tid] = f.value
             self.epochs_used += 1
 
     def items(self) -> dict[str, int]:
@@ -241,24 +225,23 @@ async def test_worker_commit_replies_from_the_fallback_phase() -> None:
 
     app = _ledger()
     eng = Engine(app, 0, 1, 4, open_partition_stores(app, tempfile.mkdtemp(), range(4), 4, store="memonly"), None)
-    w = Worker.__new__(Worker)
-    w.engine, w.sequencer = eng, Sequencer(0)
-    w.fallback_enabled = True
     from sfaas.txn.offsets import OffsetTracker
+    from worker.service import _request_of
+
+    w = Worker.__new__(Worker)
+    w.engine = eng
+    w.loop = Participant(eng, Sequencer(0), _request_of, 1000, fallback=True)
 
     w.offsets, w.applied = OffsetTracker(), OffsetTracker()
     for i in range(4):
         w.offsets.take(0, i)
         w.applied.take(0, i)
     w._replies, w._reply_event = [], asyncio.Event()
-    w.committed = w.aborted = w.reruns = w.fallbacks = w.epochs = 0
-    items = [_Pending(wire.Request(f"r{i}", "acc", "hot", "move", ["cold", 4], 0, 0.0), 0, i)
-             for i in range(4)]
-    eng.begin(1)
-    w._batch = w.sequencer.assign(1, items)
-    w._outcomes = list(await asyncio.gather(*(
-        eng.run_root(t, 0.0, ("acc", "hot", "move", ["cold", 4])) for t, _ in w._batch)))
-    conflicts, aborts = eng.votes()
+    w.loop.queue.extend(_Pending(wire.Request(f"r{i}", "acc", "hot", "move", ["cold", 4], 0, 0.0), 0, i)
+                        for i in range(4))
+    w.loop.begin(1, 0.0)
+    await w.loop.execute()
+    conflicts, aborts = w.loop.votes()
     await w._commit(wire.Commit(1, [[t, b] for t, b in conflicts.items()],
                                 [[t, e, r] for t, (e, r) in aborts.items()], False, None))
     replies = {msgpack.unpackb(v)[0]: msgpack.unpackb(v) for _, v, _, _ in w._replies}
@@ -266,7 +249,7 @@ async def test_worker_commit_replies_from_the_fallback_phase() -> None:
     assert [replies[f"r{i}"][1] for i in range(4)] == [True, True, False, False]
     assert [replies[f"r{i}"][2][1:] for i in range(2)] == [[10, 10], [6, 14]]
     assert replies["r2"][4] == "short"
-    assert w.sequencer.pending_retries == 0 and w.fallbacks == 3
+    assert w.loop.sequencer.pending_retries == 0 and w.loop.fallbacks == 3
     # all four are in the state now: a snapshot here replays from offset 4; none was
     # acknowledged by Kafka yet, so the consumer group still resumes from 0
     assert w.applied.watermarks() == {0: 4} and w.offsets.watermarks() == {0: 0}

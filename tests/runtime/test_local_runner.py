@@ -181,8 +181,10 @@ def test_calls_inside_transactions_validate_names_and_arity() -> None:
         assert r.items("o") == {}
 
 
-async def test_randomized_bank_history_is_serializable() -> None:
-    """Replaying committed transfers serially in (epoch, tid) order reproduces every result."""
+@pytest.mark.parametrize("fallback", [True, False])
+async def test_randomized_bank_history_is_serializable(fallback: bool) -> None:
+    """Replaying committed transfers serially in the reported commit order reproduces every
+    result, with and without the fallback phase."""
     app = App("ledger")
     acc = app.operator("acc", store="memonly")
 
@@ -207,13 +209,13 @@ async def test_randomized_bank_history_is_serializable() -> None:
     for _ in range(300):
         a, b = rnd.sample(keys, 2)
         reqs.append((a, b, rnd.randint(1, 12)))
-    async with LocalRunner(app, workers=2, partitions=4, max_batch=40) as r:
-        epochs: dict[int, int] = {}
-        r.on_epoch_committed = lambda epoch, tids: epochs.update({t: epoch for t in tids})
+    async with LocalRunner(app, workers=2, partitions=4, max_batch=40, fallback=fallback) as r:
+        epochs: dict[int, tuple[int, int]] = {}
+        r.on_epoch_committed = lambda epoch, tids: epochs.update({t: (epoch, k) for k, t in enumerate(tids)})
         results = await r.gather(*[("acc", a, "move", b, n) for a, b, n in reqs], return_exceptions=True)
         final = r.items("acc")
     committed = sorted(
-        ((epochs[res[0]], res[0]), i, res) for i, res in enumerate(results) if not isinstance(res, BaseException)
+        (epochs[res[0]], i, res) for i, res in enumerate(results) if not isinstance(res, BaseException)
     )
     model: dict[str, int] = {}
     for _, i, (_tid, mine, theirs) in committed:
@@ -223,3 +225,23 @@ async def test_randomized_bank_history_is_serializable() -> None:
         model[b] = theirs + n
     assert final == model
     assert sum(final.values()) + 10 * (len(keys) - len(final)) == 10 * len(keys)
+
+
+async def test_hot_key_chain_commits_in_one_epoch_with_the_fallback_phase_like_the_cluster() -> None:
+    app = App("hot")
+    ctr = app.operator("ctr", store="memonly")
+
+    @ctr.function
+    async def add(ctx: Context, n: int) -> int:
+        v = ctx.get(default=0)
+        ctx.put(v + n)
+        return v
+
+    for fallback, most_epochs in ((True, 1), (False, None)):
+        async with LocalRunner(app, workers=2, fallback=fallback) as r:
+            got = await r.gather(*[("ctr", "hot", "add", 1)] * 60)
+            assert sorted(got) == list(range(60)) and r.state("ctr", "hot") == 60
+            if most_epochs is not None:
+                assert r.stats.epochs == most_epochs and r.stats.reruns == 0
+            else:  # without it every conflicting increment waits for a later epoch
+                assert r.stats.epochs > 30 and r.stats.reruns > 0

@@ -1,0 +1,172 @@
+"""The epoch loop, once: a worker's :class:`Participant` and the coordinator's :func:`merge_votes`.
+
+The worker process, :class:`sfaas.testing.LocalRunner` and the tests all drive these, so
+the cluster and the local runner share one semantics (and recovery restarts one loop).
+Per epoch, on every participant::
+
+    batch = p.begin(epoch, now, blocked)     # re-runs first (keeping their tids), then new work
+    outcomes = await p.execute()             # every root concurrently against the epoch-start state
+    votes = p.votes()                        # → the coordinator: merge_votes(all votes)
+    fates = await p.commit(conflicts, aborts)  # apply, fallback phase, requeue; the decided items
+
+``commit`` runs the *fallback phase* (see :mod:`sfaas.txn.epochs`): conflicting roots whose
+calls never left this participant re-run at once, alone and in tid order, against the
+just-committed state. What reaches a reply is returned as :class:`Fate`; re-runs stay in
+the participant's sequencer. No I/O here beyond the engine's stores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from .engine import Engine, Outcome
+from .epochs import Sequencer, decide
+
+__all__ = ["Item", "Fate", "Participant", "merge_votes"]
+
+
+class Item(Protocol):
+    """What a participant needs of a queued request."""
+
+    now: float
+    attempts: int
+
+
+T = TypeVar("T", bound=Item)
+
+
+@dataclass(slots=True)
+class Fate(Generic[T]):
+    """A request whose fate is final this epoch: ``committed`` with ``value``, or
+    ``aborted`` with ``(error type, reason)`` in ``value``. ``fallback``: decided in the
+    fallback phase (serially after the epoch's other commits, in tid order)."""
+
+    tid: int
+    item: T
+    committed: bool
+    value: Any
+    fallback: bool = False
+
+
+class Participant(Generic[T]):
+    """One worker's side of the epoch loop (see module docstring).
+
+    ``request_of(item)`` gives the ``(operator, key, function, args)`` an item runs.
+    """
+
+    def __init__(
+        self, engine: Engine, sequencer: Sequencer, request_of: Callable[[T], tuple[str, str, str, Any]],
+        max_batch: int, fallback: bool = True,
+    ) -> None:
+        self.engine = engine
+        self.sequencer = sequencer
+        self.request_of = request_of
+        self.max_batch = max_batch
+        self.fallback = fallback
+        #: new requests waiting for an epoch, in arrival order
+        self.queue: collections.deque[T] = collections.deque()
+        self.batch: list[tuple[int, T]] = []
+        self.outcomes: list[Outcome] = []
+        #: the conflicting tids of the last commit (their re-runs wait for their blockers)
+        self.last_conflicts: set[int] = set()
+        self.committed = self.aborted = self.reruns = self.fallbacks = self.epochs = 0
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting for a later epoch (new and re-runs)."""
+        return len(self.queue) + self.sequencer.pending_retries
+
+    def begin(self, epoch: int, now: float, blocked: Iterable[int] = ()) -> list[tuple[int, T]]:
+        """Start ``epoch``: take re-runs whose blocker is not pending (here, in ``blocked``
+        or conflicting last epoch), then new requests, up to ``max_batch``; new ones get
+        ``now`` and fresh tids."""
+        self.engine.begin(epoch)
+        block = self.last_conflicts | self.sequencer.pending_tids() | set(blocked)
+        retries = self.sequencer.take_retries(self.max_batch, block)
+        q = self.queue
+        new = [q.popleft() for _ in range(min(len(q), self.max_batch - len(retries)))]
+        for item in new:
+            item.now = now
+        self.batch = retries + self.sequencer.assign(epoch, new)
+        return self.batch
+
+    async def execute(self) -> list[Outcome]:
+        """Run every root of the batch concurrently; their outcomes, in batch order."""
+        run, req = self.engine.run_root, self.request_of
+        self.outcomes = list(await asyncio.gather(*(run(tid, item.now, req(item)) for tid, item in self.batch)))
+        return self.outcomes
+
+    def votes(self) -> tuple[dict[int, int], dict[int, tuple[str, str]]]:
+        """This participant's conflicts (tid → blocker) and user aborts so far."""
+        return self.engine.votes()
+
+    async def commit(
+        self, conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]],
+    ) -> list[Fate[T]]:
+        """Apply the epoch's surviving writes, run the fallback phase, requeue the rest.
+
+        ``conflicts``/``aborts``: the union over every participant. Returns the fates of
+        the batch's requests that are final, in batch order.
+        """
+        eng = self.engine
+        self.last_conflicts = set(conflicts)
+        eng.commit(conflicts, aborts)
+        decision = decide((tid for tid, _ in self.batch), self.last_conflicts, aborts)
+        rerun = set(decision.rerun)
+        items = dict(self.batch)
+        fb = [t for t in decision.rerun if eng.local_only(t)] if self.fallback else []
+        fb_fates: dict[int, tuple[str, Any]] = {}
+        if fb:
+            out = await eng.run_fallback([(t, items[t].now, self.request_of(items[t])) for t in fb])
+            fb_fates = dict(zip(fb, out, strict=True))
+            self.fallbacks += len(fb)
+        fates: list[Fate[T]] = []
+        for (tid, item), (ok, value) in zip(self.batch, self.outcomes, strict=True):
+            fate = fb_fates.get(tid)
+            if fate is not None:
+                kind, detail = fate
+                if kind == "committed":
+                    fates.append(Fate(tid, item, True, detail[1], fallback=True))
+                elif kind == "aborted":
+                    fates.append(Fate(tid, item, False, (str(detail[0]), str(detail[1])), fallback=True))
+                else:
+                    self._requeue(tid, item, conflicts[tid])
+                continue
+            if tid in rerun:
+                self._requeue(tid, item, conflicts[tid])
+            elif tid in decision.aborted:
+                fates.append(Fate(tid, item, False, tuple(value) if not ok else decision.aborted[tid]))
+            else:
+                fates.append(Fate(tid, item, True, value))
+        for f in fates:
+            if f.committed:
+                self.committed += 1
+            else:
+                self.aborted += 1
+        self.batch, self.outcomes = [], []
+        self.epochs += 1
+        return fates
+
+    def _requeue(self, tid: int, item: T, blocker: int) -> None:
+        item.attempts += 1
+        self.reruns += 1
+        self.sequencer.requeue(tid, item, blocker)
+
+
+def merge_votes(
+    votes: Iterable[tuple[Iterable[tuple[int, int]], Iterable[tuple[int, str, str]]]],
+) -> tuple[dict[int, int], dict[int, tuple[str, str]]]:
+    """The coordinator's barrier: the union of every participant's conflicts (a tid's
+    highest blocker) and user aborts (the first reported per tid)."""
+    conflicts: dict[int, int] = {}
+    aborts: dict[int, tuple[str, str]] = {}
+    for cs, us in votes:
+        for tid, blocker in cs:
+            conflicts[tid] = max(blocker, conflicts.get(tid, -1))
+        for tid, etype, reason in us:
+            aborts.setdefault(tid, (etype, reason))
+    return conflicts, aborts
