@@ -26,6 +26,7 @@ from sfaas.kafka import ensure_topics
 from sfaas.settings import Settings
 from sfaas.state import rounds_remote, store_remote
 from sfaas.txn.epochs import execution_finished
+from sfaas.txn.loop import merge_votes
 
 from .rounds import RoundKeeper
 
@@ -213,20 +214,14 @@ class Coordinator:
                 log.info("epochs %d; mean of the last 500 (ms): waiting for work %.2f, "
                          "execute+barrier %.2f", ph[3], ph[0] / 0.5, ph[1] / 0.5)
                 ph[:] = [0.0, 0.0, 0.0, ph[3]]
-            conflicts: dict[int, int] = {}
-            aborts: dict[int, list[Any]] = {}
-            pending = 0
-            for r in reports:
-                for tid, blocker in r.conflicts:
-                    conflicts[tid] = max(blocker, conflicts.get(tid, -1))
-                for a in r.aborts:
-                    aborts.setdefault(a[0], a)
-                pending += r.pending
+            conflicts, aborts = merge_votes((r.conflicts, r.aborts) for r in reports)
+            pending = sum(r.pending for r in reports)
             idle = pending == 0 and not conflicts and not self._wakeup.is_set()
             self.stats["epochs"] += 1
             self.stats["txns"] += sum(r.roots for r in reports)
             marker = self.rounds.marker(epoch, self.stats["txns"])
-            self._broadcast(wire.Commit(epoch, [[t, b] for t, b in conflicts.items()], list(aborts.values()), idle, marker))
+            self._broadcast(wire.Commit(epoch, [[t, b] for t, b in conflicts.items()],
+                                        [[t, e, r] for t, (e, r) in aborts.items()], idle, marker))
             self.stats["conflicts"] += len(conflicts)
 
     async def _watchdog(self) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -158,10 +158,12 @@ class Participant(Generic[T]):
 
 
 def merge_votes(
-    votes: Iterable[tuple[Iterable[tuple[int, int]], Iterable[tuple[int, str, str]]]],
+    votes: Iterable[tuple[Iterable[Sequence[Any]], Iterable[Sequence[Any]]]],
 ) -> tuple[dict[int, int], dict[int, tuple[str, str]]]:
     """The coordinator's barrier: the union of every participant's conflicts (a tid's
-    highest blocker) and user aborts (the first reported per tid)."""
+    highest blocker) and user aborts (the first reported per tid). Each vote is
+    ``(conflicts as (tid, blocker) pairs, aborts as (tid, error type, reason))``, the
+    shape of ``wire.Report``."""
     conflicts: dict[int, int] = {}
     aborts: dict[int, tuple[str, str]] = {}
     for cs, us in votes:

@@ -208,3 +208,19 @@ def test_blocked_reruns_wait_for_their_blocker_but_the_lowest_always_runs() -> N
     assert seq.take_retries(blocked=seq.pending_tids()) == [(20, "b")]
     assert seq.take_retries(blocked={20}) == []
     assert seq.take_retries(blocked=set()) == [(30, "c")]
+
+
+@given(st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 20)), max_size=6),
+                          st.lists(st.tuples(st.integers(0, 20), st.sampled_from("AB"), st.text(max_size=3)),
+                                   max_size=4)), max_size=4))
+def test_merge_votes_keeps_each_tids_highest_blocker_and_first_abort(votes) -> None:
+    from sfaas.txn.loop import merge_votes
+
+    conflicts, aborts = merge_votes(votes)
+    pairs = [p for cs, _ in votes for p in cs]
+    assert conflicts == {t: max(b for t2, b in pairs if t2 == t) for t, _ in pairs}
+    firsts: dict[int, tuple[str, str]] = {}
+    for _, us in votes:
+        for t, e, r in us:
+            firsts.setdefault(t, (e, r))
+    assert aborts == firsts
