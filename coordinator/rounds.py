@@ -150,7 +150,8 @@ class RoundKeeper:
         egress = {p: o for p, o in egress.items() if all(p in r.egress for r in f.reports.values())}
         stores.sort(key=lambda s: (s.operator, s.partition))
         return RoundManifest(f.round, f.epoch, self.workers, self.partitions, tuple(stores), ingress, skip, egress,
-                             tuple(sorted(retries)), started=f.started)
+                             tuple(sorted(retries)), min(r.epoch_log for r in f.reports.values()),
+                             started=f.started)
 
     async def _publish(self, manifest: RoundManifest) -> None:
         assert self._rounds is not None

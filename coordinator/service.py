@@ -71,7 +71,10 @@ class Coordinator:
         s = self.settings
         self._lost = asyncio.get_running_loop().create_future()
         ingress, egress = s.topics(self.app_name)
-        counts = await ensure_topics(s.kafka, {ingress: s.partitions, egress: s.partitions})
+        topics = {ingress: s.partitions, egress: s.partitions}
+        if s.snapshot_interval > 0:
+            topics[s.epoch_log_topic(self.app_name)] = 1
+        counts = await ensure_topics(s.kafka, topics)
         self.partitions = counts[ingress]
         if self.partitions < s.workers:
             raise ClusterError(f"topic {ingress} has {self.partitions} partitions < {s.workers} workers")

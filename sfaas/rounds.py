@@ -97,7 +97,8 @@ class RoundManifest:
     partition, offsets above it whose requests are in the state; ``egress``: per
     egress partition, where a de-duplicating scan of replies starts; ``retries``:
     ``[tid, partition, offset]`` of requests waiting to re-run at the cut (their tids keep
-    their priority on replay).
+    their priority on replay); ``epoch_log``: the epoch-log offset from which the records
+    of epochs after ``epoch`` are found.
     """
 
     round: int
@@ -109,6 +110,7 @@ class RoundManifest:
     skip: dict[int, list[int]]
     egress: dict[int, int]
     retries: tuple[tuple[int, int, int], ...] = ()
+    epoch_log: int = 0
     started: float = 0.0
     created: float = field(default_factory=time.time)
 
@@ -130,7 +132,7 @@ class RoundManifest:
             "partitions": self.partitions,
             "stores": [[s.operator, s.partition, s.bytes_uploaded, s.files, s.total_bytes] for s in self.stores],
             "ingress": self.ingress, "skip": self.skip, "egress": self.egress,
-            "retries": [list(r) for r in self.retries],
+            "retries": [list(r) for r in self.retries], "epoch_log": self.epoch_log,
             "started": self.started, "created": self.created,
         })
 
@@ -142,7 +144,7 @@ class RoundManifest:
             retries = tuple((int(t), int(p), int(o)) for t, p, o in d["retries"])
             m = cls(int(d["round"]), int(d["epoch"]), int(d["workers"]), int(d["partitions"]), stores,
                     _int_map(d["ingress"], "ingress"), _skip_map(d["skip"]), _int_map(d["egress"], "egress"), retries,
-                    float(d["started"]), float(d["created"]))
+                    int(d["epoch_log"]), float(d["started"]), float(d["created"]))
         except RoundError as exc:
             raise RoundError(f"{source}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:

@@ -145,6 +145,10 @@ class Settings:
         """``(ingress, egress)`` topic names of ``app``."""
         return f"{self.namespace}.{app}.in", f"{self.namespace}.{app}.out"
 
+    def epoch_log_topic(self, app: str) -> str:
+        """The single-partition topic of ``app``'s epoch log (see :mod:`sfaas.epochlog`)."""
+        return f"{self.namespace}.{app}.epochs"
+
     def as_env(self) -> dict[str, str]:
         """These settings as ``SFAAS_*`` variables (to pass to child processes)."""
         return {f"SFAAS_{f.name.upper()}": str(getattr(self, f.name)) for f in dataclasses.fields(self)}

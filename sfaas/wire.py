@@ -174,7 +174,9 @@ class Snapshotted(Message):
     (they completed while an earlier request waited to re-run; replay skips them).
     ``egress``: per egress partition, an offset at or before the first reply produced after
     the cut (a de-duplicating scan starts there). ``retries``: the conflict-aborted
-    requests waiting to re-run at the cut, as ``[tid, partition, offset]``. ``error``:
+    requests waiting to re-run at the cut, as ``[tid, partition, offset]``. ``epoch_log``:
+    one past this worker's newest epoch-log record at the cut (records of later epochs
+    come after it; see ``sfaas.epochlog``). ``error``:
     empty, or why this worker's part failed (the round then fails; the next one retries).
     """
 
@@ -187,6 +189,7 @@ class Snapshotted(Message):
     skip: dict[int, list[int]]
     egress: dict[int, int]
     retries: list[list[int]]
+    epoch_log: int
     error: str
 
 

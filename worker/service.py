@@ -42,6 +42,7 @@ from aiokafka import TopicPartition
 from sfaas import channels, wire
 from sfaas.app import App
 from sfaas.codec import check_serializable
+from sfaas.epochlog import EpochRecord
 from sfaas.errors import AuthenticationError, ChannelClosed, ClusterError
 from sfaas.kafka import make_consumer, make_producer
 from sfaas.settings import Settings
@@ -108,6 +109,10 @@ class Worker:
         self._start_offsets: dict[int, int] = {}
         #: per egress partition, one past the highest offset of a reply acknowledged
         self._egress_acked: dict[int, int] = {}
+        #: the epoch log (on with snapshot rounds): its topic, and one past this worker's
+        #: newest acknowledged record (where a replay after the current cut may start)
+        self._log_topic = settings.epoch_log_topic(app.name) if settings.snapshot_interval > 0 else ""
+        self._log_pos = 0
         self._tasks: list[asyncio.Task[Any]] = []
         #: SFAAS_FALLBACK=0 turns the fallback phase off (conflicts re-run next epoch only)
         self.fallback_enabled = os.environ.get("SFAAS_FALLBACK", "1") != "0"
@@ -126,14 +131,14 @@ class Worker:
         assert self.engine is not None and self.loop is not None
         if self.settings.snapshot_interval <= 0:
             log.warning("round %d requested but snapshot rounds are off here", marker)
-            self.coord.send(wire.Snapshotted(marker, self.index, epoch, [], {}, {}, {}, [],
+            self.coord.send(wire.Snapshotted(marker, self.index, epoch, [], {}, {}, {}, [], 0,
                                              "snapshot rounds are off on this worker (snapshot_interval=0)"))
             return
         ingress = dict(self._start_offsets)
         ingress.update(self.applied.watermarks())
         retries = [[tid, item.partition, item.offset] for tid, item in self.loop.sequencer.retries()]
         self.rounds.take(marker, epoch, self.engine.stores, ingress, self.applied.completed_above(),
-                         dict(self._egress_acked), retries)
+                         dict(self._egress_acked), retries, self._log_pos)
 
     # -- router (Engine → peers) -----------------------------------------------------------------
     async def remote_call(
@@ -254,7 +259,7 @@ class Worker:
                 ch = await self._connect_retry(host, port)
                 ch.send(wire.Hello(self.index))
                 self.peers[j] = ch
-        self.producer = make_producer(s.kafka, s.linger_ms)
+        self.producer = make_producer(s.kafka, s.linger_ms, durable=True)
         await self.producer.start()
         self.consumer = make_consumer(s.kafka, assign.group, s.fetch_wait_ms)
         await self.consumer.start()
@@ -266,6 +271,9 @@ class Worker:
         out_parts = await self.producer.partitions_for(assign.egress_topic)
         ends = await self.consumer.end_offsets([TopicPartition(assign.egress_topic, p) for p in out_parts])
         self._egress_acked = {tp.partition: off for tp, off in ends.items()}
+        if self._log_topic:
+            log_tp = TopicPartition(self._log_topic, 0)
+            self._log_pos = (await self.consumer.end_offsets([log_tp]))[log_tp]
         self._tasks = [
             asyncio.create_task(self._ingest(), name="ingest"),
             asyncio.create_task(self._produce(), name="egress"),
@@ -339,7 +347,24 @@ class Worker:
             if item.attempts == 0:
                 self._age_sum += begin.now - item.request.sent_at
                 self._age_n += 1
+        ack = None
+        if self._log_topic and self.loop.batch:
+            # the epoch-log write overlaps execution; the report (hence every reply of
+            # this epoch, anywhere) waits for it to be durable
+            rec = EpochRecord(begin.epoch, self.index, begin.now,
+                              tuple((tid, it.partition, it.offset) for tid, it in self.loop.batch))
+            ack = await self.producer.send(self._log_topic, rec.encode(), partition=0)
         await self.loop.execute()
+        if ack is not None:
+            try:
+                md = await ack
+            except Exception as exc:
+                # without the record no reply of this epoch may leave: stop loudly
+                log.error("writing epoch %d to the epoch log failed: %s; leaving the cluster", begin.epoch, exc,
+                          extra={"worker": self.index})
+                self.coord.close()
+                return
+            self._log_pos = md.offset + 1
         self._reported_epoch = begin.epoch
         self._report()
 

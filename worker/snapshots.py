@@ -40,7 +40,7 @@ class RoundTaker:
 
     def take(
         self, round_id: int, epoch: int, stores: Mapping[StoreKey, Store],
-        ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int], retries: list[list[int]],
+        ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int], retries: list[list[int]], epoch_log: int,
     ) -> None:
         """Freeze every store for round ``round_id`` now; report when the uploads end."""
         t0 = time.perf_counter()
@@ -54,7 +54,7 @@ class RoundTaker:
         freeze_ms = 1000 * (time.perf_counter() - t0)
         log.debug("round %d: froze %d stores in %.1f ms", round_id, len(futures), freeze_ms)
         task = asyncio.get_running_loop().create_task(
-            self._report(round_id, epoch, futures, errors, ingress, skip, egress, retries),
+            self._report(round_id, epoch, futures, errors, ingress, skip, egress, retries, epoch_log),
             name=f"round-{round_id}",
         )
         self._tasks.add(task)
@@ -63,7 +63,7 @@ class RoundTaker:
     async def _report(
         self, round_id: int, epoch: int,
         futures: list[tuple[StoreKey, concurrent.futures.Future[SnapshotInfo]]], errors: list[str],
-        ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int], retries: list[list[int]],
+        ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int], retries: list[list[int]], epoch_log: int,
     ) -> None:
         cuts: list[list[Any]] = []
         for (op, p), fut in futures:
@@ -79,7 +79,7 @@ class RoundTaker:
             self.failed += 1
             log.warning("round %d: this worker's snapshot failed: %s", round_id, error,
                         extra={"worker": self.index})
-        self._send(wire.Snapshotted(round_id, self.index, epoch, cuts, ingress, skip, egress, retries, error))
+        self._send(wire.Snapshotted(round_id, self.index, epoch, cuts, ingress, skip, egress, retries, epoch_log, error))
 
     async def close(self) -> None:
         """Wait for the reports still pending (their uploads finish or fail first)."""

@@ -240,6 +240,13 @@ class Sequencer:
         """How many re-runs are waiting."""
         return len(self._retries)
 
+    def discard(self, tids: Iterable[int]) -> None:
+        """Drop the waiting re-runs with these tids (a replay runs them from its log)."""
+        drop = set(tids)
+        if drop and any(r.tid in drop for r in self._retries):
+            self._retries = [r for r in self._retries if r.tid not in drop]
+            heapq.heapify(self._retries)
+
     def retries(self) -> list[tuple[int, Any]]:
         """The waiting re-runs as ``(tid, item)``, lowest tid first (nothing is taken)."""
         return [(r.tid, r.item) for r in sorted(self._retries)]

@@ -94,6 +94,15 @@ class Participant(Generic[T]):
         self.batch = retries + self.sequencer.assign(epoch, new)
         return self.batch
 
+    def begin_replay(self, epoch: int, batch: list[tuple[int, T]]) -> list[tuple[int, T]]:
+        """Start ``epoch`` with exactly ``batch`` — tids and items (with their ``now``) as
+        the epoch log recorded them — instead of choosing one. Re-runs named in it leave
+        the sequencer; execution, votes and commit then go as in a live epoch."""
+        self.engine.begin(epoch)
+        self.sequencer.discard(tid for tid, _ in batch)
+        self.batch = list(batch)
+        return self.batch
+
     async def execute(self) -> list[Outcome]:
         """Run every root of the batch concurrently; their outcomes, in batch order."""
         run, req = self.engine.run_root, self.request_of

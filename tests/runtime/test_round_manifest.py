@@ -37,6 +37,7 @@ manifests = st.builds(
     skip=st.dictionaries(_ints, st.lists(_ints, max_size=5), max_size=4),
     egress=st.dictionaries(_ints, _ints, max_size=8),
     retries=st.lists(st.tuples(_ints, _ints, _ints), max_size=5).map(tuple),
+    epoch_log=_ints,
     started=st.floats(min_value=0, max_value=2e9),
     created=st.floats(min_value=0, max_value=2e9),
 )

@@ -18,17 +18,22 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from sfaas import cluster, wire
 from sfaas.client import Client
+from sfaas.epochlog import EpochRecord
 from sfaas.partitioning import partition_of
 from sfaas.rounds import RoundManifest, Rounds
 from sfaas.settings import Settings
 from sfaas.state import open_partition_stores, rounds_remote, store_remote
+from sfaas.testing import LocalRunner
+from sfaas.txn.loop import merge_votes
 from tests.conftest import TEST_BUCKET
 from tests.runtime.apps import ledger
 
@@ -73,23 +78,69 @@ async def _wait_rounds(rounds: Rounds, above: int, timeout: float = 60.0) -> lis
     raise AssertionError(f"no snapshot round above {above} published within {timeout} s")
 
 
-async def _ingress_requests(s: Settings) -> dict[int, list[tuple[int, wire.Request]]]:
-    """Every request in the ingress topic: partition → [(offset, request)]."""
-    topic = s.topics("ledger")[0]
+async def _read_topic(s: Settings, topic: str, partitions: int) -> dict[int, list[tuple[int, bytes]]]:
+    """Every record of ``topic``: partition → [(offset, value)]."""
     consumer = AIOKafkaConsumer(bootstrap_servers=s.kafka, enable_auto_commit=False)
     await consumer.start()
     try:
-        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
-        out: dict[int, list[tuple[int, wire.Request]]] = {p: [] for p in range(PARTITIONS)}
+        out: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(partitions)}
         while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
             for tp, records in (await consumer.getmany(timeout_ms=500)).items():
-                out[tp.partition] += [(r.offset, wire.Request.decode(r.value)) for r in records]
+                out[tp.partition] += [(r.offset, r.value) for r in records]
         return out
     finally:
         await consumer.stop()
+
+
+async def _ingress_requests(s: Settings) -> dict[int, list[tuple[int, wire.Request]]]:
+    """Every request in the ingress topic: partition → [(offset, request)]."""
+    raw = await _read_topic(s, s.topics("ledger")[0], PARTITIONS)
+    return {p: [(o, wire.Request.decode(v)) for o, v in recs] for p, recs in raw.items()}
+
+
+@dataclass
+class _Replayed:
+    rid: str
+    request: tuple[str, str, str, list[Any]]
+    now: float
+    attempts: int = 0
+
+
+async def _replay(m: RoundManifest, records: list[tuple[int, EpochRecord]],
+                  requests: dict[int, list[tuple[int, wire.Request]]], directory: Path,
+                  ) -> tuple[dict[str, tuple[bool, Any]], dict[str, int], dict[str, int]]:
+    """Re-execute the logged epochs after round ``m`` on its restored stores (in
+    ``directory``) with the shared epoch loop; the fates by request id, then the state."""
+    by_pos = {(p, o): req for p, reqs in requests.items() for o, req in reqs}
+    later = [rec for off, rec in records if rec.epoch > m.epoch]
+    # every record of a later epoch is at or after the round's epoch-log position
+    assert all(off >= m.epoch_log for off, rec in records if rec.epoch > m.epoch)
+    fates: dict[str, tuple[bool, Any]] = {}
+    runner = LocalRunner(ledger.app, workers=m.workers, partitions=m.partitions, store="lsm", directory=directory)
+    try:
+        for epoch in sorted({rec.epoch for rec in later}):
+            mine = {rec.worker: rec for rec in later if rec.epoch == epoch}
+            for i, lp in enumerate(runner.loops):
+                rec = mine.get(i)
+                batch = []
+                for tid, p, o in rec.batch if rec else ():
+                    req = by_pos[(p, o)]
+                    batch.append((tid, _Replayed(req.rid, (req.operator, req.key, req.function, req.args), rec.now)))
+                lp.begin_replay(epoch, batch)
+            await asyncio.gather(*(lp.execute() for lp in runner.loops))
+            conflicts, aborts = merge_votes(
+                (c.items(), ((t, e, r) for t, (e, r) in u.items())) for c, u in (lp.votes() for lp in runner.loops)
+            )
+            for lp in runner.loops:
+                for f in await lp.commit(conflicts, aborts):
+                    fates[f.item.rid] = (f.committed, f.value)
+        return fates, runner.items("accounts"), runner.items("counters")
+    finally:
+        runner.close()
 
 
 def _restore(s: Settings, round_id: int, directory: Path) -> tuple[dict[str, int], dict[str, int]]:
@@ -162,6 +213,27 @@ async def test_rounds_under_load_are_consistent_cuts_that_match_their_offsets(le
             want = sum(1 for off, req in requests[p]
                        if req.operator == "counters" and req.key == k and (off < m.ingress[p] or off in skip))
             assert counters.get(k, 0) == want, (round_id, k, counters.get(k), want, m.ingress, m.skip)
+
+    # deterministic replay: the epoch log after the first checked round, re-executed on that
+    # round's state, gives every request exactly the reply its client got, and today's state
+    raw = await _read_topic(cs, cs.epoch_log_topic("ledger"), 1)
+    records = [(off, EpochRecord.decode(v)) for off, v in raw[0]]
+    assert [rec.epoch for _, rec in records] == sorted(rec.epoch for _, rec in records)
+    m = await asyncio.to_thread(rounds.read, checked[0])
+    fates, accounts, counters = await _replay(m, records, requests, tmp_path / f"r{checked[0]}")
+    got = {r.rid: r for r in replies}
+    replayed = [rid for rid in fates if rid in got]
+    assert len(replayed) > 50, len(replayed)
+    for rid in replayed:
+        ok, value = fates[rid]
+        reply = got[rid]
+        assert ok == reply.ok and (value if ok else list(value)) == (
+            reply.value if ok else [reply.error_type, reply.reason]), (rid, fates[rid], reply)
+    async with Client("ledger", settings=cs) as c:
+        now_accounts = dict(zip(ACCOUNTS, await asyncio.gather(*(c.call("accounts", a, "balance") for a in ACCOUNTS)),
+                                strict=True))
+    assert accounts == now_accounts
+    assert counters == {k: len(v) for k, v in bumps.items() if v}
 
 
 async def test_retention_keeps_the_newest_rounds_and_collects_older_files(ledger_cluster, monkeypatch, capsys) -> None:

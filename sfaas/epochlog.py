@@ -1,0 +1,70 @@
+"""The epoch log: what each worker took into each epoch, durable in Kafka before replies leave.
+
+Batch boundaries depend on timing, so re-executing from a snapshot's ingress offsets would
+not reproduce the first execution. Each worker therefore writes one :class:`EpochRecord`
+per epoch in which it ran anything — the epoch, its ``now``, and its batch as ``(tid,
+ingress partition, offset)`` — to the app's single-partition epoch-log topic, with the
+idempotent ``acks=all`` producer. The write starts when the batch is taken and overlaps
+execution; the worker's report to the coordinator waits for the acknowledgement. Since a
+``Commit`` needs every worker's report, an epoch's replies leave only once every worker's
+record of it is durable. Replaying the records of the epochs after a round, with the same
+tids and ``now``, reproduces the same results (execution is deterministic given the batch).
+
+An epoch in which a worker ran nothing has no record from it. Ordering: every record of
+epoch ``e + 1`` follows every record of epoch ``e`` in the log (``Begin e+1`` comes after
+``Commit e``, which comes after every worker's acknowledged record of ``e``).
+
+Encoding (``sfaas/FORMAT.md`` § "Epoch log"): ``b"SFEL" | version:u8 | msgpack([epoch,
+worker, now, [[tid, partition, offset], ...]])``. Kafka checksums the record.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+__all__ = ["EpochRecord", "EpochLogError"]
+
+_HEAD = struct.Struct("<4sB")
+_MAGIC = b"SFEL"
+_VERSION = 1
+
+
+class EpochLogError(ValueError):
+    """A record of the epoch log that does not decode (names the record and the fault)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EpochRecord:
+    """One worker's batch of one epoch."""
+
+    epoch: int
+    worker: int
+    now: float
+    #: ``(tid, ingress partition, offset)`` in batch order (re-runs first, then new requests)
+    batch: tuple[tuple[int, int, int], ...]
+
+    def encode(self) -> bytes:
+        body = msgpack.packb([self.epoch, self.worker, self.now, [list(b) for b in self.batch]],
+                             use_bin_type=True)
+        return _HEAD.pack(_MAGIC, _VERSION) + body
+
+    @classmethod
+    def decode(cls, data: bytes, source: str = "epoch-log record") -> EpochRecord:
+        if len(data) < _HEAD.size:
+            raise EpochLogError(f"{source}: {len(data)} bytes, too short")
+        magic, version = _HEAD.unpack_from(data)
+        if magic != _MAGIC or version != _VERSION:
+            raise EpochLogError(f"{source}: header {magic!r} v{version}, expected {_MAGIC!r} v{_VERSION}")
+        try:
+            d: Any = msgpack.unpackb(data[_HEAD.size:], raw=False)
+            epoch, worker, now, batch = d
+            rec = cls(int(epoch), int(worker), float(now), tuple((int(t), int(p), int(o)) for t, p, o in batch))
+        except Exception as exc:
+            raise EpochLogError(f"{source}: malformed body ({type(exc).__name__}: {exc})") from None
+        if rec.epoch < 1 or rec.worker < 0:
+            raise EpochLogError(f"{source}: epoch {rec.epoch} / worker {rec.worker} out of range")
+        return rec
