@@ -111,6 +111,11 @@ class RoundKeeper:
             self._fail(f"not complete after {time.time() - f.started:.0f} s "
                        f"(reports from workers {sorted(f.reports)} of {self.workers})")
 
+    def abort(self, why: str) -> None:
+        """Fail the round in flight, if any (a worker was lost)."""
+        if self._inflight is not None:
+            self._fail(why)
+
     def _fail(self, why: str) -> None:
         assert self._inflight is not None
         log.warning("snapshot round %d failed: %s; the next interval retries", self._inflight.round, why)

@@ -27,15 +27,21 @@ from sfaas.settings import Settings
 from sfaas.state import rounds_remote, store_remote
 from sfaas.txn.epochs import execution_finished
 from sfaas.txn.loop import merge_votes
+from sfaas.wire import Message
 
+from .recovery import recover
 from .rounds import RoundKeeper
 
 log = logging.getLogger("sfaas.coordinator")
 
 __all__ = ["Coordinator", "run_coordinator"]
 
-#: A worker silent for this long is reported as unresponsive.
-HEARTBEAT_TIMEOUT = 5.0
+#: Seconds a registered worker may take to get ready (open stores, connect peers and Kafka).
+STARTUP_TIMEOUT = 30.0
+
+
+class Interrupted(Exception):
+    """A worker was lost while the coordinator waited for the workers."""
 
 
 @dataclass
@@ -48,6 +54,13 @@ class _Member:
     channel: channels.Channel
     last_seen: float = field(default_factory=time.monotonic)
     committed: int = 0
+    alive: bool = True
+    #: set once the worker reported Ready (after its Assign)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Lost(Message):
+    """Put into the inbox when a worker is lost: interrupts a barrier or a recovery."""
 
 
 class Coordinator:
@@ -61,16 +74,20 @@ class Coordinator:
         self._inbox: asyncio.Queue[wire.Message] = asyncio.Queue()
         self._wakeup = asyncio.Event()
         self._all_joined = asyncio.Event()
-        self._lost: asyncio.Future[str] | None = None
+        self._loss = asyncio.Event()
+        self._changed = asyncio.Event()  # membership changed (a loss, a replacement ready)
+        self.recoveries = 0
+        #: phases and durations of the last recovery (for logs, ``sfaas ps`` and benchmarks)
+        self.last_recovery: dict[str, Any] = {}
         self.epoch = 0
         self._phases = [0.0, 0.0, 0.0, 0]
         self.stats: dict[str, Any] = {"epochs": 0, "txns": 0, "conflicts": 0}
 
     async def run(self, ready: asyncio.Future[tuple[str, int]] | None = None) -> None:
-        """Serve until stopped (cancelled) or a worker is lost."""
+        """Serve until stopped (cancelled); recover from every lost worker."""
         s = self.settings
-        self._lost = asyncio.get_running_loop().create_future()
         ingress, egress = s.topics(self.app_name)
+        self._assign_args = (ingress, egress, f"{s.namespace}.{self.app_name}.workers")
         topics = {ingress: s.partitions, egress: s.partitions}
         if s.snapshot_interval > 0:
             topics[s.epoch_log_topic(self.app_name)] = 1
@@ -92,11 +109,10 @@ class Coordinator:
             ready.set_result((bound[0], bound[1]))
         try:
             await self._all_joined.wait()
-            peers = [[m.host, m.port] for m in self.members]
             for m in self.members:
-                m.channel.send(wire.Assign(m.index, len(self.members), peers, self.partitions,
-                                           ingress, egress, f"{s.namespace}.{self.app_name}.workers"))
-            await self._collect(wire.Ready, 0)
+                self._assign(m)
+            for m in self.members:
+                await m.ready.wait()
             log.info("all %d workers ready; running epochs", len(self.members))
             if s.ready_file:
                 members = [{"index": m.index, "name": m.name, "pid": m.pid,
@@ -106,15 +122,30 @@ class Coordinator:
                     json.dump({"coordinator": f"{bound[0]}:{bound[1]}", "workers": members}, f)
                 os.replace(tmp, s.ready_file)
             watchdog = asyncio.create_task(self._watchdog())
-            loop_task = asyncio.create_task(self._epochs())
-            waiters: list[asyncio.Future[Any]] = [loop_task, self._lost]
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            watchdog.cancel()
-            loop_task.cancel()
-            await self.rounds.close()
-            if self._lost.done():
-                raise ClusterError(self._lost.result())
-            loop_task.result()
+            idle = True
+            try:
+                if s.snapshot_interval > 0 and await self._epoch_log_used():
+                    # a restarted coordinator: every worker rolls back to the newest round
+                    # and the epoch log after it is replayed (with an empty log nothing ever
+                    # ran here, so a new cluster starts at once, even while MinIO is down)
+                    await recover(self)
+                while True:
+                    loop_task = asyncio.create_task(self._epochs(idle))
+                    loss = asyncio.create_task(self._loss.wait())
+                    await asyncio.wait([loop_task, loss], return_when=asyncio.FIRST_COMPLETED)
+                    loop_task.cancel()
+                    loss.cancel()
+                    await asyncio.gather(loop_task, loss, return_exceptions=True)
+                    if not self._loss.is_set():
+                        loop_task.result()  # the epoch loop failed: a bug, raise it
+                    if s.snapshot_interval <= 0:
+                        raise ClusterError("lost a worker and snapshot rounds are off (snapshot_interval=0): "
+                                           "recovery needs them; stopping")
+                    await recover(self)
+                    idle = False  # recovered work may be waiting: begin at once
+            finally:
+                watchdog.cancel()
+                await self.rounds.close()
         finally:
             for m in self.members:
                 try:
@@ -131,17 +162,32 @@ class Coordinator:
         if not isinstance(reg, wire.Register):
             log.warning("peer %s did not register; dropping", chan.peer)
             return
-        if self._all_joined.is_set():
+        dead = [m for m in self.members if not m.alive]
+        if not self._all_joined.is_set():
+            member = _Member(len(self.members), reg.name, reg.host, reg.port, reg.pid, chan)
+            self.members.append(member)
+            log.info("worker %s (pid %d) registered as %d at %s:%d",
+                     reg.name, reg.pid, member.index, reg.host, reg.port)
+            if len(self.members) == self.settings.workers:
+                self._all_joined.set()
+        elif dead:
+            member = dead[0]
+            member.name, member.host, member.port, member.pid, member.channel = (
+                reg.name, reg.host, reg.port, reg.pid, chan)
+            member.alive, member.last_seen = True, time.monotonic()
+            log.warning("worker %s (pid %d) replaces lost worker %d at %s:%d",
+                        reg.name, reg.pid, member.index, reg.host, reg.port)
+            # a replacement connects to its peers: only once every slot has a live worker
+            # (an Assign naming a dead peer's old address would send it there)
+            if all(m.alive for m in self.members):
+                for m in self.members:
+                    if not m.ready.is_set():
+                        self._assign(m)
+        else:
             log.warning("refusing worker %s: cluster already has %d workers", reg.name, len(self.members))
             chan.send(wire.Stop(f"cluster already has {len(self.members)} workers"))
             await chan.drain()
             return
-        member = _Member(len(self.members), reg.name, reg.host, reg.port, reg.pid, chan)
-        self.members.append(member)
-        log.info("worker %s (pid %d) registered as %d at %s:%d",
-                 reg.name, reg.pid, member.index, reg.host, reg.port)
-        if len(self.members) == self.settings.workers:
-            self._all_joined.set()
         try:
             while True:
                 for msg in await chan.recv():
@@ -152,34 +198,56 @@ class Coordinator:
                         member.committed = msg.committed
                     elif isinstance(msg, wire.Snapshotted):
                         self.rounds.on_report(msg)
+                    elif isinstance(msg, wire.Ready):
+                        member.ready.set()
+                        self._changed.set()
                     else:
                         self._inbox.put_nowait(msg)
         except ChannelClosed:
-            if self._lost is not None and not self._lost.done():
-                self._lost.set_result(
-                    f"lost worker {member.index} ({member.name}); recovery is not implemented, stopping"
-                )
+            if member.channel is chan:
+                self.lose(member, "its channel closed")
             raise
 
-    async def _collect(self, kind: type[wire.Message], epoch: int) -> list[Any]:
-        got: list[Any] = []
-        while len(got) < len(self.members):
-            msg = await self._inbox.get()
-            if not isinstance(msg, kind):
-                raise ClusterError(f"expected {kind.__name__}, got {msg!r:.100}")
-            if epoch and getattr(msg, "epoch", epoch) != epoch:
-                raise ClusterError(f"{kind.__name__} for epoch {msg.epoch}, expected {epoch}")  # type: ignore[attr-defined]
-            got.append(msg)
-        return got
+    async def _epoch_log_used(self) -> bool:
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        tp = TopicPartition(self.settings.epoch_log_topic(self.app_name), 0)
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            return bool((await consumer.end_offsets([tp]))[tp])
+        finally:
+            await consumer.stop()
+
+    def _assign(self, m: _Member) -> None:
+        peers = [[x.host, x.port] for x in self.members]
+        m.channel.send(wire.Assign(m.index, len(self.members), peers, self.partitions, *self._assign_args))
+
+    def lose(self, m: _Member, why: str) -> None:
+        """Worker ``m`` is gone: stop the epochs and recover (see ``coordinator.recovery``)."""
+        if not m.alive:
+            return
+        m.alive = False
+        m.ready.clear()
+        m.channel.close()
+        log.warning("lost worker %d (%s, pid %d): %s", m.index, m.name, m.pid, why)
+        self.rounds.abort(f"worker {m.index} lost")
+        self._inbox.put_nowait(Lost())
+        self._loss.set()
+        self._changed.set()
 
     async def _barrier(self, epoch: int) -> list[wire.Report]:
-        """Wait until epoch ``epoch`` finished executing everywhere (see ``wire.Report``)."""
+        """Wait until epoch ``epoch`` finished executing everywhere (see ``wire.Report``);
+        raises :class:`Interrupted` when a worker is lost meanwhile."""
         n = len(self.members)
         latest: dict[int, wire.Report] = {}
         while True:
             msg = await self._inbox.get()
+            if isinstance(msg, Lost):
+                raise Interrupted(f"a worker was lost during epoch {epoch}")
             if not isinstance(msg, wire.Report):
-                raise ClusterError(f"expected a Report, got {msg!r:.100}")
+                log.warning("ignoring %s during epoch %d", type(msg).__name__, epoch)
+                continue
             if msg.epoch < epoch:
                 log.warning("ignoring a late report of epoch %d from worker %d", msg.epoch, msg.index)
                 continue
@@ -191,10 +259,12 @@ class Coordinator:
 
     def _broadcast(self, msg: wire.Message) -> None:
         for m in self.members:
-            m.channel.send(msg)
+            try:
+                m.channel.send(msg)
+            except ChannelClosed:
+                self.lose(m, "its channel closed")
 
-    async def _epochs(self) -> None:
-        idle = True
+    async def _epochs(self, idle: bool = True) -> None:
         while True:
             t_idle = time.perf_counter()
             if idle:
@@ -228,12 +298,17 @@ class Coordinator:
             self.stats["conflicts"] += len(conflicts)
 
     async def _watchdog(self) -> None:
+        timeout = self.settings.heartbeat_timeout
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(min(0.25, timeout / 4))
             now = time.monotonic()
             for m in self.members:
-                if now - m.last_seen > HEARTBEAT_TIMEOUT:
-                    log.warning("worker %d silent for %.1f s", m.index, now - m.last_seen)
+                if not m.alive:
+                    continue
+                if m.ready.is_set() and now - m.last_seen > timeout:
+                    self.lose(m, f"silent for {now - m.last_seen:.1f} s (heartbeat_timeout {timeout} s)")
+                elif not m.ready.is_set() and now - m.last_seen > STARTUP_TIMEOUT:
+                    self.lose(m, f"not ready {STARTUP_TIMEOUT:.0f} s after it registered")
 
 
 async def run_coordinator(settings: Settings, app_name: str) -> None:

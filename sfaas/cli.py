@@ -75,6 +75,10 @@ def _parser() -> argparse.ArgumentParser:
     sn.add_argument("--app", dest="app_name", help="app name (default: the running local cluster's)")
     sn.add_argument("--json", action="store_true", help="machine-readable output")
 
+    sp = sub.add_parser("supervise", help=argparse.SUPPRESS)  # started by `sfaas up`
+    sp.add_argument("--state-dir", dest="state_dir", required=True)
+    sp.add_argument("--workers", type=int, required=True)
+
     p = sub.add_parser("ps", help="list the local cluster's processes")
     p.add_argument("--namespace")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -204,6 +208,11 @@ def _dispatch(ns: argparse.Namespace) -> int:
         for p in procs:
             print(f"{p.role:12} pid={p.pid:<8} {p.address}")
         return 0
+    if cmd == "supervise":
+        from .supervisor import supervise
+
+        _setup_logging("INFO")
+        return supervise(ns.state_dir, ns.workers)
     if cmd == "ps":
         from . import cluster
 
@@ -215,9 +224,10 @@ def _dispatch(ns: argparse.Namespace) -> int:
         elif not procs:
             print("no local cluster")
         else:
-            print(f"{'ROLE':12} {'PID':8} {'ALIVE':6} ADDRESS")
+            print(f"{'ROLE':12} {'INDEX':5} {'PID':8} {'ALIVE':6} {'RESTARTS':8} ADDRESS")
             for p in procs:
-                print(f"{p.role:12} {p.pid:<8} {'yes' if p.alive else 'no':6} {p.address or '-'}")
+                print(f"{p.role:12} {p.index:<5} {p.pid:<8} {'yes' if p.alive else 'no':6} {p.restarts:<8} "
+                      f"{p.address or '-'}" + (f"  GAVE UP: {p.gave_up}" if p.gave_up else ""))
         return 0
     if cmd == "down":
         from . import cluster

@@ -1,8 +1,11 @@
 """A local cluster as background processes: ``sfaas up`` / ``ps`` / ``down``.
 
-State lives in ``$SFAAS_HOME/cluster/<namespace>/``: ``cluster.json`` (app, roles, pids,
-addresses, log files) and ``secret`` (the generated shared secret, mode 0600, never
-printed or logged). Each process runs in its own session and logs to its own file.
+``up`` starts one supervisor process (``sfaas.supervisor``), which starts the coordinator
+and the workers and restarts any that die. State lives in
+``$SFAAS_HOME/cluster/<namespace>/``: ``cluster.json`` (app, the supervisor, roles, pids,
+restarts, addresses, log files; rewritten by the supervisor) and ``secret`` (the generated
+shared secret, mode 0600, never printed or logged). Each process runs in its own session
+and logs to its own file.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +29,7 @@ from .settings import Settings
 
 log = logging.getLogger("sfaas.cluster")
 
-__all__ = ["ProcessInfo", "up", "ps", "down", "state_dir", "cluster_settings"]
+__all__ = ["ProcessInfo", "up", "ps", "down", "state_dir", "cluster_settings", "supervisor_pid"]
 
 
 @dataclass
@@ -38,6 +41,11 @@ class ProcessInfo:
     address: str
     log: str
     alive: bool = True
+    #: the role's index (workers: 0..n-1) and how often the supervisor restarted it
+    index: int = 0
+    restarts: int = 0
+    #: why the supervisor stopped restarting it (empty: it did not)
+    gave_up: str = ""
 
 
 def state_dir(settings: Settings) -> Path:
@@ -100,7 +108,7 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0) -
     sd = state_dir(settings)
     sd.mkdir(parents=True, exist_ok=True)
     current = ps(settings)
-    if any(p.alive for p in current):
+    if any(p.alive for p in current) or supervisor_pid(settings) is not None:
         raise ClusterError(f"a cluster is already running in {sd}; run 'sfaas down' first")
     secret = settings.secret or secrets.token_hex(24)
     secret_file = sd / "secret"
@@ -117,24 +125,22 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0) -
         "SFAAS_APP": app_spec, "SFAAS_READY_FILE": str(ready), "SFAAS_PORT": "0",
         "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), _repo_root(), env.get("PYTHONPATH", "")])),
     })
-    procs = [ProcessInfo("coordinator", _spawn(["coordinator"], env, sd / "coordinator.log"), coord,
-                         str(sd / "coordinator.log"))]
-    for i in range(workers):
-        logf = sd / f"worker-{i}.log"
-        procs.append(ProcessInfo("worker", _spawn(["worker", "--name", f"worker-{i}"], env, logf), "", str(logf)))
     info = {"app": app.name, "app_spec": app_spec, "namespace": settings.namespace,
-            "kafka": settings.kafka, "coordinator": coord, "processes": [asdict(p) for p in procs]}
+            "kafka": settings.kafka, "coordinator": coord, "processes": []}
     (sd / "cluster.json").write_text(json.dumps(info, indent=2))
+    sup = _spawn(["supervise", "--state-dir", str(sd), "--workers", str(workers)], env, sd / "supervisor.log")
     deadline = time.monotonic() + timeout
     while not ready.exists():
-        dead = [p for p in procs if not _alive(p.pid)]
-        if dead or time.monotonic() > deadline:
+        crashed = [p for p in ps(settings) if p.restarts or p.gave_up]
+        if crashed or not _alive(sup) or time.monotonic() > deadline:
+            why = f"the {crashed[0].role} exited" if crashed else ("the supervisor exited" if not _alive(sup)
+                                                                   else f"not ready after {timeout:.0f} s")
+            _signal(sup, signal.SIGTERM)
+            _wait_gone([ProcessInfo("supervisor", sup, "", "")], 25.0)
             down(settings)
-            tail = Path(dead[0].log).read_text()[-2000:] if dead else ""
-            raise ClusterError(
-                f"cluster did not become ready ({'a ' + dead[0].role + ' exited' if dead else 'timeout'}); "
-                f"logs in {sd}\n{tail}"
-            )
+            logf = Path(crashed[0].log) if crashed else sd / "supervisor.log"
+            tail = logf.read_text()[-2000:] if logf.exists() else ""
+            raise ClusterError(f"cluster did not become ready ({why}); logs in {sd}\n{tail}")
         time.sleep(0.1)
     return ps(settings)
 
@@ -154,11 +160,22 @@ def ps(settings: Settings) -> list[ProcessInfo]:
         pass
     out = []
     for p in info.get("processes", []):
-        proc = ProcessInfo(**{k: p[k] for k in ("role", "pid", "address", "log")})
+        proc = ProcessInfo(p["role"], p["pid"], info.get("coordinator", "") if p["role"] == "coordinator" else "",
+                           p["log"], index=p.get("index", 0), restarts=p.get("restarts", 0),
+                           gave_up=p.get("gave_up", ""))
         proc.address = proc.address or addresses.get(proc.pid, "")
-        proc.alive = _alive(proc.pid)
+        proc.alive = bool(proc.pid) and _alive(proc.pid)
         out.append(proc)
     return out
+
+
+def supervisor_pid(settings: Settings) -> int | None:
+    """The pid of the local cluster's supervisor, if it runs."""
+    try:
+        pid = json.loads((state_dir(settings) / "cluster.json").read_text()).get("supervisor")
+    except (FileNotFoundError, ValueError):
+        return None
+    return pid if isinstance(pid, int) and _alive(pid) else None
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -185,6 +202,10 @@ def down(settings: Settings, timeout: float = 15.0) -> list[ProcessInfo]:
     The coordinator goes first: it tells the workers to stop, so they close Kafka clients
     and stores cleanly; workers still running after a few seconds get their own TERM.
     """
+    sup = supervisor_pid(settings)
+    if sup is not None:  # it stops its children (coordinator first) and exits
+        _signal(sup, signal.SIGTERM)
+        _wait_gone([ProcessInfo("supervisor", sup, "", "")], timeout + 10.0)
     procs = ps(settings)
     coords = [p for p in procs if p.role == "coordinator" and p.alive]
     for p in coords:

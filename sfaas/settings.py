@@ -78,6 +78,10 @@ class Settings:
     minio_secret_key: str = field(default="sfaas-local-secret", repr=False)
     #: Bucket of the snapshots; objects live under ``{namespace}/{app}/``.
     bucket: str = "sfaas"
+    #: Seconds of silence after which the coordinator declares a worker lost and recovers
+    #: (workers send a heartbeat every ``heartbeat_timeout / 4``; a closed channel is
+    #: detected at once).
+    heartbeat_timeout: float = 2.0
 
     @classmethod
     def load(
@@ -111,6 +115,8 @@ class Settings:
             raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
         if not self.snapshot_interval >= 0 or self.snapshot_interval == float("inf"):
             raise ConfigError(f"snapshot_interval must be a number of seconds >= 0 (0: off), got {self.snapshot_interval}")
+        if not 0.2 <= self.heartbeat_timeout <= 3600:
+            raise ConfigError(f"heartbeat_timeout must be between 0.2 and 3600 seconds, got {self.heartbeat_timeout}")
         if self.snapshot_retain < 1:
             raise ConfigError(f"snapshot_retain must be >= 1, got {self.snapshot_retain}")
         if self.snapshot_interval:

@@ -30,6 +30,8 @@ __all__ = [
     "Heartbeat",
     "Stop",
     "Snapshotted",
+    "Recover",
+    "Recovered",
     "Hello",
     "Call",
     "Result",
@@ -91,14 +93,15 @@ class Ready(Message):
 class Begin(Message):
     """Coordinator → workers: run epoch ``epoch``.
 
-    ``marker`` is the seam for snapshots: a snapshot round id riding this epoch's barrier
-    (None: no snapshot). Workers pass it to ``on_epoch_committed``.
+    ``marker``: unused on Begin (rounds ride ``Commit.marker``). ``replay``: re-run the
+    epoch from the epoch log (each worker's batch as logged) during a recovery.
     """
 
     TAG: ClassVar[int] = 4
     epoch: int
     now: float
     marker: int | None = None
+    replay: bool = False
 
 
 @dataclass(slots=True)
@@ -190,6 +193,34 @@ class Snapshotted(Message):
     egress: dict[int, int]
     retries: list[list[int]]
     epoch_log: int
+    error: str
+
+
+@dataclass(slots=True)
+class Recover(Message):
+    """Coordinator → every worker: roll back to snapshot round ``round`` (0: the empty
+    state before any round) and prepare to replay the epoch log after it.
+
+    ``peers``: the current membership (a replaced worker has a new address). ``attempt``
+    numbers recoveries, so a report of an abandoned one is recognised.
+    """
+
+    TAG: ClassVar[int] = 13
+    attempt: int
+    round: int
+    peers: list[list[Any]]
+
+
+@dataclass(slots=True)
+class Recovered(Message):
+    """Worker → coordinator: rolled back for recovery ``attempt``; ``epochs``: the logged
+    epochs after the round as ``[epoch, now]`` (to replay in order); ``error``: empty or
+    why this worker could not recover (the coordinator then retries)."""
+
+    TAG: ClassVar[int] = 14
+    attempt: int
+    index: int
+    epochs: list[list[Any]]
     error: str
 
 

@@ -106,13 +106,20 @@ class Worker:
         #: ingress offsets whose request's fate is in the state (see module docstring)
         self.applied = OffsetTracker()
         #: per owned ingress partition, the consumer's position when this worker started
-        self._start_offsets: dict[int, int] = {}
+        self.start_offsets: dict[int, int] = {}
         #: per egress partition, one past the highest offset of a reply acknowledged
         self._egress_acked: dict[int, int] = {}
         #: the epoch log (on with snapshot rounds): its topic, and one past this worker's
         #: newest acknowledged record (where a replay after the current cut may start)
         self._log_topic = settings.epoch_log_topic(app.name) if settings.snapshot_interval > 0 else ""
         self._log_pos = 0
+        #: recovery (``worker.recovery``): request ids whose replies are already in the
+        #: egress topic, and the logged batches waiting for their replay epochs
+        self.answered: set[str] = set()
+        self.replay_batches: dict[int, list[tuple[int, _Pending]]] = {}
+        self._ingest_task: asyncio.Task[None] | None = None
+        self._peer_addrs: dict[int, tuple[str, int]] = {}
+        self.lost_coordinator = False
         self._tasks: list[asyncio.Task[Any]] = []
         #: SFAAS_FALLBACK=0 turns the fallback phase off (conflicts re-run next epoch only)
         self.fallback_enabled = os.environ.get("SFAAS_FALLBACK", "1") != "0"
@@ -134,11 +141,18 @@ class Worker:
             self.coord.send(wire.Snapshotted(marker, self.index, epoch, [], {}, {}, {}, [], 0,
                                              "snapshot rounds are off on this worker (snapshot_interval=0)"))
             return
-        ingress = dict(self._start_offsets)
+        ingress = dict(self.start_offsets)
         ingress.update(self.applied.watermarks())
         retries = [[tid, item.partition, item.offset] for tid, item in self.loop.sequencer.retries()]
         self.rounds.take(marker, epoch, self.engine.stores, ingress, self.applied.completed_above(),
-                         dict(self._egress_acked), retries, self._log_pos)
+                         dict(self._egress_acked), retries, self._log_pos, self._replies_durable)
+
+    async def _replies_durable(self) -> None:
+        """Every reply made so far is acknowledged (a round holding a request must never
+        need its reply again: a recovery cannot reproduce the reply of a request the
+        round's state already holds)."""
+        await self._flush_replies()
+        await self.producer.flush()
 
     # -- router (Engine → peers) -----------------------------------------------------------------
     async def remote_call(
@@ -254,11 +268,7 @@ class Worker:
         self.rounds = RoundTaker(self.index, self.coord.send)
         self.loop = Participant(self.engine, Sequencer(assign.index), _request_of, s.max_batch,
                                 fallback=self.fallback_enabled)
-        for j, (host, port) in enumerate(assign.peers):
-            if j != self.index:
-                ch = await self._connect_retry(host, port)
-                ch.send(wire.Hello(self.index))
-                self.peers[j] = ch
+        await self.reconnect_peers(assign.peers)
         self.producer = make_producer(s.kafka, s.linger_ms, durable=True)
         await self.producer.start()
         self.consumer = make_consumer(s.kafka, assign.group, s.fetch_wait_ms)
@@ -266,7 +276,7 @@ class Worker:
         tps = [TopicPartition(assign.ingress_topic, p) for p in mine]
         self.consumer.assign(tps)
         for tp in tps:
-            self._start_offsets[tp.partition] = await self.consumer.position(tp)
+            self.start_offsets[tp.partition] = await self.consumer.position(tp)
         # every reply this worker produces from now on lands above these offsets
         out_parts = await self.producer.partitions_for(assign.egress_topic)
         ends = await self.consumer.end_offsets([TopicPartition(assign.egress_topic, p) for p in out_parts])
@@ -274,8 +284,8 @@ class Worker:
         if self._log_topic:
             log_tp = TopicPartition(self._log_topic, 0)
             self._log_pos = (await self.consumer.end_offsets([log_tp]))[log_tp]
+        self.start_ingest()
         self._tasks = [
-            asyncio.create_task(self._ingest(), name="ingest"),
             asyncio.create_task(self._produce(), name="egress"),
             asyncio.create_task(self._heartbeat(), name="heartbeat"),
         ]
@@ -283,9 +293,10 @@ class Worker:
         try:
             await self._follow_coordinator()
         finally:
-            for t in self._tasks:
+            tasks = self._tasks + ([self._ingest_task] if self._ingest_task else [])
+            for t in tasks:
                 t.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self._flush_replies()
             await self.producer.stop()  # waits for outstanding deliveries
             await self._commit_offsets()
@@ -296,6 +307,62 @@ class Worker:
             self.coord.close()
             server.close()
             self.engine.close()
+
+    def start_ingest(self) -> None:
+        """(Re)start taking requests from the ingress partitions."""
+        self._ingest_task = asyncio.create_task(self._ingest(), name="ingest")
+
+    async def reconnect_peers(self, peers: list[list[Any]]) -> None:
+        """Connect to every peer whose channel is missing, closed or at a new address."""
+        for j, (host, port) in enumerate(peers):
+            if j == self.index:
+                continue
+            old = self.peers.get(j)
+            if old is not None and not old.closed and self._peer_addrs.get(j) == (host, port):
+                continue
+            if old is not None:
+                old.close()
+            # a peer that stays unreachable was lost too: fail soon, the coordinator recovers
+            ch = await self._connect_retry(host, port, timeout=2 * self.settings.heartbeat_timeout + 2.0)
+            ch.send(wire.Hello(self.index))
+            self.peers[j] = ch
+            self._peer_addrs[j] = (host, port)
+
+    async def stop_activity(self) -> None:
+        """Stop ingest and every execution in flight; wait until the replies already made
+        are acknowledged (recovery starts from a quiet worker)."""
+        if self._ingest_task is not None:
+            self._ingest_task.cancel()
+            await asyncio.gather(self._ingest_task, return_exceptions=True)
+            self._ingest_task = None
+        running = list(self._running)
+        for t in running:
+            t.cancel()
+        for fut in self._calls.values():
+            if not fut.done():
+                fut.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        self._calls.clear()
+        self._deferred.clear()
+        self._late.clear()
+        self._reported_epoch = 0
+        self.replay_batches = {}
+        try:
+            await self._flush_replies()
+            await self.producer.flush()
+        except Exception as exc:
+            log.warning("flushing replies before the recovery failed: %s", exc, extra={"worker": self.index})
+
+    async def _recover(self, msg: wire.Recover) -> None:
+        from .recovery import recover
+
+        try:
+            epochs = await recover(self, msg)
+        except Exception as exc:
+            log.exception("recovery %d failed", msg.attempt, extra={"worker": self.index})
+            self.coord.send(wire.Recovered(msg.attempt, self.index, [], f"{type(exc).__name__}: {exc}"[:2000]))
+            return
+        self.coord.send(wire.Recovered(msg.attempt, self.index, epochs, ""))
 
     def _open_stores(self, assign: wire.Assign, mine: list[int]) -> PartitionStores:
         return open_stores(self.settings, self.app, mine, assign.partitions)
@@ -321,7 +388,9 @@ class Worker:
             try:
                 msgs = await self.coord.recv()
             except ChannelClosed:
-                log.error("lost the coordinator; stopping", extra={"worker": self.index})
+                log.error("lost the coordinator; exiting (the supervisor restarts this worker, which then "
+                          "registers with the restarted coordinator)", extra={"worker": self.index})
+                self.lost_coordinator = True
                 return
             for msg in msgs:
                 if isinstance(msg, wire.Begin):
@@ -329,6 +398,8 @@ class Worker:
                 elif isinstance(msg, wire.Commit):
                     # awaited: the fallback phase must finish before the next Begin runs
                     await self._commit(msg)
+                elif isinstance(msg, wire.Recover):
+                    await self._recover(msg)  # awaited: the replay's Begins come after it
                 elif isinstance(msg, wire.Stop):
                     log.info("stopping: %s", msg.reason, extra={"worker": self.index})
                     return
@@ -338,7 +409,13 @@ class Worker:
     async def _execute(self, begin: wire.Begin) -> None:
         assert self.engine is not None and self.loop is not None
         n = self.assign.n_workers
-        self.loop.begin(begin.epoch, begin.now)
+        if begin.replay:
+            batch = self.replay_batches.pop(begin.epoch, [])
+            for _, item in batch:
+                item.now = begin.now
+            self.loop.begin_replay(begin.epoch, batch)
+        else:
+            self.loop.begin(begin.epoch, begin.now)
         self._sent = [0] * n
         self._served = [0] * n
         for call in self._deferred.pop(begin.epoch, []):
@@ -348,7 +425,7 @@ class Worker:
                 self._age_sum += begin.now - item.request.sent_at
                 self._age_n += 1
         ack = None
-        if self._log_topic and self.loop.batch:
+        if self._log_topic and self.loop.batch and not begin.replay:
             # the epoch-log write overlaps execution; the report (hence every reply of
             # this epoch, anywhere) waits for it to be durable
             rec = EpochRecord(begin.epoch, self.index, begin.now,
@@ -373,6 +450,11 @@ class Worker:
         fates = await self.loop.commit({t: b for t, b in msg.conflicts}, {t: (e, r) for t, e, r in msg.aborts})
         for f in fates:
             req = f.item.request
+            if req.rid in self.answered:  # a replay: this reply is already in the egress topic
+                self._applied(f.item)
+                if f.item.offset >= 0:
+                    self.offsets.complete(f.item.partition, f.item.offset)
+                continue
             if f.committed:
                 reply = wire.Reply(req.rid, True, f.value)
             else:
@@ -444,12 +526,15 @@ class Worker:
             self.offsets.complete(partition, offset)
 
     async def _heartbeat(self) -> None:
+        beat = self.settings.heartbeat_timeout / 4
+        last_log = time.monotonic()
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(beat)
             lp = self.loop
             assert lp is not None
             self.coord.send(wire.Heartbeat(self.index, lp.committed))
-            if self._age_n:
+            if self._age_n and time.monotonic() - last_log >= 5.0:
+                last_log = time.monotonic()
                 log.info("epochs=%d committed=%d reruns=%d fallbacks=%d mean request age at epoch start %.1f ms",
                          lp.epochs, lp.committed, lp.reruns, lp.fallbacks, 1000 * self._age_sum / self._age_n)
                 self._age_sum, self._age_n = 0.0, 0
@@ -471,5 +556,8 @@ class Worker:
 
 
 async def run_worker(settings: Settings, app: App, name: str | None = None) -> None:
-    """Run one worker until it is stopped."""
-    await Worker(settings, app, name).run()
+    """Run one worker until it is stopped; raises :class:`ClusterError` if it lost the coordinator."""
+    w = Worker(settings, app, name)
+    await w.run()
+    if w.lost_coordinator:
+        raise ClusterError("lost the coordinator")

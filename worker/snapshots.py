@@ -15,7 +15,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from sfaas import wire
@@ -41,8 +41,10 @@ class RoundTaker:
     def take(
         self, round_id: int, epoch: int, stores: Mapping[StoreKey, Store],
         ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int], retries: list[list[int]], epoch_log: int,
+        durable: Callable[[], Awaitable[None]],
     ) -> None:
-        """Freeze every store for round ``round_id`` now; report when the uploads end."""
+        """Freeze every store for round ``round_id`` now; report when the uploads ended and
+        ``durable()`` (the replies of what the cut holds are acknowledged) returned."""
         t0 = time.perf_counter()
         futures: list[tuple[StoreKey, concurrent.futures.Future[SnapshotInfo]]] = []
         errors: list[str] = []
@@ -54,7 +56,7 @@ class RoundTaker:
         freeze_ms = 1000 * (time.perf_counter() - t0)
         log.debug("round %d: froze %d stores in %.1f ms", round_id, len(futures), freeze_ms)
         task = asyncio.get_running_loop().create_task(
-            self._report(round_id, epoch, futures, errors, ingress, skip, egress, retries, epoch_log),
+            self._report(round_id, epoch, futures, errors, ingress, skip, egress, retries, epoch_log, durable()),
             name=f"round-{round_id}",
         )
         self._tasks.add(task)
@@ -64,8 +66,13 @@ class RoundTaker:
         self, round_id: int, epoch: int,
         futures: list[tuple[StoreKey, concurrent.futures.Future[SnapshotInfo]]], errors: list[str],
         ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int], retries: list[list[int]], epoch_log: int,
+        durable: Awaitable[None],
     ) -> None:
         cuts: list[list[Any]] = []
+        try:
+            await durable
+        except Exception as exc:
+            errors.append(f"replies not acknowledged: {type(exc).__name__}: {exc}")
         for (op, p), fut in futures:
             try:
                 info = await asyncio.wrap_future(fut)

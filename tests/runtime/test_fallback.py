@@ -236,7 +236,7 @@ async def test_worker_commit_replies_from_the_fallback_phase() -> None:
     for i in range(4):
         w.offsets.take(0, i)
         w.applied.take(0, i)
-    w._replies, w._reply_event = [], asyncio.Event()
+    w._replies, w._reply_event, w.answered = [], asyncio.Event(), set()
     w.loop.queue.extend(_Pending(wire.Request(f"r{i}", "acc", "hot", "move", ["cold", 4], 0, 0.0), 0, i)
                         for i in range(4))
     w.loop.begin(1, 0.0)

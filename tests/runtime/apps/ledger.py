@@ -43,3 +43,8 @@ async def bump(ctx: Context) -> int:
     v = int(ctx.get(default=0))
     ctx.put(v + 1)
     return v
+
+
+@counters.function
+async def value(ctx: Context) -> int:
+    return int(ctx.get(default=0))

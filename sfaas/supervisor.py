@@ -1,0 +1,165 @@
+"""The local cluster's supervisor: starts the coordinator and the workers, restarts the ones that die.
+
+``sfaas up`` starts this as one background process (``python -m sfaas supervise``); it
+starts every role as its own child (own session, own log), polls them, and restarts a child
+that exits — after a backoff (0.2 s doubling to 5 s), and not more than ``MAX_CRASHES``
+times in ``CRASH_WINDOW`` seconds: then it gives up on that role with a clear error in its
+log and in ``cluster.json`` (``sfaas ps`` shows it). It rewrites ``cluster.json`` (atomically)
+whenever a process starts or stops. On SIGTERM (``sfaas down``) it stops the coordinator
+first (which stops the workers cleanly), then whatever is left, and exits.
+
+The workers of a cluster take their index from the coordinator, so a restarted worker
+simply registers again and takes the slot of the lost one (``coordinator.recovery``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("sfaas.supervisor")
+
+__all__ = ["supervise", "MAX_CRASHES", "CRASH_WINDOW"]
+
+#: A role that exits this often within ``CRASH_WINDOW`` seconds is not restarted again.
+MAX_CRASHES = 5
+CRASH_WINDOW = 60.0
+
+
+@dataclass
+class Child:
+    """One supervised process (what ``cluster.json`` lists)."""
+
+    role: str
+    index: int
+    args: list[str]
+    log: str
+    pid: int = 0
+    restarts: int = 0
+    alive: bool = False
+    gave_up: str = ""
+    exits: deque[float] = field(default_factory=deque)
+    next_start: float = 0.0
+    backoff: float = 0.2
+    proc: subprocess.Popen[bytes] | None = None
+
+    def public(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("role", "index", "pid", "log", "restarts", "alive", "gave_up")}
+
+
+class Supervisor:
+    def __init__(self, state_dir: Path, info: dict[str, Any], children: list[Child]) -> None:
+        self.state_dir = state_dir
+        self.info = info
+        self.children = children
+        self.stopping = False
+
+    def _start(self, c: Child) -> None:
+        out = open(c.log, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            c.proc = subprocess.Popen(
+                [sys.executable, "-m", "sfaas", *c.args], stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        finally:
+            out.close()
+        c.pid, c.alive = c.proc.pid, True
+        log.info("started %s %d (pid %d)", c.role, c.index, c.pid)
+
+    def write(self) -> None:
+        doc = dict(self.info, supervisor=os.getpid(), processes=[c.public() for c in self.children])
+        tmp = self.state_dir / "cluster.json.tmp"
+        tmp.write_text(json.dumps(doc, indent=2))
+        os.replace(tmp, self.state_dir / "cluster.json")
+
+    def poll(self) -> bool:
+        """Reap exited children, restart due ones; True if anything changed."""
+        changed = False
+        now = time.monotonic()
+        for c in self.children:
+            if c.proc is not None and c.proc.poll() is not None:
+                code = c.proc.returncode
+                c.proc, c.alive = None, False
+                changed = True
+                if self.stopping:
+                    continue
+                c.exits.append(now)
+                while c.exits and now - c.exits[0] > CRASH_WINDOW:
+                    c.exits.popleft()
+                if len(c.exits) >= MAX_CRASHES:
+                    c.gave_up = (f"exited {len(c.exits)} times within {CRASH_WINDOW:.0f} s (last exit code {code}); "
+                                 f"not restarted again — see {c.log}")
+                    log.error("%s %d %s", c.role, c.index, c.gave_up)
+                    continue
+                c.next_start = now + c.backoff
+                log.warning("%s %d (pid %d) exited with code %s; restarting in %.1f s",
+                            c.role, c.index, c.pid, code, c.backoff)
+                c.backoff = min(5.0, c.backoff * 2)
+            if (not self.stopping and c.proc is None and not c.gave_up and c.next_start
+                    and now >= c.next_start):
+                c.next_start = 0.0
+                c.restarts += 1
+                self._start(c)
+                changed = True
+            if c.alive and c.exits and now - c.exits[-1] > CRASH_WINDOW:
+                c.backoff = 0.2  # healthy for a while: a later crash restarts quickly again
+        return changed
+
+    def stop(self) -> None:
+        self.stopping = True
+        order = [c for c in self.children if c.role == "coordinator"] + \
+                [c for c in self.children if c.role != "coordinator"]
+        for c in order:
+            if c.proc is not None and c.proc.poll() is None:
+                c.proc.send_signal(signal.SIGTERM)
+                if c.role == "coordinator":  # it stops the workers: give them a moment
+                    try:
+                        c.proc.wait(5.0)
+                    except subprocess.TimeoutExpired:
+                        pass
+        deadline = time.monotonic() + 15.0
+        for c in order:
+            while c.proc is not None and c.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if c.proc is not None and c.proc.poll() is None:
+                log.warning("%s %d ignored SIGTERM; killing", c.role, c.index)
+                c.proc.kill()
+                c.proc.wait()
+        self.poll()
+        self.write()
+
+
+def supervise(state_dir: str, workers: int) -> int:
+    """Run the supervisor (the ``sfaas supervise`` command); returns when stopped."""
+    sd = Path(state_dir)
+    info = json.loads((sd / "cluster.json").read_text())
+    children = [Child("coordinator", 0, ["coordinator"], str(sd / "coordinator.log"))]
+    children += [Child("worker", i, ["worker", "--name", f"worker-{i}"], str(sd / f"worker-{i}.log"))
+                 for i in range(workers)]
+    sup = Supervisor(sd, info, children)
+    stop = False
+
+    def on_term(signum: int, frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    for c in children:
+        sup._start(c)
+    sup.write()
+    while not stop:
+        if sup.poll():
+            sup.write()
+        time.sleep(0.1)
+    sup.stop()
+    return 0

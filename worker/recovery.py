@@ -1,0 +1,165 @@
+"""A worker's part of a recovery: roll back to a round, prepare the epoch log's replay.
+
+On ``wire.Recover(attempt, round, peers)`` every worker — survivors and the replacement of
+a dead one alike — does the same (global rollback, Styx's way):
+
+1. stop: cancel ingest and every execution in flight, fail calls waiting on peers;
+   let replies already handed to Kafka finish (they are correct: deterministic);
+2. reconnect peers whose address changed (a replaced worker);
+3. restore every store to the round (``restore`` downloads only files the local directory
+   lacks; round 0 = the empty state before any round);
+4. read the epoch log after the round (``sfaas.epochlog``), this worker's ingress from the
+   round's positions, and the egress topic from the round's positions (request ids
+   already answered: their replies are not produced again);
+5. rebuild the epoch loop: logged batches wait for their replay epochs; requests the round
+   holds are done; the round's waiting re-runs go back to the sequencer with their tids;
+   everything else is queued in offset order;
+6. seek ingress past what was read, restart ingest, and report ``wire.Recovered`` with the
+   logged epochs to replay (the coordinator then drives them as ``Begin(replay=True)``).
+
+A round's report is sent only once the replies of every request it holds are acknowledged
+(``Worker.on_epoch_committed``), so a rollback never needs a reply it cannot reproduce.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from sfaas import wire
+from sfaas.epochlog import EpochRecord
+from sfaas.rounds import RoundManifest, Rounds
+from sfaas.state import rounds_remote
+from sfaas.txn.epochs import Sequencer
+from sfaas.txn.loop import Participant
+from sfaas.txn.offsets import OffsetTracker
+
+if TYPE_CHECKING:
+    from .service import Worker, _Pending
+
+log = logging.getLogger("sfaas.worker.recovery")
+
+__all__ = ["recover"]
+
+
+def _empty_round(partitions: int) -> RoundManifest:
+    return RoundManifest(0, 0, 0, partitions, (), {p: 0 for p in range(partitions)}, {}, {}, (), 0)
+
+
+async def _read(bootstrap: str, starts: dict[TopicPartition, int]) -> dict[int, list[tuple[int, bytes]]]:
+    """Records of each partition from its start offset to its end now: partition → [(offset, value)]."""
+    out: dict[int, list[tuple[int, bytes]]] = {tp.partition: [] for tp in starts}
+    if not starts:
+        return out
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                max_partition_fetch_bytes=4 << 20, fetch_max_wait_ms=50)
+    await consumer.start()
+    try:
+        tps = list(starts)
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        for tp in tps:
+            consumer.seek(tp, starts[tp])
+        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+            for tp, records in (await consumer.getmany(timeout_ms=200)).items():
+                out[tp.partition] += [(r.offset, r.value) for r in records if r.offset < ends[tp]]
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def recover(w: Worker, msg: wire.Recover) -> list[list[Any]]:
+    """Roll ``w`` back to round ``msg.round``; returns the logged epochs to replay, ``[epoch, now]``."""
+    from .service import _Pending, _request_of
+
+    assert w.engine is not None and w.loop is not None
+    s, assign, me = w.settings, w.assign, w.index
+    # 1. stop
+    await w.stop_activity()
+    # 2. peers
+    await w.reconnect_peers(msg.peers)
+    # 3. the round, and every store back to it
+    if msg.round > 0:
+        m = await asyncio.to_thread(Rounds(rounds_remote(s, w.app.name)).read, msg.round)
+    else:
+        m = _empty_round(assign.partitions)
+    for (op, p), store in w.engine.stores.items():
+        if m.round > 0:
+            info = await asyncio.to_thread(store.restore, m.round)
+            log.info("restored %s/p%d to round %d: %d of %d files downloaded", op, p, m.round,
+                     info.files_downloaded, info.files_total, extra={"worker": me})
+        else:  # no round yet: back to empty
+            await asyncio.to_thread(store.write_batch, [(k, None) for k, _ in store.items()])
+    # 4. the log after the round, my ingress, the replies already out
+    mine = [p for p in range(assign.partitions) if p % assign.n_workers == me]
+    log_topic = s.epoch_log_topic(w.app.name)
+    raw_log = await _read(s.kafka, {TopicPartition(log_topic, 0): m.epoch_log})
+    records = [EpochRecord.decode(v, f"{log_topic}@{o}") for o, v in raw_log[0]]
+    later = [r for r in records if r.epoch > m.epoch]
+    raw_in = await _read(s.kafka, {TopicPartition(assign.ingress_topic, p): m.ingress.get(p, 0) for p in mine})
+    out_parts = await w.producer.partitions_for(assign.egress_topic)
+    raw_out = await _read(s.kafka, {TopicPartition(assign.egress_topic, p): m.egress.get(p, 0) for p in out_parts})
+    answered: set[str] = set()
+    for recs in raw_out.values():
+        for _, v in recs:
+            try:
+                answered.add(wire.Reply.decode(v).rid)
+            except Exception as exc:  # not ours to judge: a foreign record in the topic
+                log.warning("skipping an undecodable egress record: %s", exc)
+    # 5. the epoch loop, rebuilt
+    w.offsets, w.applied = OffsetTracker(), OffsetTracker()
+    w.loop = Participant(w.engine, Sequencer(me), _request_of, s.max_batch, fallback=w.fallback_enabled)
+    w.answered = answered
+    items: dict[tuple[int, int], _Pending] = {}
+    for p in mine:
+        skip = set(m.skip.get(p, ()))
+        for off, value in raw_in.get(p, []):
+            w.offsets.take(p, off)
+            w.applied.take(p, off)
+            try:
+                req = wire.Request.decode(value)
+            except Exception as exc:
+                log.warning("dropping malformed request at %s:%d: %s", p, off, exc)
+                w.offsets.complete(p, off)
+                w.applied.complete(p, off)
+                continue
+            if off in skip:  # in the state, and its reply is out (see the module docstring)
+                w.offsets.complete(p, off)
+                w.applied.complete(p, off)
+                continue
+            items[(p, off)] = _Pending(req, p, off)
+    in_log: set[tuple[int, int]] = set()
+    w.replay_batches = {}
+    for r in later:
+        if r.worker != me:
+            continue
+        batch = []
+        for tid, p, off in r.batch:
+            item = items.get((p, off))
+            if item is None:
+                raise RuntimeError(f"epoch {r.epoch} logged ingress {p}:{off}, which is not after round {m.round}")
+            in_log.add((p, off))
+            batch.append((tid, item))
+        w.replay_batches[r.epoch] = batch
+    waiting = {(p, off): tid for tid, p, off in m.retries if p in mine}
+    for key, item in sorted(items.items()):
+        if key in waiting:
+            w.loop.sequencer.requeue(waiting[key], item)
+        elif key not in in_log:
+            w.loop.queue.append(item)
+    # 6. live again after the replay
+    for p in mine:
+        recs = raw_in.get(p, [])
+        nxt = recs[-1][0] + 1 if recs else m.ingress.get(p, 0)
+        w.consumer.seek(TopicPartition(assign.ingress_topic, p), nxt)
+        w.start_offsets[p] = nxt
+    w.engine.begin(m.epoch)  # a peer's replay call for epoch > m.epoch waits for its Begin
+    w.start_ingest()
+    epochs = sorted({(r.epoch, r.now) for r in later})
+    log.info("recovery %d: rolled back to round %d (epoch %d); %d logged epochs to replay, %d requests queued, "
+             "%d replies already out", msg.attempt, m.round, m.epoch, len(epochs), len(w.loop.queue),
+             len(answered), extra={"worker": me})
+    return [[e, now] for e, now in epochs]
