@@ -237,7 +237,12 @@ class Hello(Message):
 
 @dataclass(slots=True)
 class Call(Message):
-    """Run ``operator.function(key, *args)`` for transaction ``tid`` and answer with a Result."""
+    """Run ``operator.function(key, *args)`` for transaction ``tid`` and answer with a Result.
+
+    ``recovery``: how many recoveries the sender went through; a call made before a
+    recovery the receiver already went through is stale (its epoch is being replayed) and
+    is dropped.
+    """
 
     TAG: ClassVar[int] = 21
     epoch: int
@@ -250,6 +255,7 @@ class Call(Message):
     function: str
     args: list[Any]
     depth: int
+    recovery: int = 0
 
 
 @dataclass(slots=True)

@@ -120,6 +120,8 @@ class Worker:
         self._ingest_task: asyncio.Task[None] | None = None
         self._peer_addrs: dict[int, tuple[str, int]] = {}
         self.lost_coordinator = False
+        #: the last recovery this worker rolled back for (see ``wire.Call.recovery``)
+        self.recovery = 0
         self._tasks: list[asyncio.Task[Any]] = []
         #: SFAAS_FALLBACK=0 turns the fallback phase off (conflicts re-run next epoch only)
         self.fallback_enabled = os.environ.get("SFAAS_FALLBACK", "1") != "0"
@@ -169,7 +171,8 @@ class Worker:
         assert self.engine is not None
         self._sent[dest] += 1
         self.peers[dest].send(
-            wire.Call(self.engine.epoch, self.index, cid, tid, now, operator, key, function, argv, depth)
+            wire.Call(self.engine.epoch, self.index, cid, tid, now, operator, key, function, argv, depth,
+                      self.recovery)
         )
         try:
             return await fut
@@ -228,6 +231,11 @@ class Worker:
 
     def _on_call(self, msg: wire.Call) -> None:
         assert self.engine is not None
+        if msg.recovery != self.recovery:
+            # sent before a recovery this worker went through: its epoch is replayed anew
+            # (a newer one cannot come: replays start once every worker has rolled back)
+            log.info("dropping a call of worker %d from before recovery %d", msg.src, self.recovery)
+            return
         if msg.epoch == self.engine.epoch:
             self._tasks_add(asyncio.ensure_future(self._serve_call(msg)))
         elif msg.epoch > self.engine.epoch:
@@ -356,6 +364,7 @@ class Worker:
     async def _recover(self, msg: wire.Recover) -> None:
         from .recovery import recover
 
+        self.recovery = msg.attempt
         try:
             epochs = await recover(self, msg)
         except Exception as exc:

@@ -24,7 +24,7 @@ def test_codec_round_trips_msgpack_values_and_rejects_others() -> None:
 
 
 def test_frames_round_trip_and_garbage_is_a_protocol_error() -> None:
-    msgs = [wire.Begin(3, 1.5, None), wire.Call(3, 0, 9, 77, 1.0, "op", "k", "f", [1, "x"], 0),
+    msgs = [wire.Begin(3, 1.5, None), wire.Call(3, 0, 9, 77, 1.0, "op", "k", "f", [1, "x"], 0, 2),
             wire.Result(9, False, ["Abort", "no"])]
     assert wire.decode_frame(wire.encode_frame(msgs)) == msgs
     for payload in (b"\xc1", pack({"x": 1}), pack([[999, 1]]), pack([[wire.Begin.TAG, 1]])):
