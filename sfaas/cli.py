@@ -101,6 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     dm.add_argument("--accounts", type=int, default=1000)
     dm.add_argument("--store", default="hybridlog")
     dm.add_argument("--keep", action="store_true", help="leave services running afterwards")
+    dm.add_argument("--no-chaos", dest="chaos", action="store_false",
+                    help="do not kill a worker midway (by default one is SIGKILLed and the cluster recovers)")
     return ap
 
 
@@ -242,7 +244,8 @@ def _dispatch(ns: argparse.Namespace) -> int:
     if cmd == "demo":
         from .demo import run_demo
 
-        return run_demo(seconds=ns.seconds, rate=ns.rate, accounts=ns.accounts, store=ns.store, keep=ns.keep)
+        return run_demo(seconds=ns.seconds, rate=ns.rate, accounts=ns.accounts, store=ns.store, keep=ns.keep,
+                        chaos=ns.chaos)
     raise AssertionError(cmd)
 
 

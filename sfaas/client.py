@@ -53,6 +53,8 @@ class Client:
         self.ingress, self.egress = self.settings.topics(self.app_name)
         self.client_id = uuid.uuid4().hex
         self._seq = 0
+        #: the request id of the last request submitted
+        self.last_rid = ""
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
         self._reader: asyncio.Task[None] | None = None
         self._started = False
@@ -129,7 +131,7 @@ class Client:
             await self.start()
         self._validate(operator, key, function, args)
         self._seq += 1
-        rid = f"{self.client_id}-{self._seq}"
+        rid = self.last_rid = f"{self.client_id}-{self._seq}"
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = fut
         req = Request(rid, operator, key, function, list(args), self.reply_partition, time.time())

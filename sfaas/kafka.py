@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
@@ -13,7 +13,7 @@ from .errors import ClusterError
 
 log = logging.getLogger("sfaas.kafka")
 
-__all__ = ["ensure_topics", "make_producer", "make_consumer", "partition_count"]
+__all__ = ["ensure_topics", "make_producer", "make_consumer", "partition_count", "read_range"]
 
 
 async def ensure_topics(bootstrap: str, topics: dict[str, int]) -> dict[str, int]:
@@ -89,3 +89,25 @@ async def partition_count(producer: AIOKafkaProducer, topic: str, timeout: float
         if asyncio.get_running_loop().time() > deadline:
             raise ClusterError(f"topic {topic} does not exist; is the coordinator running?")
         await asyncio.sleep(0.2)
+
+
+async def read_range(bootstrap: str, starts: dict[TopicPartition, int]) -> dict[int, list[tuple[int, bytes]]]:
+    """Records of each partition from its start offset to its end now: partition → [(offset, value)]."""
+    out: dict[int, list[tuple[int, bytes]]] = {tp.partition: [] for tp in starts}
+    if not starts:
+        return out
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                max_partition_fetch_bytes=4 << 20, fetch_max_wait_ms=50)
+    await consumer.start()
+    try:
+        tps = list(starts)
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        for tp in tps:
+            consumer.seek(tp, starts[tp])
+        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+            for tp, records in (await consumer.getmany(timeout_ms=200)).items():
+                out[tp.partition] += [(r.offset, r.value) for r in records if r.offset < ends[tp]]
+    finally:
+        await consumer.stop()
+    return out

@@ -49,6 +49,20 @@ class LoadResult:
     latencies_ms: list[float] = field(default_factory=list)
     abort_reasons: dict[str, int] = field(default_factory=dict)
     results: list[tuple[RequestSpec, bool, Any]] = field(default_factory=list)
+    #: ``time.monotonic()`` of each reply's arrival, in arrival order
+    arrivals: list[float] = field(default_factory=list)
+    #: request ids of the requests sent
+    rids: list[str] = field(default_factory=list)
+
+    def longest_gap(self, after: float = 0.0) -> tuple[float, float]:
+        """``(seconds, start)``: the longest time without a reply, among arrivals after ``after``
+        (monotonic), and when it began."""
+        times = [t for t in self.arrivals if t >= after]
+        best = (0.0, after)
+        for a, b in zip(times, times[1:], strict=False):
+            if b - a > best[0]:
+                best = (b - a, a)
+        return best
 
     @property
     def throughput(self) -> float:
@@ -114,6 +128,7 @@ async def run_open_loop(
             res.lost += 1
             return
         reply = fut.result()
+        res.arrivals.append(time.monotonic())
         res.latencies_ms.append((time.perf_counter() - t0) * 1000.0)
         if reply.ok:
             res.committed += 1
@@ -136,6 +151,7 @@ async def run_open_loop(
         spec = make_request(i)
         t0 = time.perf_counter()
         fut = await client.submit(spec[0], spec[1], spec[2], *spec[3])
+        res.rids.append(client.last_rid)
         outstanding.add(fut)
         fut.add_done_callback(functools.partial(on_reply, spec, t0))
         res.sent += 1

@@ -27,10 +27,11 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from sfaas import wire
 from sfaas.epochlog import EpochRecord
+from sfaas.kafka import read_range
 from sfaas.rounds import RoundManifest, Rounds
 from sfaas.state import rounds_remote
 from sfaas.txn.epochs import Sequencer
@@ -47,28 +48,6 @@ __all__ = ["recover"]
 
 def _empty_round(partitions: int) -> RoundManifest:
     return RoundManifest(0, 0, 0, partitions, (), {p: 0 for p in range(partitions)}, {}, {}, (), 0)
-
-
-async def _read(bootstrap: str, starts: dict[TopicPartition, int]) -> dict[int, list[tuple[int, bytes]]]:
-    """Records of each partition from its start offset to its end now: partition → [(offset, value)]."""
-    out: dict[int, list[tuple[int, bytes]]] = {tp.partition: [] for tp in starts}
-    if not starts:
-        return out
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                max_partition_fetch_bytes=4 << 20, fetch_max_wait_ms=50)
-    await consumer.start()
-    try:
-        tps = list(starts)
-        consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
-        for tp in tps:
-            consumer.seek(tp, starts[tp])
-        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-            for tp, records in (await consumer.getmany(timeout_ms=200)).items():
-                out[tp.partition] += [(r.offset, r.value) for r in records if r.offset < ends[tp]]
-    finally:
-        await consumer.stop()
-    return out
 
 
 async def recover(w: Worker, msg: wire.Recover) -> list[list[Any]]:
@@ -96,12 +75,12 @@ async def recover(w: Worker, msg: wire.Recover) -> list[list[Any]]:
     # 4. the log after the round, my ingress, the replies already out
     mine = [p for p in range(assign.partitions) if p % assign.n_workers == me]
     log_topic = s.epoch_log_topic(w.app.name)
-    raw_log = await _read(s.kafka, {TopicPartition(log_topic, 0): m.epoch_log})
+    raw_log = await read_range(s.kafka, {TopicPartition(log_topic, 0): m.epoch_log})
     records = [EpochRecord.decode(v, f"{log_topic}@{o}") for o, v in raw_log[0]]
     later = [r for r in records if r.epoch > m.epoch]
-    raw_in = await _read(s.kafka, {TopicPartition(assign.ingress_topic, p): m.ingress.get(p, 0) for p in mine})
+    raw_in = await read_range(s.kafka, {TopicPartition(assign.ingress_topic, p): m.ingress.get(p, 0) for p in mine})
     out_parts = await w.producer.partitions_for(assign.egress_topic)
-    raw_out = await _read(s.kafka, {TopicPartition(assign.egress_topic, p): m.egress.get(p, 0) for p in out_parts})
+    raw_out = await read_range(s.kafka, {TopicPartition(assign.egress_topic, p): m.egress.get(p, 0) for p in out_parts})
     answered: set[str] = set()
     for recs in raw_out.values():
         for _, v in recs:
