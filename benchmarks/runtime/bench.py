@@ -2,6 +2,11 @@
 
     python benchmarks/runtime/bench.py --store memonly --keys 10000 --dist uniform --rates 1000
     python benchmarks/runtime/bench.py --sweep --store memonly           # to saturation
+    python benchmarks/runtime/bench.py --store lsm --snapshot-interval 0  # rounds and epoch log off
+    python benchmarks/runtime/bench.py --store lsm --kill-at 8            # SIGKILL a worker 8 s in
+
+Snapshot rounds run every ``--snapshot-interval`` seconds (default 1, with the epoch log);
+MinIO must be running too for them (``sfaas services up``).
 
 Each point: start a fresh cluster (coordinator + 2 workers, own namespace), run the load
 generator in this process at the offered rate, measure committed TPS, abort rate,
@@ -19,6 +24,7 @@ import logging
 import os
 import random
 import re
+import signal
 import sys
 import time
 import uuid
@@ -51,7 +57,33 @@ def make_generator(keys: int, dist: str, seed: int):
     return make
 
 
-async def one_point(settings: Settings, rate: float, seconds: float, keys: int, dist: str) -> dict:
+def _kill_worker(settings: Settings, t0: float, kill: dict) -> None:
+    victim = [p for p in cluster.ps(settings) if p.role == "worker" and p.alive][-1]
+    os.kill(victim.pid, signal.SIGKILL)
+    kill.update(at=time.monotonic(), offset=round(time.monotonic() - t0, 2), pid=victim.pid)
+
+
+def _recovery_stats(res, kill: dict, settings: Settings) -> dict:
+    """Longest pause of replies after the kill, when the backlog drained, and the phases."""
+    gap, gap_start = res.longest_gap(after=kill["at"] - 0.5)
+    pre = sorted(lat for lat, t in zip(res.latencies_ms, res.arrivals, strict=True) if t < kill["at"])
+    slow_ms = max(100.0, 3 * (pre[int(0.99 * (len(pre) - 1))] if pre else 0.0))
+    slow = [t for lat, t in zip(res.latencies_ms, res.arrivals, strict=True) if t >= kill["at"] and lat > slow_ms]
+    out = {"kill_at_s": kill["offset"], "longest_gap_s": round(gap, 2),
+           "gap_started_after_kill_s": round(gap_start - kill["at"], 2),
+           "drained_after_kill_s": round((max(slow) - kill["at"]) if slow else 0.0, 2), "slow_ms": round(slow_ms, 1)}
+    log_text = (cluster.state_dir(settings) / "coordinator.log").read_text()
+    m = re.findall(r"recovery \d+ done in ([\d.]+) s: rolled back to round (\d+), replayed (\d+) epochs "
+                   r"\(detect\+restart ([\d.]+) s, restore ([\d.]+) s, replay ([\d.]+) s\)", log_text)
+    if m:
+        total, rnd, epochs, detect, restore, replay = m[-1]
+        out.update(recovery_s=float(total), round=int(rnd), epochs_replayed=int(epochs),
+                   detect_restart_s=float(detect), restore_s=float(restore), replay_s=float(replay))
+    return out
+
+
+async def one_point(settings: Settings, rate: float, seconds: float, keys: int, dist: str,
+                    kill_at: float | None = None) -> dict:
     infos = [p for p in cluster.ps(settings) if p.alive]
     kafka_pid = services.status().get("kafka", {}).get("pid")
     if kafka_pid:  # the broker's CPU is part of the cost (it shares the same cores)
@@ -64,13 +96,19 @@ async def one_point(settings: Settings, rate: float, seconds: float, keys: int, 
         cpu0 = {p.pid: p.cpu_times() for p in procs}
         me0 = me.cpu_times()
         t0 = time.monotonic()
-        res = await run_open_loop(client, make_generator(keys, dist, 2), rate, seconds)
+        kill: dict = {}
+        if kill_at is not None:
+            asyncio.get_running_loop().call_later(kill_at, _kill_worker, settings, t0, kill)
+        res = await run_open_loop(client, make_generator(keys, dist, 2), rate, seconds, drain_timeout=60.0)
         wall = time.monotonic() - t0
         cpu = {}
         cpu_us = {}
         done = max(1, res.committed + res.aborted)
         for p, info in zip(procs, infos, strict=True):
-            c1 = p.cpu_times()
+            try:
+                c1 = p.cpu_times()
+            except psutil.NoSuchProcess:  # the killed worker (--kill-at): its CPU is not counted
+                continue
             c0 = cpu0[p.pid]
             used = c1.user + c1.system - c0.user - c0.system
             cpu[f"{info.role}-{p.pid}"] = round(used / wall * 100, 1)
@@ -81,6 +119,8 @@ async def one_point(settings: Settings, rate: float, seconds: float, keys: int, 
     out["cpu_percent"] = cpu
     out["cpu_us_per_txn"] = cpu_us  # summed over processes of a role
     out["wall_s"] = round(wall, 1)
+    if kill:
+        out["recovery"] = _recovery_stats(res, kill, settings)
     return out
 
 
@@ -105,17 +145,18 @@ def run(args: argparse.Namespace) -> list[dict]:
         env = {"SFAAS_STORE": args.store, "SFAAS_FALLBACK": "0" if args.no_fallback else "1"}
         os.environ.update(env)
         s = Settings.load({"namespace": ns, "partitions": args.partitions, "store": args.store,
-                           "kafka": args.kafka, "max_batch": args.max_batch})
+                           "kafka": args.kafka, "max_batch": args.max_batch,
+                           "snapshot_interval": args.snapshot_interval})
         load_before = round(os.getloadavg()[0], 1)
         cluster.up(s, "examples.ycsbt:app", 2)
         try:
-            point = asyncio.run(one_point(s, rate, args.seconds, args.keys, args.dist))
+            point = asyncio.run(one_point(s, rate, args.seconds, args.keys, args.dist, args.kill_at))
         finally:
             cluster.down(s)
         point["conflict_reruns_per_txn"] = _reruns(s)
         point.update({"phase": "sweep" if args.sweep else "fixed", "loadavg": load_before,
                       "store": args.store, "keys": args.keys, "dist": args.dist, "seconds": args.seconds,
-                      "workers": 2, "fallback": not args.no_fallback, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                      "workers": 2, "fallback": not args.no_fallback, "snapshot_interval": args.snapshot_interval, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         print(json.dumps(point), flush=True)
         with open(args.out, "a") as f:
             f.write(json.dumps(point) + "\n")
@@ -138,6 +179,10 @@ def main() -> None:
     ap.add_argument("--kafka", default=os.environ.get("SFAAS_KAFKA", "127.0.0.1:9092"))
     ap.add_argument("--no-fallback", dest="no_fallback", action="store_true",
                     help="workers without the fallback phase (conflicts only re-run next epoch)")
+    ap.add_argument("--snapshot-interval", dest="snapshot_interval", type=float, default=1.0,
+                    help="seconds between snapshot rounds (epoch log on); 0: rounds and epoch log off")
+    ap.add_argument("--kill-at", dest="kill_at", type=float, default=None,
+                    help="SIGKILL a worker this many seconds into the measured run; report the recovery")
     ap.add_argument("--out", default=str(HERE / "results.jsonl"))
     args = ap.parse_args()
     if args.sweep and args.rates == "1000":

@@ -9,6 +9,9 @@ applied once, replies agreeing with the state).
 
 ``SFAAS_CHAOS_SEED`` reproduces a schedule (the seed is printed on failure);
 ``SFAAS_CHAOS_SECONDS`` / ``SFAAS_CHAOS_KILLS`` / ``SFAAS_CHAOS_COORDINATOR_KILLS`` size it.
+``SFAAS_CHAOS_LONG=1`` is the long run: 60 s, 5 worker kills, 1 coordinator kill, MinIO
+stopped for 10 s and the Kafka broker restarted once (both must have been started by
+sfaas, e.g. by this test session, since they are stopped and started again).
 """
 
 from __future__ import annotations
@@ -31,13 +34,28 @@ from tests.conftest import TEST_BUCKET
 from tests.runtime.test_rounds import _read_topic
 
 SEED = int(os.environ.get("SFAAS_CHAOS_SEED") or random.SystemRandom().randrange(1 << 32))
-SECONDS = float(os.environ.get("SFAAS_CHAOS_SECONDS") or 14)
-KILLS = int(os.environ.get("SFAAS_CHAOS_KILLS") or 3)
+LONG = os.environ.get("SFAAS_CHAOS_LONG") == "1"
+SECONDS = float(os.environ.get("SFAAS_CHAOS_SECONDS") or (60 if LONG else 14))
+KILLS = int(os.environ.get("SFAAS_CHAOS_KILLS") or (5 if LONG else 3))
 COORDINATOR_KILLS = int(os.environ.get("SFAAS_CHAOS_COORDINATOR_KILLS") or 1)
+#: (fault, seconds it lasts) beyond process kills, in the long run
+OUTAGES = [("minio", 10.0), ("kafka", 0.0)] if LONG else []
 ACCOUNTS = [f"acct-{i}" for i in range(10)]
 COUNTERS = [f"ctr-{i}" for i in range(5)]
 START = 1000
 PARTITIONS = 4
+
+
+async def _outage(service: str, seconds: float) -> str:
+    """Stop ``service`` (as sfaas started it) for ``seconds``, then start it again."""
+    from sfaas import services
+
+    kw = {"kafka": service == "kafka", "minio": service == "minio"}
+    t = time.monotonic()
+    await asyncio.to_thread(services.down, **kw, progress=False)
+    await asyncio.sleep(seconds)
+    await asyncio.to_thread(services.up, **kw, progress=False)
+    return f"{service} down for {time.monotonic() - t:.1f} s"
 
 
 def _kill(s: Settings, role: str, rnd: random.Random) -> int:
@@ -54,14 +72,20 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
         futs: list[tuple[str, str, asyncio.Future[wire.Reply]]] = []
         arrivals: list[float] = []
         faults = sorted([(rnd.uniform(1.5, SECONDS - 2), "worker") for _ in range(KILLS)]
-                        + [(rnd.uniform(1.5, SECONDS - 2), "coordinator") for _ in range(COORDINATOR_KILLS)])
+                        + [(rnd.uniform(1.5, SECONDS - 2), "coordinator") for _ in range(COORDINATOR_KILLS)]
+                        + [(rnd.uniform(1.5, SECONDS - 15), name) for name, _ in OUTAGES])
+        outages: list[asyncio.Task[str]] = []
         report["schedule"] = [(round(t, 2), role) for t, role in faults]
         t0 = time.monotonic()
         killed = []
         while (now := time.monotonic() - t0) < SECONDS:
             while faults and faults[0][0] <= now:
                 _, role = faults.pop(0)
-                killed.append((round(now, 2), role, _kill(s, role, rnd)))
+                if role in dict(OUTAGES):
+                    outages.append(asyncio.create_task(_outage(role, dict(OUTAGES)[role])))
+                    killed.append((round(now, 2), role, 0))
+                else:
+                    killed.append((round(now, 2), role, _kill(s, role, rnd)))
             for _ in range(3):
                 a, b = rnd.sample(ACCOUNTS, 2)
                 f = await c.submit("accounts", a, "transfer", b, rnd.randint(1, 400))
@@ -73,6 +97,7 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
                 f.add_done_callback(lambda _f: arrivals.append(time.monotonic()))
             await asyncio.sleep(0.02)
         report["killed"] = killed
+        report["outages"] = await asyncio.gather(*outages)
         replies = await asyncio.wait_for(asyncio.gather(*(f for _, _, f in futs)), 180)
         assert not c._waiting, f"{len(c._waiting)} requests never answered"
         arrivals.sort()
@@ -99,7 +124,7 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
     assert sent <= set(counts)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 def test_kills_under_load_lose_nothing_and_duplicate_nothing(kafka, minio, tmp_path: Path) -> None:
     rnd = random.Random(SEED)
     s = Settings.load({
