@@ -129,6 +129,7 @@ def test_cli_ps_json_and_call(bank_cluster: Settings, monkeypatch, capsys) -> No
     procs = json.loads(capsys.readouterr().out)
     assert [p["role"] for p in procs] == ["coordinator", "worker", "worker"]
     assert all(p["alive"] and p["pid"] > 0 and ":" in p["address"] for p in procs)
+    assert [(p["index"], p["restarts"], p["gave_up"]) for p in procs] == [(0, 0, ""), (0, 0, ""), (1, 0, "")]
     args = ["--namespace", bank_cluster.namespace, "--kafka", bank_cluster.kafka]
     assert main(["call", *args, "accounts", "cli-acct", "deposit", "12"]) == 0
     assert json.loads(capsys.readouterr().out) == 12

@@ -1,0 +1,53 @@
+"""The local cluster's supervisor restarts a process that dies, and gives up (clearly) on one
+that keeps dying."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from sfaas.supervisor import MAX_CRASHES, Child, Supervisor
+
+
+def _run(sup: Supervisor, until, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not until() and time.monotonic() < deadline:
+        if sup.poll():
+            sup.write()
+        time.sleep(0.05)
+
+
+def test_a_crashing_process_is_restarted_with_backoff_then_given_up(tmp_path: Path) -> None:
+    (tmp_path / "cluster.json").write_text("{}")
+    # `sfaas no-such-command` exits at once with argparse's usage error (code 2)
+    child = Child("worker", 0, ["no-such-command"], str(tmp_path / "w.log"))
+    sup = Supervisor(tmp_path, {"app": "t"}, [child])
+    sup._start(child)
+    t0 = time.monotonic()
+    _run(sup, lambda: bool(child.gave_up))
+    assert child.gave_up, "the supervisor never gave up"
+    assert child.restarts == MAX_CRASHES - 1 and not child.alive
+    # backoff 0.2 + 0.4 + 0.8 + 1.6 s between the starts
+    assert time.monotonic() - t0 >= 3.0
+    assert f"exited {MAX_CRASHES} times" in child.gave_up and "exit code 2" in child.gave_up
+    assert str(tmp_path / "w.log") in child.gave_up
+    listed = json.loads((tmp_path / "cluster.json").read_text())["processes"]
+    assert listed == [child.public()] and listed[0]["gave_up"] == child.gave_up
+    assert "invalid choice: 'no-such-command'" in (tmp_path / "w.log").read_text()
+
+
+def test_stop_terminates_children_and_does_not_restart_them(tmp_path: Path) -> None:
+    (tmp_path / "cluster.json").write_text("{}")
+    # `sfaas services status` would exit; `sfaas supervise` on an empty dir waits forever: use it
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    (inner / "cluster.json").write_text("{}")
+    child = Child("coordinator", 0, ["supervise", "--state-dir", str(inner), "--workers", "0"],
+                  str(tmp_path / "c.log"))
+    sup = Supervisor(tmp_path, {}, [child])
+    sup._start(child)
+    time.sleep(1.0)
+    assert child.proc is not None and child.proc.poll() is None
+    sup.stop()
+    assert child.proc is None and not child.alive and child.restarts == 0
