@@ -71,12 +71,21 @@ class Context:
         """Run ``operator.function`` on ``key`` in this transaction without waiting for it.
 
         It completes before the calling function's result is returned, and commits or
-        aborts with the transaction. Concurrent sends run in no particular order.
+        aborts with the transaction. A function's sends run one after another, in the order
+        they were made (overlapping what the function does meanwhile): two sends writing the
+        same key must leave the same value when the transaction is replayed after a recovery.
         """
         import asyncio
 
-        coro = self._engine.call(self._tid, self._now, operator, key, function, args, self._depth + 1)
-        task = asyncio.ensure_future(coro)
+        engine, args_, depth = self._engine, args, self._depth + 1
+        previous = self._pending[-1] if self._pending else None
+
+        async def in_order() -> Any:
+            if previous is not None:
+                await asyncio.wait([previous])  # its failure is reported by its own task
+            return await engine.call(self._tid, self._now, operator, key, function, args_, depth)
+
+        task = asyncio.ensure_future(in_order())
         if self._pending is None:
             self._pending = []
         self._pending.append(task)

@@ -245,3 +245,35 @@ async def test_hot_key_chain_commits_in_one_epoch_with_the_fallback_phase_like_t
                 assert r.stats.epochs == most_epochs and r.stats.reruns == 0
             else:  # without it every conflicting increment waits for a later epoch
                 assert r.stats.epochs > 30 and r.stats.reruns > 0
+
+
+def test_a_functions_sends_apply_in_the_order_they_were_made() -> None:
+    """Replay after a recovery must reproduce a transaction's writes: sends to one key run
+    in issue order even when the first one takes longer (a hop to another worker)."""
+    app = App("sends")
+    a = app.operator("a", store="memonly")
+    c = app.operator("c", store="memonly")
+
+    @c.function
+    async def add_after_a_hop(ctx: Context, n: int) -> None:
+        await ctx.call("a", "elsewhere", "noop")
+        ctx.put(ctx.get(default=0) + n)
+
+    @c.function
+    async def double(ctx: Context) -> None:
+        ctx.put(ctx.get(default=0) * 2)
+
+    @a.function
+    async def noop(ctx: Context) -> None:
+        await asyncio.sleep(0.005)  # like a network hop: other tasks run meanwhile
+
+    @a.function
+    async def two_sends(ctx: Context, key: str) -> str:
+        ctx.send("c", key, "add_after_a_hop", 10)
+        ctx.send("c", key, "double")
+        return "sent"
+
+    with LocalRunner(app, workers=2, partitions=4) as r:
+        for i in range(8):
+            assert r.call("a", f"root{i}", "two_sends", f"k{i}") == "sent"
+            assert r.state("c", f"k{i}") == 20  # (0 + 10) * 2, never 0 * 2 + 10
