@@ -104,12 +104,18 @@ async def _wait_for_members(c: Coordinator, attempt: int) -> None:
 
 
 async def _latest_round(c: Coordinator) -> int:
-    s = c.settings
+    """The newest complete round (0: none); new epochs will be numbered above its epoch."""
+    rounds = Rounds(rounds_remote(c.settings, c.app_name))
     try:
-        ids = await asyncio.to_thread(Rounds(rounds_remote(s, c.app_name)).ids)
+        latest = await asyncio.to_thread(rounds.latest)
     except Exception as exc:
         raise _Retry(f"cannot read the snapshot rounds from MinIO: {exc}") from None
-    return ids[-1] if ids else 0
+    if latest is None:
+        return 0
+    # a restarted coordinator counts epochs from 0: live epochs must come after the round's
+    # (and after every logged one, see _replay), or the log would reuse epoch numbers
+    c.epoch = max(c.epoch, latest.epoch)
+    return latest.round
 
 
 async def _roll_back(c: Coordinator, attempt: int, round_id: int) -> list[list[Any]]:

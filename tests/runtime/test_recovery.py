@@ -29,9 +29,11 @@ import pytest
 
 from sfaas import cluster, wire
 from sfaas.client import Client
+from sfaas.epochlog import EpochRecord
+from sfaas.rounds import RoundManifest
 from sfaas.settings import Settings
 from tests.conftest import TEST_BUCKET
-from tests.runtime.test_rounds import _read_topic
+from tests.runtime.test_rounds import _ingress_requests, _read_topic, _replay
 
 SEED = int(os.environ.get("SFAAS_CHAOS_SEED") or random.SystemRandom().randrange(1 << 32))
 LONG = os.environ.get("SFAAS_CHAOS_LONG") == "1"
@@ -66,7 +68,7 @@ def _kill(s: Settings, role: str, rnd: random.Random) -> int:
     return victim.pid
 
 
-async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[str, object]) -> None:
+async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[str, object], replay_dir: Path) -> None:
     async with Client("ledger", settings=cs, timeout=120) as c:
         await asyncio.gather(*(c.call("accounts", a, "deposit", START) for a in ACCOUNTS))
         futs: list[tuple[str, str, asyncio.Future[wire.Reply]]] = []
@@ -117,6 +119,23 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
         finals = await asyncio.gather(*(c.call("counters", k, "value") for k in COUNTERS))
         assert dict(zip(COUNTERS, finals, strict=True)) == {k: len(v) for k, v in bumps.items()}
         sent = {r.rid for r in replies}
+        got = {r.rid: r for r in replies}
+    # the committed history is serializable and is the one the clients saw: re-executing the
+    # whole epoch log from the empty state, in the protocol's serial order (tids within an
+    # epoch, then the fallback phase), gives every request exactly its reply, and the same state
+    raw_log = await _read_topic(cs, cs.epoch_log_topic("ledger"), 1)
+    records = [(off, EpochRecord.decode(v)) for off, v in raw_log[0]]
+    epochs = [rec.epoch for _, rec in records]
+    assert epochs == sorted(epochs), "the epoch log is out of epoch order"
+    assert len({(rec.epoch, rec.worker) for _, rec in records}) == len(records), "an epoch logged twice by a worker"
+    empty = RoundManifest(0, 0, 2, PARTITIONS, (), {p: 0 for p in range(PARTITIONS)}, {}, {}, (), 0)
+    fates, accounts, counters = await _replay(empty, records, await _ingress_requests(cs), replay_dir)
+    for rid, reply in got.items():
+        assert rid in fates, f"request {rid} answered but never in a logged epoch"
+        ok, value = fates[rid]
+        assert (ok, value if ok else list(value)) == (reply.ok, reply.value if ok else [reply.error_type, reply.reason]), \
+            (rid, fates[rid], reply)
+    assert sum(accounts.values()) == START * len(ACCOUNTS) and counters == {k: len(v) for k, v in bumps.items() if v}
     raw = await _read_topic(cs, cs.topics("ledger")[1], PARTITIONS)
     counts = Counter(wire.Reply.decode(v).rid for recs in raw.values() for _, v in recs)
     dups = {rid: n for rid, n in counts.items() if n > 1}
@@ -137,7 +156,7 @@ def test_kills_under_load_lose_nothing_and_duplicate_nothing(kafka, minio, tmp_p
     report: dict[str, object] = {"seed": SEED}
     try:
         cs = cluster.cluster_settings(s)[1]
-        asyncio.run(_scenario(s, cs, rnd, report))
+        asyncio.run(_scenario(s, cs, rnd, report, tmp_path / "replay"))
         procs = cluster.ps(s)
         # a killed coordinator takes its workers along (they exit and are restarted)
         assert sum(p.restarts for p in procs) >= KILLS + COORDINATOR_KILLS, procs
