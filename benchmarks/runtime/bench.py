@@ -57,6 +57,32 @@ def make_generator(keys: int, dist: str, seed: int):
     return make
 
 
+def preload(settings: Settings, keys: int) -> float:
+    """Write every key's initial value straight into the cluster's (not yet running) stores,
+    so the state has ``keys`` keys; returns the seconds it took."""
+    from examples import ycsbt
+    from sfaas.codec import pack
+    from sfaas.state import open_partition_stores
+
+    t = time.monotonic()
+    root = os.path.join(settings.home, "data", settings.namespace, "ycsbt")
+    stores = open_partition_stores(ycsbt.app, root, range(settings.partitions), settings.partitions,
+                                   store=settings.store)
+    try:
+        value = pack(ycsbt.INITIAL)
+        batches: dict = {}
+        for k in range(keys):
+            key = str(k)
+            batches.setdefault(stores.for_key("ycsb", key), []).append((key.encode(), value))
+            if k % 50_000 == 49_999 or k == keys - 1:
+                for store, ops in batches.items():
+                    store.write_batch(ops)
+                batches = {}
+    finally:
+        stores.close()
+    return time.monotonic() - t
+
+
 def _kill_worker(settings: Settings, t0: float, kill: dict) -> None:
     victim = [p for p in cluster.ps(settings) if p.role == "worker" and p.alive][-1]
     os.kill(victim.pid, signal.SIGKILL)
@@ -148,12 +174,15 @@ def run(args: argparse.Namespace) -> list[dict]:
                            "kafka": args.kafka, "max_batch": args.max_batch,
                            "snapshot_interval": args.snapshot_interval})
         load_before = round(os.getloadavg()[0], 1)
+        preload_s = preload(s, args.keys) if args.preload else None
         cluster.up(s, "examples.ycsbt:app", 2)
         try:
             point = asyncio.run(one_point(s, rate, args.seconds, args.keys, args.dist, args.kill_at))
         finally:
             cluster.down(s)
         point["conflict_reruns_per_txn"] = _reruns(s)
+        if preload_s is not None:
+            point["preload_s"] = round(preload_s, 1)
         point.update({"phase": "sweep" if args.sweep else "fixed", "loadavg": load_before,
                       "store": args.store, "keys": args.keys, "dist": args.dist, "seconds": args.seconds,
                       "workers": 2, "fallback": not args.no_fallback, "snapshot_interval": args.snapshot_interval, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
@@ -183,6 +212,8 @@ def main() -> None:
                     help="seconds between snapshot rounds (epoch log on); 0: rounds and epoch log off")
     ap.add_argument("--kill-at", dest="kill_at", type=float, default=None,
                     help="SIGKILL a worker this many seconds into the measured run; report the recovery")
+    ap.add_argument("--preload", action="store_true",
+                    help="write all --keys keys into the stores before the cluster starts (state of that size)")
     ap.add_argument("--out", default=str(HERE / "results.jsonl"))
     args = ap.parse_args()
     if args.sweep and args.rates == "1000":
