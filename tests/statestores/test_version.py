@@ -74,6 +74,7 @@ def test_a_subscriber_can_follow_the_file_set_edit_by_edit(tmp_path: Path, engin
         assert len(edits) == n, "no edit after unsubscribing"
         assert dict(s.items()) == model
     with statestores.open(engine, tmp_path / "db", **TINY[engine]) as s:
+        s.settle()  # opening hands the next spare WAL/segment to the maintainer: let it land
         seq2, files2 = s.version()
         on_disk = {p.name for p in (tmp_path / "db").iterdir() if p.name.startswith(s.PREFIX + "-")}
         assert {f.name for f in files2} == on_disk, "after close, the directory holds exactly the version's files"
