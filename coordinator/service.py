@@ -164,14 +164,18 @@ class Coordinator:
             return
         dead = [m for m in self.members if not m.alive]
         if not self._all_joined.is_set():
-            member = _Member(len(self.members), reg.name, reg.host, reg.port, reg.pid, chan)
+            # a worker that held a slot before (this coordinator restarted) gets it back
+            free = sorted(set(range(self.settings.workers)) - {m.index for m in self.members})
+            index = reg.index if reg.index in free else free[0]
+            member = _Member(index, reg.name, reg.host, reg.port, reg.pid, chan)
             self.members.append(member)
             log.info("worker %s (pid %d) registered as %d at %s:%d",
                      reg.name, reg.pid, member.index, reg.host, reg.port)
             if len(self.members) == self.settings.workers:
+                self.members.sort(key=lambda m: m.index)
                 self._all_joined.set()
         elif dead:
-            member = dead[0]
+            member = next((m for m in dead if m.index == reg.index), dead[0])
             member.name, member.host, member.port, member.pid, member.channel = (
                 reg.name, reg.host, reg.port, reg.pid, chan)
             member.alive, member.last_seen = True, time.monotonic()

@@ -58,13 +58,15 @@ class Message:
 
 @dataclass(slots=True)
 class Register(Message):
-    """Worker → coordinator: I am ``name``, my peers reach me at ``host:port``."""
+    """Worker → coordinator: I am ``name``, my peers reach me at ``host:port``; ``index``:
+    the slot I held before (re-registering with a restarted coordinator), or -1."""
 
     TAG: ClassVar[int] = 1
     name: str
     host: str
     port: int
     pid: int
+    index: int = -1
 
 
 @dataclass(slots=True)

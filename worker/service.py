@@ -205,6 +205,8 @@ class Worker:
         conflicts, aborts = self.loop.votes()
         pending = self.loop.pending
         self._idle_reported = pending == 0
+        if self.coord.closed:  # the coordinator is gone: this epoch is rolled back anyway
+            return
         self.coord.send(wire.Report(
             self.engine.epoch, self.index, len(self.loop.batch), [[t, b] for t, b in conflicts.items()],
             [[t, e, r] for t, (e, r) in aborts.items()], list(self._sent), list(self._served), pending,
@@ -273,7 +275,7 @@ class Worker:
         mine = [p for p in range(assign.partitions) if p % assign.n_workers == self.index]
         self.engine = Engine(self.app, assign.index, assign.n_workers, assign.partitions,
                              self._open_stores(assign, mine), self)
-        self.rounds = RoundTaker(self.index, self.coord.send)
+        self.rounds = RoundTaker(self.index, lambda m: self.coord.send(m))
         self.loop = Participant(self.engine, Sequencer(assign.index), _request_of, s.max_batch,
                                 fallback=self.fallback_enabled)
         await self.reconnect_peers(assign.peers)
@@ -299,7 +301,16 @@ class Worker:
         ]
         self.coord.send(wire.Ready(self.index))
         try:
-            await self._follow_coordinator()
+            while True:
+                await self._follow_coordinator()
+                if not self.lost_coordinator or s.snapshot_interval <= 0:
+                    break
+                # with rounds on, a restarted coordinator rolls everyone back to the newest
+                # round: keep the stores and wait for it instead of restarting this process
+                await self.stop_activity()
+                if not await self._rejoin(my_port):
+                    break
+                self.lost_coordinator = False
         finally:
             tasks = self._tasks + ([self._ingest_task] if self._ingest_task else [])
             for t in tasks:
@@ -315,6 +326,31 @@ class Worker:
             self.coord.close()
             server.close()
             self.engine.close()
+
+    async def _rejoin(self, my_port: int) -> bool:
+        """Re-register with the restarted coordinator in the same slot; False: give up (the
+        process exits and the supervisor starts a fresh one)."""
+        s = self.settings
+        log.warning("lost the coordinator; keeping the stores and waiting for it to come back",
+                    extra={"worker": self.index})
+        try:
+            self.coord = await self._connect_retry(*s.coordinator_address(), timeout=120.0)
+            self.coord.send(wire.Register(self.name, s.host, my_port, os.getpid(), self.index))
+            msgs = await self.coord.recv()
+            a = msgs[0] if msgs else None
+            if not (isinstance(a, wire.Assign) and a.index == self.index and a.n_workers == self.assign.n_workers
+                    and a.partitions == self.assign.partitions):
+                log.error("the restarted coordinator assigned %r, not slot %d of %d: restarting",
+                          a, self.index, self.assign.n_workers, extra={"worker": self.index})
+                return False
+            self.assign = a
+            await self.reconnect_peers(a.peers)
+            self.coord.send(wire.Ready(self.index))
+        except (ClusterError, ChannelClosed, OSError) as exc:
+            log.error("could not rejoin the coordinator: %s", exc, extra={"worker": self.index})
+            return False
+        log.info("rejoined the restarted coordinator as worker %d", self.index, extra={"worker": self.index})
+        return True
 
     def start_ingest(self) -> None:
         """(Re)start taking requests from the ingress partitions."""
@@ -397,8 +433,7 @@ class Worker:
             try:
                 msgs = await self.coord.recv()
             except ChannelClosed:
-                log.error("lost the coordinator; exiting (the supervisor restarts this worker, which then "
-                          "registers with the restarted coordinator)", extra={"worker": self.index})
+                log.error("lost the coordinator", extra={"worker": self.index})
                 self.lost_coordinator = True
                 return
             for msg in msgs:
@@ -504,7 +539,8 @@ class Worker:
                     got = True
             if got and self._idle_reported:
                 self._idle_reported = False
-                self.coord.send(wire.Wakeup(self.index))
+                if not self.coord.closed:
+                    self.coord.send(wire.Wakeup(self.index))
 
     async def _produce(self) -> None:
         while True:
@@ -541,7 +577,8 @@ class Worker:
             await asyncio.sleep(beat)
             lp = self.loop
             assert lp is not None
-            self.coord.send(wire.Heartbeat(self.index, lp.committed))
+            if not self.coord.closed:  # (while the coordinator restarts, nobody listens)
+                self.coord.send(wire.Heartbeat(self.index, lp.committed))
             if self._age_n and time.monotonic() - last_log >= 5.0:
                 last_log = time.monotonic()
                 log.info("epochs=%d committed=%d reruns=%d fallbacks=%d mean request age at epoch start %.1f ms",

@@ -169,6 +169,7 @@ def test_kills_under_load_lose_nothing_and_duplicate_nothing(kafka, minio, tmp_p
         kills = [k for k in report["killed"] if k[1] in ("worker", "coordinator")]  # type: ignore[union-attr]
         assert kills and sum(p.restarts for p in procs) >= len(kills), (procs, kills)
         assert all(p.alive and not p.gave_up for p in procs), procs
+        report["restarts"] = {f"{p.role}-{p.index}": p.restarts for p in procs}
         log = (cluster.state_dir(s) / "coordinator.log").read_text()
         report["recoveries"] = [line.split("WARNING sfaas.coordinator.recovery: ")[1][:160]
                                 for line in log.splitlines() if "sfaas.coordinator.recovery: recovery" in line]
