@@ -91,7 +91,16 @@ class Coordinator:
         topics = {ingress: s.partitions, egress: s.partitions}
         if s.snapshot_interval > 0:
             topics[s.epoch_log_topic(self.app_name)] = 1
-        counts = await ensure_topics(s.kafka, topics)
+        deadline = time.monotonic() + 120.0
+        while True:  # a broker that is restarting must not make the supervisor give up on us
+            try:
+                counts = await ensure_topics(s.kafka, topics)
+                break
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("Kafka at %s unreachable (%s); retrying", s.kafka, exc)
+                await asyncio.sleep(1.0)
         self.partitions = counts[ingress]
         if self.partitions < s.workers:
             raise ClusterError(f"topic {ingress} has {self.partitions} partitions < {s.workers} workers")

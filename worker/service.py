@@ -33,7 +33,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -279,10 +279,8 @@ class Worker:
         self.loop = Participant(self.engine, Sequencer(assign.index), _request_of, s.max_batch,
                                 fallback=self.fallback_enabled)
         await self.reconnect_peers(assign.peers)
-        self.producer = make_producer(s.kafka, s.linger_ms, durable=True)
-        await self.producer.start()
-        self.consumer = make_consumer(s.kafka, assign.group, s.fetch_wait_ms)
-        await self.consumer.start()
+        self.producer = await self._start_kafka(lambda: make_producer(s.kafka, s.linger_ms, durable=True))
+        self.consumer = await self._start_kafka(lambda: make_consumer(s.kafka, assign.group, s.fetch_wait_ms))
         tps = [TopicPartition(assign.ingress_topic, p) for p in mine]
         self.consumer.assign(tps)
         for tp in tps:
@@ -298,6 +296,7 @@ class Worker:
         self._tasks = [
             asyncio.create_task(self._produce(), name="egress"),
             asyncio.create_task(self._heartbeat(), name="heartbeat"),
+            asyncio.create_task(self._offsets_loop(), name="offsets"),
         ]
         self.coord.send(wire.Ready(self.index))
         try:
@@ -326,6 +325,23 @@ class Worker:
             self.coord.close()
             server.close()
             self.engine.close()
+
+    async def _start_kafka(self, make: Callable[[], Any], patience: float = 120.0) -> Any:
+        """Start a Kafka client, retrying while the broker is unreachable (a broker restart
+        must not make the supervisor give up on this worker)."""
+        deadline = time.monotonic() + patience
+        while True:
+            client = make()
+            try:
+                await client.start()
+                return client
+            except Exception as exc:
+                await client.stop()
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"Kafka at {self.settings.kafka} unreachable for {patience:.0f} s: {exc}") from exc
+                log.warning("Kafka at %s unreachable (%s); retrying", self.settings.kafka, exc,
+                            extra={"worker": self.index})
+                await asyncio.sleep(1.0)
 
     async def _rejoin(self, my_port: int) -> bool:
         """Re-register with the restarted coordinator in the same slot; False: give up (the
@@ -584,6 +600,11 @@ class Worker:
                 log.info("epochs=%d committed=%d reruns=%d fallbacks=%d mean request age at epoch start %.1f ms",
                          lp.epochs, lp.committed, lp.reruns, lp.fallbacks, 1000 * self._age_sum / self._age_n)
                 self._age_sum, self._age_n = 0.0, 0
+
+    async def _offsets_loop(self) -> None:
+        # apart from the heartbeats: a commit waits for Kafka, a heartbeat must not
+        while True:
+            await asyncio.sleep(1.0)
             await self._commit_offsets()
 
     async def _commit_offsets(self) -> None:
