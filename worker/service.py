@@ -310,6 +310,8 @@ class Worker:
                 if not await self._rejoin(my_port):
                     break
                 self.lost_coordinator = False
+                if self._ingest_task is None:  # no recovery follows when nothing ever ran
+                    self.start_ingest()
         finally:
             tasks = self._tasks + ([self._ingest_task] if self._ingest_task else [])
             for t in tasks:
