@@ -183,3 +183,35 @@ def test_kills_under_load_lose_nothing_and_duplicate_nothing(kafka, minio, tmp_p
         raise
     finally:
         cluster.down(s)
+
+
+def test_workers_wait_for_a_restarted_coordinator_and_keep_their_state(kafka, minio, tmp_path: Path) -> None:
+    """A coordinator SIGKILLed (here before and after any work) comes back under the
+    supervisor; the workers are not restarted: they rejoin in their slots, and the state
+    written before the crash is still there afterwards."""
+    s = Settings.load({
+        "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}", "home": str(tmp_path),
+        "store": "lsm", "partitions": PARTITIONS, "snapshot_interval": 1.0,
+        "minio": minio.minio_endpoint, "minio_access_key": minio.minio_access_key,
+        "minio_secret_key": minio.minio_secret_key, "bucket": TEST_BUCKET,
+    })
+    cluster.up(s, "tests.runtime.apps.ledger:app", 2, timeout=90)
+    try:
+        cs = cluster.cluster_settings(s)[1]
+
+        def kill_coordinator() -> None:
+            (coord,) = [p for p in cluster.ps(s) if p.role == "coordinator" and p.alive]
+            os.kill(coord.pid, signal.SIGKILL)
+
+        async def bumps(n: int) -> list[int]:
+            async with Client("ledger", settings=cs, timeout=60) as c:
+                return [await c.call("counters", "c", "bump") for _ in range(n)]
+
+        kill_coordinator()  # nothing has run yet
+        assert asyncio.run(bumps(3)) == [0, 1, 2]
+        kill_coordinator()  # now with state and an epoch log
+        assert asyncio.run(bumps(2)) == [3, 4]
+        procs = cluster.ps(s)
+        assert [(p.role, p.restarts) for p in procs] == [("coordinator", 2), ("worker", 0), ("worker", 0)], procs
+    finally:
+        cluster.down(s)
