@@ -9,29 +9,26 @@ index that makes it visible. Layout in the app's rounds remote (``sfaas.state.ro
 * ``blobs/round-<n:012d>`` — one encoded :class:`RoundManifest`;
 * ``blobs/index`` — the complete rounds still retained, ascending (an encoded :class:`RoundIndex`).
 
-Encoding of both (FORMAT.md § "Snapshot rounds"): ``magic:4 | version:u8 | crc32c:u32 |
+Encoding of both (FORMAT.md § "Snapshot rounds"), the framing of store manifests
+(``remotes.manifest.frame``): ``magic:4 | version:u8 | crc32c:u32 |
 msgpack(body)``, the crc over the msgpack bytes; magic ``SFRM`` (round) / ``SFRI`` (index).
 """
 
 from __future__ import annotations
 
 import logging
-import struct
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
-from crc32c import crc32c
-
 from remotes import Remote
+from remotes.manifest import frame, unframe
 
 log = logging.getLogger("sfaas.rounds")
 
 __all__ = ["StoreCut", "RoundManifest", "RoundIndex", "RoundError", "Rounds", "collect_garbage", "INDEX_BLOB"]
 
-_HEAD = struct.Struct("<4sBI")
 _VERSION = 1
 INDEX_BLOB = "index"
 
@@ -41,25 +38,11 @@ class RoundError(ValueError):
 
 
 def _encode(magic: bytes, body: Any) -> bytes:
-    raw = msgpack.packb(body, use_bin_type=True)
-    return _HEAD.pack(magic, _VERSION, crc32c(raw)) + raw
+    return frame(magic, _VERSION, body)
 
 
-def _decode(magic: bytes, data: bytes, source: str) -> Any:
-    if len(data) < _HEAD.size:
-        raise RoundError(f"{source}: {len(data)} bytes, too short for a header of {_HEAD.size}")
-    got, version, crc = _HEAD.unpack_from(data)
-    if got != magic:
-        raise RoundError(f"{source}: magic {got!r}, expected {magic!r}")
-    if version != _VERSION:
-        raise RoundError(f"{source}: version {version}, expected {_VERSION}")
-    raw = data[_HEAD.size:]
-    if crc32c(raw) != crc:
-        raise RoundError(f"{source}: checksum mismatch")
-    try:
-        return msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except Exception as exc:
-        raise RoundError(f"{source}: body is not msgpack: {exc}") from None
+def _decode(magic: bytes, data: bytes, source: str, what: str) -> Any:
+    return unframe(data, magic=magic, version=_VERSION, what=what, source=source, error=RoundError)
 
 
 def _int_map(value: Any, what: str) -> dict[int, int]:
@@ -138,7 +121,7 @@ class RoundManifest:
 
     @classmethod
     def decode(cls, data: bytes, source: str = "round manifest") -> RoundManifest:
-        d = _decode(b"SFRM", data, source)
+        d = _decode(b"SFRM", data, source, "round manifest")
         try:
             stores = tuple(StoreCut(str(o), int(p), int(b), int(f), int(t)) for o, p, b, f, t in d["stores"])
             retries = tuple((int(t), int(p), int(o)) for t, p, o in d["retries"])
@@ -163,7 +146,7 @@ class RoundIndex:
 
     @classmethod
     def decode(cls, data: bytes, source: str = "round index") -> RoundIndex:
-        body = _decode(b"SFRI", data, source)
+        body = _decode(b"SFRI", data, source, "round index")
         if not isinstance(body, list) or not all(isinstance(r, int) and r >= 1 for r in body) \
                 or body != sorted(set(body)):
             raise RoundError(f"{source}: expected ascending distinct round ids >= 1, got {body!r:.80}")

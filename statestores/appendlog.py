@@ -28,7 +28,7 @@ from typing import Any
 from crc32c import crc32c
 
 from . import records
-from .base import (
+from .checks import (
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
     Option,

@@ -179,6 +179,11 @@ def _verdict(ok: bool | None) -> str:
     return "–" if ok is None else ("PASS" if ok else "MISS")
 
 
+def _row(target: str, measured: str, ok: bool | None) -> dict[str, str]:
+    """A target row with its verdict (``ok`` None: not measurable)."""
+    return {"target": target, "measured": measured, "verdict": _verdict(ok)}
+
+
 def _missing(target: str, row: dict[str, Any] | None) -> dict[str, str]:
     """A target row for an engine that failed (ERROR) or was not part of the run."""
     errs = (row or {}).get("errors") or []
@@ -219,13 +224,11 @@ def targets(summary: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, str
     reopen_row("lsm", 150)
     r = reopen.get("lsm")
     if r and "rss_growth_pct_of_data" in r:
-        rows.append(
-            {
-                "target": "lsm: reopened process holds ≤ 25% of the data size",
-                "measured": f"{r['rss_growth_pct_of_data']:.1f}% ({r['rss_growth_mb']:.1f} of {r['data_mb']:.1f} MB)",
-                "verdict": _verdict(r["rss_growth_pct_of_data"] <= 25.0),
-            }
-        )
+        rows.append(_row(
+            "lsm: reopened process holds ≤ 25% of the data size",
+            f"{r['rss_growth_pct_of_data']:.1f}% ({r['rss_growth_mb']:.1f} of {r['data_mb']:.1f} MB)",
+            r["rss_growth_pct_of_data"] <= 25.0,
+        ))
     else:
         rows.append(_missing("lsm: reopened process holds ≤ 25% of the data size", r))
     ratio_rows("appendlog", "put", 1.0, DISTS)
@@ -246,20 +249,10 @@ def targets(summary: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, str
             rows.append(_missing(t2, s))
             continue
         size = f" at {s['big_keys']:,} keys"
-        rows.append(
-            {
-                "target": t1,
-                "measured": f"median {s['pct_median']:.2f}%, first {s['pct_first']:.2f}%, max {s['pct_max']:.2f}%{size}",
-                "verdict": _verdict(s["pct_median"] <= 5.0),
-            }
-        )
-        rows.append(
-            {
-                "target": t2,
-                "measured": f"p50 {s['async_p50_ms']:.1f} ms, max {s['async_max_ms']:.1f} ms{size}",
-                "verdict": _verdict(s["async_p50_ms"] <= 50.0),
-            }
-        )
+        rows.append(_row(t1, f"median {s['pct_median']:.2f}%, first {s['pct_first']:.2f}%, max {s['pct_max']:.2f}%{size}",
+                         s["pct_median"] <= 5.0))
+        rows.append(_row(t2, f"p50 {s['async_p50_ms']:.1f} ms, max {s['async_max_ms']:.1f} ms{size}",
+                         s["async_p50_ms"] <= 50.0))
     # the freeze/read targets of the snapshot rework (appended so issue 2's rows stay as they were)
     for e in ("lsm", "appendlog", "hybridlog", "memonly"):
         if e not in meta["engines"]:
@@ -274,24 +267,15 @@ def targets(summary: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, str
             continue
         size = f" at {s['big_keys']:,} keys{'' if s['big_keys'] >= 1_000_000 else ', not the target size'}"
         p50, mx = s["async_p50_ms"], s["async_max_ms"]
-        rows.append(
-            {
-                "target": t3,
-                "measured": f"p50 {_fmt(p50, '.1f')} ms, max {_fmt(mx, '.1f')} ms over {len(s['update'])} update rounds{size}",
-                "verdict": _verdict(None if math.isnan(p50) else (p50 <= FREEZE_P50_MS and mx <= FREEZE_MAX_MS)),
-            }
-        )
+        rows.append(_row(
+            t3, f"p50 {_fmt(p50, '.1f')} ms, max {_fmt(mx, '.1f')} ms over {len(s['update'])} update rounds{size}",
+            None if math.isnan(p50) else (p50 <= FREEZE_P50_MS and mx <= FREEZE_MAX_MS),
+        ))
         rd = s.get("read_pct_median", float("nan"))
         if rd is None or math.isnan(rd):
             rows.append({"target": t4, "measured": "not measured (the run predates SnapshotInfo.bytes_read)", "verdict": "–"})
         else:
-            rows.append(
-                {
-                    "target": t4,
-                    "measured": f"median {rd:.2f}%, max {_fmt(s['read_pct_max'])}%{size}",
-                    "verdict": _verdict(rd <= READ_PCT),
-                }
-            )
+            rows.append(_row(t4, f"median {rd:.2f}%, max {_fmt(s['read_pct_max'])}%{size}", rd <= READ_PCT))
     return rows
 
 
