@@ -34,6 +34,11 @@ class GcInfo:
 class Remote(abc.ABC):
     """Snapshot storage. Implementations are thread-safe."""
 
+    #: True when a pickled copy in another process reaches the same storage (a server, a
+    #: directory), so a store may upload through its background process; an in-memory
+    #: fake keeps the default False and is always used in this process.
+    shareable: bool = False
+
     # -- files --
     @abc.abstractmethod
     def put_file(self, name: str, path: str | os.PathLike[str]) -> int:

@@ -110,6 +110,8 @@ class MinioRemote(Remote):
     and ``read_timeout`` bound each request.
     """
 
+    shareable = True
+
     def __init__(
         self,
         endpoint: str,
@@ -463,7 +465,23 @@ class MinioRemote(Remote):
         self._http.clear()
 
 
+#: Remotes rebuilt by unpickling in this process, by settings: a store's background
+#: process receives its remote with every upload and reuses one pool (and the bucket check)
+#: instead of opening new connections each time. Bounded; the oldest goes first.
+_rebuilt: dict[tuple[Any, ...], MinioRemote] = {}
+_REBUILT_MAX = 64
+_rebuilt_lock = threading.Lock()
+
+
 def _rebuild(kwargs: dict[str, Any]) -> MinioRemote:
-    """Unpickle helper: a fresh MinioRemote (own pool and locks) with the same settings."""
-    kw = dict(kwargs)
-    return MinioRemote(kw.pop("endpoint"), kw.pop("access_key"), kw.pop("secret_key"), kw.pop("bucket"), **kw)
+    """Unpickle helper: a MinioRemote with the same settings (one per settings and process)."""
+    key = tuple(sorted((k, repr(v)) for k, v in kwargs.items()))
+    with _rebuilt_lock:
+        remote = _rebuilt.get(key)
+        if remote is None:
+            kw = dict(kwargs)
+            remote = MinioRemote(kw.pop("endpoint"), kw.pop("access_key"), kw.pop("secret_key"), kw.pop("bucket"), **kw)
+            if len(_rebuilt) >= _REBUILT_MAX:
+                del _rebuilt[next(iter(_rebuilt))]
+            _rebuilt[key] = remote
+        return remote

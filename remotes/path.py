@@ -68,6 +68,8 @@ class PathRemote(Remote):
     ``root/blobs/<name>``; ``root/tmp/`` holds in-progress writes.
     """
 
+    shareable = True
+
     def __init__(self, root: str | os.PathLike[str]) -> None:
         if not isinstance(root, (str, os.PathLike)):
             raise TypeError(f"root must be a path, got {type(root).__name__}: {root!r}")

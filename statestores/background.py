@@ -1,8 +1,9 @@
 """Background processes for CPU-heavy store work (merges, memtable flushes).
 
 The work runs in a separate process so that it uses the second core and never holds the
-GIL of the process serving reads and writes. There are two *lanes*, ``"merge"`` and
-``"flush"`` (a flush must never queue behind a long merge); each has one worker process
+GIL of the process serving reads and writes. There are three *lanes*, ``"merge"``,
+``"flush"`` (a flush must never queue behind a long merge) and ``"upload"`` (snapshot
+uploads: checksums and transfers, see ``snapshots.ship``); each has one worker process
 and one dispatcher thread (a daemon) that owns it. :func:`submit` puts the task on the
 lane's bounded queue and returns at once; the dispatcher starts the worker if needed (so
 the 0.1-0.5 s a process start takes is never paid on the caller's thread), sends it the
@@ -61,7 +62,7 @@ T = TypeVar("T")
 #: :class:`BackgroundBusy` beyond it.
 MAX_QUEUED: int = 256
 
-LANES = ("merge", "flush")
+LANES = ("merge", "flush", "upload")
 
 #: Set in the worker process (informational: tasks may look at it).
 CHILD_ENV = "SFAAS_BACKGROUND_CHILD"

@@ -22,15 +22,16 @@ from typing import TYPE_CHECKING, Any
 from remotes.base import Remote
 from remotes.manifest import FileInfo, Manifest
 
+from . import background
 from .checksum import crc32c
-from .errors import CorruptionError, RemoteError, SnapshotNotFoundError, StoreError
+from .errors import BackgroundBusy, BackgroundDied, CorruptionError, RemoteError, SnapshotNotFoundError, StoreError
 from .fs import FileSystem
 from .version import FileEntry, decode_entries, encode_entries, seq_of
 
 if TYPE_CHECKING:
     from .base import Store
 
-__all__ = ["Frozen", "SnapshotInfo", "RestoreInfo", "file_crc", "freeze", "restore", "wait_uploads"]
+__all__ = ["Frozen", "SnapshotInfo", "RestoreInfo", "file_crc", "freeze", "restore", "ship", "wait_uploads"]
 
 log = logging.getLogger("statestores")
 
@@ -144,8 +145,43 @@ def _known_infos(store: Store, remote: Remote) -> dict[str, FileInfo]:
     return infos
 
 
+def ship(
+    fs: FileSystem | None, remote: Remote, snapshot_id: int, engine: str,
+    files: list[tuple[str, str, FileInfo | None, int | None]], meta: dict[str, Any],
+) -> tuple[dict[str, FileInfo], list[str], int, int]:
+    """Checksum and upload what the remote lacks, then publish the manifest (runs in the
+    ``upload`` background process, see :func:`upload`).
+
+    ``files``: ``(name, local path, known info or None, size the remote holds or None)``.
+    Returns the manifest's file infos, the names uploaded, bytes sent and bytes read.
+    """
+    fs = fs if fs is not None else FileSystem()
+    infos: dict[str, FileInfo] = {}
+    shipped: list[str] = []
+    sent = read = 0
+    for name, path, info, remote_size in files:
+        if info is None or remote_size != info.size:
+            size, crc = file_crc(fs, path)
+            read += size
+            info = FileInfo(size, crc)
+            if remote_size != size:
+                sent += remote.put_file(name, path)
+                read += size
+                shipped.append(name)
+        infos[name] = info
+    remote.write_manifest(Manifest(snapshot_id, engine, infos, meta))
+    return infos, shipped, sent, read
+
+
 def upload(store: Store, remote: Remote, snapshot_id: int, frozen: Frozen, freeze_s: float) -> SnapshotInfo:
-    """(uploader thread) Wait for the frozen files, upload what the remote lacks, publish."""
+    """(uploader thread) Wait for the frozen files, upload what the remote lacks, publish.
+
+    The checksums, uploads and the manifest run in the ``upload`` background process when
+    both the remote and the file system reach the same storage from there (a MinIO or path
+    remote, the real file system): the transfers' CPU then never competes with the store's
+    own process for its GIL, and runs at the background processes' lower priority. This
+    thread only waits for it.
+    """
     t0 = time.perf_counter()
     names = frozen.names
     try:
@@ -156,38 +192,30 @@ def upload(store: Store, remote: Remote, snapshot_id: int, frozen: Frozen, freez
             store._remote_files = dict(remote.list_files())
         have = store._remote_files
         known = _known_infos(store, remote)
-        infos: dict[str, FileInfo] = {}
-        uploaded = sent = read = 0
-        for e in entries:
-            path = store._path(e.name)
-            info = known.get(e.name)
-            if info is None or have.get(e.name) != info.size:
-                size, crc = file_crc(store.fs, path)
-                read += size
-                info = FileInfo(size, crc)
-                if have.get(e.name) != size:
-                    sent += remote.put_file(e.name, path)
-                    read += size
-                    have[e.name] = size
-                    uploaded += 1
-                known[e.name] = info
-            infos[e.name] = info
-        manifest = Manifest(snapshot_id, store.engine, infos, {"files": encode_entries(entries)})
-        remote.write_manifest(manifest)
+        files = [(e.name, store._path(e.name), known.get(e.name), have.get(e.name)) for e in entries]
+        meta = {"files": encode_entries(entries)}
+        local = not remote.shareable or type(store.fs) is not FileSystem
+        fut = background.submit(ship, store.fs if local else None, remote, snapshot_id, store.engine,
+                                files, meta, lane="upload", local=local)
+        infos, shipped, sent, read = fut.result()
+        known.update(infos)
+        for name in shipped:
+            have[name] = infos[name].size
     except RemoteError:
         store._remote_files = None
         raise
-    except OSError as exc:
+    except (OSError, BackgroundBusy, BackgroundDied) as exc:
         store._remote_files = None
         raise RemoteError(f"snapshot {snapshot_id} of {store.directory} failed: {exc}") from exc
     finally:
         store._unpin(names)
     info_out = SnapshotInfo(
-        snapshot_id, uploaded, sent, len(infos), manifest.total_bytes, freeze_s, time.perf_counter() - t0, read
+        snapshot_id, len(shipped), sent, len(infos), sum(i.size for i in infos.values()), freeze_s,
+        time.perf_counter() - t0, read,
     )
     log.info(
         "snapshot done",
-        extra={"store": store.directory, "snapshot_id": snapshot_id, "files_uploaded": uploaded, "bytes_uploaded": sent},
+        extra={"store": store.directory, "snapshot_id": snapshot_id, "files_uploaded": len(shipped), "bytes_uploaded": sent},
     )
     return info_out
 

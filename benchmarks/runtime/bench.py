@@ -142,12 +142,61 @@ async def one_point(settings: Settings, rate: float, seconds: float, keys: int, 
         me1 = me.cpu_times()
         cpu["loadgen"] = round((me1.user + me1.system - me0.user - me0.system) / wall * 100, 1)
     out = res.summary()
+    out["quantiles_ms"] = _quantiles(res.latencies_ms)
     out["cpu_percent"] = cpu
     out["cpu_us_per_txn"] = cpu_us  # summed over processes of a role
     out["wall_s"] = round(wall, 1)
     if kill:
         out["recovery"] = _recovery_stats(res, kill, settings)
     return out
+
+
+#: Latency quantiles kept per point (the distribution plot is drawn from them).
+QUANTILES = (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999)
+
+
+def _quantiles(latencies_ms: list[float]) -> dict[str, float]:
+    xs = sorted(latencies_ms)
+    if not xs:
+        return {}
+    return {str(q): round(xs[min(len(xs) - 1, int(q * len(xs)))], 2) for q in QUANTILES}
+
+
+def cleanup(settings: Settings, app: str = "ycsbt") -> None:
+    """Delete what a point left behind — its Kafka topics, its MinIO objects and its local
+    stores — so later points do not run against a broker and a bucket that keep growing
+    (hundreds of leftover partitions measurably slow the broker down)."""
+    import shutil
+
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    async def drop_topics() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka)
+        await admin.start()
+        try:
+            ours = [t for t in await admin.list_topics() if t.startswith(f"{settings.namespace}.")]
+            if ours:
+                await admin.delete_topics(ours)
+        finally:
+            await admin.close()
+
+    try:
+        asyncio.run(drop_topics())
+    except Exception as exc:
+        print(f"warning: could not delete the topics of {settings.namespace}: {exc}", file=sys.stderr)
+    if settings.snapshot_interval > 0:
+        try:
+            from minio import Minio
+            from minio.deleteobjects import DeleteObject
+
+            mc = Minio(settings.minio, settings.minio_access_key, settings.minio_secret_key, secure=False)
+            objs = [DeleteObject(o.object_name) for o in
+                    mc.list_objects(settings.bucket, prefix=f"{settings.namespace}/", recursive=True)]
+            for err in mc.remove_objects(settings.bucket, objs):
+                print(f"warning: could not delete {err.name}: {err.message}", file=sys.stderr)
+        except Exception as exc:
+            print(f"warning: could not delete the MinIO objects of {settings.namespace}: {exc}", file=sys.stderr)
+    shutil.rmtree(os.path.join(settings.home, "data", settings.namespace), ignore_errors=True)
 
 
 def _reruns(settings: Settings) -> float | None:
@@ -181,11 +230,14 @@ def run(args: argparse.Namespace) -> list[dict]:
         finally:
             cluster.down(s)
         point["conflict_reruns_per_txn"] = _reruns(s)
+        if not args.keep:
+            cleanup(s)
         if preload_s is not None:
             point["preload_s"] = round(preload_s, 1)
         point.update({"phase": "sweep" if args.sweep else "fixed", "loadavg": load_before,
                       "store": args.store, "keys": args.keys, "dist": args.dist, "seconds": args.seconds,
-                      "workers": 2, "fallback": not args.no_fallback, "snapshot_interval": args.snapshot_interval, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                      "workers": 2, "fallback": not args.no_fallback, "snapshot_interval": args.snapshot_interval,
+                      "label": args.label, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         print(json.dumps(point), flush=True)
         with open(args.out, "a") as f:
             f.write(json.dumps(point) + "\n")
@@ -195,7 +247,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     return out
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", default="memonly")
     ap.add_argument("--keys", type=int, default=10000)
@@ -214,8 +266,15 @@ def main() -> None:
                     help="SIGKILL a worker this many seconds into the measured run; report the recovery")
     ap.add_argument("--preload", action="store_true",
                     help="write all --keys keys into the stores before the cluster starts (state of that size)")
+    ap.add_argument("--label", default="", help="a tag stored with each point (e.g. the repeat of a series)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep each point's topics, MinIO objects and stores (default: delete them after the point)")
     ap.add_argument("--out", default=str(HERE / "results.jsonl"))
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.sweep and args.rates == "1000":
         args.rates = "1000,2000,3000,4000,5000,6000,7000,8000,9000,10000"
     logging.basicConfig(level=logging.WARNING)
