@@ -24,7 +24,14 @@ from remotes.manifest import FileInfo, Manifest
 
 from . import background
 from .checksum import crc32c
-from .errors import BackgroundBusy, BackgroundDied, CorruptionError, RemoteError, SnapshotNotFoundError, StoreError
+from .errors import (
+    BackgroundBusy,
+    BackgroundDied,
+    CorruptionError,
+    RemoteError,
+    SnapshotNotFoundError,
+    StoreError,
+)
 from .fs import FileSystem
 from .version import FileEntry, decode_entries, encode_entries, seq_of
 
