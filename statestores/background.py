@@ -260,7 +260,11 @@ class _Lane:
         with self.lock:
             proc = self.proc
         if proc is not None:
-            return proc
+            if proc.poll() is None:
+                return proc
+            # it died while idle (killed, OOM): start a new one rather than fail this task
+            log.warning("background %s process exited with %s while idle; starting a new one", self.name, proc.returncode)
+            self._reap()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         env[CHILD_ENV] = "1"

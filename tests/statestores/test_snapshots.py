@@ -182,3 +182,71 @@ def test_corrupt_byte_is_detected_and_restore_repairs_it(engine: str, tmp_path: 
     with s:
         assert s.get(key) == model[key]
         assert dict(s.items()) == model
+
+
+class PidRecordingRemote(remotes.PathRemote):
+    """A directory remote that notes, next to each uploaded file, the pid that uploaded it
+    (importable by the background process, like any remote it receives)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (PidRecordingRemote, (str(self.root),))
+
+    def put_file(self, name: str, path: Any) -> int:
+        import os
+
+        (self.root / f"uploader-{name}").write_text(str(os.getpid()))
+        return super().put_file(name, path)
+
+
+class InMemoryRemote(remotes.PathRemote):
+    """A remote that, like an in-memory fake, only this process can reach (shareable False)."""
+
+    shareable = False
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        raise TypeError("an in-memory fake cannot cross processes")
+
+
+def uploaders(root: Path) -> set[int]:
+    return {int(p.read_text()) for p in root.glob("uploader-*")}
+
+
+@pytest.mark.parametrize("engine", statestores.ENGINES)
+def test_uploads_run_outside_the_store_process(engine: str, tmp_path: Path) -> None:
+    """Checksums and transfers of a snapshot use the background process, not the GIL of
+    the process that serves reads and writes; the snapshot is complete and restorable."""
+    import os
+
+    from statestores import background
+
+    if background.mode() != "process":
+        pytest.skip("SFAAS_BACKGROUND=thread runs background work in this process")
+    remote = PidRecordingRemote(tmp_path / "remote")
+    with statestores.open(engine, tmp_path / "db", remote=remote, sync="os") as s:
+        model = fill(s, 0, 200)
+        info = s.snapshot(1)
+        assert info.files_uploaded >= 1 and info.bytes_uploaded > 0
+        pids = uploaders(tmp_path / "remote")
+        assert pids and os.getpid() not in pids
+        # the upload process dies between two snapshots: the next one starts a new one
+        lane = background._lane("upload")
+        assert lane.proc is not None
+        lane.proc.kill()
+        lane.proc.wait()
+        model.update(fill(s, 150, 300, b"w"))
+        s.snapshot(2)
+        assert len(uploaders(tmp_path / "remote") - {os.getpid()}) >= 1
+    with statestores.open(engine, tmp_path / "fresh", remote=remote, sync="os") as s:
+        assert dict(s.items()) == model
+
+
+@pytest.mark.parametrize("engine", statestores.ENGINES)
+def test_a_remote_only_this_process_reaches_uploads_here(engine: str, tmp_path: Path) -> None:
+    remote = InMemoryRemote(tmp_path / "remote")
+    with statestores.open(engine, tmp_path / "db", remote=remote, sync="os") as s:
+        model = fill(s, 0, 200)
+        info = s.snapshot(1)
+        assert info.files_uploaded >= 1
+        s.put(b"after", b"x")
+        s.restore(1)
+        assert dict(s.items()) == model
