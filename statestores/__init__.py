@@ -44,6 +44,7 @@ __all__ = [
     "InjectedFault",
     "MAX_KEY_BYTES",
     "MAX_VALUE_BYTES",
+    "follow",
 ]
 
 ENGINES = ("lsm", "appendlog", "hybridlog", "memonly")
@@ -80,3 +81,11 @@ def open(  # noqa: A001 - the API the issue names
     ``"fsync"``); an unknown one raises ``TypeError``.
     """
     return engine_class(engine)(directory, remote=remote, **options)
+
+
+def follow(engine: str, directory: str | os.PathLike[str], source: Any, **options: Any) -> Any:
+    """A read-only replica of a store in ``directory``, kept from ``source`` (a transport
+    of :mod:`statestores.replica`); ``follower.promote()`` makes it a writable store."""
+    from .replica import Follower
+
+    return Follower(engine, directory, source, **options)

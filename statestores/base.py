@@ -45,7 +45,7 @@ from .errors import StoreClosedError, StoreError
 from .fs import FileSystem
 from .maintainer import Maintainer
 from .snapshots import Frozen, RestoreInfo, SnapshotInfo, file_crc
-from .version import FileEntry, Version, VersionEdit, decode_entries, seq_of
+from .version import FileEntry, SnapshotMark, Version, VersionEdit, decode_entries, seq_of
 
 log = logging.getLogger("statestores")
 
@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 #: A version-edit subscriber: called with each edit, in order, after it is durable.
-Subscriber = Callable[[VersionEdit], None]
+Subscriber = Callable[[VersionEdit | SnapshotMark], None]
 
 _MISSING = object()
 _LOCK_NAME = "LOCK"
@@ -112,7 +112,7 @@ class Store(abc.ABC):
         self._version = Version()
         self._pins: Counter[str] = Counter()
         self._subscribers: list[Subscriber] = []
-        self._outbox: deque[VersionEdit] = deque()
+        self._outbox: deque[VersionEdit | SnapshotMark] = deque()
         self._maint = Maintainer(f"statestores-{self.engine}-maint")
         self._scheduled: set[str] = set()  # coalesced maintainer tasks posted, not yet started
         self._uploader: concurrent.futures.ThreadPoolExecutor | None = None
@@ -324,28 +324,44 @@ class Store(abc.ABC):
             self._maybe_delete(edit.removed)
             return
         # removed files stay on disk until every subscriber has been handed this edit
-        self._pin(edit.removed)
+        self._enqueue(edit, edit.removed)
+
+    def _publish_mark(self, snapshot_id: int, entries: Iterable[FileEntry]) -> None:
+        """Tell subscribers that snapshot ``snapshot_id`` (``entries``) is complete; its
+        files stay on disk until every subscriber has been handed the mark."""
+        with self._lock:
+            if not self._subscribers or self._closed:
+                return
+            mark = SnapshotMark(snapshot_id, self._version.seq, tuple(entries))
+            self._enqueue(mark, [e.name for e in mark.files])
+
+    def _enqueue(self, event: VersionEdit | SnapshotMark, pinned: Iterable[str]) -> None:
+        """(lock held) Queue ``event`` for subscribers, pinning ``pinned`` until delivered."""
+        self._pin(pinned)
         if len(self._outbox) >= _OUTBOX_LIMIT and not self._maint.on_thread():
             self._wait(lambda: len(self._outbox) < _OUTBOX_LIMIT)
-        self._outbox.append(edit)
+        self._outbox.append(event)
         self._post_once(self._deliver)
 
     def _deliver(self) -> None:
-        """(maintainer) Hand queued edits to subscribers in order, without the lock."""
+        """(maintainer) Hand queued edits and marks to subscribers in order, without the lock."""
         while True:
             with self._lock:
                 if not self._outbox:
                     self._cond.notify_all()
                     return
-                edit = self._outbox.popleft()
+                event = self._outbox.popleft()
                 subs = list(self._subscribers)
             for cb in subs:
                 try:
-                    cb(edit)
+                    cb(event)
                 except Exception:
-                    log.exception("version subscriber %r failed on edit %d of %s", cb, edit.seq, self.directory)
+                    log.exception("version subscriber %r failed on %r of %s", cb, event, self.directory)
             with self._lock:
-                self._unpin(edit.removed)
+                if isinstance(event, SnapshotMark):
+                    self._unpin(e.name for e in event.files)
+                else:
+                    self._unpin(event.removed)
 
     def _pin(self, names: Iterable[str]) -> None:
         with self._lock:
@@ -392,10 +408,12 @@ class Store(abc.ABC):
             return v.seq, sorted(v.files.values(), key=lambda e: (e.kind, -e.level, e.seq))
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
-        """Call ``callback(edit)`` for every later :class:`VersionEdit`, in sequence order,
-        after it is durable; returns a function that unsubscribes.
+        """Call ``callback(event)`` for every later :class:`VersionEdit`, in sequence order,
+        after it is durable, and for every :class:`SnapshotMark` (a snapshot this store
+        completed) at its place in that order; returns a function that unsubscribes.
 
-        Files an edit removes stay on disk until the callback returned. The callback runs
+        Files an edit removes, and the files a mark names, stay on disk until the callback
+        returned. The callback runs
         on the store's maintainer thread: it must hand the edit to a thread of its own
         (e.g. put it on a queue) and never call back into the store or block.
         """

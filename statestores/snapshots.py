@@ -208,6 +208,7 @@ def upload(store: Store, remote: Remote, snapshot_id: int, frozen: Frozen, freez
         known.update(infos)
         for name in shipped:
             have[name] = infos[name].size
+        store._publish_mark(snapshot_id, entries)  # before the unpin below: replicas link its files
     except RemoteError:
         store._remote_files = None
         raise
@@ -293,6 +294,7 @@ def restore(store: Store, remote: Remote, snapshot_id: int | None) -> RestoreInf
                 store._seq = max(store._seq, next_seq - 1)
                 store._install(entries)
                 store._last_snapshot_id = snapshot_id
+                store._publish_mark(snapshot_id, entries)  # replicas now hold this snapshot too
                 store._remote_files = dict(remote_files)
                 known = store._file_infos if store._file_infos is not None else {}
                 known.update(manifest.files)

@@ -22,7 +22,7 @@ from typing import Any
 
 from .errors import CorruptionError
 
-__all__ = ["KINDS", "FileEntry", "VersionEdit", "Version", "seq_of", "encode_entries", "decode_entries"]
+__all__ = ["KINDS", "FileEntry", "VersionEdit", "SnapshotMark", "Version", "seq_of", "encode_entries", "decode_entries"]
 
 #: ``run`` (lsm sorted run), ``segment`` (sealed log file), ``hint`` (a segment's index),
 #: ``wal`` (write-ahead log, or an AppendLog's active segment), ``dump`` (memonly).
@@ -60,6 +60,20 @@ class VersionEdit:
     seq: int
     added: tuple[FileEntry, ...] = ()
     removed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SnapshotMark:
+    """Snapshot ``snapshot_id`` is complete in the remote and holds exactly ``files``.
+
+    Delivered to subscribers in the same ordered stream as the edits: every edit with a
+    sequence number up to ``seq`` came before it. ``files`` may name sealed WALs that no
+    edit listed as immutable (a replica needs their bodies to hold the snapshot locally).
+    """
+
+    snapshot_id: int
+    seq: int
+    files: tuple[FileEntry, ...]
 
 
 @dataclass

@@ -13,7 +13,7 @@ import pytest
 import remotes
 import statestores
 from statestores.errors import CorruptionError
-from statestores.version import FileEntry, Version, VersionEdit, decode_entries
+from statestores.version import FileEntry, SnapshotMark, Version, VersionEdit, decode_entries
 
 from .engines import TINY
 
@@ -41,8 +41,15 @@ def test_a_subscriber_can_follow_the_file_set_edit_by_edit(tmp_path: Path, engin
         seq0, files0 = s.version()
         follower = Version(seq0, {e.name: e for e in files0})
 
-        def on_edit(edit: VersionEdit) -> None:
+        marks: list[tuple[int, int, int]] = []  # (snapshot id, mark seq, seq of the last edit before it)
+
+        def on_edit(edit: VersionEdit | SnapshotMark) -> None:
             with lock:
+                if isinstance(edit, SnapshotMark):
+                    marks.append((edit.snapshot_id, edit.seq, edits[-1].seq if edits else seq0))
+                    # a mark's files are on disk while the subscriber is called
+                    seen_on_disk.append(all(os.path.exists(tmp_path / "db" / e.name) for e in edit.files))
+                    return
                 edits.append(edit)
                 # a file an edit removes is still there while the subscriber is called
                 seen_on_disk.append(all(os.path.exists(tmp_path / "db" / n) for n in edit.removed))
@@ -51,12 +58,16 @@ def test_a_subscriber_can_follow_the_file_set_edit_by_edit(tmp_path: Path, engin
         for rnd in range(4):
             _drive(s, rng, 300, model)
             s.snapshot_async(rnd + 1)
+        s.snapshot(5)
         s.flush()
         s.settle()
         seq, files = s.version()
         with lock:
             got = list(edits)
         assert got, f"{engine}: no edit was published"
+        ids = [m[0] for m in marks]
+        assert ids == sorted(ids) and ids[-1] == 5, f"snapshot marks arrive in order: {ids}"
+        assert all(m_seq <= before for _i, m_seq, before in marks), "a mark comes after every edit it covers"
         assert [e.seq for e in got] == list(range(seq0 + 1, seq + 1)), "edits arrive in order, none missing"
         assert all(seen_on_disk)
         for e in got:

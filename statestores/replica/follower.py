@@ -1,0 +1,393 @@
+"""A read-only replica of a store, kept from the store's shipped edits.
+
+A :class:`Follower` installs each edit's files — built by the primary, with their indexes
+(run footers with Bloom filter and fences, hint files) — strictly in sequence order, and
+holds every file of its newest snapshot marks. It never flushes, merges or builds an
+index: :meth:`Follower.promote` writes ``CURRENT`` for the version it holds and opens the
+engine on those very files, whose open path reads the shipped hints and footers.
+
+Its own state is the ``FOLLOW`` document (``FORMAT.md`` § "FOLLOW"), rewritten atomically
+after every installed message: the version (seq and files), the origin it follows, the
+retained marks. A body is written to ``<name>.replica`` and checked (size, crc32c)
+before it is renamed into place, so a corrupt or truncated transfer is never installed:
+the follower drops the stream and opens it again from where it stands (re-fetching).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import struct
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+
+from .. import current
+from ..base import Store
+from ..checksum import crc32c
+from ..errors import CorruptionError, SnapshotNotFoundError, StoreClosedError, StoreError
+from ..fs import FileSystem
+from ..snapshots import file_crc
+from ..version import FileEntry, decode_entries, encode_entries, seq_of
+from .shipper import SHIPPED_KINDS
+from .source import Received, Source
+from .wire import EditMsg, Hello, ProtocolError, ReplicationError, Tip
+
+__all__ = ["Follower", "STATE_NAME"]
+
+log = logging.getLogger("statestores.replica")
+
+STATE_NAME = "FOLLOW"
+_HEAD = struct.Struct("<4sI")
+_MAGIC = b"SFFO"
+_PART = ".replica"
+_LOCK_NAME = "LOCK"
+_BACKOFF = (0.02, 1.0)
+
+
+class _Gap(ReplicationError):
+    """The stream skipped a message this replica needs; reopen it from where we stand."""
+
+
+class Follower:
+    """Keeps ``directory`` a replica of the store ``source`` ships (see the module docstring).
+
+    ``name``: the store's name at the source (default: the source's ``store``, else
+    ``directory``'s base name);
+    ``keep_marks``: how many of the newest snapshot marks to hold files for; ``options``
+    are the engine's, checked now and used by :meth:`promote`.
+    """
+
+    def __init__(self, engine: str, directory: str | os.PathLike[str], source: Source, *,
+                 name: str | None = None, keep_marks: int = 2, **options: Any) -> None:
+        from .. import engine_class  # the package imports this module
+
+        self.engine_cls = engine_class(engine)
+        self.engine = engine
+        self.options = options
+        self.engine_cls._parse_options(dict(options))  # bad options fail now, not at promote
+        if isinstance(keep_marks, bool) or not isinstance(keep_marks, int) or keep_marks < 1:
+            raise ValueError(f"keep_marks must be an int >= 1, got {keep_marks!r}")
+        self.directory = os.path.abspath(os.fspath(directory))
+        self.name = name or getattr(source, "store", None) or os.path.basename(self.directory)
+        self.source = source
+        self.keep_marks = keep_marks
+        self.fs = FileSystem()
+        self._sync = self.engine_cls._parse_options(dict(options))["sync"] == "fsync"
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._closed = False
+        self._stop = threading.Event()
+        self._holds: Counter[str] = Counter()
+        self._counts: Counter[str] = Counter()
+        self.last_error: BaseException | None = None
+        self.fs.makedirs(self.directory)
+        self._lock_fd = self.fs.lock(os.path.join(self.directory, _LOCK_NAME))
+        try:
+            self._load()
+        except BaseException:
+            self.fs.unlock(self._lock_fd)
+            raise
+        self._thread = threading.Thread(target=self._run, name=f"statestores-follow-{self.name}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ state
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    def _load(self) -> None:
+        path = self._path(STATE_NAME)
+        self.seq = 0
+        self.origin = ""
+        self.files: dict[str, FileEntry] = {}
+        self.marks: list[tuple[int, int, tuple[FileEntry, ...]]] = []  # (snapshot_id, seq, files), oldest first
+        if not self.fs.exists(path):
+            if current.exists(self.fs, self.directory):
+                raise StoreError(f"{self.directory} holds a store, not a replica: follow into an empty directory")
+        else:
+            data = self.fs.read_file(path)
+            magic, crc = _HEAD.unpack_from(data) if len(data) >= _HEAD.size else (b"", 0)
+            body = data[_HEAD.size:]
+            if magic != _MAGIC or crc32c(body) != crc:
+                raise CorruptionError(path, "bad magic or checksum")
+            try:
+                doc = msgpack.unpackb(body, raw=False)
+                if doc.get("engine") != self.engine:
+                    raise StoreError(f"{path}: a replica of engine {doc.get('engine')!r}, not {self.engine!r}")
+                self.seq = int(doc["seq"])
+                self.origin = str(doc["origin"])
+                self.files = {e.name: e for e in decode_entries(doc["files"], path)}
+                self.marks = [(int(i), int(s), tuple(decode_entries(f, path))) for i, s, f in doc["marks"]]
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise CorruptionError(path, f"malformed replica state: {exc}") from None
+            for n in self._needed():
+                if not self.fs.exists(self._path(n)):
+                    raise CorruptionError(path, f"names {n!r}, which is missing")
+        for n in self.fs.listdir(self.directory):  # leftovers of a crash mid-install
+            if n.endswith(_PART) or (n.startswith(self.engine_cls.PREFIX + "-") and n not in self._needed()):
+                self.fs.remove(self._path(n))
+
+    def _save(self) -> None:
+        doc = {
+            "engine": self.engine,
+            "seq": self.seq,
+            "origin": self.origin,
+            "files": encode_entries(self.files.values()),
+            "marks": [[i, s, encode_entries(f)] for i, s, f in self.marks],
+        }
+        body = msgpack.packb(doc, use_bin_type=True)
+        self.fs.write_file_atomic(self._path(STATE_NAME), _HEAD.pack(_MAGIC, crc32c(body)) + body, sync=self._sync)
+
+    def _needed(self) -> set[str]:
+        """(lock held) Files the version, a retained mark or a reader still needs."""
+        need = set(self.files)
+        for _i, _s, files in self.marks:
+            need.update(e.name for e in files)
+        need.update(self._holds)
+        return need
+
+    def _collect(self, names: set[str]) -> None:
+        """(lock held) Delete those of ``names`` nothing needs any more."""
+        need = self._needed()
+        for n in names - need:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._path(n))
+
+    # ------------------------------------------------------------------ following
+
+    def _hello(self) -> Hello:
+        with self._lock:
+            mark = self.marks[-1][0] if self.marks else -1
+            return Hello(self.name, self.seq, mark, tuple(sorted(self._have_locked())), self.origin)
+
+    def _have_locked(self) -> set[str]:
+        return set(self.files) | {e.name for _i, _s, f in self.marks for e in f}
+
+    def _run(self) -> None:
+        delay = _BACKOFF[0]
+        while not self._stop.is_set():
+            try:
+                for item in self.source.open(self._hello()):
+                    if self._stop.is_set():
+                        break
+                    if isinstance(item, Tip):
+                        self._check_tip(item)
+                    else:
+                        self._apply(item)
+                        delay = _BACKOFF[0]
+            except (ConnectionError, OSError, ReplicationError, CorruptionError) as exc:
+                if self._stop.is_set():
+                    break
+                kind = "corrupt" if isinstance(exc, CorruptionError) else "gaps" if isinstance(exc, _Gap) else "reconnects"
+                self._counts[kind] += 1
+                self.last_error = exc
+                log.info("replica %s: %s; reopening the stream from version %d", self.directory, exc, self.seq)
+            except Exception as exc:  # a bug: keep trying, loudly
+                self._counts["errors"] += 1
+                self.last_error = exc
+                log.exception("replica %s failed; reopening the stream", self.directory)
+            self._stop.wait(delay)
+            delay = min(delay * 2, _BACKOFF[1])
+
+    def _check_tip(self, tip: Tip) -> None:
+        with self._lock:
+            newest = self.marks[-1][0] if self.marks else -1
+            if tip.seq > self.seq or tip.mark > newest:
+                raise _Gap(f"the source is at version {tip.seq}, mark {tip.mark}; this replica at {self.seq}, {newest}")
+
+    def _receive(self, item: Received, wanted: list[tuple[str, int, int]]) -> list[str]:
+        """Fetch the bodies, check each (size, crc32c); the temp names, or nothing installed."""
+        dests = {n: self._path(n) + _PART for n, _s, _c in wanted}
+        try:
+            item.fetch(dests)
+            for n, size, crc in wanted:
+                got = file_crc(self.fs, dests[n])
+                if got != (size, crc):
+                    self._counts["bad_bodies"] += 1
+                    raise CorruptionError(f"replica:{n}", f"received {got[0]} bytes with crc {got[1]:#x}, expected {size} with {crc:#x}")
+                self._counts["bytes"] += size
+        except BaseException:
+            for d in dests.values():
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(d)
+            raise
+        if self._sync:
+            for d in dests.values():
+                fd = self.fs.open_append(d)
+                try:
+                    self.fs.fsync(fd)
+                finally:
+                    self.fs.close(fd)
+        return list(dests.values())
+
+    def _apply(self, item: Received) -> None:
+        msg = item.msg
+        files = msg.added if isinstance(msg, EditMsg) else msg.files
+        allowed = SHIPPED_KINDS if isinstance(msg, EditMsg) else (*SHIPPED_KINDS, "wal")
+        if any(f.entry.kind not in allowed for f in files):
+            item.fetch(None)
+            raise ProtocolError(f"message {msg!r:.80} names a file kind a replica cannot hold")
+        with self._lock:
+            have = self._have_locked()
+            if isinstance(msg, EditMsg):
+                stale = not msg.base and msg.seq <= self.seq
+                if not msg.base and not stale and msg.seq != self.seq + 1:
+                    item.fetch(None)
+                    raise _Gap(f"edit {msg.seq} arrived after {self.seq}")
+            else:
+                newest = self.marks[-1][0] if self.marks else -1
+                stale = msg.snapshot_id <= newest
+                if not stale and msg.seq > self.seq:
+                    item.fetch(None)
+                    raise _Gap(f"mark of snapshot {msg.snapshot_id} (version {msg.seq}) arrived at version {self.seq}")
+        if stale:  # a duplicate: read past its bodies
+            self._counts["duplicates"] += 1
+            item.fetch(None)
+            return
+        missing = [f.entry.name for f in files if not f.body and f.entry.name not in have]
+        wanted = [(f.entry.name, f.size, f.crc) for f in files if f.body]
+        parts = self._receive(item, wanted)
+        if missing:
+            for p in parts:
+                os.remove(p)
+            raise _Gap(f"{msg!r:.60} relies on {missing[:3]}, which this replica lacks")
+        for p in parts:
+            self.fs.rename(p, p[: -len(_PART)])
+        with self._lock:
+            before = set(self._needed())
+            if isinstance(msg, EditMsg):
+                if msg.base:
+                    self.files = {f.entry.name: f.entry for f in msg.added}
+                    self.origin = msg.origin
+                    self._counts["bases"] += 1
+                else:
+                    for n in msg.removed:
+                        self.files.pop(n, None)
+                    for f in msg.added:
+                        self.files[f.entry.name] = f.entry
+                    self._counts["edits"] += 1
+                self.seq = msg.seq
+            else:
+                self.marks.append((msg.snapshot_id, msg.seq, tuple(f.entry for f in msg.files)))
+                del self.marks[: -self.keep_marks]
+                self._counts["marks"] += 1
+            self._save()
+            self._collect(before)
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ the user's side
+
+    def wait(self, *, seq: int | None = None, snapshot_id: int | None = None, timeout: float = 30.0) -> None:
+        """Block until the replica holds version ``seq`` and/or snapshot ``snapshot_id``;
+        :class:`TimeoutError` (with the last stream error) after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+
+        def reached() -> bool:
+            ok = seq is None or self.seq >= seq
+            return ok and (snapshot_id is None or any(i >= snapshot_id for i, _s, _f in self.marks))
+
+        with self._lock:
+            while not reached():
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    raise TimeoutError(
+                        f"replica {self.directory} reached version {self.seq}, marks "
+                        f"{[i for i, _s, _f in self.marks]}, not version {seq} / snapshot {snapshot_id} "
+                        f"within {timeout} s (last stream error: {self.last_error})"
+                    )
+                self._cond.wait(min(left, 0.5))
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[tuple[int, list[FileEntry]]]:
+        """``(seq, files)`` of the version held now; no file of it is deleted until exit."""
+        with self._lock:
+            files = list(self.files.values())
+            seq = self.seq
+            for e in files:
+                self._holds[e.name] += 1
+        try:
+            yield seq, files
+        finally:
+            with self._lock:
+                for e in files:
+                    self._holds[e.name] -= 1
+                    if self._holds[e.name] <= 0:
+                        del self._holds[e.name]
+                self._collect({e.name for e in files})
+
+    def snapshots(self) -> list[int]:
+        """Ids of the snapshots whose every file this replica holds, ascending."""
+        with self._lock:
+            return [i for i, _s, _f in self.marks]
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "seq": self.seq,
+                "files": len(self.files),
+                "snapshots": [i for i, _s, _f in self.marks],
+                "bytes_received": self._counts["bytes"],
+                **{k: self._counts[k] for k in ("edits", "bases", "marks", "duplicates", "gaps", "corrupt", "reconnects")},
+            }
+
+    def promote(self, snapshot_id: int | None = None, **options: Any) -> Store:
+        """Stop following and open the engine on the replica's own files (nothing copied).
+
+        ``snapshot_id``: become that retained snapshot (:class:`SnapshotNotFoundError`
+        naming the retained ones otherwise); ``None``: the newest version held. ``options``
+        override those given to the follower (e.g. ``remote=``).
+        """
+        if self._closed:
+            raise StoreClosedError(f"replica {self.directory} is closed")
+        self._stop_following()
+        with self._lock:
+            if snapshot_id is None:
+                entries, seq = list(self.files.values()), self.seq
+            else:
+                found = [m for m in self.marks if m[0] == snapshot_id]
+                if not found:
+                    raise SnapshotNotFoundError(
+                        f"replica {self.directory} holds snapshots {[i for i, _s, _f in self.marks]}, not {snapshot_id}"
+                    )
+                _i, seq, files = found[0]
+                entries = list(files)
+            names = [e.name for e in entries]
+            top = max([seq_of(n) for n in names] + [0])
+            current.write(self.fs, self.directory, {"seq": top, "version": seq, "files": encode_entries(entries)}, sync=self._sync)
+            os.remove(self._path(STATE_NAME))
+            self._closed = True
+            self._cond.notify_all()
+        self.fs.unlock(self._lock_fd)
+        return self.engine_cls(self.directory, **{**self.options, **options})
+
+    def _stop_following(self) -> None:
+        self._stop.set()
+        self.source.close()
+        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            raise ReplicationError(f"replica {self.directory}: the follow thread did not stop within 30 s")
+
+    def close(self) -> None:
+        """Stop following; the directory keeps the replica (a later Follower resumes it)."""
+        if self._closed:
+            return
+        self._stop_following()
+        with self._lock:
+            self._closed = True
+            self._cond.notify_all()
+        self.fs.unlock(self._lock_fd)
+
+    def __enter__(self) -> Follower:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Follower({self.engine!r}, {self.directory!r}, seq={self.seq})"

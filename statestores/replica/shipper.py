@@ -1,0 +1,286 @@
+"""The primary's side of replication: a store's edits and snapshot marks, with their files.
+
+A :class:`Shipper` subscribes to a store. On the store's maintainer thread it only
+hard-links each new immutable file into its staging directory (a link, not a copy: the
+store may delete its name as soon as a merge replaces it, the link keeps the bytes) and
+queues the event; followers read the queue through :meth:`Shipper.stream`, each from
+where it stands. The queue (the *backlog*) is bounded: a follower too far behind — or
+new — gets one *base* edit (the whole live file set) and continues from there.
+
+Files a follower can store are the immutable ones (runs, segments, hints, dumps). WALs
+are still being written, so an edit's WALs are not shipped; a snapshot mark ships the
+sealed WALs its snapshot names, so a follower holds every file of each snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import uuid
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..snapshots import file_crc
+from ..version import FileEntry, SnapshotMark, VersionEdit
+from .wire import EditMsg, Hello, MarkMsg, ShippedFile, Tip
+
+if TYPE_CHECKING:
+    from ..base import Store
+
+__all__ = ["SHIPPED_KINDS", "Delivery", "Shipper"]
+
+log = logging.getLogger("statestores.replica")
+
+#: Kinds of files an edit ships (a WAL is shipped only as part of a snapshot mark).
+SHIPPED_KINDS = ("run", "segment", "hint", "dump")
+#: Events kept for followers that resume; one further behind gets a base edit.
+DEFAULT_BACKLOG = 1024
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One message for a follower and where the bodies it flags are (``name → path``)."""
+
+    msg: EditMsg | MarkMsg
+    paths: dict[str, str]
+
+
+@dataclass(frozen=True)
+class _Event:
+    n: int  # position in this shipper's stream
+    event: VersionEdit | SnapshotMark
+    names: tuple[str, ...]  # staged files it references
+
+
+class Shipper:
+    """Ships ``store``'s edits and snapshot marks to followers (see the module docstring).
+
+    ``name`` identifies the store to followers (default: its directory's base name);
+    ``staging`` must be on the store's file system (default: ``<directory>.ship``).
+    """
+
+    def __init__(self, store: Store, *, name: str | None = None, staging: str | None = None,
+                 backlog: int = DEFAULT_BACKLOG) -> None:
+        if backlog < 1:
+            raise ValueError(f"backlog must be >= 1 events, got {backlog}")
+        self.store = store
+        self.name = name or os.path.basename(store.directory)
+        self.staging = os.path.abspath(staging or store.directory + ".ship")
+        shutil.rmtree(self.staging, ignore_errors=True)  # links a crashed shipper left
+        os.makedirs(self.staging)
+        self._limit = backlog
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._closed = False
+        self._refs: Counter[str] = Counter()
+        self._crcs: dict[str, tuple[int, int]] = {}
+        self._backlog: deque[_Event] = deque()
+        self._n = 0  # events so far
+        self._mark: _Event | None = None  # the newest snapshot mark (its files stay staged)
+        self._copy_warned = False
+        #: This shipper's lineage: followers resume only a stream of the same origin.
+        self.origin = uuid.uuid4().hex
+        with store._lock:  # no edit between reading the version and subscribing
+            seq, files = store.version()
+            self._live = {e.name: e for e in files if e.kind in SHIPPED_KINDS}
+            for e in self._live.values():
+                self._stage(e.name)
+            self._ref(self._live)
+            self._seq = seq
+            self._unsubscribe = store.subscribe(self._on_event)
+
+    # ------------------------------------------------------------------ the store's side
+
+    def _stage(self, name: str) -> None:
+        """Link ``name`` into staging (the store keeps it on disk while we are called)."""
+        dst = os.path.join(self.staging, name)
+        try:
+            os.link(self.store._path(name), dst)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            if exc.errno != 18:  # EXDEV: staging on another file system; copy instead
+                raise
+            if not self._copy_warned:
+                log.warning("staging %s is on another file system than %s: copying files", self.staging, self.store.directory)
+                self._copy_warned = True
+            shutil.copyfile(self.store._path(name), dst)
+
+    def _ref(self, names: Iterable[str]) -> None:
+        for n in names:
+            self._refs[n] += 1
+
+    def _release(self, names: Iterable[str]) -> None:
+        """(lock held) Drop references; unlink staged files nothing references."""
+        for n in names:
+            self._refs[n] -= 1
+            if self._refs[n] <= 0:
+                del self._refs[n]
+                self._crcs.pop(n, None)
+                try:
+                    os.remove(os.path.join(self.staging, n))
+                except FileNotFoundError:
+                    pass
+
+    def _on_event(self, event: VersionEdit | SnapshotMark) -> None:
+        """(the store's maintainer thread) Stage the event's files and queue it; never blocks."""
+        if self._closed:
+            return
+        if isinstance(event, VersionEdit):
+            if event.seq <= self._seq:
+                return
+            names = tuple(e.name for e in event.added if e.kind in SHIPPED_KINDS)
+        else:
+            names = tuple(e.name for e in event.files)
+        for n in names:
+            self._stage(n)
+        with self._lock:
+            self._n += 1
+            ev = _Event(self._n, event, names)
+            self._ref(names)
+            if isinstance(event, VersionEdit):
+                gone = [n for n in event.removed if n in self._live and n not in names]
+                for n in event.removed:
+                    self._live.pop(n, None)
+                for e in event.added:
+                    if e.kind in SHIPPED_KINDS:
+                        if e.name not in self._live:
+                            self._ref([e.name])
+                        self._live[e.name] = e
+                self._release(gone)
+                self._seq = event.seq
+            else:
+                if self._mark is not None:
+                    self._release(self._mark.names)
+                self._ref(names)
+                self._mark = ev
+            self._backlog.append(ev)
+            while len(self._backlog) > self._limit:
+                self._release(self._backlog.popleft().names)
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ the followers' side
+
+    def _shipped(self, entries: Iterable[FileEntry], have: set[str]) -> tuple[ShippedFile, ...]:
+        out = []
+        for e in entries:
+            info = self._crcs.get(e.name)
+            if info is None:
+                info = file_crc(self.store.fs, os.path.join(self.staging, e.name))
+                self._crcs[e.name] = info
+            out.append(ShippedFile(e, info[0], info[1], e.name not in have))
+        return tuple(out)
+
+    def _delivery(self, ev: _Event, have: set[str]) -> Delivery:
+        event = ev.event
+        if isinstance(event, VersionEdit):
+            added = [e for e in event.added if e.kind in SHIPPED_KINDS]
+            msg: EditMsg | MarkMsg = EditMsg(event.seq, self._shipped(added, have), tuple(event.removed))
+        else:
+            msg = MarkMsg(event.snapshot_id, event.seq, self._shipped(event.files, have))
+        return Delivery(msg, {n: os.path.join(self.staging, n) for n in ev.names})
+
+    def stream(self, hello: Hello, *, idle: float = 0.2) -> Iterator[Delivery | Tip]:
+        """Everything a follower standing at ``hello`` lacks, then new events as they come.
+
+        Yields a :class:`Tip` after ``idle`` seconds without news: the heartbeat that lets
+        a follower notice a lost message, and a transport notice it was stopped. The files of the delivery just yielded stay
+        staged until the caller asks for the next one. Ends when the shipper closes.
+        """
+        have = set(hello.have_files)
+        held: list[str] = []
+        try:
+            with self._lock:
+                nxt = self._resume_point(hello)
+            while True:
+                base: tuple[int, list[FileEntry], _Event | None] | None = None
+                ev: _Event | None = None
+                tip: Tip | None = None
+                with self._lock:
+                    self._release(held)
+                    held = []
+                    if self._closed:
+                        return
+                    if nxt is None or (self._backlog and nxt < self._backlog[0].n):
+                        # new, another lineage, or fell behind the backlog: the whole live
+                        # version (and the newest mark), then on from here
+                        live = list(self._live.values())
+                        held = [e.name for e in live] + list(self._mark.names if self._mark else ())
+                        base = (self._seq, live, self._mark)
+                        nxt = self._n + 1
+                    else:
+                        ev = self._next(nxt)
+                        if ev is None:
+                            self._cond.wait(idle)
+                            ev = self._next(nxt)
+                        if ev is not None:
+                            nxt = ev.n + 1
+                            held = list(ev.names)
+                        else:
+                            tip = Tip(self._seq, self._mark.event.snapshot_id if self._mark else -1)  # type: ignore[union-attr]
+                    self._ref(held)
+                if base is not None:
+                    seq, live, mark = base
+                    yield Delivery(EditMsg(seq, self._shipped(live, have), (), True, self.origin),
+                                   {e.name: os.path.join(self.staging, e.name) for e in live})
+                    if mark is not None:
+                        yield self._delivery(mark, have)
+                elif tip is not None:
+                    yield tip
+                elif ev is not None:
+                    yield self._delivery(ev, have)
+        finally:
+            with self._lock:
+                self._release(held)
+
+    def _next(self, n: int) -> _Event | None:
+        return next((e for e in self._backlog if e.n >= n), None)
+
+    def _resume_point(self, hello: Hello) -> int | None:
+        """(lock held) The first event a follower at ``hello`` lacks, or None: it needs a base."""
+        if hello.origin != self.origin or hello.have_seq > self._seq:
+            return None
+        if not self._backlog:
+            return self._n + 1 if hello.have_seq == self._seq else None
+        first = self._backlog[0].event
+        oldest = first.seq - 1 if isinstance(first, VersionEdit) else first.seq
+        if hello.have_seq < oldest:
+            return None
+        for ev in self._backlog:
+            e = ev.event
+            if (e.seq > hello.have_seq) if isinstance(e, VersionEdit) else (
+                e.snapshot_id > hello.have_mark and e.seq >= hello.have_seq
+            ):
+                return ev.n
+        return self._n + 1
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def seq(self) -> int:
+        """The version of the store this shipper has queued up to."""
+        return self._seq
+
+    def close(self) -> None:
+        """Stop shipping: unsubscribe, end every stream, drop the staging directory."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        self._unsubscribe()
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def __enter__(self) -> Shipper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Shipper({self.name!r}, seq={self._seq}, backlog={len(self._backlog)})"
+

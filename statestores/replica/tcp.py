@@ -1,0 +1,338 @@
+"""The ``tcp`` transport: a shipper serves followers over authenticated TCP connections.
+
+Connection (``FORMAT.md`` § "Replication over TCP"): the server sends ``b"SFRP"``, a
+version byte and a 32-byte nonce; the follower answers with its own nonce and
+``HMAC-SHA256(secret, b"follower" | server nonce | follower nonce)``; the server proves
+itself with ``HMAC-SHA256(secret, b"shipper" | follower nonce | server nonce)``. Nothing
+else is read before the proof checks out, and nothing is ever unpickled. Then frames —
+``u32 length | message`` (``wire.py``), at most :data:`~.wire.MAX_MESSAGE_BYTES` — flow:
+the follower's :class:`~.wire.Hello`, the shipper's messages, each followed by its file
+bodies as raw bytes (``os.sendfile`` from the staged links), and the follower's
+:class:`~.wire.Ack` after each message it installed. The shipper keeps at most
+``window_bytes`` of bodies unacknowledged. A follower that reconnects says where it
+stands in its ``Hello``, so the stream resumes there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+import secrets as _secrets
+import socket
+import struct
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+
+from .shipper import Delivery, Shipper
+from .source import Received
+from .wire import (
+    MAX_MESSAGE_BYTES,
+    Ack,
+    EditMsg,
+    Hello,
+    MarkMsg,
+    ProtocolError,
+    Tip,
+    decode,
+    encode,
+)
+
+__all__ = ["TcpServer", "TcpSource", "DEFAULT_WINDOW"]
+
+log = logging.getLogger("statestores.replica")
+
+_MAGIC = b"SFRP"
+_VERSION = 1
+_LEN = struct.Struct("<I")
+_NONCE = 32
+#: Bytes of file bodies a shipper sends before the follower acknowledges them.
+DEFAULT_WINDOW = 64 << 20
+_CHUNK = 1 << 20
+
+
+def _mac(secret: bytes, role: bytes, a: bytes, b: bytes) -> bytes:
+    return hmac.new(secret, role + a + b, hashlib.sha256).digest()
+
+
+def _check_secret(secret: object) -> bytes:
+    if isinstance(secret, str):
+        secret = secret.encode()
+    if not isinstance(secret, bytes) or len(secret) < 8:
+        raise ValueError("secret must be bytes or str of at least 8 bytes (the cluster secret)")
+    return secret
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError("the peer closed the connection")
+        got += k
+    return bytes(buf)
+
+
+def _send_frame(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(_LEN.pack(len(payload)) + payload)
+
+
+def _recv_frame(sock: socket.socket) -> bytes:
+    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+    if n > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"frame of {n} bytes exceeds the limit of {MAX_MESSAGE_BYTES}")
+    return _recv_exact(sock, n)
+
+
+class TcpServer:
+    """Serves the shippers ``shippers`` names (a mapping, or a function name → Shipper or
+    None) to followers that know ``secret``. ``port=0`` picks a free port (see ``address``)."""
+
+    def __init__(self, shippers: Mapping[str, Shipper] | Callable[[str], Shipper | None], secret: bytes | str, *,
+                 host: str = "127.0.0.1", port: int = 0, window_bytes: int = DEFAULT_WINDOW,
+                 handshake_timeout: float = 5.0) -> None:
+        self._secret = _check_secret(secret)
+        if window_bytes < 1:
+            raise ValueError(f"window_bytes must be >= 1, got {window_bytes}")
+        self._lookup = shippers.get if isinstance(shippers, Mapping) else shippers
+        self.window = window_bytes
+        self.handshake_timeout = handshake_timeout
+        self._listener = socket.create_server((host, port))
+        self.address: tuple[str, int] = self._listener.getsockname()[:2]
+        self._closed = threading.Event()
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self.refused = 0
+        self._thread = threading.Thread(target=self._accept, name=f"statestores-ship-{self.address[1]}", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _addr = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                if self._closed.is_set():
+                    conn.close()
+                    return
+                self._conns.add(conn)
+            threading.Thread(target=self._serve, args=(conn,), name="statestores-ship-conn", daemon=True).start()
+
+    def _handshake(self, conn: socket.socket) -> Hello | None:
+        conn.settimeout(self.handshake_timeout)
+        ns = _secrets.token_bytes(_NONCE)
+        conn.sendall(_MAGIC + bytes([_VERSION]) + ns)
+        answer = _recv_exact(conn, _NONCE + 32)
+        nc, mac = answer[:_NONCE], answer[_NONCE:]
+        if not hmac.compare_digest(mac, _mac(self._secret, b"follower", ns, nc)):
+            self.refused += 1
+            log.warning("refused a follower from %s: wrong secret", conn.getpeername()[0])
+            return None
+        conn.sendall(_mac(self._secret, b"shipper", nc, ns))
+        hello = decode(_recv_frame(conn))
+        if not isinstance(hello, Hello):
+            raise ProtocolError(f"expected a hello, got {type(hello).__name__}")
+        return hello
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            hello = self._handshake(conn)
+            if hello is None:
+                return
+            shipper = self._lookup(hello.store)
+            if shipper is None:
+                log.warning("a follower asked for store %r, which this server does not ship", hello.store)
+                return
+            conn.settimeout(30.0)  # a follower silent this long (no ack, window full) is gone
+            self._stream(conn, shipper, hello)
+        except (OSError, ProtocolError) as exc:
+            if not self._closed.is_set():
+                log.info("replication connection ended: %s", exc)
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    def _stream(self, conn: socket.socket, shipper: Shipper, hello: Hello) -> None:
+        inflight: deque[int] = deque()  # body bytes of each message not yet acknowledged
+        pending = 0
+        for d in shipper.stream(hello):
+            if self._closed.is_set():
+                return
+            if isinstance(d, Tip):
+                _send_frame(conn, encode(d))
+                pending -= self._read_acks(conn, inflight, block=False)
+                continue
+            size = _body_bytes(d)
+            while inflight and pending + size > self.window:
+                pending -= self._read_acks(conn, inflight, block=True)
+            _send_frame(conn, encode(d.msg))
+            _send_bodies(conn, d)
+            inflight.append(size)
+            pending += size
+            pending -= self._read_acks(conn, inflight, block=False)
+
+    def _read_acks(self, conn: socket.socket, inflight: deque[int], *, block: bool) -> int:
+        """Consume the acks that arrived (at least one if ``block``); the bytes they free."""
+        freed = 0
+        while inflight:
+            if not block:
+                conn.setblocking(False)
+                try:
+                    head = conn.recv(_LEN.size, socket.MSG_PEEK)
+                except BlockingIOError:
+                    return freed
+                finally:
+                    conn.settimeout(30.0)
+                if not head:
+                    raise ConnectionError("the follower closed the connection")
+                if len(head) < _LEN.size:
+                    return freed  # the rest of the frame is on its way
+            ack = decode(_recv_frame(conn))
+            if not isinstance(ack, Ack):
+                raise ProtocolError(f"expected an ack, got {type(ack).__name__}")
+            freed += inflight.popleft()
+            block = False
+        return freed
+
+    def close(self) -> None:
+        """Stop accepting and end every connection."""
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> TcpServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TcpServer({self.address[0]}:{self.address[1]})"
+
+
+def _body_files(msg: EditMsg | MarkMsg) -> list[tuple[str, int]]:
+    files = msg.added if isinstance(msg, EditMsg) else msg.files
+    return [(f.entry.name, f.size) for f in files if f.body]
+
+
+def _body_bytes(d: Delivery) -> int:
+    return sum(size for _n, size in _body_files(d.msg))
+
+
+def _send_bodies(conn: socket.socket, d: Delivery) -> None:
+    for name, size in _body_files(d.msg):
+        with open(d.paths[name], "rb") as f:
+            if size:
+                sent = conn.sendfile(f, 0, size)
+                if sent != size:
+                    raise ConnectionError(f"sent {sent} of {size} bytes of {name}: the staged file is shorter")
+
+
+class TcpSource:
+    """A follower's end: the store ``store`` served by the :class:`TcpServer` at ``host:port``."""
+
+    def __init__(self, host: str, port: int, store: str, secret: bytes | str, *, timeout: float = 10.0) -> None:
+        self.host = host
+        self.port = port
+        self.store = store
+        self._secret = _check_secret(secret)
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._closed = False
+
+    def _connect(self) -> socket.socket:
+        sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+        try:
+            head = _recv_exact(sock, len(_MAGIC) + 1 + _NONCE)
+            if head[:4] != _MAGIC or head[4] != _VERSION:
+                raise ProtocolError(f"{self.host}:{self.port} is not a replication server (version {_VERSION})")
+            ns = head[5:]
+            nc = _secrets.token_bytes(_NONCE)
+            sock.sendall(nc + _mac(self._secret, b"follower", ns, nc))
+            try:
+                proof = _recv_exact(sock, 32)
+            except ConnectionError:
+                raise ConnectionError(
+                    f"{self.host}:{self.port} closed the connection in the handshake (is the secret right?)"
+                ) from None
+            if not hmac.compare_digest(proof, _mac(self._secret, b"shipper", nc, ns)):
+                raise ConnectionError(f"{self.host}:{self.port} did not prove it knows the secret")
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def open(self, hello: Hello) -> Iterator[Received | Tip]:
+        if self._closed:
+            return
+        sock = self._connect()
+        self._sock = sock
+        try:
+            _send_frame(sock, encode(hello))
+            while not self._closed:
+                msg = decode(_recv_frame(sock))
+                if isinstance(msg, Tip):
+                    yield msg
+                    continue
+                if not isinstance(msg, (EditMsg, MarkMsg)):
+                    raise ProtocolError(f"expected an edit, mark or tip, got {type(msg).__name__}")
+                fetched: list[bool] = []
+
+                def fetch(dests: dict[str, str] | None, msg: EditMsg | MarkMsg = msg, fetched: list[bool] = fetched) -> None:
+                    fetched.append(True)
+                    _receive_bodies(sock, msg, dests)
+
+                yield Received(msg, fetch)
+                if not fetched:
+                    _receive_bodies(sock, msg, None)  # stay in step with the byte stream
+                _send_frame(sock, encode(Ack(msg.seq, msg.snapshot_id if isinstance(msg, MarkMsg) else -1)))
+        except OSError as exc:
+            if self._closed:
+                return
+            raise ConnectionError(f"replication stream from {self.host}:{self.port}: {exc}") from exc
+        finally:
+            self._sock = None
+            sock.close()
+
+    def close(self) -> None:
+        self._closed = True
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def __repr__(self) -> str:
+        return f"TcpSource({self.host}:{self.port}, store={self.store!r})"
+
+
+def _receive_bodies(sock: socket.socket, msg: EditMsg | MarkMsg, dests: dict[str, str] | None) -> None:
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    for name, size in _body_files(msg):
+        fd = os.open(dests[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if dests and name in dests else None
+        try:
+            left = size
+            while left:
+                k = sock.recv_into(view, min(left, _CHUNK))
+                if k == 0:
+                    raise ConnectionError("the shipper closed the connection mid-file")
+                done = 0
+                while fd is not None and done < k:
+                    done += os.write(fd, view[done:k])
+                left -= k
+        finally:
+            if fd is not None:
+                os.close(fd)
