@@ -31,6 +31,7 @@ from sfaas.wire import Message
 
 from .recovery import recover
 from .rounds import RoundKeeper
+from .standbys import Standbys
 
 log = logging.getLogger("sfaas.coordinator")
 
@@ -57,6 +58,8 @@ class _Member:
     alive: bool = True
     #: set once the worker reported Ready (after its Assign)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    #: where its standbys follow its stores (0: it ships nothing)
+    repl_port: int = 0
 
 
 class Lost(Message):
@@ -82,6 +85,8 @@ class Coordinator:
         self.epoch = 0
         self._phases = [0.0, 0.0, 0.0, 0]
         self.stats: dict[str, Any] = {"epochs": 0, "txns": 0, "conflicts": 0}
+        self.standbys = Standbys(self)
+        self._bound: tuple[str, int] | None = None
 
     async def run(self, ready: asyncio.Future[tuple[str, int]] | None = None) -> None:
         """Serve until stopped (cancelled); recover from every lost worker."""
@@ -123,13 +128,10 @@ class Coordinator:
             for m in self.members:
                 await m.ready.wait()
             log.info("all %d workers ready; running epochs", len(self.members))
-            if s.ready_file:
-                members = [{"index": m.index, "name": m.name, "pid": m.pid,
-                            "address": f"{m.host}:{m.port}"} for m in self.members]
-                tmp = s.ready_file + ".tmp"
-                with open(tmp, "w") as f:
-                    json.dump({"coordinator": f"{bound[0]}:{bound[1]}", "workers": members}, f)
-                os.replace(tmp, s.ready_file)
+            self._bound = (bound[0], bound[1])
+            self.write_ready()
+            for m in self.members:
+                self.standbys.feed(m.index)
             watchdog = asyncio.create_task(self._watchdog())
             idle = True
             try:
@@ -165,18 +167,47 @@ class Coordinator:
                 m.channel.close()
             server.close()
 
+    def write_ready(self) -> None:
+        """(Re)write ``ready_file``: the membership and the standbys (``sfaas ps`` reads it)."""
+        s = self.settings
+        if not s.ready_file or self._bound is None:
+            return
+        members = [{"index": m.index, "name": m.name, "pid": m.pid, "address": f"{m.host}:{m.port}",
+                    "alive": m.alive} for m in self.members]
+        doc = {"coordinator": f"{self._bound[0]}:{self._bound[1]}", "workers": members,
+               "standbys": self.standbys.describe(), "promotions": self.standbys.promotions}
+        tmp = s.ready_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f)
+        os.replace(tmp, s.ready_file)
+
+    async def _stand_by(self, reg: wire.Register, chan: channels.Channel, slot: int) -> None:
+        sb = self.standbys.add(reg, chan, slot)
+        try:
+            while True:
+                await chan.recv()  # a standby only listens; its closed channel says it is gone
+        except ChannelClosed:
+            self.standbys.remove(sb)
+            raise
+
     async def _on_worker(self, chan: channels.Channel) -> None:
         msgs = await chan.recv()
         reg = msgs[0] if msgs else None
         if not isinstance(reg, wire.Register):
             log.warning("peer %s did not register; dropping", chan.peer)
             return
-        dead = [m for m in self.members if not m.alive]
+        slot = self.standbys.slot_for(reg)
+        if slot is not None:
+            await self._stand_by(reg, chan, slot)
+            return
+        # a lost slot waiting for its promoted standby is not for anyone else
+        dead = [m for m in self.members
+                if not m.alive and self.standbys.reserved_for(m.index) in (None, reg.name)]
         if not self._all_joined.is_set():
             # a worker that held a slot before (this coordinator restarted) gets it back
             free = sorted(set(range(self.settings.workers)) - {m.index for m in self.members})
             index = reg.index if reg.index in free else free[0]
-            member = _Member(index, reg.name, reg.host, reg.port, reg.pid, chan)
+            member = _Member(index, reg.name, reg.host, reg.port, reg.pid, chan, repl_port=reg.repl_port)
             self.members.append(member)
             log.info("worker %s (pid %d) registered as %d at %s:%d",
                      reg.name, reg.pid, member.index, reg.host, reg.port)
@@ -187,7 +218,8 @@ class Coordinator:
             member = next((m for m in dead if m.index == reg.index), dead[0])
             member.name, member.host, member.port, member.pid, member.channel = (
                 reg.name, reg.host, reg.port, reg.pid, chan)
-            member.alive, member.last_seen = True, time.monotonic()
+            member.alive, member.last_seen, member.repl_port = True, time.monotonic(), reg.repl_port
+            self.standbys.registered(member.index, reg.name)
             log.warning("worker %s (pid %d) replaces lost worker %d at %s:%d",
                         reg.name, reg.pid, member.index, reg.host, reg.port)
             # a replacement connects to its peers: only once every slot has a live worker
@@ -214,6 +246,8 @@ class Coordinator:
                     elif isinstance(msg, wire.Ready):
                         member.ready.set()
                         self._changed.set()
+                        self.standbys.feed(member.index)
+                        self.write_ready()
                     else:
                         self._inbox.put_nowait(msg)
         except ChannelClosed:
@@ -248,6 +282,9 @@ class Coordinator:
         self._inbox.put_nowait(Lost())
         self._loss.set()
         self._changed.set()
+        if self._all_joined.is_set():
+            self.standbys.promote(m.index)
+        self.write_ready()
 
     async def _barrier(self, epoch: int) -> list[wire.Report]:
         """Wait until epoch ``epoch`` finished executing everywhere (see ``wire.Report``);

@@ -61,11 +61,15 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--store", help="override every operator's store engine (SFAAS_STORE)")
     w.add_argument("--max-batch", dest="max_batch", type=int, help="requests per epoch (SFAAS_MAX_BATCH)")
     w.add_argument("--name", help="worker name in logs")
+    w.add_argument("--standby-of", dest="standby_of", type=int,
+                   help="be a standby of this worker index (SFAAS_STANDBY_OF)")
 
     u = sub.add_parser("up", help="start a local cluster in the background")
     _common(u)
     u.add_argument("app", help="MODULE:APP, e.g. examples.bank:app")
     u.add_argument("--workers", type=int, default=2)
+    u.add_argument("--standbys", type=int, default=0,
+                   help="standby workers per worker: each follows its primary's stores and takes over without a download")
     u.add_argument("--partitions", type=int)
     u.add_argument("--store", help="override every operator's store engine")
     _rounds_flags(u)
@@ -193,7 +197,7 @@ def _dispatch(ns: argparse.Namespace) -> int:
         return _run_service(lambda: run_coordinator(s, app.name))
     if cmd == "worker":
         s = _settings(ns, "kafka", "namespace", "log_level", "app", "coordinator", "host", "port",
-                      "store", "max_batch")
+                      "store", "max_batch", "standby_of")
         _setup_logging(s.log_level)
         from worker.service import run_worker
 
@@ -206,7 +210,7 @@ def _dispatch(ns: argparse.Namespace) -> int:
 
         s = _settings(ns, "kafka", "namespace", "log_level", "partitions", "store", "snapshot_interval",
                       "snapshot_retain")
-        procs = cluster.up(s, ns.app, ns.workers)
+        procs = cluster.up(s, ns.app, ns.workers, standbys=ns.standbys)
         for p in procs:
             print(f"{p.role:12} pid={p.pid:<8} {p.address}")
         return 0

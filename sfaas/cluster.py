@@ -102,8 +102,13 @@ def cluster_settings(settings: Settings) -> tuple[dict[str, Any], Settings]:
     return info, s
 
 
-def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0) -> list[ProcessInfo]:
-    """Start a coordinator and ``workers`` workers for ``app_spec``; wait until epochs run."""
+def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, standbys: int = 0) -> list[ProcessInfo]:
+    """Start a coordinator and ``workers`` workers for ``app_spec``, plus ``standbys``
+    standby workers per worker; wait until epochs run."""
+    if standbys < 0:
+        raise ClusterError(f"standbys must be >= 0 (standby workers per worker), got {standbys}")
+    if standbys and not settings.snapshot_interval:
+        raise ClusterError("standbys need snapshot rounds: set snapshot_interval > 0")
     app = load_app(app_spec)
     sd = state_dir(settings)
     sd.mkdir(parents=True, exist_ok=True)
@@ -122,13 +127,15 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0) -
     env.update({k: v for k, v in settings.as_env().items() if k not in ("SFAAS_SECRET",)})
     env.update({
         "SFAAS_SECRET": secret, "SFAAS_COORDINATOR": coord, "SFAAS_WORKERS": str(workers),
+        "SFAAS_STANDBYS": str(standbys),
         "SFAAS_APP": app_spec, "SFAAS_READY_FILE": str(ready), "SFAAS_PORT": "0",
         "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), _repo_root(), env.get("PYTHONPATH", "")])),
     })
     info = {"app": app.name, "app_spec": app_spec, "namespace": settings.namespace,
             "kafka": settings.kafka, "coordinator": coord, "processes": []}
     (sd / "cluster.json").write_text(json.dumps(info, indent=2))
-    sup = _spawn(["supervise", "--state-dir", str(sd), "--workers", str(workers)], env, sd / "supervisor.log")
+    sup = _spawn(["supervise", "--state-dir", str(sd), "--workers", str(workers * (1 + standbys))], env,
+                 sd / "supervisor.log")
     deadline = time.monotonic() + timeout
     while not ready.exists():
         crashed = [p for p in ps(settings) if p.restarts or p.gave_up]
@@ -153,10 +160,13 @@ def ps(settings: Settings) -> list[ProcessInfo]:
     except FileNotFoundError:
         return []
     addresses: dict[int, str] = {}
+    slots: dict[int, tuple[str, int]] = {}  # pid → (role, index) as the coordinator sees it now
     try:
         members = json.loads((sd / "ready").read_text())
         addresses = {w["pid"]: w["address"] for w in members.get("workers", [])}
-    except (FileNotFoundError, ValueError):
+        slots = {w["pid"]: ("worker", w["index"]) for w in members.get("workers", [])}
+        slots.update({sb["pid"]: ("standby", sb["of"]) for sb in members.get("standbys", [])})
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
         pass
     out = []
     for p in info.get("processes", []):
@@ -164,9 +174,12 @@ def ps(settings: Settings) -> list[ProcessInfo]:
                            p["log"], index=p.get("index", 0), restarts=p.get("restarts", 0),
                            gave_up=p.get("gave_up", ""))
         proc.address = proc.address or addresses.get(proc.pid, "")
+        if proc.role == "worker" and proc.pid in slots:
+            proc.role, proc.index = slots[proc.pid]
         proc.alive = bool(proc.pid) and _alive(proc.pid)
         out.append(proc)
-    return out
+    order = {"coordinator": 0, "worker": 1, "standby": 2}
+    return sorted(out, key=lambda p: (order.get(p.role, 3), p.index))
 
 
 def supervisor_pid(settings: Settings) -> int | None:

@@ -46,6 +46,12 @@ class Settings:
     port: int = 0
     #: Workers the coordinator waits for before running epochs.
     workers: int = 2
+    #: Standby workers per worker (``sfaas up --standbys``): each follows its primary's
+    #: stores from shipped files and takes over, without a download, when the primary dies.
+    standbys: int = 0
+    #: A worker process: ask to be a standby of this worker index (-1: whatever the
+    #: coordinator needs — a free slot first, then a standby where one is missing).
+    standby_of: int = -1
     #: Ingress/egress topic partitions (also the key partitions; ≥ workers).
     partitions: int = 8
     #: Most transactions (re-runs first) one worker runs in one epoch. Conflicts grow with
@@ -111,6 +117,12 @@ class Settings:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
         if self.partitions < self.workers:
             raise ConfigError(f"partitions ({self.partitions}) must be >= workers ({self.workers})")
+        if self.standbys < 0:
+            raise ConfigError(f"standbys must be >= 0 (standby workers per worker), got {self.standbys}")
+        if self.standbys and not self.snapshot_interval:
+            raise ConfigError("standbys need snapshot rounds (snapshot_interval > 0): a standby takes over at a round")
+        if self.standby_of < -1:
+            raise ConfigError(f"standby_of must be a worker index >= 0, or -1 for none, got {self.standby_of}")
         if self.max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
         if not self.snapshot_interval >= 0 or self.snapshot_interval == float("inf"):

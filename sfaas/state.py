@@ -32,7 +32,7 @@ log = logging.getLogger("sfaas.state")
 
 __all__ = [
     "StoreKey", "PartitionStores", "open_partition_stores", "open_stores", "store_remote", "rounds_remote",
-    "ROUNDS_DIR",
+    "ROUNDS_DIR", "stores_root", "store_engine",
 ]
 
 #: ``(operator, partition)``: the unit of state that moves.
@@ -129,6 +129,18 @@ def open_partition_stores(
     return PartitionStores(stores, n_partitions)
 
 
+def stores_root(settings: Settings, app_name: str) -> str:
+    """Where a worker's partition stores live: ``{home}/data/{namespace}/{app}``."""
+    return os.path.join(settings.home, "data", settings.namespace, app_name)
+
+
+def store_engine(app: App, operator: str, store: str = "") -> tuple[str, dict[str, Any]]:
+    """The engine and options of ``operator``'s stores (``store`` overrides, as in
+    :func:`open_partition_stores`)."""
+    op = app.operators[operator]
+    return (store, {}) if store else (op.store, dict(op.store_options))
+
+
 def open_stores(settings: Settings, app: App, partitions: Iterable[int], n_partitions: int) -> PartitionStores:
     """A worker's stores: :func:`open_partition_stores` under ``{home}/data/{namespace}/{app}``
     with ``settings.store`` and, when snapshot rounds are on, each store's MinIO remote."""
@@ -136,6 +148,6 @@ def open_stores(settings: Settings, app: App, partitions: Iterable[int], n_parti
         return store_remote(settings, app.name, op, p)
 
     return open_partition_stores(
-        app, os.path.join(settings.home, "data", settings.namespace, app.name), partitions, n_partitions,
+        app, stores_root(settings, app.name), partitions, n_partitions,
         store=settings.store or None, remote_of=remote_of if settings.snapshot_interval > 0 else None,
     )

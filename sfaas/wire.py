@@ -30,6 +30,8 @@ __all__ = [
     "Heartbeat",
     "Stop",
     "Snapshotted",
+    "Follow",
+    "Promote",
     "Recover",
     "Recovered",
     "Hello",
@@ -59,7 +61,9 @@ class Message:
 @dataclass(slots=True)
 class Register(Message):
     """Worker → coordinator: I am ``name``, my peers reach me at ``host:port``; ``index``:
-    the slot I held before (re-registering with a restarted coordinator), or -1."""
+    the slot I held before (re-registering with a restarted coordinator, or a promoted
+    standby taking its primary's slot), or -1. ``standby_of``: I ask to be a standby of that
+    slot (-1: any role). ``repl_port``: where standbys follow my stores (0: not shipping)."""
 
     TAG: ClassVar[int] = 1
     name: str
@@ -67,6 +71,8 @@ class Register(Message):
     port: int
     pid: int
     index: int = -1
+    standby_of: int = -1
+    repl_port: int = 0
 
 
 @dataclass(slots=True)
@@ -196,6 +202,30 @@ class Snapshotted(Message):
     retries: list[list[int]]
     epoch_log: int
     error: str
+
+
+@dataclass(slots=True)
+class Follow(Message):
+    """Coordinator → a standby: follow the stores of worker ``index`` (of ``n_workers``,
+    ``partitions`` partitions), shipped from ``host:port``. Sent again when that primary
+    was replaced (a new address)."""
+
+    TAG: ClassVar[int] = 15
+    index: int
+    n_workers: int
+    partitions: int
+    host: str
+    port: int
+
+
+@dataclass(slots=True)
+class Promote(Message):
+    """Coordinator → a standby: worker ``index`` died; become it. ``round``: the newest
+    complete snapshot round (its files are local: the recovery restores without a download)."""
+
+    TAG: ClassVar[int] = 16
+    index: int
+    round: int
 
 
 @dataclass(slots=True)

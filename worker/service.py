@@ -52,6 +52,7 @@ from sfaas.txn.epochs import Sequencer
 from sfaas.txn.loop import Participant
 from sfaas.txn.offsets import OffsetTracker
 
+from .replication import Shipping
 from .snapshots import RoundTaker
 
 log = logging.getLogger("sfaas.worker")
@@ -260,10 +261,21 @@ class Worker:
         server = await channels.serve(s.host, s.port, self.secret, self._on_peer)
         my_port = server.sockets[0].getsockname()[1]
         chost, cport = s.coordinator_address()
+        self.shipping = Shipping(s, self.secret) if s.standbys > 0 else None
+        repl_port = self.shipping.port if self.shipping else 0
         self.coord = await self._connect_retry(chost, cport)
-        self.coord.send(wire.Register(self.name, s.host, my_port, os.getpid()))
+        self.coord.send(wire.Register(self.name, s.host, my_port, os.getpid(), -1, s.standby_of, repl_port))
         msgs = await self.coord.recv()
         assign = msgs[0]
+        promoted = None
+        if isinstance(assign, wire.Follow):  # a standby until the primary dies (worker.standby)
+            from .standby import run_standby
+
+            promoted, index = await run_standby(self, assign)
+            self.coord.close()
+            self.coord = await self._connect_retry(chost, cport)
+            self.coord.send(wire.Register(self.name, s.host, my_port, os.getpid(), index, -1, repl_port))
+            assign = (await self.coord.recv())[0]
         if isinstance(assign, wire.Stop):
             raise ClusterError(f"coordinator refused {self.name}: {assign.reason}")
         if not isinstance(assign, wire.Assign):
@@ -273,8 +285,14 @@ class Worker:
         log.info("joined as worker %d of %d", assign.index, assign.n_workers,
                  extra={"worker": assign.index})
         mine = [p for p in range(assign.partitions) if p % assign.n_workers == self.index]
-        self.engine = Engine(self.app, assign.index, assign.n_workers, assign.partitions,
-                             self._open_stores(assign, mine), self)
+        if promoted is not None and set(promoted) != {(op, p) for op in self.app.operators for p in mine}:
+            log.warning("the promoted stores are not this slot's; opening the slot's own", extra={"worker": self.index})
+            promoted.close()
+            promoted = None
+        stores = promoted if promoted is not None else self._open_stores(assign, mine)
+        if self.shipping is not None:
+            self.shipping.attach(stores)
+        self.engine = Engine(self.app, assign.index, assign.n_workers, assign.partitions, stores, self)
         self.rounds = RoundTaker(self.index, lambda m: self.coord.send(m))
         self.loop = Participant(self.engine, Sequencer(assign.index), _request_of, s.max_batch,
                                 fallback=self.fallback_enabled)
@@ -326,6 +344,8 @@ class Worker:
                 ch.close()
             self.coord.close()
             server.close()
+            if self.shipping is not None:
+                self.shipping.close()
             self.engine.close()
 
     async def _start_kafka(self, make: Callable[[], Any], patience: float = 120.0) -> Any:
@@ -353,7 +373,8 @@ class Worker:
                     extra={"worker": self.index})
         try:
             self.coord = await self._connect_retry(*s.coordinator_address(), timeout=120.0)
-            self.coord.send(wire.Register(self.name, s.host, my_port, os.getpid(), self.index))
+            repl_port = self.shipping.port if self.shipping else 0
+            self.coord.send(wire.Register(self.name, s.host, my_port, os.getpid(), self.index, -1, repl_port))
             msgs = await self.coord.recv()
             a = msgs[0] if msgs else None
             if not (isinstance(a, wire.Assign) and a.index == self.index and a.n_workers == self.assign.n_workers

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import struct
 import threading
 import time
@@ -336,16 +337,22 @@ class Follower:
                 **{k: self._counts[k] for k in ("edits", "bases", "marks", "duplicates", "gaps", "corrupt", "reconnects")},
             }
 
-    def promote(self, snapshot_id: int | None = None, **options: Any) -> Store:
+    def promote(self, snapshot_id: int | None = None, *, directory: str | os.PathLike[str] | None = None,
+                **options: Any) -> Store:
         """Stop following and open the engine on the replica's own files (nothing copied).
 
         ``snapshot_id``: become that retained snapshot (:class:`SnapshotNotFoundError`
-        naming the retained ones otherwise); ``None``: the newest version held. ``options``
-        override those given to the follower (e.g. ``remote=``).
+        naming the retained ones otherwise); ``None``: the newest version held.
+        ``directory``: move the replica there first (a rename on the same file system;
+        whatever that directory held is deleted, unless a live store holds it:
+        :class:`~statestores.LockedError`). ``options`` override those given to the
+        follower (e.g. ``remote=``). A promotion that fails has stopped following but left
+        the replica intact: promote again, or ``close()`` and follow again.
         """
         if self._closed:
             raise StoreClosedError(f"replica {self.directory} is closed")
         self._stop_following()
+        target = self.directory if directory is None else os.path.abspath(os.fspath(directory))
         with self._lock:
             if snapshot_id is None:
                 entries, seq = list(self.files.values()), self.seq
@@ -357,6 +364,9 @@ class Follower:
                     )
                 _i, seq, files = found[0]
                 entries = list(files)
+            old_fd = None
+            if target != self.directory and os.path.exists(target):
+                old_fd = self.fs.lock(os.path.join(target, _LOCK_NAME))  # nobody may be using it
             names = [e.name for e in entries]
             top = max([seq_of(n) for n in names] + [0])
             current.write(self.fs, self.directory, {"seq": top, "version": seq, "files": encode_entries(entries)}, sync=self._sync)
@@ -364,7 +374,14 @@ class Follower:
             self._closed = True
             self._cond.notify_all()
         self.fs.unlock(self._lock_fd)
-        return self.engine_cls(self.directory, **{**self.options, **options})
+        if target != self.directory:
+            if old_fd is not None:
+                shutil.rmtree(target)
+                self.fs.unlock(old_fd)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.rename(self.directory, target)
+            log.info("replica %s moved to %s", self.directory, target)
+        return self.engine_cls(target, **{**self.options, **options})
 
     def _stop_following(self) -> None:
         self._stop.set()

@@ -391,3 +391,30 @@ def test_tcp_refuses_a_wrong_secret_and_an_unknown_store(tmp_path: Path) -> None
     assert SECRET.decode() not in repr(TcpSource("127.0.0.1", 1, "x", SECRET))
     shipper.close()
     db.close()
+
+
+def test_promotion_into_another_directory_moves_the_files_and_replaces_what_was_there(tmp_path: Path) -> None:
+    remote = remotes.PathRemote(tmp_path / "remote")
+    db = statestores.open("hybridlog", tmp_path / "primary", remote=remote, **TINY["hybridlog"])
+    shipper = Shipper(db)
+    f = statestores.follow("hybridlog", tmp_path / "replica", LocalSource(shipper))
+    _fill(db, 100)
+    db.snapshot(1)
+    want = dict(db.items())
+    f.wait(snapshot_id=1)
+    inode = {n: os.stat(tmp_path / "replica" / n).st_ino for n in os.listdir(tmp_path / "replica") if n.endswith(".log")}
+    stale = tmp_path / "data" / "p0"
+    statestores.open("hybridlog", stale).close()  # a dead primary's old directory
+    with statestores.open("hybridlog", tmp_path / "busy"), pytest.raises(statestores.LockedError):
+        f.promote(1, directory=tmp_path / "busy")  # a live store there: refused, nothing lost
+    f.close()  # a failed promotion has stopped following; the replica is intact
+    f2 = statestores.follow("hybridlog", tmp_path / "replica", LocalSource(shipper))
+    f2.wait(snapshot_id=1)
+    store = f2.promote(1, directory=stale)
+    assert dict(store.items()) == want
+    assert not (tmp_path / "replica").exists()
+    moved = {n: os.stat(stale / n).st_ino for n in inode if (stale / n).exists()}
+    assert moved and all(moved[n] == inode[n] for n in moved), "promotion renamed the files, it did not copy them"
+    store.close()
+    shipper.close()
+    db.close()

@@ -1,0 +1,112 @@
+"""Standby workers on the real cluster (Kafka, MinIO, ``sfaas up --standbys 1``).
+
+A primary is SIGKILLed and its data directory deleted (a lost machine) while clients send
+transfers and counter bumps; its standby — which followed the primary's stores from the
+shipped files — is promoted, restores the round from its own files (zero bytes
+downloaded), and the cluster goes on; the dead primary's restarted process becomes the
+slot's new standby. The chaos test's invariants hold throughout: every request answered
+exactly once, money conserved, counters exact, and the epoch log re-executes to the same
+replies (``tests.runtime.test_recovery._scenario``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from sfaas import cluster
+from sfaas.settings import Settings
+from sfaas.state import stores_root
+from tests.conftest import TEST_BUCKET
+from tests.runtime import test_recovery
+from tests.runtime.test_recovery import PARTITIONS, SEED
+
+APP = "tests.runtime.apps.ledger:app"
+
+
+def _roles(s: Settings) -> list[tuple[str, int]]:
+    return sorted((p.role, p.index) for p in cluster.ps(s) if p.alive)
+
+
+def _wait_roles(s: Settings, want: list[tuple[str, int]], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while _roles(s) != want:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"cluster roles {_roles(s)} did not become {want} within {timeout} s")
+        time.sleep(0.2)
+
+
+def _lose_machine(s: Settings, victims: list[tuple[int, int, str]]):  # type: ignore[no-untyped-def]
+    """A replacement for the chaos test's kill: delete a primary's data directory, SIGKILL it."""
+
+    def kill(_s: Settings, role: str, rnd: random.Random) -> int | None:
+        procs = [p for p in cluster.ps(s) if p.role == "worker" and p.alive]
+        standbys = [p for p in cluster.ps(s) if p.role == "standby" and p.alive]
+        if not procs or not standbys:
+            return None
+        victim = rnd.choice([p for p in procs if any(sb.index == p.index for sb in standbys)] or procs)
+        root = stores_root(s, "ledger")
+        for op in os.listdir(root):
+            for d in os.listdir(os.path.join(root, op)):
+                if int(d[1:].split(".")[0]) % 2 == victim.index:
+                    shutil.rmtree(os.path.join(root, op, d), ignore_errors=True)
+        os.kill(victim.pid, signal.SIGKILL)
+        sb = next(p for p in standbys if p.index == victim.index)
+        victims.append((victim.index, victim.pid, sb.log))
+        return victim.pid
+
+    return kill
+
+
+@pytest.mark.timeout(600)
+def test_a_standby_takes_over_a_lost_machine_without_a_download(kafka, minio, tmp_path: Path, monkeypatch) -> None:
+    s = Settings.load({
+        "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}", "home": str(tmp_path),
+        "store": "lsm", "partitions": PARTITIONS, "snapshot_interval": 1.0, "snapshot_retain": 2,
+        "minio": minio.minio_endpoint, "minio_access_key": minio.minio_access_key,
+        "minio_secret_key": minio.minio_secret_key, "bucket": TEST_BUCKET,
+    })
+    victims: list[tuple[int, int, str]] = []
+    monkeypatch.setattr(test_recovery, "_kill", _lose_machine(s, victims))
+    monkeypatch.setattr(test_recovery, "KILLS", 1)
+    monkeypatch.setattr(test_recovery, "COORDINATOR_KILLS", 0)
+    monkeypatch.setattr(test_recovery, "SECONDS", 12.0)
+    cluster.up(s, APP, 2, timeout=90, standbys=1)
+    report: dict[str, object] = {"seed": SEED}
+    try:
+        _wait_roles(s, [("coordinator", 0), ("standby", 0), ("standby", 1), ("worker", 0), ("worker", 1)], 60)
+        cs = cluster.cluster_settings(s)[1]
+        asyncio.run(test_recovery._scenario(s, cs, random.Random(SEED), report, tmp_path / "replay"))
+        assert len(victims) == 1, report
+        slot, _pid, standby_log = victims[0]
+        coord_log = (cluster.state_dir(s) / "coordinator.log").read_text()
+        assert f"promoting standby" in coord_log and f"to worker {slot}" in coord_log
+        restored = re.findall(r"restored (\S+) to round (\d+): (\d+) of (\d+) files downloaded", Path(standby_log).read_text())
+        assert restored, "the promoted standby never restored a round"
+        report["promoted_restores"] = restored
+        downloaded = [int(n) for _s, _r, n, _t in restored]
+        assert downloaded == [0] * len(downloaded), f"the promoted standby downloaded files: {restored}"
+        # the dead primary's restarted process is the slot's new standby
+        _wait_roles(s, [("coordinator", 0), ("standby", 0), ("standby", 1), ("worker", 0), ("worker", 1)], 60)
+        ready = json.loads((cluster.state_dir(s) / "ready").read_text())
+        assert ready["promotions"] == 1
+        print(f"standby report: {report}")
+    except BaseException:
+        sd = cluster.state_dir(s)
+        tails = "\n".join(f"--- {f.name}\n" + "\n".join(
+            line for line in f.read_text().splitlines() if " aiokafka" not in line)[-6000:]
+            for f in sorted(sd.glob("*.log")))
+        print(f"standby test (seed {SEED}) failed; report {report}\n{tails}")
+        raise
+    finally:
+        cluster.down(s)

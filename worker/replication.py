@@ -1,0 +1,50 @@
+"""A primary's side of the standbys: every partition store shipped over ``tcp``.
+
+With ``standbys`` > 0 each worker runs a :class:`statestores.replica.TcpServer` (port sent
+to the coordinator in ``Register.repl_port``) and a :class:`~statestores.replica.Shipper`
+per partition store, named :func:`store_name`. Every flush and merge the store does is
+shipped as it happens — the run files with their footers, the log files with their hints
+— and every completed snapshot's file list with it; a standby installs them and never
+merges (``worker.standby``). Shipping costs this worker a hard link per new file on the
+store's maintainer thread, and ``sendfile`` per follower.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sfaas.settings import Settings
+from sfaas.state import PartitionStores
+from statestores.replica import Shipper, TcpServer
+
+log = logging.getLogger("sfaas.worker.replication")
+
+__all__ = ["Shipping", "store_name"]
+
+
+def store_name(operator: str, partition: int) -> str:
+    """How a primary names the store of ``operator``'s ``partition`` to its standbys."""
+    return f"{operator}.p{partition}"
+
+
+class Shipping:
+    """The replication server of one primary worker (see the module docstring)."""
+
+    def __init__(self, settings: Settings, secret: str) -> None:
+        self._shippers: dict[str, Shipper] = {}
+        self.server = TcpServer(self._shippers.get, secret, host=settings.host, port=0)
+        self.port = self.server.address[1]
+
+    def attach(self, stores: PartitionStores) -> None:
+        """Ship every store of ``stores`` (called once they are open)."""
+        for (op, p), store in stores.items():
+            name = store_name(op, p)
+            self._shippers[name] = Shipper(store, name=name)
+        log.info("shipping %d stores to standbys on port %d", len(self._shippers), self.port)
+
+    def close(self) -> None:
+        """Stop serving standbys and drop the staged links (before the stores close)."""
+        self.server.close()
+        for sh in self._shippers.values():
+            sh.close()
+        self._shippers.clear()
