@@ -90,7 +90,7 @@ def test_a_standby_takes_over_a_lost_machine_without_a_download(kafka, minio, tm
         assert len(victims) == 1, report
         slot, _pid, standby_log = victims[0]
         coord_log = (cluster.state_dir(s) / "coordinator.log").read_text()
-        assert f"promoting standby" in coord_log and f"to worker {slot}" in coord_log
+        assert "promoting standby" in coord_log and f"to worker {slot}" in coord_log
         restored = re.findall(r"restored (\S+) to round (\d+): (\d+) of (\d+) files downloaded", Path(standby_log).read_text())
         assert restored, "the promoted standby never restored a round"
         report["promoted_restores"] = restored
