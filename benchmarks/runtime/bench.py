@@ -83,10 +83,25 @@ def preload(settings: Settings, keys: int) -> float:
     return time.monotonic() - t
 
 
-def _kill_worker(settings: Settings, t0: float, kill: dict) -> None:
+def _kill_worker(settings: Settings, t0: float, kill: dict, lose_machine: bool = False) -> None:
+    """SIGKILL the last worker; ``lose_machine``: delete its stores' directories first (a
+    lost machine: its replacement has nothing local to restore from)."""
+    import shutil
+
+    from sfaas.state import stores_root
+
     victim = [p for p in cluster.ps(settings) if p.role == "worker" and p.alive][-1]
+    deleted = 0
+    if lose_machine:
+        root = stores_root(settings, "ycsbt")
+        for op in os.listdir(root):
+            for d in os.listdir(os.path.join(root, op)):  # p{partition} and its p{partition}.ship
+                if int(d[1:].split(".")[0]) % 2 == victim.index:
+                    shutil.rmtree(os.path.join(root, op, d), ignore_errors=True)
+                    deleted += 1
     os.kill(victim.pid, signal.SIGKILL)
-    kill.update(at=time.monotonic(), offset=round(time.monotonic() - t0, 2), pid=victim.pid)
+    kill.update(at=time.monotonic(), offset=round(time.monotonic() - t0, 2), pid=victim.pid, index=victim.index,
+                dirs_deleted=deleted)
 
 
 def _recovery_stats(res, kill: dict, settings: Settings) -> dict:
@@ -105,11 +120,22 @@ def _recovery_stats(res, kill: dict, settings: Settings) -> dict:
         total, rnd, epochs, detect, restore, replay = m[-1]
         out.update(recovery_s=float(total), round=int(rnd), epochs_replayed=int(epochs),
                    detect_restart_s=float(detect), restore_s=float(restore), replay_s=float(replay))
+        # what the workers downloaded to restore the round (survivors hold their files: the
+        # downloads are the lost slot's)
+        files = total_files = 0
+        for f in cluster.state_dir(settings).glob("worker-*.log"):
+            text = f.read_text()
+            for _st, r, d, t in re.findall(r"restored (\S+) to round (\d+): (\d+) of (\d+) files downloaded", text):
+                if int(r) == int(rnd):
+                    files += int(d)
+                    total_files += int(t)
+        out.update(files_downloaded=files, files_restored=total_files)
+    out["promoted_standby"] = "promoting standby" in log_text
     return out
 
 
 async def one_point(settings: Settings, rate: float, seconds: float, keys: int, dist: str,
-                    kill_at: float | None = None) -> dict:
+                    kill_at: float | None = None, lose_machine: bool = False) -> dict:
     infos = [p for p in cluster.ps(settings) if p.alive]
     kafka_pid = services.status().get("kafka", {}).get("pid")
     if kafka_pid:  # the broker's CPU is part of the cost (it shares the same cores)
@@ -124,7 +150,7 @@ async def one_point(settings: Settings, rate: float, seconds: float, keys: int, 
         t0 = time.monotonic()
         kill: dict = {}
         if kill_at is not None:
-            asyncio.get_running_loop().call_later(kill_at, _kill_worker, settings, t0, kill)
+            asyncio.get_running_loop().call_later(kill_at, _kill_worker, settings, t0, kill, lose_machine)
         res = await run_open_loop(client, make_generator(keys, dist, 2), rate, seconds, drain_timeout=60.0)
         wall = time.monotonic() - t0
         cpu = {}
@@ -224,9 +250,16 @@ def run(args: argparse.Namespace) -> list[dict]:
                            "snapshot_interval": args.snapshot_interval})
         load_before = round(os.getloadavg()[0], 1)
         preload_s = preload(s, args.keys) if args.preload else None
-        cluster.up(s, "examples.ycsbt:app", 2)
+        cluster.up(s, "examples.ycsbt:app", 2, timeout=120, standbys=args.standbys)
         try:
-            point = asyncio.run(one_point(s, rate, args.seconds, args.keys, args.dist, args.kill_at))
+            if args.standbys:  # the standbys follow from the start: wait until they are there
+                deadline = time.monotonic() + 60
+                while sum(p.role == "standby" and p.alive for p in cluster.ps(s)) < 2 * args.standbys:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"standbys not up within 60 s: {cluster.ps(s)}")
+                    time.sleep(0.2)
+            point = asyncio.run(one_point(s, rate, args.seconds, args.keys, args.dist, args.kill_at,
+                                          args.lose_machine))
         finally:
             cluster.down(s)
         point["conflict_reruns_per_txn"] = _reruns(s)
@@ -236,7 +269,8 @@ def run(args: argparse.Namespace) -> list[dict]:
             point["preload_s"] = round(preload_s, 1)
         point.update({"phase": "sweep" if args.sweep else "fixed", "loadavg": load_before,
                       "store": args.store, "keys": args.keys, "dist": args.dist, "seconds": args.seconds,
-                      "workers": 2, "fallback": not args.no_fallback, "snapshot_interval": args.snapshot_interval,
+                      "workers": 2, "standbys": args.standbys, "lose_machine": args.lose_machine,
+                      "fallback": not args.no_fallback, "snapshot_interval": args.snapshot_interval,
                       "label": args.label, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         print(json.dumps(point), flush=True)
         with open(args.out, "a") as f:
@@ -269,6 +303,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--label", default="", help="a tag stored with each point (e.g. the repeat of a series)")
     ap.add_argument("--keep", action="store_true",
                     help="keep each point's topics, MinIO objects and stores (default: delete them after the point)")
+    ap.add_argument("--standbys", type=int, default=0, help="standby workers per worker (sfaas up --standbys)")
+    ap.add_argument("--lose-machine", dest="lose_machine", action="store_true",
+                    help="with --kill-at: delete the victim's store directories before the SIGKILL")
     ap.add_argument("--out", default=str(HERE / "results.jsonl"))
     return ap
 

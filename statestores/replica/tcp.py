@@ -205,6 +205,8 @@ class TcpServer:
         """Stop accepting and end every connection."""
         self._closed.set()
         with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone does not)
+        with contextlib.suppress(OSError):
             self._listener.close()
         with self._lock:
             conns = list(self._conns)
