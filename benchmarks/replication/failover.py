@@ -14,7 +14,6 @@ longest pause between replies, the recovery's phases, and the files downloaded.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
