@@ -35,7 +35,9 @@ def report(rows: list[dict[str, Any]]) -> str:
         if not rs:
             continue
         rec = [r["recovery"] for r in rs]
-        med = lambda k: statistics.median(x.get(k, float("nan")) for x in rec)  # noqa: E731
+        def med(k: str, rec: list[dict[str, Any]] = rec) -> float:
+            return statistics.median(x.get(k, float("nan")) for x in rec)
+
         gaps = ", ".join(str(x["longest_gap_s"]) for x in rec)
         files = ", ".join(f"{x.get('files_downloaded', '?')}/{x.get('files_restored', '?')}" for x in rec)
         lines.append(f"| {'yes' if sb else 'no'} | {len(rs)} | **{med('longest_gap_s'):.2f}** ({gaps}) | {med('recovery_s'):.2f} "

@@ -269,7 +269,7 @@ def report(rows: list[dict[str, Any]]) -> str:
                 continue
             ratio = f" ({r['primary_ops_per_s'] / none['primary_ops_per_s']:.0%})" if none and mode != "none" else ""
             r["primary_ops_per_s"] = int(r["primary_ops_per_s"])
-            sb = lambda k: f"{r[k]}" if k in r else "–"  # noqa: E731
+            sb = lambda k, r=r: f"{r[k]}" if k in r else "–"  # noqa: E731
             out.append(f"| {wl} | {dist} | {mode} | {r['primary_ops_per_s']:,}{ratio} | {r['primary_cpu_s']} ({r['primary_bg_cpu_s']}) "
                        f"| {sb('standby_cpu_s')} | {sb('standby_bg_cpu_s')} | {sb('shipped_per_written')} |")
         s, rp = by.get("shipped"), by.get("replay")
