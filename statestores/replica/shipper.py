@@ -37,8 +37,10 @@ log = logging.getLogger("statestores.replica")
 
 #: Kinds of files an edit ships (a WAL is shipped only as part of a snapshot mark).
 SHIPPED_KINDS = ("run", "segment", "hint", "dump")
-#: Events kept for followers that resume; one further behind gets a base edit.
-DEFAULT_BACKLOG = 1024
+#: Events kept for followers that resume; one further behind gets a base edit. Each kept
+#: edit keeps its added files staged (on disk) even after a merge replaced them, so the
+#: bound is also one on the disk a slow follower can cost the primary.
+DEFAULT_BACKLOG = 256
 
 
 @dataclass(frozen=True)
