@@ -354,6 +354,7 @@ class Coordinator:
             now = time.monotonic()
             for m in self.members:
                 if not m.alive:
+                    self.standbys.reserved_for(m.index)  # a promotion that never registers runs out
                     continue
                 if m.ready.is_set() and now - m.last_seen > timeout:
                     self.lose(m, f"silent for {now - m.last_seen:.1f} s (heartbeat_timeout {timeout} s)")

@@ -56,9 +56,13 @@ class Standbys:
         if r is None:
             return None
         if time.monotonic() > r[1]:
+            del self._reserved[slot]
+            if self.promote(slot):  # another standby of the slot gets its chance
+                log.warning("slot %d: promoted standby %s did not register within %.0f s; promoting another",
+                            slot, r[0], RESERVE_SECONDS)
+                return self._reserved[slot][0]
             log.warning("slot %d: promoted standby %s did not register within %.0f s; any worker may take it",
                         slot, r[0], RESERVE_SECONDS)
-            del self._reserved[slot]
             return None
         return r[0]
 
