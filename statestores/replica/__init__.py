@@ -17,6 +17,8 @@ from __future__ import annotations
 from .follower import Follower
 from .shipper import SHIPPED_KINDS, Delivery, Shipper
 from .source import LocalSource, Received, Source
+from .path import PathSink, PathSource
+from .rdma import RdmaServer, RdmaSource, check_device
 from .tcp import TcpServer, TcpSource
 from .wire import ProtocolError, ReplicationError
 
@@ -29,6 +31,11 @@ __all__ = [
     "LocalSource",
     "TcpServer",
     "TcpSource",
+    "PathSink",
+    "PathSource",
+    "RdmaServer",
+    "RdmaSource",
+    "check_device",
     "ReplicationError",
     "ProtocolError",
     "SHIPPED_KINDS",

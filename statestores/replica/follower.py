@@ -174,14 +174,20 @@ class Follower:
         delay = _BACKOFF[0]
         while not self._stop.is_set():
             try:
-                for item in self.source.open(self._hello()):
-                    if self._stop.is_set():
-                        break
-                    if isinstance(item, Tip):
-                        self._check_tip(item)
-                    else:
-                        self._apply(item)
-                        delay = _BACKOFF[0]
+                stream = self.source.open(self._hello())
+                try:
+                    for item in stream:
+                        if self._stop.is_set():
+                            break
+                        if isinstance(item, Tip):
+                            self._check_tip(item)
+                        else:
+                            self._apply(item)
+                            delay = _BACKOFF[0]
+                finally:
+                    close = getattr(stream, "close", None)
+                    if close is not None:
+                        close()  # the source's cleanup (its socket) now, not when collected
             except (ConnectionError, OSError, ReplicationError, CorruptionError) as exc:
                 if self._stop.is_set():
                     break
@@ -237,7 +243,8 @@ class Follower:
         with self._lock:
             have = self._have_locked()
             if isinstance(msg, EditMsg):
-                stale = not msg.base and msg.seq <= self.seq
+                # a base of our own lineage at or below our version is a late duplicate
+                stale = msg.seq <= self.seq and (not msg.base or msg.origin == self.origin)
                 if not msg.base and not stale and msg.seq != self.seq + 1:
                     item.fetch(None)
                     raise _Gap(f"edit {msg.seq} arrived after {self.seq}")

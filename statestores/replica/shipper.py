@@ -246,17 +246,20 @@ class Shipper:
         """(lock held) The first event a follower at ``hello`` lacks, or None: it needs a base."""
         if hello.origin != self.origin or hello.have_seq > self._seq:
             return None
+        if self._mark is not None and self._mark.event.snapshot_id > hello.have_mark:  # type: ignore[union-attr]
+            if not self._backlog or self._mark.n < self._backlog[0].n:
+                return None  # it lacks the newest mark, which the backlog no longer holds: a base sends it
         if not self._backlog:
             return self._n + 1 if hello.have_seq == self._seq else None
         first = self._backlog[0].event
         oldest = first.seq - 1 if isinstance(first, VersionEdit) else first.seq
         if hello.have_seq < oldest:
             return None
+        # the first edit it lacks, or an earlier mark it lacks (a mark lost in transit while
+        # later edits arrived: the edits between are sent again and skipped as duplicates)
         for ev in self._backlog:
             e = ev.event
-            if (e.seq > hello.have_seq) if isinstance(e, VersionEdit) else (
-                e.snapshot_id > hello.have_mark and e.seq >= hello.have_seq
-            ):
+            if (e.seq > hello.have_seq) if isinstance(e, VersionEdit) else e.snapshot_id > hello.have_mark:
                 return ev.n
         return self._n + 1
 

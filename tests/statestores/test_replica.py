@@ -418,3 +418,36 @@ def test_promotion_into_another_directory_moves_the_files_and_replaces_what_was_
     store.close()
     shipper.close()
     db.close()
+
+
+class _DropFirstMark(FaultySource):
+    """Drops the first snapshot mark it sees, once; everything else passes."""
+
+    def open(self, hello: Hello) -> Iterator[Received | Tip]:
+        for item in self.inner.open(hello):
+            if not isinstance(item, Tip) and isinstance(item.msg, wire.MarkMsg) and not self.injected:
+                self.injected.append("drop-mark")
+                continue
+            yield item
+
+
+def test_a_mark_lost_before_later_edits_is_sent_again(tmp_path: Path) -> None:
+    """The follower installs edits after a lost mark; the shipper's tip shows the loss and
+    the resumed stream carries the mark again, without waiting for another snapshot."""
+    remote = remotes.PathRemote(tmp_path / "remote")
+    db = statestores.open("lsm", tmp_path / "primary", remote=remote, **TINY["lsm"])
+    shipper = Shipper(db)
+    source = _DropFirstMark(shipper, [])
+    f = statestores.follow("lsm", tmp_path / "replica", source)
+    _fill(db, 50)
+    db.snapshot(1)
+    want = dict(db.items())
+    _fill(db, 200, 50)  # later edits (flushes) after the lost mark
+    db.settle()
+    f.wait(seq=db.version()[0], snapshot_id=1, timeout=30)
+    assert source.injected == ["drop-mark"] and f.stats()["gaps"] >= 1
+    store = f.promote(1)
+    assert dict(store.items()) == want
+    store.close()
+    shipper.close()
+    db.close()
