@@ -33,7 +33,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,7 @@ from sfaas.txn.epochs import Sequencer
 from sfaas.txn.loop import Participant
 from sfaas.txn.offsets import OffsetTracker
 
+from . import membership
 from .replication import Shipping
 from .snapshots import RoundTaker
 
@@ -88,6 +89,9 @@ class Worker:
         self.index = -1
         self.engine: Engine | None = None
         self.peers: dict[int, channels.Channel] = {}
+        #: the channel to the coordinator (set by ``membership.join``)
+        self.coord: channels.Channel
+        self.shipping: Shipping | None = None
         #: the epoch loop's state (queue, batch, re-runs, counters); made once assigned
         self.loop: Participant[_Pending] | None = None
         self._calls: dict[int, asyncio.Future[Outcome]] = {}
@@ -260,26 +264,8 @@ class Worker:
         s = self.settings
         server = await channels.serve(s.host, s.port, self.secret, self._on_peer)
         my_port = server.sockets[0].getsockname()[1]
-        chost, cport = s.coordinator_address()
         self.shipping = Shipping(s, self.secret) if s.standbys > 0 else None
-        repl_port = self.shipping.port if self.shipping else 0
-        self.coord = await self._connect_retry(chost, cport)
-        self.coord.send(wire.Register(self.name, s.host, my_port, os.getpid(), -1, s.standby_of, repl_port))
-        msgs = await self.coord.recv()
-        assign = msgs[0]
-        promoted = None
-        if isinstance(assign, wire.Follow):  # a standby until the primary dies (worker.standby)
-            from .standby import run_standby
-
-            promoted, index = await run_standby(self, assign)
-            self.coord.close()
-            self.coord = await self._connect_retry(chost, cport)
-            self.coord.send(wire.Register(self.name, s.host, my_port, os.getpid(), index, -1, repl_port))
-            assign = (await self.coord.recv())[0]
-        if isinstance(assign, wire.Stop):
-            raise ClusterError(f"coordinator refused {self.name}: {assign.reason}")
-        if not isinstance(assign, wire.Assign):
-            raise ClusterError(f"expected Assign from the coordinator, got {type(assign).__name__}")
+        assign, promoted = await membership.join(self, my_port)
         self.index = assign.index
         self.assign = assign
         log.info("joined as worker %d of %d", assign.index, assign.n_workers,
@@ -297,8 +283,8 @@ class Worker:
         self.loop = Participant(self.engine, Sequencer(assign.index), _request_of, s.max_batch,
                                 fallback=self.fallback_enabled)
         await self.reconnect_peers(assign.peers)
-        self.producer = await self._start_kafka(lambda: make_producer(s.kafka, s.linger_ms, durable=True))
-        self.consumer = await self._start_kafka(lambda: make_consumer(s.kafka, assign.group, s.fetch_wait_ms))
+        self.producer = await membership.start_kafka(self, lambda: make_producer(s.kafka, s.linger_ms, durable=True))
+        self.consumer = await membership.start_kafka(self, lambda: make_consumer(s.kafka, assign.group, s.fetch_wait_ms))
         tps = [TopicPartition(assign.ingress_topic, p) for p in mine]
         self.consumer.assign(tps)
         for tp in tps:
@@ -325,7 +311,7 @@ class Worker:
                 # with rounds on, a restarted coordinator rolls everyone back to the newest
                 # round: keep the stores and wait for it instead of restarting this process
                 await self.stop_activity()
-                if not await self._rejoin(my_port):
+                if not await membership.rejoin(self, my_port):
                     break
                 self.lost_coordinator = False
                 if self._ingest_task is None:  # no recovery follows when nothing ever ran
@@ -347,49 +333,6 @@ class Worker:
             if self.shipping is not None:
                 self.shipping.close()
             self.engine.close()
-
-    async def _start_kafka(self, make: Callable[[], Any], patience: float = 120.0) -> Any:
-        """Start a Kafka client, retrying while the broker is unreachable (a broker restart
-        must not make the supervisor give up on this worker)."""
-        deadline = time.monotonic() + patience
-        while True:
-            client = make()
-            try:
-                await client.start()
-                return client
-            except Exception as exc:
-                await client.stop()
-                if time.monotonic() > deadline:
-                    raise ClusterError(f"Kafka at {self.settings.kafka} unreachable for {patience:.0f} s: {exc}") from exc
-                log.warning("Kafka at %s unreachable (%s); retrying", self.settings.kafka, exc,
-                            extra={"worker": self.index})
-                await asyncio.sleep(1.0)
-
-    async def _rejoin(self, my_port: int) -> bool:
-        """Re-register with the restarted coordinator in the same slot; False: give up (the
-        process exits and the supervisor starts a fresh one)."""
-        s = self.settings
-        log.warning("lost the coordinator; keeping the stores and waiting for it to come back",
-                    extra={"worker": self.index})
-        try:
-            self.coord = await self._connect_retry(*s.coordinator_address(), timeout=120.0)
-            repl_port = self.shipping.port if self.shipping else 0
-            self.coord.send(wire.Register(self.name, s.host, my_port, os.getpid(), self.index, -1, repl_port))
-            msgs = await self.coord.recv()
-            a = msgs[0] if msgs else None
-            if not (isinstance(a, wire.Assign) and a.index == self.index and a.n_workers == self.assign.n_workers
-                    and a.partitions == self.assign.partitions):
-                log.error("the restarted coordinator assigned %r, not slot %d of %d: restarting",
-                          a, self.index, self.assign.n_workers, extra={"worker": self.index})
-                return False
-            self.assign = a
-            await self.reconnect_peers(a.peers)
-            self.coord.send(wire.Ready(self.index))
-        except (ClusterError, ChannelClosed, OSError) as exc:
-            log.error("could not rejoin the coordinator: %s", exc, extra={"worker": self.index})
-            return False
-        log.info("rejoined the restarted coordinator as worker %d", self.index, extra={"worker": self.index})
-        return True
 
     def start_ingest(self) -> None:
         """(Re)start taking requests from the ingress partitions."""

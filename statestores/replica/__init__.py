@@ -15,10 +15,10 @@ list; a :class:`Follower` installs them in order and never flushes, merges or in
 from __future__ import annotations
 
 from .follower import Follower
-from .shipper import SHIPPED_KINDS, Delivery, Shipper
-from .source import LocalSource, Received, Source
 from .path import PathSink, PathSource
 from .rdma import RdmaServer, RdmaSource, check_device
+from .shipper import SHIPPED_KINDS, Delivery, Shipper
+from .source import LocalSource, Received, Source
 from .tcp import TcpServer, TcpSource
 from .wire import ProtocolError, ReplicationError
 

@@ -1,0 +1,98 @@
+"""A worker's membership: joining the cluster (directly or through a standby phase),
+rejoining a restarted coordinator in the same slot, and starting Kafka clients patiently.
+
+Functions of the :class:`~worker.service.Worker` they serve (they set its ``coord``
+channel and read its settings); the epoch loop lives in ``worker.service``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sfaas import wire
+from sfaas.errors import ChannelClosed, ClusterError
+from sfaas.state import PartitionStores
+
+if TYPE_CHECKING:
+    from .service import Worker
+
+log = logging.getLogger("sfaas.worker")
+
+__all__ = ["join", "rejoin", "start_kafka"]
+
+
+async def join(w: Worker, my_port: int) -> tuple[wire.Assign, PartitionStores | None]:
+    """Register with the coordinator and get a slot: at once, or — answered ``Follow`` — as a
+    standby first (``worker.standby``) until promoted, then for the dead primary's slot with
+    the promoted stores. Raises :class:`ClusterError` if refused."""
+    s = w.settings
+    chost, cport = s.coordinator_address()
+    repl_port = w.shipping.port if w.shipping else 0
+    w.coord = await w._connect_retry(chost, cport)
+    w.coord.send(wire.Register(w.name, s.host, my_port, os.getpid(), -1, s.standby_of, repl_port))
+    assign = (await w.coord.recv())[0]
+    promoted = None
+    if isinstance(assign, wire.Follow):
+        from .standby import run_standby
+
+        promoted, index = await run_standby(w, assign)
+        w.coord.close()
+        w.coord = await w._connect_retry(chost, cport)
+        w.coord.send(wire.Register(w.name, s.host, my_port, os.getpid(), index, -1, repl_port))
+        assign = (await w.coord.recv())[0]
+    if isinstance(assign, wire.Stop):
+        if promoted is not None:
+            promoted.close()
+        raise ClusterError(f"coordinator refused {w.name}: {assign.reason}")
+    if not isinstance(assign, wire.Assign):
+        raise ClusterError(f"expected Assign from the coordinator, got {type(assign).__name__}")
+    return assign, promoted
+
+
+async def start_kafka(w: Worker, make: Callable[[], Any], patience: float = 120.0) -> Any:
+    """Start a Kafka client, retrying while the broker is unreachable (a broker restart
+    must not make the supervisor give up on this worker)."""
+    deadline = time.monotonic() + patience
+    while True:
+        client = make()
+        try:
+            await client.start()
+            return client
+        except Exception as exc:
+            await client.stop()
+            if time.monotonic() > deadline:
+                raise ClusterError(f"Kafka at {w.settings.kafka} unreachable for {patience:.0f} s: {exc}") from exc
+            log.warning("Kafka at %s unreachable (%s); retrying", w.settings.kafka, exc,
+                        extra={"worker": w.index})
+            await asyncio.sleep(1.0)
+
+async def rejoin(w: Worker, my_port: int) -> bool:
+    """Re-register with the restarted coordinator in the same slot; False: give up (the
+    process exits and the supervisor starts a fresh one)."""
+    s = w.settings
+    log.warning("lost the coordinator; keeping the stores and waiting for it to come back",
+                extra={"worker": w.index})
+    try:
+        w.coord = await w._connect_retry(*s.coordinator_address(), timeout=120.0)
+        repl_port = w.shipping.port if w.shipping else 0
+        w.coord.send(wire.Register(w.name, s.host, my_port, os.getpid(), w.index, -1, repl_port))
+        msgs = await w.coord.recv()
+        a = msgs[0] if msgs else None
+        if not (isinstance(a, wire.Assign) and a.index == w.index and a.n_workers == w.assign.n_workers
+                and a.partitions == w.assign.partitions):
+            log.error("the restarted coordinator assigned %r, not slot %d of %d: restarting",
+                      a, w.index, w.assign.n_workers, extra={"worker": w.index})
+            return False
+        w.assign = a
+        await w.reconnect_peers(a.peers)
+        w.coord.send(wire.Ready(w.index))
+    except (ClusterError, ChannelClosed, OSError) as exc:
+        log.error("could not rejoin the coordinator: %s", exc, extra={"worker": w.index})
+        return False
+    log.info("rejoined the restarted coordinator as worker %d", w.index, extra={"worker": w.index})
+    return True
