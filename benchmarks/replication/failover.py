@@ -20,11 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.readme import publish
 from benchmarks.runtime import bench
 
 ROOT = Path(__file__).resolve().parents[2]
-MARK_START = "<!-- failover:start -->"
-MARK_END = "<!-- failover:end -->"
 
 
 def report(rows: list[dict[str, Any]]) -> str:
@@ -43,20 +42,6 @@ def report(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {'yes' if sb else 'no'} | {len(rs)} | **{med('longest_gap_s'):.2f}** ({gaps}) | {med('recovery_s'):.2f} "
                      f"| {med('restore_s'):.2f} | {files} | {statistics.median(r['p99_ms'] for r in rs):.0f} |")
     return "\n".join(lines)
-
-
-def publish(text: str, out: Path, command: str) -> None:
-    (out / "REPORT.md").write_text(text + "\n")
-    readme = ROOT / "benchmarks" / "README.md"
-    body = readme.read_text()
-    rel = out.resolve().relative_to(ROOT / "benchmarks")
-    block = f"{MARK_START}\n```bash\n{command}\n```\n\nRaw points: [`{rel}/failover.jsonl`]({rel}/failover.jsonl).\n\n{text}\n{MARK_END}"
-    if MARK_START in body and MARK_END in body:
-        head, rest = body.split(MARK_START, 1)
-        body = head + block + rest.split(MARK_END, 1)[1]
-    else:
-        body = body.rstrip() + "\n\n## Replication: failover of a lost machine\n\n" + block + "\n"
-    readme.write_text(body)
 
 
 def main() -> None:
@@ -87,7 +72,8 @@ def main() -> None:
     if a.no_readme:
         (a.out / "REPORT.md").write_text(text + "\n")
     else:
-        publish(text, a.out, "python -m benchmarks.replication.failover")
+        publish("failover", "Replication: failover of a lost machine", text, a.out,
+                "python -m benchmarks.replication.failover", "failover.jsonl")
 
 
 if __name__ == "__main__":

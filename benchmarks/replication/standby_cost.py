@@ -42,9 +42,9 @@ from typing import Any
 import msgpack
 import psutil
 
+from benchmarks.readme import publish
+
 ROOT = Path(__file__).resolve().parents[2]
-MARK_START = "<!-- standby-cost:start -->"
-MARK_END = "<!-- standby-cost:end -->"
 _LEN = struct.Struct("<I")
 BATCH = 1000
 VALUE_BYTES = 100
@@ -284,20 +284,6 @@ def report(rows: list[dict[str, Any]]) -> str:
     return "\n".join(head + targets) + "\n\n" + "\n".join(out)
 
 
-def publish(text: str, out: Path, command: str) -> None:
-    (out / "REPORT.md").write_text(text + "\n")
-    readme = ROOT / "benchmarks" / "README.md"
-    body = readme.read_text()
-    rel = out.resolve().relative_to(ROOT / "benchmarks")
-    block = f"{MARK_START}\n```bash\n{command}\n```\n\nRaw points: [`{rel}/standby_cost.jsonl`]({rel}/standby_cost.jsonl).\n\n{text}\n{MARK_END}"
-    if MARK_START in body and MARK_END in body:
-        head, rest = body.split(MARK_START, 1)
-        body = head + block + rest.split(MARK_END, 1)[1]
-    else:
-        body = body.rstrip() + "\n\n## Replication: what a standby costs\n\n" + block + "\n"
-    readme.write_text(body)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
@@ -338,7 +324,8 @@ def main() -> None:
     text = report(rows)
     print(text)
     if not a.no_readme:
-        publish(text, a.out, "python -m benchmarks.replication.standby_cost")
+        publish("standby-cost", "Replication: what a standby costs", text, a.out,
+                "python -m benchmarks.replication.standby_cost", "standby_cost.jsonl")
     else:
         (a.out / "REPORT.md").write_text(text + "\n")
 

@@ -31,12 +31,12 @@ sys.path.insert(0, str(HERE))
 
 import bench  # noqa: E402
 
+from benchmarks.readme import publish  # noqa: E402
+
 ENGINES = ("memonly", "hybridlog", "lsm", "appendlog")
 #: (keys, distribution) of the fixed 1,000 TPS points
 FIXED = ((10_000, "uniform"), (100_000, "uniform"), (100_000, "zipf"))
 SWEEP_RATES = "4000,7000,9500,11000,13000"
-MARK_START = "<!-- runtime-picture:start -->"
-MARK_END = "<!-- runtime-picture:end -->"
 
 #: The issue's targets: (what, engines, check on the medians, threshold text)
 FAST = ("memonly", "hybridlog")
@@ -215,22 +215,6 @@ def _plot_cdf(fixed: dict[tuple, list[dict]], engines: list[str], out: Path) -> 
     return "latency_cdf.png"
 
 
-def publish(text: str, out: Path, command: str) -> None:
-    (out / "REPORT.md").write_text(text + "\n")
-    readme = ROOT / "benchmarks" / "README.md"
-    body = readme.read_text()
-    rel = out.resolve().relative_to(ROOT / "benchmarks") if out.resolve().is_relative_to(ROOT / "benchmarks") else out
-    block = (f"{MARK_START}\n```bash\n{command}\n```\n\nRaw points: [`{rel}/runtime.jsonl`]({rel}/runtime.jsonl).\n\n"
-             + text.replace("](sweep.png)", f"]({rel}/sweep.png)").replace("](latency_cdf.png)", f"]({rel}/latency_cdf.png)")
-             + f"\n{MARK_END}")
-    if MARK_START in body and MARK_END in body:
-        head, rest = body.split(MARK_START, 1)
-        body = head + block + rest.split(MARK_END, 1)[1]
-    else:
-        body = body.rstrip() + "\n\n## Runtime: the whole picture (latency issue)\n\n" + block + "\n"
-    readme.write_text(body)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
@@ -251,8 +235,9 @@ def main() -> None:
     if args.no_readme:
         (out / "REPORT.md").write_text(text + "\n")
     else:
-        publish(text, out, "python benchmarks/runtime/picture.py" + "".join(
-            f" {a}" for a in sys.argv[1:] if a != "--report-only"))
+        publish("runtime-picture", "Runtime: the whole picture (latency issue)", text, out,
+                "python benchmarks/runtime/picture.py" + "".join(f" {a}" for a in sys.argv[1:] if a != "--report-only"),
+                "runtime.jsonl", images=("sweep.png", "latency_cdf.png"))
     print(text)
 
 

@@ -25,14 +25,12 @@ message's bodies start a new chunk; the follower checks size and crc32c as alway
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import os
 import secrets as _secrets
 import select
 import socket
 import struct
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -41,7 +39,7 @@ import msgpack
 
 from .shipper import Delivery, Shipper
 from .source import Received
-from .tcp import _check_secret, _mac, _recv_exact, _recv_frame, _send_frame
+from .tcp import ShipServer, _check_secret, _recv_frame, _send_frame, connect
 from .wire import Ack, EditMsg, Hello, MarkMsg, ProtocolError, ReplicationError, Tip, decode, encode
 
 __all__ = ["RdmaServer", "RdmaSource", "check_device", "SYSFS"]
@@ -52,8 +50,6 @@ log = logging.getLogger("statestores.replica")
 SYSFS = "/sys/class/infiniband"
 _TCP = "use the tcp transport: statestores.replica.TcpServer/TcpSource"
 _MAGIC = b"SFRD"
-_VERSION = 1
-_NONCE = 32
 _CHUNK = struct.Struct("<II")
 _WINDOW = 64  # messages the shipper sends before it waits for acks
 _REGION = 8 << 20
@@ -196,52 +192,24 @@ def _pyverbs_error() -> type[BaseException]:
     return PyverbsError  # type: ignore[no-any-return]
 
 
-class RdmaServer:
+class RdmaServer(ShipServer):
     """Serves the shippers ``shippers`` names (a mapping, or a function name → Shipper or
     None) to followers that know ``secret``; bodies go by RDMA WRITE through ``device``
     (default: the first). ``port=0`` picks a free port (see ``address``)."""
+
+    MAGIC = _MAGIC
+    THREAD = "statestores-rdma"
 
     def __init__(self, shippers: Mapping[str, Shipper] | Callable[[str], Shipper | None], secret: bytes | str, *,
                  device: str | None = None, host: str = "127.0.0.1", port: int = 0, ib_port: int = 1,
                  gid_index: int = 0, handshake_timeout: float = 5.0, timeout: float = 30.0) -> None:
         self.device = check_device(device)  # before any socket: a clear error, not a half-started server
-        self._secret = _check_secret(secret)
-        self._lookup = shippers.get if isinstance(shippers, Mapping) else shippers
-        self.ib_port, self.gid_index = ib_port, gid_index
-        self.handshake_timeout, self.timeout = handshake_timeout, timeout
-        self._listener = socket.create_server((host, port))
-        self.address: tuple[str, int] = self._listener.getsockname()[:2]
-        self._closed = threading.Event()
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self.refused = 0
-        self._thread = threading.Thread(target=self._accept, name=f"statestores-rdma-{self.address[1]}", daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, _addr = self._listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                if self._closed.is_set():
-                    conn.close()
-                    return
-                self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), name="statestores-rdma-conn", daemon=True).start()
+        self.ib_port, self.gid_index, self.timeout = ib_port, gid_index, timeout
+        super().__init__(shippers, secret, host=host, port=port, handshake_timeout=handshake_timeout)
 
     def _handshake(self, conn: socket.socket) -> Hello | None:
-        conn.settimeout(self.handshake_timeout)
-        ns = _secrets.token_bytes(_NONCE)
-        conn.sendall(_MAGIC + bytes([_VERSION]) + ns)
-        answer = _recv_exact(conn, _NONCE + 32)
-        nc, mac = answer[:_NONCE], answer[_NONCE:]
-        if not hmac.compare_digest(mac, _mac(self._secret, b"follower", ns, nc)):
-            self.refused += 1
-            log.warning("refused an rdma follower from %s: wrong secret", conn.getpeername()[0])
+        if not self._prove(conn):
             return None
-        conn.sendall(_mac(self._secret, b"shipper", nc, ns))
         hello = decode(_recv(conn, b"W")[1])
         if not isinstance(hello, Hello):
             raise ProtocolError(f"expected a hello, got {type(hello).__name__}")
@@ -314,24 +282,6 @@ class RdmaServer:
             raise ProtocolError(f"expected a credit or an ack of a message sent, got {ack!r:.60}")
         state["unacked"] -= 1
 
-    def close(self) -> None:
-        """Stop accepting and end every connection."""
-        self._closed.set()
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        with self._lock:
-            conns = list(self._conns)
-        for c in conns:
-            with contextlib.suppress(OSError):
-                c.shutdown(socket.SHUT_RDWR)
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> RdmaServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"RdmaServer({self.address[0]}:{self.address[1]}, device={self.device!r})"
 
@@ -373,23 +323,7 @@ class RdmaSource:
         self._closed = False
 
     def _connect(self) -> socket.socket:
-        sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
-        try:
-            head = _recv_exact(sock, len(_MAGIC) + 1 + _NONCE)
-            if head[:4] != _MAGIC or head[4] != _VERSION:
-                raise ProtocolError(f"{self.host}:{self.port} is not an rdma replication server (version {_VERSION})")
-            ns, nc = head[5:], _secrets.token_bytes(_NONCE)
-            sock.sendall(nc + _mac(self._secret, b"follower", ns, nc))
-            try:
-                proof = _recv_exact(sock, 32)
-            except ConnectionError:
-                raise ConnectionError(f"{self.host}:{self.port} closed the connection in the handshake (is the secret right?)") from None
-            if not hmac.compare_digest(proof, _mac(self._secret, b"shipper", nc, ns)):
-                raise ConnectionError(f"{self.host}:{self.port} did not prove it knows the secret")
-        except BaseException:
-            sock.close()
-            raise
-        return sock
+        return connect(self.host, self.port, self._secret, _MAGIC, self.timeout)
 
     def open(self, hello: Hello) -> Iterator[Received | Tip]:
         if self._closed:

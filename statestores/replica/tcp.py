@@ -26,6 +26,7 @@ import struct
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
+from typing import Self
 
 from .shipper import Delivery, Shipper
 from .source import Received
@@ -41,7 +42,7 @@ from .wire import (
     encode,
 )
 
-__all__ = ["TcpServer", "TcpSource", "DEFAULT_WINDOW"]
+__all__ = ["TcpServer", "TcpSource", "ShipServer", "connect", "DEFAULT_WINDOW"]
 
 log = logging.getLogger("statestores.replica")
 
@@ -89,18 +90,17 @@ def _recv_frame(sock: socket.socket) -> bytes:
     return _recv_exact(sock, n)
 
 
-class TcpServer:
-    """Serves the shippers ``shippers`` names (a mapping, or a function name → Shipper or
-    None) to followers that know ``secret``. ``port=0`` picks a free port (see ``address``)."""
+class ShipServer:
+    """What every replication server shares: the listener, a thread per connection, the
+    proof of the cluster secret (``_prove``), ``close``. Subclasses serve a connection."""
+
+    MAGIC = _MAGIC
+    THREAD = "statestores-ship"
 
     def __init__(self, shippers: Mapping[str, Shipper] | Callable[[str], Shipper | None], secret: bytes | str, *,
-                 host: str = "127.0.0.1", port: int = 0, window_bytes: int = DEFAULT_WINDOW,
-                 handshake_timeout: float = 5.0) -> None:
+                 host: str, port: int, handshake_timeout: float) -> None:
         self._secret = _check_secret(secret)
-        if window_bytes < 1:
-            raise ValueError(f"window_bytes must be >= 1, got {window_bytes}")
         self._lookup = shippers.get if isinstance(shippers, Mapping) else shippers
-        self.window = window_bytes
         self.handshake_timeout = handshake_timeout
         self._listener = socket.create_server((host, port))
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
@@ -108,7 +108,7 @@ class TcpServer:
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self.refused = 0
-        self._thread = threading.Thread(target=self._accept, name=f"statestores-ship-{self.address[1]}", daemon=True)
+        self._thread = threading.Thread(target=self._accept, name=f"{self.THREAD}-{self.address[1]}", daemon=True)
         self._thread.start()
 
     def _accept(self) -> None:
@@ -122,19 +122,83 @@ class TcpServer:
                     conn.close()
                     return
                 self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), name="statestores-ship-conn", daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn,), name=f"{self.THREAD}-conn", daemon=True).start()
 
-    def _handshake(self, conn: socket.socket) -> Hello | None:
+    def _prove(self, conn: socket.socket) -> bool:
+        """The server's half of the handshake; False (and counted) if the peer lacks the secret."""
         conn.settimeout(self.handshake_timeout)
         ns = _secrets.token_bytes(_NONCE)
-        conn.sendall(_MAGIC + bytes([_VERSION]) + ns)
+        conn.sendall(self.MAGIC + bytes([_VERSION]) + ns)
         answer = _recv_exact(conn, _NONCE + 32)
         nc, mac = answer[:_NONCE], answer[_NONCE:]
         if not hmac.compare_digest(mac, _mac(self._secret, b"follower", ns, nc)):
             self.refused += 1
             log.warning("refused a follower from %s: wrong secret", conn.getpeername()[0])
-            return None
+            return False
         conn.sendall(_mac(self._secret, b"shipper", nc, ns))
+        return True
+
+    def _serve(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop accepting and end every connection."""
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone does not)
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(host: str, port: int, secret: bytes, magic: bytes, timeout: float) -> socket.socket:
+    """The follower's half of the handshake with a :class:`ShipServer` speaking ``magic``."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    try:
+        head = _recv_exact(sock, len(magic) + 1 + _NONCE)
+        if head[: len(magic)] != magic or head[len(magic)] != _VERSION:
+            raise ProtocolError(f"{host}:{port} is not a {magic.decode()} replication server (version {_VERSION})")
+        ns = head[len(magic) + 1:]
+        nc = _secrets.token_bytes(_NONCE)
+        sock.sendall(nc + _mac(secret, b"follower", ns, nc))
+        try:
+            proof = _recv_exact(sock, 32)
+        except ConnectionError:
+            raise ConnectionError(f"{host}:{port} closed the connection in the handshake (is the secret right?)") from None
+        if not hmac.compare_digest(proof, _mac(secret, b"shipper", nc, ns)):
+            raise ConnectionError(f"{host}:{port} did not prove it knows the secret")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class TcpServer(ShipServer):
+    """Serves the shippers ``shippers`` names (a mapping, or a function name → Shipper or
+    None) to followers that know ``secret``. ``port=0`` picks a free port (see ``address``)."""
+
+    def __init__(self, shippers: Mapping[str, Shipper] | Callable[[str], Shipper | None], secret: bytes | str, *,
+                 host: str = "127.0.0.1", port: int = 0, window_bytes: int = DEFAULT_WINDOW,
+                 handshake_timeout: float = 5.0) -> None:
+        if window_bytes < 1:
+            raise ValueError(f"window_bytes must be >= 1, got {window_bytes}")
+        self.window = window_bytes
+        super().__init__(shippers, secret, host=host, port=port, handshake_timeout=handshake_timeout)
+
+    def _handshake(self, conn: socket.socket) -> Hello | None:
+        if not self._prove(conn):
+            return None
         hello = decode(_recv_frame(conn))
         if not isinstance(hello, Hello):
             raise ProtocolError(f"expected a hello, got {type(hello).__name__}")
@@ -201,26 +265,6 @@ class TcpServer:
             block = False
         return freed
 
-    def close(self) -> None:
-        """Stop accepting and end every connection."""
-        self._closed.set()
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone does not)
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        with self._lock:
-            conns = list(self._conns)
-        for c in conns:
-            with contextlib.suppress(OSError):
-                c.shutdown(socket.SHUT_RDWR)
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> TcpServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"TcpServer({self.address[0]}:{self.address[1]})"
 
@@ -256,26 +300,7 @@ class TcpSource:
         self._closed = False
 
     def _connect(self) -> socket.socket:
-        sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
-        try:
-            head = _recv_exact(sock, len(_MAGIC) + 1 + _NONCE)
-            if head[:4] != _MAGIC or head[4] != _VERSION:
-                raise ProtocolError(f"{self.host}:{self.port} is not a replication server (version {_VERSION})")
-            ns = head[5:]
-            nc = _secrets.token_bytes(_NONCE)
-            sock.sendall(nc + _mac(self._secret, b"follower", ns, nc))
-            try:
-                proof = _recv_exact(sock, 32)
-            except ConnectionError:
-                raise ConnectionError(
-                    f"{self.host}:{self.port} closed the connection in the handshake (is the secret right?)"
-                ) from None
-            if not hmac.compare_digest(proof, _mac(self._secret, b"shipper", nc, ns)):
-                raise ConnectionError(f"{self.host}:{self.port} did not prove it knows the secret")
-        except BaseException:
-            sock.close()
-            raise
-        return sock
+        return connect(self.host, self.port, self._secret, _MAGIC, self.timeout)
 
     def open(self, hello: Hello) -> Iterator[Received | Tip]:
         if self._closed:
