@@ -46,11 +46,12 @@ def _wait_roles(s: Settings, want: list[tuple[str, int]], timeout: float) -> Non
         time.sleep(0.2)
 
 
-def _lose_machine(s: Settings, victims: list[tuple[int, int, str]]):  # type: ignore[no-untyped-def]
-    """A replacement for the chaos test's kill: delete a primary's data directory, SIGKILL it."""
+def _lose_machine(s: Settings, victims: list[tuple[int, int, str]], slot: int | None = None):  # type: ignore[no-untyped-def]
+    """A replacement for the chaos test's kill: delete a primary's (``slot``'s, or a random
+    one's) data directory, SIGKILL it."""
 
     def kill(_s: Settings, role: str, rnd: random.Random) -> int | None:
-        procs = [p for p in cluster.ps(s) if p.role == "worker" and p.alive]
+        procs = [p for p in cluster.ps(s) if p.role == "worker" and p.alive and slot in (None, p.index)]
         standbys = [p for p in cluster.ps(s) if p.role == "standby" and p.alive]
         if not procs or not standbys:
             return None
@@ -69,7 +70,12 @@ def _lose_machine(s: Settings, victims: list[tuple[int, int, str]]):  # type: ig
 
 
 @pytest.mark.timeout(600)
-def test_a_standby_takes_over_a_lost_machine_without_a_download(kafka, minio, tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("standby_dies_first", [False, True], ids=["standby", "replaced-standby"])
+def test_a_standby_takes_over_a_lost_machine_without_a_download(kafka, minio, tmp_path: Path, monkeypatch,
+                                                                standby_dies_first: bool) -> None:
+    """With ``standby_dies_first`` a standby is SIGKILLed before the load: the supervisor
+    restarts it, it stands by again and catches up from its primary, and it is the one
+    promoted when that primary's machine is lost."""
     s = Settings.load({
         "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}", "home": str(tmp_path),
         "store": "lsm", "partitions": PARTITIONS, "snapshot_interval": 1.0, "snapshot_retain": 2,
@@ -85,6 +91,14 @@ def test_a_standby_takes_over_a_lost_machine_without_a_download(kafka, minio, tm
     report: dict[str, object] = {"seed": SEED}
     try:
         _wait_roles(s, [("coordinator", 0), ("standby", 0), ("standby", 1), ("worker", 0), ("worker", 1)], 60)
+        if standby_dies_first:
+            (dead,) = [p for p in cluster.ps(s) if p.role == "standby" and p.index == 1]
+            os.kill(dead.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while not any(p.role == "standby" and p.index == 1 and p.alive and p.pid != dead.pid for p in cluster.ps(s)):
+                assert time.monotonic() < deadline, f"the killed standby was not replaced: {cluster.ps(s)}"
+                time.sleep(0.2)
+            monkeypatch.setattr(test_recovery, "_kill", _lose_machine(s, victims, slot=1))
         cs = cluster.cluster_settings(s)[1]
         asyncio.run(test_recovery._scenario(s, cs, random.Random(SEED), report, tmp_path / "replay"))
         assert len(victims) == 1, report
