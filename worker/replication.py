@@ -6,12 +6,15 @@ per partition store, named :func:`store_name`. Every flush and merge the store d
 shipped as it happens — the run files with their footers, the log files with their hints
 — and every completed snapshot's file list with it; a standby installs them and never
 merges (``worker.standby``). Shipping costs this worker a hard link per new file on the
-store's maintainer thread, and ``sendfile`` per follower.
+store's maintainer thread, and ``sendfile`` per follower. A round's report waits (at most
+:data:`MARK_WAIT`) until the standbys acknowledged the round's snapshot marks, so the
+round the coordinator promotes a standby to is one whose files the standby holds.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 from sfaas.settings import Settings
 from sfaas.state import PartitionStores
@@ -19,7 +22,11 @@ from statestores.replica import Shipper, TcpServer
 
 log = logging.getLogger("sfaas.worker.replication")
 
-__all__ = ["Shipping", "store_name"]
+__all__ = ["Shipping", "store_name", "MARK_WAIT"]
+
+#: Seconds a round's report waits for the standbys to hold the round (a standby that is
+#: slower only costs a download if it is promoted right then).
+MARK_WAIT = 2.0
 
 
 def store_name(operator: str, partition: int) -> str:
@@ -41,6 +48,18 @@ class Shipping:
             name = store_name(op, p)
             self._shippers[name] = Shipper(store, name=name)
         log.info("shipping %d stores to standbys on port %d", len(self._shippers), self.port)
+
+    def wait_marks(self, round_id: int, timeout: float = MARK_WAIT) -> bool:
+        """Wait until every store's standby (if one follows it) acknowledged round
+        ``round_id``'s snapshot mark, so a standby promoted after the round completes holds
+        all its files; False (logged) if one did not within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        for name, sh in list(self._shippers.items()):
+            if sh.followers and not sh.wait_acked(round_id, max(0.0, deadline - time.monotonic())):
+                log.warning("round %d: the standby of %s did not acknowledge its snapshot within %.1f s; "
+                            "a promotion now would download what it lacks", round_id, name, timeout)
+                return False
+        return True
 
     def close(self) -> None:
         """Stop serving standbys and drop the staged links (before the stores close)."""

@@ -279,7 +279,9 @@ class Worker:
         if self.shipping is not None:
             self.shipping.attach(stores)
         self.engine = Engine(self.app, assign.index, assign.n_workers, assign.partitions, stores, self)
-        self.rounds = RoundTaker(self.index, lambda m: self.coord.send(m))
+        shipping = self.shipping
+        held = (lambda r: asyncio.to_thread(shipping.wait_marks, r)) if shipping is not None else None
+        self.rounds = RoundTaker(self.index, lambda m: self.coord.send(m), held)
         self.loop = Participant(self.engine, Sequencer(assign.index), _request_of, s.max_batch,
                                 fallback=self.fallback_enabled)
         await self.reconnect_peers(assign.peers)

@@ -30,9 +30,12 @@ __all__ = ["RoundTaker"]
 class RoundTaker:
     """Takes this worker's part of each round; ``send`` delivers the report."""
 
-    def __init__(self, index: int, send: Callable[[wire.Message], None]) -> None:
+    def __init__(self, index: int, send: Callable[[wire.Message], None],
+                 held: Callable[[int], Awaitable[object]] | None = None) -> None:
         self.index = index
         self._send = send
+        #: awaited before a report: the standbys hold the round (``Shipping.wait_marks``)
+        self._held = held
         self._tasks: set[asyncio.Task[None]] = set()
         #: rounds this worker took part in, and how many failed
         self.taken = 0
@@ -80,6 +83,8 @@ class RoundTaker:
                 errors.append(f"{op}/p{p}: {type(exc).__name__}: {exc}")
                 continue
             cuts.append([op, p, info.bytes_uploaded, info.files_total, info.bytes_total])
+        if self._held is not None and not errors:
+            await self._held(round_id)
         self.taken += 1
         error = "; ".join(errors)[:2000]
         if error:

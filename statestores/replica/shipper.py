@@ -84,6 +84,8 @@ class Shipper:
         self._n = 0  # events so far
         self._mark: _Event | None = None  # the newest snapshot mark (its files stay staged)
         self._copy_warned = False
+        self._acked_mark = -1  # the newest snapshot mark a follower acknowledged installing
+        self.followers = 0  # streams open now
         #: This shipper's lineage: followers resume only a stream of the same origin.
         self.origin = uuid.uuid4().hex
         with store._lock:  # no edit between reading the version and subscribing
@@ -195,6 +197,8 @@ class Shipper:
         """
         have = set(hello.have_files)
         held: list[str] = []
+        with self._lock:
+            self.followers += 1
         try:
             with self._lock:
                 nxt = self._resume_point(hello)
@@ -238,6 +242,21 @@ class Shipper:
         finally:
             with self._lock:
                 self._release(held)
+                self.followers -= 1
+
+    def note_ack(self, mark: int) -> None:
+        """A follower installed snapshot mark ``mark`` (a transport calls this on its ack)."""
+        with self._lock:
+            if mark > self._acked_mark:
+                self._acked_mark = mark
+                self._cond.notify_all()
+
+    def wait_acked(self, snapshot_id: int, timeout: float) -> bool:
+        """Wait until a follower acknowledged the mark of ``snapshot_id`` (or a newer one):
+        True; False after ``timeout`` seconds or when the shipper closes."""
+        with self._lock:
+            self._cond.wait_for(lambda: self._acked_mark >= snapshot_id or self._closed, timeout)
+            return self._acked_mark >= snapshot_id
 
     def _next(self, n: int) -> _Event | None:
         return next((e for e in self._backlog if e.n >= n), None)

@@ -67,6 +67,8 @@ class LocalSource:
                     shutil.copyfile(paths[name], dst)
 
             yield Received(d.msg, fetch)
+            if isinstance(d.msg, MarkMsg):  # asked for the next: the mark is installed
+                self.shipper.note_ack(d.msg.snapshot_id)
 
     def close(self) -> None:
         self._closed = True

@@ -231,18 +231,18 @@ class TcpServer(ShipServer):
                 return
             if isinstance(d, Tip):
                 _send_frame(conn, encode(d))
-                pending -= self._read_acks(conn, inflight, block=False)
+                pending -= self._read_acks(conn, inflight, shipper, block=False)
                 continue
             size = _body_bytes(d)
             while inflight and pending + size > self.window:
-                pending -= self._read_acks(conn, inflight, block=True)
+                pending -= self._read_acks(conn, inflight, shipper, block=True)
             _send_frame(conn, encode(d.msg))
             _send_bodies(conn, d)
             inflight.append(size)
             pending += size
-            pending -= self._read_acks(conn, inflight, block=False)
+            pending -= self._read_acks(conn, inflight, shipper, block=False)
 
-    def _read_acks(self, conn: socket.socket, inflight: deque[int], *, block: bool) -> int:
+    def _read_acks(self, conn: socket.socket, inflight: deque[int], shipper: Shipper, *, block: bool) -> int:
         """Consume the acks that arrived (at least one if ``block``); the bytes they free."""
         freed = 0
         while inflight:
@@ -261,6 +261,7 @@ class TcpServer(ShipServer):
             ack = decode(_recv_frame(conn))
             if not isinstance(ack, Ack):
                 raise ProtocolError(f"expected an ack, got {type(ack).__name__}")
+            shipper.note_ack(ack.mark)
             freed += inflight.popleft()
             block = False
         return freed

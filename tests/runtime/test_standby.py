@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 
 from sfaas import cluster
+from sfaas.rounds import Rounds
 from sfaas.settings import Settings
-from sfaas.state import stores_root
+from sfaas.state import rounds_remote, stores_root
 from tests.conftest import TEST_BUCKET
 from tests.runtime import test_recovery
 from tests.runtime.test_recovery import PARTITIONS, SEED
@@ -46,11 +47,17 @@ def _wait_roles(s: Settings, want: list[tuple[str, int]], timeout: float) -> Non
         time.sleep(0.2)
 
 
-def _lose_machine(s: Settings, victims: list[tuple[int, int, str]], slot: int | None = None):  # type: ignore[no-untyped-def]
+def _lose_machine(s: Settings, victims: list[tuple[int, int, str]], slot: int | None = None,  # type: ignore[no-untyped-def]
+                  after_round: int = 0):
     """A replacement for the chaos test's kill: delete a primary's (``slot``'s, or a random
-    one's) data directory, SIGKILL it."""
+    one's) data directory, SIGKILL it — once round ``after_round`` is complete (before that
+    it returns None: the scenario asks again half a second later)."""
 
     def kill(_s: Settings, role: str, rnd: random.Random) -> int | None:
+        if after_round:
+            latest = Rounds(rounds_remote(s, "ledger")).latest()
+            if latest is None or latest.round < after_round:
+                return None
         procs = [p for p in cluster.ps(s) if p.role == "worker" and p.alive and slot in (None, p.index)]
         standbys = [p for p in cluster.ps(s) if p.role == "standby" and p.alive]
         if not procs or not standbys:
@@ -98,7 +105,11 @@ def test_a_standby_takes_over_a_lost_machine_without_a_download(kafka, minio, tm
             while not any(p.role == "standby" and p.index == 1 and p.alive and p.pid != dead.pid for p in cluster.ps(s)):
                 assert time.monotonic() < deadline, f"the killed standby was not replaced: {cluster.ps(s)}"
                 time.sleep(0.2)
-            monkeypatch.setattr(test_recovery, "_kill", _lose_machine(s, victims, slot=1))
+            # once it follows, every round's report waits for its acknowledgement: the machine
+            # is lost only after two more rounds completed under the load (so it holds the newest)
+            first = Rounds(rounds_remote(s, "ledger")).latest()
+            monkeypatch.setattr(test_recovery, "_kill",
+                                _lose_machine(s, victims, slot=1, after_round=(first.round if first else 0) + 2))
         cs = cluster.cluster_settings(s)[1]
         asyncio.run(test_recovery._scenario(s, cs, random.Random(SEED), report, tmp_path / "replay"))
         assert len(victims) == 1, report

@@ -454,3 +454,21 @@ def test_a_mark_lost_before_later_edits_is_sent_again(tmp_path: Path) -> None:
     store.close()
     shipper.close()
     db.close()
+
+
+def test_the_shipper_knows_when_a_follower_holds_a_snapshot(tmp_path: Path) -> None:
+    """What a primary waits for before it reports a round (worker.replication.wait_marks)."""
+    remote = remotes.PathRemote(tmp_path / "remote")
+    db = statestores.open("lsm", tmp_path / "primary", remote=remote, **TINY["lsm"])
+    with TcpServer({"primary": (shipper := Shipper(db, name="primary"))}, SECRET) as server:
+        _fill(db, 30)
+        db.snapshot(1)
+        assert shipper.followers == 0 and not shipper.wait_acked(1, 0.2), "no follower: nothing acknowledged"
+        f = statestores.follow("lsm", tmp_path / "replica", TcpSource(*server.address, "primary", SECRET))
+        assert shipper.wait_acked(1, 10), "the follower's ack of the mark reached the shipper"
+        assert shipper.followers == 1 and 1 in f.snapshots()
+        db.snapshot(2)
+        assert shipper.wait_acked(2, 10) and 2 in f.snapshots()
+        f.close()
+    shipper.close()
+    db.close()
