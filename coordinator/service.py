@@ -22,7 +22,7 @@ from typing import Any
 
 from sfaas import channels, wire
 from sfaas.errors import ChannelClosed, ClusterError
-from sfaas.kafka import ensure_topics
+from sfaas.kafka import consumer_group, ensure_topics
 from sfaas.settings import Settings
 from sfaas.state import rounds_remote, store_remote
 from sfaas.txn.epochs import execution_finished
@@ -92,7 +92,7 @@ class Coordinator:
         """Serve until stopped (cancelled); recover from every lost worker."""
         s = self.settings
         ingress, egress = s.topics(self.app_name)
-        self._assign_args = (ingress, egress, f"{s.namespace}.{self.app_name}.workers")
+        self._assign_args = (ingress, egress, consumer_group(s, self.app_name))
         topics = {ingress: s.partitions, egress: s.partitions}
         if s.snapshot_interval > 0:
             topics[s.epoch_log_topic(self.app_name)] = 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -13,7 +14,7 @@ from .errors import ClusterError
 
 log = logging.getLogger("sfaas.kafka")
 
-__all__ = ["ensure_topics", "make_producer", "make_consumer", "partition_count", "read_range"]
+__all__ = ["ensure_topics", "make_producer", "make_consumer", "consumer_group", "partition_count", "read_range"]
 
 
 async def ensure_topics(bootstrap: str, topics: dict[str, int]) -> dict[str, int]:
@@ -61,6 +62,11 @@ def make_producer(bootstrap: str, linger_ms: int = 0, *, durable: bool = False) 
         max_batch_size=1 << 20,
         request_timeout_ms=30000,
     )
+
+
+def consumer_group(settings: Any, app: str) -> str:
+    """The consumer group of ``app``'s workers (offsets of their ingress partitions)."""
+    return f"{settings.namespace}.{app}.workers"
 
 
 def make_consumer(bootstrap: str, group: str | None, fetch_wait_ms: int) -> AIOKafkaConsumer:

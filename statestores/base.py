@@ -120,6 +120,9 @@ class Store(abc.ABC):
         self._last_snapshot_id: int | None = None
         self._remote_files: dict[str, int] | None = None  # cache of remote.list_files()
         self._file_infos: dict[str, Any] | None = None  # name → FileInfo known without reading
+        #: name → (size, crc32c) of files checked against their crc when they arrived here
+        #: (a promoted replica's): a restore trusts them instead of reading them again
+        self._verified: dict[str, tuple[int, int]] = {}
         self.fs.makedirs(self.directory)
         self._lock_fd = self.fs.lock(os.path.join(self.directory, _LOCK_NAME))
         try:

@@ -275,7 +275,10 @@ def restore(store: Store, remote: Remote, snapshot_id: int | None) -> RestoreInf
         fs = store.fs
         for name, info in manifest.files.items():
             path = store._path(name)
-            if fs.exists(path) and file_crc(fs, path) == (info.size, info.crc):
+            if fs.exists(path) and (
+                (store._verified.get(name) == (info.size, info.crc) and fs.size(path) == info.size)
+                or file_crc(fs, path) == (info.size, info.crc)
+            ):
                 continue
             if name not in remote_files:
                 raise RemoteError(f"snapshot {snapshot_id} names file {name!r}, which the remote lacks")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from sfaas import wire
 from sfaas.errors import ChannelClosed, ClusterError
+from sfaas.kafka import consumer_group, make_consumer, make_producer
 from sfaas.state import PartitionStores
 
 if TYPE_CHECKING:
@@ -40,6 +41,10 @@ async def join(w: Worker, my_port: int) -> tuple[wire.Assign, PartitionStores | 
     if isinstance(assign, wire.Follow):
         from .standby import run_standby
 
+        # the Kafka clients take ~0.3 s to start: have them ready before a promotion needs them
+        w.producer = await start_kafka(w, lambda: make_producer(s.kafka, s.linger_ms, durable=True))
+        w.consumer_group = consumer_group(s, w.app.name)
+        w.consumer = await start_kafka(w, lambda: make_consumer(s.kafka, w.consumer_group, s.fetch_wait_ms))
         promoted, index = await run_standby(w, assign)
         w.coord.close()
         w.coord = await w._connect_retry(chost, cport)

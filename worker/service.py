@@ -92,6 +92,9 @@ class Worker:
         #: the channel to the coordinator (set by ``membership.join``)
         self.coord: channels.Channel
         self.shipping: Shipping | None = None
+        self.producer: Any = None  # Kafka clients, started once the slot is known (see run)
+        self.consumer: Any = None
+        self.consumer_group = ""  # the group ``consumer`` was started in
         #: the epoch loop's state (queue, batch, re-runs, counters); made once assigned
         self.loop: Participant[_Pending] | None = None
         self._calls: dict[int, asyncio.Future[Outcome]] = {}
@@ -285,8 +288,13 @@ class Worker:
         self.loop = Participant(self.engine, Sequencer(assign.index), _request_of, s.max_batch,
                                 fallback=self.fallback_enabled)
         await self.reconnect_peers(assign.peers)
-        self.producer = await membership.start_kafka(self, lambda: make_producer(s.kafka, s.linger_ms, durable=True))
-        self.consumer = await membership.start_kafka(self, lambda: make_consumer(s.kafka, assign.group, s.fetch_wait_ms))
+        if self.producer is None:  # a promoted standby started its clients while standing by
+            self.producer = await membership.start_kafka(self, lambda: make_producer(s.kafka, s.linger_ms, durable=True))
+        if self.consumer is None or self.consumer_group != assign.group:
+            if self.consumer is not None:
+                await self.consumer.stop()
+            self.consumer = await membership.start_kafka(self, lambda: make_consumer(s.kafka, assign.group, s.fetch_wait_ms))
+            self.consumer_group = assign.group
         tps = [TopicPartition(assign.ingress_topic, p) for p in mine]
         self.consumer.assign(tps)
         for tp in tps:

@@ -85,6 +85,7 @@ class Follower:
         self._closed = False
         self._stop = threading.Event()
         self._holds: Counter[str] = Counter()
+        self._checked: dict[str, tuple[int, int]] = {}  # name → (size, crc32c) verified on arrival
         self._counts: Counter[str] = Counter()
         self.last_error: BaseException | None = None
         self.fs.makedirs(self.directory)
@@ -157,6 +158,7 @@ class Follower:
         """(lock held) Delete those of ``names`` nothing needs any more."""
         need = self._needed()
         for n in names - need:
+            self._checked.pop(n, None)
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self._path(n))
 
@@ -267,6 +269,9 @@ class Follower:
             raise _Gap(f"{msg!r:.60} relies on {missing[:3]}, which this replica lacks")
         for p in parts:
             self.fs.rename(p, p[: -len(_PART)])
+        for f in files:
+            if f.body:
+                self._checked[f.entry.name] = (f.size, f.crc)
         with self._lock:
             before = set(self._needed())
             if isinstance(msg, EditMsg):
@@ -388,7 +393,9 @@ class Follower:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             os.rename(self.directory, target)
             log.info("replica %s moved to %s", self.directory, target)
-        return self.engine_cls(target, **{**self.options, **options})
+        store = self.engine_cls(target, **{**self.options, **options})
+        store._verified = {n: self._checked[n] for n in names if n in self._checked}
+        return store
 
     def _stop_following(self) -> None:
         self._stop.set()
