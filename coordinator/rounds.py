@@ -55,6 +55,9 @@ class RoundKeeper:
         self._loading: asyncio.Task[None] | None = None
         self._inflight: _InFlight | None = None
         self._publishing: asyncio.Task[None] | None = None
+        #: clear while a round's manifest is being written to MinIO
+        self._written = asyncio.Event()
+        self._written.set()
         self._next_at = time.monotonic() + interval
         self._txns_at_last = -1
         #: counters for logs, ``sfaas ps`` and tests
@@ -160,15 +163,18 @@ class RoundKeeper:
 
     async def _publish(self, manifest: RoundManifest) -> None:
         assert self._rounds is not None
+        self._written.clear()
         try:
             retained, dropped = await asyncio.to_thread(self._rounds.publish, manifest, self.retain)
         except Exception as exc:
             log.warning("publishing snapshot round %d failed: %s; the next interval retries", manifest.round, exc)
             self.failed += 1
             self._publishing = None
+            self._written.set()
             return
         self.completed += 1
         self.last_complete = manifest
+        self._written.set()
         log.info("snapshot round %d complete: epoch %d, %d stores, %d files, %.1f MB uploaded, "
                  "published %.2f s after its marker", manifest.round, manifest.epoch, len(manifest.stores),
                  manifest.files, manifest.bytes_uploaded / 1e6, manifest.created - manifest.started)
@@ -184,6 +190,15 @@ class RoundKeeper:
                         manifest.round, exc)
         finally:
             self._publishing = None
+
+    async def newest_complete(self, timeout: float = 5.0) -> int:
+        """The newest complete round (-1: none known), after a manifest being written now
+        has landed (what a recovery starting next will find in MinIO)."""
+        try:
+            await asyncio.wait_for(self._written.wait(), timeout)
+        except TimeoutError:
+            pass
+        return self.last_complete.round if self.last_complete is not None else -1
 
     async def close(self) -> None:
         for task in (self._loading, self._publishing):

@@ -11,6 +11,7 @@ does not take the slot first: that process becomes the slot's new standby instea
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ class Standbys:
         self.by_slot: dict[int, list[Standby]] = {}
         self._reserved: dict[int, tuple[str, float]] = {}  # slot → (standby name, until)
         self.promotions = 0
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def reserved_for(self, slot: int) -> str | None:
         """The standby a lost slot waits for, if its reservation has not run out."""
@@ -123,18 +125,25 @@ class Standbys:
             if sb.following is None:
                 continue  # never followed anything: it holds nothing
             self.by_slot[slot].remove(sb)
-            last = c.rounds.last_complete
-            rnd = last.round if last is not None else -1
-            try:
-                sb.channel.send(wire.Promote(slot, rnd))
-            except ChannelClosed:
-                continue
             self._reserved[slot] = (sb.name, time.monotonic() + RESERVE_SECONDS)
             self.promotions += 1
-            log.warning("promoting standby %s (pid %d) to worker %d at round %d", sb.name, sb.pid, slot, rnd)
+            task = asyncio.get_running_loop().create_task(self._promote(sb, slot), name=f"promote-{slot}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
             c.write_ready()
             return True
         return False
+
+    async def _promote(self, sb: Standby, slot: int) -> None:
+        """Send the promotion once a round being published has landed: the recovery that
+        follows rolls back to the round MinIO then has, which must be the one promoted to."""
+        rnd = await self.c.rounds.newest_complete()
+        try:
+            sb.channel.send(wire.Promote(slot, rnd))
+        except ChannelClosed:
+            log.warning("standby %s of worker %d is gone; not promoted", sb.name, slot)
+            return
+        log.warning("promoting standby %s (pid %d) to worker %d at round %d", sb.name, sb.pid, slot, rnd)
 
     def registered(self, slot: int, name: str) -> None:
         """A worker took ``slot``: a reservation it fulfilled ends."""
