@@ -37,7 +37,7 @@ from ..snapshots import file_crc
 from ..version import FileEntry, decode_entries, encode_entries, seq_of
 from .shipper import SHIPPED_KINDS
 from .source import Received, Source
-from .wire import EditMsg, Hello, ProtocolError, ReplicationError, Tip
+from .wire import EditMsg, Hello, ProtocolError, ReplicationError, Tip, files_of
 
 __all__ = ["Follower", "STATE_NAME"]
 
@@ -237,7 +237,7 @@ class Follower:
 
     def _apply(self, item: Received) -> None:
         msg = item.msg
-        files = msg.added if isinstance(msg, EditMsg) else msg.files
+        files = files_of(msg)
         allowed = SHIPPED_KINDS if isinstance(msg, EditMsg) else (*SHIPPED_KINDS, "wal")
         if any(f.entry.kind not in allowed for f in files):
             item.fetch(None)

@@ -64,7 +64,16 @@ from ..fs import FileSystem
 from . import wire
 from .shipper import Delivery, Shipper
 from .source import Received
-from .wire import MAX_MESSAGE_BYTES, EditMsg, Hello, MarkMsg, ProtocolError, ReplicationError, Tip
+from .wire import (
+    MAX_MESSAGE_BYTES,
+    EditMsg,
+    Hello,
+    MarkMsg,
+    ProtocolError,
+    ReplicationError,
+    Tip,
+    bodies_of,
+)
 
 __all__ = ["PathSink", "PathSource"]
 
@@ -138,11 +147,6 @@ class _AckRec:
 _FRESH = _AckRec("", 0, 0, -1, "")  # what a directory without an ack means
 
 
-def _bodies(msg: EditMsg | MarkMsg) -> list[tuple[str, int]]:
-    files = msg.added if isinstance(msg, EditMsg) else msg.files
-    return [(f.entry.name, f.size) for f in files if f.body]
-
-
 def _msg_path(directory: str, n: int) -> str:
     return os.path.join(directory, "edits", f"{n:020d}.msg")
 
@@ -160,7 +164,7 @@ def _read_msg(path: str) -> _Published | None:
     if not isinstance(msg, (EditMsg, MarkMsg)):
         raise ProtocolError(f"{path}: holds a {type(msg).__name__}, expected an edit or mark")
     where: dict[str, tuple[int, int]] = {}
-    for name, _size in _bodies(msg):
+    for name, _size in bodies_of(msg):
         at = slots.get(name)
         if not (isinstance(at, list) and len(at) == 2 and all(isinstance(v, int) and v >= 0 for v in at)):
             raise ProtocolError(f"{path}: body {name!r} needs a [slot, offset] of ints >= 0, got {at!r:.40}")
@@ -370,7 +374,7 @@ class PathSink:
     def _publish(self, d: Delivery) -> bool:
         """Bodies into free slots (several per slot if there are more bodies than free
         slots), then the message, published by its rename. False: the sink is closing."""
-        bodies = _bodies(d.msg)
+        bodies = bodies_of(d.msg)
         if not self._wait_room(bool(bodies)):
             return False
         free = self._free()[: len(bodies)]
@@ -489,7 +493,7 @@ class PathSource:
 
     def _fetch(self, pub: _Published, dests: dict[str, str] | None) -> None:
         """Copy each body the message flags from its slot to ``dests[name]``."""
-        for name, size in _bodies(pub.msg):
+        for name, size in bodies_of(pub.msg):
             if dests and name in dests:
                 slot, offset = pub.slots[name]
                 fd = os.open(dests[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -40,7 +40,18 @@ import msgpack
 from .shipper import Delivery, Shipper
 from .source import Received
 from .tcp import ShipServer, _check_secret, _recv_frame, _send_frame, connect
-from .wire import Ack, EditMsg, Hello, MarkMsg, ProtocolError, ReplicationError, Tip, decode, encode
+from .wire import (
+    Ack,
+    EditMsg,
+    Hello,
+    MarkMsg,
+    ProtocolError,
+    ReplicationError,
+    Tip,
+    bodies_of,
+    decode,
+    encode,
+)
 
 __all__ = ["RdmaServer", "RdmaSource", "check_device", "SYSFS"]
 
@@ -97,11 +108,6 @@ def _ints(body: bytes, n: int, what: str) -> list[Any]:
             isinstance(x, bool) or not isinstance(x, int) or x < 0 for i, x in enumerate(v) if i != 3):
         raise ProtocolError(f"{what} must be [qp_num, psn, lid, gid{', addr, rkey, length' if n == 7 else ''}], got {v!r:.80}")
     return v
-
-
-def _body_files(msg: EditMsg | MarkMsg) -> list[tuple[str, int]]:
-    files = msg.added if isinstance(msg, EditMsg) else msg.files
-    return [(f.entry.name, f.size) for f in files if f.body]
 
 
 class _Endpoint:
@@ -290,7 +296,7 @@ def _chunks(ep: _Endpoint, d: Delivery, half: int) -> Iterator[int]:
     """Fill the MR with the message's bodies in order; yield each full (or last) chunk's
     size. The caller writes it out before resuming, so the MR is free again."""
     pos = 0
-    for name, size in _body_files(d.msg):
+    for name, size in bodies_of(d.msg):
         with open(d.paths[name], "rb") as f:
             left = size
             while left:
@@ -383,7 +389,7 @@ def _receive(sock: socket.socket, ep: _Endpoint, region: int, msg: EditMsg | Mar
              dests: dict[str, str] | None) -> None:
     """Copy the message's bodies out of the region, chunk by chunk, returning each credit."""
     at = size = pos = 0
-    for name, left in _body_files(msg):
+    for name, left in bodies_of(msg):
         fd = os.open(dests[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if dests and name in dests else None
         try:
             while left:

@@ -15,6 +15,7 @@ stands in its ``Hello``, so the stream resumes there.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import hashlib
 import hmac
@@ -38,6 +39,7 @@ from .wire import (
     MarkMsg,
     ProtocolError,
     Tip,
+    bodies_of,
     decode,
     encode,
 )
@@ -90,7 +92,7 @@ def _recv_frame(sock: socket.socket) -> bytes:
     return _recv_exact(sock, n)
 
 
-class ShipServer:
+class ShipServer(abc.ABC):
     """What every replication server shares: the listener, a thread per connection, the
     proof of the cluster secret (``_prove``), ``close``. Subclasses serve a connection."""
 
@@ -138,8 +140,9 @@ class ShipServer:
         conn.sendall(_mac(self._secret, b"shipper", nc, ns))
         return True
 
+    @abc.abstractmethod
     def _serve(self, conn: socket.socket) -> None:
-        raise NotImplementedError
+        """Serve one follower's connection (the subclass's protocol), then close it."""
 
     def close(self) -> None:
         """Stop accepting and end every connection."""
@@ -270,17 +273,12 @@ class TcpServer(ShipServer):
         return f"TcpServer({self.address[0]}:{self.address[1]})"
 
 
-def _body_files(msg: EditMsg | MarkMsg) -> list[tuple[str, int]]:
-    files = msg.added if isinstance(msg, EditMsg) else msg.files
-    return [(f.entry.name, f.size) for f in files if f.body]
-
-
 def _body_bytes(d: Delivery) -> int:
-    return sum(size for _n, size in _body_files(d.msg))
+    return sum(size for _n, size in bodies_of(d.msg))
 
 
 def _send_bodies(conn: socket.socket, d: Delivery) -> None:
-    for name, size in _body_files(d.msg):
+    for name, size in bodies_of(d.msg):
         with open(d.paths[name], "rb") as f:
             if size:
                 sent = conn.sendfile(f, 0, size)
@@ -349,7 +347,7 @@ class TcpSource:
 def _receive_bodies(sock: socket.socket, msg: EditMsg | MarkMsg, dests: dict[str, str] | None) -> None:
     buf = bytearray(_CHUNK)
     view = memoryview(buf)
-    for name, size in _body_files(msg):
+    for name, size in bodies_of(msg):
         fd = os.open(dests[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if dests and name in dests else None
         try:
             left = size

@@ -30,6 +30,8 @@ __all__ = [
     "Message",
     "encode",
     "decode",
+    "files_of",
+    "bodies_of",
 ]
 
 #: Largest encoded message (a base edit of a store with ~100,000 files fits).
@@ -104,6 +106,16 @@ class Tip:
 
 
 Message = Hello | EditMsg | MarkMsg | Ack | Tip
+
+def files_of(msg: EditMsg | MarkMsg) -> tuple[ShippedFile, ...]:
+    """The files an edit adds or a mark names."""
+    return msg.added if isinstance(msg, EditMsg) else msg.files
+
+
+def bodies_of(msg: EditMsg | MarkMsg) -> list[tuple[str, int]]:
+    """``(name, size)`` of the bodies that follow ``msg``, in order."""
+    return [(f.entry.name, f.size) for f in files_of(msg) if f.body]
+
 
 _TAGS = {Hello: "hello", EditMsg: "edit", MarkMsg: "mark", Ack: "ack", Tip: "tip"}
 
