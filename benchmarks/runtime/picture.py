@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 import bench  # noqa: E402
+import report as runtime_report  # noqa: E402
 
 from benchmarks.readme import publish  # noqa: E402
 
@@ -174,12 +175,7 @@ def _plot_sweep(sweeps: dict[tuple, list[dict]], engines: list[str], out: Path) 
         if line.get_label() and not line.get_label().startswith("_"):
             handles.setdefault(line.get_label(), line)
     a1.legend(handles.values(), handles.keys(), fontsize=8)
-    a1.set_xlabel("offered TPS")
-    a1.set_ylabel("committed TPS")
-    a2.set_xlabel("offered TPS")
-    a2.set_ylabel("p99 latency (ms)")
-    a2.set_yscale("log")
-    a2.axhline(500, color="grey", ls="--", lw=0.8)
+    runtime_report.sweep_axes(a1, a2)
     fig.suptitle("YCSB-T 10K keys uniform, 2 workers, rounds every 1 s + epoch log (every repeat)")
     fig.tight_layout()
     fig.savefig(out / "sweep.png", dpi=100)

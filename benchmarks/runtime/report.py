@@ -10,8 +10,19 @@ import os
 import platform
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
+
+
+def sweep_axes(a1: Any, a2: Any) -> None:
+    """Label a sweep's two panels: committed TPS and p99 (log, the 500 ms line) vs offered TPS."""
+    a1.set_xlabel("offered TPS")
+    a1.set_ylabel("committed TPS")
+    a2.set_xlabel("offered TPS")
+    a2.set_ylabel("p99 latency (ms)")
+    a2.set_yscale("log")
+    a2.axhline(500, color="grey", ls="--", lw=0.8)
 
 
 def load(path: Path) -> list[dict]:
@@ -36,12 +47,7 @@ def plots(rows: list[dict]) -> list[str]:
             label = f"{store} {keys // 1000}K {dist}"
             a1.plot([p["offered_tps"] for p in pts], [p["committed_tps"] for p in pts], "o-", label=label)
             a2.plot([p["offered_tps"] for p in pts], [p["p99_ms"] for p in pts], "o-", label=label)
-        a1.set_xlabel("offered TPS")
-        a1.set_ylabel("committed TPS")
-        a2.set_xlabel("offered TPS")
-        a2.set_ylabel("p99 latency (ms)")
-        a2.set_yscale("log")
-        a2.axhline(500, color="grey", ls="--", lw=0.8)
+        sweep_axes(a1, a2)
         a1.legend(fontsize=7)
         fig.suptitle("YCSB-T, 2 workers, open loop: throughput and p99 vs offered load")
         fig.tight_layout()

@@ -117,6 +117,24 @@ OPS = st.lists(
 )
 
 
+def apply_op(db: statestores.Store, op: str, k: Any, v: Any, model: dict[bytes, bytes],
+             snaps: dict[int, dict[bytes, bytes]]) -> None:
+    """One step of a history on ``db`` and on its ``model``; snapshots are numbered 1, 2, …
+    and ``snaps`` keeps the model at each."""
+    if op == "put":
+        db[k] = v
+        model[k] = v
+    elif op == "del":
+        db.delete(k)
+        model.pop(k, None)
+    elif op == "flush":
+        db.flush()
+    else:
+        sid = len(snaps) + 1
+        db.snapshot(sid)
+        snaps[sid] = dict(model)
+
+
 def _run_history(engine: str, ops: list[tuple[str, Any, Any]], schedule: list[str], tmp: Path,
                  source_for: Any = None, chaos: Any = None) -> statestores.replica.Follower:
     """Run ``ops`` on a primary followed through ``source_for(shipper)`` (default: a
@@ -129,25 +147,12 @@ def _run_history(engine: str, ops: list[tuple[str, Any, Any]], schedule: list[st
     try:
         model: dict[bytes, bytes] = {}
         snaps: dict[int, dict[bytes, bytes]] = {}
-        sid = 0
         for op, k, v in ops:
-            if op == "put":
-                db[k] = v
-                model[k] = v
-            elif op == "del":
-                db.delete(k)
-                model.pop(k, None)
-            elif op == "flush":
-                db.flush()
-            else:
-                sid += 1
-                db.snapshot(sid)
-                snaps[sid] = dict(model)
+            apply_op(db, op, k, v, model, snaps)
             if chaos is not None:
                 chaos()
-        sid += 1
-        db.snapshot(sid)
-        snaps[sid] = dict(model)
+        apply_op(db, "snap", None, None, model, snaps)
+        sid = len(snaps)
         db.settle()
         seq = db.version()[0]
         follower.wait(seq=seq, snapshot_id=sid, timeout=30)

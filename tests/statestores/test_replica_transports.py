@@ -25,7 +25,7 @@ from statestores.replica import ReplicationError, Shipper, rdma
 from statestores.replica.path import PathSink, PathSource
 
 from .engines import TINY
-from .test_replica import SECRET, _immutable, _run_history
+from .test_replica import SECRET, _immutable, _run_history, apply_op
 
 HAS_RDMA = os.path.isdir("/sys/class/infiniband") and bool(os.listdir("/sys/class/infiniband"))
 
@@ -128,21 +128,11 @@ def test_path_follower_closed_reopened_and_restored_from_an_older_copy_converges
     sink = PathSink(shipper, tmp_path / "shared", slots=3)
     f = _follow(engine, tmp_path, shipper.name)
     model: dict[bytes, bytes] = {}
-    sid = 0
+    snaps: dict[int, dict[bytes, bytes]] = {}
     try:
         for phase in range(3):
             for op, k, v in _ops(seed, seed.randrange(40, 120)):
-                if op == "put":
-                    db[k] = v
-                    model[k] = v
-                elif op == "del":
-                    db.delete(k)
-                    model.pop(k, None)
-                elif op == "flush":
-                    db.flush()
-                else:
-                    sid += 1
-                    db.snapshot(sid)
+                apply_op(db, op, k, v, model, snaps)
             f.close()
             if phase == 0:
                 shutil.copytree(tmp_path / "replica", tmp_path / "older")
@@ -150,8 +140,8 @@ def test_path_follower_closed_reopened_and_restored_from_an_older_copy_converges
                 shutil.rmtree(tmp_path / "replica")
                 shutil.copytree(tmp_path / "older", tmp_path / "replica")
             f = _follow(engine, tmp_path, shipper.name)
-        sid += 1
-        db.snapshot(sid)
+        apply_op(db, "snap", None, None, model, snaps)
+        sid = len(snaps)
         db.settle()
         f.wait(seq=db.version()[0], snapshot_id=sid, timeout=30)
         with f.hold() as (_seq, files):
