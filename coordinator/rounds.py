@@ -70,20 +70,21 @@ class RoundKeeper:
         return self.interval > 0
 
     # -- starting ----------------------------------------------------------------------------
-    def marker(self, epoch: int, txns: int) -> int | None:
+    def marker(self, epoch: int, txns: int, force: bool = False) -> int | None:
         """The round id to put on epoch ``epoch``'s Commit, or None. ``txns``: transactions
-        run so far (no round is taken when nothing happened since the last one)."""
+        run so far (no round is taken when nothing happened since the last one).
+        ``force``: a round now if none is in flight (a rescale switches at one)."""
         if not self.enabled:
             return None
         now = time.monotonic()
         self._expire(now)
-        if self._inflight is not None or self._publishing is not None or now < self._next_at:
+        if self._inflight is not None or self._publishing is not None or (now < self._next_at and not force):
             return None
         if self._next_id is None:
             if self._loading is None:
                 self._loading = asyncio.get_running_loop().create_task(self._load())
             return None
-        if txns == self._txns_at_last:
+        if txns == self._txns_at_last and not force:
             self._next_at = now + self.interval
             return None
         self._txns_at_last = txns
@@ -199,6 +200,20 @@ class RoundKeeper:
         except TimeoutError:
             pass
         return self.last_complete.round if self.last_complete is not None else -1
+
+    async def wait_published(self, round_id: int, timeout: float = 60.0) -> RoundManifest | None:
+        """Round ``round_id``'s manifest once published; None if the round failed (or took
+        longer than ``timeout`` seconds)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done = self.last_complete
+            if done is not None and done.round >= round_id:
+                return done if done.round == round_id else None
+            f = self._inflight
+            if (f is None or f.round != round_id) and self._publishing is None:
+                return None  # failed (a completed one would be last_complete)
+            await asyncio.sleep(0.002)
+        return None
 
     async def close(self) -> None:
         for task in (self._loading, self._publishing):

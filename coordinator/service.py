@@ -23,6 +23,7 @@ from typing import Any
 from sfaas import channels, wire
 from sfaas.errors import ChannelClosed, ClusterError
 from sfaas.kafka import consumer_group, ensure_topics
+from sfaas.partitioning import default_owners
 from sfaas.settings import Settings
 from sfaas.state import rounds_remote, store_remote
 from sfaas.txn.epochs import execution_finished
@@ -30,6 +31,7 @@ from sfaas.txn.loop import merge_votes
 from sfaas.wire import Message
 
 from .recovery import recover
+from .rescale import Rescaler
 from .rounds import RoundKeeper
 from .standbys import Standbys
 
@@ -86,6 +88,9 @@ class Coordinator:
         self._phases = [0.0, 0.0, 0.0, 0]
         self.stats: dict[str, Any] = {"epochs": 0, "txns": 0, "conflicts": 0}
         self.standbys = Standbys(self)
+        self.rescale = Rescaler(self)
+        #: the partition map: ``owners[p]`` is the index of the worker owning partition ``p``
+        self.owners: list[int] = []
         self._bound: tuple[str, int] | None = None
 
     async def run(self, ready: asyncio.Future[tuple[str, int]] | None = None) -> None:
@@ -109,6 +114,7 @@ class Coordinator:
         self.partitions = counts[ingress]
         if self.partitions < s.workers:
             raise ClusterError(f"topic {ingress} has {self.partitions} partitions < {s.workers} workers")
+        self.owners = default_owners(self.partitions, s.workers)
         app = self.app_name
         self.rounds = RoundKeeper(
             s.snapshot_interval, s.snapshot_retain, s.workers, self.partitions,
@@ -158,7 +164,7 @@ class Coordinator:
                 watchdog.cancel()
                 await self.rounds.close()
         finally:
-            for m in self.members:
+            for m in self.members + self.rescale.joiners:
                 try:
                     m.channel.send(wire.Stop("coordinator stopping"))
                     await asyncio.wait_for(m.channel.drain(), 1.0)
@@ -193,17 +199,23 @@ class Coordinator:
     async def _on_worker(self, chan: channels.Channel) -> None:
         msgs = await chan.recv()
         reg = msgs[0] if msgs else None
+        if isinstance(reg, wire.Scale):
+            await self.rescale.request(reg, chan)
+            return
         if not isinstance(reg, wire.Register):
             log.warning("peer %s did not register; dropping", chan.peer)
             return
-        slot = self.standbys.slot_for(reg)
+        slot = None if self._joins(reg) else self.standbys.slot_for(reg)
         if slot is not None:
             await self._stand_by(reg, chan, slot)
             return
         # a lost slot waiting for its promoted standby is not for anyone else
         dead = [m for m in self.members
                 if not m.alive and self.standbys.reserved_for(m.index) in (None, reg.name)]
-        if not self._all_joined.is_set():
+        if self._joins(reg) and not dead:
+            member = _Member(-1, reg.name, reg.host, reg.port, reg.pid, chan, repl_port=reg.repl_port)
+            self.rescale.add_joiner(member)
+        elif not self._all_joined.is_set():
             # a worker that held a slot before (this coordinator restarted) gets it back
             free = sorted(set(range(self.settings.workers)) - {m.index for m in self.members})
             index = reg.index if reg.index in free else free[0]
@@ -243,6 +255,8 @@ class Coordinator:
                         member.committed = msg.committed
                     elif isinstance(msg, wire.Snapshotted):
                         self.rounds.on_report(msg)
+                    elif isinstance(msg, (wire.Shipped, wire.Following, wire.Released)):
+                        self.rescale.on_message(msg)
                     elif isinstance(msg, wire.Ready):
                         member.ready.set()
                         self._changed.set()
@@ -266,14 +280,35 @@ class Coordinator:
         finally:
             await consumer.stop()
 
+    def _joins(self, reg: wire.Register) -> bool:
+        """Does ``reg`` join for a scale-up (instead of taking or standing by for a slot)?"""
+        return self._all_joined.is_set() and reg.index < 0 and reg.standby_of < 0 and self.rescale.wants_joiner()
+
     def _assign(self, m: _Member) -> None:
         peers = [[x.host, x.port] for x in self.members]
-        m.channel.send(wire.Assign(m.index, len(self.members), peers, self.partitions, *self._assign_args))
+        m.channel.send(wire.Assign(m.index, len(self.members), peers, self.partitions, *self._assign_args,
+                                   list(self.owners)))
+
+    def wake(self) -> None:
+        """Begin an epoch soon even if no worker has work (an idle cluster must reach the
+        epoch boundary a rescale switches at)."""
+        self._wakeup.set()
+
+    def force_recovery(self, why: str) -> None:
+        """Stop the epochs and recover although no worker was lost."""
+        log.warning("recovering: %s", why)
+        self.rounds.abort(why)
+        self._inbox.put_nowait(Lost())
+        self._loss.set()
 
     def lose(self, m: _Member, why: str) -> None:
         """Worker ``m`` is gone: stop the epochs and recover (see ``coordinator.recovery``)."""
+        if m in self.rescale.joiners:
+            self.rescale.lost(m)
+            return
         if not m.alive:
             return
+        self.rescale.abandon(f"worker {m.index} lost")
         m.alive = False
         m.ready.clear()
         m.channel.close()
@@ -342,10 +377,14 @@ class Coordinator:
             idle = pending == 0 and not conflicts and not self._wakeup.is_set()
             self.stats["epochs"] += 1
             self.stats["txns"] += sum(r.roots for r in reports)
-            marker = self.rounds.marker(epoch, self.stats["txns"])
+            switch = self.rescale.due()
+            marker = self.rounds.marker(epoch, self.stats["txns"], force=switch)
             self._broadcast(wire.Commit(epoch, [[t, b] for t, b in conflicts.items()],
                                         [[t, e, r] for t, (e, r) in aborts.items()], idle, marker))
             self.stats["conflicts"] += len(conflicts)
+            if switch and marker is not None:
+                await self.rescale.switch(marker)  # no epoch begins until the new membership runs
+                idle = False
 
     async def _watchdog(self) -> None:
         timeout = self.settings.heartbeat_timeout

@@ -29,7 +29,7 @@ from .settings import Settings
 
 log = logging.getLogger("sfaas.cluster")
 
-__all__ = ["ProcessInfo", "up", "ps", "down", "state_dir", "cluster_settings", "supervisor_pid"]
+__all__ = ["ProcessInfo", "up", "ps", "down", "scale", "state_dir", "cluster_settings", "supervisor_pid"]
 
 
 @dataclass
@@ -180,6 +180,65 @@ def ps(settings: Settings) -> list[ProcessInfo]:
         out.append(proc)
     order = {"coordinator": 0, "worker": 1, "standby": 2}
     return sorted(out, key=lambda p: (order.get(p.role, 3), p.index))
+
+
+def scale(settings: Settings, workers: int, timeout: float = 600.0) -> str:
+    """Rescale the local cluster to ``workers`` workers; returns the coordinator's summary.
+
+    The supervisor starts the missing worker processes (a scale-up); the coordinator moves
+    partitions by shipping their stores and switches at an epoch boundary
+    (``coordinator.rescale``), retiring surplus workers (a scale-down). Epochs go on
+    meanwhile; they pause only for the switch.
+    """
+    import asyncio
+
+    from . import channels, wire
+
+    if workers < 1:
+        raise ClusterError(f"workers must be >= 1, got {workers}")
+    info, s = cluster_settings(settings)
+    sup = supervisor_pid(settings)
+    if sup is None:
+        raise ClusterError(f"the local cluster's supervisor is not running (state in {state_dir(settings)})")
+    standbys = int(info.get("standbys", 0))
+    sd = state_dir(settings)
+
+    def tell_supervisor() -> None:
+        (sd / "workers.tmp").write_text(str(workers * (1 + standbys)))
+        os.replace(sd / "workers.tmp", sd / "workers")
+        _signal(sup, signal.SIGHUP)
+
+    async def ask() -> wire.Scaled:
+        host, port = s.coordinator_address()
+        chan = await channels.connect(host, port, s.shared_secret())
+        try:
+            chan.send(wire.Scale(workers))
+            msgs = await asyncio.wait_for(chan.recv(), timeout)
+        finally:
+            chan.close()
+        if not msgs or not isinstance(msgs[0], wire.Scaled):
+            raise ClusterError(f"unexpected answer from the coordinator: {msgs!r:.200}")
+        return msgs[0]
+
+    # refused at once (bad input) before any process starts: ask first, start after
+    answer: dict[str, wire.Scaled] = {}
+
+    async def run() -> None:
+        task = asyncio.create_task(ask())
+        await asyncio.sleep(0.2)
+        if not task.done():
+            tell_supervisor()  # it starts the joining processes
+        answer["a"] = await task
+
+    try:
+        asyncio.run(run())
+    except (OSError, TimeoutError) as exc:
+        raise ClusterError(f"rescaling to {workers} workers: {type(exc).__name__}: {exc}") from None
+    a = answer["a"]
+    if not a.ok:
+        raise ClusterError(f"rescale to {workers} workers refused: {a.detail}")
+    tell_supervisor()  # (after a scale-down: the count it keeps)
+    return a.detail
 
 
 def supervisor_pid(settings: Settings) -> int | None:

@@ -10,6 +10,11 @@ first (which stops the workers cleanly), then whatever is left, and exits.
 
 The workers of a cluster take their index from the coordinator, so a restarted worker
 simply registers again and takes the slot of the lost one (``coordinator.recovery``).
+
+Rescaling (``sfaas scale``): on SIGHUP the supervisor reads the wanted number of worker
+processes from ``workers`` in its state directory and starts the missing ones (they join
+the cluster); a worker a scale-down retired exits with ``EXIT_RETIRED`` and is not
+restarted.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .errors import EXIT_RETIRED
 
 log = logging.getLogger("sfaas.supervisor")
 
@@ -50,6 +57,7 @@ class Child:
     exits: deque[float] = field(default_factory=deque)
     next_start: float = 0.0
     backoff: float = 0.2
+    retired: bool = False
     proc: subprocess.Popen[bytes] | None = None
 
     def public(self) -> dict[str, Any]:
@@ -92,6 +100,10 @@ class Supervisor:
                 changed = True
                 if self.stopping:
                     continue
+                if code == EXIT_RETIRED and c.role == "worker":
+                    log.info("worker %d (pid %d) retired by a rescale; not restarted", c.index, c.pid)
+                    c.retired = True
+                    continue
                 c.exits.append(now)
                 while c.exits and now - c.exits[0] > CRASH_WINDOW:
                     c.exits.popleft()
@@ -112,7 +124,23 @@ class Supervisor:
                 changed = True
             if c.alive and c.exits and now - c.exits[-1] > CRASH_WINDOW:
                 c.backoff = 0.2  # healthy for a while: a later crash restarts quickly again
+        self.children = [c for c in self.children if not c.retired]
         return changed
+
+    def scale(self) -> None:
+        """Start worker processes up to the number in ``workers`` (written by ``sfaas scale``)."""
+        try:
+            want = int((self.state_dir / "workers").read_text())
+        except (FileNotFoundError, ValueError) as exc:
+            log.warning("SIGHUP without a readable 'workers' file (%s); ignored", exc)
+            return
+        have = [c for c in self.children if c.role == "worker"]
+        top = max((c.index for c in have), default=-1)
+        for i in range(top + 1, top + 1 + max(0, want - len(have))):
+            c = Child("worker", i, ["worker", "--name", f"worker-{i}"], str(self.state_dir / f"worker-{i}.log"))
+            self.children.append(c)
+            self._start(c)
+        self.write()
 
     def stop(self) -> None:
         self.stopping = True
@@ -147,17 +175,26 @@ def supervise(state_dir: str, workers: int) -> int:
                  for i in range(workers)]
     sup = Supervisor(sd, info, children)
     stop = False
+    rescale = False
 
     def on_term(signum: int, frame: Any) -> None:
         nonlocal stop
         stop = True
 
+    def on_hup(signum: int, frame: Any) -> None:
+        nonlocal rescale
+        rescale = True
+
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    signal.signal(signal.SIGHUP, on_hup)
     for c in children:
         sup._start(c)
     sup.write()
     while not stop:
+        if rescale:
+            rescale = False
+            sup.scale()
         if sup.poll():
             sup.write()
         time.sleep(0.1)
