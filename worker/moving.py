@@ -152,7 +152,7 @@ class Moving:
         w = self.w
         s, app = w.settings, w.app
         stores: dict[StoreKey, statestores.Store] = {}
-        received = downloaded = 0
+        received = downloaded = held_bytes = 0
         try:
             for (op, p), fol in list(self.followers.items()):
                 received += fol.stats()["bytes_received"]
@@ -162,6 +162,7 @@ class Moving:
                 del self.followers[(op, p)]
                 store.remote = store_remote(s, app.name, op, p)
                 stores[(op, p)] = store
+                held_bytes += sum(os.path.getsize(os.path.join(store.directory, e.name)) for e in store.version()[1])
                 if round_id not in held:  # it fell behind: the round's files from MinIO
                     log.warning("the replica of %s/p%d lacks round %d (holds %s): restoring it", op, p, round_id,
                                 held, extra={"worker": index})
@@ -172,10 +173,11 @@ class Moving:
             raise
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
-        self.last = {"stores": len(stores), "bytes_received": received, "bytes_downloaded": downloaded}
+        self.last = {"stores": len(stores), "bytes_received": received, "bytes_downloaded": downloaded,
+                     "bytes_held": held_bytes}
         if stores:
-            log.info("took over %d stores at round %d: %.1f MB shipped, %.1f MB downloaded", len(stores), round_id,
-                 received / 1e6, downloaded / 1e6, extra={"worker": index})
+            log.info("took over %d stores at round %d: %d bytes shipped, %d bytes in their files, %d bytes downloaded",
+                     len(stores), round_id, received, held_bytes, downloaded, extra={"worker": index})
         return PartitionStores(stores, partitions)
 
     async def reassign(self, msg: wire.Reassign) -> None:
