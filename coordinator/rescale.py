@@ -63,6 +63,9 @@ class _Plan:
     #: partitions that move: p → (old index, new index)
     moves: dict[int, tuple[int, int]]
     prepared: bool = False
+    #: set once the switch's round is published: the new map and membership are in force
+    adopted: bool = False
+    old: list[_Member] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     phases: dict[str, float] = field(default_factory=dict)
 
@@ -141,6 +144,16 @@ class Rescaler:
         if self._prepare is not None:
             self._prepare.cancel()
             self._prepare = None
+        if self._plan is not None and self._plan.adopted:
+            # interrupted after the switch's round: the new map stands (a recovery under it
+            # follows); the leaving workers go now, freeing their stores
+            for m in self._plan.old[self._plan.target:]:
+                self._retire(m)
+            log.warning("rescale to %d workers interrupted after its round (%s); recovering under the new map",
+                        self._plan.target, why)
+            self._plan = None
+            if self.target == len(self.c.members):
+                self._finish(f"{self.target} workers (after a recovery)")
         if self._plan is not None:
             log.warning("rescale to %d workers interrupted (%s); starting over later", self._plan.target, why)
             self._plan = None
@@ -228,6 +241,35 @@ class Rescaler:
                     plan.target, plan.phases["follow"])
         c.wake()
 
+    def arm(self, round_id: int) -> None:
+        """Round ``round_id`` is the switch's: its manifest names the new map, and its
+        publication puts the map and the membership in force (:meth:`_adopt`)."""
+        plan = self._plan
+        assert plan is not None
+        self.c.rounds.switch_at[round_id] = (list(plan.owners), plan.target, lambda: self._adopt(plan))
+
+    def _adopt(self, plan: _Plan) -> None:
+        """(on the event loop, when the switch's round is published) The new map and
+        membership are the cluster's: a recovery from here on restores under them."""
+        c = self.c
+        plan.old = list(c.members)
+        c.owners = list(plan.owners)
+        c.rounds.owners = list(plan.owners)
+        c.rounds.workers = plan.target
+        for m in plan.old[plan.target:]:
+            m.alive = False  # not a loss: it leaves
+        for i, m in enumerate(plan.members):
+            m.index = i
+        c.members = list(plan.members)
+        self.joiners = [j for j in self.joiners if j not in plan.members]
+        plan.adopted = True
+
+    def _retire(self, m: _Member) -> None:
+        try:
+            m.channel.send(wire.Stop(f"retired: the cluster scaled to {len(self.c.members)} workers"))
+        except ChannelClosed:
+            pass
+
     async def switch(self, round_id: int) -> None:
         """Step 4, from the epoch loop after the Commit carrying ``round_id``'s marker: no
         epoch begins until this returns."""
@@ -235,29 +277,20 @@ class Rescaler:
         assert plan is not None
         t0 = time.monotonic()
         manifest = await c.rounds.wait_published(round_id)
-        if manifest is None:
+        if manifest is None or not plan.adopted:
             log.warning("rescale: round %d did not complete; switching at a later round", round_id)
             return
         t_round = time.monotonic()
         try:
-            old = list(c.members)
+            old = plan.old
             while not self._inbox.empty():
                 self._inbox.get_nowait()
-            # from here on the new map is the cluster's: a recovery restores under it
-            c.owners = list(plan.owners)
-            c.rounds.workers = plan.target
-            for m in old:
+            for m in old:  # (the old indices: only joiners were renumbered)
                 m.channel.send(wire.Release(round_id, c.owners))
-            await self._expect(wire.Released, {m.index for m in old}, "releasing")
+            await self._expect(wire.Released, {i for i in range(len(old))}, "releasing")
             t_release = time.monotonic()
             for m in old[plan.target:]:
-                m.alive = False  # not a loss: it leaves
-                m.channel.send(wire.Stop(f"retired: the cluster scaled to {plan.target} workers"))
-            joiners = plan.members[len(old):] if plan.target > len(old) else []
-            for i, m in enumerate(plan.members):
-                m.index = i
-            c.members = list(plan.members)
-            self.joiners = [j for j in self.joiners if j not in joiners]
+                self._retire(m)
             peers = [[m.host, m.port] for m in c.members]
             for m in c.members:
                 m.ready.clear()

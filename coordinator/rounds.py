@@ -64,6 +64,10 @@ class RoundKeeper:
         self.completed = 0
         self.failed = 0
         self.last_complete: RoundManifest | None = None
+        #: the partition map epochs after a round run under (see ``RoundManifest.owners``)
+        self.owners: list[int] = []
+        #: a rescale's round: round id → (new map, new worker count, called once published)
+        self.switch_at: dict[int, tuple[list[int], int, Callable[[], None]]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -123,6 +127,7 @@ class RoundKeeper:
     def _fail(self, why: str) -> None:
         assert self._inflight is not None
         log.warning("snapshot round %d failed: %s; the next interval retries", self._inflight.round, why)
+        self.switch_at.pop(self._inflight.round, None)
         self.failed += 1
         self._inflight = None
 
@@ -158,9 +163,10 @@ class RoundKeeper:
         # an egress partition some worker did not report has no safe scan start: omit it
         egress = {p: o for p, o in egress.items() if all(p in r.egress for r in f.reports.values())}
         stores.sort(key=lambda s: (s.operator, s.partition))
-        return RoundManifest(f.round, f.epoch, self.workers, self.partitions, tuple(stores), ingress, skip, egress,
+        owners, workers, _ = self.switch_at.get(f.round, (self.owners, self.workers, None))
+        return RoundManifest(f.round, f.epoch, workers, self.partitions, tuple(stores), ingress, skip, egress,
                              tuple(sorted(retries)), min(r.epoch_log for r in f.reports.values()),
-                             started=f.started)
+                             started=f.started, owners=tuple(owners))
 
     async def _publish(self, manifest: RoundManifest) -> None:
         assert self._rounds is not None
@@ -169,12 +175,16 @@ class RoundKeeper:
             retained, dropped = await asyncio.to_thread(self._rounds.publish, manifest, self.retain)
         except Exception as exc:
             log.warning("publishing snapshot round %d failed: %s; the next interval retries", manifest.round, exc)
+            self.switch_at.pop(manifest.round, None)
             self.failed += 1
             self._publishing = None
             self._written.set()
             return
         self.completed += 1
         self.last_complete = manifest
+        switch = self.switch_at.pop(manifest.round, None)
+        if switch is not None:  # the round names the new map: it is in force from now on
+            switch[2]()
         self._written.set()
         log.info("snapshot round %d complete: epoch %d, %d stores, %d files, %.1f MB uploaded, "
                  "published %.2f s after its marker", manifest.round, manifest.epoch, len(manifest.stores),

@@ -24,6 +24,7 @@ from sfaas import channels, wire
 from sfaas.errors import ChannelClosed, ClusterError
 from sfaas.kafka import consumer_group, ensure_topics
 from sfaas.partitioning import default_owners
+from sfaas.rounds import Rounds
 from sfaas.settings import Settings
 from sfaas.state import rounds_remote, store_remote
 from sfaas.txn.epochs import execution_finished
@@ -114,17 +115,22 @@ class Coordinator:
         self.partitions = counts[ingress]
         if self.partitions < s.workers:
             raise ClusterError(f"topic {ingress} has {self.partitions} partitions < {s.workers} workers")
+        self.n_workers = s.workers
         self.owners = default_owners(self.partitions, s.workers)
+        resumed = s.snapshot_interval > 0 and await self._epoch_log_used()
+        if resumed:
+            await self._resume_map()
         app = self.app_name
         self.rounds = RoundKeeper(
-            s.snapshot_interval, s.snapshot_retain, s.workers, self.partitions,
+            s.snapshot_interval, s.snapshot_retain, self.n_workers, self.partitions,
             lambda: rounds_remote(s, app), lambda op, p: store_remote(s, app, op, p),
         )
+        self.rounds.owners = list(self.owners)
         host, port = s.coordinator_address()
         server = await channels.serve(host, port, self.secret, self._on_worker)
         bound = server.sockets[0].getsockname()
         log.info("coordinator of app %s listening on %s:%d, waiting for %d workers",
-                 self.app_name, bound[0], bound[1], s.workers)
+                 self.app_name, bound[0], bound[1], self.n_workers)
         if ready is not None and not ready.done():
             ready.set_result((bound[0], bound[1]))
         try:
@@ -141,7 +147,7 @@ class Coordinator:
             watchdog = asyncio.create_task(self._watchdog())
             idle = True
             try:
-                if s.snapshot_interval > 0 and await self._epoch_log_used():
+                if resumed:
                     # a restarted coordinator: every worker rolls back to the newest round
                     # and the epoch log after it is replayed (with an empty log nothing ever
                     # ran here, so a new cluster starts at once, even while MinIO is down)
@@ -217,13 +223,13 @@ class Coordinator:
             self.rescale.add_joiner(member)
         elif not self._all_joined.is_set():
             # a worker that held a slot before (this coordinator restarted) gets it back
-            free = sorted(set(range(self.settings.workers)) - {m.index for m in self.members})
+            free = sorted(set(range(self.n_workers)) - {m.index for m in self.members})
             index = reg.index if reg.index in free else free[0]
             member = _Member(index, reg.name, reg.host, reg.port, reg.pid, chan, repl_port=reg.repl_port)
             self.members.append(member)
             log.info("worker %s (pid %d) registered as %d at %s:%d",
                      reg.name, reg.pid, member.index, reg.host, reg.port)
-            if len(self.members) == self.settings.workers:
+            if len(self.members) == self.n_workers:
                 self.members.sort(key=lambda m: m.index)
                 self._all_joined.set()
         elif dead:
@@ -268,6 +274,30 @@ class Coordinator:
             if member.channel is chan:
                 self.lose(member, "its channel closed")
             raise
+
+    async def _resume_map(self) -> None:
+        """A restarted coordinator: the membership size and partition map of the newest
+        round (a rescale may have changed them since the cluster started)."""
+        deadline = time.monotonic() + 120.0
+        while True:
+            try:
+                latest = await asyncio.to_thread(Rounds(rounds_remote(self.settings, self.app_name)).latest)
+                break
+            except Exception as exc:  # MinIO down: the recovery that follows needs it anyway
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("cannot read the snapshot rounds (%s); retrying", exc)
+                await asyncio.sleep(1.0)
+        if latest is None or not latest.owners:
+            return
+        if len(latest.owners) != self.partitions:
+            log.warning("round %d's partition map has %d partitions, the topic %d: using round robin",
+                        latest.round, len(latest.owners), self.partitions)
+            return
+        self.n_workers, self.owners = latest.workers, list(latest.owners)
+        if self.n_workers != self.settings.workers:
+            log.warning("round %d was taken with %d workers (a rescale); waiting for %d, not %d (settings)",
+                        latest.round, self.n_workers, self.n_workers, self.settings.workers)
 
     async def _epoch_log_used(self) -> bool:
         from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -379,6 +409,8 @@ class Coordinator:
             self.stats["txns"] += sum(r.roots for r in reports)
             switch = self.rescale.due()
             marker = self.rounds.marker(epoch, self.stats["txns"], force=switch)
+            if switch and marker is not None:
+                self.rescale.arm(marker)
             self._broadcast(wire.Commit(epoch, [[t, b] for t, b in conflicts.items()],
                                         [[t, e, r] for t, (e, r) in aborts.items()], idle, marker))
             self.stats["conflicts"] += len(conflicts)

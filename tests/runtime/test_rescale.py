@@ -113,3 +113,58 @@ def test_rescale_two_three_two_under_load_loses_and_duplicates_nothing(kafka, mi
         raise
     finally:
         cluster.down(s)
+
+
+@pytest.mark.timeout(600)
+def test_a_coordinator_restarted_after_a_rescale_keeps_the_new_size_and_map(kafka, minio, tmp_path: Path,
+                                                                         monkeypatch: Any) -> None:
+    """The coordinator is SIGKILLed after a 2 → 3 rescale: restarted by the supervisor, it
+    takes the membership size and partition map from the newest round (which names them),
+    the three workers rejoin, and the chaos invariants hold across both."""
+    s = Settings.load({
+        "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}", "home": str(tmp_path),
+        "store": "lsm", "partitions": PARTITIONS, "snapshot_interval": 1.0, "snapshot_retain": 2,
+        "minio": minio.minio_endpoint, "minio_access_key": minio.minio_access_key,
+        "minio_secret_key": minio.minio_secret_key, "bucket": TEST_BUCKET,
+    })
+    done: list[tuple[int, str]] = []
+    errors: list[BaseException] = []
+    scale = _rescaler(s, [3], done, errors)
+    kill = test_recovery._kill
+
+    def act(_s: Settings, role: str, rnd: random.Random) -> int | None:
+        if role == "worker":
+            return scale(_s, role, rnd)
+        if not done:
+            return None  # the coordinator dies once the rescale finished
+        return kill(_s, role, rnd)
+
+    monkeypatch.setattr(test_recovery, "_kill", act)
+    monkeypatch.setattr(test_recovery, "KILLS", 1)
+    monkeypatch.setattr(test_recovery, "COORDINATOR_KILLS", 1)
+    monkeypatch.setattr(test_recovery, "SECONDS", 16.0)
+    cluster.up(s, APP, 2, timeout=90)
+    report: dict[str, object] = {"seed": SEED}
+    try:
+        cs = cluster.cluster_settings(s)[1]
+        asyncio.run(test_recovery._scenario(s, cs, random.Random(SEED), report, tmp_path / "replay",
+                                            lambda: _maps(s)))
+        assert not errors, errors
+        assert [w for w, _ in done] == [3], (done, report)
+        assert [k[1] for k in report["killed"]] == ["worker", "coordinator"], report  # type: ignore[index]
+        coord_log = (cluster.state_dir(s) / "coordinator.log").read_text()
+        assert re.search(r"was taken with 3 workers \(a rescale\); waiting for 3", coord_log), coord_log[-3000:]
+        procs = cluster.ps(s)
+        workers = sorted(p.index for p in procs if p.role == "worker" and p.alive)
+        assert workers == [0, 1, 2], procs
+        assert not any(p.gave_up for p in procs), procs
+        print(f"rescale + coordinator restart report: {report}")
+    except BaseException:
+        sd = cluster.state_dir(s)
+        tails = "\n".join(f"--- {f.name}\n" + "\n".join(
+            line for line in f.read_text().splitlines() if " aiokafka" not in line)[-6000:]
+            for f in sorted(sd.glob("*.log")))
+        print(f"rescale test (seed {SEED}) failed; report {report}\n{tails}")
+        raise
+    finally:
+        cluster.down(s)
