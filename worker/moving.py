@@ -153,6 +153,7 @@ class Moving:
         s, app = w.settings, w.app
         stores: dict[StoreKey, statestores.Store] = {}
         received = downloaded = held_bytes = 0
+        t0 = time.monotonic()
         try:
             for (op, p), fol in list(self.followers.items()):
                 received += fol.stats()["bytes_received"]
@@ -176,8 +177,9 @@ class Moving:
         self.last = {"stores": len(stores), "bytes_received": received, "bytes_downloaded": downloaded,
                      "bytes_held": held_bytes}
         if stores:
-            log.info("took over %d stores at round %d: %d bytes shipped, %d bytes in their files, %d bytes downloaded",
-                     len(stores), round_id, received, held_bytes, downloaded, extra={"worker": index})
+            log.info("took over %d stores at round %d: %d bytes shipped, %d bytes in their files, %d bytes downloaded "
+                     "(%.3f s)", len(stores), round_id, received, held_bytes, downloaded, time.monotonic() - t0,
+                     extra={"worker": index})
         return PartitionStores(stores, partitions)
 
     async def reassign(self, msg: wire.Reassign) -> None:

@@ -93,7 +93,8 @@ def test_rescale_two_three_two_under_load_loses_and_duplicates_nothing(kafka, mi
         report["switches"] = switches
         # the moved stores came from the shipped files: nothing downloaded at any takeover
         takeovers = [m for f in cluster.state_dir(s).glob("worker-*.log")
-                     for m in re.findall(r"took over (\d+) stores at round \d+: (\d+) bytes shipped, \d+ bytes in their files, (\d+) bytes downloaded",
+                     for m in re.findall(r"took over (\d+) stores at round \d+: (\d+) bytes shipped, \d+ bytes in their files, "
+                                         r"(\d+) bytes downloaded",
                                          f.read_text())]
         assert len(takeovers) == 2 and all(int(d) == 0 for _n, _s, d in takeovers), takeovers
         report["takeovers"] = takeovers
