@@ -15,6 +15,7 @@ import asyncio
 import random
 import re
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -30,28 +31,23 @@ from tests.runtime.test_recovery import PARTITIONS, SEED
 APP = "tests.runtime.apps.ledger:app"
 
 
-def _rescaler(s: Settings, steps: list[int], done: list[tuple[int, str]], errors: list[BaseException]):  # type: ignore[no-untyped-def]
-    """A replacement for the chaos test's kill: each scheduled fault starts the next rescale
-    (in a thread: ``cluster.scale`` waits for the coordinator); None while one still runs."""
-    running: list[threading.Thread] = []
+def _rescales(s: Settings, steps: list[int], done: list[tuple[int, str]], errors: list[BaseException],
+              start: float = 3.0, pause: float = 3.0) -> threading.Thread:
+    """Rescale to each of ``steps`` in turn while the load runs: ``start`` seconds in, then
+    ``pause`` seconds after each rescale finished (``cluster.scale`` waits for the coordinator)."""
 
-    def act(_s: Settings, _role: str, _rnd: random.Random) -> int | None:
-        if running and running[-1].is_alive() or not steps:
-            return None
-        workers = steps.pop(0)
-
-        def go() -> None:
-            try:
+    def go() -> None:
+        try:
+            time.sleep(start)
+            for workers in steps:
                 done.append((workers, cluster.scale(s, workers, timeout=120)))
-            except BaseException as exc:  # reported by the test
-                errors.append(exc)
+                time.sleep(pause)
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
 
-        t = threading.Thread(target=go, name=f"scale-{workers}", daemon=True)
-        running.append(t)
-        t.start()
-        return workers
-
-    return act
+    t = threading.Thread(target=go, name="rescales", daemon=True)
+    t.start()
+    return t
 
 
 def _maps(s: Settings) -> list[tuple[int, list[int]]]:
@@ -72,16 +68,17 @@ def test_rescale_two_three_two_under_load_loses_and_duplicates_nothing(kafka, mi
     })
     done: list[tuple[int, str]] = []
     errors: list[BaseException] = []
-    monkeypatch.setattr(test_recovery, "_kill", _rescaler(s, [3, 2], done, errors))
-    monkeypatch.setattr(test_recovery, "KILLS", 2)
+    monkeypatch.setattr(test_recovery, "KILLS", 0)
     monkeypatch.setattr(test_recovery, "COORDINATOR_KILLS", 0)
     monkeypatch.setattr(test_recovery, "SECONDS", 16.0)
     cluster.up(s, APP, 2, timeout=90)
     report: dict[str, object] = {"seed": SEED}
     try:
         cs = cluster.cluster_settings(s)[1]
+        rescales = _rescales(s, [3, 2], done, errors)
         asyncio.run(test_recovery._scenario(s, cs, random.Random(SEED), report, tmp_path / "replay",
                                             lambda: _maps(s)))
+        rescales.join(120)
         assert not errors, errors
         assert [w for w, _ in done] == [3, 2], (done, report)
         report["rescales"] = done
@@ -130,29 +127,26 @@ def test_a_coordinator_restarted_after_a_rescale_keeps_the_new_size_and_map(kafk
     })
     done: list[tuple[int, str]] = []
     errors: list[BaseException] = []
-    scale = _rescaler(s, [3], done, errors)
     kill = test_recovery._kill
 
     def act(_s: Settings, role: str, rnd: random.Random) -> int | None:
-        if role == "worker":
-            return scale(_s, role, rnd)
-        if not done:
-            return None  # the coordinator dies once the rescale finished
-        return kill(_s, role, rnd)
+        return kill(_s, role, rnd) if done else None  # the coordinator dies once the rescale finished
 
     monkeypatch.setattr(test_recovery, "_kill", act)
-    monkeypatch.setattr(test_recovery, "KILLS", 1)
+    monkeypatch.setattr(test_recovery, "KILLS", 0)
     monkeypatch.setattr(test_recovery, "COORDINATOR_KILLS", 1)
     monkeypatch.setattr(test_recovery, "SECONDS", 16.0)
     cluster.up(s, APP, 2, timeout=90)
     report: dict[str, object] = {"seed": SEED}
     try:
         cs = cluster.cluster_settings(s)[1]
+        rescales = _rescales(s, [3], done, errors, start=2.0)
         asyncio.run(test_recovery._scenario(s, cs, random.Random(SEED), report, tmp_path / "replay",
                                             lambda: _maps(s)))
+        rescales.join(120)
         assert not errors, errors
         assert [w for w, _ in done] == [3], (done, report)
-        assert [k[1] for k in report["killed"]] == ["worker", "coordinator"], report  # type: ignore[index]
+        assert [k[1] for k in report["killed"]] == ["coordinator"], report  # type: ignore[index]
         coord_log = (cluster.state_dir(s) / "coordinator.log").read_text()
         assert re.search(r"was taken with 3 workers \(a rescale\); waiting for 3", coord_log), coord_log[-3000:]
         procs = cluster.ps(s)
