@@ -2,7 +2,7 @@
 
 A service that already runs (``sfaas services up``, or another test session) is reused.
 One this session had to start is stopped at the end, unless another session still uses
-it (see :func:`sfaas.services.using`). A service that cannot start FAILS the tests that
+it (see :func:`sfaas.cli.services.using`). A service that cannot start FAILS the tests that
 need it, with the log tail; nothing is skipped.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from remotes.minio import MinioRemote
-from sfaas import services
-from sfaas.services import Endpoints, ServiceError
+from sfaas.cli import services
+from sfaas.cli.services import Endpoints, ServiceError
 
 TEST_BUCKET = "sfaas-tests"
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sfaas.cli import _parser
+from sfaas.cli.commands import _parser
 from sfaas.settings import Settings
 
 COMPOSE = Path(__file__).resolve().parents[1] / "docker-compose.yml"

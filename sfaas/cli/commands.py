@@ -14,8 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import SfaasError, TransactionAborted
-from .settings import Settings
+from ..errors import SfaasError, TransactionAborted
+from ..settings import Settings
 
 __all__ = ["main"]
 
@@ -191,7 +191,7 @@ def _dispatch(ns: argparse.Namespace) -> int:
         _setup_logging(s.log_level)
         from coordinator.service import run_coordinator
 
-        from .app import load_app
+        from ..app import load_app
 
         app = load_app(s.app)
         return _run_service(lambda: run_coordinator(s, app.name))
@@ -201,7 +201,7 @@ def _dispatch(ns: argparse.Namespace) -> int:
         _setup_logging(s.log_level)
         from worker.service import run_worker
 
-        from .app import load_app
+        from ..app import load_app
 
         app = load_app(s.app)
         return _run_service(lambda: run_worker(s, app, ns.name))
@@ -254,8 +254,8 @@ def _dispatch(ns: argparse.Namespace) -> int:
 
 
 def _call(ns: argparse.Namespace) -> int:
+    from ..client import Client
     from . import cluster
-    from .client import Client
 
     s = _settings(ns, "kafka", "namespace", "log_level")
     app_name = ns.app_name
@@ -275,9 +275,9 @@ def _call(ns: argparse.Namespace) -> int:
 def _snapshots(ns: argparse.Namespace) -> int:
     import time
 
+    from ..rounds import Rounds
+    from ..state import rounds_remote
     from . import cluster
-    from .rounds import Rounds
-    from .state import rounds_remote
 
     s = _settings(ns, "kafka", "namespace", "log_level")
     app_name = ns.app_name

@@ -26,10 +26,10 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ..client import Client
+from ..settings import Settings
 from . import cluster, services
-from .client import Client
 from .loadgen import run_open_loop
-from .settings import Settings
 
 log = logging.getLogger("sfaas.demo")
 
@@ -83,8 +83,8 @@ async def _egress_duplicates(cs: Settings, rids: list[str]) -> tuple[int, int]:
     """``(request ids answered more than once, request ids never answered)`` in the egress topic."""
     from aiokafka import TopicPartition
 
-    from .kafka import read_range
-    from .wire import Reply
+    from ..kafka import read_range
+    from ..wire import Reply
 
     topic = cs.topics("bank")[1]
     raw = await read_range(cs.kafka, {TopicPartition(topic, p): 0 for p in range(cs.partitions)})
@@ -147,8 +147,8 @@ async def _load(s0: Settings, s: Settings, seconds: float, rate: float, accounts
 
 
 def _rounds(s: Settings) -> str:
-    from .rounds import Rounds
-    from .state import rounds_remote
+    from ..rounds import Rounds
+    from ..state import rounds_remote
 
     try:
         r = Rounds(rounds_remote(s, "bank"))

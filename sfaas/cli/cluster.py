@@ -1,6 +1,6 @@
 """A local cluster as background processes: ``sfaas up`` / ``ps`` / ``down``.
 
-``up`` starts one supervisor process (``sfaas.supervisor``), which starts the coordinator
+``up`` starts one supervisor process (``sfaas.cli.supervisor``), which starts the coordinator
 and the workers and restarts any that die. State lives in
 ``$SFAAS_HOME/cluster/<namespace>/``: ``cluster.json`` (app, the supervisor, roles, pids,
 restarts, addresses, log files; rewritten by the supervisor) and ``secret`` (the generated
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .app import load_app
-from .errors import ClusterError
-from .settings import Settings
+from ..app import load_app
+from ..errors import ClusterError
+from ..settings import Settings
 
 log = logging.getLogger("sfaas.cluster")
 
@@ -73,7 +73,7 @@ def _alive(pid: int) -> bool:
 
 
 def _repo_root() -> str:
-    return str(Path(__file__).resolve().parent.parent)
+    return str(Path(__file__).resolve().parents[2])
 
 
 def _spawn(args: list[str], env: dict[str, str], logfile: Path) -> int:
