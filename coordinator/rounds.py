@@ -12,6 +12,7 @@ logged and the next interval tries again; epochs never wait for a round.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Callable
@@ -23,8 +24,10 @@ from sfaas.rounds import RoundManifest, Rounds, StoreCut, collect_garbage
 
 log = logging.getLogger("sfaas.coordinator.rounds")
 
-__all__ = ["RoundKeeper", "ROUND_TIMEOUT"]
+__all__ = ["RoundKeeper", "ROUND_TIMEOUT", "HISTORY"]
 
+#: Complete rounds and failures remembered for the status page (and between two scrapes).
+HISTORY = 100
 #: A round not complete after this many seconds (or 10 intervals, if longer) has failed.
 ROUND_TIMEOUT = 60.0
 
@@ -64,6 +67,9 @@ class RoundKeeper:
         self.completed = 0
         self.failed = 0
         self.last_complete: RoundManifest | None = None
+        #: the newest complete rounds and failures ``(time, round, why)``, for the status page and metrics
+        self.history: collections.deque[RoundManifest] = collections.deque(maxlen=HISTORY)
+        self.failures: collections.deque[tuple[float, int, str]] = collections.deque(maxlen=HISTORY)
 
     @property
     def enabled(self) -> bool:
@@ -123,6 +129,7 @@ class RoundKeeper:
         assert self._inflight is not None
         log.warning("snapshot round %d failed: %s; the next interval retries", self._inflight.round, why)
         self.failed += 1
+        self.failures.append((time.time(), self._inflight.round, why))
         self._inflight = None
 
     # -- reports ---------------------------------------------------------------------------
@@ -169,11 +176,13 @@ class RoundKeeper:
         except Exception as exc:
             log.warning("publishing snapshot round %d failed: %s; the next interval retries", manifest.round, exc)
             self.failed += 1
+            self.failures.append((time.time(), manifest.round, f"publishing failed: {exc}"))
             self._publishing = None
             self._written.set()
             return
         self.completed += 1
         self.last_complete = manifest
+        self.history.append(manifest)
         self._written.set()
         log.info("snapshot round %d complete: epoch %d, %d stores, %d files, %.1f MB uploaded, "
                  "published %.2f s after its marker", manifest.round, manifest.epoch, len(manifest.stores),

@@ -29,7 +29,7 @@ from ..settings import Settings
 
 log = logging.getLogger("sfaas.cluster")
 
-__all__ = ["ProcessInfo", "up", "ps", "down", "state_dir", "cluster_settings", "supervisor_pid"]
+__all__ = ["ProcessInfo", "up", "ps", "down", "state_dir", "cluster_settings", "supervisor_pid", "status_url"]
 
 
 @dataclass
@@ -46,6 +46,8 @@ class ProcessInfo:
     restarts: int = 0
     #: why the supervisor stopped restarting it (empty: it did not)
     gave_up: str = ""
+    #: its Prometheus endpoint (empty: metrics off); the coordinator's status page is at ``/``
+    metrics: str = ""
 
 
 def state_dir(settings: Settings) -> Path:
@@ -102,9 +104,28 @@ def cluster_settings(settings: Settings) -> tuple[dict[str, Any], Settings]:
     return info, s
 
 
-def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, standbys: int = 0) -> list[ProcessInfo]:
+def _metrics_ports(base: int | None, n: int, host: str) -> list[int]:
+    """Ports of the ``n`` processes' metrics: ``base``, ``base + 1``, …; free ones when
+    ``base`` is None; none when 0."""
+    if base is None:
+        return [_free_port(host) for _ in range(n)]
+    if base == 0:
+        return []
+    if not 0 < base <= 65536 - n:
+        raise ClusterError(f"--metrics-port (SFAAS_METRICS_PORT) must leave room for {n} ports below 65536, "
+                           f"got {base}")
+    return list(range(base, base + n))
+
+
+def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, standbys: int = 0,
+       metrics_port: int | None = None) -> list[ProcessInfo]:
     """Start a coordinator and ``workers`` workers for ``app_spec``, plus ``standbys``
-    standby workers per worker; wait until epochs run."""
+    standby workers per worker; wait until epochs run.
+
+    ``metrics_port``: the coordinator serves ``/metrics`` and the status page there, each
+    worker process on the next port (in supervisor order); None: on free ports; 0: off.
+    ``ps`` reports each process's URL.
+    """
     if standbys < 0:
         raise ClusterError(f"standbys must be >= 0 (standby workers per worker), got {standbys}")
     if standbys and not settings.snapshot_interval:
@@ -129,10 +150,12 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, s
         "SFAAS_SECRET": secret, "SFAAS_COORDINATOR": coord, "SFAAS_WORKERS": str(workers),
         "SFAAS_STANDBYS": str(standbys),
         "SFAAS_APP": app_spec, "SFAAS_READY_FILE": str(ready), "SFAAS_PORT": "0",
+        "SFAAS_METRICS_PORT": "0",  # each child gets its own port as a flag (see supervisor)
         "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), _repo_root(), env.get("PYTHONPATH", "")])),
     })
     info = {"app": app.name, "app_spec": app_spec, "namespace": settings.namespace,
-            "kafka": settings.kafka, "coordinator": coord, "processes": []}
+            "kafka": settings.kafka, "coordinator": coord, "worker_host": settings.host, "processes": [],
+            "metrics_ports": _metrics_ports(metrics_port, 1 + workers * (1 + standbys), settings.host)}
     (sd / "cluster.json").write_text(json.dumps(info, indent=2))
     sup = _spawn(["supervise", "--state-dir", str(sd), "--workers", str(workers * (1 + standbys))], env,
                  sd / "supervisor.log")
@@ -172,7 +195,7 @@ def ps(settings: Settings) -> list[ProcessInfo]:
     for p in info.get("processes", []):
         proc = ProcessInfo(p["role"], p["pid"], info.get("coordinator", "") if p["role"] == "coordinator" else "",
                            p["log"], index=p.get("index", 0), restarts=p.get("restarts", 0),
-                           gave_up=p.get("gave_up", ""))
+                           gave_up=p.get("gave_up", ""), metrics=p.get("metrics", ""))
         proc.address = proc.address or addresses.get(proc.pid, "")
         if proc.role == "worker" and proc.pid in slots:
             proc.role, proc.index = slots[proc.pid]
@@ -180,6 +203,22 @@ def ps(settings: Settings) -> list[ProcessInfo]:
         out.append(proc)
     order = {"coordinator": 0, "worker": 1, "standby": 2}
     return sorted(out, key=lambda p: (order.get(p.role, 3), p.index))
+
+
+def status_url(settings: Settings, required: bool = False) -> str:
+    """The URL of the running cluster's status page (served by its coordinator); empty
+    (or, if ``required``, :class:`ClusterError`) when there is none."""
+    coords = [p for p in ps(settings) if p.role == "coordinator"]
+    if not coords:
+        if required:
+            raise ClusterError(f"no local cluster in {state_dir(settings)} (start one with 'sfaas up MODULE:APP')")
+        return ""
+    if not coords[0].metrics:
+        if required:
+            raise ClusterError("the local cluster runs without metrics ('sfaas up --metrics-port 0'): "
+                               "the status page is served on the coordinator's metrics port")
+        return ""
+    return coords[0].metrics.removesuffix("metrics")
 
 
 def supervisor_pid(settings: Settings) -> int | None:

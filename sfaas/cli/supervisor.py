@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..metrics import local_url
+
 log = logging.getLogger("sfaas.supervisor")
 
 __all__ = ["supervise", "MAX_CRASHES", "CRASH_WINDOW"]
@@ -51,9 +53,11 @@ class Child:
     next_start: float = 0.0
     backoff: float = 0.2
     proc: subprocess.Popen[bytes] | None = None
+    #: its ``/metrics`` URL (empty: off)
+    metrics: str = ""
 
     def public(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("role", "index", "pid", "log", "restarts", "alive", "gave_up")}
+        return {k: getattr(self, k) for k in ("role", "index", "pid", "log", "restarts", "alive", "gave_up", "metrics")}
 
 
 class Supervisor:
@@ -145,6 +149,11 @@ def supervise(state_dir: str, workers: int) -> int:
     children = [Child("coordinator", 0, ["coordinator"], str(sd / "coordinator.log"))]
     children += [Child("worker", i, ["worker", "--name", f"worker-{i}"], str(sd / f"worker-{i}.log"))
                  for i in range(workers)]
+    ports = info.get("metrics_ports") or []
+    hosts = [str(info.get("coordinator", "")).rpartition(":")[0]] + [info.get("worker_host", "127.0.0.1")] * workers
+    for c, port, host in zip(children, ports, hosts, strict=False):  # each its own port, kept across restarts
+        c.args += ["--metrics-port", str(port)]
+        c.metrics = local_url(host, port, "/metrics")
     sup = Supervisor(sd, info, children)
     stop = False
 
