@@ -247,22 +247,23 @@ class CoordinatorMetrics:
         yield h
         yield CounterMetricFamily("sfaas_snapshot_uploaded_bytes", "Bytes the stores uploaded for published rounds",
                                   value=self.uploaded_bytes_total)
-        last = rounds.last_complete
-        if last is None:
-            return
+        last = rounds.last_complete  # (before the first round the gauges have no sample)
         for name, value, doc in (
-            ("sfaas_snapshot_last_round", last.round, "Id of the newest complete round"),
-            ("sfaas_snapshot_last_bytes", last.total_bytes, "Bytes of state in the newest complete round"),
-            ("sfaas_snapshot_last_files", last.files, "Files of the newest complete round"),
-            ("sfaas_snapshot_last_complete_timestamp_seconds", last.created,
+            ("sfaas_snapshot_last_round", lambda m: m.round, "Id of the newest complete round"),
+            ("sfaas_snapshot_last_bytes", lambda m: m.total_bytes, "Bytes of state in the newest complete round"),
+            ("sfaas_snapshot_last_files", lambda m: m.files, "Files of the newest complete round"),
+            ("sfaas_snapshot_last_complete_timestamp_seconds", lambda m: m.created,
              "Unix time the newest complete round was published"),
-            ("sfaas_snapshot_last_complete_age_seconds", max(0.0, time.time() - last.created),
+            ("sfaas_snapshot_last_complete_age_seconds", lambda m: max(0.0, time.time() - m.created),
              "Seconds since the newest complete round was published"),
         ):
-            yield GaugeMetricFamily(name, doc, value=value)
+            g = GaugeMetricFamily(name, doc, labels=[])
+            if last is not None:
+                g.add_metric([], value(last))
+            yield g
         per_op = GaugeMetricFamily("sfaas_operator_state_bytes", "An operator's state in the newest complete round",
                                    labels=["operator"])
-        for op, nbytes in sorted(operator_bytes(last).items()):
+        for op, nbytes in sorted(operator_bytes(last).items() if last is not None else ()):
             per_op.add_metric([op], nbytes)
         yield per_op
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from sfaas.metrics import LATENCY_BOUNDS, quantile
 
-from .metrics import Sample, operator_bytes
+from .metrics import WINDOW_SECONDS, Sample, operator_bytes
 
 if TYPE_CHECKING:
     from .service import Coordinator
@@ -130,7 +130,7 @@ def data(c: Coordinator) -> dict[str, Any]:
     history = list(rounds.history) if rounds is not None else []
     last = rounds.last_complete if rounds is not None else None
     round_rows = [[str(r.round), _ago(r.created, now), str(r.epoch), _ms(max(0.0, r.created - r.started)),
-                   _bytes(r.bytes_uploaded), _bytes(r.total_bytes), _num(r.files)] for r in reversed(history[-10:])]
+                   _bytes(r.bytes_uploaded), _bytes(r.total_bytes), _num(r.files)] for r in reversed(history[-5:])]
     failure_rows = [[_ago(t, now), str(rnd), _redact(c, why)[:300]]
                     for t, rnd, why in reversed(list(rounds.failures)[-5:])] if rounds is not None else []
     store_rows: list[list[str]] = []
@@ -222,7 +222,8 @@ def page(c: Coordinator) -> str:
     tables = "".join(_table(t) for t in d["tables"])
     updated = time.strftime("%H:%M:%S", time.localtime(d["time"]))
     fields = {"title": e(f"sfaas · {d['app']}"), "app": e(d["app"]), "namespace": e(d["namespace"]),
-              "updated": updated, "cards": cards, "tables": tables, "poll_ms": str(int(d["poll_seconds"] * 1000))}
+              "updated": updated, "cards": cards, "tables": tables, "poll_ms": str(int(d["poll_seconds"] * 1000)),
+              "window_s": str(int(WINDOW_SECONDS)), "window_min": str(int(WINDOW_SECONDS // 60))}
     # one pass: text from the data is never looked at for placeholders again
     return re.sub(r"\{(" + "|".join(fields) + r")\}", lambda mt: fields[mt.group(1)], _PAGE)
 
@@ -249,7 +250,7 @@ th{background:#f0f0f0;font-weight:600}td{font-variant-numeric:tabular-nums}tr.em
 <svg id="chart" width="720" height="160" viewBox="0 0 720 160" role="img"
  aria-label="throughput and p99 latency over the last minutes"></svg>
 <div class="legend"><span style="color:#2a6fdb">━ requests/s</span> ·
-<span style="color:#d9822b">━ p99 latency (ms)</span> · last 5 minutes</div>
+<span style="color:#d9822b">━ p99 latency (ms)</span> · the last {window_min} minutes</div>
 {tables}
 <script>
 "use strict";
@@ -264,11 +265,11 @@ function fill(tbody, rows, ncols, empty) {
     for (const cell of row) tr.insertCell().textContent = cell;
   }
 }
-function line(values, max, color) {
+function line(ts, values, max, color) {
   const pts = [];
   values.forEach((v, i) => {
     if (v === null) return;
-    const x = 40 + 670 * (values.length > 1 ? i / (values.length - 1) : 1);
+    const x = 40 + 670 * (1 + ts[i] / {window_s});
     pts.push(x.toFixed(1) + "," + (150 - 135 * v / (max || 1)).toFixed(1));
   });
   const el = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
@@ -285,7 +286,7 @@ function chart(s) {
   const svg = document.getElementById("chart");
   svg.replaceChildren();
   const tmax = Math.max(1, ...s.throughput), pmax = Math.max(1, ...s.p99_ms.filter(v => v !== null));
-  svg.append(line(s.throughput, tmax, "#2a6fdb"), line(s.p99_ms, pmax, "#d9822b"),
+  svg.append(line(s.t, s.throughput, tmax, "#2a6fdb"), line(s.t, s.p99_ms, pmax, "#d9822b"),
              label(tmax.toFixed(0) + "/s", 2, 14, "#2a6fdb"), label(pmax.toFixed(1) + " ms", 2, 28, "#d9822b"));
 }
 function render(d) {

@@ -57,6 +57,7 @@ def run_demo(seconds: float = 10.0, rate: float = 1000.0, accounts: int = 1000,
         procs = cluster.up(s, "examples.bank:app", 2)
         for p in procs:
             print(f"  {p.role:12} pid {p.pid:<8} {p.address}")
+        print(f"  status page  {cluster.status_url(s)}  (live while the demo runs; metrics: sfaas ps)")
         ok = asyncio.run(_load(s, cluster.cluster_settings(s)[1], seconds, rate, accounts, chaos))
     finally:
         cluster.down(s)
