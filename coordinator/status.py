@@ -98,7 +98,7 @@ def data(c: Coordinator) -> dict[str, Any]:
         age = mono - mb.last_seen
         if not mb.alive:
             health = "lost"
-            waiting = c.standbys.reserved_for(mb.index) if c._all_joined.is_set() else None
+            waiting = c.standbys._reserved.get(mb.index, ("",))[0]  # (reserved_for() may promote: not here)
             if waiting:
                 health += f" (promoting {waiting})"
         elif not mb.ready.is_set():

@@ -76,7 +76,8 @@ class WorkerMetrics:
                 self.committed_total += 1
             else:
                 self.aborted_total += 1
-            observe(max(0.0, now - req.sent_at))
+            if req.sent_at > 0:  # (a client that sent no time: no latency to tell)
+                observe(max(0.0, now - req.sent_at))
         loop = self.w.loop
         if loop is not None:
             lid, reruns, fallbacks = self._loop_seen

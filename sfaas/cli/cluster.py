@@ -130,6 +130,7 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, s
         raise ClusterError(f"standbys must be >= 0 (standby workers per worker), got {standbys}")
     if standbys and not settings.snapshot_interval:
         raise ClusterError("standbys need snapshot rounds: set snapshot_interval > 0")
+    metrics_ports = _metrics_ports(metrics_port, 1 + workers * (1 + standbys), settings.host)
     app = load_app(app_spec)
     sd = state_dir(settings)
     sd.mkdir(parents=True, exist_ok=True)
@@ -155,7 +156,7 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, s
     })
     info = {"app": app.name, "app_spec": app_spec, "namespace": settings.namespace,
             "kafka": settings.kafka, "coordinator": coord, "worker_host": settings.host, "processes": [],
-            "metrics_ports": _metrics_ports(metrics_port, 1 + workers * (1 + standbys), settings.host)}
+            "metrics_ports": metrics_ports}
     (sd / "cluster.json").write_text(json.dumps(info, indent=2))
     sup = _spawn(["supervise", "--state-dir", str(sd), "--workers", str(workers * (1 + standbys))], env,
                  sd / "supervisor.log")

@@ -142,13 +142,14 @@ def test_every_process_serves_metrics_that_move_with_the_load(observed_cluster, 
     assert any("commit" in n and n.endswith("_total") for n in names(after[0]))
 
 
-def test_a_bad_metrics_port_is_refused_naming_the_setting() -> None:
+def test_a_bad_metrics_port_is_refused_naming_the_setting(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"SFAAS_METRICS_PORT must be an integer, got 'nine'"):
         Settings.load(env={"SFAAS_METRICS_PORT": "nine"})
     with pytest.raises(ConfigError, match=r"metrics_port \(SFAAS_METRICS_PORT\) must be a TCP port 1\.\.65535.*70000"):
         Settings.load(env={"SFAAS_METRICS_PORT": "70000"})
     with pytest.raises(ClusterError, match=r"--metrics-port \(SFAAS_METRICS_PORT\) must leave room for 3 ports"):
-        cluster.up(Settings.load(), "tests.runtime.apps.ledger:app", 2, metrics_port=65534)
+        cluster.up(Settings.load({"home": str(tmp_path)}), "tests.runtime.apps.ledger:app", 2, metrics_port=65534)
+    assert not list(tmp_path.iterdir())  # refused before anything was written
 
 
 async def test_the_server_answers_get_only_and_says_which_port_is_taken() -> None:
@@ -191,3 +192,17 @@ def test_quantiles_of_the_latency_buckets_land_in_the_right_bucket() -> None:
     assert p50 is not None and 0.0025 < p50 <= 0.005
     assert p99 is not None and 0.5 < p99 <= 1.0
     assert _quantiles([100.0]) == (30.0, 30.0)  # beyond the last bound: the last bound
+
+
+def test_sfaas_status_says_why_there_is_no_page(tmp_path, monkeypatch, capsys) -> None:
+    from sfaas.cli import main
+
+    monkeypatch.setenv("SFAAS_HOME", str(tmp_path))
+    assert main(["status", "--no-browser", "--namespace", "nothing"]) == 2
+    assert "no local cluster in" in capsys.readouterr().err
+    s = Settings.load({"home": str(tmp_path), "namespace": "quiet"})
+    cluster.state_dir(s).mkdir(parents=True)
+    (cluster.state_dir(s) / "cluster.json").write_text(json.dumps({"coordinator": "127.0.0.1:1", "processes": [
+        {"role": "coordinator", "index": 0, "pid": 0, "log": "", "metrics": ""}]}))
+    assert main(["status", "--no-browser", "--namespace", "quiet"]) == 2
+    assert "runs without metrics ('sfaas up --metrics-port 0')" in capsys.readouterr().err

@@ -3,8 +3,8 @@ and ``chromium-driver``, which ``./run test`` installs when missing): ``sfaas st
 its URL, the page shows both workers with their partitions and health, and its numbers
 move under load without a reload (its script polls ``/status.json``).
 
-``SFAAS_STATUS_SCREENSHOT=docs/status.png`` saves the page, as the test last saw it, there
-(the README's picture); otherwise the screenshot goes to the test's temporary directory.
+``SFAAS_STATUS_SCREENSHOT=some.png`` saves the page, as the test last saw it, there;
+otherwise the screenshot goes to the test's temporary directory.
 """
 
 from __future__ import annotations
