@@ -54,7 +54,8 @@ class WorkerMetrics:
         # loop, so they are summed here epoch by epoch
         self.reruns_total = 0
         self.fallbacks_total = 0
-        self._loop_seen: tuple[int, int, int] = (0, 0, 0)  # (id of the loop, its reruns, its fallbacks)
+        self._loop: Any = None  # the loop last counted (a reference: ids are reused) and its counts
+        self._loop_counts = (0, 0)
         self.server: HttpServer | None = None
 
     # -- counted as epochs go --------------------------------------------------------------------
@@ -80,12 +81,10 @@ class WorkerMetrics:
                 observe(max(0.0, now - req.sent_at))
         loop = self.w.loop
         if loop is not None:
-            lid, reruns, fallbacks = self._loop_seen
-            if lid != id(loop):
-                reruns = fallbacks = 0
+            reruns, fallbacks = self._loop_counts if loop is self._loop else (0, 0)
             self.reruns_total += loop.reruns - reruns
             self.fallbacks_total += loop.fallbacks - fallbacks
-            self._loop_seen = (id(loop), loop.reruns, loop.fallbacks)
+            self._loop, self._loop_counts = loop, (loop.reruns, loop.fallbacks)
         self.phases["commit"].observe(time.perf_counter() - started)
 
     def heartbeat_latency(self) -> list[int]:
@@ -111,7 +110,7 @@ class WorkerMetrics:
     # -- read at scrape time -------------------------------------------------------------------
     def collect(self) -> Iterator[Any]:
         w = self.w
-        info = GaugeMetricFamily("sfaas_worker_info", "This worker: its slot (-1: not assigned yet) and name",
+        info = GaugeMetricFamily("sfaas_worker_info", "This worker process: its slot (-1: none, as a standby or while joining) and name",
                                  labels=["app", "index", "name"])
         info.add_metric([w.app.name, str(w.index), w.name], 1)
         yield info
