@@ -123,7 +123,7 @@ async def _roll_back(c: Coordinator, attempt: int, round_id: int) -> list[list[A
     from .service import Lost
 
     peers = [[m.host, m.port] for m in c.members]
-    _broadcast(c, wire.Recover(attempt, round_id, peers))
+    _broadcast(c, wire.Recover(attempt, round_id, peers, list(c.owners)))
     got: dict[int, wire.Recovered] = {}
     while len(got) < len(c.members):
         msg = await c._inbox.get()

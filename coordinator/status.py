@@ -3,7 +3,8 @@
 :func:`data` gathers what the coordinator knows — the workers with their partitions, roles
 and health, the standbys, throughput and p50/p99 over the last minutes (from the workers'
 heartbeats, ``coordinator.metrics``), the snapshot rounds and their failures, the
-recoveries, and each operator's state in the newest round — as a summary, tables of
+recoveries, a rescale under way or the last one, and each operator's state in the newest
+round — as a summary, tables of
 pre-formatted cells and time series. :func:`page` renders the same data as plain HTML; a
 small inline script then polls ``/status.json`` every two seconds and refills the tables
 and the chart, so the page needs no build step and works without the script, too.
@@ -21,6 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sfaas.metrics import LATENCY_BOUNDS, quantile
+from sfaas.partitioning import owned
 
 from .metrics import WINDOW_SECONDS, Sample, operator_bytes
 
@@ -88,8 +90,9 @@ def data(c: Coordinator) -> dict[str, Any]:
     cur = m.current()
     rate, recent = _window(samples, cur, RECENT_SECONDS)
     p50, p99 = quantile(LATENCY_BOUNDS, recent, 0.5), quantile(LATENCY_BOUNDS, recent, 0.99)
-    n = len(c.members)
-    partitions = getattr(c, "partitions", s.partitions)
+    owners: list[int] = list(getattr(c, "owners", []))  # the partition map in force
+    # the slots: the members once all joined (a rescale changes them), before that the count awaited
+    n_workers = len(c.members) if c._all_joined.is_set() else getattr(c, "n_workers", s.workers)
 
     workers: list[list[str]] = []
     raw_workers: list[dict[str, Any]] = []
@@ -108,7 +111,7 @@ def data(c: Coordinator) -> dict[str, Any]:
         else:
             health = "healthy"
             healthy += 1
-        parts = [p for p in range(partitions) if p % n == mb.index] if n else []
+        parts = owned(owners, mb.index)
         done = cur.answered.get(mb.index, 0)
         w_rate = None
         base = next((x for x in samples if x.t >= cur.t - RECENT_SECONDS and x.t <= cur.t - 1.0), None)
@@ -125,6 +128,18 @@ def data(c: Coordinator) -> dict[str, Any]:
                             "following" if following else "waiting", "", "", ""])
             raw_workers.append({"index": sb.of, "role": "standby", "name": sb.name, "pid": sb.pid,
                                 "partitions": parts, "health": "following" if following else "waiting"})
+
+    rescale = getattr(c, "rescale", None)
+    for j in rescale.joiners if rescale is not None else []:
+        workers.append(["", "joining", j.name, str(j.pid), f"{j.host}:{j.port}", "", "joining a rescale",
+                        f"{mono - j.last_seen:.1f} s ago", "", ""])
+        raw_workers.append({"index": j.index, "role": "joining", "name": j.name, "pid": j.pid, "partitions": [],
+                            "health": "joining"})
+    rescaling = f"to {rescale.target} workers" if rescale is not None and rescale.target is not None else "no"
+    if rescale is not None and rescale.last:
+        done = rescale.last
+        rescaling += (f"; last: {done['workers']} workers, {len(done['moved'])} partitions moved, "
+                      f"paused {_ms(done['pause_seconds'])}")
 
     rounds = getattr(c, "rounds", None)
     history = list(rounds.history) if rounds is not None else []
@@ -167,10 +182,11 @@ def data(c: Coordinator) -> dict[str, Any]:
         ["p99", "p99 latency (1 min)", _ms(p99)],
         ["answered", "requests answered", _num(answered)],
         ["epochs", "epochs", _num(c.stats["epochs"])],
-        ["workers", "workers healthy", f"{healthy} of {s.workers}"],
+        ["workers", "workers healthy", f"{healthy} of {n_workers}"],
         ["standbys", "standbys", str(sum(len(x) for x in c.standbys.by_slot.values()))],
         ["round", "newest snapshot round", "none yet" if last is None else f"#{last.round}, {_ago(last.created, now)}"],
         ["recoveries", "recoveries", str(m.recovered_total)],
+        ["rescale", "rescaling", rescaling],
     ]
     return {
         "app": c.app_name, "namespace": s.namespace, "time": now, "poll_seconds": POLL_SECONDS,

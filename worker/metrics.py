@@ -17,7 +17,6 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from aiokafka import TopicPartition
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from sfaas.metrics import (
@@ -167,15 +166,13 @@ class WorkerMetrics:
         lag = GaugeMetricFamily("sfaas_ingress_lag_records",
                                 "Ingress records not yet answered: the partition's end minus the completed offset",
                                 labels=["partition"])
-        assign = getattr(w, "assign", None)
-        if assign is not None and w.consumer is not None:
-            for p, done in sorted(w.offsets.watermarks().items()):
-                try:
-                    high = w.consumer.highwater(TopicPartition(assign.ingress_topic, p))
-                except Exception:  # not assigned (any more)
-                    continue
-                if high is not None:
-                    lag.add_metric([str(p)], max(0, high - done))
+        if getattr(w, "assign", None) is not None and w.consumer is not None:
+            done = w.offsets.watermarks()
+            for tp in sorted(w.consumer.assignment(), key=lambda tp: tp.partition):  # the partitions it owns now
+                high = w.consumer.highwater(tp)
+                mark = done.get(tp.partition, w.start_offsets.get(tp.partition))
+                if high is not None and mark is not None:
+                    lag.add_metric([str(tp.partition)], max(0, high - mark))
         yield lag
 
     def _stores(self) -> Iterator[Any]:

@@ -29,7 +29,8 @@ from ..settings import Settings
 
 log = logging.getLogger("sfaas.cluster")
 
-__all__ = ["ProcessInfo", "up", "ps", "down", "state_dir", "cluster_settings", "supervisor_pid", "status_url"]
+__all__ = ["ProcessInfo", "up", "ps", "down", "scale", "state_dir", "cluster_settings", "supervisor_pid",
+           "status_url"]
 
 
 @dataclass
@@ -55,7 +56,8 @@ def state_dir(settings: Settings) -> Path:
     return Path(settings.home) / "cluster" / settings.namespace
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str) -> int:
+    """A TCP port nobody listens on at ``host`` right now."""
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
@@ -104,17 +106,17 @@ def cluster_settings(settings: Settings) -> tuple[dict[str, Any], Settings]:
     return info, s
 
 
-def _metrics_ports(base: int | None, n: int, host: str) -> list[int]:
-    """Ports of the ``n`` processes' metrics: ``base``, ``base + 1``, …; free ones when
-    ``base`` is None; none when 0."""
+def _metrics_mode(base: int | None, n: int) -> str | int:
+    """How the supervisor gives ``n`` processes their metrics ports (``Supervisor.metrics``):
+    ``"free"`` ports when ``base`` is None, ``"off"`` when 0, else ``base``, ``base + 1``, …"""
     if base is None:
-        return [_free_port(host) for _ in range(n)]
+        return "free"
     if base == 0:
-        return []
+        return "off"
     if not 0 < base <= 65536 - n:
         raise ClusterError(f"--metrics-port (SFAAS_METRICS_PORT) must leave room for {n} ports below 65536, "
                            f"got {base}")
-    return list(range(base, base + n))
+    return base
 
 
 def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, standbys: int = 0,
@@ -130,7 +132,7 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, s
         raise ClusterError(f"standbys must be >= 0 (standby workers per worker), got {standbys}")
     if standbys and not settings.snapshot_interval:
         raise ClusterError("standbys need snapshot rounds: set snapshot_interval > 0")
-    metrics_ports = _metrics_ports(metrics_port, 1 + workers * (1 + standbys), settings.host)
+    metrics = _metrics_mode(metrics_port, 1 + workers * (1 + standbys))
     app = load_app(app_spec)
     sd = state_dir(settings)
     sd.mkdir(parents=True, exist_ok=True)
@@ -141,7 +143,7 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, s
     secret_file = sd / "secret"
     secret_file.write_text(secret)
     secret_file.chmod(0o600)
-    port = _free_port(settings.host)
+    port = free_port(settings.host)
     coord = f"{settings.host}:{port}"
     ready = sd / "ready"
     ready.unlink(missing_ok=True)
@@ -154,9 +156,9 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, s
         "SFAAS_METRICS_PORT": "0",  # each child gets its own port as a flag (see supervisor)
         "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), _repo_root(), env.get("PYTHONPATH", "")])),
     })
-    info = {"app": app.name, "app_spec": app_spec, "namespace": settings.namespace,
+    info: dict[str, Any] = {"app": app.name, "app_spec": app_spec, "namespace": settings.namespace,
             "kafka": settings.kafka, "coordinator": coord, "worker_host": settings.host, "processes": [],
-            "metrics_ports": metrics_ports}
+            "metrics": metrics}
     (sd / "cluster.json").write_text(json.dumps(info, indent=2))
     sup = _spawn(["supervise", "--state-dir", str(sd), "--workers", str(workers * (1 + standbys))], env,
                  sd / "supervisor.log")
@@ -220,6 +222,65 @@ def status_url(settings: Settings, required: bool = False) -> str:
                                "the status page is served on the coordinator's metrics port")
         return ""
     return coords[0].metrics.removesuffix("metrics")
+
+
+def scale(settings: Settings, workers: int, timeout: float = 600.0) -> str:
+    """Rescale the local cluster to ``workers`` workers; returns the coordinator's summary.
+
+    The supervisor starts the missing worker processes (a scale-up); the coordinator moves
+    partitions by shipping their stores and switches at an epoch boundary
+    (``coordinator.rescale``), retiring surplus workers (a scale-down). Epochs go on
+    meanwhile; they pause only for the switch.
+    """
+    import asyncio
+
+    from .. import channels, wire
+
+    if workers < 1:
+        raise ClusterError(f"workers must be >= 1, got {workers}")
+    info, s = cluster_settings(settings)
+    sup = supervisor_pid(settings)
+    if sup is None:
+        raise ClusterError(f"the local cluster's supervisor is not running (state in {state_dir(settings)})")
+    standbys = int(info.get("standbys", 0))
+    sd = state_dir(settings)
+
+    def tell_supervisor() -> None:
+        (sd / "workers.tmp").write_text(str(workers * (1 + standbys)))
+        os.replace(sd / "workers.tmp", sd / "workers")
+        _signal(sup, signal.SIGHUP)
+
+    async def ask() -> wire.Scaled:
+        host, port = s.coordinator_address()
+        chan = await channels.connect(host, port, s.shared_secret())
+        try:
+            chan.send(wire.Scale(workers))
+            msgs = await asyncio.wait_for(chan.recv(), timeout)
+        finally:
+            chan.close()
+        if not msgs or not isinstance(msgs[0], wire.Scaled):
+            raise ClusterError(f"unexpected answer from the coordinator: {msgs!r:.200}")
+        return msgs[0]
+
+    # refused at once (bad input) before any process starts: ask first, start after
+    answer: dict[str, wire.Scaled] = {}
+
+    async def run() -> None:
+        task = asyncio.create_task(ask())
+        await asyncio.sleep(0.2)
+        if not task.done():
+            tell_supervisor()  # it starts the joining processes
+        answer["a"] = await task
+
+    try:
+        asyncio.run(run())
+    except (OSError, TimeoutError) as exc:
+        raise ClusterError(f"rescaling to {workers} workers: {type(exc).__name__}: {exc}") from None
+    a = answer["a"]
+    if not a.ok:
+        raise ClusterError(f"rescale to {workers} workers refused: {a.detail}")
+    tell_supervisor()  # (after a scale-down: the count it keeps)
+    return a.detail
 
 
 def supervisor_pid(settings: Settings) -> int | None:

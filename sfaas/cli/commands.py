@@ -103,6 +103,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
+    sc = sub.add_parser("scale", help="rescale the local cluster: move partitions to M workers under load")
+    sc.add_argument("--workers", type=int, required=True, help="workers to run")
+    sc.add_argument("--namespace")
+
     d = sub.add_parser("down", help="stop the local cluster")
     d.add_argument("--namespace")
 
@@ -271,6 +275,12 @@ def _dispatch(ns: argparse.Namespace) -> int:
 
         procs = cluster.down(_settings(ns, "namespace"))
         print(f"stopped {len(procs)} process(es)" if procs else "no local cluster")
+        return 0
+    if cmd == "scale":
+        from . import cluster
+
+        _say(f"rescaling to {ns.workers} workers (partitions move by shipping their stores; epochs go on)")
+        print(cluster.scale(_settings(ns, "namespace"), ns.workers))
         return 0
     if cmd == "call":
         return _call(ns)

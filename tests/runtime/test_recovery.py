@@ -23,6 +23,7 @@ import signal
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,10 @@ def _kill(s: Settings, role: str, rnd: random.Random) -> int | None:
     return victim.pid
 
 
-async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[str, object], replay_dir: Path) -> None:
+async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[str, object], replay_dir: Path,
+                    maps: Callable[[], list[tuple[int, list[int]]]] = list) -> None:
+    """The load, the fault schedule and the invariants; ``maps()`` gives the partition maps
+    the epochs ran under after rescales (see ``test_rounds._replay``)."""
     async with Client("ledger", settings=cs, timeout=120) as c:
         await asyncio.gather(*(c.call("accounts", a, "deposit", START) for a in ACCOUNTS))
         futs: list[tuple[str, str, asyncio.Future[wire.Reply]]] = []
@@ -137,7 +141,7 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
     assert epochs == sorted(epochs), "the epoch log is out of epoch order"
     assert len({(rec.epoch, rec.worker) for _, rec in records}) == len(records), "an epoch logged twice by a worker"
     empty = RoundManifest(0, 0, 2, PARTITIONS, (), {p: 0 for p in range(PARTITIONS)}, {}, {}, (), 0)
-    fates, accounts, counters = await _replay(empty, records, await _ingress_requests(cs), replay_dir)
+    fates, accounts, counters = await _replay(empty, records, await _ingress_requests(cs), replay_dir, maps())
     for rid, reply in got.items():
         assert rid in fates, f"request {rid} answered but never in a logged epoch"
         ok, value = fates[rid]

@@ -1,0 +1,171 @@
+"""Rescaling under load on the real cluster (Kafka, MinIO, ``sfaas up`` + ``sfaas scale``).
+
+While clients send transfers and counter bumps, the cluster is rescaled 2 → 3 → 2
+workers: each moving partition's stores are shipped to the receiving worker (which follows
+them, never merging), and it takes them over at an epoch boundary after a snapshot round,
+exactly once. The chaos test's invariants hold throughout (``tests.runtime.test_recovery
+._scenario``: every request answered exactly once, money conserved, counters exact, the
+epoch log re-executes to the same replies), the moved stores were taken over from the
+shipped files with nothing downloaded, and the retired worker is not restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sfaas.cli import cluster
+from sfaas.settings import Settings
+from tests.conftest import TEST_BUCKET
+from tests.runtime import test_recovery
+from tests.runtime.test_recovery import PARTITIONS, SEED
+
+APP = "tests.runtime.apps.ledger:app"
+
+
+def _rescaler(s: Settings, steps: list[int], done: list[tuple[int, str]], errors: list[BaseException]):  # type: ignore[no-untyped-def]
+    """A replacement for the chaos test's kill: each scheduled fault starts the next rescale
+    (in a thread: ``cluster.scale`` waits for the coordinator); None while one still runs."""
+    running: list[threading.Thread] = []
+
+    def act(_s: Settings, _role: str, _rnd: random.Random) -> int | None:
+        if running and running[-1].is_alive() or not steps:
+            return None
+        workers = steps.pop(0)
+
+        def go() -> None:
+            try:
+                done.append((workers, cluster.scale(s, workers, timeout=120)))
+            except BaseException as exc:  # reported by the test
+                errors.append(exc)
+
+        t = threading.Thread(target=go, name=f"scale-{workers}", daemon=True)
+        running.append(t)
+        t.start()
+        return workers
+
+    return act
+
+
+def _maps(s: Settings) -> list[tuple[int, list[int]]]:
+    """The partition maps the coordinator switched to: ``(last epoch under the old map, new map)``."""
+    log = (cluster.state_dir(s) / "coordinator.log").read_text()
+    return [(int(e), [int(x) for x in m.split(",")])
+            for e, m in re.findall(r"epochs after (\d+) run under the map \[([\d, ]+)\]", log)]
+
+
+@pytest.mark.timeout(600)
+def test_rescale_two_three_two_under_load_loses_and_duplicates_nothing(kafka, minio, tmp_path: Path,
+                                                                     monkeypatch: Any) -> None:
+    s = Settings.load({
+        "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}", "home": str(tmp_path),
+        "store": "lsm", "partitions": PARTITIONS, "snapshot_interval": 1.0, "snapshot_retain": 2,
+        "minio": minio.minio_endpoint, "minio_access_key": minio.minio_access_key,
+        "minio_secret_key": minio.minio_secret_key, "bucket": TEST_BUCKET,
+    })
+    done: list[tuple[int, str]] = []
+    errors: list[BaseException] = []
+    monkeypatch.setattr(test_recovery, "_kill", _rescaler(s, [3, 2], done, errors))
+    monkeypatch.setattr(test_recovery, "KILLS", 2)
+    monkeypatch.setattr(test_recovery, "COORDINATOR_KILLS", 0)
+    monkeypatch.setattr(test_recovery, "SECONDS", 16.0)
+    cluster.up(s, APP, 2, timeout=90)
+    report: dict[str, object] = {"seed": SEED}
+    try:
+        cs = cluster.cluster_settings(s)[1]
+        asyncio.run(test_recovery._scenario(s, cs, random.Random(SEED), report, tmp_path / "replay",
+                                            lambda: _maps(s)))
+        assert not errors, errors
+        assert [w for w, _ in done] == [3, 2], (done, report)
+        report["rescales"] = done
+        coord_log = (cluster.state_dir(s) / "coordinator.log").read_text()
+        switches = re.findall(r"rescaled to (\d) workers at round (\d+): moved (\d+) partitions; epochs paused ([\d.]+) s",
+                              coord_log)
+        assert [w for w, *_ in switches] == ["3", "2"], switches
+        assert all(int(n) > 0 for _w, _r, n, _p in switches), switches
+        report["switches"] = switches
+        # the moved stores came from the shipped files: nothing downloaded at any takeover
+        takeovers = [m for f in cluster.state_dir(s).glob("worker-*.log")
+                     for m in re.findall(r"took over (\d+) stores at round \d+: (\d+) bytes shipped, \d+ bytes in their files, "
+                                         r"(\d+) bytes downloaded",
+                                         f.read_text())]
+        assert len(takeovers) == 2 and all(int(d) == 0 for _n, _s, d in takeovers), takeovers
+        report["takeovers"] = takeovers
+        # two workers again; the retired one was not restarted
+        procs = cluster.ps(s)
+        workers = sorted(p.index for p in procs if p.role == "worker" and p.alive)
+        assert workers == [0, 1], procs
+        assert not any(p.gave_up for p in procs), procs
+        assert "recovery" not in coord_log.split("rescale requested")[1], "a rescale caused a recovery"
+        print(f"rescale report: {report}")
+    except BaseException:
+        sd = cluster.state_dir(s)
+        tails = "\n".join(f"--- {f.name}\n" + "\n".join(
+            line for line in f.read_text().splitlines() if " aiokafka" not in line)[-6000:]
+            for f in sorted(sd.glob("*.log")))
+        print(f"rescale test (seed {SEED}) failed; report {report}\n{tails}")
+        raise
+    finally:
+        cluster.down(s)
+
+
+@pytest.mark.timeout(600)
+def test_a_coordinator_restarted_after_a_rescale_keeps_the_new_size_and_map(kafka, minio, tmp_path: Path,
+                                                                         monkeypatch: Any) -> None:
+    """The coordinator is SIGKILLed after a 2 → 3 rescale: restarted by the supervisor, it
+    takes the membership size and partition map from the newest round (which names them),
+    the three workers rejoin, and the chaos invariants hold across both."""
+    s = Settings.load({
+        "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}", "home": str(tmp_path),
+        "store": "lsm", "partitions": PARTITIONS, "snapshot_interval": 1.0, "snapshot_retain": 2,
+        "minio": minio.minio_endpoint, "minio_access_key": minio.minio_access_key,
+        "minio_secret_key": minio.minio_secret_key, "bucket": TEST_BUCKET,
+    })
+    done: list[tuple[int, str]] = []
+    errors: list[BaseException] = []
+    scale = _rescaler(s, [3], done, errors)
+    kill = test_recovery._kill
+
+    def act(_s: Settings, role: str, rnd: random.Random) -> int | None:
+        if role == "worker":
+            return scale(_s, role, rnd)
+        if not done:
+            return None  # the coordinator dies once the rescale finished
+        return kill(_s, role, rnd)
+
+    monkeypatch.setattr(test_recovery, "_kill", act)
+    monkeypatch.setattr(test_recovery, "KILLS", 1)
+    monkeypatch.setattr(test_recovery, "COORDINATOR_KILLS", 1)
+    monkeypatch.setattr(test_recovery, "SECONDS", 16.0)
+    cluster.up(s, APP, 2, timeout=90)
+    report: dict[str, object] = {"seed": SEED}
+    try:
+        cs = cluster.cluster_settings(s)[1]
+        asyncio.run(test_recovery._scenario(s, cs, random.Random(SEED), report, tmp_path / "replay",
+                                            lambda: _maps(s)))
+        assert not errors, errors
+        assert [w for w, _ in done] == [3], (done, report)
+        assert [k[1] for k in report["killed"]] == ["worker", "coordinator"], report  # type: ignore[index]
+        coord_log = (cluster.state_dir(s) / "coordinator.log").read_text()
+        assert re.search(r"was taken with 3 workers \(a rescale\); waiting for 3", coord_log), coord_log[-3000:]
+        procs = cluster.ps(s)
+        workers = sorted(p.index for p in procs if p.role == "worker" and p.alive)
+        assert workers == [0, 1, 2], procs
+        assert not any(p.gave_up for p in procs), procs
+        print(f"rescale + coordinator restart report: {report}")
+    except BaseException:
+        sd = cluster.state_dir(s)
+        tails = "\n".join(f"--- {f.name}\n" + "\n".join(
+            line for line in f.read_text().splitlines() if " aiokafka" not in line)[-6000:]
+            for f in sorted(sd.glob("*.log")))
+        print(f"rescale test (seed {SEED}) failed; report {report}\n{tails}")
+        raise
+    finally:
+        cluster.down(s)
