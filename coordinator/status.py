@@ -4,13 +4,14 @@
 and health, the standbys, throughput and p50/p99 over the last minutes (from the workers'
 heartbeats, ``coordinator.metrics``), the snapshot rounds and their failures, the
 recoveries, a rescale under way or the last one, and each operator's state in the newest
-round — as a summary, tables of
-pre-formatted cells and time series. :func:`page` renders the same data as plain HTML; a
-small inline script then polls ``/status.json`` every two seconds and refills the tables
-and the chart, so the page needs no build step and works without the script, too.
+round — as a summary, tables of pre-formatted cells and time series. :func:`page` renders
+the same data as plain HTML; a small inline script then polls ``/status.json`` every two
+seconds and refills the tables and the chart, so the page needs no build step and works
+without the script, too.
 
-Nothing secret is shown: no setting with a credential is read here, and reasons that come
-from elsewhere (a failed round's error) have the configured secrets blanked out.
+No credential is shown: the page shows no setting that holds one, and text that comes from
+elsewhere (a failed round's error) has the configured secrets blanked out. Text from the
+network (worker names) is escaped in the HTML and set as text by the script.
 """
 
 from __future__ import annotations

@@ -127,3 +127,11 @@ def test_the_status_page_shows_both_workers_and_its_numbers_move_under_load(
     shot = Path(os.environ.get("SFAAS_STATUS_SCREENSHOT") or tmp_path / "status.png")
     d.execute_script("window.scrollTo(0, 0)")
     assert d.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+
+
+def test_text_from_the_network_is_escaped_in_the_page() -> None:
+    from coordinator.status import _table
+
+    html = _table({"id": "workers", "title": "Workers", "empty": "none", "columns": ["name"],
+                   "rows": [['<script>alert("x")</script>']]})
+    assert "<script>" not in html and "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html
