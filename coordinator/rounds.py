@@ -12,6 +12,7 @@ logged and the next interval tries again; epochs never wait for a round.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Callable
@@ -23,8 +24,10 @@ from sfaas.rounds import RoundManifest, Rounds, StoreCut, collect_garbage
 
 log = logging.getLogger("sfaas.coordinator.rounds")
 
-__all__ = ["RoundKeeper", "ROUND_TIMEOUT"]
+__all__ = ["RoundKeeper", "ROUND_TIMEOUT", "HISTORY"]
 
+#: Complete rounds and failures remembered for the status page (and between two scrapes).
+HISTORY = 100
 #: A round not complete after this many seconds (or 10 intervals, if longer) has failed.
 ROUND_TIMEOUT = 60.0
 
@@ -68,6 +71,9 @@ class RoundKeeper:
         self.owners: list[int] = []
         #: a rescale's round: round id → (new map, new worker count, called once published)
         self.switch_at: dict[int, tuple[list[int], int, Callable[[], None]]] = {}
+        #: the newest complete rounds and failures ``(time, round, why)``, for the status page and metrics
+        self.history: collections.deque[RoundManifest] = collections.deque(maxlen=HISTORY)
+        self.failures: collections.deque[tuple[float, int, str]] = collections.deque(maxlen=HISTORY)
 
     @property
     def enabled(self) -> bool:
@@ -129,6 +135,7 @@ class RoundKeeper:
         log.warning("snapshot round %d failed: %s; the next interval retries", self._inflight.round, why)
         self.switch_at.pop(self._inflight.round, None)
         self.failed += 1
+        self.failures.append((time.time(), self._inflight.round, why))
         self._inflight = None
 
     # -- reports ---------------------------------------------------------------------------
@@ -177,11 +184,13 @@ class RoundKeeper:
             log.warning("publishing snapshot round %d failed: %s; the next interval retries", manifest.round, exc)
             self.switch_at.pop(manifest.round, None)
             self.failed += 1
+            self.failures.append((time.time(), manifest.round, f"publishing failed: {exc}"))
             self._publishing = None
             self._written.set()
             return
         self.completed += 1
         self.last_complete = manifest
+        self.history.append(manifest)
         switch = self.switch_at.pop(manifest.round, None)
         if switch is not None:  # the round names the new map: it is in force from now on
             switch[2]()

@@ -31,6 +31,7 @@ from sfaas.txn.epochs import execution_finished
 from sfaas.txn.loop import merge_votes
 from sfaas.wire import Message
 
+from .metrics import CoordinatorMetrics
 from .recovery import recover
 from .rescale import Rescaler
 from .rounds import RoundKeeper
@@ -93,6 +94,7 @@ class Coordinator:
         #: the partition map: ``owners[p]`` is the index of the worker owning partition ``p``
         self.owners: list[int] = []
         self._bound: tuple[str, int] | None = None
+        self.metrics = CoordinatorMetrics(self)
 
     async def run(self, ready: asyncio.Future[tuple[str, int]] | None = None) -> None:
         """Serve until stopped (cancelled); recover from every lost worker."""
@@ -129,6 +131,7 @@ class Coordinator:
         host, port = s.coordinator_address()
         server = await channels.serve(host, port, self.secret, self._on_worker)
         bound = server.sockets[0].getsockname()
+        await self.metrics.start(host)
         log.info("coordinator of app %s listening on %s:%d, waiting for %d workers",
                  self.app_name, bound[0], bound[1], self.n_workers)
         if ready is not None and not ready.done():
@@ -178,6 +181,7 @@ class Coordinator:
                     log.debug("stopping worker %d: %s", m.index, exc)
                 m.channel.close()
             server.close()
+            await self.metrics.close()
 
     def write_ready(self) -> None:
         """(Re)write ``ready_file``: the membership and the standbys (``sfaas ps`` reads it)."""
@@ -259,6 +263,7 @@ class Coordinator:
                         self._wakeup.set()
                     elif isinstance(msg, wire.Heartbeat):
                         member.committed = msg.committed
+                        self.metrics.heartbeat(member, msg)
                     elif isinstance(msg, wire.Snapshotted):
                         self.rounds.on_report(msg)
                     elif isinstance(msg, (wire.Shipped, wire.Following, wire.Released)):
@@ -398,6 +403,7 @@ class Coordinator:
             ph[0] += t_begin - t_idle
             ph[1] += t_exec - t_begin
             ph[3] += 1
+            self.metrics.epoch(t_begin - t_idle, t_exec - t_begin)
             if ph[3] % 500 == 0:
                 log.info("epochs %d; mean of the last 500 (ms): waiting for work %.2f, "
                          "execute+barrier %.2f", ph[3], ph[0] / 0.5, ph[1] / 0.5)

@@ -88,6 +88,10 @@ class Settings:
     #: (workers send a heartbeat every ``heartbeat_timeout / 4``; a closed channel is
     #: detected at once).
     heartbeat_timeout: float = 2.0
+    #: Port of this process's ``/metrics`` (Prometheus) on its listening host — the
+    #: coordinator also serves its status page there (``/``, ``/status.json``); 0: off.
+    #: ``sfaas up`` gives each of its processes a port of its own (``--metrics-port``).
+    metrics_port: int = 0
 
     @classmethod
     def load(
@@ -129,6 +133,9 @@ class Settings:
             raise ConfigError(f"snapshot_interval must be a number of seconds >= 0 (0: off), got {self.snapshot_interval}")
         if not 0.2 <= self.heartbeat_timeout <= 3600:
             raise ConfigError(f"heartbeat_timeout must be between 0.2 and 3600 seconds, got {self.heartbeat_timeout}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port (SFAAS_METRICS_PORT) must be a TCP port 1..65535, or 0 for no metrics, "
+                              f"got {self.metrics_port}")
         if self.snapshot_retain < 1:
             raise ConfigError(f"snapshot_retain must be >= 1, got {self.snapshot_retain}")
         if self.snapshot_interval:

@@ -171,11 +171,14 @@ class Wakeup(Message):
 
 @dataclass(slots=True)
 class Heartbeat(Message):
-    """Worker → coordinator: still alive (with counters for ``sfaas ps``)."""
+    """Worker → coordinator: still alive (with counters for ``sfaas ps``). ``latency``: the
+    worker's request-latency histogram so far (counts per ``sfaas.metrics.LATENCY_BOUNDS``
+    bucket, the last above them all) for the coordinator's status page."""
 
     TAG: ClassVar[int] = 10
     index: int
     committed: int
+    latency: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -54,6 +54,7 @@ from sfaas.txn.loop import Participant
 from sfaas.txn.offsets import OffsetTracker
 
 from . import membership
+from .metrics import WorkerMetrics
 from .moving import Moving
 from .replication import Shipping
 from .snapshots import RoundTaker
@@ -144,6 +145,7 @@ class Worker:
         #: the round's waiting re-runs, ``(partition, offset) → tid``
         self._skip: dict[int, set[int]] = {}
         self._retry_at: dict[tuple[int, int], int] = {}
+        self.metrics = WorkerMetrics(self)
 
     # -- snapshots -------------------------------------------------------------------------------
     def on_epoch_committed(self, epoch: int, marker: int | None) -> None:
@@ -276,6 +278,7 @@ class Worker:
         s = self.settings
         server = await channels.serve(s.host, s.port, self.secret, self._on_peer)
         my_port = server.sockets[0].getsockname()[1]
+        await self.metrics.start()
         # rescaling ships stores too: every worker with snapshot rounds runs the server
         self.shipping = Shipping(s, self.secret) if s.standbys > 0 or s.snapshot_interval > 0 else None
         assign, promoted, takeover = await membership.join(self, my_port)
@@ -357,6 +360,7 @@ class Worker:
             server.close()
             if self.shipping is not None:
                 self.shipping.close()
+            await self.metrics.close()
             self.engine.close()
 
     def start_ingest(self) -> None:
@@ -493,6 +497,7 @@ class Worker:
 
     async def _execute(self, begin: wire.Begin) -> None:
         assert self.engine is not None and self.loop is not None
+        t0 = time.perf_counter()
         n = self.assign.n_workers
         if begin.replay:
             batch = self.replay_batches.pop(begin.epoch, [])
@@ -528,10 +533,12 @@ class Worker:
                 return
             self._log_pos = md.offset + 1
         self._reported_epoch = begin.epoch
+        self.metrics.executed(t0)
         self._report()
 
     async def _commit(self, msg: wire.Commit) -> None:
         assert self.loop is not None
+        t0 = time.perf_counter()
         fates = await self.loop.commit({t: b for t, b in msg.conflicts}, {t: (e, r) for t, e, r in msg.aborts})
         for f in fates:
             req = f.item.request
@@ -546,6 +553,7 @@ class Worker:
                 reply = wire.Reply(req.rid, False, None, str(f.value[0]), str(f.value[1]))
             self._replies.append((req.reply_partition, reply.encode(), f.item.partition, f.item.offset))
             self._applied(f.item)
+        self.metrics.committed(fates, self.answered, t0)
         if self._replies:
             self._reply_event.set()
         self.on_epoch_committed(msg.epoch, msg.marker)
@@ -629,7 +637,7 @@ class Worker:
             lp = self.loop
             assert lp is not None
             if not self.coord.closed:  # (while the coordinator restarts, nobody listens)
-                self.coord.send(wire.Heartbeat(self.index, lp.committed))
+                self.coord.send(wire.Heartbeat(self.index, lp.committed, self.metrics.heartbeat_latency()))
             if self._age_n and time.monotonic() - last_log >= 5.0:
                 last_log = time.monotonic()
                 log.info("epochs=%d committed=%d reruns=%d fallbacks=%d mean request age at epoch start %.1f ms",

@@ -35,9 +35,9 @@ import psutil
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from sfaas import cluster, services  # noqa: E402
+from sfaas.cli import cluster, services  # noqa: E402
+from sfaas.cli.loadgen import Zipf, run_open_loop  # noqa: E402
 from sfaas.client import Client  # noqa: E402
-from sfaas.loadgen import Zipf, run_open_loop  # noqa: E402
 from sfaas.settings import Settings  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from sfaas import cluster, wire
+from sfaas import wire
+from sfaas.cli import cluster
 from sfaas.client import Client
 from sfaas.epochlog import EpochRecord
 from sfaas.rounds import RoundManifest
@@ -51,7 +52,7 @@ PARTITIONS = 4
 
 async def _outage(service: str, seconds: float) -> str:
     """Stop ``service`` (as sfaas started it) for ``seconds``, then start it again."""
-    from sfaas import services
+    from sfaas.cli import services
 
     kw = {"kafka": service == "kafka", "minio": service == "minio"}
     t = time.monotonic()

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from sfaas import cluster
+from sfaas.cli import cluster
 from sfaas.settings import Settings
 from tests.conftest import TEST_BUCKET
 from tests.runtime import test_recovery

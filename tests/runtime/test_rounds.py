@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from sfaas import cluster, wire
+from sfaas import wire
+from sfaas.cli import cluster
 from sfaas.client import Client
 from sfaas.epochlog import EpochRecord
 from sfaas.partitioning import default_owners, partition_of

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from sfaas import cluster
+from sfaas.cli import cluster
 from sfaas.rounds import Rounds
 from sfaas.settings import Settings
 from sfaas.state import rounds_remote, stores_root

@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import EXIT_RETIRED
+from ..errors import EXIT_RETIRED
+from ..metrics import local_url
+from .cluster import free_port
 
 log = logging.getLogger("sfaas.supervisor")
 
@@ -59,9 +61,11 @@ class Child:
     backoff: float = 0.2
     retired: bool = False
     proc: subprocess.Popen[bytes] | None = None
+    #: its ``/metrics`` URL (empty: off)
+    metrics: str = ""
 
     def public(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("role", "index", "pid", "log", "restarts", "alive", "gave_up")}
+        return {k: getattr(self, k) for k in ("role", "index", "pid", "log", "restarts", "alive", "gave_up", "metrics")}
 
 
 class Supervisor:
@@ -70,6 +74,24 @@ class Supervisor:
         self.info = info
         self.children = children
         self.stopping = False
+
+    def metrics(self, c: Child) -> None:
+        """Give ``c`` its metrics port (kept across its restarts): as ``cluster.json``'s
+        ``metrics`` says — ``"free"`` ports, ``"off"``, or a base port (the coordinator's;
+        worker process ``i`` gets base + 1 + i)."""
+        mode = self.info.get("metrics", "off")
+        if mode == "off":
+            return
+        if c.role == "coordinator":
+            host = str(self.info.get("coordinator", "")).rpartition(":")[0]
+        else:
+            host = str(self.info.get("worker_host", "127.0.0.1"))
+        port = free_port(host) if mode == "free" else int(mode) + (0 if c.role == "coordinator" else 1 + c.index)
+        if port > 65535:
+            log.warning("%s %d serves no metrics: port %d is beyond 65535", c.role, c.index, port)
+            return
+        c.args += ["--metrics-port", str(port)]
+        c.metrics = local_url(host, port, "/metrics")
 
     def _start(self, c: Child) -> None:
         out = open(c.log, "ab")  # noqa: SIM115 - handed to the child
@@ -138,6 +160,7 @@ class Supervisor:
         top = max((c.index for c in have), default=-1)
         for i in range(top + 1, top + 1 + max(0, want - len(have))):
             c = Child("worker", i, ["worker", "--name", f"worker-{i}"], str(self.state_dir / f"worker-{i}.log"))
+            self.metrics(c)
             self.children.append(c)
             self._start(c)
         self.write()
@@ -174,6 +197,8 @@ def supervise(state_dir: str, workers: int) -> int:
     children += [Child("worker", i, ["worker", "--name", f"worker-{i}"], str(sd / f"worker-{i}.log"))
                  for i in range(workers)]
     sup = Supervisor(sd, info, children)
+    for c in children:
+        sup.metrics(c)
     stop = False
     rescale = False
 
