@@ -25,6 +25,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,6 +61,23 @@ async def _outage(service: str, seconds: float) -> str:
     await asyncio.sleep(seconds)
     await asyncio.to_thread(services.up, **kw, progress=False)
     return f"{service} down for {time.monotonic() - t:.1f} s"
+
+
+def chaos_settings(kafka: Any, minio: Any, tmp_path: Path, **extra: Any) -> Settings:
+    """A fresh namespace's settings for a cluster test: lsm stores, rounds every second."""
+    return Settings.load({
+        "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}", "home": str(tmp_path),
+        "store": "lsm", "partitions": PARTITIONS, "snapshot_interval": 1.0, "snapshot_retain": 2,
+        "minio": minio.minio_endpoint, "minio_access_key": minio.minio_access_key,
+        "minio_secret_key": minio.minio_secret_key, "bucket": TEST_BUCKET, **extra,
+    })
+
+
+def log_tails(s: Settings, coordinator_chars: int = 6000, worker_chars: int = 6000) -> str:
+    """The end of every process log of the local cluster (without aiokafka's lines)."""
+    return "\n".join(f"--- {f.name}\n" + "\n".join(
+        line for line in f.read_text().splitlines() if " aiokafka" not in line
+    )[-(coordinator_chars if "coord" in f.name else worker_chars):] for f in sorted(cluster.state_dir(s).glob("*.log")))
 
 
 def _kill(s: Settings, role: str, rnd: random.Random) -> int | None:
@@ -158,12 +176,7 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
 @pytest.mark.timeout(1200)
 def test_kills_under_load_lose_nothing_and_duplicate_nothing(kafka, minio, tmp_path: Path) -> None:
     rnd = random.Random(SEED)
-    s = Settings.load({
-        "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}", "home": str(tmp_path),
-        "store": "lsm", "partitions": PARTITIONS, "snapshot_interval": 1.0, "snapshot_retain": 2,
-        "minio": minio.minio_endpoint, "minio_access_key": minio.minio_access_key,
-        "minio_secret_key": minio.minio_secret_key, "bucket": TEST_BUCKET,
-    })
+    s = chaos_settings(kafka, minio, tmp_path)
     cluster.up(s, "tests.runtime.apps.ledger:app", 2, timeout=90)
     report: dict[str, object] = {"seed": SEED}
     try:
@@ -180,11 +193,7 @@ def test_kills_under_load_lose_nothing_and_duplicate_nothing(kafka, minio, tmp_p
                                 for line in log.splitlines() if "sfaas.coordinator.recovery: recovery" in line]
         print(f"chaos report: {report}")
     except BaseException:
-        sd = cluster.state_dir(s)
-        tails = "\n".join(f"--- {f.name}\n" + "\n".join(
-            line for line in f.read_text().splitlines() if " aiokafka" not in line)[-(15000 if "coord" in f.name else 4000):]
-            for f in sorted(sd.glob("*.log")))
-        print(f"chaos seed {SEED} failed (rerun: SFAAS_CHAOS_SEED={SEED}); report {report}\n{tails}")
+        print(f"chaos seed {SEED} failed (rerun: SFAAS_CHAOS_SEED={SEED}); report {report}\n{log_tails(s, 15000, 4000)}")
         raise
     finally:
         cluster.down(s)

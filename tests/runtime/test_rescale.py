@@ -16,7 +16,6 @@ import random
 import re
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +23,8 @@ import pytest
 
 from sfaas.cli import cluster
 from sfaas.settings import Settings
-from tests.conftest import TEST_BUCKET
 from tests.runtime import test_recovery
-from tests.runtime.test_recovery import PARTITIONS, SEED
+from tests.runtime.test_recovery import SEED, chaos_settings, log_tails
 
 APP = "tests.runtime.apps.ledger:app"
 
@@ -60,12 +58,7 @@ def _maps(s: Settings) -> list[tuple[int, list[int]]]:
 @pytest.mark.timeout(600)
 def test_rescale_two_three_two_under_load_loses_and_duplicates_nothing(kafka, minio, tmp_path: Path,
                                                                      monkeypatch: Any) -> None:
-    s = Settings.load({
-        "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}", "home": str(tmp_path),
-        "store": "lsm", "partitions": PARTITIONS, "snapshot_interval": 1.0, "snapshot_retain": 2,
-        "minio": minio.minio_endpoint, "minio_access_key": minio.minio_access_key,
-        "minio_secret_key": minio.minio_secret_key, "bucket": TEST_BUCKET,
-    })
+    s = chaos_settings(kafka, minio, tmp_path)
     done: list[tuple[int, str]] = []
     errors: list[BaseException] = []
     monkeypatch.setattr(test_recovery, "KILLS", 0)
@@ -103,11 +96,7 @@ def test_rescale_two_three_two_under_load_loses_and_duplicates_nothing(kafka, mi
         assert "recovery" not in coord_log.split("rescale requested")[1], "a rescale caused a recovery"
         print(f"rescale report: {report}")
     except BaseException:
-        sd = cluster.state_dir(s)
-        tails = "\n".join(f"--- {f.name}\n" + "\n".join(
-            line for line in f.read_text().splitlines() if " aiokafka" not in line)[-6000:]
-            for f in sorted(sd.glob("*.log")))
-        print(f"rescale test (seed {SEED}) failed; report {report}\n{tails}")
+        print(f"rescale test (seed {SEED}) failed; report {report}\n{log_tails(s)}")
         raise
     finally:
         cluster.down(s)
@@ -119,12 +108,7 @@ def test_a_coordinator_restarted_after_a_rescale_keeps_the_new_size_and_map(kafk
     """The coordinator is SIGKILLed after a 2 → 3 rescale: restarted by the supervisor, it
     takes the membership size and partition map from the newest round (which names them),
     the three workers rejoin, and the chaos invariants hold across both."""
-    s = Settings.load({
-        "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}", "home": str(tmp_path),
-        "store": "lsm", "partitions": PARTITIONS, "snapshot_interval": 1.0, "snapshot_retain": 2,
-        "minio": minio.minio_endpoint, "minio_access_key": minio.minio_access_key,
-        "minio_secret_key": minio.minio_secret_key, "bucket": TEST_BUCKET,
-    })
+    s = chaos_settings(kafka, minio, tmp_path)
     done: list[tuple[int, str]] = []
     errors: list[BaseException] = []
     kill = test_recovery._kill
@@ -155,11 +139,7 @@ def test_a_coordinator_restarted_after_a_rescale_keeps_the_new_size_and_map(kafk
         assert not any(p.gave_up for p in procs), procs
         print(f"rescale + coordinator restart report: {report}")
     except BaseException:
-        sd = cluster.state_dir(s)
-        tails = "\n".join(f"--- {f.name}\n" + "\n".join(
-            line for line in f.read_text().splitlines() if " aiokafka" not in line)[-6000:]
-            for f in sorted(sd.glob("*.log")))
-        print(f"rescale test (seed {SEED}) failed; report {report}\n{tails}")
+        print(f"rescale test (seed {SEED}) failed; report {report}\n{log_tails(s)}")
         raise
     finally:
         cluster.down(s)
