@@ -14,17 +14,10 @@ bytes of the moved stores' files (≈ 1: only the moved state travels) and downl
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
-import time
-from pathlib import Path
 from typing import Any
 
-from benchmarks.readme import publish
-from benchmarks.runtime import bench
-
-ROOT = Path(__file__).resolve().parents[2]
+from benchmarks.replication import cluster_args, finish, run_points
 
 
 def report(rows: list[dict[str, Any]]) -> str:
@@ -58,34 +51,13 @@ def report(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--keys", type=int, default=1_000_000)
-    ap.add_argument("--store", default="lsm")
-    ap.add_argument("--seconds", type=float, default=40.0)
+    ap = cluster_args("rescale", __doc__, 40.0)
     ap.add_argument("--up-at", dest="up_at", type=float, default=10.0)
     ap.add_argument("--down-at", dest="down_at", type=float, default=25.0)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / time.strftime("%Y-%m-%d-rescale"))
-    ap.add_argument("--no-readme", action="store_true")
     a = ap.parse_args()
-    a.out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict[str, Any]] = []
-    t0 = time.monotonic()
-    for rep in range(1, a.repeats + 1):
-        print(f"[{time.monotonic() - t0:.0f} s] repeat {rep}: {a.keys:,} keys, 2 → 3 workers at {a.up_at} s, "
-              f"→ 2 at {a.down_at} s", file=sys.stderr, flush=True)
-        args = bench.parser().parse_args([
-            "--store", a.store, "--keys", str(a.keys), "--preload", "--rates", "1000", "--seconds", str(a.seconds),
-            "--rescale", f"{a.up_at}:3,{a.down_at}:2", "--label", f"r{rep}", "--out", str(a.out / "rescale.jsonl"),
-        ])
-        rows += bench.run(args)
-    text = report(rows)
-    print(text)
-    if a.no_readme:
-        (a.out / "REPORT.md").write_text(text + "\n")
-    else:
-        publish("rescale", "Replication: rescaling 2 → 3 → 2 workers under load", text, a.out,
-                "python -m benchmarks.replication.rescale", "rescale.jsonl")
+    rows = run_points(a, "rescale", [(f"2 → 3 workers at {a.up_at} s, → 2 at {a.down_at} s",
+                                      ["--rescale", f"{a.up_at}:3,{a.down_at}:2"])])
+    finish(a, "rescale", "Replication: rescaling 2 → 3 → 2 workers under load", report, rows)
 
 
 if __name__ == "__main__":
