@@ -132,8 +132,9 @@ class Moving:
                 for op in w.app.operators:
                     engine, opts = store_engine(w.app, op, w.settings.store)
                     source = TcpSource(host, port, store_name(op, p), w.secret)
+                    # promoted at a round still to come: the old owner's newest snapshot is not needed
                     self.followers[(op, p)] = statestores.follow(engine, os.path.join(self.root, op, f"p{p}"),
-                                                                 source, **opts)
+                                                                 source, live_only=True, **opts)
         t0 = time.monotonic()
         for key, fol in self.followers.items():
             fol.wait(seq=seqs.get(key, 0), timeout=FOLLOW_TIMEOUT)

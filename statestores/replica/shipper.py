@@ -215,8 +215,9 @@ class Shipper:
                         # new, another lineage, or fell behind the backlog: the whole live
                         # version (and the newest mark), then on from here
                         live = list(self._live.values())
-                        held = [e.name for e in live] + list(self._mark.names if self._mark else ())
-                        base = (self._seq, live, self._mark)
+                        mark = None if hello.live_only else self._mark
+                        held = [e.name for e in live] + list(mark.names if mark else ())
+                        base = (self._seq, live, mark)
                         nxt = self._n + 1
                     else:
                         ev = self._next(nxt)

@@ -277,6 +277,38 @@ def test_a_follower_behind_the_backlog_gets_a_base(tmp_path: Path) -> None:
     db.close()
 
 
+@pytest.mark.parametrize("engine", ["lsm", "hybridlog"])
+def test_a_live_only_follower_receives_the_live_files_not_the_newest_snapshots(tmp_path: Path, engine: str) -> None:
+    """A replica to be promoted at a later snapshot (a partition moving in a rescale) asks
+    for the live files only: after merges rewrote what snapshot 1 holds, it receives less
+    than a replica that holds snapshot 1 too, and still becomes the store at snapshot 2."""
+    remote = remotes.PathRemote(tmp_path / "remote")
+    db = statestores.open(engine, tmp_path / "primary", remote=remote, **TINY[engine])
+    shipper = Shipper(db)
+    _fill(db, 300)
+    db.snapshot(1)
+    _fill(db, 300, 150)  # overwrites half: merges replace what snapshot 1 holds
+    db.settle()
+    seq, live = db.version()
+    live_bytes = sum(os.path.getsize(tmp_path / "primary" / e.name) for e in live if e.kind in SHIPPED_KINDS)
+    full = statestores.follow(engine, tmp_path / "full", LocalSource(shipper))
+    part = statestores.follow(engine, tmp_path / "part", LocalSource(shipper), live_only=True)
+    for f in (full, part):
+        f.wait(seq=seq)
+    full.wait(snapshot_id=1)
+    assert full.snapshots() == [1] and part.snapshots() == []
+    assert part.stats()["bytes_received"] == live_bytes < full.stats()["bytes_received"]
+    db.snapshot(2)
+    db.settle()
+    part.wait(snapshot_id=2)
+    store = part.promote(2)
+    assert dict(store.items()) == dict(db.items())
+    store.close()
+    full.close()
+    shipper.close()
+    db.close()
+
+
 def test_promotion_errors_and_bad_directories(tmp_path: Path) -> None:
     remote = remotes.PathRemote(tmp_path / "remote")
     db = statestores.open("appendlog", tmp_path / "primary", remote=remote)
@@ -333,7 +365,8 @@ def test_decoding_garbage_raises_protocol_error_only(data: bytes) -> None:
 
 @given(st.one_of(
     st.builds(Hello, st.text(min_size=1, max_size=10), st.integers(0, 1 << 40), st.integers(-1, 1 << 40),
-              st.lists(st.sampled_from(["a.run", "b.hint"]), max_size=3).map(tuple), st.text(max_size=10)),
+              st.lists(st.sampled_from(["a.run", "b.hint"]), max_size=3).map(tuple), st.text(max_size=10),
+              st.booleans()),
     st.builds(wire.Ack, st.integers(0, 1 << 40), st.integers(-1, 1 << 40)),
     st.builds(Tip, st.integers(0, 1 << 40), st.integers(-1, 1 << 40)),
 ))
