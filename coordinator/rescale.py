@@ -247,6 +247,11 @@ class Rescaler:
         plan = self._plan
         assert plan is not None
         self.c.rounds.switch_at[round_id] = (list(plan.owners), plan.target, lambda: self._adopt(plan))
+        for n in {n for _o, n in plan.moves.values()}:
+            try:
+                plan.members[n].channel.send(wire.Hold(round_id))
+            except ChannelClosed:
+                pass  # its loss stops the epochs: the switch will not happen
 
     def _adopt(self, plan: _Plan) -> None:
         """(on the event loop, when the switch's round is published) The new map and

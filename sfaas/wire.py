@@ -43,6 +43,7 @@ __all__ = [
     "Release",
     "Released",
     "Reassign",
+    "Hold",
     "Hello",
     "Call",
     "Result",
@@ -375,6 +376,16 @@ class Reassign(Message):
     ingress: dict[int, int]
     skip: dict[int, list[int]]
     retries: list[list[int]]
+
+
+@dataclass(slots=True)
+class Hold(Message):
+    """Coordinator → receiving workers: round ``round`` is the switch's; stop following
+    the moving stores once they hold it (what the old owners write or merge after it will
+    not be needed)."""
+
+    TAG: ClassVar[int] = 29
+    round: int
 
 
 # -- worker <-> worker -------------------------------------------------------------------------

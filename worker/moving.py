@@ -142,6 +142,11 @@ class Moving:
         log.info("following %d moving stores: caught up in %.2f s, %.1f MB received", len(self.followers),
                  time.monotonic() - t0, got / 1e6, extra={"worker": msg.index})
 
+    def hold(self, msg: wire.Hold) -> None:
+        """The switch is at round ``msg.round``: each replica stops once it holds it."""
+        for fol in list(self.followers.values()):
+            fol.stop_at(msg.round)
+
     def stop(self) -> None:
         """Stop following (an abandoned rescale, or a recovery)."""
         for fol in self.followers.values():
@@ -215,6 +220,8 @@ async def join_as_receiver(w: Worker, first: wire.Move) -> tuple[wire.Reassign, 
             for msg in msgs:
                 if isinstance(msg, wire.Move):
                     mv.follow(msg)
+                elif isinstance(msg, wire.Hold):
+                    mv.hold(msg)
                 elif isinstance(msg, wire.Reassign):
                     stores = await asyncio.to_thread(mv.take_over, msg.round, msg.index, len(msg.owners))
                     return msg, stores

@@ -485,6 +485,8 @@ class Worker:
                     self.coord.send(self.moving.ship(msg))
                 elif isinstance(msg, wire.Move):
                     self.moving.follow(msg)
+                elif isinstance(msg, wire.Hold):
+                    self.moving.hold(msg)
                 elif isinstance(msg, wire.Release):
                     self.coord.send(await self.moving.release(msg))
                 elif isinstance(msg, wire.Reassign):

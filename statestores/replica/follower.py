@@ -83,6 +83,7 @@ class Follower:
         self.source = source
         self.keep_marks = keep_marks
         self.live_only = bool(live_only)
+        self._stop_at: int | None = None
         self.fs = FileSystem()
         self._sync = self.engine_cls._parse_options(dict(options))["sync"] == "fsync"
         self._lock = threading.Lock()
@@ -185,6 +186,11 @@ class Follower:
                 try:
                     for item in stream:
                         if self._stop.is_set():
+                            break
+                        if self._holds_stop_mark():
+                            # promoted there next: what follows is not needed (checked here,
+                            # after the transport acknowledged the mark, not right after it)
+                            self._stop.set()
                             break
                         if isinstance(item, Tip):
                             self._check_tip(item)
@@ -338,6 +344,20 @@ class Follower:
                     if self._holds[e.name] <= 0:
                         del self._holds[e.name]
                 self._collect({e.name for e in files})
+
+    def _holds_stop_mark(self) -> bool:
+        with self._lock:
+            return self._stop_at is not None and any(i >= self._stop_at for i, _s, _f in self.marks)
+
+    def stop_at(self, snapshot_id: int) -> None:
+        """Stop following once the replica holds snapshot ``snapshot_id`` (at once if it
+        does): for a replica about to be promoted there, whatever the primary writes or
+        merges after it is not needed. :meth:`promote` and :meth:`wait` work as before."""
+        with self._lock:
+            self._stop_at = snapshot_id
+        if self._holds_stop_mark():
+            self._stop.set()
+            self.source.close()
 
     def snapshots(self) -> list[int]:
         """Ids of the snapshots whose every file this replica holds, ascending."""

@@ -11,6 +11,7 @@ import random
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -508,5 +509,37 @@ def test_the_shipper_knows_when_a_follower_holds_a_snapshot(tmp_path: Path) -> N
         db.snapshot(2)
         assert shipper.wait_acked(2, 10) and 2 in f.snapshots()
         f.close()
+    shipper.close()
+    db.close()
+
+
+def test_a_follower_told_to_stop_at_a_snapshot_acknowledges_it_and_takes_nothing_after(tmp_path: Path) -> None:
+    """A partition moving in a rescale: the receiver stops at the switch round's snapshot
+    (``stop_at``), the primary still hears its acknowledgement of that round at once (its
+    round report waits for it), what the primary flushes or merges afterwards is not
+    shipped, and the replica becomes the store as of that snapshot."""
+    remote = remotes.PathRemote(tmp_path / "remote")
+    db = statestores.open("lsm", tmp_path / "primary", remote=remote, **TINY["lsm"])
+    with TcpServer({"primary": (shipper := Shipper(db, name="primary"))}, SECRET) as server:
+        _fill(db, 200)
+        f = statestores.follow("lsm", tmp_path / "replica", TcpSource(*server.address, "primary", SECRET),
+                               live_only=True)
+        db.settle()
+        f.wait(seq=db.version()[0])
+        f.stop_at(2)
+        db.snapshot(1)
+        assert shipper.wait_acked(1, 10) and f.snapshots() == [1]
+        _fill(db, 100, 200)
+        db.snapshot(2)
+        at_two = dict(db.items())
+        assert shipper.wait_acked(2, 10), "the mark it stops at is acknowledged"
+        received = f.stats()["bytes_received"]
+        _fill(db, 400, 300)  # flushes and merges after the snapshot
+        db.settle()
+        time.sleep(0.5)
+        assert f.stats()["bytes_received"] == received and f.snapshots() == [1, 2]
+        store = f.promote(2)
+        assert dict(store.items()) == at_two
+        store.close()
     shipper.close()
     db.close()
