@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import statestores
@@ -41,10 +42,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sfaas.worker.moving")
 
-__all__ = ["Moving", "join_as_receiver", "FOLLOW_TIMEOUT"]
+__all__ = ["Moving", "join_as_receiver", "FOLLOW_TIMEOUT", "MERGE_HOLD"]
 
 #: Seconds a receiver may take to catch up with a moving store's version.
 FOLLOW_TIMEOUT = 240.0
+#: Seconds a store shipped for a move holds its merges at most (the switch comes sooner).
+MERGE_HOLD = 60.0
 
 
 class Moving:
@@ -56,6 +59,9 @@ class Moving:
         self.root = os.path.join(s.home, "moving", s.namespace, w.app.name, w.name)
         self.followers: dict[StoreKey, Follower] = {}
         self._task: asyncio.Task[None] | None = None
+        #: stores shipped for a move: their merges wait until they leave (or the move is off)
+        self._merges_held: dict[StoreKey, Callable[[], None]] = {}
+        self._unhold: asyncio.TimerHandle | None = None
         #: what the last takeover cost (for logs and the rescale benchmark)
         self.last: dict[str, Any] = {}
 
@@ -66,6 +72,13 @@ class Moving:
             raise ClusterError("asked to ship stores, but this worker runs no replication server")
         assert w.engine is not None
         stores = {k: st for k, st in w.engine.stores.items() if k[1] in set(msg.partitions)}
+        for k, st in stores.items():
+            if k not in self._merges_held:
+                self._merges_held[k] = st.pause_merges()
+        if self._unhold is not None:
+            self._unhold.cancel()
+        # a move that never switches must not leave the stores unmerged for long
+        self._unhold = asyncio.get_running_loop().call_later(MERGE_HOLD, self.resume_merges)
         seqs = w.shipping.attach(stores)
         return wire.Shipped(w.index, [[op, p, seq] for (op, p), seq in sorted(seqs.items())])
 
@@ -91,6 +104,7 @@ class Moving:
         keys = [k for k in w.engine.stores if k[1] in drop]
         if w.shipping is not None:
             w.shipping.detach(keys)
+        self.resume_merges()  # (the stores leaving close next; the others were never held)
         closing = [w.engine.stores.pop(k) for k in keys]
         await asyncio.to_thread(PartitionStores(dict(zip(keys, closing, strict=True)), len(msg.owners)).close)
         w.assign.owners = list(msg.owners)
@@ -146,6 +160,15 @@ class Moving:
         """The switch is at round ``msg.round``: each replica stops once it holds it."""
         for fol in list(self.followers.values()):
             fol.stop_at(msg.round)
+
+    def resume_merges(self) -> None:
+        """Let the stores held by :meth:`ship` merge again."""
+        if self._unhold is not None:
+            self._unhold.cancel()
+            self._unhold = None
+        held, self._merges_held = self._merges_held, {}
+        for resume in held.values():
+            resume()
 
     def stop(self) -> None:
         """Stop following (an abandoned rescale, or a recovery)."""

@@ -83,6 +83,7 @@ async def recover(w: Worker, msg: wire.Recover) -> list[list[Any]]:
     # 1. stop
     await w.stop_activity()
     w.moving.stop()  # a rescale in progress is abandoned (the coordinator starts it over)
+    w.moving.resume_merges()
     w._skip, w._retry_at = {}, {}
     # 2. peers, and the partition map (a rescale may have changed it)
     for j in [j for j in w.peers if j >= len(msg.peers)]:
