@@ -543,3 +543,43 @@ def test_a_follower_told_to_stop_at_a_snapshot_acknowledges_it_and_takes_nothing
         store.close()
     shipper.close()
     db.close()
+
+
+def test_a_stream_ships_each_file_body_once(tmp_path: Path) -> None:
+    """A snapshot mark names files the stream's edits already brought: they go without
+    their bodies (a standby or a receiver pays each file's bytes once, not once per round).
+    The exception: a file an edit removed before the mark came (the follower may have
+    deleted it) is sent again."""
+    from statestores.replica.wire import EditMsg
+
+    remote = remotes.PathRemote(tmp_path / "remote")
+    db = statestores.open("lsm", tmp_path / "primary", remote=remote, **TINY["lsm"])
+    shipper = Shipper(db)
+    stream = shipper.stream(Hello("primary", 0, -1), idle=0.05)
+    shipped: set[str] = set()
+    removed: set[str] = set()
+    again: list[str] = []
+    marks = 0
+
+    def drain() -> None:
+        nonlocal marks
+        for d in stream:
+            if isinstance(d, Tip):
+                return
+            files = d.msg.added if isinstance(d.msg, EditMsg) else d.msg.files
+            marks += not isinstance(d.msg, EditMsg)
+            again.extend(f.entry.name for f in files if f.body and f.entry.name in shipped - removed)
+            shipped.update(f.entry.name for f in files if f.body)
+            if isinstance(d.msg, EditMsg):
+                removed.update(d.msg.removed)
+
+    drain()
+    for r in range(1, 5):
+        _fill(db, 120, r * 60)
+        db.snapshot(r)
+        db.settle()
+        drain()
+    stream.close()
+    assert marks == 4 and len(shipped) > 10 and not again, again
+    shipper.close()
+    db.close()
