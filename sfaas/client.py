@@ -22,7 +22,7 @@ from aiokafka import TopicPartition
 from crc32c import crc32c
 
 from .app import App
-from .codec import check_serializable
+from .codec import check_arguments
 from .errors import BadKey, RequestTimeout, reply_error
 from .kafka import make_consumer, make_producer, partition_count
 from .partitioning import partition_of
@@ -123,7 +123,7 @@ class Client:
             return
         if not isinstance(key, str) or not key:
             raise BadKey(f"key for operator {operator!r} must be a non-empty str, got {key!r:.80}")
-        check_serializable(list(args), f"arguments of {operator}.{function}")
+        check_arguments(list(args), f"arguments of {operator}.{function}")
 
     async def submit(self, operator: str, key: str, function: str, *args: Any) -> asyncio.Future[Reply]:
         """Send a request; the returned future resolves to its raw :class:`Reply`."""

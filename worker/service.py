@@ -41,7 +41,7 @@ from aiokafka import TopicPartition
 
 from sfaas import channels, wire
 from sfaas.app import App
-from sfaas.codec import check_serializable
+from sfaas.codec import check_arguments
 from sfaas.epochlog import EpochRecord
 from sfaas.errors import AuthenticationError, ChannelClosed, ClusterError
 from sfaas.kafka import make_consumer, make_producer
@@ -171,7 +171,7 @@ class Worker:
     ) -> Outcome:
         """Send a call to worker ``dest`` and wait for its result."""
         argv = list(args)
-        check_serializable(argv, f"arguments of {operator}.{function}")
+        check_arguments(argv, f"arguments of {operator}.{function}")
         self._call_ids += 1
         cid = self._call_ids
         fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
