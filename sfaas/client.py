@@ -58,6 +58,8 @@ class Client:
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
         self._reader: asyncio.Task[None] | None = None
         self._started = False
+        #: egress records on this client's partition that were not replies (logged, skipped)
+        self.rejected = 0
 
     async def start(self) -> None:
         """Connect to Kafka and start listening for replies (called by ``async with``)."""
@@ -111,6 +113,7 @@ class Client:
                     try:
                         reply = Reply.decode(rec.value)
                     except ProtocolError as exc:
+                        self.rejected += 1
                         log.warning("ignoring malformed reply at offset %d: %s", rec.offset, exc)
                         continue
                     fut = self._waiting.pop(reply.rid, None)

@@ -29,6 +29,7 @@ State lives in one store per (operator, owned partition), opened by ``sfaas.stat
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import os
@@ -53,6 +54,7 @@ from sfaas.txn.loop import Participant
 from sfaas.txn.offsets import OffsetTracker
 
 from . import membership
+from .ingress import admit
 from .replication import Shipping
 from .snapshots import RoundTaker
 
@@ -135,6 +137,10 @@ class Worker:
         self.fallback_enabled = os.environ.get("SFAAS_FALLBACK", "1") != "0"
         self._age_sum = 0.0
         self._age_n = 0
+        #: partitions of the egress topic (a request's reply partition must be one)
+        self.egress_partitions = 0
+        #: malformed ingress records, ``"answered"`` (with an error reply) or ``"dropped"``
+        self.rejected: collections.Counter[str] = collections.Counter()
 
     # -- snapshots -------------------------------------------------------------------------------
     def on_epoch_committed(self, epoch: int, marker: int | None) -> None:
@@ -226,6 +232,9 @@ class Worker:
             log.warning("peer %s did not say hello; dropping", chan.peer)
             return
         src = first[0].index
+        if not 0 <= src < self.assign.n_workers or src == self.index:
+            raise wire.ProtocolError(f"peer {chan.peer} says it is worker {src} (of {self.assign.n_workers}; "
+                                     f"this is worker {self.index})")
         rest = first[1:]
         while True:
             for msg in rest:
@@ -234,6 +243,8 @@ class Worker:
                     if fut is not None and not fut.done():
                         fut.set_result((msg.ok, msg.value if msg.ok else tuple(msg.value)))
                 elif isinstance(msg, wire.Call):
+                    if msg.src != src:
+                        raise wire.ProtocolError(f"worker {src} sent a call as worker {msg.src}")
                     self._on_call(msg)
                 else:
                     log.warning("unexpected %s from peer %d", type(msg).__name__, src)
@@ -301,6 +312,7 @@ class Worker:
             self.start_offsets[tp.partition] = await self.consumer.position(tp)
         # every reply this worker produces from now on lands above these offsets
         out_parts = await self.producer.partitions_for(assign.egress_topic)
+        self.egress_partitions = len(out_parts)
         ends = await self.consumer.end_offsets([TopicPartition(assign.egress_topic, p) for p in out_parts])
         self._egress_acked = {tp.partition: off for tp, off in ends.items()}
         if self._log_topic:
@@ -520,12 +532,8 @@ class Worker:
                 for rec in records:
                     self.offsets.take(tp.partition, rec.offset)
                     self.applied.take(tp.partition, rec.offset)
-                    try:
-                        req = wire.Request.decode(rec.value)
-                    except Exception as exc:
-                        log.warning("dropping malformed request at %s:%d: %s", tp, rec.offset, exc)
-                        self.offsets.complete(tp.partition, rec.offset)
-                        self.applied.complete(tp.partition, rec.offset)
+                    req = admit(self, tp.partition, rec.offset, rec.value)
+                    if req is None:  # rejected (and answered, if it could be)
                         continue
                     queue.append(_Pending(req, tp.partition, rec.offset))
                     got = True
