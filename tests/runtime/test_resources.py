@@ -3,7 +3,7 @@ and stopped one after another, leave this process holding the threads, child pro
 descriptors and sockets it held before.
 
 A local cluster takes about a second to start and stop, so CI runs as many of the 200 as
-fit ``CLUSTER_BUDGET`` (45 s; about 40 on two cores); ``SFAAS_FUZZ_FULL=1`` (the fuzz
+fit ``CLUSTER_BUDGET`` (30 s; about 30 on two cores); ``SFAAS_FUZZ_FULL=1`` (the fuzz
 suites' full run) runs all 200.
 """
 
@@ -25,7 +25,7 @@ from tests.resources import held, settled
 
 N_CLIENTS = 200
 CLUSTERS = 200
-CLUSTER_BUDGET = None if FULL else 45.0  # seconds of cluster cycles in CI
+CLUSTER_BUDGET = None if FULL else 30.0  # seconds of cluster cycles in CI
 
 
 @pytest.mark.timeout(900)
