@@ -48,7 +48,7 @@ def test_decode_frame_returns_messages_or_a_protocol_error(payload: bytes, outco
         return
     outcomes.add("decoded")
     # what decodes is well-typed: it survives a round trip unchanged
-    assert wire.decode_frame(wire.encode_frame(msgs)) == msgs
+    assert wire.encode_frame(wire.decode_frame(wire.encode_frame(msgs))) == wire.encode_frame(msgs)  # (NaN != NaN)
 
 
 class _Writer:
