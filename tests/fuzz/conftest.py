@@ -30,3 +30,13 @@ def outcomes(request: pytest.FixtureRequest) -> Iterator[Outcomes]:
     o = Outcomes(request.node.nodeid)
     yield o
     o.report()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A hang fails fast, with every thread's stack (pytest-timeout): 2 minutes per fuzz
+    test in CI, an hour in the full run."""
+    from tests.fuzz.budget import FULL
+
+    for item in items:
+        if "tests/fuzz/" in item.nodeid and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(3600 if FULL else 120))
