@@ -31,6 +31,7 @@ from sfaas.txn.epochs import execution_finished
 from sfaas.txn.loop import merge_votes
 from sfaas.wire import Message
 
+from .inbound import check
 from .metrics import CoordinatorMetrics
 from .recovery import recover
 from .rescale import Rescaler
@@ -258,6 +259,7 @@ class Coordinator:
         try:
             while True:
                 for msg in await chan.recv():
+                    check(msg, member.index, len(self.members))
                     member.last_seen = time.monotonic()
                     if isinstance(msg, wire.Wakeup):
                         self._wakeup.set()
@@ -275,9 +277,9 @@ class Coordinator:
                         self.write_ready()
                     else:
                         self._inbox.put_nowait(msg)
-        except ChannelClosed:
+        except (ChannelClosed, wire.ProtocolError) as exc:
             if member.channel is chan:
-                self.lose(member, "its channel closed")
+                self.lose(member, "its channel closed" if isinstance(exc, ChannelClosed) else f"protocol error: {exc}")
             raise
 
     async def _resume_map(self) -> None:
@@ -371,8 +373,11 @@ class Coordinator:
             if msg.epoch < epoch:
                 log.warning("ignoring a late report of epoch %d from worker %d", msg.epoch, msg.index)
                 continue
-            if msg.epoch != epoch:
-                raise ClusterError(f"Report for epoch {msg.epoch} during epoch {epoch}")
+            if msg.epoch != epoch:  # a worker that runs ahead of the barrier broke the protocol
+                for m in self.members:
+                    if m.index == msg.index:
+                        self.lose(m, f"protocol error: it reported epoch {msg.epoch} during epoch {epoch}")
+                continue
             latest[msg.index] = msg
             if execution_finished(n, {i: (r.sent, r.served) for i, r in latest.items()}):
                 return list(latest.values())

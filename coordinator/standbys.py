@@ -147,7 +147,8 @@ class Standbys:
 
     def registered(self, slot: int, name: str) -> None:
         """A worker took ``slot``: a reservation it fulfilled ends."""
-        if self._reserved.get(slot, ("",))[0] == name:
+        r = self._reserved.get(slot)
+        if r is not None and r[0] == name:
             del self._reserved[slot]
 
     def describe(self) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ names is durable in the remote. Encoding (see ``statestores/FORMAT.md`` § "Mani
 
 from __future__ import annotations
 
+import math
 import struct
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ from typing import Any
 
 import msgpack
 from crc32c import crc32c
+
+from ._layout import MAX_SNAPSHOT_ID, check_name
 
 __all__ = ["FileInfo", "Manifest", "ManifestError", "frame", "unframe"]
 
@@ -90,10 +93,26 @@ class Manifest:
     @classmethod
     def decode(cls, data: bytes, *, source: str = "manifest") -> Manifest:
         d = unframe(data, magic=_MAGIC, version=_VERSION, what="manifest", source=source)
-        return cls(
-            snapshot_id=d["id"],
-            engine=d["engine"],
-            files={n: FileInfo(s, c) for n, (s, c) in d["files"].items()},
-            meta=d["meta"],
-            created=d["created"],
-        )
+
+        def bad(why: str) -> ManifestError:
+            return ManifestError(f"{source}: malformed manifest body: {why}")
+
+        if not isinstance(d, dict) or not {"id", "engine", "files", "meta", "created"} <= d.keys():
+            raise bad("expected a map with id, engine, files, meta, created")
+        sid, engine, files, meta, created = d["id"], d["engine"], d["files"], d["meta"], d["created"]
+        if type(sid) is not int or not 0 <= sid <= MAX_SNAPSHOT_ID:
+            raise bad(f"id must be an int in [0, {MAX_SNAPSHOT_ID}]")
+        if type(engine) is not str or type(meta) is not dict or type(files) is not dict:
+            raise bad("engine must be a str, meta and files maps")
+        if type(created) not in (int, float) or not math.isfinite(created):
+            raise bad("created must be a finite number")
+        infos: dict[str, FileInfo] = {}
+        for name, info in files.items():
+            try:
+                check_name(name, "file name")
+            except (TypeError, ValueError) as exc:
+                raise bad(str(exc)) from None
+            if type(info) is not list or len(info) != 2 or not all(type(x) is int and x >= 0 for x in info):
+                raise bad(f"file {name!r} must have [size, crc], ints >= 0")
+            infos[name] = FileInfo(info[0], info[1])
+        return cls(snapshot_id=sid, engine=engine, files=infos, meta=meta, created=created)

@@ -29,6 +29,7 @@ from minio.deleteobjects import DeleteObject
 from minio.error import InvalidResponseError, S3Error, ServerError
 from minio.helpers import check_bucket_name
 
+from . import credentials
 from ._gc import plan_gc
 from ._layout import (
     BLOBS,
@@ -150,11 +151,13 @@ class MinioRemote(Remote):
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
 
         # What pickling needs to rebuild this remote in another process (pools and locks
-        # cannot travel); it holds the secret, so it is never logged or printed.
+        # cannot travel): every argument but the secret key, which the receiving process
+        # resolves from the reference (remotes.credentials), so no pickle ever holds it.
+        full_endpoint = ("https://" if secure else "http://") + endpoint
         self._init_args: dict[str, Any] = dict(
-            endpoint=("https://" if secure else "http://") + endpoint, access_key=access_key,
-            secret_key=secret_key, bucket=bucket, prefix=prefix, region=region, retry=retry,
-            pool_size=pool_size, connect_timeout=connect_timeout, read_timeout=read_timeout,
+            endpoint=full_endpoint, access_key=access_key,
+            credential=credentials.register(full_endpoint, access_key, secret_key), bucket=bucket, prefix=prefix,
+            region=region, retry=retry, pool_size=pool_size, connect_timeout=connect_timeout, read_timeout=read_timeout,
         )
         self.endpoint = endpoint
         self.bucket = bucket
@@ -474,13 +477,19 @@ _rebuilt_lock = threading.Lock()
 
 
 def _rebuild(kwargs: dict[str, Any]) -> MinioRemote:
-    """Unpickle helper: a MinioRemote with the same settings (one per settings and process)."""
+    """Unpickle helper: a MinioRemote with the same settings (one per settings and process);
+    its secret key comes from ``remotes.credentials``, never from the pickle."""
     key = tuple(sorted((k, repr(v)) for k, v in kwargs.items()))
     with _rebuilt_lock:
         remote = _rebuilt.get(key)
         if remote is None:
             kw = dict(kwargs)
-            remote = MinioRemote(kw.pop("endpoint"), kw.pop("access_key"), kw.pop("secret_key"), kw.pop("bucket"), **kw)
+            endpoint, access_key = kw.pop("endpoint"), kw.pop("access_key")
+            secret_key = credentials.lookup(kw.pop("credential"), access_key)
+            if secret_key is None:
+                raise RemoteError(f"MinIO at {endpoint}: no secret key for access key {access_key!r} in process "
+                                  f"{os.getpid()}; set SFAAS_MINIO_SECRET_KEY (and SFAAS_MINIO_ACCESS_KEY)")
+            remote = MinioRemote(endpoint, access_key, secret_key, kw.pop("bucket"), **kw)
             if len(_rebuilt) >= _REBUILT_MAX:
                 del _rebuilt[next(iter(_rebuilt))]
             _rebuilt[key] = remote

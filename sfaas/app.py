@@ -165,14 +165,14 @@ class App:
 
     def validate(self, operator: object, key: object, function: object, args: Any) -> Function:
         """Check a request before it is sent: names, key type, arity, serializable arguments."""
-        from .codec import check_serializable
+        from .codec import check_arguments
         from .errors import BadKey
 
         func = self.resolve(operator, function)
         if not isinstance(key, str) or not key:
             raise BadKey(f"key for operator {operator!r} must be a non-empty str, got {key!r:.80}")
         func.check_args(str(operator), tuple(args))
-        check_serializable(list(args), f"arguments of {operator}.{function}")
+        check_arguments(list(args), f"arguments of {operator}.{function}")
         return func
 
     def __repr__(self) -> str:

@@ -9,7 +9,9 @@ secret (``SFAAS_SECRET``) with an HMAC-SHA256 challenge–response in both direc
 3. server → client: ``HMAC(secret, "s" + nc + ns)``
 
 The secret itself never crosses the wire. A peer that fails (wrong secret, garbage,
-timeout) is logged and disconnected; the server keeps serving everyone else.
+timeout) is logged, counted in :data:`REJECTED` and disconnected; the server keeps serving
+everyone else. The server reads exactly the 48-byte answer before the MAC checks out, and a
+frame's length is checked against :data:`MAX_FRAME` before its body is read (allocated).
 
 :meth:`Channel.send` only queues a message; everything queued in one event-loop tick
 goes out as one frame, so bursts of calls/results between two processes are batched.
@@ -18,6 +20,7 @@ goes out as one frame, so bursts of calls/results between two processes are batc
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import hmac
 import logging
@@ -31,7 +34,7 @@ from .wire import Message, ProtocolError, decode_frame, encode_frame
 
 log = logging.getLogger("sfaas.channels")
 
-__all__ = ["Channel", "connect", "serve", "MAX_FRAME", "MAGIC", "Traffic", "TRAFFIC"]
+__all__ = ["Channel", "connect", "serve", "MAX_FRAME", "MAGIC", "REJECTED", "Traffic", "TRAFFIC"]
 
 MAGIC = b"SFAAS1"
 _NONCE = 16
@@ -40,6 +43,9 @@ _MAC = 32
 MAX_FRAME = 64 << 20
 _HEADER = struct.Struct(">I")
 HANDSHAKE_TIMEOUT = 5.0
+#: Peers this process refused, by why: ``"unauthenticated"`` (failed the handshake) and
+#: ``"protocol"`` (an authenticated peer sent a frame that does not decode).
+REJECTED: collections.Counter[str] = collections.Counter()
 
 
 @dataclass(slots=True)
@@ -193,28 +199,39 @@ async def serve(
     key = secret.encode() if isinstance(secret, str) else secret
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        addr = writer.get_extra_info("peername")
-        peer = f"{addr[0]}:{addr[1]}" if addr else "?"
-        _tune(writer)
-        try:
-            await asyncio.wait_for(_server_handshake(reader, writer, key), HANDSHAKE_TIMEOUT)
-        except (TimeoutError, AuthenticationError, asyncio.IncompleteReadError, ConnectionError) as exc:
-            log.warning("refused unauthenticated peer %s: %s", peer, exc or type(exc).__name__,
-                        extra={"peer": peer})
-            writer.close()
-            return
-        chan = Channel(reader, writer, peer)
-        try:
-            await handler(chan)
-        except ChannelClosed:
-            log.debug("channel from %s closed", peer)
-        except asyncio.CancelledError:  # the process is shutting down
-            pass
-        except ProtocolError as exc:
-            log.warning("protocol error from %s: %s", peer, exc, extra={"peer": peer})
-        except Exception:
-            log.exception("handler for %s failed", peer)
-        finally:
-            chan.close()
+        await accept(reader, writer, key, handler)
 
     return await asyncio.start_server(on_connect, host, port)
+
+
+async def accept(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: bytes,
+    handler: Callable[[Channel], Awaitable[None]],
+) -> None:
+    """Serve one incoming connection: the handshake, then ``handler`` on the channel
+    (:func:`serve` runs it for every connection; tests feed it hostile bytes)."""
+    addr = writer.get_extra_info("peername")
+    peer = f"{addr[0]}:{addr[1]}" if addr else "?"
+    _tune(writer)
+    try:
+        await asyncio.wait_for(_server_handshake(reader, writer, key), HANDSHAKE_TIMEOUT)
+    except (TimeoutError, AuthenticationError, asyncio.IncompleteReadError, ConnectionError) as exc:
+        REJECTED["unauthenticated"] += 1
+        log.warning("refused unauthenticated peer %s: %s", peer, exc or type(exc).__name__,
+                    extra={"peer": peer})
+        writer.close()
+        return
+    chan = Channel(reader, writer, peer)
+    try:
+        await handler(chan)
+    except ChannelClosed:
+        log.debug("channel from %s closed", peer)
+    except asyncio.CancelledError:  # the process is shutting down
+        pass
+    except ProtocolError as exc:
+        REJECTED["protocol"] += 1
+        log.warning("protocol error from %s: %s", peer, exc, extra={"peer": peer})
+    except Exception:
+        log.exception("handler for %s failed", peer)
+    finally:
+        chan.close()

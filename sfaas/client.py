@@ -22,7 +22,7 @@ from aiokafka import TopicPartition
 from crc32c import crc32c
 
 from .app import App
-from .codec import check_serializable
+from .codec import check_arguments
 from .errors import BadKey, RequestTimeout, reply_error
 from .kafka import make_consumer, make_producer, partition_count
 from .partitioning import partition_of
@@ -58,6 +58,8 @@ class Client:
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
         self._reader: asyncio.Task[None] | None = None
         self._started = False
+        #: egress records on this client's partition that were not replies (logged, skipped)
+        self.rejected = 0
 
     async def start(self) -> None:
         """Connect to Kafka and start listening for replies (called by ``async with``)."""
@@ -111,6 +113,7 @@ class Client:
                     try:
                         reply = Reply.decode(rec.value)
                     except ProtocolError as exc:
+                        self.rejected += 1
                         log.warning("ignoring malformed reply at offset %d: %s", rec.offset, exc)
                         continue
                     fut = self._waiting.pop(reply.rid, None)
@@ -123,7 +126,7 @@ class Client:
             return
         if not isinstance(key, str) or not key:
             raise BadKey(f"key for operator {operator!r} must be a non-empty str, got {key!r:.80}")
-        check_serializable(list(args), f"arguments of {operator}.{function}")
+        check_arguments(list(args), f"arguments of {operator}.{function}")
 
     async def submit(self, operator: str, key: str, function: str, *args: Any) -> asyncio.Future[Reply]:
         """Send a request; the returned future resolves to its raw :class:`Reply`."""

@@ -7,8 +7,11 @@ Every field ``name`` is read from ``SFAAS_<NAME>`` (e.g. ``SFAAS_KAFKA``,
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
+import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,8 +22,13 @@ log = logging.getLogger("sfaas.settings")
 
 __all__ = ["Settings", "DEV_SECRET"]
 
-#: Used when ``SFAAS_SECRET`` is unset, with a warning: fine on a laptop, never in production.
+#: Used when ``SFAAS_SECRET`` is unset, with a warning — and only while every address the
+#: process listens on is a loopback one (:meth:`Settings.shared_secret`).
 DEV_SECRET = "sfaas-dev-secret-change-me"
+#: Names that become parts of Kafka topics and consumer groups.
+_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+#: Fields that hold credentials: never in a repr, an error message or a pickle.
+SECRET_FIELDS = ("secret", "minio_access_key", "minio_secret_key")
 
 
 def _default_home() -> str:
@@ -105,18 +113,38 @@ class Settings:
             raw = env.get(f"SFAAS_{f.name.upper()}")
             if raw is not None and raw != "":
                 values[f.name] = _convert(f, raw, f"SFAAS_{f.name.upper()}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
         for name, value in (overrides or {}).items():
             if value is None:
                 continue
-            if name not in {f.name for f in dataclasses.fields(cls)}:
+            if name not in fields:
                 raise ConfigError(f"unknown setting {name!r}")
-            values[name] = value
+            values[name] = _typed(fields[name], value, name)
         s = cls(**values)
         s.validate()
         return s
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first invalid value."""
+        for f in dataclasses.fields(self):  # a value set in code must have its field's type
+            _typed(f, getattr(self, f.name), f.name)
+        for name in ("namespace",):
+            if not _NAME_RE.match(getattr(self, name)):
+                raise ConfigError(f"{name} must be 1-100 letters, digits, '.', '_' or '-' (it names Kafka "
+                                  f"topics), got {getattr(self, name)!r:.60}")
+        for name in ("kafka", "minio", "home", "coordinator", "host"):
+            value = getattr(self, name)
+            if not value or "\0" in value or value != value.strip():
+                raise ConfigError(f"{name} must be a non-empty value without NUL or surrounding blanks, got {value!r:.60}")
+        if "\0" in self.ready_file or "\0" in self.app:
+            raise ConfigError("app and ready_file must not contain NUL")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be 0-65535 (0: any free port), got {self.port}")
+        for name in ("fetch_wait_ms", "linger_ms"):
+            if not 0 <= getattr(self, name) <= 60_000:
+                raise ConfigError(f"{name} must be 0-60000 milliseconds, got {getattr(self, name)}")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {self.log_level!r:.40}")
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
         if self.partitions < self.workers:
@@ -155,16 +183,35 @@ class Settings:
     def coordinator_address(self) -> tuple[str, int]:
         """``(host, port)`` of the coordinator."""
         host, sep, port = self.coordinator.rpartition(":")
-        if not sep or not port.isdigit():
-            raise ConfigError(f"coordinator must be host:port, got {self.coordinator!r}")
+        if not sep or not host or not port.isascii() or not port.isdigit() or len(port) > 5 or int(port) > 65535:
+            raise ConfigError(f"coordinator must be host:port (port 0-65535), got {self.coordinator!r:.80}")
         return host, int(port)
 
     def shared_secret(self) -> str:
-        """The channel secret (the development default, with a warning, when unset)."""
-        if not self.secret:
-            log.warning("SFAAS_SECRET is not set; using the insecure development default")
-            return DEV_SECRET
-        return self.secret
+        """The channel secret. Unset, the development default is used — with a warning, and
+        only when every address this process listens on (``coordinator``'s host, ``host``)
+        is a loopback one; otherwise :class:`ConfigError` says to set ``SFAAS_SECRET``."""
+        if self.secret and self.secret != DEV_SECRET:
+            return self.secret
+        exposed = [h for h in (self.coordinator_address()[0], self.host) if not is_loopback(h)]
+        if exposed:
+            raise ConfigError(
+                f"refusing to listen on {', '.join(sorted(set(exposed)))} with the insecure default secret: "
+                "set SFAAS_SECRET to a long random value (the same for the coordinator and every worker; "
+                "`sfaas up` generates one), or listen on a loopback address only"
+            )
+        log.warning("SFAAS_SECRET is not set; using the insecure development default (loopback only)")
+        return DEV_SECRET
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickle carries no credential: the receiving process completes them from its own
+        ``SFAAS_*`` environment (:meth:`__setstate__`)."""
+        return {k: v for k, v in self.__dict__.items() if k not in SECRET_FIELDS}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        for k in SECRET_FIELDS:
+            self.__dict__[k] = os.environ.get(f"SFAAS_{k.upper()}") or _field_default(k)
 
     def topics(self, app: str) -> tuple[str, str]:
         """``(ingress, egress)`` topic names of ``app``."""
@@ -179,16 +226,47 @@ class Settings:
         return {f"SFAAS_{f.name.upper()}": str(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback interface only (``localhost``,
+    ``127.0.0.0/8``, ``::1``); wildcard and other addresses are not."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _field_default(name: str) -> Any:
+    f = next(f for f in dataclasses.fields(Settings) if f.name == name)
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc,operator]
+
+
+def _typed(f: dataclasses.Field[Any], value: Any, name: str) -> Any:
+    """``value`` for field ``f``: a str is converted like an environment variable; any
+    other value must have the field's type (an int is fine for a float)."""
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str")
+    if isinstance(value, str) and kind != "str":
+        return _convert(f, value, name)
+    ok = {"int": type(value) is int, "float": type(value) in (int, float), "str": type(value) is str}.get(kind, True)
+    if not ok:
+        raise ConfigError(f"setting {name} must be {'a number' if kind == 'float' else 'an ' + kind if kind == 'int' else 'a str'}, "
+                          f"got {type(value).__name__}")
+    if kind == "float" and not math.isfinite(value) and name != "snapshot_interval":
+        raise ConfigError(f"setting {name} must be a finite number, got {value}")
+    return float(value) if kind == "float" else value
+
+
 def _convert(f: dataclasses.Field[Any], raw: str, name: str) -> Any:
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str")
     if kind == "int":
         try:
             return int(raw)
         except ValueError:
-            raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+            raise ConfigError(f"{name} must be an integer, got {raw!r:.60}") from None
     if kind == "float":
         try:
             return float(raw)
         except ValueError:
-            raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+            raise ConfigError(f"{name} must be a number, got {raw!r:.60}") from None
     return raw

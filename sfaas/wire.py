@@ -2,19 +2,27 @@
 
 TCP frames (see :mod:`sfaas.channels`) carry a msgpack list of messages, each encoded as
 ``[TAG, field, field, ...]``. Kafka records carry one request or reply, also msgpack. The
-decoder checks tags and arities, so a malformed frame raises :class:`ProtocolError`
-instead of reaching the runtime; nothing is ever unpickled.
+decoder checks tags, arities and the type of every field (from the dataclass
+annotations, plus the exact shape of list rows such as ``[tid, blocker]``), so a
+malformed frame raises :class:`ProtocolError` — and a malformed request
+:class:`~sfaas.errors.BadRequest` — instead of reaching the runtime; values nest at most
+``codec.MAX_NESTING`` deep and a request or call carries at most ``codec.MAX_ARGS``
+arguments. Nothing is ever unpickled.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
+import reprlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import msgpack
 
+from .codec import MAX_ARGS, MAX_NESTING, too_deep
 from .errors import BadRequest, SfaasError
 
 __all__ = [
@@ -51,7 +59,22 @@ __all__ = [
     "decode_frame",
     "Request",
     "Reply",
+    "reply_address",
+    "MAX_RID",
 ]
+
+#: Longest request id a request record may carry (clients use ~40 characters).
+MAX_RID = 256
+
+_brief_repr = reprlib.Repr()
+_brief_repr.maxlevel = 3
+_brief_repr.maxstring = 40
+_brief_repr.maxother = 40
+
+
+def _brief(value: Any) -> str:
+    """A short repr of hostile input (bounded in length and depth: never recurses deeply)."""
+    return _brief_repr.repr(value)
 
 
 class ProtocolError(SfaasError):
@@ -438,6 +461,105 @@ for _cls in list(globals().values()):
         assert _cls.TAG not in _TAGS, _cls
         _TAGS[_cls.TAG] = _cls
 _NFIELDS = {tag: len(dataclasses.fields(cls)) for tag, cls in _TAGS.items()}
+
+
+# -- field checks (what decode_frame accepts) ---------------------------------------------------
+
+_Check = Callable[[Any], bool]
+
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int
+
+
+def _is_float(v: Any) -> bool:
+    return type(v) is int or (type(v) is float and math.isfinite(v))
+
+
+def _is_str(v: Any) -> bool:
+    return type(v) is str
+
+
+def _is_bool(v: Any) -> bool:
+    return type(v) is bool
+
+
+def _is_value(v: Any) -> bool:
+    return not too_deep(v, MAX_NESTING)
+
+
+def _opt(check: _Check) -> _Check:
+    return lambda v: v is None or check(v)
+
+
+def _list_of(check: _Check) -> _Check:
+    return lambda v: type(v) is list and all(map(check, v))
+
+
+def _row(*checks: _Check) -> _Check:
+    n = len(checks)
+    return lambda v: type(v) is list and len(v) == n and all(c(x) for c, x in zip(checks, v, strict=True))
+
+
+def _dict_of(key: _Check, value: _Check) -> _Check:
+    return lambda v: type(v) is dict and all(key(k) and value(x) for k, x in v.items())
+
+
+#: field annotation → check (every annotation a message uses must be here)
+_BY_ANNOTATION: dict[str, _Check] = {
+    "int": _is_int,
+    "float": _is_float,
+    "str": _is_str,
+    "bool": _is_bool,
+    "Any": _is_value,
+    "int | None": _opt(_is_int),
+    "list[int]": _list_of(_is_int),
+    "list[Any]": lambda v: type(v) is list and _is_value(v),
+    "list[list[int]]": _list_of(_list_of(_is_int)),
+    "list[list[Any]]": lambda v: type(v) is list and all(type(x) is list for x in v) and _is_value(v),
+    "dict[int, int]": _dict_of(_is_int, _is_int),
+    "dict[int, list[int]]": _dict_of(_is_int, _list_of(_is_int)),
+}
+#: exact shapes of list rows, where the annotation says only ``list[list[...]]``
+_ROWS: dict[tuple[str, str], _Check] = {
+    ("Assign", "peers"): _list_of(_row(_is_str, _is_int)),
+    ("Recover", "peers"): _list_of(_row(_is_str, _is_int)),
+    ("Report", "conflicts"): _list_of(_row(_is_int, _is_int)),
+    ("Report", "aborts"): _list_of(_row(_is_int, _is_str, _is_str)),
+    ("Commit", "conflicts"): _list_of(_row(_is_int, _is_int)),
+    ("Commit", "aborts"): _list_of(_row(_is_int, _is_str, _is_str)),
+    ("Snapshotted", "stores"): _list_of(_row(_is_str, _is_int, _is_int, _is_int, _is_int)),
+    ("Snapshotted", "retries"): _list_of(_row(_is_int, _is_int, _is_int)),
+    ("Recovered", "epochs"): _list_of(_row(_is_int, _is_float)),
+    ("Shipped", "seqs"): _list_of(_row(_is_str, _is_int, _is_int)),
+    ("Move", "sources"): _list_of(_row(_is_str, _is_int, _list_of(_is_int))),
+    ("Move", "seqs"): _list_of(_row(_is_str, _is_int, _is_int)),
+    ("Reassign", "peers"): _list_of(_row(_is_str, _is_int)),
+    ("Reassign", "retries"): _list_of(_row(_is_int, _is_int, _is_int)),
+}
+
+
+def _field_checks(cls: type[Message]) -> list[tuple[str, _Check]]:
+    out = []
+    for f in dataclasses.fields(cls):
+        check = _ROWS.get((cls.__name__, f.name)) or _BY_ANNOTATION.get(str(f.type))
+        if check is None:  # a new message with a new field type: say what to add, at import
+            raise TypeError(f"wire: no decode check for {cls.__name__}.{f.name}: {f.type}; add one to _BY_ANNOTATION")
+        out.append((f.name, check))
+    return out
+
+
+_CHECKS = {tag: _field_checks(cls) for tag, cls in _TAGS.items()}
+
+
+def _check_message(msg: Message) -> None:
+    """Checks across fields, after every field has its type."""
+    if isinstance(msg, Result) and not msg.ok and not _row(_is_str, _is_str)(msg.value):
+        raise ProtocolError(f"a failed Result carries [error_type, reason], got {_brief(msg.value)}")
+    if isinstance(msg, Call) and len(msg.args) > MAX_ARGS:
+        raise ProtocolError(f"Call of {_brief(msg.function)} has {len(msg.args)} arguments, more than {MAX_ARGS}")
+    if isinstance(msg, Report) and len(msg.sent) != len(msg.served):
+        raise ProtocolError(f"Report sent/served counters differ in length ({len(msg.sent)}, {len(msg.served)})")
 # attrgetter per class: dataclasses.fields() is far too slow for the hot path
 _GETTERS = {
     cls: operator.attrgetter(*(f.name for f in dataclasses.fields(cls))) for cls in _TAGS.values()
@@ -461,20 +583,25 @@ def decode_frame(payload: bytes) -> list[Message]:
     try:
         items = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except Exception as exc:
-        raise ProtocolError(f"frame is not valid msgpack: {exc}") from None
+        raise ProtocolError(f"frame is not valid msgpack: {type(exc).__name__}: {exc}") from None
     if not isinstance(items, list):
         raise ProtocolError(f"frame must be a list of messages, got {type(items).__name__}")
     out: list[Message] = []
     for item in items:
-        if not isinstance(item, list) or not item or not isinstance(item[0], int):
-            raise ProtocolError(f"message must be [tag, fields...], got {item!r:.80}")
+        if not isinstance(item, list) or not item or type(item[0]) is not int:
+            raise ProtocolError(f"message must be [tag, fields...], got {_brief(item)}")
         cls = _TAGS.get(item[0])
         if cls is None:
             raise ProtocolError(f"unknown message tag {item[0]}")
         fields = item[1:]
         if len(fields) != _NFIELDS[item[0]]:
             raise ProtocolError(f"{cls.__name__} needs {_NFIELDS[item[0]]} fields, got {len(fields)}")
-        out.append(cls(*fields))
+        for (name, check), value in zip(_CHECKS[item[0]], fields, strict=True):
+            if not check(value):
+                raise ProtocolError(f"{cls.__name__}.{name} has the wrong type or shape: {_brief(value)}")
+        msg = cls(*fields)
+        _check_message(msg)
+        out.append(msg)
     return out
 
 
@@ -506,14 +633,25 @@ class Request:
         try:
             fields = msgpack.unpackb(data, raw=False, strict_map_key=False)
         except Exception as exc:
-            raise BadRequest(f"request record is not msgpack: {exc}") from None
+            raise BadRequest(f"request record is not msgpack: {type(exc).__name__}: {exc}") from None
         if not isinstance(fields, list) or len(fields) != 7:
-            raise BadRequest(f"request record must be a 7-element list, got {fields!r:.80}")
+            raise BadRequest(f"request record must be a 7-element list, got {_brief(fields)}")
         rid, op, key, fn, args, part, sent = fields
-        if not isinstance(rid, str) or not isinstance(part, int):
-            raise BadRequest(f"request id/reply partition malformed: {rid!r:.40} {part!r:.20}")
-        if not isinstance(args, list):
+        if type(rid) is not str or not 0 < len(rid) <= MAX_RID:
+            raise BadRequest(f"request id must be a str of 1 to {MAX_RID} characters, got {_brief(rid)}")
+        if type(part) is not int or part < 0:
+            raise BadRequest(f"request {rid}: reply partition must be an int >= 0, got {_brief(part)}")
+        for what, name in (("operator", op), ("key", key), ("function", fn)):
+            if type(name) is not str:
+                raise BadRequest(f"request {rid}: {what} must be a str, got {_brief(name)}")
+        if type(args) is not list:
             raise BadRequest(f"request {rid}: args must be a list, got {type(args).__name__}")
+        if len(args) > MAX_ARGS:
+            raise BadRequest(f"request {rid}: {len(args)} arguments, more than the limit of {MAX_ARGS} (MAX_ARGS)")
+        if too_deep(args, MAX_NESTING):
+            raise BadRequest(f"request {rid}: arguments nest more than {MAX_NESTING} levels deep (MAX_NESTING)")
+        if sent is not None and not _is_float(sent):
+            raise BadRequest(f"request {rid}: sent_at must be a number, got {_brief(sent)}")
         return cls(rid, op, key, fn, args, part, float(sent or 0.0))
 
 
@@ -541,5 +679,27 @@ class Reply:
         except Exception as exc:
             raise ProtocolError(f"reply record is not msgpack: {exc}") from None
         if not isinstance(fields, list) or len(fields) != 5:
-            raise ProtocolError(f"reply record must be a 5-element list, got {fields!r:.80}")
-        return cls(*fields)
+            raise ProtocolError(f"reply record must be a 5-element list, got {_brief(fields)}")
+        rid, ok, value, error_type, reason = fields
+        if type(rid) is not str or type(ok) is not bool:
+            raise ProtocolError(f"reply id/ok malformed: {_brief(rid)} {_brief(ok)}")
+        if not (error_type is None or type(error_type) is str) or not (reason is None or type(reason) is str):
+            raise ProtocolError(f"reply {rid}: error type/reason must be str or nil, got {_brief(error_type)} {_brief(reason)}")
+        if too_deep(value, MAX_NESTING):
+            raise ProtocolError(f"reply {rid}: value nests more than {MAX_NESTING} levels deep")
+        return cls(rid, ok, value, error_type, reason)
+
+
+def reply_address(data: bytes) -> tuple[str, int] | None:
+    """``(request id, reply partition)`` of a request record that :meth:`Request.decode`
+    refused, when it names them well enough to answer it with an error reply; else None."""
+    try:
+        fields = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception:
+        return None
+    if not isinstance(fields, list) or len(fields) < 6:
+        return None
+    rid, part = fields[0], fields[5]
+    if type(rid) is not str or not 0 < len(rid) <= MAX_RID or type(part) is not int or part < 0:
+        return None
+    return rid, part

@@ -18,6 +18,9 @@ module level needs no ``if __name__ == "__main__":`` guard. It dies with its par
 changes; it inherits no descriptor but its pipes and stderr; it runs at ``nice`` 10 and
 ignores SIGINT (the parent handles Ctrl-C). Tasks and replies are length-prefixed pickle
 frames over the anonymous pipes between the two processes (nothing from the network).
+Credentials never go into those pickles: before a task, the worker is sent the parent's
+``remotes.credentials`` secrets — when they changed since it last got them — as one JSON
+frame tagged :data:`_CREDENTIALS`, so a pickled remote resolves its secret there.
 
 **Done-callbacks run on the lane's dispatcher thread**, shared by every store in the
 process: a done-callback must only hand the result to a thread the store owns (put it on
@@ -36,6 +39,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import pickle
@@ -73,6 +77,8 @@ _SHUTDOWN_WAIT = 2.0
 _WATCHDOG_PERIOD = 0.2
 
 _FRAME = struct.Struct("<Q")
+#: Starts a frame of credentials (JSON) instead of a task (a pickle starts with 0x80).
+_CREDENTIALS = b"\x00SFCRED1"
 _PR_SET_PDEATHSIG = 1
 _PICKLE = pickle.HIGHEST_PROTOCOL
 
@@ -153,6 +159,7 @@ class _Lane:
         self.warming = False  # a _WARM marker is queued
         self.proc: subprocess.Popen[bytes] | None = None
         self._task_ids = 0
+        self._credentials_sent = -1  # the credentials generation the worker holds
         self.thread = threading.Thread(target=self._run, name=f"statestores-bg-{name}", daemon=True)
         self.thread.start()
 
@@ -282,6 +289,7 @@ class _Lane:
         with self.lock:
             self.proc = proc
             closed = self.closed
+        self._credentials_sent = -1
         if closed:  # stop() gave up waiting for us meanwhile
             proc.kill()
         return proc
@@ -309,6 +317,7 @@ class _Lane:
             return
         cpu0 = _proc_cpu(proc.pid)
         try:
+            self._send_credentials(proc.stdin.fileno())
             _write_all(proc.stdin.fileno(), _FRAME.pack(len(frame)))
             _write_all(proc.stdin.fileno(), frame)
             del frame
@@ -334,6 +343,18 @@ class _Lane:
             fut.set_result(value)
         else:
             fut.set_exception(value)
+
+    def _send_credentials(self, fd: int) -> None:
+        """The parent's remote credentials, if the worker lacks the current ones (JSON)."""
+        from remotes import credentials
+
+        generation, mapping = credentials.export()
+        if generation == self._credentials_sent:
+            return
+        frame = _CREDENTIALS + json.dumps(mapping).encode()
+        _write_all(fd, _FRAME.pack(len(frame)))
+        _write_all(fd, frame)
+        self._credentials_sent = generation
 
     def _reap(self, kill: bool = False) -> int | None:
         """Forget the worker (after EOF on its pipe: it died); its exit code."""
@@ -541,6 +562,11 @@ def _child_main(argv: list[str]) -> int:
             return 1
         if frame is None:
             return 0
+        if frame[:len(_CREDENTIALS)] == _CREDENTIALS:  # no reply
+            from remotes import credentials
+
+            credentials.install(json.loads(bytes(frame[len(_CREDENTIALS):])))
+            continue
         tid: Any = None
         try:
             tid, fn, args = pickle.loads(frame)

@@ -31,7 +31,8 @@ def exists(fs: FileSystem, directory: str) -> bool:
 
 
 def read(fs: FileSystem, directory: str) -> dict[str, Any]:
-    """The ``CURRENT`` document, or ``{}`` if there is none."""
+    """The ``CURRENT`` document, or ``{}`` if there is none; ``seq`` and ``version`` are
+    ints >= 0 and ``files`` a list (its entries: :func:`~.version.decode_entries`)."""
     path = os.path.join(directory, NAME)
     if not fs.exists(path):
         return {}
@@ -42,9 +43,18 @@ def read(fs: FileSystem, directory: str) -> dict[str, Any]:
     body = data[_HEAD.size :]
     if magic != _MAGIC or crc32c(body) != crc:
         raise CorruptionError(path, "bad magic or checksum")
-    doc = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    try:
+        doc = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several types for malformed input
+        raise CorruptionError(path, f"not a document: {type(exc).__name__}: {exc}") from None
     if not isinstance(doc, dict):
         raise CorruptionError(path, "not a document")
+    for key, default in (("seq", 0), ("version", 0)):
+        value = doc.setdefault(key, default)
+        if type(value) is not int or value < 0:
+            raise CorruptionError(path, f"{key} must be an int >= 0, got {type(value).__name__}")
+    if not isinstance(doc.setdefault("files", []), list):
+        raise CorruptionError(path, "files must be a list")
     return doc
 
 

@@ -39,6 +39,8 @@ from sfaas.txn.epochs import Sequencer
 from sfaas.txn.loop import Participant
 from sfaas.txn.offsets import OffsetTracker
 
+from .ingress import admit
+
 if TYPE_CHECKING:
     from .service import Worker, _Pending
 
@@ -128,16 +130,12 @@ async def recover(w: Worker, msg: wire.Recover) -> list[list[Any]]:
         for off, value in raw_in.get(p, []):
             w.offsets.take(p, off)
             w.applied.take(p, off)
-            try:
-                req = wire.Request.decode(value)
-            except Exception as exc:
-                log.warning("dropping malformed request at %s:%d: %s", p, off, exc)
-                w.offsets.complete(p, off)
-                w.applied.complete(p, off)
-                continue
             if off in skip:  # in the state, and its reply is out (see the module docstring)
                 w.offsets.complete(p, off)
                 w.applied.complete(p, off)
+                continue
+            req = admit(w, p, off, value)
+            if req is None:  # rejected (and answered, unless its reply is already out)
                 continue
             items[(p, off)] = _Pending(req, p, off)
     in_log: set[tuple[int, int]] = set()

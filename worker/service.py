@@ -29,6 +29,7 @@ State lives in one store per (operator, owned partition), opened by ``sfaas.stat
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import os
@@ -41,7 +42,7 @@ from aiokafka import TopicPartition
 
 from sfaas import channels, wire
 from sfaas.app import App
-from sfaas.codec import check_serializable
+from sfaas.codec import check_arguments
 from sfaas.epochlog import EpochRecord
 from sfaas.errors import EXIT_RETIRED, AuthenticationError, ChannelClosed, ClusterError
 from sfaas.kafka import make_consumer, make_producer
@@ -54,6 +55,7 @@ from sfaas.txn.loop import Participant
 from sfaas.txn.offsets import OffsetTracker
 
 from . import membership
+from .ingress import admit
 from .metrics import WorkerMetrics
 from .moving import Moving
 from .replication import Shipping
@@ -146,6 +148,10 @@ class Worker:
         self._skip: dict[int, set[int]] = {}
         self._retry_at: dict[tuple[int, int], int] = {}
         self.metrics = WorkerMetrics(self)
+        #: partitions of the egress topic (a request's reply partition must be one)
+        self.egress_partitions = 0
+        #: malformed ingress records, ``"answered"`` (with an error reply) or ``"dropped"``
+        self.rejected: collections.Counter[str] = collections.Counter()
 
     # -- snapshots -------------------------------------------------------------------------------
     def on_epoch_committed(self, epoch: int, marker: int | None) -> None:
@@ -182,7 +188,7 @@ class Worker:
     ) -> Outcome:
         """Send a call to worker ``dest`` and wait for its result."""
         argv = list(args)
-        check_serializable(argv, f"arguments of {operator}.{function}")
+        check_arguments(argv, f"arguments of {operator}.{function}")
         self._call_ids += 1
         cid = self._call_ids
         fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
@@ -237,6 +243,9 @@ class Worker:
             log.warning("peer %s did not say hello; dropping", chan.peer)
             return
         src = first[0].index
+        if not 0 <= src < self.assign.n_workers or src == self.index:
+            raise wire.ProtocolError(f"peer {chan.peer} says it is worker {src} (of {self.assign.n_workers}; "
+                                     f"this is worker {self.index})")
         rest = first[1:]
         while True:
             for msg in rest:
@@ -245,6 +254,8 @@ class Worker:
                     if fut is not None and not fut.done():
                         fut.set_result((msg.ok, msg.value if msg.ok else tuple(msg.value)))
                 elif isinstance(msg, wire.Call):
+                    if msg.src != src:
+                        raise wire.ProtocolError(f"worker {src} sent a call as worker {msg.src}")
                     self._on_call(msg)
                 else:
                     log.warning("unexpected %s from peer %d", type(msg).__name__, src)
@@ -315,6 +326,7 @@ class Worker:
                 self.start_offsets[tp.partition] = await self.consumer.position(tp)
         # every reply this worker produces from now on lands above these offsets
         out_parts = await self.producer.partitions_for(assign.egress_topic)
+        self.egress_partitions = len(out_parts)
         ends = await self.consumer.end_offsets([TopicPartition(assign.egress_topic, p) for p in out_parts])
         self._egress_acked = {tp.partition: off for tp, off in ends.items()}
         if self._log_topic:
@@ -584,12 +596,8 @@ class Worker:
                         self.offsets.complete(tp.partition, rec.offset)
                         self.applied.complete(tp.partition, rec.offset)
                         continue
-                    try:
-                        req = wire.Request.decode(rec.value)
-                    except Exception as exc:
-                        log.warning("dropping malformed request at %s:%d: %s", tp, rec.offset, exc)
-                        self.offsets.complete(tp.partition, rec.offset)
-                        self.applied.complete(tp.partition, rec.offset)
+                    req = admit(self, tp.partition, rec.offset, rec.value)
+                    if req is None:  # rejected (and answered, if it could be)
                         continue
                     item = _Pending(req, tp.partition, rec.offset)
                     tid = self._retry_at.pop((tp.partition, rec.offset), None) if self._retry_at else None

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from statestores import Store
 
 from ..app import App
-from ..codec import check_serializable, pack, unpack
+from ..codec import check_arguments, pack, unpack
 from ..context import Context
 from ..errors import Abort, BadKey, SfaasError, TransactionAborted, error_class
 from ..partitioning import owner_of_partition, partition_of
@@ -167,7 +167,7 @@ class Engine:
             dest = self.owner(operator, key)
             if dest == self.index or self.router is None:
                 if depth:  # root arguments came off the wire: already msgpack values
-                    check_serializable(args, f"arguments of {operator}.{function}")
+                    check_arguments(args, f"arguments of {operator}.{function}")
                 ok, value = await self.serve(tid, now, operator, key, function, args, depth)
             elif self._in_fallback:
                 # the first run stayed on this worker; this one would not: re-run next epoch

@@ -16,10 +16,14 @@ from array import array
 import mmh3
 from bitarray import bitarray
 
-__all__ = ["Bloom", "key_hash", "params"]
+__all__ = ["Bloom", "key_hash", "params", "probes_for", "MAX_PROBES"]
 
 _LN2_SQ = math.log(2) ** 2
 _hash64 = mmh3.hash64
+#: Most probes per key (k) a filter may use: ``params`` never exceeds it (k is about
+#: -log2(fpr), 20 at fpr 1e-6), and a run whose footer claims more is corrupt — a lookup
+#: costs up to k probes, so a hostile k must not make one take minutes.
+MAX_PROBES = 256
 #: Positions computed per batch while building (bounds the temporary list).
 _CHUNK = 1 << 16
 
@@ -30,13 +34,18 @@ def key_hash(key: bytes) -> tuple[int, int]:
 
 
 def params(n: int, fpr: float) -> tuple[int, int]:
-    """``(m, k)`` for ``n`` keys at false-positive rate ``fpr`` (m ≥ 64, k ≥ 1)."""
+    """``(m, k)`` for ``n`` keys at false-positive rate ``fpr`` (m ≥ 64, 1 ≤ k ≤ MAX_PROBES)."""
     if not 0.0 < fpr < 1.0:
         raise ValueError(f"bloom false-positive rate must be in (0, 1), got {fpr!r}")
     n = max(n, 1)
     m = max(64, math.ceil(-n * math.log(fpr) / _LN2_SQ))
-    k = max(1, math.floor(m / n * math.log(2)))
-    return m, k
+    return m, probes_for(m, n)
+
+
+def probes_for(m: int, n: int) -> int:
+    """k for a filter of ``m`` bits over ``n`` keys: a function of the two, so a reader can
+    check a footer's k (a k other than the writer's would turn every lookup into a miss)."""
+    return min(MAX_PROBES, max(1, math.floor(m / max(n, 1) * math.log(2))))
 
 
 class Bloom:

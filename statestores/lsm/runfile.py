@@ -32,7 +32,7 @@ import mmh3
 from ..checksum import crc32c
 from ..errors import CorruptionError
 from ..fs import FileSystem
-from .bloom import Bloom
+from .bloom import MAX_PROBES, Bloom, probes_for
 from .fence import FenceIndex, decode_index, encode_index
 
 __all__ = [
@@ -332,8 +332,11 @@ class RunReader:
         braw = mm[bloom_off : bloom_off + bloom_len]
         if len(braw) < 4 or crc32c(memoryview(braw)[:-4]) != _U32.unpack_from(braw, len(braw) - 4)[0]:
             raise CorruptionError(path, "run bloom filter checksum mismatch")
-        if len(braw) - 4 != (m + 7) // 8 or k < 1:
-            raise CorruptionError(path, "run bloom filter size does not match the footer")
+        if len(braw) - 4 != (m + 7) // 8 or not 1 <= k <= MAX_PROBES:
+            raise CorruptionError(path, "run bloom filter size or probe count does not match the footer")
+        if k != probes_for(m, count):  # another k would make lookups miss keys the run holds
+            raise CorruptionError(path, f"run bloom filter probe count {k} does not match its {m} bits "
+                                        f"over {count} records")
         self.bloom = Bloom.from_bytes(braw[:-4], m, k)
         self.mm = mm
         self.uid = next(_uids) << 32  # block-cache ids are uid + block index

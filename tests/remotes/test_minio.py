@@ -342,3 +342,54 @@ def test_bucket_deleted_under_a_live_remote_is_recreated(minio: Endpoints) -> No
         remote.destroy()
         remote.close()
         client.remove_bucket(bucket)
+
+
+def test_pickles_and_reprs_hold_no_secret_and_background_uploads_still_work(
+    minio: Endpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store pickles its MinioRemote to its background upload process: the pickle carries
+    a reference, not the secret key, which the process gets from its parent over its pipe
+    (here its environment has no key, and it started before the remote existed)."""
+    import os
+    import pickle
+
+    import statestores
+    from statestores import background
+
+    if background.mode() != "process":
+        pytest.skip("SFAAS_BACKGROUND=thread runs background work in this process")
+    monkeypatch.delenv("SFAAS_MINIO_SECRET_KEY", raising=False)
+    background.shutdown()
+    background.warm_up("upload")
+    remote = make_minio_remote(minio)
+    try:
+        secret = minio.minio_secret_key
+        assert secret.encode() not in pickle.dumps(remote) and secret not in repr(remote)
+        with statestores.open("lsm", tmp_path / "db", remote=remote, sync="os") as s:
+            for i in range(50):
+                s.put(b"k%02d" % i, b"v%d" % i)
+            info = s.snapshot(1)
+            assert info.files_uploaded >= 1
+            proc = background._lane("upload").proc
+            assert proc is not None and proc.pid != os.getpid()  # it ran there
+        with statestores.open("lsm", tmp_path / "fresh", remote=remote, sync="os") as s:
+            assert s.get(b"k07") == b"v7"
+    finally:
+        remote.destroy()
+        remote.close()
+
+
+def test_a_pickled_remote_without_its_secret_in_reach_fails_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unpickled where neither the parent's credentials nor SFAAS_MINIO_SECRET_KEY are
+    known, a MinioRemote says which variable to set (and not the secret)."""
+    import pickle
+
+    from remotes import credentials
+
+    remote = MinioRemote("127.0.0.1:1", "someone", SECRET, "some-bucket", prefix="p")
+    data = pickle.dumps(remote)
+    monkeypatch.setattr(credentials, "_by_ref", {})
+    monkeypatch.delenv("SFAAS_MINIO_SECRET_KEY", raising=False)
+    with pytest.raises(RemoteError, match="SFAAS_MINIO_SECRET_KEY") as info:
+        pickle.loads(data)
+    assert SECRET not in str(info.value)

@@ -135,3 +135,66 @@ def test_cli_ps_json_and_call(bank_cluster: Settings, monkeypatch, capsys) -> No
     assert json.loads(capsys.readouterr().out) == 12
     assert main(["call", *args, "accounts", "cli-acct", "withdraw", "50"]) == 1
     assert "insufficient funds" in capsys.readouterr().err
+
+
+async def test_malformed_ingress_records_get_error_replies_and_the_cluster_keeps_serving(bank_cluster: Settings) -> None:
+    """Records on the ingress topic that are not valid requests: each that names a request
+    id and an existing reply partition gets a BadRequest error reply; the others are
+    dropped (logged, counted); a request naming a reply partition that does not exist
+    no longer stops its worker's replies. Correct requests around them are answered."""
+    import msgpack
+
+    from sfaas.codec import MAX_ARGS
+    from sfaas.errors import BadRequest, reply_error
+
+    nested: list[object] = [1]
+    for _ in range(100):
+        nested = [nested]
+    async with Client("bank", settings=bank_cluster) as c:
+        assert await c.call("accounts", "malformed-before", "deposit", 5) == 5
+        part = c.reply_partition
+
+        def bad(i: int, *fields: object) -> tuple[str, bytes]:
+            rid = f"{c.client_id}-bad{i}"
+            return rid, msgpack.packb([rid, *fields], use_bin_type=True)
+
+        answered = [
+            bad(0, 7, "k", "deposit", [1], part, 0.0),                         # operator not a str
+            bad(1, "accounts", "k", "deposit", "not-a-list", part, 0.0),       # args not a list
+            bad(2, "accounts", "k", "deposit", [nested], part, 0.0),           # nested too deep
+            bad(3, "accounts", "k", "deposit", list(range(MAX_ARGS + 1)), part, 0.0),  # too many args
+            bad(4, "accounts", "k", "deposit", [1], part, "yesterday"),        # sent_at not a number
+            bad(5, "accounts", "k", "deposit", [1], part, 0.0, "extra"),       # 8 fields
+        ]
+        dropped = [b"\xc1garbage", msgpack.packb(42), msgpack.packb([1, 2, 3]), None,
+                   msgpack.packb(["no-partition", "accounts", "k", "deposit", [1], 999, 0.0])]
+        loop = asyncio.get_running_loop()
+        futs = {}
+        for rid, _ in answered:
+            futs[rid] = c._waiting[rid] = loop.create_future()
+        for i, (_, value) in enumerate(answered):
+            await c._producer.send_and_wait(c.ingress, value, partition=i % c.partitions)
+        for p in range(c.partitions):  # every worker sees the unanswerable ones
+            for value in dropped:  # (a record with no value needs a key)
+                await c._producer.send_and_wait(c.ingress, value, key=b"k", partition=p)
+        replies = await asyncio.wait_for(asyncio.gather(*futs.values()), 60)
+        for reply in replies:
+            assert (reply.ok, reply.error_type) == (False, "BadRequest") and reply.reason, reply
+            assert isinstance(reply_error(reply.error_type or "", reply.reason or ""), BadRequest)
+        # the cluster goes on serving, on every partition
+        keys = [f"malformed-after-{i}" for i in range(8)]
+        assert await asyncio.gather(*(c.call("accounts", k, "deposit", 3) for k in keys)) == [3] * 8
+        assert await c.call("accounts", "malformed-before", "balance") == 5
+    procs = cluster.ps(bank_cluster)
+    assert all(p.alive and not p.restarts for p in procs), procs
+
+
+def test_ps_output_holds_no_secret(bank_cluster: Settings, monkeypatch, capsys) -> None:
+    from sfaas.cli import main
+
+    monkeypatch.setenv("SFAAS_HOME", bank_cluster.home)
+    assert bank_cluster.secret and len(bank_cluster.secret) >= 16
+    for args in (["ps"], ["ps", "--json"]):
+        assert main([*args, "--namespace", bank_cluster.namespace]) == 0
+        out = capsys.readouterr()
+        assert bank_cluster.secret not in out.out + out.err

@@ -173,6 +173,36 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
     assert sent <= set(counts)
 
 
+def _no_secret_in_logs(s: Settings, minio_secret: str) -> None:
+    """Every log line of the run (the supervisor's, the coordinator's, each worker's, the
+    stores' background processes' — they share their worker's log), and ``sfaas ps``,
+    hold neither the cluster secret nor the MinIO secret key."""
+    import contextlib
+    import io
+
+    from sfaas.cli import main
+
+    sd = cluster.state_dir(s)
+    secrets = [(sd / "secret").read_text().strip(), minio_secret]
+    assert all(len(x) >= 8 for x in secrets)
+    lines = [line for f in sorted(sd.glob("*.log")) for line in f.read_text(errors="replace").splitlines()]
+    assert len(lines) > 100, "the run must have logged something to check"
+    leaks = [line[:120] for line in lines if any(x in line for x in secrets)]
+    out = io.StringIO()
+    old = os.environ.get("SFAAS_HOME")
+    os.environ["SFAAS_HOME"] = s.home
+    try:
+        with contextlib.redirect_stdout(out):
+            assert main(["ps", "--json", "--namespace", s.namespace]) == 0
+    finally:
+        if old is None:
+            del os.environ["SFAAS_HOME"]
+        else:
+            os.environ["SFAAS_HOME"] = old
+    assert '"role": "coordinator"' in out.getvalue()
+    assert not leaks and not any(x in out.getvalue() for x in secrets), leaks[:3]
+
+
 @pytest.mark.timeout(1200)
 def test_kills_under_load_lose_nothing_and_duplicate_nothing(kafka, minio, tmp_path: Path) -> None:
     rnd = random.Random(SEED)
@@ -188,6 +218,7 @@ def test_kills_under_load_lose_nothing_and_duplicate_nothing(kafka, minio, tmp_p
         assert kills and sum(p.restarts for p in procs) >= len(kills), (procs, kills)
         assert all(p.alive and not p.gave_up for p in procs), procs
         report["restarts"] = {f"{p.role}-{p.index}": p.restarts for p in procs}
+        _no_secret_in_logs(s, minio.minio_secret_key)
         log = (cluster.state_dir(s) / "coordinator.log").read_text()
         report["recoveries"] = [line.split("WARNING sfaas.coordinator.recovery: ")[1][:160]
                                 for line in log.splitlines() if "sfaas.coordinator.recovery: recovery" in line]

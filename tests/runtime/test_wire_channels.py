@@ -86,3 +86,29 @@ def test_settings_from_env_and_flags_with_clear_errors() -> None:
     with pytest.raises(ConfigError, match="store"):
         Settings.load({"store": "oracle"}, env={})
     assert "secret" not in repr(Settings.load({"secret": "hunter2"}, env={}))
+
+
+def test_the_insecure_default_secret_is_refused_beyond_loopback() -> None:
+    from coordinator.service import Coordinator
+
+    for over in ({"host": "0.0.0.0"}, {"coordinator": "10.0.0.7:7700"}, {"host": "worker-0"},
+                 {"host": "0.0.0.0", "secret": "sfaas-dev-secret-change-me"}):
+        with pytest.raises(ConfigError, match="SFAAS_SECRET"):
+            Coordinator(Settings.load(over, env={}), "bank")
+    for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):  # loopback: the laptop default works
+        assert Settings.load({"host": host}, env={}).shared_secret()
+    assert Settings.load({"host": "0.0.0.0", "secret": "a-long-random-secret"}, env={}).shared_secret()
+
+
+def test_settings_repr_and_pickles_hold_no_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pickle
+
+    s = Settings.load({"secret": "cluster-S3CRET-1", "minio_access_key": "KEY-ID-77",
+                       "minio_secret_key": "minio-S3CRET-2"}, env={})
+    blob = pickle.dumps(s)
+    for secret in ("cluster-S3CRET-1", "KEY-ID-77", "minio-S3CRET-2"):
+        assert secret not in repr(s) and secret.encode() not in blob
+    monkeypatch.setenv("SFAAS_SECRET", "from-the-environment")
+    monkeypatch.delenv("SFAAS_MINIO_SECRET_KEY", raising=False)
+    t = pickle.loads(blob)  # the receiving process completes them from its environment
+    assert (t.secret, t.minio_secret_key, t.workers) == ("from-the-environment", "sfaas-local-secret", s.workers)

@@ -1,0 +1,237 @@
+"""Fuzz: peer frames, before authentication (the handshake) and after (frames on an
+authenticated channel, decoded and handed to a worker's real peer handler).
+
+Outcomes: a refused peer (counted in ``channels.REJECTED``, the handler never runs), a
+``ProtocolError``/``ChannelClosed`` that closes only that channel, or messages the worker
+serves — never another exception, a failed background task or a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import struct
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sfaas import channels, wire
+from sfaas.errors import ChannelClosed
+
+from .budget import fuzz
+from .harness import SECRET, FakeChannel, bare_worker, frames_of, message_of, raw_message_lists
+from .outcomes import Outcomes
+from .strategies import deep_msgpack, hostile, mutated, packed
+
+PEER_CLASSES = [wire.Hello, wire.Call, wire.Result]
+ALL_CLASSES = sorted(set(wire._TAGS.values()), key=lambda c: c.TAG)
+
+
+def frame_payloads(classes: list[type[wire.Message]]) -> st.SearchStrategy[bytes]:
+    return hostile(frames_of(classes), packed(raw_message_lists(classes)), deep_msgpack(),
+                   packed(raw_message_lists(classes)))
+
+
+@fuzz(share=0.3)
+@given(payload=frame_payloads(ALL_CLASSES))
+def test_decode_frame_returns_messages_or_a_protocol_error(payload: bytes, outcomes: Outcomes) -> None:
+    try:
+        msgs = wire.decode_frame(payload)
+    except wire.ProtocolError as exc:
+        str(exc)
+        outcomes.error(exc)
+        return
+    outcomes.add("decoded")
+    # what decodes is well-typed: it survives a round trip unchanged
+    assert wire.encode_frame(wire.decode_frame(wire.encode_frame(msgs))) == wire.encode_frame(msgs)  # (NaN != NaN)
+
+
+class _Writer:
+    """The server side's writer: records what the server wrote; ``on_write`` may answer."""
+
+    def __init__(self, on_write: Any = None) -> None:
+        self.data = bytearray()
+        self.on_write = on_write
+        self.closed = False
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 4242) if name == "peername" else None
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+        if self.on_write is not None:
+            self.on_write(bytes(self.data))
+
+    async def drain(self) -> None:
+        await asyncio.sleep(0)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _answer(secret: bytes, server_hello: bytes, nc: bytes) -> bytes:
+    ns = server_hello[len(channels.MAGIC):len(channels.MAGIC) + 16]
+    return nc + hmac.new(secret, b"c" + ns + nc, hashlib.sha256).digest()
+
+
+@st.composite
+def handshakes(draw: st.DrawFn) -> tuple[str, Any]:
+    """Garbage instead of the answer, or the right answer mutated, or a wrong secret's."""
+    kind = draw(st.sampled_from(["garbage", "mutated", "wrong-secret", "right"]))
+    if kind == "garbage":
+        return kind, draw(st.binary(max_size=100))
+    nc = draw(st.binary(min_size=16, max_size=16))
+    secret = b"not-the-secret" if kind == "wrong-secret" else SECRET.encode()
+    mutation = draw(mutated(st.just(b"\0" * 48))) if kind == "mutated" else None
+    return kind, (secret, nc, mutation)
+
+
+@fuzz(share=0.3)
+@given(case=handshakes(), after=st.binary(max_size=64))
+async def test_handshake_refuses_every_peer_without_the_secret(case: tuple[str, Any], after: bytes,
+                                                               outcomes: Outcomes) -> None:
+    kind, spec = case
+    reader = asyncio.StreamReader()
+    ran: list[channels.Channel] = []
+
+    async def handler(chan: channels.Channel) -> None:
+        ran.append(chan)
+
+    def on_write(written: bytes) -> None:
+        if len(written) != len(channels.MAGIC) + 16 or reader.at_eof():
+            return
+        if kind == "garbage":
+            reader.feed_data(spec)
+        else:
+            secret, nc, mutation = spec
+            answer = _answer(secret, written, nc)
+            if mutation is not None:  # the mutation's flips, applied to the right answer
+                answer = bytes(a ^ b for a, b in zip(answer, mutation.ljust(48, b"\0"), strict=False)) + mutation[48:]
+                answer = answer[:len(mutation)] if len(mutation) < 48 else answer
+            reader.feed_data(answer)
+        reader.feed_data(after)
+        reader.feed_eof()
+
+    writer = _Writer(on_write)
+    before = channels.REJECTED["unauthenticated"]
+    await asyncio.wait_for(channels.accept(reader, writer, SECRET.encode(), handler), 10)  # type: ignore[arg-type]
+    refused = channels.REJECTED["unauthenticated"] - before
+    if ran:
+        outcomes.add("authenticated")
+        assert kind in ("right", "mutated") and refused == 0
+        if kind == "mutated":  # a mutation that changed nothing the MAC covers
+            secret, nc, mutation = spec
+            assert mutation[:48] == b"\0" * 48 or len(mutation) >= 48
+    else:
+        outcomes.add("refused")
+        assert kind != "right" and refused == 1 and writer.closed
+
+
+def _framed(payload: bytes, length: int | None = None) -> bytes:
+    return struct.pack(">I", len(payload) if length is None else length) + payload
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> bytes:
+    """What an authenticated peer sends: frames with honest, hostile or huge length prefixes."""
+    out = b""
+    for _ in range(draw(st.integers(1, 4))):
+        payload = draw(frame_payloads(PEER_CLASSES))
+        length = draw(st.one_of(st.none(), st.none(), st.integers(0, 1 << 32 - 1),
+                                st.sampled_from([channels.MAX_FRAME, channels.MAX_FRAME + 1, 0xFFFFFFFF])))
+        out += _framed(payload, length)
+    if draw(st.booleans()):
+        out = draw(mutated(st.just(out)))
+    return out
+
+
+@fuzz(share=0.2)
+@given(data=streams())
+async def test_channel_recv_yields_messages_or_a_named_error(data: bytes, outcomes: Outcomes) -> None:
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    reader.feed_eof()
+    chan = channels.Channel(reader, _Writer(), "fuzz")  # type: ignore[arg-type]
+    while True:
+        try:
+            msgs = await asyncio.wait_for(chan.recv(), 5)
+        except (wire.ProtocolError, ChannelClosed) as exc:
+            outcomes.error(exc)
+            return
+        outcomes.add("frame")
+        assert all(isinstance(m, wire.Message) for m in msgs)
+
+
+async def test_an_oversized_frame_is_refused_before_its_body_arrives() -> None:
+    """The length is checked before anything is read or allocated: a 4 GiB announcement
+    with no body behind it fails at once (a wait for the body would time out)."""
+    reader = asyncio.StreamReader()
+    reader.feed_data(struct.pack(">I", 0xFFFFFFFF))
+    chan = channels.Channel(reader, _Writer(), "fuzz")  # type: ignore[arg-type]
+    with pytest.raises(wire.ProtocolError, match="exceeds"):
+        await asyncio.wait_for(chan.recv(), 1)
+
+
+def _peer_frames(draw: st.DrawFn) -> list[bytes]:
+    """A peer's frames: valid ones (calls and results to serve), possibly ending in a
+    hostile frame, or a hostile first frame (instead of the Hello)."""
+    mode = draw(st.sampled_from(["valid", "valid", "hostile-last", "hostile-first"]))
+    hello = wire.encode_frame([wire.Hello(draw(st.sampled_from([1] * 9 + [0, 2, -1])))])
+    if mode == "hostile-first":
+        hello = draw(st.one_of(frames_of([wire.Hello]), frame_payloads(PEER_CLASSES)))
+    rest = draw(st.lists(frames_of(PEER_CLASSES), max_size=4))
+    if mode == "hostile-last":
+        rest.append(draw(frame_payloads(PEER_CLASSES)))
+    return [hello, *rest]
+
+
+peer_inputs = st.composite(_peer_frames)
+
+
+@pytest.fixture(scope="module")
+def worker_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fuzz-worker")
+
+
+@fuzz(share=0.2)
+@given(frames=peer_inputs(), epoch=st.integers(0, 3))
+async def test_worker_peer_handler_serves_or_refuses(frames: list[bytes], epoch: int, worker_home: Path,
+                                                     outcomes: Outcomes) -> None:
+    w = bare_worker(str(worker_home / "w"))
+    try:
+        w.engine.begin(epoch)  # type: ignore[union-attr]
+        chan = FakeChannel(frames, peer="worker-1")
+        try:
+            await asyncio.wait_for(w._on_peer(chan), 10)  # type: ignore[arg-type]
+            outcomes.add("handler returned")
+        except (wire.ProtocolError, ChannelClosed) as exc:
+            outcomes.error(exc)
+        # every call the worker took on runs to its end without failing
+        results = await asyncio.wait_for(asyncio.gather(*w._running, return_exceptions=True), 10)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        assert not failed, failed
+        w._flush_late() if w._late else None
+        served = sum(isinstance(m, wire.Result) for m in w.peers[1].sent)  # type: ignore[attr-defined]
+        if served:
+            outcomes.add("calls answered")
+    finally:
+        w.engine.close()  # type: ignore[union-attr]
+
+
+def test_strategies_reach_every_message_class() -> None:
+    """(A guard on the generators: every class of the wire can come out of them.)"""
+    seen = set()
+
+    @fuzz(share=0.02)
+    @given(m=message_of(ALL_CLASSES))
+    def probe(m: wire.Message) -> None:
+        seen.add(type(m))
+        msgpack.packb(wire.encode_frame([m]))
+
+    probe()
+    assert len(seen) >= len(ALL_CLASSES) // 2
