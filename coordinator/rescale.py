@@ -12,7 +12,8 @@ M workers run. In between, with epochs going on until the very end:
    ``tcp`` transport until it holds that version (``Move`` → ``Following``). Flushes and
    merges keep shipping as they happen;
 4. **switch**, at an epoch boundary: the next Commit carries a snapshot round's marker and
-   no epoch begins after it. When the round is published (its report waited until the
+   no epoch begins after it; the receivers are told (``Hold``) to stop following once
+   they hold that round. When the round is published (its report waited until the
    receivers acknowledged the round's snapshot of every moving store), every worker
    ``Release``s the partitions it loses, then every worker of the new membership takes
    ``Reassign``: receivers promote their replicas at the round (a rename; nothing

@@ -1,11 +1,13 @@
 """A worker's side of a rescale (see ``coordinator.rescale``): partitions moving away and in.
 
 * ``Ship(partitions)``: ship those partitions' stores (``worker.replication``), answer
-  ``Shipped`` with each store's version.
+  ``Shipped`` with each store's version; their merges wait until they leave (a merge
+  would ship the state again), at most :data:`MERGE_HOLD` seconds.
 * ``Move(index, n, sources, seqs)``: follow every moving store from its old owner into
   ``{home}/moving/{namespace}/{app}/{name}/`` (:class:`statestores.replica.Follower`: the
   old owner's own run files with their indexes, hints; no merge here) until it holds the
-  version in ``seqs``; answer ``Following``. Flushes and merges keep arriving after that.
+  version in ``seqs`` (live files only); answer ``Following``. Flushes keep arriving after
+  that, until ``Hold(round)``: each replica stops once it holds the switch's round.
 * ``Release(round, owners)`` (epochs paused right after round ``round``): stop ingest of
   the partitions lost, drop their waiting requests and offsets, stop shipping and close
   their stores; answer ``Released``. A worker left with no partition is retiring.
