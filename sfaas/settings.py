@@ -136,6 +136,9 @@ class Settings:
             value = getattr(self, name)
             if not value or "\0" in value or value != value.strip():
                 raise ConfigError(f"{name} must be a non-empty value without NUL or surrounding blanks, got {value!r:.60}")
+        for name in ("minio_access_key", "minio_secret_key"):  # (never echoed: credentials)
+            if not getattr(self, name):
+                raise ConfigError(f"{name} must not be empty (SFAAS_{name.upper()} unset gives the local default)")
         if "\0" in self.ready_file or "\0" in self.app:
             raise ConfigError("app and ready_file must not contain NUL")
         if not 0 <= self.port <= 65535:
