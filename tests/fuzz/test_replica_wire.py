@@ -16,6 +16,7 @@ import collections
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -147,7 +148,10 @@ def test_tcp_server_refuses_hostile_followers_and_keeps_serving(
                 sock.sendall(f if raw else struct.pack("<I", len(f)) + f)
             sock.shutdown(socket.SHUT_WR)
             sock.settimeout(0.5)  # a valid hello starts a stream that goes on (tips every 0.2 s)
+            deadline = time.monotonic() + 2.0
             while True:  # what the server sends until it ends the connection
+                if time.monotonic() > deadline:
+                    raise TimeoutError("still streaming")
                 chunk = sock.recv(1 << 16)
                 if not chunk:
                     break
