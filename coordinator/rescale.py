@@ -181,6 +181,8 @@ class Rescaler:
         c = self.c
         owners = rebalance(c.owners, target)
         members = list(c.members[:target]) + self.joiners[: max(0, target - len(c.members))]
+        for i, m in enumerate(members[len(c.members):], start=len(c.members)):
+            m.index = i  # a joiner speaks for the slot it is about to take (coordinator.inbound)
         moves = {p: (o, n) for p, (o, n) in enumerate(zip(c.owners, owners, strict=True)) if o != n}
         log.warning("rescale %d → %d workers: moving partitions %s", len(c.members), target,
                     ", ".join(f"{p} ({o}→{n})" for p, (o, n) in sorted(moves.items())) or "none")

@@ -46,10 +46,8 @@ async def join(w: Worker, my_port: int) -> tuple[wire.Assign, PartitionStores | 
         w.producer = await start_kafka(w, lambda: make_producer(s.kafka, s.linger_ms, durable=True))
         w.consumer_group = consumer_group(s, w.app.name)
         w.consumer = await start_kafka(w, lambda: make_consumer(s.kafka, w.consumer_group, s.fetch_wait_ms))
-        takeover, promoted = await join_as_receiver(w, assign)
-        ingress, egress = s.topics(w.app.name)
-        return (wire.Assign(takeover.index, takeover.n_workers, takeover.peers, len(takeover.owners), ingress,
-                            egress, w.consumer_group, list(takeover.owners)), promoted, takeover)
+        takeover, promoted = await join_as_receiver(w, assign)  # (it sets w.assign)
+        return w.assign, promoted, takeover
     if isinstance(assign, wire.Follow):
         from .standby import run_standby
 

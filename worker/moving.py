@@ -248,6 +248,11 @@ async def join_as_receiver(w: Worker, first: wire.Move) -> tuple[wire.Reassign, 
                 elif isinstance(msg, wire.Hold):
                     mv.hold(msg)
                 elif isinstance(msg, wire.Reassign):
+                    # the running workers connect at once: this worker's slot must be known first
+                    ingress, egress = w.settings.topics(w.app.name)
+                    w.index = msg.index
+                    w.assign = wire.Assign(msg.index, msg.n_workers, msg.peers, len(msg.owners), ingress, egress,
+                                           w.consumer_group, list(msg.owners))
                     stores = await asyncio.to_thread(mv.take_over, msg.round, msg.index, len(msg.owners))
                     return msg, stores
                 elif isinstance(msg, wire.Stop):
