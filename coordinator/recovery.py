@@ -72,6 +72,7 @@ async def recover(c: Coordinator) -> None:
             continue
         c.last_recovery = {"attempt": attempt, "round": round_id, "epochs_replayed": len(epochs),
                            "seconds": time.monotonic() - t0, **phases}
+        c.metrics.recovered(c.last_recovery)
         log.warning("recovery %d done in %.2f s: rolled back to round %d, replayed %d epochs (%s)",
                     attempt, time.monotonic() - t0, round_id, len(epochs),
                     ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
@@ -122,7 +123,7 @@ async def _roll_back(c: Coordinator, attempt: int, round_id: int) -> list[list[A
     from .service import Lost
 
     peers = [[m.host, m.port] for m in c.members]
-    _broadcast(c, wire.Recover(attempt, round_id, peers))
+    _broadcast(c, wire.Recover(attempt, round_id, peers, list(c.owners)))
     got: dict[int, wire.Recovered] = {}
     while len(got) < len(c.members):
         msg = await c._inbox.get()

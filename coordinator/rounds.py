@@ -12,6 +12,7 @@ logged and the next interval tries again; epochs never wait for a round.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Callable
@@ -23,8 +24,10 @@ from sfaas.rounds import RoundManifest, Rounds, StoreCut, collect_garbage
 
 log = logging.getLogger("sfaas.coordinator.rounds")
 
-__all__ = ["RoundKeeper", "ROUND_TIMEOUT"]
+__all__ = ["RoundKeeper", "ROUND_TIMEOUT", "HISTORY"]
 
+#: Complete rounds and failures remembered for the status page (and between two scrapes).
+HISTORY = 100
 #: A round not complete after this many seconds (or 10 intervals, if longer) has failed.
 ROUND_TIMEOUT = 60.0
 
@@ -64,26 +67,34 @@ class RoundKeeper:
         self.completed = 0
         self.failed = 0
         self.last_complete: RoundManifest | None = None
+        #: the partition map epochs after a round run under (see ``RoundManifest.owners``)
+        self.owners: list[int] = []
+        #: a rescale's round: round id → (new map, new worker count, called once published)
+        self.switch_at: dict[int, tuple[list[int], int, Callable[[], None]]] = {}
+        #: the newest complete rounds and failures ``(time, round, why)``, for the status page and metrics
+        self.history: collections.deque[RoundManifest] = collections.deque(maxlen=HISTORY)
+        self.failures: collections.deque[tuple[float, int, str]] = collections.deque(maxlen=HISTORY)
 
     @property
     def enabled(self) -> bool:
         return self.interval > 0
 
     # -- starting ----------------------------------------------------------------------------
-    def marker(self, epoch: int, txns: int) -> int | None:
+    def marker(self, epoch: int, txns: int, force: bool = False) -> int | None:
         """The round id to put on epoch ``epoch``'s Commit, or None. ``txns``: transactions
-        run so far (no round is taken when nothing happened since the last one)."""
+        run so far (no round is taken when nothing happened since the last one).
+        ``force``: a round now if none is in flight (a rescale switches at one)."""
         if not self.enabled:
             return None
         now = time.monotonic()
         self._expire(now)
-        if self._inflight is not None or self._publishing is not None or now < self._next_at:
+        if self._inflight is not None or self._publishing is not None or (now < self._next_at and not force):
             return None
         if self._next_id is None:
             if self._loading is None:
                 self._loading = asyncio.get_running_loop().create_task(self._load())
             return None
-        if txns == self._txns_at_last:
+        if txns == self._txns_at_last and not force:
             self._next_at = now + self.interval
             return None
         self._txns_at_last = txns
@@ -122,7 +133,9 @@ class RoundKeeper:
     def _fail(self, why: str) -> None:
         assert self._inflight is not None
         log.warning("snapshot round %d failed: %s; the next interval retries", self._inflight.round, why)
+        self.switch_at.pop(self._inflight.round, None)
         self.failed += 1
+        self.failures.append((time.time(), self._inflight.round, why))
         self._inflight = None
 
     # -- reports ---------------------------------------------------------------------------
@@ -157,9 +170,10 @@ class RoundKeeper:
         # an egress partition some worker did not report has no safe scan start: omit it
         egress = {p: o for p, o in egress.items() if all(p in r.egress for r in f.reports.values())}
         stores.sort(key=lambda s: (s.operator, s.partition))
-        return RoundManifest(f.round, f.epoch, self.workers, self.partitions, tuple(stores), ingress, skip, egress,
+        owners, workers, _ = self.switch_at.get(f.round, (self.owners, self.workers, None))
+        return RoundManifest(f.round, f.epoch, workers, self.partitions, tuple(stores), ingress, skip, egress,
                              tuple(sorted(retries)), min(r.epoch_log for r in f.reports.values()),
-                             started=f.started)
+                             started=f.started, owners=tuple(owners))
 
     async def _publish(self, manifest: RoundManifest) -> None:
         assert self._rounds is not None
@@ -168,12 +182,18 @@ class RoundKeeper:
             retained, dropped = await asyncio.to_thread(self._rounds.publish, manifest, self.retain)
         except Exception as exc:
             log.warning("publishing snapshot round %d failed: %s; the next interval retries", manifest.round, exc)
+            self.switch_at.pop(manifest.round, None)
             self.failed += 1
+            self.failures.append((time.time(), manifest.round, f"publishing failed: {exc}"))
             self._publishing = None
             self._written.set()
             return
         self.completed += 1
         self.last_complete = manifest
+        self.history.append(manifest)
+        switch = self.switch_at.pop(manifest.round, None)
+        if switch is not None:  # the round names the new map: it is in force from now on
+            switch[2]()
         self._written.set()
         log.info("snapshot round %d complete: epoch %d, %d stores, %d files, %.1f MB uploaded, "
                  "published %.2f s after its marker", manifest.round, manifest.epoch, len(manifest.stores),
@@ -199,6 +219,20 @@ class RoundKeeper:
         except TimeoutError:
             pass
         return self.last_complete.round if self.last_complete is not None else -1
+
+    async def wait_published(self, round_id: int, timeout: float = 60.0) -> RoundManifest | None:
+        """Round ``round_id``'s manifest once published; None if the round failed (or took
+        longer than ``timeout`` seconds)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done = self.last_complete
+            if done is not None and done.round >= round_id:
+                return done if done.round == round_id else None
+            f = self._inflight
+            if (f is None or f.round != round_id) and self._publishing is None:
+                return None  # failed (a completed one would be last_complete)
+            await asyncio.sleep(0.002)
+        return None
 
     async def close(self) -> None:
         for task in (self._loading, self._publishing):

@@ -23,6 +23,8 @@ from typing import Any
 from sfaas import channels, wire
 from sfaas.errors import ChannelClosed, ClusterError
 from sfaas.kafka import consumer_group, ensure_topics
+from sfaas.partitioning import default_owners
+from sfaas.rounds import Rounds
 from sfaas.settings import Settings
 from sfaas.state import rounds_remote, store_remote
 from sfaas.txn.epochs import execution_finished
@@ -30,7 +32,9 @@ from sfaas.txn.loop import merge_votes
 from sfaas.wire import Message
 
 from .inbound import check
+from .metrics import CoordinatorMetrics
 from .recovery import recover
+from .rescale import Rescaler
 from .rounds import RoundKeeper
 from .standbys import Standbys
 
@@ -87,7 +91,11 @@ class Coordinator:
         self._phases = [0.0, 0.0, 0.0, 0]
         self.stats: dict[str, Any] = {"epochs": 0, "txns": 0, "conflicts": 0}
         self.standbys = Standbys(self)
+        self.rescale = Rescaler(self)
+        #: the partition map: ``owners[p]`` is the index of the worker owning partition ``p``
+        self.owners: list[int] = []
         self._bound: tuple[str, int] | None = None
+        self.metrics = CoordinatorMetrics(self)
 
     async def run(self, ready: asyncio.Future[tuple[str, int]] | None = None) -> None:
         """Serve until stopped (cancelled); recover from every lost worker."""
@@ -110,16 +118,23 @@ class Coordinator:
         self.partitions = counts[ingress]
         if self.partitions < s.workers:
             raise ClusterError(f"topic {ingress} has {self.partitions} partitions < {s.workers} workers")
+        self.n_workers = s.workers
+        self.owners = default_owners(self.partitions, s.workers)
+        resumed = s.snapshot_interval > 0 and await self._epoch_log_used()
+        if resumed:
+            await self._resume_map()
         app = self.app_name
         self.rounds = RoundKeeper(
-            s.snapshot_interval, s.snapshot_retain, s.workers, self.partitions,
+            s.snapshot_interval, s.snapshot_retain, self.n_workers, self.partitions,
             lambda: rounds_remote(s, app), lambda op, p: store_remote(s, app, op, p),
         )
+        self.rounds.owners = list(self.owners)
         host, port = s.coordinator_address()
         server = await channels.serve(host, port, self.secret, self._on_worker)
         bound = server.sockets[0].getsockname()
+        await self.metrics.start(host)
         log.info("coordinator of app %s listening on %s:%d, waiting for %d workers",
-                 self.app_name, bound[0], bound[1], s.workers)
+                 self.app_name, bound[0], bound[1], self.n_workers)
         if ready is not None and not ready.done():
             ready.set_result((bound[0], bound[1]))
         try:
@@ -136,7 +151,7 @@ class Coordinator:
             watchdog = asyncio.create_task(self._watchdog())
             idle = True
             try:
-                if s.snapshot_interval > 0 and await self._epoch_log_used():
+                if resumed:
                     # a restarted coordinator: every worker rolls back to the newest round
                     # and the epoch log after it is replayed (with an empty log nothing ever
                     # ran here, so a new cluster starts at once, even while MinIO is down)
@@ -159,7 +174,7 @@ class Coordinator:
                 watchdog.cancel()
                 await self.rounds.close()
         finally:
-            for m in self.members:
+            for m in self.members + self.rescale.joiners:
                 try:
                     m.channel.send(wire.Stop("coordinator stopping"))
                     await asyncio.wait_for(m.channel.drain(), 1.0)
@@ -167,6 +182,7 @@ class Coordinator:
                     log.debug("stopping worker %d: %s", m.index, exc)
                 m.channel.close()
             server.close()
+            await self.metrics.close()
 
     def write_ready(self) -> None:
         """(Re)write ``ready_file``: the membership and the standbys (``sfaas ps`` reads it)."""
@@ -194,25 +210,31 @@ class Coordinator:
     async def _on_worker(self, chan: channels.Channel) -> None:
         msgs = await chan.recv()
         reg = msgs[0] if msgs else None
+        if isinstance(reg, wire.Scale):
+            await self.rescale.request(reg, chan)
+            return
         if not isinstance(reg, wire.Register):
             log.warning("peer %s did not register; dropping", chan.peer)
             return
-        slot = self.standbys.slot_for(reg)
+        slot = None if self._joins(reg) else self.standbys.slot_for(reg)
         if slot is not None:
             await self._stand_by(reg, chan, slot)
             return
         # a lost slot waiting for its promoted standby is not for anyone else
         dead = [m for m in self.members
                 if not m.alive and self.standbys.reserved_for(m.index) in (None, reg.name)]
-        if not self._all_joined.is_set():
+        if self._joins(reg) and not dead:
+            member = _Member(-1, reg.name, reg.host, reg.port, reg.pid, chan, repl_port=reg.repl_port)
+            self.rescale.add_joiner(member)
+        elif not self._all_joined.is_set():
             # a worker that held a slot before (this coordinator restarted) gets it back
-            free = sorted(set(range(self.settings.workers)) - {m.index for m in self.members})
+            free = sorted(set(range(self.n_workers)) - {m.index for m in self.members})
             index = reg.index if reg.index in free else free[0]
             member = _Member(index, reg.name, reg.host, reg.port, reg.pid, chan, repl_port=reg.repl_port)
             self.members.append(member)
             log.info("worker %s (pid %d) registered as %d at %s:%d",
                      reg.name, reg.pid, member.index, reg.host, reg.port)
-            if len(self.members) == self.settings.workers:
+            if len(self.members) == self.n_workers:
                 self.members.sort(key=lambda m: m.index)
                 self._all_joined.set()
         elif dead:
@@ -243,8 +265,11 @@ class Coordinator:
                         self._wakeup.set()
                     elif isinstance(msg, wire.Heartbeat):
                         member.committed = msg.committed
+                        self.metrics.heartbeat(member, msg)
                     elif isinstance(msg, wire.Snapshotted):
                         self.rounds.on_report(msg)
+                    elif isinstance(msg, (wire.Shipped, wire.Following, wire.Released)):
+                        self.rescale.on_message(msg)
                     elif isinstance(msg, wire.Ready):
                         member.ready.set()
                         self._changed.set()
@@ -257,6 +282,30 @@ class Coordinator:
                 self.lose(member, "its channel closed" if isinstance(exc, ChannelClosed) else f"protocol error: {exc}")
             raise
 
+    async def _resume_map(self) -> None:
+        """A restarted coordinator: the membership size and partition map of the newest
+        round (a rescale may have changed them since the cluster started)."""
+        deadline = time.monotonic() + 120.0
+        while True:
+            try:
+                latest = await asyncio.to_thread(Rounds(rounds_remote(self.settings, self.app_name)).latest)
+                break
+            except Exception as exc:  # MinIO down: the recovery that follows needs it anyway
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("cannot read the snapshot rounds (%s); retrying", exc)
+                await asyncio.sleep(1.0)
+        if latest is None or not latest.owners:
+            return
+        if len(latest.owners) != self.partitions:
+            log.warning("round %d's partition map has %d partitions, the topic %d: using round robin",
+                        latest.round, len(latest.owners), self.partitions)
+            return
+        self.n_workers, self.owners = latest.workers, list(latest.owners)
+        if self.n_workers != self.settings.workers:
+            log.warning("round %d was taken with %d workers (a rescale); waiting for %d, not %d (settings)",
+                        latest.round, self.n_workers, self.n_workers, self.settings.workers)
+
     async def _epoch_log_used(self) -> bool:
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -268,14 +317,35 @@ class Coordinator:
         finally:
             await consumer.stop()
 
+    def _joins(self, reg: wire.Register) -> bool:
+        """Does ``reg`` join for a scale-up (instead of taking or standing by for a slot)?"""
+        return self._all_joined.is_set() and reg.index < 0 and reg.standby_of < 0 and self.rescale.wants_joiner()
+
     def _assign(self, m: _Member) -> None:
         peers = [[x.host, x.port] for x in self.members]
-        m.channel.send(wire.Assign(m.index, len(self.members), peers, self.partitions, *self._assign_args))
+        m.channel.send(wire.Assign(m.index, len(self.members), peers, self.partitions, *self._assign_args,
+                                   list(self.owners)))
+
+    def wake(self) -> None:
+        """Begin an epoch soon even if no worker has work (an idle cluster must reach the
+        epoch boundary a rescale switches at)."""
+        self._wakeup.set()
+
+    def force_recovery(self, why: str) -> None:
+        """Stop the epochs and recover although no worker was lost."""
+        log.warning("recovering: %s", why)
+        self.rounds.abort(why)
+        self._inbox.put_nowait(Lost())
+        self._loss.set()
 
     def lose(self, m: _Member, why: str) -> None:
         """Worker ``m`` is gone: stop the epochs and recover (see ``coordinator.recovery``)."""
+        if m in self.rescale.joiners:
+            self.rescale.lost(m)
+            return
         if not m.alive:
             return
+        self.rescale.abandon(f"worker {m.index} lost")
         m.alive = False
         m.ready.clear()
         m.channel.close()
@@ -338,6 +408,7 @@ class Coordinator:
             ph[0] += t_begin - t_idle
             ph[1] += t_exec - t_begin
             ph[3] += 1
+            self.metrics.epoch(t_begin - t_idle, t_exec - t_begin)
             if ph[3] % 500 == 0:
                 log.info("epochs %d; mean of the last 500 (ms): waiting for work %.2f, "
                          "execute+barrier %.2f", ph[3], ph[0] / 0.5, ph[1] / 0.5)
@@ -347,10 +418,16 @@ class Coordinator:
             idle = pending == 0 and not conflicts and not self._wakeup.is_set()
             self.stats["epochs"] += 1
             self.stats["txns"] += sum(r.roots for r in reports)
-            marker = self.rounds.marker(epoch, self.stats["txns"])
+            switch = self.rescale.due()
+            marker = self.rounds.marker(epoch, self.stats["txns"], force=switch)
+            if switch and marker is not None:
+                self.rescale.arm(marker)
             self._broadcast(wire.Commit(epoch, [[t, b] for t, b in conflicts.items()],
                                         [[t, e, r] for t, (e, r) in aborts.items()], idle, marker))
             self.stats["conflicts"] += len(conflicts)
+            if switch and marker is not None:
+                await self.rescale.switch(marker)  # no epoch begins until the new membership runs
+                idle = False
 
     async def _watchdog(self) -> None:
         timeout = self.settings.heartbeat_timeout

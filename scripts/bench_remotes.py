@@ -1,4 +1,4 @@
-"""Throughput/latency of PathRemote vs MinioRemote (needs MinIO: `python -m sfaas.services up --minio-only`).
+"""Throughput/latency of PathRemote vs MinioRemote (needs MinIO: `python -m sfaas.cli.services up --minio-only`).
 
     python -m scripts.bench_remotes [--mib 64] [--files 64]   (from the repo root)
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from remotes import FileInfo, Manifest, Remote
 from remotes.minio import MinioRemote
 from remotes.path import PathRemote
-from sfaas import services
+from sfaas.cli import services
 
 
 def timed(fn: Callable[[], object]) -> float:

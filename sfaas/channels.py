@@ -27,13 +27,14 @@ import logging
 import os
 import struct
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from .errors import AuthenticationError, ChannelClosed
 from .wire import Message, ProtocolError, decode_frame, encode_frame
 
 log = logging.getLogger("sfaas.channels")
 
-__all__ = ["Channel", "connect", "serve", "MAX_FRAME", "MAGIC", "REJECTED"]
+__all__ = ["Channel", "connect", "serve", "MAX_FRAME", "MAGIC", "REJECTED", "Traffic", "TRAFFIC"]
 
 MAGIC = b"SFAAS1"
 _NONCE = 16
@@ -45,6 +46,20 @@ HANDSHAKE_TIMEOUT = 5.0
 #: Peers this process refused, by why: ``"unauthenticated"`` (failed the handshake) and
 #: ``"protocol"`` (an authenticated peer sent a frame that does not decode).
 REJECTED: collections.Counter[str] = collections.Counter()
+
+
+@dataclass(slots=True)
+class Traffic:
+    """Frames and bytes (length headers included) through every channel of this process."""
+
+    sent_frames: int = 0
+    sent_bytes: int = 0
+    received_frames: int = 0
+    received_bytes: int = 0
+
+
+#: This process's channel traffic (read by its ``/metrics``).
+TRAFFIC = Traffic()
 
 
 def _mac(secret: bytes, *parts: bytes) -> bytes:
@@ -80,6 +95,8 @@ class Channel:
         payload = encode_frame(msgs)
         self._writer.write(_HEADER.pack(len(payload)) + payload)
         self.frames_sent += 1
+        TRAFFIC.sent_frames += 1
+        TRAFFIC.sent_bytes += 4 + len(payload)
 
     async def drain(self) -> None:
         """Flush queued messages and wait until the OS took them (backpressure point)."""
@@ -97,7 +114,13 @@ class Channel:
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             self.closed = True
             raise ChannelClosed(f"channel to {self.peer} closed: {exc}") from None
+        TRAFFIC.received_frames += 1
+        TRAFFIC.received_bytes += 4 + n
         return decode_frame(payload)
+
+    def buffered(self) -> int:
+        """Bytes written but not yet taken by the OS (a slow or stuck peer makes it grow)."""
+        return 0 if self.closed else self._writer.transport.get_write_buffer_size()
 
     def close(self) -> None:
         """Flush what is queued and close the connection."""

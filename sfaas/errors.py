@@ -26,7 +26,11 @@ __all__ = [
     "RequestTimeout",
     "error_class",
     "reply_error",
+    "EXIT_RETIRED",
 ]
+
+#: Exit code of a worker a rescale retired (its supervisor does not restart it).
+EXIT_RETIRED = 75
 
 
 class SfaasError(Exception):

@@ -81,7 +81,10 @@ class RoundManifest:
     egress partition, where a de-duplicating scan of replies starts; ``retries``:
     ``[tid, partition, offset]`` of requests waiting to re-run at the cut (their tids keep
     their priority on replay); ``epoch_log``: the epoch-log offset from which the records
-    of epochs after ``epoch`` are found.
+    of epochs after ``epoch`` are found. ``workers`` and ``owners`` (``owners[p]``: the
+    index owning partition ``p``; empty: round robin) are the membership and partition map
+    the epochs after the round run under — a rescale switches at a round, so its round
+    names the new ones.
     """
 
     round: int
@@ -96,6 +99,7 @@ class RoundManifest:
     epoch_log: int = 0
     started: float = 0.0
     created: float = field(default_factory=time.time)
+    owners: tuple[int, ...] = ()
 
     @property
     def bytes_uploaded(self) -> int:
@@ -116,7 +120,7 @@ class RoundManifest:
             "stores": [[s.operator, s.partition, s.bytes_uploaded, s.files, s.total_bytes] for s in self.stores],
             "ingress": self.ingress, "skip": self.skip, "egress": self.egress,
             "retries": [list(r) for r in self.retries], "epoch_log": self.epoch_log,
-            "started": self.started, "created": self.created,
+            "started": self.started, "created": self.created, "owners": list(self.owners),
         })
 
     @classmethod
@@ -127,7 +131,11 @@ class RoundManifest:
             retries = tuple((int(t), int(p), int(o)) for t, p, o in d["retries"])
             m = cls(int(d["round"]), int(d["epoch"]), int(d["workers"]), int(d["partitions"]), stores,
                     _int_map(d["ingress"], "ingress"), _skip_map(d["skip"]), _int_map(d["egress"], "egress"), retries,
-                    int(d["epoch_log"]), float(d["started"]), float(d["created"]))
+                    int(d["epoch_log"]), float(d["started"]), float(d["created"]),
+                    tuple(int(o) for o in d.get("owners", ())))
+            if m.owners and (len(m.owners) != m.partitions or not all(0 <= o < m.workers for o in m.owners)):
+                raise RoundError(f"owners must name one of {m.workers} workers for each of {m.partitions} "
+                                 f"partitions, got {list(m.owners)!r:.80}")
         except RoundError as exc:
             raise RoundError(f"{source}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:

@@ -96,6 +96,10 @@ class Settings:
     #: (workers send a heartbeat every ``heartbeat_timeout / 4``; a closed channel is
     #: detected at once).
     heartbeat_timeout: float = 2.0
+    #: Port of this process's ``/metrics`` (Prometheus) on its listening host — the
+    #: coordinator also serves its status page there (``/``, ``/status.json``); 0: off.
+    #: ``sfaas up`` gives each of its processes a port of its own (``--metrics-port``).
+    metrics_port: int = 0
 
     @classmethod
     def load(
@@ -132,6 +136,9 @@ class Settings:
             value = getattr(self, name)
             if not value or "\0" in value or value != value.strip():
                 raise ConfigError(f"{name} must be a non-empty value without NUL or surrounding blanks, got {value!r:.60}")
+        for name in ("minio_access_key", "minio_secret_key"):  # (never echoed: credentials)
+            if not getattr(self, name):
+                raise ConfigError(f"{name} must not be empty (SFAAS_{name.upper()} unset gives the local default)")
         if "\0" in self.ready_file or "\0" in self.app:
             raise ConfigError("app and ready_file must not contain NUL")
         if not 0 <= self.port <= 65535:
@@ -157,6 +164,9 @@ class Settings:
             raise ConfigError(f"snapshot_interval must be a number of seconds >= 0 (0: off), got {self.snapshot_interval}")
         if not 0.2 <= self.heartbeat_timeout <= 3600:
             raise ConfigError(f"heartbeat_timeout must be between 0.2 and 3600 seconds, got {self.heartbeat_timeout}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port (SFAAS_METRICS_PORT) must be a TCP port 1..65535, or 0 for no metrics, "
+                              f"got {self.metrics_port}")
         if self.snapshot_retain < 1:
             raise ConfigError(f"snapshot_retain must be >= 1, got {self.snapshot_retain}")
         if self.snapshot_interval:

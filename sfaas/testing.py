@@ -120,6 +120,16 @@ class LocalRunner:
         #: Called after every epoch's commit with ``(epoch, committed tids in serial order)``.
         self.on_epoch_committed: Any = None
 
+    def remap(self, owners: list[int]) -> None:
+        """Move the partitions' stores between the simulated workers to the map ``owners``
+        (``owners[p]``: the worker owning partition ``p``), as a rescale does."""
+        if len(owners) != self.engines[0].partitions or not all(0 <= o < len(self.engines) for o in owners):
+            raise ValueError(f"a map needs one owner in [0, {len(self.engines)}) per partition, got {owners}")
+        stores = {k: st for eng in self.engines for k, st in eng.stores.items()}
+        for eng in self.engines:
+            eng.stores = {k: st for k, st in stores.items() if owners[k[1]] == eng.index}
+            eng.owners = list(owners)
+
     # -- calling -----------------------------------------------------------------------
     def call(self, operator: str, key: str, function: str, *args: Any) -> Any:
         """Run one request as a transaction and return its result.

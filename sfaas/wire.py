@@ -42,6 +42,16 @@ __all__ = [
     "Promote",
     "Recover",
     "Recovered",
+    "Scale",
+    "Scaled",
+    "Ship",
+    "Shipped",
+    "Move",
+    "Following",
+    "Release",
+    "Released",
+    "Reassign",
+    "Hold",
     "Hello",
     "Call",
     "Result",
@@ -100,7 +110,9 @@ class Register(Message):
 
 @dataclass(slots=True)
 class Assign(Message):
-    """Coordinator → worker: your index, the membership, the topics and partition count."""
+    """Coordinator → worker: your index, the membership, the topics and partition count.
+    ``owners``: the partition map (``owners[p]`` = index owning partition ``p``; see
+    :mod:`sfaas.partitioning`)."""
 
     TAG: ClassVar[int] = 2
     index: int
@@ -110,6 +122,7 @@ class Assign(Message):
     ingress_topic: str
     egress_topic: str
     group: str
+    owners: list[int]
 
 
 @dataclass(slots=True)
@@ -182,11 +195,14 @@ class Wakeup(Message):
 
 @dataclass(slots=True)
 class Heartbeat(Message):
-    """Worker → coordinator: still alive (with counters for ``sfaas ps``)."""
+    """Worker → coordinator: still alive (with counters for ``sfaas ps``). ``latency``: the
+    worker's request-latency histogram so far (counts per ``sfaas.metrics.LATENCY_BOUNDS``
+    bucket, the last above them all) for the coordinator's status page."""
 
     TAG: ClassVar[int] = 10
     index: int
     committed: int
+    latency: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -264,6 +280,8 @@ class Recover(Message):
     attempt: int
     round: int
     peers: list[list[Any]]
+    #: the partition map to recover under (it changes with a rescale)
+    owners: list[int]
 
 
 @dataclass(slots=True)
@@ -277,6 +295,120 @@ class Recovered(Message):
     index: int
     epochs: list[list[Any]]
     error: str
+
+
+# -- rescaling (coordinator.rescale, worker.moving) -------------------------------------------
+
+
+@dataclass(slots=True)
+class Scale(Message):
+    """Operator (``sfaas scale``) → coordinator, as the first message on a channel: run
+    ``workers`` workers. Answered with :class:`Scaled` once done (or refused)."""
+
+    TAG: ClassVar[int] = 17
+    workers: int
+
+
+@dataclass(slots=True)
+class Scaled(Message):
+    """Coordinator → operator: the rescale ended (``ok``) or why not (``detail``)."""
+
+    TAG: ClassVar[int] = 18
+    ok: bool
+    detail: str
+
+
+@dataclass(slots=True)
+class Ship(Message):
+    """Coordinator → a worker: ship the stores of ``partitions`` (they are moving away);
+    answered with :class:`Shipped`."""
+
+    TAG: ClassVar[int] = 19
+    partitions: list[int]
+
+
+@dataclass(slots=True)
+class Shipped(Message):
+    """Worker → coordinator: shipping; ``seqs`` = ``[operator, partition, version]`` of each
+    store now (a receiver is caught up once its follower holds that version)."""
+
+    TAG: ClassVar[int] = 23
+    index: int
+    seqs: list[list[Any]]
+
+
+@dataclass(slots=True)
+class Move(Message):
+    """Coordinator → a receiving worker: follow the stores of the partitions moving to you.
+    ``sources``: ``[host, repl_port, [partitions]]`` per shipping worker; ``seqs`` as in
+    :class:`Shipped`. ``index``: the receiver's slot after the move (a joining worker's
+    first message). Answered with :class:`Following` once caught up."""
+
+    TAG: ClassVar[int] = 24
+    index: int
+    n_workers: int
+    sources: list[list[Any]]
+    seqs: list[list[Any]]
+
+
+@dataclass(slots=True)
+class Following(Message):
+    """Receiver → coordinator: caught up with every moving store (``error``: why not)."""
+
+    TAG: ClassVar[int] = 25
+    index: int
+    error: str
+
+
+@dataclass(slots=True)
+class Release(Message):
+    """Coordinator → every worker, at an epoch boundary right after snapshot round
+    ``round`` completed: close the stores and ingress of every partition ``owners`` no
+    longer gives you. Answered with :class:`Released`."""
+
+    TAG: ClassVar[int] = 26
+    round: int
+    owners: list[int]
+
+
+@dataclass(slots=True)
+class Released(Message):
+    """Worker → coordinator: the partitions moving away are closed here."""
+
+    TAG: ClassVar[int] = 27
+    index: int
+    error: str
+
+
+@dataclass(slots=True)
+class Reassign(Message):
+    """Coordinator → every worker of the new membership: take over at round ``round``.
+
+    Your slot is ``index`` of ``n_workers`` at ``peers``, the map is ``owners``. For each
+    partition you gain, the round's ingress watermark (``ingress``), the completed offsets
+    above it (``skip``) and its waiting re-runs (``retries``: ``[tid, partition, offset]``)
+    say where its requests resume. Answered with ``Ready``.
+    """
+
+    TAG: ClassVar[int] = 28
+    round: int
+    index: int
+    n_workers: int
+    peers: list[list[Any]]
+    owners: list[int]
+    ingress: dict[int, int]
+    skip: dict[int, list[int]]
+    retries: list[list[int]]
+
+
+@dataclass(slots=True)
+class Hold(Message):
+    """Coordinator → receiving workers: round ``round`` is the switch's; stop following
+    the moving stores once they hold it (what the old owners write or merge after it will
+    not be needed)."""
+
+    TAG: ClassVar[int] = 29
+    round: int
 
 
 # -- worker <-> worker -------------------------------------------------------------------------
@@ -399,6 +531,11 @@ _ROWS: dict[tuple[str, str], _Check] = {
     ("Snapshotted", "stores"): _list_of(_row(_is_str, _is_int, _is_int, _is_int, _is_int)),
     ("Snapshotted", "retries"): _list_of(_row(_is_int, _is_int, _is_int)),
     ("Recovered", "epochs"): _list_of(_row(_is_int, _is_float)),
+    ("Shipped", "seqs"): _list_of(_row(_is_str, _is_int, _is_int)),
+    ("Move", "sources"): _list_of(_row(_is_str, _is_int, _list_of(_is_int))),
+    ("Move", "seqs"): _list_of(_row(_is_str, _is_int, _is_int)),
+    ("Reassign", "peers"): _list_of(_row(_is_str, _is_int)),
+    ("Reassign", "retries"): _list_of(_row(_is_int, _is_int, _is_int)),
 }
 
 

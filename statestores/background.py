@@ -56,7 +56,7 @@ from typing import Any, TypeVar
 
 from .errors import BackgroundBusy, BackgroundDied
 
-__all__ = ["submit", "warm_up", "shutdown", "mode", "MAX_QUEUED", "BackgroundBusy", "BackgroundDied"]
+__all__ = ["submit", "warm_up", "shutdown", "mode", "cpu_seconds", "MAX_QUEUED", "BackgroundBusy", "BackgroundDied"]
 
 log = logging.getLogger("statestores")
 
@@ -256,11 +256,14 @@ class _Lane:
             self._run_remote(task)
 
     def _run_local(self, task: _Task) -> None:
+        t0 = time.thread_time()
         try:
             result = task.fn(*task.args)
         except BaseException as exc:
+            _charge(self.name, time.thread_time() - t0)
             task.future.set_exception(exc)
         else:
+            _charge(self.name, time.thread_time() - t0)
             task.future.set_result(result)
 
     def _ensure_proc(self) -> subprocess.Popen[bytes]:
@@ -312,6 +315,7 @@ class _Lane:
         except Exception as exc:  # an argument cannot cross processes
             fut.set_exception(exc)
             return
+        cpu0 = _proc_cpu(proc.pid)
         try:
             self._send_credentials(proc.stdin.fileno())
             _write_all(proc.stdin.fileno(), _FRAME.pack(len(frame)))
@@ -320,6 +324,9 @@ class _Lane:
             reply = _recv_frame(proc.stdout.fileno())
         except (OSError, EOFError, ValueError):
             reply = None
+        cpu1 = _proc_cpu(proc.pid)
+        if cpu0 is not None and cpu1 is not None:
+            _charge(self.name, cpu1 - cpu0)
         if reply is None:
             fut.set_exception(BackgroundDied(f"background {self.name} process died while running a task (exit code {self._reap()})"))
             return
@@ -383,6 +390,30 @@ class _Lane:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+_cpu: dict[str, float] = dict.fromkeys(LANES, 0.0)
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _charge(lane: str, seconds: float) -> None:
+    _cpu[lane] += max(0.0, seconds)  # one writer per lane: its dispatcher thread
+
+
+def _proc_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) process ``pid`` used so far; None where /proc is missing."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime: fields 14 and 15 of stat(5)
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds the tasks of each lane used in this process's lifetime: the worker
+    process's while it ran them (Linux), or the dispatcher thread's for local tasks."""
+    return dict(_cpu)
 
 
 class _LaneClosed(Exception):

@@ -498,6 +498,22 @@ class Store(abc.ABC):
             if not self._paused and not self._closed:
                 self._kick()
 
+    def pause_merges(self) -> Callable[[], None]:
+        """Start no new merge until the returned function is called (once; later calls do
+        nothing). A merge in flight finishes; flushes go on. For a store whose files are
+        being shipped to a new owner: a merge then would ship its state a second time."""
+        with self._lock:
+            self._check_open()
+            self._paused += 1
+        resumed = threading.Event()
+
+        def resume() -> None:
+            if not resumed.is_set():
+                resumed.set()
+                self._resume()
+
+        return resume
+
     def settle(self) -> None:
         """Wait until no background flush, merge, seal or other maintainer task of this
         store is in flight (e.g. before looking at its files)."""

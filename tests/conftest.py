@@ -2,7 +2,7 @@
 
 A service that already runs (``sfaas services up``, or another test session) is reused.
 One this session had to start is stopped at the end, unless another session still uses
-it (see :func:`sfaas.services.using`). A service that cannot start FAILS the tests that
+it (see :func:`sfaas.cli.services.using`). A service that cannot start FAILS the tests that
 need it, with the log tail; nothing is skipped.
 """
 
@@ -15,8 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 from remotes.minio import MinioRemote
-from sfaas import services
-from sfaas.services import Endpoints, ServiceError
+from sfaas.cli import cluster, services
+from sfaas.cli.services import Endpoints, ServiceError
+from sfaas.settings import Settings
 
 TEST_BUCKET = "sfaas-tests"
 
@@ -69,3 +70,24 @@ def minio_remote(minio: Endpoints) -> Iterator[MinioRemote]:
     finally:
         remote.destroy()
         remote.close()
+
+
+@pytest.fixture(scope="session")
+def observed_cluster(kafka: Endpoints, minio: Endpoints, tmp_path_factory: pytest.TempPathFactory) \
+        -> Iterator[tuple[Settings, Settings]]:
+    """A 2-worker ``tests.runtime.apps.ledger`` cluster (``sfaas up``: LSM stores, a snapshot
+    round every second) whose processes serve metrics on free ports, shared by the tests
+    that watch it (metrics, the status page, the Grafana dashboard). Yields its settings
+    and the settings a client of it uses."""
+    s = Settings.load({
+        "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}",
+        "home": str(tmp_path_factory.mktemp("observed")), "store": "lsm", "partitions": 4,
+        "snapshot_interval": 1.0, "snapshot_retain": 2, "minio": minio.minio_endpoint,
+        "minio_access_key": minio.minio_access_key, "minio_secret_key": minio.minio_secret_key,
+        "bucket": TEST_BUCKET,
+    })
+    cluster.up(s, "tests.runtime.apps.ledger:app", 2, timeout=90)
+    try:
+        yield s, cluster.cluster_settings(s)[1]
+    finally:
+        cluster.down(s)

@@ -1,21 +1,30 @@
 """docker-compose.yml stays true to the code: no Docker engine runs here, so the file is
 checked statically — every sfaas service's command parses with our CLI, every ``SFAAS_*``
-variable is a real setting, and the settings it describes load and validate."""
+variable is a real setting, and the settings it describes load and validate; Prometheus
+scrapes exactly the sfaas services at their metrics ports, Grafana is provisioned with
+that Prometheus and the dashboard, and the dashboard's queries name only metrics (and
+labels) a running cluster exports."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
-from sfaas.cli import _parser
+from sfaas.cli import cluster
+from sfaas.cli.commands import _parser
 from sfaas.settings import Settings
 
-COMPOSE = Path(__file__).resolve().parents[1] / "docker-compose.yml"
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "docker-compose.yml"
+DASHBOARD = ROOT / "monitoring" / "grafana" / "dashboards" / "sfaas.json"
 
 
 def _compose() -> dict[str, Any]:
@@ -54,3 +63,95 @@ def test_every_sfaas_variable_is_a_setting_and_the_settings_load() -> None:
         standby_of = [svc["command"][i + 1] for i, a in enumerate(svc["command"]) if a == "--standby-of"]
         if standby_of:
             assert 0 <= int(standby_of[0]) < s.workers, f"{name} stands by for a worker that does not exist"
+
+
+def _settings_of(svc: dict[str, Any]) -> Settings:
+    return Settings.load(env={k: _resolve(v) for k, v in svc["environment"].items()})
+
+
+def _mounts(svc: dict[str, Any]) -> dict[str, Path]:
+    """A service's bind mounts: container path → the repo path mounted there (which must exist)."""
+    out = {}
+    for vol in svc.get("volumes", []):
+        src, dst = vol.split(":")[:2]
+        if src.startswith("./"):
+            path = ROOT / src
+            assert path.exists(), f"{vol}: {path} is not in the repository"
+            out[dst] = path
+    return out
+
+
+def _in_container(mounts: dict[str, Path], path: str) -> Path:
+    """The repo file a container sees at ``path``."""
+    for dst, src in mounts.items():
+        if path == dst or path.startswith(dst.rstrip("/") + "/"):
+            return src / path[len(dst):].lstrip("/")
+    raise AssertionError(f"{path} is not mounted from the repository ({mounts})")
+
+
+def test_prometheus_scrapes_every_sfaas_process_at_its_metrics_port() -> None:
+    doc = _compose()
+    prom = doc["services"]["prometheus"]
+    config = yaml.safe_load(_in_container(_mounts(prom), "/etc/prometheus/prometheus.yml").read_text())
+    targets = {t for job in config["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
+    expected = set()
+    for name, svc in _ours(doc).items():
+        port = _settings_of(svc).metrics_port
+        assert port > 0, f"{name} serves no metrics (SFAAS_METRICS_PORT)"
+        expected.add(f"{name}:{port}")
+        cmd = svc["command"]
+        if cmd[0] == "worker":  # it serves on its --host, which must be the name Prometheus scrapes
+            assert cmd[cmd.index("--host") + 1] == name, f"{name} listens on another host than its name"
+        else:  # the status page reaches the user's browser
+            assert f"{port}:{port}" in svc.get("ports", []), f"{name}: the status page port is not published"
+    assert targets == expected
+
+
+def test_grafana_is_provisioned_with_prometheus_and_the_dashboard() -> None:
+    doc = _compose()
+    graf = doc["services"]["grafana"]
+    mounts = _mounts(graf)
+    (ds,) = yaml.safe_load(_in_container(mounts, "/etc/grafana/provisioning/datasources/prometheus.yml")
+                           .read_text())["datasources"]
+    prom_port = doc["services"]["prometheus"]["ports"][0].split(":")[1]
+    assert ds["type"] == "prometheus" and ds["url"] == f"http://prometheus:{prom_port}"
+    (provider,) = yaml.safe_load(_in_container(mounts, "/etc/grafana/provisioning/dashboards/sfaas.yml")
+                                 .read_text())["providers"]
+    assert _in_container(mounts, provider["options"]["path"]) == DASHBOARD.parent
+    assert _in_container(mounts, graf["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]) == DASHBOARD
+    dash = json.loads(DASHBOARD.read_text())
+    panels = [p for p in dash["panels"] if p["type"] != "row"]
+    assert len(panels) >= 20 and all(p["targets"] for p in panels)
+    uids = {p["datasource"]["uid"] for p in panels} | {t["datasource"]["uid"] for p in panels for t in p["targets"]}
+    assert uids == {ds["uid"]}
+
+
+def _exported(url: str) -> dict[str, set[str]]:
+    """Metric names (families and samples) of ``url`` → the labels their samples carry."""
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, set[str]] = {}
+    for fam in text_string_to_metric_families(text):
+        out.setdefault(fam.name, set())
+        for sample in fam.samples:
+            out.setdefault(sample.name, set()).update(sample.labels)
+            out[fam.name].update(sample.labels)
+    return out
+
+
+def test_the_dashboard_queries_only_metrics_a_running_cluster_exports(observed_cluster) -> None:
+    s, _ = observed_cluster
+    exported: dict[str, set[str]] = {}
+    for p in cluster.ps(s):
+        for name, labels in _exported(p.metrics).items():
+            exported.setdefault(name, set()).update(labels)
+    exprs = [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p.get("targets", [])]
+    used = {m for e in exprs for m in re.findall(r"\b((?:sfaas|process)_[a-z0-9_]+)\b", e)}
+    assert len(used) >= 25
+    assert not used - set(exported), f"the dashboard names metrics nobody exports: {sorted(used - set(exported))}"
+    # the labels it groups by are labels of the metric (Prometheus adds instance and job; le is the bucket's)
+    for e in exprs:
+        for labels, metric in re.findall(r"by \(([\w, ]+)\) \((?:\w+\()?(\w+)", e):
+            wanted = {x.strip() for x in labels.split(",")} - {"instance", "job", "le"}
+            if exported[metric]:  # (a family without samples yet says nothing about its labels)
+                assert wanted <= exported[metric], (e, wanted, exported[metric])

@@ -1,4 +1,4 @@
-"""sfaas.services against the real MinIO and Kafka: lifecycle, idempotency, failures."""
+"""sfaas.cli.services against the real MinIO and Kafka: lifecycle, idempotency, failures."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sfaas import services
-from sfaas.services import Endpoints, ServiceError, ServiceSettings
+from sfaas.cli import services
+from sfaas.cli.services import Endpoints, ServiceError, ServiceSettings
 
 
 def free_port() -> int:

@@ -27,10 +27,12 @@ log = logging.getLogger("sfaas.worker")
 __all__ = ["join", "rejoin", "start_kafka"]
 
 
-async def join(w: Worker, my_port: int) -> tuple[wire.Assign, PartitionStores | None]:
+async def join(w: Worker, my_port: int) -> tuple[wire.Assign, PartitionStores | None, wire.Reassign | None]:
     """Register with the coordinator and get a slot: at once, or — answered ``Follow`` — as a
     standby first (``worker.standby``) until promoted, then for the dead primary's slot with
-    the promoted stores. Raises :class:`ClusterError` if refused."""
+    the promoted stores, or — answered ``Move`` — as a worker joining a scale-up
+    (``worker.moving``), with the stores it took over and the ``Reassign`` saying where
+    their requests resume. Raises :class:`ClusterError` if refused."""
     s = w.settings
     chost, cport = s.coordinator_address()
     repl_port = w.shipping.port if w.shipping else 0
@@ -38,6 +40,16 @@ async def join(w: Worker, my_port: int) -> tuple[wire.Assign, PartitionStores | 
     w.coord.send(wire.Register(w.name, s.host, my_port, os.getpid(), -1, s.standby_of, repl_port))
     assign = (await w.coord.recv())[0]
     promoted = None
+    if isinstance(assign, wire.Move):
+        from .moving import join_as_receiver
+
+        w.producer = await start_kafka(w, lambda: make_producer(s.kafka, s.linger_ms, durable=True))
+        w.consumer_group = consumer_group(s, w.app.name)
+        w.consumer = await start_kafka(w, lambda: make_consumer(s.kafka, w.consumer_group, s.fetch_wait_ms))
+        takeover, promoted = await join_as_receiver(w, assign)
+        ingress, egress = s.topics(w.app.name)
+        return (wire.Assign(takeover.index, takeover.n_workers, takeover.peers, len(takeover.owners), ingress,
+                            egress, w.consumer_group, list(takeover.owners)), promoted, takeover)
     if isinstance(assign, wire.Follow):
         from .standby import run_standby
 
@@ -56,7 +68,7 @@ async def join(w: Worker, my_port: int) -> tuple[wire.Assign, PartitionStores | 
         raise ClusterError(f"coordinator refused {w.name}: {assign.reason}")
     if not isinstance(assign, wire.Assign):
         raise ClusterError(f"expected Assign from the coordinator, got {type(assign).__name__}")
-    return assign, promoted
+    return assign, promoted, None
 
 
 async def start_kafka(w: Worker, make: Callable[[], Any], patience: float = 120.0) -> Any:
@@ -89,7 +101,7 @@ async def rejoin(w: Worker, my_port: int) -> bool:
         msgs = await w.coord.recv()
         a = msgs[0] if msgs else None
         if not (isinstance(a, wire.Assign) and a.index == w.index and a.n_workers == w.assign.n_workers
-                and a.partitions == w.assign.partitions):
+                and a.partitions == w.assign.partitions and a.owners == w.assign.owners):
             log.error("the restarted coordinator assigned %r, not slot %d of %d: restarting",
                       a, w.index, w.assign.n_workers, extra={"worker": w.index})
             return False

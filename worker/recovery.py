@@ -32,8 +32,9 @@ from aiokafka import TopicPartition
 from sfaas import wire
 from sfaas.epochlog import EpochRecord
 from sfaas.kafka import read_range
+from sfaas.partitioning import owned
 from sfaas.rounds import RoundManifest, Rounds
-from sfaas.state import rounds_remote
+from sfaas.state import open_stores, rounds_remote
 from sfaas.txn.epochs import Sequencer
 from sfaas.txn.loop import Participant
 from sfaas.txn.offsets import OffsetTracker
@@ -48,6 +49,29 @@ log = logging.getLogger("sfaas.worker.recovery")
 __all__ = ["recover"]
 
 
+def _adopt_map(w: Worker, owners: list[int], n_workers: int) -> None:
+    """(a thread) Close the stores of partitions ``owners`` no longer gives ``w``, open
+    those it now owns (the restore that follows fills them from the round)."""
+    assert w.engine is not None
+    mine = set(owned(owners, w.index))
+    have = {p for _, p in w.engine.stores}
+    gone = [k for k in w.engine.stores if k[1] not in mine]
+    if w.shipping is not None:
+        w.shipping.detach(gone)
+    for k in gone:
+        w.engine.stores.pop(k).close()
+        w.offsets.drop(k[1])
+        w.applied.drop(k[1])
+        w.start_offsets.pop(k[1], None)
+    if mine - have:
+        w.engine.stores.update(open_stores(w.settings, w.app, sorted(mine - have), len(owners)).items())
+        log.warning("recovery under a new partition map: opened partitions %s, closed %s", sorted(mine - have),
+                    sorted({p for _, p in gone}), extra={"worker": w.index})
+    w.engine.owners = list(owners)
+    w.engine.n_workers = n_workers
+    w.assign.owners, w.assign.n_workers = list(owners), n_workers
+
+
 def _empty_round(partitions: int) -> RoundManifest:
     return RoundManifest(0, 0, 0, partitions, (), {p: 0 for p in range(partitions)}, {}, {}, (), 0)
 
@@ -60,8 +84,14 @@ async def recover(w: Worker, msg: wire.Recover) -> list[list[Any]]:
     s, assign, me = w.settings, w.assign, w.index
     # 1. stop
     await w.stop_activity()
-    # 2. peers
+    w.moving.stop()  # a rescale in progress is abandoned (the coordinator starts it over)
+    w.moving.resume_merges()
+    w._skip, w._retry_at = {}, {}
+    # 2. peers, and the partition map (a rescale may have changed it)
+    for j in [j for j in w.peers if j >= len(msg.peers)]:
+        w.peers.pop(j).close()
     await w.reconnect_peers(msg.peers)
+    await asyncio.to_thread(_adopt_map, w, msg.owners, len(msg.peers))
     # 3. the round, and every store back to it
     if msg.round > 0:
         m = await asyncio.to_thread(Rounds(rounds_remote(s, w.app.name)).read, msg.round)
@@ -75,7 +105,7 @@ async def recover(w: Worker, msg: wire.Recover) -> list[list[Any]]:
         else:  # no round yet: back to empty
             await asyncio.to_thread(store.write_batch, [(k, None) for k, _ in store.items()])
     # 4. the log after the round, my ingress, the replies already out
-    mine = [p for p in range(assign.partitions) if p % assign.n_workers == me]
+    mine = owned(assign.owners, me)
     log_topic = s.epoch_log_topic(w.app.name)
     raw_log = await read_range(s.kafka, {TopicPartition(log_topic, 0): m.epoch_log})
     records = [EpochRecord.decode(v, f"{log_topic}@{o}") for o, v in raw_log[0]]
@@ -128,6 +158,7 @@ async def recover(w: Worker, msg: wire.Recover) -> list[list[Any]]:
         elif key not in in_log:
             w.loop.queue.append(item)
     # 6. live again after the replay
+    w.consumer.assign([TopicPartition(assign.ingress_topic, p) for p in mine])
     for p in mine:
         recs = raw_in.get(p, [])
         nxt = recs[-1][0] + 1 if recs else m.ingress.get(p, 0)

@@ -1,8 +1,10 @@
 """A primary's side of the standbys: every partition store shipped over ``tcp``.
 
-With ``standbys`` > 0 each worker runs a :class:`statestores.replica.TcpServer` (port sent
-to the coordinator in ``Register.repl_port``) and a :class:`~statestores.replica.Shipper`
-per partition store, named :func:`store_name`. Every flush and merge the store does is
+With snapshot rounds on each worker runs a replication server; with ``standbys`` > 0 it ships
+every partition store (``worker.moving`` ships only the stores of partitions moving away
+in a rescale). The server is a :class:`statestores.replica.TcpServer` (port sent to the
+coordinator in ``Register.repl_port``) with a :class:`~statestores.replica.Shipper` per
+shipped store, named :func:`store_name`. Every flush and merge the store does is
 shipped as it happens — the run files with their footers, the log files with their hints
 — and every completed snapshot's file list with it; a standby installs them and never
 merges (``worker.standby``). Shipping costs this worker a hard link per new file on the
@@ -15,9 +17,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Mapping
 
 from sfaas.settings import Settings
-from sfaas.state import PartitionStores
+from sfaas.state import StoreKey
+from statestores import Store
 from statestores.replica import Shipper, TcpServer
 
 log = logging.getLogger("sfaas.worker.replication")
@@ -42,12 +46,30 @@ class Shipping:
         self.server = TcpServer(self._shippers.get, secret, host=settings.host, port=0)
         self.port = self.server.address[1]
 
-    def attach(self, stores: PartitionStores) -> None:
-        """Ship every store of ``stores`` (called once they are open)."""
+    def attach(self, stores: Mapping[StoreKey, Store]) -> dict[StoreKey, int]:
+        """Ship every store of ``stores`` (called once they are open; a store shipped
+        already keeps its shipper); returns each store's version now."""
+        seqs = {}
         for (op, p), store in stores.items():
             name = store_name(op, p)
-            self._shippers[name] = Shipper(store, name=name)
-        log.info("shipping %d stores to standbys on port %d", len(self._shippers), self.port)
+            sh = self._shippers.get(name)
+            if sh is None:
+                sh = self._shippers[name] = Shipper(store, name=name)
+            seqs[(op, p)] = sh.seq
+        log.info("shipping %d stores on port %d", len(self._shippers), self.port)
+        return seqs
+
+    def detach(self, keys: Iterable[StoreKey]) -> None:
+        """Stop shipping these stores (they moved away; before they close)."""
+        for op, p in keys:
+            sh = self._shippers.pop(store_name(op, p), None)
+            if sh is not None:
+                sh.close()
+
+    @property
+    def followed(self) -> bool:
+        """Does any store have a follower (standby or receiver) now?"""
+        return any(sh.followers for sh in list(self._shippers.values()))
 
     def wait_marks(self, round_id: int, timeout: float = MARK_WAIT) -> bool:
         """Wait until every store's standby (if one follows it) acknowledged round

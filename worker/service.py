@@ -44,8 +44,9 @@ from sfaas import channels, wire
 from sfaas.app import App
 from sfaas.codec import check_arguments
 from sfaas.epochlog import EpochRecord
-from sfaas.errors import AuthenticationError, ChannelClosed, ClusterError
+from sfaas.errors import EXIT_RETIRED, AuthenticationError, ChannelClosed, ClusterError
 from sfaas.kafka import make_consumer, make_producer
+from sfaas.partitioning import owned
 from sfaas.settings import Settings
 from sfaas.state import PartitionStores, open_stores
 from sfaas.txn.engine import Engine, Outcome
@@ -55,6 +56,8 @@ from sfaas.txn.offsets import OffsetTracker
 
 from . import membership
 from .ingress import admit
+from .metrics import WorkerMetrics
+from .moving import Moving
 from .replication import Shipping
 from .snapshots import RoundTaker
 
@@ -137,6 +140,14 @@ class Worker:
         self.fallback_enabled = os.environ.get("SFAAS_FALLBACK", "1") != "0"
         self._age_sum = 0.0
         self._age_n = 0
+        #: rescaling (``worker.moving``): stores moving in, and whether this worker left
+        self.moving = Moving(self)
+        self.retired = False
+        #: gained partitions: offsets a snapshot round holds (skipped when read again) and
+        #: the round's waiting re-runs, ``(partition, offset) → tid``
+        self._skip: dict[int, set[int]] = {}
+        self._retry_at: dict[tuple[int, int], int] = {}
+        self.metrics = WorkerMetrics(self)
         #: partitions of the egress topic (a request's reply partition must be one)
         self.egress_partitions = 0
         #: malformed ingress records, ``"answered"`` (with an error reply) or ``"dropped"``
@@ -278,21 +289,23 @@ class Worker:
         s = self.settings
         server = await channels.serve(s.host, s.port, self.secret, self._on_peer)
         my_port = server.sockets[0].getsockname()[1]
-        self.shipping = Shipping(s, self.secret) if s.standbys > 0 else None
-        assign, promoted = await membership.join(self, my_port)
+        await self.metrics.start()
+        # rescaling ships stores too: every worker with snapshot rounds runs the server
+        self.shipping = Shipping(s, self.secret) if s.standbys > 0 or s.snapshot_interval > 0 else None
+        assign, promoted, takeover = await membership.join(self, my_port)
         self.index = assign.index
         self.assign = assign
         log.info("joined as worker %d of %d", assign.index, assign.n_workers,
                  extra={"worker": assign.index})
-        mine = [p for p in range(assign.partitions) if p % assign.n_workers == self.index]
+        mine = owned(assign.owners, self.index)
         if promoted is not None and set(promoted) != {(op, p) for op in self.app.operators for p in mine}:
             log.warning("the promoted stores are not this slot's; opening the slot's own", extra={"worker": self.index})
             promoted.close()
             promoted = None
         stores = promoted if promoted is not None else self._open_stores(assign, mine)
-        if self.shipping is not None:
+        if self.shipping is not None and s.standbys > 0:
             self.shipping.attach(stores)
-        self.engine = Engine(self.app, assign.index, assign.n_workers, assign.partitions, stores, self)
+        self.engine = Engine(self.app, assign.index, assign.n_workers, assign.partitions, stores, self, assign.owners)
         shipping = self.shipping
         held = (lambda r: asyncio.to_thread(shipping.wait_marks, r)) if shipping is not None else None
         self.rounds = RoundTaker(self.index, lambda m: self.coord.send(m), held)
@@ -306,10 +319,11 @@ class Worker:
                 await self.consumer.stop()
             self.consumer = await membership.start_kafka(self, lambda: make_consumer(s.kafka, assign.group, s.fetch_wait_ms))
             self.consumer_group = assign.group
-        tps = [TopicPartition(assign.ingress_topic, p) for p in mine]
-        self.consumer.assign(tps)
-        for tp in tps:
-            self.start_offsets[tp.partition] = await self.consumer.position(tp)
+        if takeover is None:
+            tps = [TopicPartition(assign.ingress_topic, p) for p in mine]
+            self.consumer.assign(tps)
+            for tp in tps:
+                self.start_offsets[tp.partition] = await self.consumer.position(tp)
         # every reply this worker produces from now on lands above these offsets
         out_parts = await self.producer.partitions_for(assign.egress_topic)
         self.egress_partitions = len(out_parts)
@@ -318,7 +332,10 @@ class Worker:
         if self._log_topic:
             log_tp = TopicPartition(self._log_topic, 0)
             self._log_pos = (await self.consumer.end_offsets([log_tp]))[log_tp]
-        self.start_ingest()
+        if takeover is None:
+            self.start_ingest()
+        else:  # a joining worker: its partitions resume where the rescale's round left them
+            await self.resume_ingest(takeover.ingress, takeover.skip, takeover.retries)
         self._tasks = [
             asyncio.create_task(self._produce(), name="egress"),
             asyncio.create_task(self._heartbeat(), name="heartbeat"),
@@ -348,17 +365,48 @@ class Worker:
             await self._commit_offsets()
             await self.consumer.stop()
             await self.rounds.close()
+            self.moving.stop()
             for ch in self.peers.values():
                 ch.close()
             self.coord.close()
             server.close()
             if self.shipping is not None:
                 self.shipping.close()
+            await self.metrics.close()
             self.engine.close()
 
     def start_ingest(self) -> None:
         """(Re)start taking requests from the ingress partitions."""
         self._ingest_task = asyncio.create_task(self._ingest(), name="ingest")
+
+    async def pause_ingest(self) -> None:
+        """Stop taking requests (what was taken stays queued)."""
+        if self._ingest_task is not None:
+            self._ingest_task.cancel()
+            await asyncio.gather(self._ingest_task, return_exceptions=True)
+            self._ingest_task = None
+
+    async def resume_ingest(self, gained: dict[int, int], skip: dict[int, list[int]] | None = None,
+                            retries: list[list[int]] | None = None) -> None:
+        """Take requests from the partitions the map gives this worker: kept ones where
+        ingest stopped, ``gained`` ones from the given offsets (``skip``: offsets already
+        in the state; ``retries``: ``[tid, partition, offset]`` re-runs keeping their tids)."""
+        mine = owned(self.assign.owners, self.index)
+        topic = self.assign.ingress_topic
+        self.consumer.assign([TopicPartition(topic, p) for p in mine])
+        for p in mine:
+            if p in gained:
+                nxt = gained[p]
+                self.start_offsets[p] = nxt
+            else:
+                taken = self.offsets.next_offset(p)
+                nxt = taken if taken is not None else self.start_offsets[p]
+            self.consumer.seek(TopicPartition(topic, p), nxt)
+        for p, offs in (skip or {}).items():
+            self._skip.setdefault(p, set()).update(offs)
+        for tid, p, off in retries or []:
+            self._retry_at[(p, off)] = tid
+        self.start_ingest()
 
     async def reconnect_peers(self, peers: list[list[Any]]) -> None:
         """Connect to every peer whose channel is missing, closed or at a new address."""
@@ -379,10 +427,7 @@ class Worker:
     async def stop_activity(self) -> None:
         """Stop ingest and every execution in flight; wait until the replies already made
         are acknowledged (recovery starts from a quiet worker)."""
-        if self._ingest_task is not None:
-            self._ingest_task.cancel()
-            await asyncio.gather(self._ingest_task, return_exceptions=True)
-            self._ingest_task = None
+        await self.pause_ingest()
         running = list(self._running)
         for t in running:
             t.cancel()
@@ -448,6 +493,16 @@ class Worker:
                     await self._commit(msg)
                 elif isinstance(msg, wire.Recover):
                     await self._recover(msg)  # awaited: the replay's Begins come after it
+                elif isinstance(msg, wire.Ship):
+                    self.coord.send(self.moving.ship(msg))
+                elif isinstance(msg, wire.Move):
+                    self.moving.follow(msg)
+                elif isinstance(msg, wire.Hold):
+                    self.moving.hold(msg)
+                elif isinstance(msg, wire.Release):
+                    self.coord.send(await self.moving.release(msg))
+                elif isinstance(msg, wire.Reassign):
+                    await self.moving.reassign(msg)
                 elif isinstance(msg, wire.Stop):
                     log.info("stopping: %s", msg.reason, extra={"worker": self.index})
                     return
@@ -456,6 +511,7 @@ class Worker:
 
     async def _execute(self, begin: wire.Begin) -> None:
         assert self.engine is not None and self.loop is not None
+        t0 = time.perf_counter()
         n = self.assign.n_workers
         if begin.replay:
             batch = self.replay_batches.pop(begin.epoch, [])
@@ -491,10 +547,12 @@ class Worker:
                 return
             self._log_pos = md.offset + 1
         self._reported_epoch = begin.epoch
+        self.metrics.executed(t0)
         self._report()
 
     async def _commit(self, msg: wire.Commit) -> None:
         assert self.loop is not None
+        t0 = time.perf_counter()
         fates = await self.loop.commit({t: b for t, b in msg.conflicts}, {t: (e, r) for t, e, r in msg.aborts})
         for f in fates:
             req = f.item.request
@@ -509,6 +567,7 @@ class Worker:
                 reply = wire.Reply(req.rid, False, None, str(f.value[0]), str(f.value[1]))
             self._replies.append((req.reply_partition, reply.encode(), f.item.partition, f.item.offset))
             self._applied(f.item)
+        self.metrics.committed(fates, self.answered, t0)
         if self._replies:
             self._reply_event.set()
         self.on_epoch_committed(msg.epoch, msg.marker)
@@ -532,10 +591,20 @@ class Worker:
                 for rec in records:
                     self.offsets.take(tp.partition, rec.offset)
                     self.applied.take(tp.partition, rec.offset)
+                    if self._skip and rec.offset in self._skip.get(tp.partition, ()):
+                        # a gained partition: the rescale's round holds it and its reply is out
+                        self.offsets.complete(tp.partition, rec.offset)
+                        self.applied.complete(tp.partition, rec.offset)
+                        continue
                     req = admit(self, tp.partition, rec.offset, rec.value)
                     if req is None:  # rejected (and answered, if it could be)
                         continue
-                    queue.append(_Pending(req, tp.partition, rec.offset))
+                    item = _Pending(req, tp.partition, rec.offset)
+                    tid = self._retry_at.pop((tp.partition, rec.offset), None) if self._retry_at else None
+                    if tid is None:
+                        queue.append(item)
+                    else:  # a re-run waiting at the rescale's round: it keeps its tid
+                        self.loop.sequencer.requeue(tid, item)
                     got = True
             if got and self._idle_reported:
                 self._idle_reported = False
@@ -578,7 +647,7 @@ class Worker:
             lp = self.loop
             assert lp is not None
             if not self.coord.closed:  # (while the coordinator restarts, nobody listens)
-                self.coord.send(wire.Heartbeat(self.index, lp.committed))
+                self.coord.send(wire.Heartbeat(self.index, lp.committed, self.metrics.heartbeat_latency()))
             if self._age_n and time.monotonic() - last_log >= 5.0:
                 last_log = time.monotonic()
                 log.info("epochs=%d committed=%d reruns=%d fallbacks=%d mean request age at epoch start %.1f ms",
@@ -610,5 +679,8 @@ async def run_worker(settings: Settings, app: App, name: str | None = None) -> N
     """Run one worker until it is stopped; raises :class:`ClusterError` if it lost the coordinator."""
     w = Worker(settings, app, name)
     await w.run()
+    if w.retired:
+        log.info("retired by a rescale; exiting with code %d", EXIT_RETIRED)
+        raise SystemExit(EXIT_RETIRED)
     if w.lost_coordinator:
         raise ClusterError("lost the coordinator")

@@ -13,17 +13,10 @@ longest pause between replies, the recovery's phases, and the files downloaded.
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
-import time
-from pathlib import Path
 from typing import Any
 
-from benchmarks.readme import publish
-from benchmarks.runtime import bench
-
-ROOT = Path(__file__).resolve().parents[2]
+from benchmarks.replication import cluster_args, finish, run_points
 
 
 def report(rows: list[dict[str, Any]]) -> str:
@@ -45,35 +38,13 @@ def report(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--keys", type=int, default=1_000_000)
-    ap.add_argument("--store", default="lsm")
-    ap.add_argument("--seconds", type=float, default=30.0)
+    ap = cluster_args("failover", __doc__, 30.0)
     ap.add_argument("--kill-at", dest="kill_at", type=float, default=12.0)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / time.strftime("%Y-%m-%d-failover"))
-    ap.add_argument("--no-readme", action="store_true")
     a = ap.parse_args()
-    a.out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict[str, Any]] = []
-    t0 = time.monotonic()
-    for rep in range(1, a.repeats + 1):
-        for sb in (1, 0):
-            print(f"[{time.monotonic() - t0:.0f} s] repeat {rep}: standbys={sb}, {a.keys:,} keys, lose a machine at "
-                  f"{a.kill_at} s", file=sys.stderr, flush=True)
-            args = bench.parser().parse_args([
-                "--store", a.store, "--keys", str(a.keys), "--preload", "--rates", "1000", "--seconds", str(a.seconds),
-                "--kill-at", str(a.kill_at), "--lose-machine", "--standbys", str(sb), "--label", f"r{rep}",
-                "--out", str(a.out / "failover.jsonl"),
-            ])
-            rows += bench.run(args)
-    text = report(rows)
-    print(text)
-    if a.no_readme:
-        (a.out / "REPORT.md").write_text(text + "\n")
-    else:
-        publish("failover", "Replication: failover of a lost machine", text, a.out,
-                "python -m benchmarks.replication.failover", "failover.jsonl")
+    lose = ["--kill-at", str(a.kill_at), "--lose-machine"]
+    rows = run_points(a, "failover", [(f"standbys={sb}, lose a machine at {a.kill_at} s", [*lose, "--standbys", str(sb)])
+                                      for sb in (1, 0)])
+    finish(a, "failover", "Replication: failover of a lost machine", report, rows)
 
 
 if __name__ == "__main__":

@@ -35,9 +35,9 @@ import psutil
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from sfaas import cluster, services  # noqa: E402
+from sfaas.cli import cluster, services  # noqa: E402
+from sfaas.cli.loadgen import Zipf, run_open_loop  # noqa: E402
 from sfaas.client import Client  # noqa: E402
-from sfaas.loadgen import Zipf, run_open_loop  # noqa: E402
 from sfaas.settings import Settings  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -134,8 +134,44 @@ def _recovery_stats(res, kill: dict, settings: Settings) -> dict:
     return out
 
 
+def _rescale_stats(res, steps: list[dict], settings: Settings) -> list[dict]:
+    """Per rescale: the longest pause of replies while it ran, the switch's pause and what
+    moved (bytes shipped to the receivers against the bytes of the moved stores' files)."""
+    log_text = (cluster.state_dir(settings) / "coordinator.log").read_text()
+    switches = re.findall(r"rescaled to (\d+) workers at round (\d+): moved (\d+) partitions; epochs paused ([\d.]+) s",
+                          log_text)
+    takeovers: dict[int, list[tuple[int, int, int]]] = {}
+    for f in cluster.state_dir(settings).glob("worker-*.log"):
+        for rnd, shipped, held, down in re.findall(
+                r"took over \d+ stores at round (\d+): (\d+) bytes shipped, (\d+) bytes in their files, (\d+) bytes "
+                r"downloaded", f.read_text()):
+            takeovers.setdefault(int(rnd), []).append((int(shipped), int(held), int(down)))
+    out = []
+    for step, sw in zip(steps, switches, strict=False):
+        workers, rnd, moved, paused = sw
+        times = [t for t in res.arrivals if step["at"] - 0.5 <= t <= step["done"] + 2.0]
+        gap = max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
+        t = takeovers.get(int(rnd), [])
+        out.append({"workers": int(workers), "round": int(rnd), "partitions_moved": int(moved),
+                    "epochs_paused_s": float(paused), "longest_gap_s": round(gap, 2),
+                    "rescale_s": round(step["done"] - step["at"], 2),
+                    "bytes_shipped": sum(x[0] for x in t), "bytes_moved_state": sum(x[1] for x in t),
+                    "bytes_downloaded": sum(x[2] for x in t)})
+    return out
+
+
+async def _rescale(settings: Settings, workers: int, steps: list[dict]) -> None:
+    step = {"workers": workers, "at": time.monotonic()}
+    steps.append(step)
+    try:
+        step["detail"] = await asyncio.to_thread(cluster.scale, settings, workers)
+    finally:
+        step["done"] = time.monotonic()
+
+
 async def one_point(settings: Settings, rate: float, seconds: float, keys: int, dist: str,
-                    kill_at: float | None = None, lose_machine: bool = False) -> dict:
+                    kill_at: float | None = None, lose_machine: bool = False,
+                    rescale: list[tuple[float, int]] = ()) -> dict:  # type: ignore[assignment]
     infos = [p for p in cluster.ps(settings) if p.alive]
     kafka_pid = services.status().get("kafka", {}).get("pid")
     if kafka_pid:  # the broker's CPU is part of the cost (it shares the same cores)
@@ -151,7 +187,16 @@ async def one_point(settings: Settings, rate: float, seconds: float, keys: int, 
         kill: dict = {}
         if kill_at is not None:
             asyncio.get_running_loop().call_later(kill_at, _kill_worker, settings, t0, kill, lose_machine)
+        steps: list[dict] = []
+
+        async def rescales() -> None:
+            for at, workers in rescale:
+                await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
+                await _rescale(settings, workers, steps)
+
+        resc = asyncio.create_task(rescales())
         res = await run_open_loop(client, make_generator(keys, dist, 2), rate, seconds, drain_timeout=60.0)
+        await resc
         wall = time.monotonic() - t0
         cpu = {}
         cpu_us = {}
@@ -174,6 +219,8 @@ async def one_point(settings: Settings, rate: float, seconds: float, keys: int, 
     out["wall_s"] = round(wall, 1)
     if kill:
         out["recovery"] = _recovery_stats(res, kill, settings)
+    if steps:
+        out["rescales"] = _rescale_stats(res, steps, settings)
     return out
 
 
@@ -259,7 +306,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                         raise RuntimeError(f"standbys not up within 60 s: {cluster.ps(s)}")
                     time.sleep(0.2)
             point = asyncio.run(one_point(s, rate, args.seconds, args.keys, args.dist, args.kill_at,
-                                          args.lose_machine))
+                                          args.lose_machine, _steps(args.rescale)))
         finally:
             cluster.down(s)
         point["conflict_reruns_per_txn"] = _reruns(s)
@@ -279,6 +326,14 @@ def run(args: argparse.Namespace) -> list[dict]:
         if args.sweep and (point["p99_ms"] > 500 or point["committed_tps"] < 0.8 * rate):
             break
     return out
+
+
+def _steps(text: str) -> list[tuple[float, int]]:
+    """``"10:3,24:2"`` → rescale to 3 workers 10 s in, to 2 workers 24 s in."""
+    try:
+        return [(float(a), int(b)) for a, b in (x.split(":") for x in text.split(",") if x)]
+    except ValueError:
+        raise SystemExit(f"--rescale wants SECONDS:WORKERS[,SECONDS:WORKERS...], got {text!r}") from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -304,6 +359,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--keep", action="store_true",
                     help="keep each point's topics, MinIO objects and stores (default: delete them after the point)")
     ap.add_argument("--standbys", type=int, default=0, help="standby workers per worker (sfaas up --standbys)")
+    ap.add_argument("--rescale", default="", help="SECONDS:WORKERS,... — sfaas scale during the measured run")
     ap.add_argument("--lose-machine", dest="lose_machine", action="store_true",
                     help="with --kill-at: delete the victim's store directories before the SIGKILL")
     ap.add_argument("--out", default=str(HERE / "results.jsonl"))

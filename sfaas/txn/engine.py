@@ -88,6 +88,7 @@ class Engine:
         partitions: int,
         stores: Mapping[tuple[str, int], Store],
         router: Router | None,
+        owners: Sequence[int] | None = None,
     ) -> None:
         if not 0 <= index < n_workers:
             raise ValueError(f"worker index {index} not in [0, {n_workers})")
@@ -98,6 +99,8 @@ class Engine:
         self.index = index
         self.n_workers = n_workers
         self.partitions = partitions
+        #: the partition map (``owners[p]``: the worker index owning partition ``p``)
+        self.owners = list(owners) if owners else [owner_of_partition(p, n_workers) for p in range(partitions)]
         self.stores = dict(stores)
         self.router = router
         self.epoch = 0
@@ -111,7 +114,7 @@ class Engine:
     # -- placement -------------------------------------------------------------------
     def owner(self, operator: str, key: str) -> int:
         """The worker index owning ``key`` of ``operator``."""
-        return owner_of_partition(partition_of(operator, key, self.partitions), self.n_workers)
+        return self.owners[partition_of(operator, key, self.partitions)]
 
     def store_of(self, operator: str, key: str) -> Store:
         """The store of ``key``'s partition (KeyError if this worker does not own it)."""

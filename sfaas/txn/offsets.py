@@ -85,6 +85,16 @@ class OffsetTracker:
         p = self._parts.get(partition)
         return 0 if p is None else len(p.taken) - len(p.done)
 
+    def next_offset(self, partition: int) -> int | None:
+        """One past the highest offset taken of ``partition`` (None: nothing taken)."""
+        p = self._parts.get(partition)
+        return None if p is None else p.next
+
+    def drop(self, partition: int) -> None:
+        """Forget ``partition`` (it moved to another worker)."""
+        self._parts.pop(partition, None)
+        self._committed.pop(partition, None)
+
     def to_commit(self) -> dict[int, int]:
         """Watermarks that moved since the last :meth:`mark_committed` (what to send to Kafka)."""
         return {part: o for part, o in self.watermarks().items() if self._committed.get(part) != o}

@@ -60,12 +60,16 @@ class Follower:
 
     ``name``: the store's name at the source (default: the source's ``store``, else
     ``directory``'s base name);
-    ``keep_marks``: how many of the newest snapshot marks to hold files for; ``options``
-    are the engine's, checked now and used by :meth:`promote`.
+    ``keep_marks``: how many of the newest snapshot marks to hold files for;
+    ``live_only``: a base edit (a new replica, or one too far behind) brings only the live
+    files, not those of the primary's newest snapshot — for a replica that will be
+    promoted to a later snapshot, it halves what a fresh one receives when merges rewrote
+    the state since that snapshot; ``options`` are the engine's, checked now and used by
+    :meth:`promote`.
     """
 
     def __init__(self, engine: str, directory: str | os.PathLike[str], source: Source, *,
-                 name: str | None = None, keep_marks: int = 2, **options: Any) -> None:
+                 name: str | None = None, keep_marks: int = 2, live_only: bool = False, **options: Any) -> None:
         from .. import engine_class  # the package imports this module
 
         self.engine_cls = engine_class(engine)
@@ -78,6 +82,8 @@ class Follower:
         self.name = name or getattr(source, "store", None) or os.path.basename(self.directory)
         self.source = source
         self.keep_marks = keep_marks
+        self.live_only = bool(live_only)
+        self._stop_at: int | None = None
         self.fs = FileSystem()
         self._sync = self.engine_cls._parse_options(dict(options))["sync"] == "fsync"
         self._lock = threading.Lock()
@@ -167,7 +173,7 @@ class Follower:
     def _hello(self) -> Hello:
         with self._lock:
             mark = self.marks[-1][0] if self.marks else -1
-            return Hello(self.name, self.seq, mark, tuple(sorted(self._have_locked())), self.origin)
+            return Hello(self.name, self.seq, mark, tuple(sorted(self._have_locked())), self.origin, self.live_only)
 
     def _have_locked(self) -> set[str]:
         return set(self.files) | {e.name for _i, _s, f in self.marks for e in f}
@@ -180,6 +186,11 @@ class Follower:
                 try:
                     for item in stream:
                         if self._stop.is_set():
+                            break
+                        if self._holds_stop_mark():
+                            # promoted there next: what follows is not needed (checked here,
+                            # after the transport acknowledged the mark, not right after it)
+                            self._stop.set()
                             break
                         if isinstance(item, Tip):
                             self._check_tip(item)
@@ -333,6 +344,20 @@ class Follower:
                     if self._holds[e.name] <= 0:
                         del self._holds[e.name]
                 self._collect({e.name for e in files})
+
+    def _holds_stop_mark(self) -> bool:
+        with self._lock:
+            return self._stop_at is not None and any(i >= self._stop_at for i, _s, _f in self.marks)
+
+    def stop_at(self, snapshot_id: int) -> None:
+        """Stop following once the replica holds snapshot ``snapshot_id`` (at once if it
+        does): for a replica about to be promoted there, whatever the primary writes or
+        merges after it is not needed. :meth:`promote` and :meth:`wait` work as before."""
+        with self._lock:
+            self._stop_at = snapshot_id
+        if self._holds_stop_mark():
+            self._stop.set()
+            self.source.close()
 
     def snapshots(self) -> list[int]:
         """Ids of the snapshots whose every file this replica holds, ascending."""

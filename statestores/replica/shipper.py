@@ -215,8 +215,9 @@ class Shipper:
                         # new, another lineage, or fell behind the backlog: the whole live
                         # version (and the newest mark), then on from here
                         live = list(self._live.values())
-                        held = [e.name for e in live] + list(self._mark.names if self._mark else ())
-                        base = (self._seq, live, self._mark)
+                        mark = None if hello.live_only else self._mark
+                        held = [e.name for e in live] + list(mark.names if mark else ())
+                        base = (self._seq, live, mark)
                         nxt = self._n + 1
                     else:
                         ev = self._next(nxt)
@@ -229,16 +230,24 @@ class Shipper:
                         else:
                             tip = Tip(self._seq, self._mark.event.snapshot_id if self._mark else -1)  # type: ignore[union-attr]
                     self._ref(held)
+                # ``have``: what the follower holds once it installed what this stream sent —
+                # a file shipped once is not shipped again (a mark names files its edits
+                # brought); a file an edit removes may be deleted there, so it leaves ``have``
                 if base is not None:
                     seq, live, mark = base
                     yield Delivery(EditMsg(seq, self._shipped(live, have), (), True, self.origin),
                                    {e.name: os.path.join(self.staging, e.name) for e in live})
+                    have = {e.name for e in live}  # a base replaces what the follower held
                     if mark is not None:
                         yield self._delivery(mark, have)
+                        have.update(mark.names)
                 elif tip is not None:
                     yield tip
                 elif ev is not None:
                     yield self._delivery(ev, have)
+                    if isinstance(ev.event, VersionEdit):
+                        have.difference_update(ev.event.removed)
+                    have.update(ev.names)
         finally:
             with self._lock:
                 self._release(held)

@@ -65,6 +65,9 @@ class Hello:
     have_mark: int  # the newest snapshot id it holds, -1 for none
     have_files: tuple[str, ...] = ()
     origin: str = ""  # the shipper lineage it followed ("" for none)
+    #: a base edit brings only the live files, not the newest snapshot's (a replica that
+    #: will be promoted to a later snapshot, e.g. a partition moving in a rescale)
+    live_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ def _file(f: ShippedFile) -> list[Any]:
 def encode(msg: Message) -> bytes:
     """``msg`` as bytes (a msgpack list: type tag, then the fields in declaration order)."""
     if isinstance(msg, Hello):
-        body: list[Any] = [msg.store, msg.have_seq, msg.have_mark, list(msg.have_files), msg.origin]
+        body: list[Any] = [msg.store, msg.have_seq, msg.have_mark, list(msg.have_files), msg.origin, msg.live_only]
     elif isinstance(msg, EditMsg):
         body = [msg.seq, [_file(f) for f in msg.added], list(msg.removed), msg.base, msg.origin]
     elif isinstance(msg, MarkMsg):
@@ -186,7 +189,7 @@ def decode(data: bytes) -> Message:
     if not raw or not isinstance(raw[0], str):
         raise ProtocolError(f"message must start with its type tag, got {raw[:1]!r:.40}")
     tag, body = raw[0], raw[1:]
-    shapes = {"hello": 5, "edit": 5, "mark": 3, "ack": 2, "tip": 2}
+    shapes = {"hello": 6, "edit": 5, "mark": 3, "ack": 2, "tip": 2}
     if tag not in shapes:
         raise ProtocolError(f"unknown message type {tag!r:.40}; expected one of {sorted(shapes)}")
     if len(body) != shapes[tag]:
@@ -197,7 +200,10 @@ def decode(data: bytes) -> Message:
             raise ProtocolError(f"hello store must be a non-empty str, got {store!r:.40}")
         files = tuple(_name(n, "hello have_files") for n in _list(body[3], "hello have_files"))
         origin = _origin(body[4], "hello origin")
-        return Hello(store, _int(body[1], "hello have_seq"), _int(body[2], "hello have_mark", -1), files, origin)
+        if not isinstance(body[5], bool):
+            raise ProtocolError(f"hello live_only must be a bool, got {body[5]!r:.20}")
+        return Hello(store, _int(body[1], "hello have_seq"), _int(body[2], "hello have_mark", -1), files, origin,
+                     body[5])
     if tag == "edit":
         if not isinstance(body[3], bool):
             raise ProtocolError(f"edit base must be a bool, got {body[3]!r:.20}")

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from sfaas import App, Context, wire
 from sfaas.errors import ChannelClosed
+from sfaas.partitioning import default_owners, owned
 from sfaas.settings import Settings
 from sfaas.state import open_partition_stores
 from sfaas.txn.engine import Engine
@@ -98,8 +99,8 @@ def bare_worker(home: str, index: int = 0) -> Worker:
     w = Worker(settings(home), app, f"fuzz-{index}")
     w.index = index
     w.assign = wire.Assign(index, N_WORKERS, [["127.0.0.1", 1 + i] for i in range(N_WORKERS)], PARTITIONS,
-                           "fuzz.in", "fuzz.out", "fuzz.group")
-    mine = [p for p in range(PARTITIONS) if p % N_WORKERS == index]
+                           "fuzz.in", "fuzz.out", "fuzz.group", default_owners(PARTITIONS, N_WORKERS))
+    mine = owned(w.assign.owners, index)
     stores = open_partition_stores(app, f"{home}/data", mine, PARTITIONS)
     w.engine = Engine(app, index, N_WORKERS, PARTITIONS, stores, w)
     w.loop = Participant(w.engine, Sequencer(index), _request_of, 100)

@@ -95,7 +95,7 @@ def command_lines(draw: st.DrawFn) -> list[str]:
 def test_command_line_flags_give_settings_or_a_named_error(argv: list[str], outcomes: Outcomes,
                                                            capsys: pytest.CaptureFixture[str],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from sfaas.cli import _parser, _settings
+    from sfaas.cli.commands import _parser, _settings
 
     for k in [k for k in os.environ if k.startswith("SFAAS_")]:
         monkeypatch.delenv(k)

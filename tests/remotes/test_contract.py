@@ -20,7 +20,7 @@ from remotes import (
     SnapshotNotFoundError,
 )
 from remotes.path import PathRemote
-from sfaas.services import Endpoints
+from sfaas.cli.services import Endpoints
 from tests.conftest import make_minio_remote
 
 

@@ -15,8 +15,8 @@ from minio import Minio
 from remotes import RemoteError
 from remotes._retry import RetryPolicy
 from remotes.minio import MinioRemote
-from sfaas import services
-from sfaas.services import Endpoints
+from sfaas.cli import services
+from sfaas.cli.services import Endpoints
 from tests.conftest import TEST_BUCKET, make_minio_remote
 
 FAST = RetryPolicy(attempts=3, base_delay=0.02, max_delay=0.05, deadline=5)

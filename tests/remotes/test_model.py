@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from remotes import FileInfo, Manifest, Remote, SnapshotNotFoundError
 from remotes.path import PathRemote
-from sfaas.services import Endpoints
+from sfaas.cli.services import Endpoints
 from tests.conftest import make_minio_remote
 
 NAMES = st.sampled_from([f"run-{i}" for i in range(8)])

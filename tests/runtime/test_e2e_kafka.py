@@ -22,9 +22,9 @@ from sfaas import (
     TransactionAborted,
     UnknownFunction,
     channels,
-    cluster,
     wire,
 )
+from sfaas.cli import cluster
 from sfaas.errors import AuthenticationError
 from sfaas.settings import Settings
 

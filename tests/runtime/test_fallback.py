@@ -237,6 +237,9 @@ async def test_worker_commit_replies_from_the_fallback_phase() -> None:
         w.offsets.take(0, i)
         w.applied.take(0, i)
     w._replies, w._reply_event, w.answered = [], asyncio.Event(), set()
+    from worker.metrics import WorkerMetrics
+
+    w.metrics = WorkerMetrics(w)
     w.loop.queue.extend(_Pending(wire.Request(f"r{i}", "acc", "hot", "move", ["cold", 4], 0, 0.0), 0, i)
                         for i in range(4))
     w.loop.begin(1, 0.0)
@@ -250,6 +253,8 @@ async def test_worker_commit_replies_from_the_fallback_phase() -> None:
     assert [replies[f"r{i}"][2][1:] for i in range(2)] == [[10, 10], [6, 14]]
     assert replies["r2"][4] == "short"
     assert w.loop.sequencer.pending_retries == 0 and w.loop.fallbacks == 3
+    m = w.metrics  # what /metrics reports: 2 committed, 2 aborted, 3 fallbacks, no re-run
+    assert (m.committed_total, m.aborted_total, m.fallbacks_total, m.reruns_total) == (2, 2, 3, 0)
     # all four are in the state now: a snapshot here replays from offset 4; none was
     # acknowledged by Kafka yet, so the consumer group still resumes from 0
     assert w.applied.watermarks() == {0: 4} and w.offsets.watermarks() == {0: 0}

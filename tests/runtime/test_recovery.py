@@ -23,11 +23,14 @@ import signal
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from sfaas import cluster, wire
+from sfaas import wire
+from sfaas.cli import cluster
 from sfaas.client import Client
 from sfaas.epochlog import EpochRecord
 from sfaas.rounds import RoundManifest
@@ -50,7 +53,7 @@ PARTITIONS = 4
 
 async def _outage(service: str, seconds: float) -> str:
     """Stop ``service`` (as sfaas started it) for ``seconds``, then start it again."""
-    from sfaas import services
+    from sfaas.cli import services
 
     kw = {"kafka": service == "kafka", "minio": service == "minio"}
     t = time.monotonic()
@@ -58,6 +61,23 @@ async def _outage(service: str, seconds: float) -> str:
     await asyncio.sleep(seconds)
     await asyncio.to_thread(services.up, **kw, progress=False)
     return f"{service} down for {time.monotonic() - t:.1f} s"
+
+
+def chaos_settings(kafka: Any, minio: Any, tmp_path: Path, **extra: Any) -> Settings:
+    """A fresh namespace's settings for a cluster test: lsm stores, rounds every second."""
+    return Settings.load({
+        "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}", "home": str(tmp_path),
+        "store": "lsm", "partitions": PARTITIONS, "snapshot_interval": 1.0, "snapshot_retain": 2,
+        "minio": minio.minio_endpoint, "minio_access_key": minio.minio_access_key,
+        "minio_secret_key": minio.minio_secret_key, "bucket": TEST_BUCKET, **extra,
+    })
+
+
+def log_tails(s: Settings, coordinator_chars: int = 6000, worker_chars: int = 6000) -> str:
+    """The end of every process log of the local cluster (without aiokafka's lines)."""
+    return "\n".join(f"--- {f.name}\n" + "\n".join(
+        line for line in f.read_text().splitlines() if " aiokafka" not in line
+    )[-(coordinator_chars if "coord" in f.name else worker_chars):] for f in sorted(cluster.state_dir(s).glob("*.log")))
 
 
 def _kill(s: Settings, role: str, rnd: random.Random) -> int | None:
@@ -71,7 +91,10 @@ def _kill(s: Settings, role: str, rnd: random.Random) -> int | None:
     return victim.pid
 
 
-async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[str, object], replay_dir: Path) -> None:
+async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[str, object], replay_dir: Path,
+                    maps: Callable[[], list[tuple[int, list[int]]]] = list) -> None:
+    """The load, the fault schedule and the invariants; ``maps()`` gives the partition maps
+    the epochs ran under after rescales (see ``test_rounds._replay``)."""
     async with Client("ledger", settings=cs, timeout=120) as c:
         await asyncio.gather(*(c.call("accounts", a, "deposit", START) for a in ACCOUNTS))
         futs: list[tuple[str, str, asyncio.Future[wire.Reply]]] = []
@@ -136,7 +159,7 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
     assert epochs == sorted(epochs), "the epoch log is out of epoch order"
     assert len({(rec.epoch, rec.worker) for _, rec in records}) == len(records), "an epoch logged twice by a worker"
     empty = RoundManifest(0, 0, 2, PARTITIONS, (), {p: 0 for p in range(PARTITIONS)}, {}, {}, (), 0)
-    fates, accounts, counters = await _replay(empty, records, await _ingress_requests(cs), replay_dir)
+    fates, accounts, counters = await _replay(empty, records, await _ingress_requests(cs), replay_dir, maps())
     for rid, reply in got.items():
         assert rid in fates, f"request {rid} answered but never in a logged epoch"
         ok, value = fates[rid]
@@ -183,12 +206,7 @@ def _no_secret_in_logs(s: Settings, minio_secret: str) -> None:
 @pytest.mark.timeout(1200)
 def test_kills_under_load_lose_nothing_and_duplicate_nothing(kafka, minio, tmp_path: Path) -> None:
     rnd = random.Random(SEED)
-    s = Settings.load({
-        "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}", "home": str(tmp_path),
-        "store": "lsm", "partitions": PARTITIONS, "snapshot_interval": 1.0, "snapshot_retain": 2,
-        "minio": minio.minio_endpoint, "minio_access_key": minio.minio_access_key,
-        "minio_secret_key": minio.minio_secret_key, "bucket": TEST_BUCKET,
-    })
+    s = chaos_settings(kafka, minio, tmp_path)
     cluster.up(s, "tests.runtime.apps.ledger:app", 2, timeout=90)
     report: dict[str, object] = {"seed": SEED}
     try:
@@ -206,11 +224,7 @@ def test_kills_under_load_lose_nothing_and_duplicate_nothing(kafka, minio, tmp_p
                                 for line in log.splitlines() if "sfaas.coordinator.recovery: recovery" in line]
         print(f"chaos report: {report}")
     except BaseException:
-        sd = cluster.state_dir(s)
-        tails = "\n".join(f"--- {f.name}\n" + "\n".join(
-            line for line in f.read_text().splitlines() if " aiokafka" not in line)[-(15000 if "coord" in f.name else 4000):]
-            for f in sorted(sd.glob("*.log")))
-        print(f"chaos seed {SEED} failed (rerun: SFAAS_CHAOS_SEED={SEED}); report {report}\n{tails}")
+        print(f"chaos seed {SEED} failed (rerun: SFAAS_CHAOS_SEED={SEED}); report {report}\n{log_tails(s, 15000, 4000)}")
         raise
     finally:
         cluster.down(s)

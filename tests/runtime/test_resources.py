@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sfaas import cluster
+from sfaas.cli import cluster
 from sfaas.client import Client, SyncClient
 from sfaas.kafka import ensure_topics
 from sfaas.settings import Settings

@@ -25,6 +25,14 @@ from sfaas.rounds import (
 from sfaas.settings import Settings
 
 _ints = st.integers(min_value=0, max_value=2**40)
+def _with_map(m: RoundManifest, data: st.DataObject) -> RoundManifest:
+    import dataclasses
+
+    owners = data.draw(st.none() | st.lists(st.integers(0, m.workers - 1), min_size=m.partitions,
+                                             max_size=m.partitions).map(tuple))
+    return m if owners is None else dataclasses.replace(m, owners=owners)
+
+
 manifests = st.builds(
     RoundManifest,
     round=st.integers(min_value=1, max_value=2**40),
@@ -43,10 +51,17 @@ manifests = st.builds(
 )
 
 
-@given(manifests)
+@given(manifests, st.data())
 @settings(max_examples=200, deadline=None)
-def test_manifest_roundtrips(m: RoundManifest) -> None:
+def test_manifest_roundtrips(m: RoundManifest, data: st.DataObject) -> None:
+    m = _with_map(m, data)  # a rescale's round names its partition map
     assert RoundManifest.decode(m.encode()) == m
+
+
+def test_a_map_naming_a_missing_worker_is_refused() -> None:
+    bad = RoundManifest(1, 1, 2, 3, (), {}, {}, {}, owners=(0, 1, 2))
+    with pytest.raises(RoundError, match="owners must name one of 2 workers for each of 3 partitions"):
+        RoundManifest.decode(bad.encode(), "blob round-1")
 
 
 @given(manifests, st.data())

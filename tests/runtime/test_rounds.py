@@ -17,7 +17,7 @@ import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,10 +25,11 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from sfaas import cluster, wire
+from sfaas import wire
+from sfaas.cli import cluster
 from sfaas.client import Client
 from sfaas.epochlog import EpochRecord
-from sfaas.partitioning import partition_of
+from sfaas.partitioning import default_owners, partition_of
 from sfaas.rounds import RoundManifest, Rounds
 from sfaas.settings import Settings
 from sfaas.state import open_partition_stores, rounds_remote, store_remote
@@ -112,17 +113,25 @@ class _Replayed:
 
 async def _replay(m: RoundManifest, records: list[tuple[int, EpochRecord]],
                   requests: dict[int, list[tuple[int, wire.Request]]], directory: Path,
+                  maps: Sequence[tuple[int, list[int]]] = (),
                   ) -> tuple[dict[str, tuple[bool, Any]], dict[str, int], dict[str, int]]:
     """Re-execute the logged epochs after round ``m`` on its restored stores (in
-    ``directory``) with the shared epoch loop; the fates by request id, then the state."""
+    ``directory``) with the shared epoch loop; the fates by request id, then the state.
+    ``maps``: ``(epoch, owners)`` — the partition map epochs after ``epoch`` ran under (rescales)."""
     by_pos = {(p, o): req for p, reqs in requests.items() for o, req in reqs}
     later = [rec for off, rec in records if rec.epoch > m.epoch]
     # every record of a later epoch is at or after the round's epoch-log position
     assert all(off >= m.epoch_log for off, rec in records if rec.epoch > m.epoch)
     fates: dict[str, tuple[bool, Any]] = {}
-    runner = LocalRunner(ledger.app, workers=m.workers, partitions=m.partitions, store="lsm", directory=directory)
+    most = max([m.workers] + [max(owners) + 1 for _, owners in maps])
+    runner = LocalRunner(ledger.app, workers=most, partitions=m.partitions, store="lsm", directory=directory)
+    pending = sorted(maps)
+    if most > m.workers:
+        runner.remap(default_owners(m.partitions, m.workers))
     try:
         for epoch in sorted({rec.epoch for rec in later}):
+            while pending and pending[0][0] < epoch:
+                runner.remap(pending.pop(0)[1])
             mine = {rec.worker: rec for rec in later if rec.epoch == epoch}
             for i, lp in enumerate(runner.loops):
                 rec = mine.get(i)

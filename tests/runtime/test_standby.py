@@ -19,18 +19,16 @@ import re
 import shutil
 import signal
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
-from sfaas import cluster
+from sfaas.cli import cluster
 from sfaas.rounds import Rounds
 from sfaas.settings import Settings
 from sfaas.state import rounds_remote, stores_root
-from tests.conftest import TEST_BUCKET
 from tests.runtime import test_recovery
-from tests.runtime.test_recovery import PARTITIONS, SEED
+from tests.runtime.test_recovery import SEED, chaos_settings, log_tails
 
 APP = "tests.runtime.apps.ledger:app"
 
@@ -83,12 +81,7 @@ def test_a_standby_takes_over_a_lost_machine_without_a_download(kafka, minio, tm
     """With ``standby_dies_first`` a standby is SIGKILLed before the load: the supervisor
     restarts it, it stands by again and catches up from its primary, and it is the one
     promoted when that primary's machine is lost."""
-    s = Settings.load({
-        "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}", "home": str(tmp_path),
-        "store": "lsm", "partitions": PARTITIONS, "snapshot_interval": 1.0, "snapshot_retain": 2,
-        "minio": minio.minio_endpoint, "minio_access_key": minio.minio_access_key,
-        "minio_secret_key": minio.minio_secret_key, "bucket": TEST_BUCKET,
-    })
+    s = chaos_settings(kafka, minio, tmp_path)
     victims: list[tuple[int, int, str]] = []
     monkeypatch.setattr(test_recovery, "_kill", _lose_machine(s, victims))
     monkeypatch.setattr(test_recovery, "KILLS", 1)
@@ -127,11 +120,7 @@ def test_a_standby_takes_over_a_lost_machine_without_a_download(kafka, minio, tm
         assert ready["promotions"] == 1
         print(f"standby report: {report}")
     except BaseException:
-        sd = cluster.state_dir(s)
-        tails = "\n".join(f"--- {f.name}\n" + "\n".join(
-            line for line in f.read_text().splitlines() if " aiokafka" not in line)[-6000:]
-            for f in sorted(sd.glob("*.log")))
-        print(f"standby test (seed {SEED}) failed; report {report}\n{tails}")
+        print(f"standby test (seed {SEED}) failed; report {report}\n{log_tails(s)}")
         raise
     finally:
         cluster.down(s)

@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from sfaas.supervisor import MAX_CRASHES, Child, Supervisor
+from sfaas.cli.supervisor import MAX_CRASHES, Child, Supervisor
 
 
 def _run(sup: Supervisor, until, timeout: float = 60.0) -> None:

@@ -11,6 +11,7 @@ import random
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -277,6 +278,38 @@ def test_a_follower_behind_the_backlog_gets_a_base(tmp_path: Path) -> None:
     db.close()
 
 
+@pytest.mark.parametrize("engine", ["lsm", "hybridlog"])
+def test_a_live_only_follower_receives_the_live_files_not_the_newest_snapshots(tmp_path: Path, engine: str) -> None:
+    """A replica to be promoted at a later snapshot (a partition moving in a rescale) asks
+    for the live files only: after merges rewrote what snapshot 1 holds, it receives less
+    than a replica that holds snapshot 1 too, and still becomes the store at snapshot 2."""
+    remote = remotes.PathRemote(tmp_path / "remote")
+    db = statestores.open(engine, tmp_path / "primary", remote=remote, **TINY[engine])
+    shipper = Shipper(db)
+    _fill(db, 300)
+    db.snapshot(1)
+    _fill(db, 300, 150)  # overwrites half: merges replace what snapshot 1 holds
+    db.settle()
+    seq, live = db.version()
+    live_bytes = sum(os.path.getsize(tmp_path / "primary" / e.name) for e in live if e.kind in SHIPPED_KINDS)
+    full = statestores.follow(engine, tmp_path / "full", LocalSource(shipper))
+    part = statestores.follow(engine, tmp_path / "part", LocalSource(shipper), live_only=True)
+    for f in (full, part):
+        f.wait(seq=seq)
+    full.wait(snapshot_id=1)
+    assert full.snapshots() == [1] and part.snapshots() == []
+    assert part.stats()["bytes_received"] == live_bytes < full.stats()["bytes_received"]
+    db.snapshot(2)
+    db.settle()
+    part.wait(snapshot_id=2)
+    store = part.promote(2)
+    assert dict(store.items()) == dict(db.items())
+    store.close()
+    full.close()
+    shipper.close()
+    db.close()
+
+
 def test_promotion_errors_and_bad_directories(tmp_path: Path) -> None:
     remote = remotes.PathRemote(tmp_path / "remote")
     db = statestores.open("appendlog", tmp_path / "primary", remote=remote)
@@ -333,7 +366,8 @@ def test_decoding_garbage_raises_protocol_error_only(data: bytes) -> None:
 
 @given(st.one_of(
     st.builds(Hello, st.text(min_size=1, max_size=10), st.integers(0, 1 << 40), st.integers(-1, 1 << 40),
-              st.lists(st.sampled_from(["a.run", "b.hint"]), max_size=3).map(tuple), st.text(max_size=10)),
+              st.lists(st.sampled_from(["a.run", "b.hint"]), max_size=3).map(tuple), st.text(max_size=10),
+              st.booleans()),
     st.builds(wire.Ack, st.integers(0, 1 << 40), st.integers(-1, 1 << 40)),
     st.builds(Tip, st.integers(0, 1 << 40), st.integers(-1, 1 << 40)),
 ))
@@ -475,5 +509,77 @@ def test_the_shipper_knows_when_a_follower_holds_a_snapshot(tmp_path: Path) -> N
         db.snapshot(2)
         assert shipper.wait_acked(2, 10) and 2 in f.snapshots()
         f.close()
+    shipper.close()
+    db.close()
+
+
+def test_a_follower_told_to_stop_at_a_snapshot_acknowledges_it_and_takes_nothing_after(tmp_path: Path) -> None:
+    """A partition moving in a rescale: the receiver stops at the switch round's snapshot
+    (``stop_at``), the primary still hears its acknowledgement of that round at once (its
+    round report waits for it), what the primary flushes or merges afterwards is not
+    shipped, and the replica becomes the store as of that snapshot."""
+    remote = remotes.PathRemote(tmp_path / "remote")
+    db = statestores.open("lsm", tmp_path / "primary", remote=remote, **TINY["lsm"])
+    with TcpServer({"primary": (shipper := Shipper(db, name="primary"))}, SECRET) as server:
+        _fill(db, 200)
+        f = statestores.follow("lsm", tmp_path / "replica", TcpSource(*server.address, "primary", SECRET),
+                               live_only=True)
+        db.settle()
+        f.wait(seq=db.version()[0])
+        f.stop_at(2)
+        db.snapshot(1)
+        assert shipper.wait_acked(1, 10) and f.snapshots() == [1]
+        _fill(db, 100, 200)
+        db.snapshot(2)
+        at_two = dict(db.items())
+        assert shipper.wait_acked(2, 10), "the mark it stops at is acknowledged"
+        received = f.stats()["bytes_received"]
+        _fill(db, 400, 300)  # flushes and merges after the snapshot
+        db.settle()
+        time.sleep(0.5)
+        assert f.stats()["bytes_received"] == received and f.snapshots() == [1, 2]
+        store = f.promote(2)
+        assert dict(store.items()) == at_two
+        store.close()
+    shipper.close()
+    db.close()
+
+
+def test_a_stream_ships_each_file_body_once(tmp_path: Path) -> None:
+    """A snapshot mark names files the stream's edits already brought: they go without
+    their bodies (a standby or a receiver pays each file's bytes once, not once per round).
+    The exception: a file an edit removed before the mark came (the follower may have
+    deleted it) is sent again."""
+    from statestores.replica.wire import EditMsg
+
+    remote = remotes.PathRemote(tmp_path / "remote")
+    db = statestores.open("lsm", tmp_path / "primary", remote=remote, **TINY["lsm"])
+    shipper = Shipper(db)
+    stream = shipper.stream(Hello("primary", 0, -1), idle=0.05)
+    shipped: set[str] = set()
+    removed: set[str] = set()
+    again: list[str] = []
+    marks = 0
+
+    def drain() -> None:
+        nonlocal marks
+        for d in stream:
+            if isinstance(d, Tip):
+                return
+            files = d.msg.added if isinstance(d.msg, EditMsg) else d.msg.files
+            marks += not isinstance(d.msg, EditMsg)
+            again.extend(f.entry.name for f in files if f.body and f.entry.name in shipped - removed)
+            shipped.update(f.entry.name for f in files if f.body)
+            if isinstance(d.msg, EditMsg):
+                removed.update(d.msg.removed)
+
+    drain()
+    for r in range(1, 5):
+        _fill(db, 120, r * 60)
+        db.snapshot(r)
+        db.settle()
+        drain()
+    stream.close()
+    assert marks == 4 and len(shipped) > 10 and not again, again
     shipper.close()
     db.close()

@@ -26,10 +26,10 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ..client import Client
+from ..settings import Settings
 from . import cluster, services
-from .client import Client
 from .loadgen import run_open_loop
-from .settings import Settings
 
 log = logging.getLogger("sfaas.demo")
 
@@ -57,6 +57,7 @@ def run_demo(seconds: float = 10.0, rate: float = 1000.0, accounts: int = 1000,
         procs = cluster.up(s, "examples.bank:app", 2)
         for p in procs:
             print(f"  {p.role:12} pid {p.pid:<8} {p.address}")
+        print(f"  status page  {cluster.status_url(s)}  (live while the demo runs; metrics: sfaas ps)")
         ok = asyncio.run(_load(s, cluster.cluster_settings(s)[1], seconds, rate, accounts, chaos))
     finally:
         cluster.down(s)
@@ -83,8 +84,8 @@ async def _egress_duplicates(cs: Settings, rids: list[str]) -> tuple[int, int]:
     """``(request ids answered more than once, request ids never answered)`` in the egress topic."""
     from aiokafka import TopicPartition
 
-    from .kafka import read_range
-    from .wire import Reply
+    from ..kafka import read_range
+    from ..wire import Reply
 
     topic = cs.topics("bank")[1]
     raw = await read_range(cs.kafka, {TopicPartition(topic, p): 0 for p in range(cs.partitions)})
@@ -147,8 +148,8 @@ async def _load(s0: Settings, s: Settings, seconds: float, rate: float, accounts
 
 
 def _rounds(s: Settings) -> str:
-    from .rounds import Rounds
-    from .state import rounds_remote
+    from ..rounds import Rounds
+    from ..state import rounds_remote
 
     try:
         r = Rounds(rounds_remote(s, "bank"))

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .client import Client
-from .errors import reply_error
+from ..client import Client
+from ..errors import reply_error
 
 log = logging.getLogger("sfaas.loadgen")
 

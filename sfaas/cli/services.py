@@ -888,11 +888,11 @@ def using(*, kafka: bool = False, minio: bool = False, progress: Progress = True
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sfaas.services {up,down,status} [--kafka-only|--minio-only]`` (for scripts)."""
+    """``python -m sfaas.cli.services {up,down,status} [--kafka-only|--minio-only]`` (for scripts)."""
     import argparse
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m sfaas.services", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m sfaas.cli.services", description=main.__doc__)
     parser.add_argument("command", choices=["up", "down", "status"])
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--kafka-only", action="store_true", help="only Kafka")

@@ -10,6 +10,11 @@ first (which stops the workers cleanly), then whatever is left, and exits.
 
 The workers of a cluster take their index from the coordinator, so a restarted worker
 simply registers again and takes the slot of the lost one (``coordinator.recovery``).
+
+Rescaling (``sfaas scale``): on SIGHUP the supervisor reads the wanted number of worker
+processes from ``workers`` in its state directory and starts the missing ones (they join
+the cluster); a worker a scale-down retired exits with ``EXIT_RETIRED`` and is not
+restarted.
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ..errors import EXIT_RETIRED
+from ..metrics import local_url
+from .cluster import free_port
 
 log = logging.getLogger("sfaas.supervisor")
 
@@ -50,10 +59,13 @@ class Child:
     exits: deque[float] = field(default_factory=deque)
     next_start: float = 0.0
     backoff: float = 0.2
+    retired: bool = False
     proc: subprocess.Popen[bytes] | None = None
+    #: its ``/metrics`` URL (empty: off)
+    metrics: str = ""
 
     def public(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("role", "index", "pid", "log", "restarts", "alive", "gave_up")}
+        return {k: getattr(self, k) for k in ("role", "index", "pid", "log", "restarts", "alive", "gave_up", "metrics")}
 
 
 class Supervisor:
@@ -62,6 +74,24 @@ class Supervisor:
         self.info = info
         self.children = children
         self.stopping = False
+
+    def metrics(self, c: Child) -> None:
+        """Give ``c`` its metrics port (kept across its restarts): as ``cluster.json``'s
+        ``metrics`` says — ``"free"`` ports, ``"off"``, or a base port (the coordinator's;
+        worker process ``i`` gets base + 1 + i)."""
+        mode = self.info.get("metrics", "off")
+        if mode == "off":
+            return
+        if c.role == "coordinator":
+            host = str(self.info.get("coordinator", "")).rpartition(":")[0]
+        else:
+            host = str(self.info.get("worker_host", "127.0.0.1"))
+        port = free_port(host) if mode == "free" else int(mode) + (0 if c.role == "coordinator" else 1 + c.index)
+        if port > 65535:
+            log.warning("%s %d serves no metrics: port %d is beyond 65535", c.role, c.index, port)
+            return
+        c.args += ["--metrics-port", str(port)]
+        c.metrics = local_url(host, port, "/metrics")
 
     def _start(self, c: Child) -> None:
         out = open(c.log, "ab")  # noqa: SIM115 - handed to the child
@@ -92,6 +122,10 @@ class Supervisor:
                 changed = True
                 if self.stopping:
                     continue
+                if code == EXIT_RETIRED and c.role == "worker":
+                    log.info("worker %d (pid %d) retired by a rescale; not restarted", c.index, c.pid)
+                    c.retired = True
+                    continue
                 c.exits.append(now)
                 while c.exits and now - c.exits[0] > CRASH_WINDOW:
                     c.exits.popleft()
@@ -112,7 +146,24 @@ class Supervisor:
                 changed = True
             if c.alive and c.exits and now - c.exits[-1] > CRASH_WINDOW:
                 c.backoff = 0.2  # healthy for a while: a later crash restarts quickly again
+        self.children = [c for c in self.children if not c.retired]
         return changed
+
+    def scale(self) -> None:
+        """Start worker processes up to the number in ``workers`` (written by ``sfaas scale``)."""
+        try:
+            want = int((self.state_dir / "workers").read_text())
+        except (FileNotFoundError, ValueError) as exc:
+            log.warning("SIGHUP without a readable 'workers' file (%s); ignored", exc)
+            return
+        have = [c for c in self.children if c.role == "worker"]
+        top = max((c.index for c in have), default=-1)
+        for i in range(top + 1, top + 1 + max(0, want - len(have))):
+            c = Child("worker", i, ["worker", "--name", f"worker-{i}"], str(self.state_dir / f"worker-{i}.log"))
+            self.metrics(c)
+            self.children.append(c)
+            self._start(c)
+        self.write()
 
     def stop(self) -> None:
         self.stopping = True
@@ -146,18 +197,29 @@ def supervise(state_dir: str, workers: int) -> int:
     children += [Child("worker", i, ["worker", "--name", f"worker-{i}"], str(sd / f"worker-{i}.log"))
                  for i in range(workers)]
     sup = Supervisor(sd, info, children)
+    for c in children:
+        sup.metrics(c)
     stop = False
+    rescale = False
 
     def on_term(signum: int, frame: Any) -> None:
         nonlocal stop
         stop = True
 
+    def on_hup(signum: int, frame: Any) -> None:
+        nonlocal rescale
+        rescale = True
+
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    signal.signal(signal.SIGHUP, on_hup)
     for c in children:
         sup._start(c)
     sup.write()
     while not stop:
+        if rescale:
+            rescale = False
+            sup.scale()
         if sup.poll():
             sup.write()
         time.sleep(0.1)

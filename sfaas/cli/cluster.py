@@ -1,6 +1,6 @@
 """A local cluster as background processes: ``sfaas up`` / ``ps`` / ``down``.
 
-``up`` starts one supervisor process (``sfaas.supervisor``), which starts the coordinator
+``up`` starts one supervisor process (``sfaas.cli.supervisor``), which starts the coordinator
 and the workers and restarts any that die. State lives in
 ``$SFAAS_HOME/cluster/<namespace>/``: ``cluster.json`` (app, the supervisor, roles, pids,
 restarts, addresses, log files; rewritten by the supervisor) and ``secret`` (the generated
@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .app import load_app
-from .errors import ClusterError
-from .settings import Settings
+from ..app import load_app
+from ..errors import ClusterError
+from ..settings import Settings
 
 log = logging.getLogger("sfaas.cluster")
 
-__all__ = ["ProcessInfo", "up", "ps", "down", "state_dir", "cluster_settings", "supervisor_pid"]
+__all__ = ["ProcessInfo", "up", "ps", "down", "scale", "state_dir", "cluster_settings", "supervisor_pid",
+           "status_url"]
 
 
 @dataclass
@@ -46,6 +47,8 @@ class ProcessInfo:
     restarts: int = 0
     #: why the supervisor stopped restarting it (empty: it did not)
     gave_up: str = ""
+    #: its Prometheus endpoint (empty: metrics off); the coordinator's status page is at ``/``
+    metrics: str = ""
 
 
 def state_dir(settings: Settings) -> Path:
@@ -53,7 +56,8 @@ def state_dir(settings: Settings) -> Path:
     return Path(settings.home) / "cluster" / settings.namespace
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str) -> int:
+    """A TCP port nobody listens on at ``host`` right now."""
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
@@ -73,7 +77,7 @@ def _alive(pid: int) -> bool:
 
 
 def _repo_root() -> str:
-    return str(Path(__file__).resolve().parent.parent)
+    return str(Path(__file__).resolve().parents[2])
 
 
 def _spawn(args: list[str], env: dict[str, str], logfile: Path) -> int:
@@ -102,13 +106,33 @@ def cluster_settings(settings: Settings) -> tuple[dict[str, Any], Settings]:
     return info, s
 
 
-def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, standbys: int = 0) -> list[ProcessInfo]:
+def _metrics_mode(base: int | None, n: int) -> str | int:
+    """How the supervisor gives ``n`` processes their metrics ports (``Supervisor.metrics``):
+    ``"free"`` ports when ``base`` is None, ``"off"`` when 0, else ``base``, ``base + 1``, …"""
+    if base is None:
+        return "free"
+    if base == 0:
+        return "off"
+    if not 0 < base <= 65536 - n:
+        raise ClusterError(f"--metrics-port (SFAAS_METRICS_PORT) must leave room for {n} ports below 65536, "
+                           f"got {base}")
+    return base
+
+
+def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, standbys: int = 0,
+       metrics_port: int | None = None) -> list[ProcessInfo]:
     """Start a coordinator and ``workers`` workers for ``app_spec``, plus ``standbys``
-    standby workers per worker; wait until epochs run."""
+    standby workers per worker; wait until epochs run.
+
+    ``metrics_port``: the coordinator serves ``/metrics`` and the status page there, each
+    worker process on the next port (in supervisor order); None: on free ports; 0: off.
+    ``ps`` reports each process's URL.
+    """
     if standbys < 0:
         raise ClusterError(f"standbys must be >= 0 (standby workers per worker), got {standbys}")
     if standbys and not settings.snapshot_interval:
         raise ClusterError("standbys need snapshot rounds: set snapshot_interval > 0")
+    metrics = _metrics_mode(metrics_port, 1 + workers * (1 + standbys))
     app = load_app(app_spec)
     sd = state_dir(settings)
     sd.mkdir(parents=True, exist_ok=True)
@@ -119,7 +143,7 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, s
     secret_file = sd / "secret"
     secret_file.write_text(secret)
     secret_file.chmod(0o600)
-    port = _free_port(settings.host)
+    port = free_port(settings.host)
     coord = f"{settings.host}:{port}"
     ready = sd / "ready"
     ready.unlink(missing_ok=True)
@@ -129,10 +153,12 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, s
         "SFAAS_SECRET": secret, "SFAAS_COORDINATOR": coord, "SFAAS_WORKERS": str(workers),
         "SFAAS_STANDBYS": str(standbys),
         "SFAAS_APP": app_spec, "SFAAS_READY_FILE": str(ready), "SFAAS_PORT": "0",
+        "SFAAS_METRICS_PORT": "0",  # each child gets its own port as a flag (see supervisor)
         "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), _repo_root(), env.get("PYTHONPATH", "")])),
     })
-    info = {"app": app.name, "app_spec": app_spec, "namespace": settings.namespace,
-            "kafka": settings.kafka, "coordinator": coord, "processes": []}
+    info: dict[str, Any] = {"app": app.name, "app_spec": app_spec, "namespace": settings.namespace,
+            "kafka": settings.kafka, "coordinator": coord, "worker_host": settings.host, "processes": [],
+            "metrics": metrics}
     (sd / "cluster.json").write_text(json.dumps(info, indent=2))
     sup = _spawn(["supervise", "--state-dir", str(sd), "--workers", str(workers * (1 + standbys))], env,
                  sd / "supervisor.log")
@@ -172,7 +198,7 @@ def ps(settings: Settings) -> list[ProcessInfo]:
     for p in info.get("processes", []):
         proc = ProcessInfo(p["role"], p["pid"], info.get("coordinator", "") if p["role"] == "coordinator" else "",
                            p["log"], index=p.get("index", 0), restarts=p.get("restarts", 0),
-                           gave_up=p.get("gave_up", ""))
+                           gave_up=p.get("gave_up", ""), metrics=p.get("metrics", ""))
         proc.address = proc.address or addresses.get(proc.pid, "")
         if proc.role == "worker" and proc.pid in slots:
             proc.role, proc.index = slots[proc.pid]
@@ -180,6 +206,81 @@ def ps(settings: Settings) -> list[ProcessInfo]:
         out.append(proc)
     order = {"coordinator": 0, "worker": 1, "standby": 2}
     return sorted(out, key=lambda p: (order.get(p.role, 3), p.index))
+
+
+def status_url(settings: Settings, required: bool = False) -> str:
+    """The URL of the running cluster's status page (served by its coordinator); empty
+    (or, if ``required``, :class:`ClusterError`) when there is none."""
+    coords = [p for p in ps(settings) if p.role == "coordinator"]
+    if not coords:
+        if required:
+            raise ClusterError(f"no local cluster in {state_dir(settings)} (start one with 'sfaas up MODULE:APP')")
+        return ""
+    if not coords[0].metrics:
+        if required:
+            raise ClusterError("the local cluster runs without metrics ('sfaas up --metrics-port 0'): "
+                               "the status page is served on the coordinator's metrics port")
+        return ""
+    return coords[0].metrics.removesuffix("metrics")
+
+
+def scale(settings: Settings, workers: int, timeout: float = 600.0) -> str:
+    """Rescale the local cluster to ``workers`` workers; returns the coordinator's summary.
+
+    The supervisor starts the missing worker processes (a scale-up); the coordinator moves
+    partitions by shipping their stores and switches at an epoch boundary
+    (``coordinator.rescale``), retiring surplus workers (a scale-down). Epochs go on
+    meanwhile; they pause only for the switch.
+    """
+    import asyncio
+
+    from .. import channels, wire
+
+    if workers < 1:
+        raise ClusterError(f"workers must be >= 1, got {workers}")
+    info, s = cluster_settings(settings)
+    sup = supervisor_pid(settings)
+    if sup is None:
+        raise ClusterError(f"the local cluster's supervisor is not running (state in {state_dir(settings)})")
+    standbys = int(info.get("standbys", 0))
+    sd = state_dir(settings)
+
+    def tell_supervisor() -> None:
+        (sd / "workers.tmp").write_text(str(workers * (1 + standbys)))
+        os.replace(sd / "workers.tmp", sd / "workers")
+        _signal(sup, signal.SIGHUP)
+
+    async def ask() -> wire.Scaled:
+        host, port = s.coordinator_address()
+        chan = await channels.connect(host, port, s.shared_secret())
+        try:
+            chan.send(wire.Scale(workers))
+            msgs = await asyncio.wait_for(chan.recv(), timeout)
+        finally:
+            chan.close()
+        if not msgs or not isinstance(msgs[0], wire.Scaled):
+            raise ClusterError(f"unexpected answer from the coordinator: {msgs!r:.200}")
+        return msgs[0]
+
+    # refused at once (bad input) before any process starts: ask first, start after
+    answer: dict[str, wire.Scaled] = {}
+
+    async def run() -> None:
+        task = asyncio.create_task(ask())
+        await asyncio.sleep(0.2)
+        if not task.done():
+            tell_supervisor()  # it starts the joining processes
+        answer["a"] = await task
+
+    try:
+        asyncio.run(run())
+    except (OSError, TimeoutError) as exc:
+        raise ClusterError(f"rescaling to {workers} workers: {type(exc).__name__}: {exc}") from None
+    a = answer["a"]
+    if not a.ok:
+        raise ClusterError(f"rescale to {workers} workers refused: {a.detail}")
+    tell_supervisor()  # (after a scale-down: the count it keeps)
+    return a.detail
 
 
 def supervisor_pid(settings: Settings) -> int | None:

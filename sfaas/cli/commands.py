@@ -9,13 +9,14 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import SfaasError, TransactionAborted
-from .settings import Settings
+from ..errors import SfaasError, TransactionAborted
+from ..settings import Settings
 
 __all__ = ["main"]
 
@@ -26,6 +27,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kafka", help="Kafka bootstrap servers (SFAAS_KAFKA)")
     p.add_argument("--namespace", help="topic/cluster namespace (SFAAS_NAMESPACE)")
     p.add_argument("--log-level", dest="log_level", help="logging level (SFAAS_LOG_LEVEL)")
+
+
+def _metrics_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-port", dest="metrics_port", type=int,
+                   help="serve /metrics (and, on the coordinator, the status page) on this port, 0 = off "
+                        "(SFAAS_METRICS_PORT)")
 
 
 def _rounds_flags(p: argparse.ArgumentParser) -> None:
@@ -51,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--workers", type=int, help="workers to wait for (SFAAS_WORKERS)")
     c.add_argument("--partitions", type=int, help="topic partitions (SFAAS_PARTITIONS)")
     _rounds_flags(c)
+    _metrics_flag(c)
 
     w = sub.add_parser("worker", help="run a worker in the foreground")
     _common(w)
@@ -63,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--name", help="worker name in logs")
     w.add_argument("--standby-of", dest="standby_of", type=int,
                    help="be a standby of this worker index (SFAAS_STANDBY_OF)")
+    _metrics_flag(w)
 
     u = sub.add_parser("up", help="start a local cluster in the background")
     _common(u)
@@ -73,6 +82,13 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--partitions", type=int)
     u.add_argument("--store", help="override every operator's store engine")
     _rounds_flags(u)
+    u.add_argument("--metrics-port", dest="metrics_port", type=int,
+                   help="the coordinator's /metrics and status page on this port, the workers' on the next "
+                        "ones; 0 = off (default: free ports, see 'sfaas ps'; SFAAS_METRICS_PORT)")
+
+    st = sub.add_parser("status", help="print (and open) the URL of the running cluster's status page")
+    st.add_argument("--namespace")
+    st.add_argument("--no-browser", dest="browser", action="store_false", help="only print the URL")
 
     sn = sub.add_parser("snapshots", help="list the complete snapshot rounds in MinIO")
     _common(sn)
@@ -86,6 +102,10 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ps", help="list the local cluster's processes")
     p.add_argument("--namespace")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    sc = sub.add_parser("scale", help="rescale the local cluster: move partitions to M workers under load")
+    sc.add_argument("--workers", type=int, required=True, help="workers to run")
+    sc.add_argument("--namespace")
 
     d = sub.add_parser("down", help="stop the local cluster")
     d.add_argument("--namespace")
@@ -187,21 +207,21 @@ def _dispatch(ns: argparse.Namespace) -> int:
         return 0
     if cmd == "coordinator":
         s = _settings(ns, "kafka", "namespace", "log_level", "app", "coordinator", "workers", "partitions",
-                      "snapshot_interval", "snapshot_retain")
+                      "snapshot_interval", "snapshot_retain", "metrics_port")
         _setup_logging(s.log_level)
         from coordinator.service import run_coordinator
 
-        from .app import load_app
+        from ..app import load_app
 
         app = load_app(s.app)
         return _run_service(lambda: run_coordinator(s, app.name))
     if cmd == "worker":
         s = _settings(ns, "kafka", "namespace", "log_level", "app", "coordinator", "host", "port",
-                      "store", "max_batch", "standby_of")
+                      "store", "max_batch", "standby_of", "metrics_port")
         _setup_logging(s.log_level)
         from worker.service import run_worker
 
-        from .app import load_app
+        from ..app import load_app
 
         app = load_app(s.app)
         return _run_service(lambda: run_worker(s, app, ns.name))
@@ -209,10 +229,25 @@ def _dispatch(ns: argparse.Namespace) -> int:
         from . import cluster
 
         s = _settings(ns, "kafka", "namespace", "log_level", "partitions", "store", "snapshot_interval",
-                      "snapshot_retain")
-        procs = cluster.up(s, ns.app, ns.workers, standbys=ns.standbys)
+                      "snapshot_retain", "metrics_port")
+        chosen = ns.metrics_port is not None or bool(os.environ.get("SFAAS_METRICS_PORT"))
+        procs = cluster.up(s, ns.app, ns.workers, standbys=ns.standbys,
+                           metrics_port=s.metrics_port if chosen else None)
         for p in procs:
             print(f"{p.role:12} pid={p.pid:<8} {p.address}")
+        page = cluster.status_url(s)
+        if page:
+            print(f"status page  {page}  (sfaas status)")
+        return 0
+    if cmd == "status":
+        from . import cluster
+
+        url = cluster.status_url(_settings(ns, "namespace"), required=True)
+        print(url)
+        if ns.browser:
+            import webbrowser
+
+            webbrowser.open(url)
         return 0
     if cmd == "supervise":
         from .supervisor import supervise
@@ -230,16 +265,22 @@ def _dispatch(ns: argparse.Namespace) -> int:
         elif not procs:
             print("no local cluster")
         else:
-            print(f"{'ROLE':12} {'INDEX':5} {'PID':8} {'ALIVE':6} {'RESTARTS':8} ADDRESS")
+            print(f"{'ROLE':12} {'INDEX':5} {'PID':8} {'ALIVE':6} {'RESTARTS':8} {'ADDRESS':22} METRICS")
             for p in procs:
                 print(f"{p.role:12} {p.index:<5} {p.pid:<8} {'yes' if p.alive else 'no':6} {p.restarts:<8} "
-                      f"{p.address or '-'}" + (f"  GAVE UP: {p.gave_up}" if p.gave_up else ""))
+                      f"{p.address or '-':22} {p.metrics or '-'}" + (f"  GAVE UP: {p.gave_up}" if p.gave_up else ""))
         return 0
     if cmd == "down":
         from . import cluster
 
         procs = cluster.down(_settings(ns, "namespace"))
         print(f"stopped {len(procs)} process(es)" if procs else "no local cluster")
+        return 0
+    if cmd == "scale":
+        from . import cluster
+
+        _say(f"rescaling to {ns.workers} workers (partitions move by shipping their stores; epochs go on)")
+        print(cluster.scale(_settings(ns, "namespace"), ns.workers))
         return 0
     if cmd == "call":
         return _call(ns)
@@ -254,8 +295,8 @@ def _dispatch(ns: argparse.Namespace) -> int:
 
 
 def _call(ns: argparse.Namespace) -> int:
+    from ..client import Client
     from . import cluster
-    from .client import Client
 
     s = _settings(ns, "kafka", "namespace", "log_level")
     app_name = ns.app_name
@@ -275,9 +316,9 @@ def _call(ns: argparse.Namespace) -> int:
 def _snapshots(ns: argparse.Namespace) -> int:
     import time
 
+    from ..rounds import Rounds
+    from ..state import rounds_remote
     from . import cluster
-    from .rounds import Rounds
-    from .state import rounds_remote
 
     s = _settings(ns, "kafka", "namespace", "log_level")
     app_name = ns.app_name

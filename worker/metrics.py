@@ -1,0 +1,210 @@
+"""A worker's metrics: what it counts as epochs commit, and what it reads when scraped.
+
+Per epoch the worker calls :meth:`WorkerMetrics.executed` (its roots ran) and
+:meth:`WorkerMetrics.committed` (the epoch's fates are decided and their replies queued):
+that counts committed and aborted transactions, measures each request's latency — from
+the client's send time (the ingress record's timestamp) to its reply handed to the
+producer — and the two phases. Everything else (re-runs, fallbacks, queue depths, ingress
+lag, store sizes, snapshot reports, channel traffic) is read from the worker's own state
+at scrape time (:meth:`WorkerMetrics.collect`). The latency counts also ride every
+heartbeat to the coordinator (its status page's p50/p99).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from sfaas.metrics import (
+    LATENCY_BOUNDS,
+    PHASE_BOUNDS,
+    Buckets,
+    Collect,
+    HttpServer,
+    channel_traffic,
+    new_registry,
+)
+from statestores import background
+
+if TYPE_CHECKING:
+    from sfaas.txn.loop import Fate
+
+    from .service import Worker
+
+log = logging.getLogger("sfaas.worker.metrics")
+
+__all__ = ["WorkerMetrics"]
+
+
+class WorkerMetrics:
+    """The metrics of one :class:`~worker.service.Worker` (see module docstring)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.w = worker
+        self.latency = Buckets(LATENCY_BOUNDS)
+        self.phases = {"execute": Buckets(PHASE_BOUNDS), "commit": Buckets(PHASE_BOUNDS)}
+        self.committed_total = 0
+        self.aborted_total = 0
+        # re-runs and fallbacks are the epoch loop's counters; a recovery starts a new
+        # loop, so they are summed here epoch by epoch
+        self.reruns_total = 0
+        self.fallbacks_total = 0
+        self._loop: Any = None  # the loop last counted (a reference: ids are reused) and its counts
+        self._loop_counts = (0, 0)
+        self.server: HttpServer | None = None
+
+    # -- counted as epochs go --------------------------------------------------------------------
+    def executed(self, started: float) -> None:
+        """This worker's roots of an epoch finished (``started``: ``perf_counter`` at Begin)."""
+        self.phases["execute"].observe(time.perf_counter() - started)
+
+    def committed(self, fates: Iterable[Fate[Any]], answered: set[str], started: float) -> None:
+        """An epoch's ``fates`` are decided and their replies queued (``started``:
+        ``perf_counter`` when its Commit arrived). Replays of requests whose replies are
+        already out (``answered``) are not counted again."""
+        now = time.time()
+        observe = self.latency.observe
+        for f in fates:
+            req = f.item.request
+            if req.rid in answered:
+                continue
+            if f.committed:
+                self.committed_total += 1
+            else:
+                self.aborted_total += 1
+            if req.sent_at > 0:  # (a client that sent no time: no latency to tell)
+                observe(max(0.0, now - req.sent_at))
+        loop = self.w.loop
+        if loop is not None:
+            reruns, fallbacks = self._loop_counts if loop is self._loop else (0, 0)
+            self.reruns_total += loop.reruns - reruns
+            self.fallbacks_total += loop.fallbacks - fallbacks
+            self._loop, self._loop_counts = loop, (loop.reruns, loop.fallbacks)
+        self.phases["commit"].observe(time.perf_counter() - started)
+
+    def heartbeat_latency(self) -> list[int]:
+        """The latency histogram's counts (for ``wire.Heartbeat.latency``)."""
+        return list(self.latency.counts)
+
+    # -- the server ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Serve ``/metrics`` on ``host:metrics_port`` (nothing when the port is 0)."""
+        s = self.w.settings
+        if not s.metrics_port:
+            return
+        registry = new_registry()
+        registry.register(Collect(self.collect))
+        self.server = HttpServer(registry)
+        port = await self.server.start(s.host, s.metrics_port)
+        log.info("metrics on http://%s:%d/metrics", s.host, port)
+
+    async def close(self) -> None:
+        if self.server is not None:
+            await self.server.close()
+
+    # -- read at scrape time -------------------------------------------------------------------
+    def collect(self) -> Iterator[Any]:
+        w = self.w
+        info = GaugeMetricFamily("sfaas_worker_info", "This worker process: its slot (-1: none, as a standby or while joining) and name",
+                                 labels=["app", "index", "name"])
+        info.add_metric([w.app.name, str(w.index), w.name], 1)
+        yield info
+        for name, value, doc in (
+            ("sfaas_transactions_committed", self.committed_total, "Transactions committed (replies produced)"),
+            ("sfaas_transactions_aborted", self.aborted_total,
+             "Transactions rolled back for good (Abort or an exception in a function)"),
+            ("sfaas_transactions_rerun", self.reruns_total, "Transactions re-run in a later epoch after a conflict"),
+            ("sfaas_transactions_fallback", self.fallbacks_total,
+             "Conflicting transactions re-run in the epoch's fallback phase"),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+        lat = HistogramMetricFamily("sfaas_request_latency_seconds",
+                                    "From the client's send (ingress record timestamp) to the reply produced")
+        self.latency.add_to(lat)
+        yield lat
+        ph = HistogramMetricFamily("sfaas_epoch_phase_seconds", "Duration of epoch phases on this worker",
+                                   labels=["phase"])
+        for phase, b in self.phases.items():
+            b.add_to(ph, [phase])
+        yield ph
+        yield from self._queues()
+        yield from self._ingress_lag()
+        yield from self._stores()
+        rounds = getattr(w, "rounds", None)
+        if rounds is not None:
+            yield CounterMetricFamily("sfaas_worker_snapshots", "Snapshot rounds this worker took part in",
+                                      value=rounds.taken)
+            yield CounterMetricFamily("sfaas_worker_snapshots_failed", "Snapshot rounds this worker's part failed",
+                                      value=rounds.failed)
+        yield CounterMetricFamily("sfaas_worker_recoveries", "Recoveries this worker rolled back for",
+                                  value=w.recovery)
+        yield from channel_traffic()
+
+    def _queues(self) -> Iterator[Any]:
+        w = self.w
+        q = GaugeMetricFamily("sfaas_queue_depth", "Items waiting in the worker's queues", labels=["queue"])
+        loop = w.loop
+        q.add_metric(["ingress"], len(loop.queue) if loop is not None else 0)
+        q.add_metric(["rerun"], loop.sequencer.pending_retries if loop is not None else 0)
+        q.add_metric(["egress"], len(w._replies))
+        yield q
+        buf = GaugeMetricFamily("sfaas_channel_buffered_bytes", "Bytes written to a channel, not yet sent by the OS",
+                                labels=["peer"])
+        for j, ch in sorted(w.peers.items()):
+            buf.add_metric([f"worker-{j}"], ch.buffered())
+        coord = getattr(w, "coord", None)
+        if coord is not None:
+            buf.add_metric(["coordinator"], coord.buffered())
+        yield buf
+
+    def _ingress_lag(self) -> Iterator[Any]:
+        w = self.w
+        lag = GaugeMetricFamily("sfaas_ingress_lag_records",
+                                "Ingress records not yet answered: the partition's end minus the completed offset",
+                                labels=["partition"])
+        if getattr(w, "assign", None) is not None and w.consumer is not None:
+            done = w.offsets.watermarks()
+            for tp in sorted(w.consumer.assignment(), key=lambda tp: tp.partition):  # the partitions it owns now
+                high = w.consumer.highwater(tp)
+                mark = done.get(tp.partition, w.start_offsets.get(tp.partition))
+                if high is not None and mark is not None:
+                    lag.add_metric([str(tp.partition)], max(0, high - mark))
+        yield lag
+
+    def _stores(self) -> Iterator[Any]:
+        labels = ["operator", "partition", "engine"]
+        keys = GaugeMetricFamily("sfaas_store_keys", "Keys in a store (LSM: an upper bound, before merges)",
+                                 labels=labels)
+        disk = GaugeMetricFamily("sfaas_store_disk_bytes", "Bytes of a store's files on local disk", labels=labels)
+        mem = GaugeMetricFamily("sfaas_store_memory_bytes", "Memory a store holds (memtable, index, tail)",
+                                labels=labels)
+        files = GaugeMetricFamily("sfaas_store_files", "A store's data files per level", labels=[*labels, "level"])
+        merges = CounterMetricFamily("sfaas_store_merges", "Merges a store completed", labels=labels)
+        flushes = CounterMetricFamily("sfaas_store_flushes", "Flushes a store completed", labels=labels)
+        engine = self.w.engine
+        for (op, p), store in sorted(engine.stores.items()) if engine is not None else ():
+            try:
+                st = store.stats()
+            except Exception as exc:  # closed during a promotion or shutdown
+                log.debug("no stats of %s/p%d: %s", op, p, exc)
+                continue
+            lv = [op, str(p), str(st.get("engine", ""))]
+            keys.add_metric(lv, st.get("keys", st.get("entries_upper_bound", 0)))
+            disk.add_metric(lv, st.get("disk_bytes", 0))
+            mem.add_metric(lv, st.get("memory_bytes", st.get("data_bytes", 0)))
+            for level, n in sorted((st.get("files_per_level") or {}).items()):
+                files.add_metric([*lv, str(level)], n)
+            merges.add_metric(lv, st.get("merges_done", 0))
+            flushes.add_metric(lv, st.get("flushes", st.get("dumps", 0)))
+        yield from (keys, disk, mem, files, merges, flushes)
+        cpu = CounterMetricFamily("sfaas_store_background_cpu_seconds",
+                                  "CPU of the stores' background work (flushes, merges, uploads) in this process",
+                                  labels=["lane"])
+        for lane, secs in sorted(background.cpu_seconds().items()):
+            cpu.add_metric([lane], secs)
+        yield cpu
+
