@@ -16,7 +16,6 @@ import collections
 import socket
 import struct
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -142,23 +141,13 @@ def test_tcp_server_refuses_hostile_followers_and_keeps_serving(
     host, port = server.address
     with _ThreadErrors() as caught:
         sock = tcp_mod.connect(host, port, SECRET.encode(), b"SFRP", 5.0)
-        got = 0
         try:
             for f in frames:
                 sock.sendall(f if raw else struct.pack("<I", len(f)) + f)
             sock.shutdown(socket.SHUT_WR)
-            sock.settimeout(0.5)  # a valid hello starts a stream that goes on (tips every 0.2 s)
-            deadline = time.monotonic() + 2.0
-            while True:  # what the server sends until it ends the connection
-                if time.monotonic() > deadline:
-                    raise TimeoutError("still streaming")
-                chunk = sock.recv(1 << 16)
-                if not chunk:
-                    break
-                got += len(chunk)
-            outcomes.add("streamed, then closed" if got else "closed")
-        except TimeoutError:
-            outcomes.add("streaming")  # a valid hello: the stream goes on (tips)
+            sock.settimeout(5)
+            got = len(sock.recv(1 << 16))  # a valid hello starts a stream (a base edit, tips)
+            outcomes.add("streamed" if got else "closed")
         except OSError:  # the server hung up on us mid-send: refused
             outcomes.add("reset")
         finally:
