@@ -99,16 +99,8 @@ class Moving:
         q.clear()
         q.extend(kept)
         w.loop.sequencer.discard([tid for tid, item in w.loop.sequencer.retries() if item.partition in drop])
-        for p in lost:
-            w.offsets.drop(p)
-            w.applied.drop(p)
-            w.start_offsets.pop(p, None)
-        keys = [k for k in w.engine.stores if k[1] in drop]
-        if w.shipping is not None:
-            w.shipping.detach(keys)
         self.resume_merges()  # (the stores leaving close next; the others were never held)
-        closing = [w.engine.stores.pop(k) for k in keys]
-        await asyncio.to_thread(PartitionStores(dict(zip(keys, closing, strict=True)), len(msg.owners)).close)
+        await asyncio.to_thread(self.detach(drop, len(msg.owners)).close)
         w.assign.owners = list(msg.owners)
         w.engine.owners = list(msg.owners)
         if keep:
@@ -117,6 +109,20 @@ class Moving:
             w.retired = True
         log.info("released partitions %s at round %d", lost, msg.round, extra={"worker": w.index})
         return wire.Released(w.index, "")
+
+    def detach(self, partitions: set[int], n_partitions: int) -> PartitionStores:
+        """Forget ``partitions`` here — their ingress offsets, shipping and stores (a
+        rescale's release, or a recovery under a new map); returns the stores to close."""
+        w = self.w
+        assert w.engine is not None
+        for p in partitions:
+            w.offsets.drop(p)
+            w.applied.drop(p)
+            w.start_offsets.pop(p, None)
+        keys = [k for k in w.engine.stores if k[1] in partitions]
+        if w.shipping is not None:
+            w.shipping.detach(keys)
+        return PartitionStores({k: w.engine.stores.pop(k) for k in keys}, n_partitions)
 
     # -- arriving ------------------------------------------------------------------------------
     def follow(self, msg: wire.Move) -> None:

@@ -55,18 +55,12 @@ def _adopt_map(w: Worker, owners: list[int], n_workers: int) -> None:
     assert w.engine is not None
     mine = set(owned(owners, w.index))
     have = {p for _, p in w.engine.stores}
-    gone = [k for k in w.engine.stores if k[1] not in mine]
-    if w.shipping is not None:
-        w.shipping.detach(gone)
-    for k in gone:
-        w.engine.stores.pop(k).close()
-        w.offsets.drop(k[1])
-        w.applied.drop(k[1])
-        w.start_offsets.pop(k[1], None)
+    gone = have - mine
+    w.moving.detach(gone, len(owners)).close()
     if mine - have:
         w.engine.stores.update(open_stores(w.settings, w.app, sorted(mine - have), len(owners)).items())
         log.warning("recovery under a new partition map: opened partitions %s, closed %s", sorted(mine - have),
-                    sorted({p for _, p in gone}), extra={"worker": w.index})
+                    sorted(gone), extra={"worker": w.index})
     w.engine.owners = list(owners)
     w.engine.n_workers = n_workers
     w.assign.owners, w.assign.n_workers = list(owners), n_workers
