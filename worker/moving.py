@@ -259,6 +259,7 @@ async def join_as_receiver(w: Worker, first: wire.Move) -> tuple[wire.Reassign, 
                     w.index = msg.index
                     w.assign = wire.Assign(msg.index, msg.n_workers, msg.peers, len(msg.owners), ingress, egress,
                                            w.consumer_group, list(msg.owners))
+                    w.assigned.set()
                     stores = await asyncio.to_thread(mv.take_over, msg.round, msg.index, len(msg.owners))
                     return msg, stores
                 elif isinstance(msg, wire.Stop):

@@ -142,6 +142,8 @@ class Worker:
         self._age_n = 0
         #: rescaling (``worker.moving``): stores moving in, and whether this worker left
         self.moving = Moving(self)
+        #: set once ``assign`` (this worker's slot and the membership) is known
+        self.assigned = asyncio.Event()
         self.retired = False
         #: gained partitions: offsets a snapshot round holds (skipped when read again) and
         #: the round's waiting re-runs, ``(partition, offset) → tid``
@@ -243,6 +245,8 @@ class Worker:
             log.warning("peer %s did not say hello; dropping", chan.peer)
             return
         src = first[0].index
+        # a worker joining a rescale: running peers may connect while it reads its Reassign
+        await asyncio.wait_for(self.assigned.wait(), 2 * self.settings.heartbeat_timeout + 10.0)
         if not 0 <= src < self.assign.n_workers or src == self.index:
             raise wire.ProtocolError(f"peer {chan.peer} says it is worker {src} (of {self.assign.n_workers}; "
                                      f"this is worker {self.index})")
@@ -295,6 +299,7 @@ class Worker:
         assign, promoted, takeover = await membership.join(self, my_port)
         self.index = assign.index
         self.assign = assign
+        self.assigned.set()
         log.info("joined as worker %d of %d", assign.index, assign.n_workers,
                  extra={"worker": assign.index})
         mine = owned(assign.owners, self.index)

@@ -100,6 +100,7 @@ def bare_worker(home: str, index: int = 0) -> Worker:
     w.index = index
     w.assign = wire.Assign(index, N_WORKERS, [["127.0.0.1", 1 + i] for i in range(N_WORKERS)], PARTITIONS,
                            "fuzz.in", "fuzz.out", "fuzz.group", default_owners(PARTITIONS, N_WORKERS))
+    w.assigned.set()
     mine = owned(w.assign.owners, index)
     stores = open_partition_stores(app, f"{home}/data", mine, PARTITIONS)
     w.engine = Engine(app, index, N_WORKERS, PARTITIONS, stores, w)
