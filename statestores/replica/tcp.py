@@ -243,7 +243,14 @@ class TcpServer(ShipServer):
             _send_bodies(conn, d)
             inflight.append(size)
             pending += size
-            pending -= self._read_acks(conn, inflight, shipper, block=False)
+            if isinstance(d.msg, MarkMsg):
+                # a round waits for this ack, and a follower told to stop there closes the
+                # stream right after sending it: read it now, before anything else is sent
+                # (a send after its close could reset the connection with the ack unread)
+                while inflight:
+                    pending -= self._read_acks(conn, inflight, shipper, block=True)
+            else:
+                pending -= self._read_acks(conn, inflight, shipper, block=False)
 
     def _read_acks(self, conn: socket.socket, inflight: deque[int], shipper: Shipper, *, block: bool) -> int:
         """Consume the acks that arrived (at least one if ``block``); the bytes they free."""
