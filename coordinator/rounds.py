@@ -24,12 +24,32 @@ from sfaas.rounds import RoundManifest, Rounds, StoreCut, collect_garbage
 
 log = logging.getLogger("sfaas.coordinator.rounds")
 
-__all__ = ["RoundKeeper", "ROUND_TIMEOUT", "HISTORY"]
+__all__ = ["RoundKeeper", "RoundSummary", "ROUND_TIMEOUT", "HISTORY"]
 
-#: Complete rounds and failures remembered for the status page (and between two scrapes).
+#: Complete rounds (their summaries) and failures remembered for the status page (and
+#: between two scrapes).
 HISTORY = 100
 #: A round not complete after this many seconds (or 10 intervals, if longer) has failed.
 ROUND_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class RoundSummary:
+    """What the status page and metrics show of a complete round — not its manifest, whose
+    offsets and re-runs grow with the requests in flight (100 manifests under overload
+    held ~16 MB)."""
+
+    round: int
+    epoch: int
+    started: float
+    created: float
+    bytes_uploaded: int
+    total_bytes: int
+    files: int
+
+    @classmethod
+    def of(cls, m: RoundManifest) -> RoundSummary:
+        return cls(m.round, m.epoch, m.started, m.created, m.bytes_uploaded, m.total_bytes, m.files)
 
 
 @dataclass
@@ -72,7 +92,7 @@ class RoundKeeper:
         #: a rescale's round: round id → (new map, new worker count, called once published)
         self.switch_at: dict[int, tuple[list[int], int, Callable[[], None]]] = {}
         #: the newest complete rounds and failures ``(time, round, why)``, for the status page and metrics
-        self.history: collections.deque[RoundManifest] = collections.deque(maxlen=HISTORY)
+        self.history: collections.deque[RoundSummary] = collections.deque(maxlen=HISTORY)
         self.failures: collections.deque[tuple[float, int, str]] = collections.deque(maxlen=HISTORY)
 
     @property
@@ -190,7 +210,7 @@ class RoundKeeper:
             return
         self.completed += 1
         self.last_complete = manifest
-        self.history.append(manifest)
+        self.history.append(RoundSummary.of(manifest))
         switch = self.switch_at.pop(manifest.round, None)
         if switch is not None:  # the round names the new map: it is in force from now on
             switch[2]()

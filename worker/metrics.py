@@ -205,7 +205,7 @@ class WorkerMetrics:
             disk.add_metric(lv, st.get("disk_bytes", 0))
             mem.add_metric(lv, st.get("memory_bytes", st.get("data_bytes", 0)))
             for level, n in sorted((st.get("files_per_level") or {}).items()):
-                files.add_metric([*lv, str(level)], n)
+                files.add_metric([*lv, str(level)], n if isinstance(n, int) else len(n))  # (lsm: the names)
             merges.add_metric(lv, st.get("merges_done", 0))
             flushes.add_metric(lv, st.get("flushes", st.get("dumps", 0)))
         yield from (keys, disk, mem, files, merges, flushes)
