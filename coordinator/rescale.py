@@ -46,7 +46,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sfaas.coordinator.rescale")
 
-__all__ = ["Rescaler", "STEP_TIMEOUT"]
+__all__ = ["Rescaler", "STEP_TIMEOUT", "RESCALE_INBOX"]
+
+#: Workers' answers (Shipped, Following, Released) waiting for the rescale step; one per
+#: worker per step arrives, so beyond it an answer is dropped with a warning and the step
+#: times out and starts over.
+RESCALE_INBOX = 1024
 #: Seconds one step may take (a receiver catching up with a large store takes longest).
 STEP_TIMEOUT = 300.0
 
@@ -79,7 +84,7 @@ class Rescaler:
         self.target: int | None = None
         self.joiners: list[_Member] = []
         self._waiters: list[channels.Channel] = []
-        self._inbox: asyncio.Queue[wire.Message] = asyncio.Queue(maxsize=1024)
+        self._inbox: asyncio.Queue[wire.Message] = asyncio.Queue(maxsize=RESCALE_INBOX)
         self._plan: _Plan | None = None
         self._prepare: asyncio.Task[None] | None = None
         #: the last finished rescale (for logs, ``sfaas ps`` and benchmarks)

@@ -44,6 +44,10 @@ __all__ = ["Coordinator", "run_coordinator"]
 
 #: Seconds a registered worker may take to get ready (open stores, connect peers and Kafka).
 STARTUP_TIMEOUT = 30.0
+#: Messages (reports, recovery answers) waiting for the epoch barrier or a recovery. When
+#: it is full, a worker's channel is not read until the barrier takes one; a loss marker
+#: displaces the oldest waiting message (what it belonged to is abandoned by the loss).
+INBOX_LIMIT = 4096
 
 
 class Interrupted(Exception):
@@ -79,7 +83,7 @@ class Coordinator:
         self.app_name = app_name
         self.secret = settings.shared_secret()
         self.members: list[_Member] = []
-        self._inbox: asyncio.Queue[wire.Message] = asyncio.Queue()
+        self._inbox: asyncio.Queue[wire.Message] = asyncio.Queue(maxsize=INBOX_LIMIT)
         self._wakeup = asyncio.Event()
         self._all_joined = asyncio.Event()
         self._loss = asyncio.Event()
@@ -276,7 +280,7 @@ class Coordinator:
                         self.standbys.feed(member.index)
                         self.write_ready()
                     else:
-                        self._inbox.put_nowait(msg)
+                        await self._inbox.put(msg)  # waits while the inbox is full
         except (ChannelClosed, wire.ProtocolError) as exc:
             if member.channel is chan:
                 self.lose(member, "its channel closed" if isinstance(exc, ChannelClosed) else f"protocol error: {exc}")
@@ -335,6 +339,12 @@ class Coordinator:
         """Stop the epochs and recover although no worker was lost."""
         log.warning("recovering: %s", why)
         self.rounds.abort(why)
+        self._interrupt()
+
+    def _interrupt(self) -> None:
+        """Interrupt the barrier or recovery in progress, even with a full inbox."""
+        if self._inbox.full():
+            self._inbox.get_nowait()
         self._inbox.put_nowait(Lost())
         self._loss.set()
 
@@ -351,8 +361,7 @@ class Coordinator:
         m.channel.close()
         log.warning("lost worker %d (%s, pid %d): %s", m.index, m.name, m.pid, why)
         self.rounds.abort(f"worker {m.index} lost")
-        self._inbox.put_nowait(Lost())
-        self._loss.set()
+        self._interrupt()
         self._changed.set()
         if self._all_joined.is_set():
             self.standbys.promote(m.index)

@@ -15,6 +15,11 @@ frame's length is checked against :data:`MAX_FRAME` before its body is read (all
 
 :meth:`Channel.send` only queues a message; everything queued in one event-loop tick
 goes out as one frame, so bursts of calls/results between two processes are batched.
+Messages are packed as they are queued, and a tick's queue is written out at once when it
+reaches :data:`HIGH_WATER` bytes. Bytes written but not yet taken by the peer wait in the
+transport; above :data:`HIGH_WATER` of them a writer that calls :meth:`Channel.wait_room`
+waits until the peer has read them down to a quarter — so a slow peer slows its callers
+instead of growing our memory (at most about twice the mark per channel).
 """
 
 from __future__ import annotations
@@ -30,17 +35,20 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from .errors import AuthenticationError, ChannelClosed
-from .wire import Message, ProtocolError, decode_frame, encode_frame
+from .wire import Message, ProtocolError, decode_frame, encode_message, join_frame
 
 log = logging.getLogger("sfaas.channels")
 
-__all__ = ["Channel", "connect", "serve", "MAX_FRAME", "MAGIC", "REJECTED", "Traffic", "TRAFFIC"]
+__all__ = ["Channel", "connect", "serve", "MAX_FRAME", "MAGIC", "REJECTED", "Traffic", "TRAFFIC", "HIGH_WATER"]
 
 MAGIC = b"SFAAS1"
 _NONCE = 16
 _MAC = 32
 #: Largest frame accepted (bounds memory a peer can make us allocate).
 MAX_FRAME = 64 << 20
+#: Unsent bytes in a channel's transport above which :meth:`Channel.wait_room` waits, and
+#: queued bytes above which a tick's messages are written out at once.
+HIGH_WATER = 1 << 20
 _HEADER = struct.Struct(">I")
 HANDSHAKE_TIMEOUT = 5.0
 #: Peers this process refused, by why: ``"unauthenticated"`` (failed the handshake) and
@@ -73,17 +81,25 @@ class Channel:
         self._reader = reader
         self._writer = writer
         self.peer = peer
-        self._queue: list[Message] = []
+        self._queue: list[bytes] = []  # packed messages of this tick
+        self._queued = 0  # their bytes
         self._scheduled = False
         self.closed = False
         self.frames_sent = 0
+        #: how often a writer waited in :meth:`wait_room`
+        self.waits = 0
+        writer.transport.set_write_buffer_limits(high=HIGH_WATER, low=HIGH_WATER // 4)
 
     def send(self, msg: Message) -> None:
         """Queue ``msg``; it leaves with everything else queued in this loop iteration."""
         if self.closed:
             raise ChannelClosed(f"channel to {self.peer} is closed")
-        self._queue.append(msg)
-        if not self._scheduled:
+        part = encode_message(msg)
+        self._queue.append(part)
+        self._queued += len(part)
+        if self._queued >= HIGH_WATER:
+            self._flush()
+        elif not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
@@ -91,8 +107,8 @@ class Channel:
         self._scheduled = False
         if not self._queue or self.closed:
             return
-        msgs, self._queue = self._queue, []
-        payload = encode_frame(msgs)
+        parts, self._queue, self._queued = self._queue, [], 0
+        payload = join_frame(parts)
         self._writer.write(_HEADER.pack(len(payload)) + payload)
         self.frames_sent += 1
         TRAFFIC.sent_frames += 1
@@ -102,6 +118,21 @@ class Channel:
         """Flush queued messages and wait until the OS took them (backpressure point)."""
         self._flush()
         await self._writer.drain()
+
+    async def wait_room(self) -> None:
+        """Return at once unless more than :data:`HIGH_WATER` bytes wait unsent; then wait
+        until the peer read them down to a quarter (:class:`ChannelClosed` if it goes away)."""
+        if self.closed:
+            raise ChannelClosed(f"channel to {self.peer} is closed")
+        if self._writer.transport.get_write_buffer_size() <= HIGH_WATER:
+            return
+        self.waits += 1
+        self._flush()
+        try:
+            await self._writer.drain()
+        except ConnectionError as exc:
+            self.closed = True
+            raise ChannelClosed(f"channel to {self.peer} closed: {exc}") from None
 
     async def recv(self) -> list[Message]:
         """The next frame's messages; raises :class:`ChannelClosed` at end of stream."""

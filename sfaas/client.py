@@ -7,6 +7,11 @@ A request goes to the ingress partition owning its key; the reply comes back on 
 partition this client listens to, matched by request id. Validation that needs no
 cluster (key type, serializable arguments; names and arity when given the :class:`App`)
 happens before anything is sent.
+
+A client waits for at most ``max_in_flight`` replies at once (default
+:data:`MAX_IN_FLIGHT`): :meth:`Client.submit` beyond it waits until a reply arrives, so
+an application sending faster than the cluster answers is slowed down instead of growing
+the client's memory. A :meth:`Client.call` that times out stops waiting for its reply.
 """
 
 from __future__ import annotations
@@ -31,7 +36,10 @@ from .wire import ProtocolError, Reply, Request
 
 log = logging.getLogger("sfaas.client")
 
-__all__ = ["Client", "SyncClient"]
+__all__ = ["Client", "SyncClient", "MAX_IN_FLIGHT"]
+
+#: Requests a client waits for at once, by default (see module docstring).
+MAX_IN_FLIGHT = 100_000
 
 
 class Client:
@@ -45,7 +53,12 @@ class Client:
         namespace: str | None = None,
         timeout: float = 60.0,
         settings: Settings | None = None,
+        max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
+        self.max_in_flight = max_in_flight
+        self._room = asyncio.Event()
         self.settings = settings or Settings.load({"kafka": bootstrap, "namespace": namespace})
         self.app = app if isinstance(app, App) else None
         self.app_name = app.name if isinstance(app, App) else str(app)
@@ -95,6 +108,8 @@ class Client:
         for fut in self._waiting.values():
             if not fut.done():
                 fut.cancel()
+        self._waiting.clear()
+        self._room.set()  # a submit waiting for room fails now
         await self._producer.stop()
         await self._consumer.stop()
 
@@ -119,6 +134,8 @@ class Client:
                     fut = self._waiting.pop(reply.rid, None)
                     if fut is not None and not fut.done():
                         fut.set_result(reply)
+            if len(self._waiting) < self.max_in_flight:
+                self._room.set()
 
     def _validate(self, operator: str, key: str, function: str, args: tuple[Any, ...]) -> None:
         if self.app is not None:
@@ -130,9 +147,18 @@ class Client:
 
     async def submit(self, operator: str, key: str, function: str, *args: Any) -> asyncio.Future[Reply]:
         """Send a request; the returned future resolves to its raw :class:`Reply`."""
+        return (await self._submit(operator, key, function, args))[1]
+
+    async def _submit(self, operator: str, key: str, function: str,
+                      args: tuple[Any, ...]) -> tuple[str, asyncio.Future[Reply]]:
         if not self._started:
             await self.start()
         self._validate(operator, key, function, args)
+        while len(self._waiting) >= self.max_in_flight:
+            self._room.clear()
+            await self._room.wait()
+            if not self._started:
+                raise RuntimeError(f"client of app {self.app_name!r} closed while a request waited to be sent")
         self._seq += 1
         rid = self.last_rid = f"{self.client_id}-{self._seq}"
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
@@ -141,14 +167,19 @@ class Client:
         await self._producer.send(
             self.ingress, req.encode(), partition=partition_of(operator, key, self.partitions)
         )
-        return fut
+        return rid, fut
+
+    def _forget(self, rid: str) -> None:
+        if self._waiting.pop(rid, None) is not None and len(self._waiting) < self.max_in_flight:
+            self._room.set()
 
     async def call(self, operator: str, key: str, function: str, *args: Any) -> Any:
         """Run one transaction and return its result; raises ``TransactionAborted(reason)``."""
-        fut = await self.submit(operator, key, function, *args)
+        rid, fut = await self._submit(operator, key, function, args)
         try:
             reply = await asyncio.wait_for(fut, self.timeout)
         except TimeoutError:
+            self._forget(rid)
             raise RequestTimeout(
                 f"no reply to {operator}/{key}.{function} within {self.timeout} s "
                 f"(is the cluster for app {self.app_name!r} running?)"

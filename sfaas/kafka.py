@@ -48,6 +48,14 @@ async def ensure_topics(bootstrap: str, topics: dict[str, int]) -> dict[str, int
     return counts
 
 
+#: Bytes of one partition's batch a producer holds; a send waits while that batch is full.
+PRODUCE_BATCH_BYTES = 1 << 20
+#: Bytes a consumer prefetches per partition, and per fetch in all: it fetches again for a
+#: partition only once its records were taken, so what is not taken stays in Kafka.
+FETCH_PARTITION_BYTES = 4 << 20
+FETCH_BYTES = 16 << 20
+
+
 def make_producer(bootstrap: str, linger_ms: int = 0, *, durable: bool = False) -> AIOKafkaProducer:
     """A producer tuned for low latency with batching under load.
 
@@ -59,7 +67,7 @@ def make_producer(bootstrap: str, linger_ms: int = 0, *, durable: bool = False) 
         linger_ms=linger_ms,
         acks="all" if durable else 1,
         enable_idempotence=durable,
-        max_batch_size=1 << 20,
+        max_batch_size=PRODUCE_BATCH_BYTES,
         request_timeout_ms=30000,
     )
 
@@ -77,8 +85,8 @@ def make_consumer(bootstrap: str, group: str | None, fetch_wait_ms: int) -> AIOK
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=fetch_wait_ms,
-        max_partition_fetch_bytes=4 << 20,
-        fetch_max_bytes=16 << 20,
+        max_partition_fetch_bytes=FETCH_PARTITION_BYTES,
+        fetch_max_bytes=FETCH_BYTES,
     )
 
 
@@ -103,7 +111,7 @@ async def read_range(bootstrap: str, starts: dict[TopicPartition, int]) -> dict[
     if not starts:
         return out
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                max_partition_fetch_bytes=4 << 20, fetch_max_wait_ms=50)
+                                max_partition_fetch_bytes=FETCH_PARTITION_BYTES, fetch_max_wait_ms=50)
     await consumer.start()
     try:
         tps = list(starts)

@@ -578,6 +578,20 @@ def encode_frame(messages: list[Message]) -> bytes:
     return msgpack.packb([_to_list(m) for m in messages], use_bin_type=True)  # type: ignore[no-any-return]
 
 
+def encode_message(message: Message) -> bytes:
+    """One message packed on its own: :func:`join_frame` of such parts is the payload
+    :func:`encode_frame` gives for the messages (a channel packs as it queues)."""
+    return msgpack.packb(_to_list(message), use_bin_type=True)  # type: ignore[no-any-return]
+
+
+_ARRAY = msgpack.Packer()
+
+
+def join_frame(parts: list[bytes]) -> bytes:
+    """The frame payload of messages packed by :func:`encode_message`."""
+    return _ARRAY.pack_array_header(len(parts)) + b"".join(parts)
+
+
 def decode_frame(payload: bytes) -> list[Message]:
     """Inverse of :func:`encode_frame`; raises :class:`ProtocolError` on anything unexpected."""
     try:

@@ -150,8 +150,16 @@ class WorkerMetrics:
         loop = w.loop
         q.add_metric(["ingress"], len(loop.queue) if loop is not None else 0)
         q.add_metric(["rerun"], loop.sequencer.pending_retries if loop is not None else 0)
-        q.add_metric(["egress"], len(w._replies))
+        q.add_metric(["egress"], len(w.egress.replies))
+        q.add_metric(["deferred_calls"], w._deferred_n)
         yield q
+        yield GaugeMetricFamily("sfaas_worker_in_flight_requests",
+                                "Requests taken from Kafka and not completed (bounded by the in-flight limit)",
+                                value=w.offsets.in_flight)
+        yield GaugeMetricFamily("sfaas_worker_in_flight_limit", "The worker's in-flight limit (requests)",
+                                value=w.ingress.limit)
+        yield CounterMetricFamily("sfaas_worker_ingest_stalls",
+                                  "Times ingest stopped fetching at the in-flight limit", value=w.ingress.stalls)
         buf = GaugeMetricFamily("sfaas_channel_buffered_bytes", "Bytes written to a channel, not yet sent by the OS",
                                 labels=["peer"])
         for j, ch in sorted(w.peers.items()):

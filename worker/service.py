@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import logging
 import os
 import time
@@ -55,7 +54,8 @@ from sfaas.txn.loop import Participant
 from sfaas.txn.offsets import OffsetTracker
 
 from . import membership
-from .ingress import admit
+from .egress import Egress
+from .ingress import Ingress
 from .metrics import WorkerMetrics
 from .moving import Moving
 from .replication import Shipping
@@ -63,7 +63,13 @@ from .snapshots import RoundTaker
 
 log = logging.getLogger("sfaas.worker")
 
-__all__ = ["Worker", "run_worker"]
+__all__ = ["Worker", "run_worker", "DEFERRED_BATCHES"]
+
+#: Calls from peers for an epoch this worker has not begun yet, held until its Begin: at
+#: most this many × ``max_batch``; above it the worker stops reading its peers' channels
+#: (their calls wait in TCP) until the Begin takes them. Nothing a peer needs to finish the
+#: current epoch comes after such a call on its channel, so the wait cannot block an epoch.
+DEFERRED_BATCHES = 16
 
 
 def _request_of(item: _Pending) -> tuple[str, str, str, Any]:
@@ -105,13 +111,14 @@ class Worker:
         self._calls: dict[int, asyncio.Future[Outcome]] = {}
         self._call_ids = 0
         self._deferred: dict[int, list[wire.Call]] = {}
+        self._deferred_n = 0
+        self._deferred_room = asyncio.Event()
         self._reported_epoch = 0
         self._sent: list[int] = []
         self._served: list[int] = []
         self._late: list[tuple[int, wire.Result]] = []
-        #: (reply partition, encoded reply, ingress partition, ingress offset)
-        self._replies: list[tuple[int, bytes, int, int]] = []
-        self._reply_event = asyncio.Event()
+        self.egress = Egress(self)
+        self.ingress = Ingress(self)
         # the coordinator starts idle: the first records must wake it up
         self._idle_reported = True
         #: ingress offsets: a request counts as completed once its reply is acknowledged
@@ -120,8 +127,6 @@ class Worker:
         self.applied = OffsetTracker()
         #: per owned ingress partition, the consumer's position when this worker started
         self.start_offsets: dict[int, int] = {}
-        #: per egress partition, one past the highest offset of a reply acknowledged
-        self._egress_acked: dict[int, int] = {}
         #: the epoch log (on with snapshot rounds): its topic, and one past this worker's
         #: newest acknowledged record (where a replay after the current cut may start)
         self._log_topic = settings.epoch_log_topic(app.name) if settings.snapshot_interval > 0 else ""
@@ -173,15 +178,15 @@ class Worker:
         ingress = dict(self.start_offsets)
         ingress.update(self.applied.watermarks())
         retries = [[tid, item.partition, item.offset] for tid, item in self.loop.sequencer.retries()]
+        # (the round waits until every reply made so far is acknowledged: a round holding a
+        # request must never need its reply again, a recovery could not reproduce it)
         self.rounds.take(marker, epoch, self.engine.stores, ingress, self.applied.completed_above(),
-                         dict(self._egress_acked), retries, self._log_pos, self._replies_durable)
+                         dict(self.egress.acked), retries, self._log_pos, self.egress.durable)
 
-    async def _replies_durable(self) -> None:
-        """Every reply made so far is acknowledged (a round holding a request must never
-        need its reply again: a recovery cannot reproduce the reply of a request the
-        round's state already holds)."""
-        await self._flush_replies()
-        await self.producer.flush()
+    def complete(self, partition: int, offset: int) -> None:
+        """The request read at ingress ``partition:offset`` completed (see ``worker.egress``)."""
+        self.offsets.complete(partition, offset)
+        self.ingress.completed()
 
     # -- router (Engine → peers) -----------------------------------------------------------------
     async def remote_call(
@@ -197,11 +202,11 @@ class Worker:
         self._calls[cid] = fut
         assert self.engine is not None
         self._sent[dest] += 1
-        self.peers[dest].send(
-            wire.Call(self.engine.epoch, self.index, cid, tid, now, operator, key, function, argv, depth,
-                      self.recovery)
-        )
+        chan = self.peers[dest]
+        chan.send(wire.Call(self.engine.epoch, self.index, cid, tid, now, operator, key, function, argv, depth,
+                            self.recovery))
         try:
+            await chan.wait_room()  # a peer reading slower than we call: wait (channels.HIGH_WATER)
             return await fut
         finally:
             self._calls.pop(cid, None)
@@ -219,7 +224,9 @@ class Worker:
                 asyncio.get_running_loop().call_soon(self._flush_late)
             self._late.append((msg.src, result))
         else:
-            self.peers[msg.src].send(result)
+            chan = self.peers[msg.src]
+            chan.send(result)
+            await chan.wait_room()
 
     def _flush_late(self) -> None:
         late, self._late = self._late, []
@@ -263,7 +270,16 @@ class Worker:
                     self._on_call(msg)
                 else:
                     log.warning("unexpected %s from peer %d", type(msg).__name__, src)
+            while self._deferred_n >= DEFERRED_BATCHES * self.settings.max_batch:
+                self._deferred_room.clear()  # see DEFERRED_BATCHES
+                await self._deferred_room.wait()
             rest = await chan.recv()
+
+    def _take_deferred(self, epoch: int) -> list[wire.Call]:
+        calls = self._deferred.pop(epoch, [])
+        self._deferred_n -= len(calls)
+        self._deferred_room.set()
+        return calls
 
     def _on_call(self, msg: wire.Call) -> None:
         assert self.engine is not None
@@ -277,6 +293,7 @@ class Worker:
         elif msg.epoch > self.engine.epoch:
             # the peer began the next epoch before our Begin arrived: hold the call
             self._deferred.setdefault(msg.epoch, []).append(msg)
+            self._deferred_n += 1
         else:
             log.error("call for past epoch %d (now %d) from worker %d", msg.epoch, self.engine.epoch, msg.src)
             self.peers[msg.src].send(wire.Result(msg.call_id, False, ["StaleEpoch", "call for a past epoch"]))
@@ -333,7 +350,7 @@ class Worker:
         out_parts = await self.producer.partitions_for(assign.egress_topic)
         self.egress_partitions = len(out_parts)
         ends = await self.consumer.end_offsets([TopicPartition(assign.egress_topic, p) for p in out_parts])
-        self._egress_acked = {tp.partition: off for tp, off in ends.items()}
+        self.egress.acked = {tp.partition: off for tp, off in ends.items()}
         if self._log_topic:
             log_tp = TopicPartition(self._log_topic, 0)
             self._log_pos = (await self.consumer.end_offsets([log_tp]))[log_tp]
@@ -342,9 +359,9 @@ class Worker:
         else:  # a joining worker: its partitions resume where the rescale's round left them
             await self.resume_ingest(takeover.ingress, takeover.skip, takeover.retries)
         self._tasks = [
-            asyncio.create_task(self._produce(), name="egress"),
+            asyncio.create_task(self.egress.run(), name="egress"),
             asyncio.create_task(self._heartbeat(), name="heartbeat"),
-            asyncio.create_task(self._offsets_loop(), name="offsets"),
+            asyncio.create_task(self.egress.commit_loop(), name="offsets"),
         ]
         self.coord.send(wire.Ready(self.index))
         try:
@@ -365,9 +382,9 @@ class Worker:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await self._flush_replies()
+            await self.egress.flush()
             await self.producer.stop()  # waits for outstanding deliveries
-            await self._commit_offsets()
+            await self.egress.commit_offsets()
             await self.consumer.stop()
             await self.rounds.close()
             self.moving.stop()
@@ -382,7 +399,7 @@ class Worker:
 
     def start_ingest(self) -> None:
         """(Re)start taking requests from the ingress partitions."""
-        self._ingest_task = asyncio.create_task(self._ingest(), name="ingest")
+        self._ingest_task = asyncio.create_task(self.ingress.run(), name="ingest")
 
     async def pause_ingest(self) -> None:
         """Stop taking requests (what was taken stays queued)."""
@@ -442,12 +459,13 @@ class Worker:
         await asyncio.gather(*running, return_exceptions=True)
         self._calls.clear()
         self._deferred.clear()
+        self._deferred_n = 0
+        self._deferred_room.set()
         self._late.clear()
         self._reported_epoch = 0
         self.replay_batches = {}
         try:
-            await self._flush_replies()
-            await self.producer.flush()
+            await self.egress.durable()
         except Exception as exc:
             log.warning("flushing replies before the recovery failed: %s", exc, extra={"worker": self.index})
 
@@ -527,7 +545,7 @@ class Worker:
             self.loop.begin(begin.epoch, begin.now)
         self._sent = [0] * n
         self._served = [0] * n
-        for call in self._deferred.pop(begin.epoch, []):
+        for call in self._take_deferred(begin.epoch):
             self._on_call(call)
         for _, item in self.loop.batch:
             if item.attempts == 0:
@@ -564,86 +582,22 @@ class Worker:
             if req.rid in self.answered:  # a replay: this reply is already in the egress topic
                 self._applied(f.item)
                 if f.item.offset >= 0:
-                    self.offsets.complete(f.item.partition, f.item.offset)
+                    self.complete(f.item.partition, f.item.offset)
                 continue
             if f.committed:
                 reply = wire.Reply(req.rid, True, f.value)
             else:
                 reply = wire.Reply(req.rid, False, None, str(f.value[0]), str(f.value[1]))
-            self._replies.append((req.reply_partition, reply.encode(), f.item.partition, f.item.offset))
+            self.egress.add(req.reply_partition, reply.encode(), f.item.partition, f.item.offset)
             self._applied(f.item)
         self.metrics.committed(fates, self.answered, t0)
-        if self._replies:
-            self._reply_event.set()
         self.on_epoch_committed(msg.epoch, msg.marker)
 
     def _applied(self, item: _Pending) -> None:
         if item.offset >= 0:
             self.applied.complete(item.partition, item.offset)
 
-    # -- Kafka --------------------------------------------------------------------------------------------------
-    async def _ingest(self) -> None:
-        limit = 20 * self.settings.max_batch
-        assert self.loop is not None
-        queue = self.loop.queue
-        while True:
-            if len(queue) > limit:  # backpressure: let epochs catch up
-                await asyncio.sleep(0.005)
-                continue
-            data = await self.consumer.getmany(timeout_ms=500, max_records=self.settings.max_batch)
-            got = False
-            for tp, records in data.items():
-                for rec in records:
-                    self.offsets.take(tp.partition, rec.offset)
-                    self.applied.take(tp.partition, rec.offset)
-                    if self._skip and rec.offset in self._skip.get(tp.partition, ()):
-                        # a gained partition: the rescale's round holds it and its reply is out
-                        self.offsets.complete(tp.partition, rec.offset)
-                        self.applied.complete(tp.partition, rec.offset)
-                        continue
-                    req = admit(self, tp.partition, rec.offset, rec.value)
-                    if req is None:  # rejected (and answered, if it could be)
-                        continue
-                    item = _Pending(req, tp.partition, rec.offset)
-                    tid = self._retry_at.pop((tp.partition, rec.offset), None) if self._retry_at else None
-                    if tid is None:
-                        queue.append(item)
-                    else:  # a re-run waiting at the rescale's round: it keeps its tid
-                        self.loop.sequencer.requeue(tid, item)
-                    got = True
-            if got and self._idle_reported:
-                self._idle_reported = False
-                if not self.coord.closed:
-                    self.coord.send(wire.Wakeup(self.index))
-
-    async def _produce(self) -> None:
-        while True:
-            await self._reply_event.wait()
-            self._reply_event.clear()
-            await self._flush_replies()
-
-    async def _flush_replies(self) -> None:
-        replies, self._replies = self._replies, []
-        if not replies:
-            return
-        topic = self.assign.egress_topic
-        for p, value, in_part, in_offset in replies:
-            fut = await self.producer.send(topic, value, partition=p)
-            fut.add_done_callback(functools.partial(self._reply_sent, in_part, in_offset))
-
-    def _reply_sent(self, partition: int, offset: int, fut: asyncio.Future[Any]) -> None:
-        """A reply's delivery finished: on success its request is completed (offset-wise)."""
-        if fut.cancelled() or fut.exception() is not None:
-            # not completed: the offset stays uncommitted, so a restart re-runs the request
-            log.error("producing the reply to ingress %d:%d failed: %s", partition, offset,
-                      "cancelled" if fut.cancelled() else fut.exception())
-            return
-        md = fut.result()
-        if md.offset + 1 > self._egress_acked.get(md.partition, 0):
-            self._egress_acked[md.partition] = md.offset + 1
-        if offset >= 0:
-            self.offsets.complete(partition, offset)
-
+    # -- liveness --------------------------------------------------------------------------------------------
     async def _heartbeat(self) -> None:
         beat = self.settings.heartbeat_timeout / 4
         last_log = time.monotonic()
@@ -658,26 +612,6 @@ class Worker:
                 log.info("epochs=%d committed=%d reruns=%d fallbacks=%d mean request age at epoch start %.1f ms",
                          lp.epochs, lp.committed, lp.reruns, lp.fallbacks, 1000 * self._age_sum / self._age_n)
                 self._age_sum, self._age_n = 0.0, 0
-
-    async def _offsets_loop(self) -> None:
-        # apart from the heartbeats: a commit waits for Kafka, a heartbeat must not
-        while True:
-            await asyncio.sleep(1.0)
-            await self._commit_offsets()
-
-    async def _commit_offsets(self) -> None:
-        """Commit to the consumer group the offsets below which every request completed."""
-        offsets = self.offsets.to_commit()
-        if not offsets:
-            return
-        try:
-            await self.consumer.commit({
-                TopicPartition(self.assign.ingress_topic, p): o for p, o in offsets.items()
-            })
-        except Exception as exc:
-            log.warning("committing ingress offsets failed: %s", exc)
-        else:
-            self.offsets.mark_committed(offsets)
 
 
 async def run_worker(settings: Settings, app: App, name: str | None = None) -> None:

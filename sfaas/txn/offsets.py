@@ -33,6 +33,8 @@ class OffsetTracker:
     def __init__(self) -> None:
         self._parts: dict[int, _Partition] = {}
         self._committed: dict[int, int] = {}
+        #: taken requests not yet completed, over every partition
+        self.in_flight = 0
 
     def take(self, partition: int, offset: int) -> None:
         """Record that the request at ``offset`` of ``partition`` was taken for processing.
@@ -48,6 +50,7 @@ class OffsetTracker:
             )
         p.taken.append(offset)
         p.next = offset + 1
+        self.in_flight += 1
 
     def complete(self, partition: int, offset: int) -> None:
         """Record that the request at ``offset`` of ``partition`` completed (reply delivered)."""
@@ -64,6 +67,7 @@ class OffsetTracker:
             if offset in p.done:
                 raise ValueError(f"offset {offset} of partition {partition} completed twice")
             p.done.add(offset)
+        self.in_flight -= 1
 
     def watermark(self, partition: int) -> int | None:
         """The offset a restart must resume ``partition`` from; None if nothing was taken."""
@@ -92,6 +96,7 @@ class OffsetTracker:
 
     def drop(self, partition: int) -> None:
         """Forget ``partition`` (it moved to another worker)."""
+        self.in_flight -= self.outstanding(partition)
         self._parts.pop(partition, None)
         self._committed.pop(partition, None)
 

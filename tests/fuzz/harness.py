@@ -82,6 +82,10 @@ class FakeChannel:
     async def drain(self) -> None:
         await asyncio.sleep(0)
 
+    async def wait_room(self) -> None:
+        if self.closed:
+            raise ChannelClosed(f"channel to {self.peer} is closed")
+
     def close(self) -> None:
         self.closed = True
 
@@ -93,10 +97,11 @@ def settings(home: str, **kw: Any) -> Settings:
     return Settings.load(base, env={})
 
 
-def bare_worker(home: str, index: int = 0) -> Worker:
+def bare_worker(home: str, index: int = 0, **kw: Any) -> Worker:
     """Worker ``index`` of ``N_WORKERS``, assigned and with open (memonly) stores, its peer
-    and coordinator channels fakes: what ``Worker.run`` sets up before the epoch loop."""
-    w = Worker(settings(home), app, f"fuzz-{index}")
+    and coordinator channels fakes: what ``Worker.run`` sets up before the epoch loop
+    (``kw``: settings)."""
+    w = Worker(settings(home, **kw), app, f"fuzz-{index}")
     w.index = index
     w.assign = wire.Assign(index, N_WORKERS, [["127.0.0.1", 1 + i] for i in range(N_WORKERS)], PARTITIONS,
                            "fuzz.in", "fuzz.out", "fuzz.group", default_owners(PARTITIONS, N_WORKERS))

@@ -95,7 +95,7 @@ async def test_worker_answers_every_request_and_every_answerable_malformed_recor
             else:
                 outcomes.add("rejected, dropped")
         await run_epochs(w)
-        replies = [(p, wire.Reply.decode(v)) for p, v, _, _ in w._replies]
+        replies = [(p, wire.Reply.decode(v)) for p, v, _, _ in w.egress.replies]
         got = collections.Counter(r.rid for _, r in replies)
         assert got == expected + rejected_rids
         assert all(0 <= p < PARTITIONS for p, _ in replies)

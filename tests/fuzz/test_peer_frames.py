@@ -51,6 +51,16 @@ def test_decode_frame_returns_messages_or_a_protocol_error(payload: bytes, outco
     assert wire.encode_frame(wire.decode_frame(wire.encode_frame(msgs))) == wire.encode_frame(msgs)  # (NaN != NaN)
 
 
+class _Transport:
+    """What a channel asks of its writer's transport: nothing is ever left unsent."""
+
+    def set_write_buffer_limits(self, high: int, low: int) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
 class _Writer:
     """The server side's writer: records what the server wrote; ``on_write`` may answer."""
 
@@ -58,6 +68,7 @@ class _Writer:
         self.data = bytearray()
         self.on_write = on_write
         self.closed = False
+        self.transport = _Transport()
 
     def get_extra_info(self, name: str) -> Any:
         return ("127.0.0.1", 4242) if name == "peername" else None

@@ -236,8 +236,11 @@ async def test_worker_commit_replies_from_the_fallback_phase() -> None:
     for i in range(4):
         w.offsets.take(0, i)
         w.applied.take(0, i)
-    w._replies, w._reply_event, w.answered = [], asyncio.Event(), set()
+    from worker.egress import Egress
     from worker.metrics import WorkerMetrics
+
+    w.answered = set()
+    w.egress = Egress(w)
 
     w.metrics = WorkerMetrics(w)
     w.loop.queue.extend(_Pending(wire.Request(f"r{i}", "acc", "hot", "move", ["cold", 4], 0, 0.0), 0, i)
@@ -247,7 +250,7 @@ async def test_worker_commit_replies_from_the_fallback_phase() -> None:
     conflicts, aborts = w.loop.votes()
     await w._commit(wire.Commit(1, [[t, b] for t, b in conflicts.items()],
                                 [[t, e, r] for t, (e, r) in aborts.items()], False, None))
-    replies = {msgpack.unpackb(v)[0]: msgpack.unpackb(v) for _, v, _, _ in w._replies}
+    replies = {msgpack.unpackb(v)[0]: msgpack.unpackb(v) for _, v, _, _ in w.egress.replies}
     # 10 → 6 → 2, then short of money: all four decided in one epoch, in tid order
     assert [replies[f"r{i}"][1] for i in range(4)] == [True, True, False, False]
     assert [replies[f"r{i}"][2][1:] for i in range(2)] == [[10, 10], [6, 14]]

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from sfaas import wire
 from sfaas.txn.offsets import OffsetTracker
+from worker.egress import Egress
+from worker.ingress import Ingress
 from worker.service import Worker, _Pending
 
 
@@ -79,6 +81,10 @@ def test_watermark_matches_model(data: st.DataObject) -> None:
                 continue
             assert t.watermark(q) == expect
             assert t.outstanding(q) == len(incomplete[q])
+        assert t.in_flight == sum(len(v) for v in incomplete.values())
+    gone = data.draw(st.integers(0, parts - 1))
+    t.drop(gone)  # the partition moved away: its requests no longer count
+    assert t.in_flight == sum(len(v) for q, v in incomplete.items() if q != gone)
 
 
 # -- the worker's wiring -------------------------------------------------------------------------
@@ -113,27 +119,29 @@ async def test_worker_commits_completed_offsets_only() -> None:
     w.consumer = _FakeConsumer()
     w.producer = _FakeProducer()
     w.assign = SimpleNamespace(ingress_topic="in", egress_topic="out")
-    w._replies = []
+    w.settings = SimpleNamespace(max_batch=1)
+    w.egress, w.ingress = Egress(w), Ingress(w)
     items = [_Pending(_request(i), 3, 100 + i) for i in range(4)]
     for it in items:
         w.offsets.take(it.partition, it.offset)
     # epoch: 100 re-runs (no reply); 101..103 complete
     for it in items[1:]:
-        w._replies.append((0, b"reply", it.partition, it.offset))
-    await w._flush_replies()
-    await w._commit_offsets()
+        w.egress.add(0, b"reply", it.partition, it.offset)
+    await w.egress.flush()
+    await w.egress.commit_offsets()
     assert w.consumer.commits == [{3: 100}]  # nothing acknowledged yet
-    for f in w.producer.futs:
-        f.set_result(None)
+    for i, f in enumerate(w.producer.futs):
+        f.set_result(SimpleNamespace(partition=0, offset=i))
     await asyncio.sleep(0)
-    await w._commit_offsets()
+    assert w.offsets.in_flight == 1 and w.offsets.outstanding(3) == 1  # 101..103 completed
+    await w.egress.commit_offsets()
     assert w.consumer.commits[-1] == {3: 100}  # 100 still waits: no move, nothing sent
     assert len(w.consumer.commits) == 1
     # the re-run completes, but its reply delivery fails: still not completed
-    w._replies.append((0, b"reply", 3, 100))
-    await w._flush_replies()
+    w.egress.add(0, b"reply", 3, 100)
+    await w.egress.flush()
     w.producer.futs[-1].set_exception(RuntimeError("broker down"))
     await asyncio.sleep(0)
-    await w._commit_offsets()
+    await w.egress.commit_offsets()
     assert len(w.consumer.commits) == 1
     assert w.offsets.watermark(3) == 100

@@ -1,0 +1,252 @@
+"""Every queue that grows with load or with a peer has a limit, and at the limit the
+producer waits — nothing is dropped, nothing grows (docs/LIMITS.md lists them all)."""
+
+from __future__ import annotations
+
+import asyncio
+import faulthandler
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from sfaas import channels, wire
+from sfaas.client import Client
+from sfaas.errors import RequestTimeout
+from tests.fuzz.harness import FakeChannel, bare_coordinator, bare_worker, message_of, settings
+from worker.ingress import IN_FLIGHT_BATCHES
+from worker.service import DEFERRED_BATCHES
+
+
+@pytest.fixture(autouse=True)
+def _watchdog() -> Iterator[None]:
+    faulthandler.dump_traceback_later(60, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+async def _until(cond: Any, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+# -- a worker's in-flight limit -------------------------------------------------------------
+
+
+class _Backlog:
+    """A Kafka consumer with an endless backlog on ingress partition 0."""
+
+    def __init__(self) -> None:
+        self.next = 0
+        self.fetches = 0
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int = 0) -> dict[TopicPartition, list[Any]]:
+        self.fetches += 1
+        await asyncio.sleep(0)
+        recs = []
+        for _ in range(max_records):
+            req = wire.Request(f"r{self.next}", "acc", f"k{self.next}", "deposit", [1], 0, 0.0)
+            recs.append(SimpleNamespace(offset=self.next, value=req.encode()))
+            self.next += 1
+        return {TopicPartition("fuzz.in", 0): recs}
+
+
+async def test_ingest_stops_at_the_in_flight_limit_and_wakes_on_completions(tmp_path: Path) -> None:
+    """Load beyond what the epochs commit stays in Kafka: the worker takes at most its
+    limit, does not poll Kafka while there, and takes more once a batch's worth completed."""
+    w = bare_worker(str(tmp_path), max_batch=10)
+    limit = IN_FLIGHT_BATCHES * 10
+    w.consumer = kafka = _Backlog()
+    task = asyncio.create_task(w.ingress.run())
+    try:
+        await _until(lambda: w.offsets.in_flight >= limit)
+        await asyncio.sleep(0.3)
+        assert w.offsets.in_flight == limit and len(w.loop.queue) == limit  # type: ignore[union-attr]
+        fetches = kafka.fetches
+        assert fetches == limit // 10 and w.ingress.stalls == 1  # no fetch (no poll) while at the limit
+        for off in range(5):  # half a batch completes: still no room for a batch
+            w.complete(0, off)
+        await asyncio.sleep(0.1)
+        assert kafka.fetches == fetches
+        for off in range(5, 10):
+            w.complete(0, off)
+        await _until(lambda: kafka.fetches > fetches)
+        await _until(lambda: w.offsets.in_flight == limit)
+        assert kafka.next == limit + 10  # exactly the room made, nothing more
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        w.engine.close()  # type: ignore[union-attr]
+
+
+# -- calls deferred to an epoch not begun -------------------------------------------------------
+
+
+async def test_calls_for_an_epoch_not_begun_stop_the_peer_channel_at_the_limit(tmp_path: Path) -> None:
+    """A peer ahead by an epoch may send calls before this worker's Begin: the worker holds
+    at most its limit of them and stops reading that peer until the Begin takes them."""
+    w = bare_worker(str(tmp_path), max_batch=2)
+    limit = DEFERRED_BATCHES * 2
+    cid = iter(range(1, 10_000))
+
+    def frame(n: int) -> bytes:
+        calls = [wire.Call(1, 1, next(cid), 7, 0.0, "acc", "k0", "deposit", [1], 0, 0) for _ in range(n)]
+        return wire.encode_frame(calls)
+
+    frames = [wire.encode_frame([wire.Hello(1)])] + [frame(5) for _ in range(10)]
+    chan = FakeChannel(frames, peer="worker-1")
+    task = asyncio.create_task(w._on_peer(chan))  # type: ignore[arg-type]
+    try:
+        await _until(lambda: w._deferred_n >= limit)
+        await asyncio.sleep(0.2)
+        assert w._deferred_n == 35 and len(chan.frames) == 3  # stopped reading at 32 (a frame's 5 at a time)
+        taken = w._take_deferred(1)  # what the Begin of epoch 1 does
+        assert len(taken) == 35
+        await _until(lambda: not chan.frames)
+        assert w._deferred_n == 15
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        w.engine.close()  # type: ignore[union-attr]
+
+
+# -- peer channels ------------------------------------------------------------------------------
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(msgs=st.lists(message_of(sorted(set(wire._TAGS.values()), key=lambda c: c.TAG)), max_size=20))
+def test_messages_packed_as_queued_make_the_same_frame(msgs: list[wire.Message]) -> None:
+    """A channel packs each message when it is sent (to count its bytes): the frame is the
+    one packing them all at once gives."""
+    assert wire.join_frame([wire.encode_message(m) for m in msgs]) == wire.encode_frame(msgs)
+
+
+async def test_a_channel_writer_waits_while_the_peer_does_not_read() -> None:
+    """Above HIGH_WATER unsent bytes ``wait_room`` blocks until the peer reads; what waits
+    in our process stays near the mark instead of growing with what the writer wants to send."""
+    reading = asyncio.Event()
+    got: list[int] = []
+
+    async def handler(chan: channels.Channel) -> None:
+        await reading.wait()
+        while True:
+            got.extend(len(m.value) for m in await chan.recv())  # type: ignore[attr-defined]
+
+    secret = "bounds-test-secret"
+    server = await channels.serve("127.0.0.1", 0, secret, handler)
+    port = server.sockets[0].getsockname()[1]
+    client = await channels.connect("127.0.0.1", port, secret)
+    body = "x" * (64 << 10)
+    sent = 0
+    peak = 0
+
+    async def writer() -> None:
+        nonlocal sent, peak
+        for i in range(2000):  # 128 MiB in all
+            client.send(wire.Result(i, True, body))
+            await client.wait_room()
+            sent += 1
+            peak = max(peak, client.buffered())
+
+    task = asyncio.create_task(writer())
+    try:
+        await asyncio.sleep(1.0)
+        assert not task.done() and client.waits >= 1, "the writer went on although nobody read"
+        assert peak <= channels.HIGH_WATER + (128 << 10)
+        assert sent < 500  # what the OS's socket buffers take, plus the high-water mark
+        reading.set()
+        await asyncio.wait_for(task, 60)
+        await _until(lambda: len(got) == 2000, 30)
+        assert set(got) == {len(body)}
+    finally:
+        task.cancel()
+        client.close()
+        server.close()
+        await server.wait_closed()
+
+
+# -- the coordinator's inbox --------------------------------------------------------------------
+
+
+async def test_a_loss_interrupts_the_barrier_even_with_a_full_inbox(tmp_path: Path) -> None:
+    from coordinator.service import INBOX_LIMIT, Lost
+
+    c = bare_coordinator(str(tmp_path))
+    for i in range(INBOX_LIMIT):
+        c._inbox.put_nowait(wire.Wakeup(i))
+    put = asyncio.create_task(c._inbox.put(wire.Wakeup(-1)))  # a worker's reader: it waits
+    await asyncio.sleep(0.05)
+    assert not put.done() and c._inbox.qsize() == INBOX_LIMIT
+    c.force_recovery("test")
+    items = [c._inbox.get_nowait() for _ in range(c._inbox.qsize())]
+    assert isinstance(items[-1], Lost) and len(items) == INBOX_LIMIT and c._loss.is_set()
+    await asyncio.wait_for(put, 5)  # room again: the waiting reader goes on
+
+
+# -- clients ------------------------------------------------------------------------------------
+
+
+class _Producer:
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    async def send(self, topic: str, value: bytes, partition: int) -> None:
+        self.sent.append(value)
+
+
+class _Replies:
+    """A client's reply consumer: hands out what the test puts in."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int = 0) -> dict[str, list[Any]]:
+        value = await self.queue.get()
+        return {"tp": [SimpleNamespace(offset=0, value=value)]}
+
+
+def _client(max_in_flight: int, timeout: float = 60.0) -> Client:
+    c = Client("bounds", settings=settings("/nonexistent"), max_in_flight=max_in_flight, timeout=timeout)
+    c._producer, c._consumer = _Producer(), _Replies()
+    c.partitions, c.reply_partition, c._started = 4, 0, True
+    return c
+
+
+async def test_a_client_waits_for_replies_beyond_its_in_flight_limit() -> None:
+    c = _client(3)
+    reader = asyncio.create_task(c._read_replies())
+    try:
+        futs = [await c.submit("acc", f"k{i}", "deposit", 1) for i in range(3)]
+        fourth = asyncio.create_task(c.submit("acc", "k3", "deposit", 1))
+        await asyncio.sleep(0.1)
+        assert not fourth.done() and len(c._producer.sent) == 3
+        first = wire.Request.decode(c._producer.sent[0])
+        c._consumer.queue.put_nowait(wire.Reply(first.rid, True, 1).encode())
+        await asyncio.wait_for(fourth, 5)
+        assert futs[0].done() and len(c._producer.sent) == 4
+    finally:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+
+
+async def test_a_timed_out_call_stops_waiting_for_its_reply() -> None:
+    c = _client(1, timeout=0.05)
+    with pytest.raises(RequestTimeout, match="no reply to acc/k1.deposit"):
+        await c.call("acc", "k1", "deposit", 1)
+    assert c._waiting == {}
+    with pytest.raises(RequestTimeout):  # its slot is free: the next call is sent, not stuck
+        await c.call("acc", "k2", "deposit", 1)
+    assert len(c._producer.sent) == 2
+
+
+def test_a_bad_in_flight_limit_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_in_flight must be an int >= 1, got 0"):
+        Client("bounds", settings=settings("/nonexistent"), max_in_flight=0)

@@ -1,0 +1,97 @@
+"""Egress: replies out to Kafka, and ingress offsets committed once their replies are in.
+
+A committed (or finally aborted) request's reply is queued here by the epoch's commit and
+produced by one task, in commit order, to the reply partition the request named. When the
+broker acknowledges a reply, its request is *completed*: its ingress offset may be
+committed to the consumer group (``sfaas.txn.offsets``) and it stops counting against the
+worker's in-flight limit (``worker.ingress``), which is what bounds the replies queued here.
+A reply whose delivery fails is not completed: its offset stays uncommitted, so a restart
+runs the request again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import TYPE_CHECKING, Any
+
+from aiokafka import TopicPartition
+
+if TYPE_CHECKING:
+    from .service import Worker
+
+log = logging.getLogger("sfaas.worker")
+
+__all__ = ["Egress"]
+
+
+class Egress:
+    """One worker's replies and offset commits (see module docstring)."""
+
+    def __init__(self, w: Worker) -> None:
+        self.w = w
+        #: (reply partition, encoded reply, ingress partition, ingress offset), in commit order
+        self.replies: list[tuple[int, bytes, int, int]] = []
+        self.event = asyncio.Event()
+        #: per egress partition, one past the highest offset of a reply acknowledged
+        self.acked: dict[int, int] = {}
+
+    def add(self, reply_partition: int, value: bytes, partition: int, offset: int) -> None:
+        """Queue one reply to the request read at ingress ``partition:offset`` (-1: none)."""
+        self.replies.append((reply_partition, value, partition, offset))
+        self.event.set()
+
+    async def run(self) -> None:
+        """Produce queued replies as they come (the worker's egress task)."""
+        while True:
+            await self.event.wait()
+            self.event.clear()
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Hand every queued reply to the producer (its delivery completes later)."""
+        replies, self.replies = self.replies, []
+        if not replies:
+            return
+        topic = self.w.assign.egress_topic
+        producer = self.w.producer
+        for p, value, in_part, in_offset in replies:
+            fut = await producer.send(topic, value, partition=p)
+            fut.add_done_callback(functools.partial(self._sent, in_part, in_offset))
+
+    async def durable(self) -> None:
+        """Every reply queued so far is acknowledged by the broker."""
+        await self.flush()
+        await self.w.producer.flush()
+
+    def _sent(self, partition: int, offset: int, fut: asyncio.Future[Any]) -> None:
+        """A reply's delivery finished: on success its request is completed."""
+        if fut.cancelled() or fut.exception() is not None:
+            log.error("producing the reply to ingress %d:%d failed: %s", partition, offset,
+                      "cancelled" if fut.cancelled() else fut.exception())
+            return
+        md = fut.result()
+        if md.offset + 1 > self.acked.get(md.partition, 0):
+            self.acked[md.partition] = md.offset + 1
+        if offset >= 0:
+            self.w.complete(partition, offset)
+
+    async def commit_loop(self) -> None:
+        """Commit offsets every second (apart from heartbeats: a commit waits for Kafka)."""
+        while True:
+            await asyncio.sleep(1.0)
+            await self.commit_offsets()
+
+    async def commit_offsets(self) -> None:
+        """Commit to the consumer group the offsets below which every request completed."""
+        w = self.w
+        offsets = w.offsets.to_commit()
+        if not offsets:
+            return
+        try:
+            await w.consumer.commit({TopicPartition(w.assign.ingress_topic, p): o for p, o in offsets.items()})
+        except Exception as exc:
+            log.warning("committing ingress offsets failed: %s", exc)
+        else:
+            w.offsets.mark_committed(offsets)
