@@ -59,7 +59,8 @@ TITLE = "Overload: 60 s at 3× saturation, memory bounded"
 RUNTIME = ("coordinator", "worker-0", "worker-1")
 INFO = ("kafka", "generator", "bench")
 #: Gauges of the processes' /metrics kept with each sample (where the memory could be).
-GAUGES = ("sfaas_queue_depth", "sfaas_ingress_lag_records", "sfaas_channel_buffered_bytes")
+GAUGES = ("sfaas_queue_depth", "sfaas_worker_in_flight_requests", "sfaas_ingress_lag_records",
+          "sfaas_channel_buffered_bytes")
 TICK = 0.1
 
 
