@@ -226,6 +226,7 @@ class Watched:
     procs: dict[str, psutil.Process] = field(default_factory=dict)
     metrics: dict[str, str] = field(default_factory=dict)
     restarts: dict[str, list[int]] = field(default_factory=dict)
+    scrape_errors: dict[tuple[str, type], str] = field(default_factory=dict)
 
     def refresh(self) -> None:
         """Follow the cluster's current pids (a restarted worker is noted in ``restarts``)."""
@@ -272,9 +273,13 @@ class Watched:
         out: dict[str, dict[str, float]] = {}
         for name, url in self.metrics.items():
             try:
-                with urllib.request.urlopen(url, timeout=0.5) as r:
+                with urllib.request.urlopen(url, timeout=5) as r:
                     text = r.read().decode()
-            except OSError:
+            except OSError as exc:  # said once per process and kind (a sample without them is still a sample)
+                why = f"{type(exc).__name__}: {exc}"
+                if (name, type(exc)) not in self.scrape_errors:
+                    self.scrape_errors[(name, type(exc))] = why
+                    print(f"scraping {name}'s {url} failed: {why}", file=sys.stderr, flush=True)
                 continue
             got: dict[str, float] = {}
             for m in re.finditer(r"^(sfaas_\w+)(?:\{(?:\w+=\"([^\"]*)\")?[^}]*\})? (\S+)$", text, re.M):
@@ -358,7 +363,15 @@ async def measure(a: argparse.Namespace, settings: Any, write: Any) -> dict[str,
                                 why = f"{reply.error_type}: {reply.reason or ''}"[:80]
                                 reasons[why] = reasons.get(why, 0) + 1
 
+        gauges: dict[str, dict[str, float]] = {}
+
+        async def scrape() -> None:  # apart from the samples: a busy process may answer late
+            while True:
+                gauges.update(await asyncio.to_thread(watched.gauges))
+                await asyncio.sleep(1.0)
+
         reader = asyncio.create_task(read_replies())
+        scraper = asyncio.create_task(scrape())
         psutil.cpu_percent()  # the machine's CPU from here on: is someone else using the cores?
         t0 = start.value = time.monotonic() + 0.3
         go.set()
@@ -381,7 +394,7 @@ async def measure(a: argparse.Namespace, settings: Any, write: Any) -> dict[str,
                 sample = {"t": k, "phase": phase, "loadavg": os.getloadavg()[0], "machine_cpu": psutil.cpu_percent(),
                           "rss": watched.rss(),
                           "sent": n_sent, "answered": ledger.answered, "outstanding": n_sent - ledger.answered,
-                          **window, "gauges": await asyncio.to_thread(watched.gauges)}
+                          **window, "gauges": dict(gauges)}
                 window.update(committed=0, aborted=0)
                 samples.append(sample)
                 write(sample)
@@ -407,7 +420,8 @@ async def measure(a: argparse.Namespace, settings: Any, write: Any) -> dict[str,
                     break
         finally:
             reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+            scraper.cancel()
+            await asyncio.gather(reader, scraper, return_exceptions=True)
         assert gen_result is not None
         n_sent = gen_result["sent"]
         load = [s for s in samples if s["phase"] == "load"]
@@ -435,6 +449,7 @@ async def measure(a: argparse.Namespace, settings: Any, write: Any) -> dict[str,
             "rss_end_of_drain": samples[-1]["rss"] if samples else {}, "rss": verdicts, "rss_second_half": late,
             "cpu_percent_load": cpu_load, "restarts": watched.restarts,
             "backlog_end_of_load": load_end.get("outstanding"), "gauges_max": _gauges_max(samples),
+            "scrape_errors": sorted({f"{name}: {why}" for (name, _), why in watched.scrape_errors.items()}),
             "cores": psutil.cpu_count(), "machine_cpu_load": round(_median([s["machine_cpu"] for s in load]), 1),
             "loadavg_before": before["loadavg"], "loadavg_load_max": max((s["loadavg"] for s in load), default=0.0),
             "loadavg_drain_max": max((s["loadavg"] for s in samples if s["phase"] == "drain"), default=0.0),
@@ -537,7 +552,8 @@ def report(r: dict[str, Any]) -> str:
         peaks = "; ".join(f"{name} " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(g.items()))
                           for name, g in sorted(r["gauges_max"].items()) if g)
         lines.append(f"Unanswered at the end of the load: {r['backlog_end_of_load']:,}. Largest values the "
-                     f"processes' /metrics showed (sampled each second): {peaks or 'none'}.")
+                     f"processes' /metrics showed (sampled each second): {peaks or 'none'}."
+                     + (f" Scraping failed: {'; '.join(r['scrape_errors'])}." if r.get("scrape_errors") else ""))
     if r["restarts"]:
         lines.append(f"**Restarted during the run:** {r['restarts']} (new pids): the RSS of those is not comparable.")
     lines += ["", prose(r)]
