@@ -600,6 +600,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     a.out.mkdir(parents=True, exist_ok=True)
     raw = a.out / f"{NAME}.jsonl"
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    commit = _commit()  # before the run writes its own results (tracked files)
     print(f"preloading {a.keys:,} keys, starting a {a.store} cluster ({s.namespace})", file=sys.stderr, flush=True)
     bench.preload(s, a.keys)
     cluster.up(s, "examples.ycsbt:app", 2, timeout=120)
@@ -614,7 +615,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             cluster.down(s)
             if not a.keep:
                 bench.cleanup(s)
-        out.update(started=started, ended=time.strftime("%H:%M:%S", time.gmtime()), commit=_commit(),
+        out.update(started=started, ended=time.strftime("%H:%M:%S", time.gmtime()), commit=commit,
                    command=a.command)
         write(out)
     return out
