@@ -568,13 +568,14 @@ def prose(r: dict[str, Any]) -> str:
     if missing:
         memory = f"No RSS samples for {', '.join(missing)} (it died?): no verdict."
     elif bad:
-        memory = ("Memory is **not bounded** under this overload: "
+        memory = ("RSS is **not flat** under this overload: "
                   + ", ".join(f"{n} {r['rss'][n]['deviation_pct']:+.1f}%" for n in bad)
-                  + f" against its RSS at {r['warmup']:g} s (target ±{r['tolerance_pct']:g}%).")
+                  + f" against its RSS at {r['warmup']:g} s (target ±{r['tolerance_pct']:g}%; the last column "
+                  "tells a late plateau from a process still growing).")
     else:
         assert worst is not None
         memory = (f"Every runtime process' RSS stayed within ±{r['tolerance_pct']:g}% of its value at "
-                  f"{r['warmup']:g} s (worst {worst['deviation_pct']:+.1f}%): memory stays bounded.")
+                  f"{r['warmup']:g} s (worst {worst['deviation_pct']:+.1f}%): flat.")
     if not r["drained"] or r["missing"] or r["duplicates"] or r["foreign"]:
         fate = (f" Not every request was answered exactly once ({r['missing']:,} missing, {r['duplicates']:,} "
                 f"duplicated, {r['foreign']:,} unknown replies).")
