@@ -355,7 +355,7 @@ class AppendLogStore(SegmentedStore):
         self._roll()
         return self._frozen()
 
-    def _install(self, entries: list[FileEntry]) -> None:
+    def _install(self, entries: list[FileEntry], replaced: frozenset[str] = frozenset()) -> None:
         new = self._install_segments(entries)
         seg = self._active
         if seg is not None:

@@ -170,10 +170,12 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def _install(self, entries: list[FileEntry]) -> None:
+    def _install(self, entries: list[FileEntry], replaced: frozenset[str] = frozenset()) -> None:
         """Engine hook (lock held, background work idle): become exactly the state of
         ``entries``, whose files are present and verified. Drop all other state and end
-        with one :meth:`_reset_version` to ``entries`` (plus any new WAL)."""
+        with one :meth:`_reset_version` to ``entries`` (plus any new WAL). ``replaced``:
+        files the restore just put in place under a name a local (corrupt) file had — an
+        engine that keeps files open must reopen these."""
 
     def _idle(self) -> bool:
         """Engine hook (lock held): no background work of this store is in flight."""

@@ -362,7 +362,7 @@ class HybridLogStore(SegmentedStore):
         extra = [e for r in self._flushing for e in (FileEntry(r.name, "segment", 0), FileEntry(hint_name(r.name), "hint", 0))]
         return self._frozen(extra, [r.future for r in self._flushing if r.future is not None])
 
-    def _install(self, entries: list[FileEntry]) -> None:
+    def _install(self, entries: list[FileEntry], replaced: frozenset[str] = frozenset()) -> None:
         new = self._install_segments(entries)
         self._mut = {}
         self._ro = {}

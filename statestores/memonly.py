@@ -193,7 +193,7 @@ class MemOnlyStore(Store):
     def _freeze(self) -> Frozen:
         return Frozen([FileEntry(self._dump(), "dump")])
 
-    def _install(self, entries: list[FileEntry]) -> None:
+    def _install(self, entries: list[FileEntry], replaced: frozenset[str] = frozenset()) -> None:
         dumps = [e for e in entries if e.kind == "dump"]
         if len(dumps) != 1 or len(entries) != 1:
             raise CorruptionError(self.directory, f"a memonly snapshot names one dump file, got {[e.name for e in entries]}")

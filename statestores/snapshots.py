@@ -266,6 +266,7 @@ def restore(store: Store, remote: Remote, snapshot_id: int | None) -> RestoreInf
     entries = manifest_entries(manifest)
     remote_files = remote.list_files()
     downloaded = nbytes = 0
+    replaced: set[str] = set()
     wanted = list(manifest.files)
     # Pinned, a local file the snapshot names survives a merge that finishes meanwhile:
     # the merge's edit removes it from the version, the pin keeps it on disk.
@@ -288,6 +289,7 @@ def restore(store: Store, remote: Remote, snapshot_id: int | None) -> RestoreInf
                 fs.remove(tmp)
                 raise CorruptionError(f"remote:{name}", f"downloaded file does not match snapshot {snapshot_id}'s checksum")
             fs.rename(tmp, path)
+            replaced.add(name)
             downloaded += 1
         next_seq = 1 + max((seq_of(n) for n in remote_files), default=0)
         store._quiesce()
@@ -295,7 +297,7 @@ def restore(store: Store, remote: Remote, snapshot_id: int | None) -> RestoreInf
             with store._lock:
                 store._check_open()
                 store._seq = max(store._seq, next_seq - 1)
-                store._install(entries)
+                store._install(entries, frozenset(replaced))
                 store._last_snapshot_id = snapshot_id
                 store._publish_mark(snapshot_id, entries)  # replicas now hold this snapshot too
                 store._remote_files = dict(remote_files)

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from aiokafka import TopicPartition
+
 from sfaas import wire
 from sfaas.errors import ChannelClosed, ClusterError
 from sfaas.kafka import consumer_group, make_consumer, make_producer
@@ -55,6 +57,7 @@ async def join(w: Worker, my_port: int) -> tuple[wire.Assign, PartitionStores | 
         w.producer = await start_kafka(w, lambda: make_producer(s.kafka, s.linger_ms, durable=True))
         w.consumer_group = consumer_group(s, w.app.name)
         w.consumer = await start_kafka(w, lambda: make_consumer(s.kafka, w.consumer_group, s.fetch_wait_ms))
+        await warm_up(w)
         promoted, index = await run_standby(w, assign)
         w.coord.close()
         w.coord = await w._connect_retry(chost, cport)
@@ -67,6 +70,21 @@ async def join(w: Worker, my_port: int) -> tuple[wire.Assign, PartitionStores | 
     if not isinstance(assign, wire.Assign):
         raise ClusterError(f"expected Assign from the coordinator, got {type(assign).__name__}")
     return assign, promoted, None
+
+
+async def warm_up(w: Worker) -> None:
+    """Fetch the metadata of the app's topics into the Kafka clients now: the first offset
+    lookup of a topic new to a client waits ~0.1 s for a metadata refresh, which a standby
+    would otherwise pay in the middle of its promotion."""
+    s = w.settings
+    _, egress = s.topics(w.app.name)
+    try:
+        tps = [TopicPartition(egress, p) for p in await w.producer.partitions_for(egress)]
+        if s.snapshot_interval > 0:
+            tps.append(TopicPartition(s.epoch_log_topic(w.app.name), 0))
+        await w.consumer.end_offsets(tps)
+    except Exception as exc:  # only a head start: the promotion fetches them anyway
+        log.info("could not warm up the Kafka metadata: %s", exc)
 
 
 async def start_kafka(w: Worker, make: Callable[[], Any], patience: float = 120.0) -> Any:

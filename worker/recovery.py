@@ -10,7 +10,8 @@ a dead one alike — does the same (global rollback, Styx's way):
    lacks; round 0 = the empty state before any round);
 4. read the epoch log after the round (``sfaas.epochlog``), this worker's ingress from the
    round's positions, and the egress topic from the round's positions (request ids
-   already answered: their replies are not produced again);
+   already answered: their replies are not produced again) — these reads and the stores'
+   restores (a thread each) run at once;
 5. rebuild the epoch loop: logged batches wait for their replay epochs; requests the round
    holds are done; the round's waiting re-runs go back to the sequencer with their tids;
    everything else is queued in offset order;
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from aiokafka import TopicPartition
 
@@ -42,6 +43,8 @@ from sfaas.txn.offsets import OffsetTracker
 from .ingress import admit
 
 if TYPE_CHECKING:
+    from statestores import Store
+
     from .service import Worker, _Pending
 
 log = logging.getLogger("sfaas.worker.recovery")
@@ -91,22 +94,35 @@ async def recover(w: Worker, msg: wire.Recover) -> list[list[Any]]:
         m = await asyncio.to_thread(Rounds(rounds_remote(s, w.app.name)).read, msg.round)
     else:
         m = _empty_round(assign.partitions)
-    for (op, p), store in w.engine.stores.items():
+    # the stores' restores (threads: file moves, MinIO) overlap the three Kafka reads
+    def restore(op: str, p: int, store: Store) -> None:
         if m.round > 0:
-            info = await asyncio.to_thread(store.restore, m.round)
+            info = store.restore(m.round)
             log.info("restored %s/p%d to round %d: %d of %d files downloaded", op, p, m.round,
                      info.files_downloaded, info.files_total, extra={"worker": me})
         else:  # no round yet: back to empty
-            await asyncio.to_thread(store.write_batch, [(k, None) for k, _ in store.items()])
+            store.write_batch([(k, None) for k, _ in store.items()])
+
     # 4. the log after the round, my ingress, the replies already out
     mine = owned(assign.owners, me)
     log_topic = s.epoch_log_topic(w.app.name)
-    raw_log = await read_range(s.kafka, {TopicPartition(log_topic, 0): m.epoch_log})
+    out_parts = await w.producer.partitions_for(assign.egress_topic)
+    restores = asyncio.gather(*(asyncio.to_thread(restore, op, p, store) for (op, p), store in w.engine.stores.items()),
+                              return_exceptions=True)
+    got = await asyncio.gather(  # every part ends before this recovery does, failed or not
+        restores,
+        read_range(s.kafka, {TopicPartition(log_topic, 0): m.epoch_log}),
+        read_range(s.kafka, {TopicPartition(assign.ingress_topic, p): m.ingress.get(p, 0) for p in mine}),
+        read_range(s.kafka, {TopicPartition(assign.egress_topic, p): m.egress.get(p, 0) for p in out_parts}),
+        return_exceptions=True,
+    )
+    parts = [*(got[0] if isinstance(got[0], list) else [got[0]]), *got[1:]]
+    errors = [x for x in parts if isinstance(x, BaseException)]
+    if errors:
+        raise errors[0]
+    raw_log, raw_in, raw_out = cast("list[dict[int, list[tuple[int, bytes]]]]", got[1:])
     records = [EpochRecord.decode(v, f"{log_topic}@{o}") for o, v in raw_log[0]]
     later = [r for r in records if r.epoch > m.epoch]
-    raw_in = await read_range(s.kafka, {TopicPartition(assign.ingress_topic, p): m.ingress.get(p, 0) for p in mine})
-    out_parts = await w.producer.partitions_for(assign.egress_topic)
-    raw_out = await read_range(s.kafka, {TopicPartition(assign.egress_topic, p): m.egress.get(p, 0) for p in out_parts})
     answered: set[str] = set()
     for recs in raw_out.values():
         for _, v in recs:

@@ -341,20 +341,25 @@ class Worker:
                 await self.consumer.stop()
             self.consumer = await membership.start_kafka(self, lambda: make_consumer(s.kafka, assign.group, s.fetch_wait_ms))
             self.consumer_group = assign.group
-        if takeover is None:
+        # end offsets before assign(): assign() narrows the consumer's metadata to the
+        # ingress topic, and an offset lookup of another topic then waits ~0.1 s for a
+        # refresh (a promoted standby fetched their metadata while standing by: warm_up)
+        out_parts = await self.producer.partitions_for(assign.egress_topic)
+        self.egress_partitions = len(out_parts)
+        out_tps = [TopicPartition(assign.egress_topic, p) for p in out_parts]
+        log_tps = [TopicPartition(self._log_topic, 0)] if self._log_topic else []
+        ends = await self.consumer.end_offsets(out_tps + log_tps)
+        # every reply this worker produces from now on lands above these offsets
+        self.egress.acked = {tp.partition: ends[tp] for tp in out_tps}
+        if log_tps:
+            self._log_pos = ends[log_tps[0]]
+        if takeover is None and promoted is not None:
+            pass  # a promoted standby: the recovery that follows assigns, seeks, starts the ingest
+        elif takeover is None:
             tps = [TopicPartition(assign.ingress_topic, p) for p in mine]
             self.consumer.assign(tps)
             for tp in tps:
                 self.start_offsets[tp.partition] = await self.consumer.position(tp)
-        # every reply this worker produces from now on lands above these offsets
-        out_parts = await self.producer.partitions_for(assign.egress_topic)
-        self.egress_partitions = len(out_parts)
-        ends = await self.consumer.end_offsets([TopicPartition(assign.egress_topic, p) for p in out_parts])
-        self.egress.acked = {tp.partition: off for tp, off in ends.items()}
-        if self._log_topic:
-            log_tp = TopicPartition(self._log_topic, 0)
-            self._log_pos = (await self.consumer.end_offsets([log_tp]))[log_tp]
-        if takeover is None:
             self.start_ingest()
         else:  # a joining worker: its partitions resume where the rescale's round left them
             await self.resume_ingest(takeover.ingress, takeover.skip, takeover.retries)

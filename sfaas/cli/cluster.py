@@ -158,7 +158,7 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, s
     })
     info: dict[str, Any] = {"app": app.name, "app_spec": app_spec, "namespace": settings.namespace,
             "kafka": settings.kafka, "coordinator": coord, "worker_host": settings.host, "processes": [],
-            "metrics": metrics}
+            "metrics": metrics, "standbys": standbys}
     (sd / "cluster.json").write_text(json.dumps(info, indent=2))
     sup = _spawn(["supervise", "--state-dir", str(sd), "--workers", str(workers * (1 + standbys))], env,
                  sd / "supervisor.log")

@@ -2,7 +2,8 @@
 
 ``sfaas up`` starts this as one background process (``python -m sfaas supervise``); it
 starts every role as its own child (own session, own log), polls them, and restarts a child
-that exits — after a backoff (0.2 s doubling to 5 s), and not more than ``MAX_CRASHES``
+that exits — after a backoff (0.2 s doubling to 5 s; a worker of a cluster with standbys
+waits at least ``STANDBY_RESTART_DELAY``), and not more than ``MAX_CRASHES``
 times in ``CRASH_WINDOW`` seconds: then it gives up on that role with a clear error in its
 log and in ``cluster.json`` (``sfaas ps`` shows it). It rewrites ``cluster.json`` (atomically)
 whenever a process starts or stops. On SIGTERM (``sfaas down``) it stops the coordinator
@@ -37,11 +38,16 @@ from .cluster import free_port
 
 log = logging.getLogger("sfaas.supervisor")
 
-__all__ = ["supervise", "MAX_CRASHES", "CRASH_WINDOW"]
+__all__ = ["supervise", "MAX_CRASHES", "CRASH_WINDOW", "STANDBY_RESTART_DELAY"]
 
 #: A role that exits this often within ``CRASH_WINDOW`` seconds is not restarted again.
 MAX_CRASHES = 5
 CRASH_WINDOW = 60.0
+#: With standbys, seconds before a dead worker process is restarted: a standby takes the
+#: lost slot, the restarted process only becomes a new standby, and its start (a second
+#: of imports and connections) would otherwise compete for the CPU with the promoted
+#: standby's recovery.
+STANDBY_RESTART_DELAY = 1.0
 
 
 @dataclass
@@ -134,9 +140,12 @@ class Supervisor:
                                  f"not restarted again — see {c.log}")
                     log.error("%s %d %s", c.role, c.index, c.gave_up)
                     continue
-                c.next_start = now + c.backoff
+                delay = c.backoff
+                if c.role == "worker" and int(self.info.get("standbys", 0)) > 0:
+                    delay = max(delay, STANDBY_RESTART_DELAY)
+                c.next_start = now + delay
                 log.warning("%s %d (pid %d) exited with code %s; restarting in %.1f s",
-                            c.role, c.index, c.pid, code, c.backoff)
+                            c.role, c.index, c.pid, code, delay)
                 c.backoff = min(5.0, c.backoff * 2)
             if (not self.stopping and c.proc is None and not c.gave_up and c.next_start
                     and now >= c.next_start):

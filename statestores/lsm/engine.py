@@ -646,7 +646,7 @@ class LSMStore(Store):
         spare = [self._spare_wal[0]] if self._spare_wal is not None else []
         return self._frozen_version(skip=active + spare)
 
-    def _install(self, entries: list[FileEntry]) -> None:
+    def _install(self, entries: list[FileEntry], replaced: frozenset[str] = frozenset()) -> None:
         runs = sorted((e for e in entries if e.kind == "run"), key=lambda e: (-e.level, e.seq))
         wal_names = sorted((e.name for e in entries if e.kind == "wal"), key=lambda n: n)
         if len(runs) + len(wal_names) != len(entries):
@@ -658,11 +658,17 @@ class LSMStore(Store):
         mem: dict[bytes, bytes | None] = {}
         for name in wal_names:
             replay(self.fs, self._path(name), mem, truncate_torn=False)
+        # a run file never changes under its name: a reader already open (the state being
+        # replaced shares most runs with a recent snapshot) is reused, not re-read
+        have = {r.name: r for level in self._levels for r in level}
         levels: list[list[RunReader]] = []
         for e in runs:
             while len(levels) <= e.level:
                 levels.append([])
-            levels[e.level].append(RunReader(self.fs, self._path(e.name), e.name, e.level))
+            r = have.get(e.name)
+            if r is None or r.level != e.level or e.name in replaced:
+                r = RunReader(self.fs, self._path(e.name), e.name, e.level)
+            levels[e.level].append(r)
         self._levels = levels
         self._rebuild_runs()
         self._wals = list(wal_names)

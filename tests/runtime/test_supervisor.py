@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from sfaas.cli.supervisor import MAX_CRASHES, Child, Supervisor
+from sfaas.cli.supervisor import MAX_CRASHES, STANDBY_RESTART_DELAY, Child, Supervisor
 
 
 def _run(sup: Supervisor, until, timeout: float = 60.0) -> None:
@@ -35,6 +35,27 @@ def test_a_crashing_process_is_restarted_with_backoff_then_given_up(tmp_path: Pa
     listed = json.loads((tmp_path / "cluster.json").read_text())["processes"]
     assert listed == [child.public()] and listed[0]["gave_up"] == child.gave_up
     assert "invalid choice: 'no-such-command'" in (tmp_path / "w.log").read_text()
+
+
+def test_with_standbys_a_dead_worker_is_restarted_after_the_failover_not_during_it(tmp_path: Path) -> None:
+    (tmp_path / "cluster.json").write_text("{}")
+    waits: dict[int, float] = {}
+    for standbys in (0, 1):
+        child = Child("worker", 0, ["no-such-command"], str(tmp_path / f"w{standbys}.log"))
+        sup = Supervisor(tmp_path, {"app": "t", "standbys": standbys}, [child])
+        sup._start(child)
+        while child.alive:  # until the supervisor saw it exit
+            sup.poll()
+            time.sleep(0.01)
+        exited = time.monotonic()
+        while child.restarts < 1:
+            sup.poll()
+            time.sleep(0.01)
+        waits[standbys] = time.monotonic() - exited
+        sup.stop()
+    # without standbys the restart comes after the 0.2 s backoff; with, after the delay
+    assert waits[0] < STANDBY_RESTART_DELAY - 0.3, waits
+    assert waits[1] >= STANDBY_RESTART_DELAY - 0.05, waits
 
 
 def test_stop_terminates_children_and_does_not_restart_them(tmp_path: Path) -> None:
