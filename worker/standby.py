@@ -4,7 +4,9 @@ A worker the coordinator answers with ``wire.Follow`` (it asked with ``--standby
 the cluster was missing a standby) opens a :class:`statestores.replica.Follower` per
 partition store of that primary, under ``{home}/standby/{namespace}/{app}/{name}/``, fed
 by the primary's ``tcp`` replication server. The followers install the primary's own
-files — no flush, merge or index build here — and hold each snapshot round's files.
+files — no flush, merge or index build here — and hold each snapshot round's files. A
+new standby first downloads the newest round's files of each store from MinIO (``seed``),
+so its catch-up costs the primary only what changed since that round.
 
 On ``wire.Promote(index, round)`` (the primary died) every follower is promoted to that
 round's files and moved (a rename) into the directory the primary's stores use, and the
@@ -60,7 +62,10 @@ class _Standby:
             for op in w.app.operators:
                 engine, opts = store_engine(w.app, op, w.settings.store)
                 source = TcpSource(f.host, f.port, store_name(op, p), w.secret)
-                self.followers[(op, p)] = statestores.follow(engine, os.path.join(self.root, op, f"p{p}"), source, **opts)
+                # a new standby downloads the newest round's files from MinIO first: the
+                # primary ships only what changed since (its network and CPU are spared)
+                self.followers[(op, p)] = statestores.follow(engine, os.path.join(self.root, op, f"p{p}"), source,
+                                                             seed=store_remote(w.settings, w.app.name, op, p), **opts)
         log.info("standby of worker %d: following %d stores at %s:%d", f.index, len(self.followers), f.host, f.port,
                  extra={"worker": f.index})
 

@@ -24,7 +24,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
@@ -33,11 +33,14 @@ from ..base import Store
 from ..checksum import crc32c
 from ..errors import CorruptionError, SnapshotNotFoundError, StoreClosedError, StoreError
 from ..fs import FileSystem
-from ..snapshots import file_crc
+from ..snapshots import file_crc, manifest_entries
 from ..version import FileEntry, decode_entries, encode_entries, seq_of
 from .shipper import SHIPPED_KINDS
 from .source import Received, Source
 from .wire import EditMsg, Hello, ProtocolError, ReplicationError, Tip, files_of
+
+if TYPE_CHECKING:
+    from remotes.base import Remote
 
 __all__ = ["Follower", "STATE_NAME"]
 
@@ -64,12 +67,18 @@ class Follower:
     ``live_only``: a base edit (a new replica, or one too far behind) brings only the live
     files, not those of the primary's newest snapshot — for a replica that will be
     promoted to a later snapshot, it halves what a fresh one receives when merges rewrote
-    the state since that snapshot; ``options`` are the engine's, checked now and used by
-    :meth:`promote`.
+    the state since that snapshot;
+    ``seed``: the store's snapshot remote; a new (empty) replica first downloads the
+    files of the newest snapshot there (each checked against the snapshot's crc32c) and
+    names them in its hello, so the source ships only what changed since — the primary
+    is spared the bulk of a catch-up. A seeded file the source lists with another
+    checksum is deleted and fetched from the source;
+    ``options`` are the engine's, checked now and used by :meth:`promote`.
     """
 
     def __init__(self, engine: str, directory: str | os.PathLike[str], source: Source, *,
-                 name: str | None = None, keep_marks: int = 2, live_only: bool = False, **options: Any) -> None:
+                 name: str | None = None, keep_marks: int = 2, live_only: bool = False, seed: Remote | None = None,
+                 **options: Any) -> None:
         from .. import engine_class  # the package imports this module
 
         self.engine_cls = engine_class(engine)
@@ -83,6 +92,9 @@ class Follower:
         self.source = source
         self.keep_marks = keep_marks
         self.live_only = bool(live_only)
+        self.seed = seed
+        #: files downloaded from ``seed`` that no installed message names yet: name → (size, crc)
+        self._seeded: dict[str, tuple[int, int]] = {}
         self._stop_at: int | None = None
         self.fs = FileSystem()
         self._sync = self.engine_cls._parse_options(dict(options))["sync"] == "fsync"
@@ -158,6 +170,7 @@ class Follower:
         for _i, _s, files in self.marks:
             need.update(e.name for e in files)
         need.update(self._holds)
+        need.update(self._seeded)
         return need
 
     def _collect(self, names: set[str]) -> None:
@@ -176,9 +189,52 @@ class Follower:
             return Hello(self.name, self.seq, mark, tuple(sorted(self._have_locked())), self.origin, self.live_only)
 
     def _have_locked(self) -> set[str]:
-        return set(self.files) | {e.name for _i, _s, f in self.marks for e in f}
+        return set(self.files) | {e.name for _i, _s, f in self.marks for e in f} | set(self._seeded)
+
+    def _seed_from(self, remote: Remote) -> None:
+        """(follow thread, before the first stream) Download the newest snapshot's files
+        from ``remote`` into an empty replica; a failure only ends the seeding early."""
+        with self._lock:
+            if self.seq or self.files or self.marks:
+                return  # not new: the source's edits bring what it lacks
+        try:
+            latest = remote.latest_snapshot()
+            if latest is None:
+                return
+            manifest = remote.read_manifest(latest)
+            if manifest.engine != self.engine:
+                raise StoreError(f"snapshot {latest} is of engine {manifest.engine!r}")
+            kinds = {e.name: e.kind for e in manifest_entries(manifest)}
+            for name, info in manifest.files.items():
+                if self._stop.is_set():
+                    return
+                if kinds.get(name) not in SHIPPED_KINDS:
+                    continue  # a WAL: never part of a replica's version
+                part = self._path(name) + _PART
+                remote.get_file(name, part)
+                if file_crc(self.fs, part) != (info.size, info.crc):
+                    os.remove(part)
+                    raise CorruptionError(f"remote:{name}", f"does not match snapshot {latest}'s checksum")
+                self.fs.rename(part, self._path(name))
+                with self._lock:
+                    self._seeded[name] = self._checked[name] = (info.size, info.crc)
+                self._counts["seeded_bytes"] += info.size
+            log.info("replica %s: seeded with %d files (%d bytes) of snapshot %d", self.directory,
+                     len(self._seeded), self._counts["seeded_bytes"], latest)
+        except Exception as exc:
+            log.info("replica %s: seeding from the snapshot remote stopped (%s); the source ships the rest",
+                     self.directory, exc)
+
+    def _drop_seeded(self, names: list[str]) -> None:
+        with self._lock:
+            for n in names:
+                self._seeded.pop(n, None)
+                self._checked.pop(n, None)
+            self._collect(set(names))
 
     def _run(self) -> None:
+        if self.seed is not None:
+            self._seed_from(self.seed)
         delay = _BACKOFF[0]
         while not self._stop.is_set():
             try:
@@ -271,6 +327,12 @@ class Follower:
             self._counts["duplicates"] += 1
             item.fetch(None)
             return
+        reseed = [f.entry.name for f in files
+                  if not f.body and f.entry.name in self._seeded and self._seeded[f.entry.name] != (f.size, f.crc)]
+        if reseed:  # not the source's file of that name: drop it, the next hello will not list it
+            item.fetch(None)
+            self._drop_seeded(reseed)
+            raise CorruptionError(f"replica:{reseed[0]}", "a seeded file differs from the source's")
         missing = [f.entry.name for f in files if not f.body and f.entry.name not in have]
         wanted = [(f.entry.name, f.size, f.crc) for f in files if f.body]
         parts = self._receive(item, wanted)
@@ -289,6 +351,7 @@ class Follower:
                 if msg.base:
                     self.files = {f.entry.name: f.entry for f in msg.added}
                     self.origin = msg.origin
+                    self._seeded.clear()  # the base named what it uses; the rest is collected
                     self._counts["bases"] += 1
                 else:
                     for n in msg.removed:
@@ -371,6 +434,7 @@ class Follower:
                 "files": len(self.files),
                 "snapshots": [i for i, _s, _f in self.marks],
                 "bytes_received": self._counts["bytes"],
+                "bytes_seeded": self._counts["seeded_bytes"],
                 **{k: self._counts[k] for k in ("edits", "bases", "marks", "duplicates", "gaps", "corrupt", "reconnects")},
             }
 

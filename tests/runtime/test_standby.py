@@ -118,6 +118,13 @@ def test_a_standby_takes_over_a_lost_machine_without_a_download(kafka, minio, tm
         _wait_roles(s, [("coordinator", 0), ("standby", 0), ("standby", 1), ("worker", 0), ("worker", 1)], 60)
         ready = json.loads((cluster.state_dir(s) / "ready").read_text())
         assert ready["promotions"] == 1
+        # the new standby looked for the newest round's files in MinIO before asking its
+        # primary (this app's small stores hold only WALs there, which are never seeded)
+        (fresh,) = [p for p in cluster.ps(s) if p.role == "standby" and p.index == slot]
+        deadline = time.monotonic() + 30
+        while not re.search(r"seeded with \d+ files \(\d+ bytes\) of snapshot [1-9]", Path(fresh.log).read_text()):
+            assert time.monotonic() < deadline, f"the new standby of worker {slot} did not seed from MinIO"
+            time.sleep(0.2)
         print(f"standby report: {report}")
     except BaseException:
         print(f"standby test (seed {SEED}) failed; report {report}\n{log_tails(s)}")

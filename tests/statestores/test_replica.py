@@ -583,3 +583,79 @@ def test_a_stream_ships_each_file_body_once(tmp_path: Path) -> None:
     assert marks == 4 and len(shipped) > 10 and not again, again
     shipper.close()
     db.close()
+
+
+@pytest.mark.parametrize("engine", ["lsm", "hybridlog", "appendlog"])
+def test_a_new_follower_seeded_from_the_snapshot_remote_receives_only_what_changed(tmp_path: Path, engine: str) -> None:
+    """A new replica given the store's remote downloads the newest snapshot there first; the
+    primary then ships only the files written since, and the replica promotes to the same
+    state as one that received everything from the primary."""
+    remote = remotes.PathRemote(tmp_path / "remote")
+    db = statestores.open(engine, tmp_path / "primary", remote=remote)  # default sizes: no merge below
+    shipper = Shipper(db)
+    _fill(db, 2000)
+    db.flush()
+    db.snapshot(1)
+    _fill(db, 30, 2000)  # after the snapshot: only the primary has these
+    db.flush()
+    db.settle()
+    seq = db.version()[0]
+    plain = statestores.follow(engine, tmp_path / "plain", LocalSource(shipper))
+    seeded = statestores.follow(engine, tmp_path / "seeded", LocalSource(shipper), seed=remote)
+    for f in (plain, seeded):
+        f.wait(seq=seq, snapshot_id=1)
+    got, full = seeded.stats(), plain.stats()
+    assert full["bytes_seeded"] == 0 and got["bytes_seeded"] > 0
+    assert got["bytes_received"] + got["bytes_seeded"] >= full["bytes_received"]
+    assert got["bytes_received"] < full["bytes_received"] / 2, (got, full)
+    _fill(db, 30, 2030)
+    db.snapshot(2)
+    db.settle()
+    for f in (plain, seeded):
+        f.wait(seq=db.version()[0], snapshot_id=2)
+    stores = [f.promote(2) for f in (plain, seeded)]
+    assert dict(stores[1].items()) == dict(stores[0].items()) == dict(db.items())
+    for s in stores:
+        s.close()
+    shipper.close()
+    db.close()
+
+
+def test_a_seeded_file_that_is_not_the_primarys_is_fetched_from_the_primary(tmp_path: Path) -> None:
+    """Seeded from a remote whose copy of a live run differs from the primary's (its own
+    manifest agrees with it), the replica notices the checksum the primary lists, drops
+    that file and receives the primary's own."""
+    from remotes.manifest import FileInfo, Manifest
+    from statestores.checksum import crc32c
+
+    remote = remotes.PathRemote(tmp_path / "remote")
+    db = statestores.open("lsm", tmp_path / "primary", remote=remote, **TINY["lsm"])
+    shipper = Shipper(db)
+    _fill(db, 300)
+    db.settle()
+    db.snapshot(1)
+    db.settle()
+    seq, live = db.version()
+    m = remote.read_manifest(1)
+    (victim, *_) = sorted(e.name for e in live if e.kind == "run" and e.name in m.files)
+    other = remotes.PathRemote(tmp_path / "other")
+    files = dict(m.files)
+    for name in m.files:
+        data = (tmp_path / "primary" / name).read_bytes() if (tmp_path / "primary" / name).exists() else None
+        if data is None:
+            continue
+        if name == victim:
+            data = data[:10] + bytes([data[10] ^ 0xFF]) + data[11:]
+            files[name] = FileInfo(len(data), crc32c(data))
+        (tmp_path / "blob").write_bytes(data)
+        other.put_file(name, tmp_path / "blob")
+    other.write_manifest(Manifest(1, m.engine, {n: i for n, i in files.items() if n in other.list_files()}, m.meta))
+    f = statestores.follow("lsm", tmp_path / "replica", LocalSource(shipper), seed=other)
+    f.wait(seq=seq)
+    got = f.stats()
+    assert got["bytes_seeded"] > 0 and got["corrupt"] >= 1, got
+    store = f.promote()
+    assert dict(store.items()) == dict(db.items())
+    store.close()
+    shipper.close()
+    db.close()
