@@ -47,7 +47,8 @@ def test_importing_the_sdk_loads_no_launcher_worker_or_coordinator_code(code: st
 
 def test_the_launchers_load_the_services_only_when_a_command_runs_them() -> None:
     loaded = _loaded_by("import sfaas.cli, sfaas.cli.cluster, sfaas.cli.services, sfaas.cli.supervisor, "
-                        "sfaas.cli.demo, sfaas.cli.loadgen")
+                        "sfaas.cli.demo, sfaas.cli.loadgen, sfaas.cli.procs, sfaas.cli.kafka_broker, "
+                        "sfaas.cli.minio_server")
     assert "sfaas.cli.cluster" in loaded
     assert not [m for m in loaded if m.startswith(SERVICES)], loaded
 

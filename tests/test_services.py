@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sfaas.cli import services
+from sfaas.cli import kafka_broker, minio_server, services
 from sfaas.cli.services import Endpoints, ServiceError, ServiceSettings
 
 
@@ -115,7 +115,8 @@ def test_using_stops_what_it_started_unless_others_still_use_it(private: Service
 
 def test_missing_build_tools_give_apt_hints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SFAAS_CACHE", str(tmp_path / "empty-cache"))
-    monkeypatch.setattr(services, "_which", lambda tool, extra=(): None)
+    for module in (kafka_broker, minio_server):
+        monkeypatch.setattr(module, "_which", lambda tool, extra=(): None)
     with pytest.raises(ServiceError, match="apt-get install maven"):
         services.ensure_kafka_libs(progress=False)
     with pytest.raises(ServiceError, match="apt-get install golang-go"):
