@@ -32,6 +32,7 @@ from .procs import (
     _stop,
     _wait_ready,
     _which,
+    adopt_running,
     log_tail,
 )
 
@@ -218,19 +219,9 @@ def _kafka_usable(s: ServiceSettings) -> bool:
 def _up_kafka(s: ServiceSettings, say: Callable[[str], None], *, auto: bool, timeout: float = 180.0) -> None:
     svc = _KAFKA
     with _file_lock(svc.lock_file(s)):
-        pid = svc.read_pid(s)
-        if pid is not None:
-            _wait_ready(svc, s, pid, lambda: _kafka_usable(s), timeout)
-            say(f"Kafka already running (pid {pid}) at 127.0.0.1:{s.kafka_port}")
+        if adopt_running(svc, s, s.kafka_port, lambda: _kafka_usable(s), timeout, say, "Kafka",
+                         f"127.0.0.1:{s.kafka_port}", "a Kafka broker", "SFAAS_KAFKA_PORT"):
             return
-        if _port_open(s.kafka_port):
-            if _kafka_usable(s):
-                say(f"Kafka already running (not started by sfaas) at 127.0.0.1:{s.kafka_port}")
-                return
-            raise ServiceError(
-                f"port {s.kafka_port} is in use by something that is not a Kafka broker; "
-                f"stop it or set SFAAS_KAFKA_PORT to a free port"
-            )
         if _port_open(s.kafka_controller_port):
             raise ServiceError(
                 f"Kafka controller port {s.kafka_controller_port} is in use; stop what uses it "

@@ -26,12 +26,12 @@ from .procs import (
     ServiceSettings,
     _file_lock,
     _mark_auto,
-    _port_open,
     _reporter,
     _spawn,
     _stop,
     _wait_ready,
     _which,
+    adopt_running,
 )
 
 log = logging.getLogger("sfaas.cli.services")
@@ -170,19 +170,10 @@ def _minio_usable(s: ServiceSettings) -> bool:
 def _up_minio(s: ServiceSettings, say: Callable[[str], None], *, auto: bool, timeout: float = 90.0) -> None:
     svc = _MINIO
     with _file_lock(svc.lock_file(s)):
-        pid = svc.read_pid(s)
-        if pid is not None:
-            _wait_ready(svc, s, pid, lambda: _minio_usable(s), timeout)
-            say(f"MinIO already running (pid {pid}) at http://127.0.0.1:{s.minio_port}")
+        if adopt_running(svc, s, s.minio_port, lambda: _minio_usable(s), timeout, say, "MinIO",
+                         f"http://127.0.0.1:{s.minio_port}", "a MinIO accepting the sfaas credentials",
+                         "SFAAS_MINIO_PORT"):
             return
-        if _port_open(s.minio_port):
-            if _minio_usable(s):
-                say(f"MinIO already running (not started by sfaas) at http://127.0.0.1:{s.minio_port}")
-                return
-            raise ServiceError(
-                f"port {s.minio_port} is in use by something that is not a MinIO accepting the "
-                f"sfaas credentials; stop it or set SFAAS_MINIO_PORT to a free port"
-            )
         binary = ensure_minio_binary(say)
         data = svc.pid_file(s).parent / "data"
         data.mkdir(parents=True, exist_ok=True)

@@ -339,3 +339,20 @@ def _live_leases(s: ServiceSettings, svc: _Service) -> list[int]:
     return live
 
 
+def adopt_running(svc: _Service, s: ServiceSettings, port: int, usable: Callable[[], bool], timeout: float,
+                  say: Callable[[str], None], what: str, where: str, not_usable: str, port_env: str) -> bool:
+    """(lock held) True if ``svc`` already serves: started by us (waited until ready) or by
+    someone else on its port (and ``usable``); raises when the port is taken by anything
+    else, naming ``port_env``; False: the caller starts it."""
+    pid = svc.read_pid(s)
+    if pid is not None:
+        _wait_ready(svc, s, pid, usable, timeout)
+        say(f"{what} already running (pid {pid}) at {where}")
+        return True
+    if _port_open(port):
+        if usable():
+            say(f"{what} already running (not started by sfaas) at {where}")
+            return True
+        raise ServiceError(f"port {port} is in use by something that is not {not_usable}; "
+                           f"stop it or set {port_env} to a free port")
+    return False
