@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import secrets
 import signal
 import socket
@@ -56,9 +57,32 @@ def state_dir(settings: Settings) -> Path:
     return Path(settings.home) / "cluster" / settings.namespace
 
 
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of local ports for outgoing connections (Linux; else its default)."""
+    try:
+        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str) -> int:
-    """A TCP port nobody listens on at ``host`` right now."""
-    with socket.socket() as sock:
+    """A TCP port nobody listens on at ``host`` right now, chosen outside the ephemeral
+    range: a port from that range can be taken by any outgoing connection (a Kafka
+    client's) between this check and the bind of the process it is meant for."""
+    lo, hi = ephemeral_ports()
+    ranges = [(a, b) for a, b in ((10000, lo - 1), (hi + 1, 65535)) if b - a >= 1000]
+    pick = random.SystemRandom()
+    for _ in range(200 if ranges else 0):
+        a, b = pick.choice(ranges)
+        port = pick.randint(a, b)
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue  # in use: another
+            return port
+    with socket.socket() as sock:  # nothing free outside the range: the kernel's choice
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 

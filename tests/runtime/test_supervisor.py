@@ -72,3 +72,18 @@ def test_stop_terminates_children_and_does_not_restart_them(tmp_path: Path) -> N
     assert child.proc is not None and child.proc.poll() is None
     sup.stop()
     assert child.proc is None and not child.alive and child.restarts == 0
+
+
+def test_free_ports_for_the_cluster_are_outside_the_ephemeral_range() -> None:
+    """A port from the ephemeral range can be taken by any outgoing connection between the
+    choice and the coordinator's bind (a CI run failed so: 'address already in use')."""
+    import socket
+
+    from sfaas.cli.cluster import ephemeral_ports, free_port
+
+    lo, hi = ephemeral_ports()
+    for _ in range(50):
+        port = free_port("127.0.0.1")
+        assert not lo <= port <= hi, (port, lo, hi)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
