@@ -15,9 +15,10 @@ from sfaas.cli.services import Endpoints, ServiceError, ServiceSettings
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """Outside the ephemeral range (see ``sfaas.cli.cluster.free_port``)."""
+    from sfaas.cli.cluster import free_port as pick
+
+    return pick("127.0.0.1")
 
 
 def port_open(port: int) -> bool:
