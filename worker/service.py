@@ -353,16 +353,15 @@ class Worker:
         self.egress.acked = {tp.partition: ends[tp] for tp in out_tps}
         if log_tps:
             self._log_pos = ends[log_tps[0]]
-        if takeover is None and promoted is not None:
-            pass  # a promoted standby: the recovery that follows assigns, seeks, starts the ingest
-        elif takeover is None:
+        if takeover is not None:  # a joining worker: its partitions resume where the rescale's round left them
+            await self.resume_ingest(takeover.ingress, takeover.skip, takeover.retries)
+        else:
             tps = [TopicPartition(assign.ingress_topic, p) for p in mine]
             self.consumer.assign(tps)
-            for tp in tps:
-                self.start_offsets[tp.partition] = await self.consumer.position(tp)
-            self.start_ingest()
-        else:  # a joining worker: its partitions resume where the rescale's round left them
-            await self.resume_ingest(takeover.ingress, takeover.skip, takeover.retries)
+            if promoted is None:  # (a promoted standby's recovery, next, seeks and starts the ingest)
+                for tp in tps:
+                    self.start_offsets[tp.partition] = await self.consumer.position(tp)
+                self.start_ingest()
         self._tasks = [
             asyncio.create_task(self.egress.run(), name="egress"),
             asyncio.create_task(self._heartbeat(), name="heartbeat"),
