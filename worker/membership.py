@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sfaas.worker")
 
-__all__ = ["join", "rejoin", "start_kafka"]
+__all__ = ["join", "rejoin", "start_clients", "start_kafka", "warm_up"]
 
 
 async def join(w: Worker, my_port: int) -> tuple[wire.Assign, PartitionStores | None, wire.Reassign | None]:
@@ -70,6 +70,31 @@ async def join(w: Worker, my_port: int) -> tuple[wire.Assign, PartitionStores | 
     if not isinstance(assign, wire.Assign):
         raise ClusterError(f"expected Assign from the coordinator, got {type(assign).__name__}")
     return assign, promoted, None
+
+
+async def start_clients(w: Worker, assign: wire.Assign) -> None:
+    """The worker's Kafka clients for ``assign`` (a promoted standby's are running), and
+    where its replies and epoch-log records will land from now on."""
+    s = w.settings
+    if w.producer is None:  # a promoted standby started its clients while standing by
+        w.producer = await start_kafka(w, lambda: make_producer(s.kafka, s.linger_ms, durable=True))
+    if w.consumer is None or w.consumer_group != assign.group:
+        if w.consumer is not None:
+            await w.consumer.stop()
+        w.consumer = await start_kafka(w, lambda: make_consumer(s.kafka, assign.group, s.fetch_wait_ms))
+        w.consumer_group = assign.group
+    # end offsets before assign(): assign() narrows the consumer's metadata to the
+    # ingress topic, and an offset lookup of another topic then waits ~0.1 s for a
+    # refresh (a promoted standby fetched their metadata while standing by: warm_up)
+    out_parts = await w.producer.partitions_for(assign.egress_topic)
+    w.egress_partitions = len(out_parts)
+    out_tps = [TopicPartition(assign.egress_topic, p) for p in out_parts]
+    log_tps = [TopicPartition(w._log_topic, 0)] if w._log_topic else []
+    ends = await w.consumer.end_offsets(out_tps + log_tps)
+    # every reply this worker produces from now on lands above these offsets
+    w.egress.acked = {tp.partition: ends[tp] for tp in out_tps}
+    if log_tps:
+        w._log_pos = ends[log_tps[0]]
 
 
 async def warm_up(w: Worker) -> None:

@@ -44,7 +44,6 @@ from sfaas.app import App
 from sfaas.codec import check_arguments
 from sfaas.epochlog import EpochRecord
 from sfaas.errors import EXIT_RETIRED, AuthenticationError, ChannelClosed, ClusterError
-from sfaas.kafka import make_consumer, make_producer
 from sfaas.partitioning import owned
 from sfaas.settings import Settings
 from sfaas.state import PartitionStores, open_stores
@@ -334,25 +333,7 @@ class Worker:
         self.loop = Participant(self.engine, Sequencer(assign.index), _request_of, s.max_batch,
                                 fallback=self.fallback_enabled)
         await self.reconnect_peers(assign.peers)
-        if self.producer is None:  # a promoted standby started its clients while standing by
-            self.producer = await membership.start_kafka(self, lambda: make_producer(s.kafka, s.linger_ms, durable=True))
-        if self.consumer is None or self.consumer_group != assign.group:
-            if self.consumer is not None:
-                await self.consumer.stop()
-            self.consumer = await membership.start_kafka(self, lambda: make_consumer(s.kafka, assign.group, s.fetch_wait_ms))
-            self.consumer_group = assign.group
-        # end offsets before assign(): assign() narrows the consumer's metadata to the
-        # ingress topic, and an offset lookup of another topic then waits ~0.1 s for a
-        # refresh (a promoted standby fetched their metadata while standing by: warm_up)
-        out_parts = await self.producer.partitions_for(assign.egress_topic)
-        self.egress_partitions = len(out_parts)
-        out_tps = [TopicPartition(assign.egress_topic, p) for p in out_parts]
-        log_tps = [TopicPartition(self._log_topic, 0)] if self._log_topic else []
-        ends = await self.consumer.end_offsets(out_tps + log_tps)
-        # every reply this worker produces from now on lands above these offsets
-        self.egress.acked = {tp.partition: ends[tp] for tp in out_tps}
-        if log_tps:
-            self._log_pos = ends[log_tps[0]]
+        await membership.start_clients(self, assign)
         if takeover is not None:  # a joining worker: its partitions resume where the rescale's round left them
             await self.resume_ingest(takeover.ingress, takeover.skip, takeover.retries)
         else:
