@@ -45,18 +45,14 @@ async def join(w: Worker, my_port: int) -> tuple[wire.Assign, PartitionStores | 
     if isinstance(assign, wire.Move):
         from .moving import join_as_receiver
 
-        w.producer = await start_kafka(w, lambda: make_producer(s.kafka, s.linger_ms, durable=True))
-        w.consumer_group = consumer_group(s, w.app.name)
-        w.consumer = await start_kafka(w, lambda: make_consumer(s.kafka, w.consumer_group, s.fetch_wait_ms))
+        await _start_early(w)
         takeover, promoted = await join_as_receiver(w, assign)  # (it sets w.assign)
         return w.assign, promoted, takeover
     if isinstance(assign, wire.Follow):
         from .standby import run_standby
 
         # the Kafka clients take ~0.3 s to start: have them ready before a promotion needs them
-        w.producer = await start_kafka(w, lambda: make_producer(s.kafka, s.linger_ms, durable=True))
-        w.consumer_group = consumer_group(s, w.app.name)
-        w.consumer = await start_kafka(w, lambda: make_consumer(s.kafka, w.consumer_group, s.fetch_wait_ms))
+        await _start_early(w)
         await warm_up(w)
         promoted, index = await run_standby(w, assign)
         w.coord.close()
@@ -70,6 +66,20 @@ async def join(w: Worker, my_port: int) -> tuple[wire.Assign, PartitionStores | 
     if not isinstance(assign, wire.Assign):
         raise ClusterError(f"expected Assign from the coordinator, got {type(assign).__name__}")
     return assign, promoted, None
+
+
+async def _start_early(w: Worker) -> None:
+    """The Kafka clients of a worker that is not serving yet (a standby, a rescale's receiver)."""
+    s = w.settings
+    w.producer = await start_kafka(w, lambda: make_producer(s.kafka, s.linger_ms, durable=True))
+    w.consumer_group = consumer_group(s, w.app.name)
+    w.consumer = await start_kafka(w, lambda: make_consumer(s.kafka, w.consumer_group, s.fetch_wait_ms))
+
+
+async def _reply_and_log_partitions(w: Worker, egress: str) -> tuple[list[TopicPartition], list[TopicPartition]]:
+    """The egress topic's partitions, and the epoch log's (none when it is off)."""
+    out = [TopicPartition(egress, p) for p in await w.producer.partitions_for(egress)]
+    return out, [TopicPartition(w._log_topic, 0)] if w._log_topic else []
 
 
 async def start_clients(w: Worker, assign: wire.Assign) -> None:
@@ -86,10 +96,8 @@ async def start_clients(w: Worker, assign: wire.Assign) -> None:
     # end offsets before assign(): assign() narrows the consumer's metadata to the
     # ingress topic, and an offset lookup of another topic then waits ~0.1 s for a
     # refresh (a promoted standby fetched their metadata while standing by: warm_up)
-    out_parts = await w.producer.partitions_for(assign.egress_topic)
-    w.egress_partitions = len(out_parts)
-    out_tps = [TopicPartition(assign.egress_topic, p) for p in out_parts]
-    log_tps = [TopicPartition(w._log_topic, 0)] if w._log_topic else []
+    out_tps, log_tps = await _reply_and_log_partitions(w, assign.egress_topic)
+    w.egress_partitions = len(out_tps)
     ends = await w.consumer.end_offsets(out_tps + log_tps)
     # every reply this worker produces from now on lands above these offsets
     w.egress.acked = {tp.partition: ends[tp] for tp in out_tps}
@@ -101,13 +109,9 @@ async def warm_up(w: Worker) -> None:
     """Fetch the metadata of the app's topics into the Kafka clients now: the first offset
     lookup of a topic new to a client waits ~0.1 s for a metadata refresh, which a standby
     would otherwise pay in the middle of its promotion."""
-    s = w.settings
-    _, egress = s.topics(w.app.name)
     try:
-        tps = [TopicPartition(egress, p) for p in await w.producer.partitions_for(egress)]
-        if s.snapshot_interval > 0:
-            tps.append(TopicPartition(s.epoch_log_topic(w.app.name), 0))
-        await w.consumer.end_offsets(tps)
+        out_tps, log_tps = await _reply_and_log_partitions(w, w.settings.topics(w.app.name)[1])
+        await w.consumer.end_offsets(out_tps + log_tps)
     except Exception as exc:  # only a head start: the promotion fetches them anyway
         log.info("could not warm up the Kafka metadata: %s", exc)
 
