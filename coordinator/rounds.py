@@ -3,8 +3,12 @@
 Every ``snapshot_interval`` seconds, if transactions committed since the last round, the
 next epoch's ``Commit`` carries ``marker = n``. Each worker freezes its stores at that
 commit and reports ``wire.Snapshotted`` once its uploads ended. With every report in, the
-round's manifest is published (write-then-publish) and files no retained round needs are
-garbage-collected — both on a thread, never on the epoch loop. A round that fails (a
+round's manifest is published (write-then-publish, on a thread), and then the store
+snapshots and files no retained round needs are garbage-collected in a background process
+at lower priority (``statestores.background``, lane ``upload``): never on the epoch loop,
+and not on a thread of this process either, whose GIL the epoch loop needs (a round's gc
+lists, reads and deletes per store; on a thread it was the main cause of the p99 spikes
+at every round). A round that fails (a
 worker's upload failed, MinIO is down, or it took longer than ``ROUND_TIMEOUT``) is
 logged and the next interval tries again; epochs never wait for a round.
 """
@@ -20,7 +24,8 @@ from dataclasses import dataclass, field
 
 from remotes import Remote
 from sfaas import wire
-from sfaas.rounds import RoundManifest, Rounds, StoreCut, collect_garbage
+from sfaas.rounds import RoundManifest, Rounds, StoreCut, collect_store_garbage
+from statestores import background
 
 log = logging.getLogger("sfaas.coordinator.rounds")
 
@@ -219,9 +224,10 @@ class RoundKeeper:
                  "published %.2f s after its marker", manifest.round, manifest.epoch, len(manifest.stores),
                  manifest.files, manifest.bytes_uploaded / 1e6, manifest.created - manifest.started)
         try:
-            n, freed = await asyncio.to_thread(
-                collect_garbage, [(s.operator, s.partition) for s in manifest.stores], self._store_remote, retained,
-            )
+            remotes = [(s.operator, s.partition, self._store_remote(s.operator, s.partition)) for s in manifest.stores]
+            local = not all(r.shareable for _, _, r in remotes)  # (a remote only this process reaches)
+            n, freed = await asyncio.wrap_future(
+                background.submit(collect_store_garbage, remotes, retained, lane="upload", local=local))
             if n or freed or dropped:
                 log.info("snapshot gc: %d rounds and %d store snapshots dropped, %.1f MB deleted",
                          len(dropped), n, freed / 1e6)

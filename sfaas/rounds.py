@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ from remotes.manifest import frame, unframe
 
 log = logging.getLogger("sfaas.rounds")
 
-__all__ = ["StoreCut", "RoundManifest", "RoundIndex", "RoundError", "Rounds", "collect_garbage", "INDEX_BLOB"]
+__all__ = ["StoreCut", "RoundManifest", "RoundIndex", "RoundError", "Rounds", "collect_garbage", "collect_store_garbage", "INDEX_BLOB"]
 
 _VERSION = 1
 INDEX_BLOB = "index"
@@ -232,3 +232,12 @@ def collect_garbage(
         finally:
             remote.close()
     return dropped, freed
+
+
+def collect_store_garbage(remotes: Sequence[tuple[str, int, Remote]], retained: list[int]) -> tuple[int, int]:
+    """:func:`collect_garbage` over ``(operator, partition, remote)`` triples: a top-level
+    function with picklable arguments, so the coordinator can run it in a background
+    process (``statestores.background``, lane ``upload``)."""
+    by_store = {(op, p): r for op, p, r in remotes}
+    return collect_garbage(list(by_store), lambda op, p: by_store[(op, p)], retained)
+
