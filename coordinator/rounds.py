@@ -3,12 +3,12 @@
 Every ``snapshot_interval`` seconds, if transactions committed since the last round, the
 next epoch's ``Commit`` carries ``marker = n``. Each worker freezes its stores at that
 commit and reports ``wire.Snapshotted`` once its uploads ended. With every report in, the
-round's manifest is published (write-then-publish, on a thread), and then the store
-snapshots and files no retained round needs are garbage-collected in a background process
-at lower priority (``statestores.background``, lane ``upload``): never on the epoch loop,
-and not on a thread of this process either, whose GIL the epoch loop needs (a round's gc
-lists, reads and deletes per store; on a thread it was the main cause of the p99 spikes
-at every round). A round that fails (a
+round's manifest is published (write-then-publish), and then the store snapshots and
+files no retained round needs are garbage-collected. Both run in a background process at
+lower priority (``statestores.background``, lane ``upload``): never on the epoch loop, and
+not on a thread of this process either, whose GIL the epoch loop needs (the MinIO client's
+requests, signing and XML parsing held it for ~70 ms per round, the main cause of the
+p99 spikes at every round). A round that fails (a
 worker's upload failed, MinIO is down, or it took longer than ``ROUND_TIMEOUT``) is
 logged and the next interval tries again; epochs never wait for a round.
 """
@@ -21,15 +21,18 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from remotes import Remote
 from sfaas import wire
-from sfaas.rounds import RoundManifest, Rounds, StoreCut, collect_store_garbage
+from sfaas.rounds import RoundManifest, Rounds, StoreCut, collect_store_garbage, publish_round
 from statestores import background
 
 log = logging.getLogger("sfaas.coordinator.rounds")
 
 __all__ = ["RoundKeeper", "RoundSummary", "ROUND_TIMEOUT", "HISTORY"]
+
+T = TypeVar("T")
 
 #: Complete rounds (their summaries) and failures remembered for the status page (and
 #: between two scrapes).
@@ -103,6 +106,12 @@ class RoundKeeper:
     @property
     def enabled(self) -> bool:
         return self.interval > 0
+
+    def warm_up(self) -> None:
+        """Start the background process rounds are published in now, not at the first
+        round (a process start is ~0.3 s of CPU on the cores the epochs run on)."""
+        if self.enabled:
+            background.warm_up("upload")
 
     # -- starting ----------------------------------------------------------------------------
     def marker(self, epoch: int, txns: int, force: bool = False) -> int | None:
@@ -204,7 +213,8 @@ class RoundKeeper:
         assert self._rounds is not None
         self._written.clear()
         try:
-            retained, dropped = await asyncio.to_thread(self._rounds.publish, manifest, self.retain)
+            retained, dropped = await _in_background(publish_round, [self._rounds.remote], self._rounds.remote, manifest,
+                                                     self.retain)
         except Exception as exc:
             log.warning("publishing snapshot round %d failed: %s; the next interval retries", manifest.round, exc)
             self.switch_at.pop(manifest.round, None)
@@ -225,9 +235,7 @@ class RoundKeeper:
                  manifest.files, manifest.bytes_uploaded / 1e6, manifest.created - manifest.started)
         try:
             remotes = [(s.operator, s.partition, self._store_remote(s.operator, s.partition)) for s in manifest.stores]
-            local = not all(r.shareable for _, _, r in remotes)  # (a remote only this process reaches)
-            n, freed = await asyncio.wrap_future(
-                background.submit(collect_store_garbage, remotes, retained, lane="upload", local=local))
+            n, freed = await _in_background(collect_store_garbage, [r for _, _, r in remotes], remotes, retained)
             if n or freed or dropped:
                 log.info("snapshot gc: %d rounds and %d store snapshots dropped, %.1f MB deleted",
                          len(dropped), n, freed / 1e6)
@@ -264,3 +272,11 @@ class RoundKeeper:
         for task in (self._loading, self._publishing):
             if task is not None:
                 await asyncio.gather(task, return_exceptions=True)
+
+
+async def _in_background(fn: Callable[..., T], remotes: list[Remote], *args: Any) -> T:
+    """``fn(*args)`` in this process's ``upload`` background process (see the module
+    docstring), or on a thread here when one of the ``remotes`` it uses is reachable from
+    this process only."""
+    local = not all(r.shareable for r in remotes)
+    return await asyncio.wrap_future(background.submit(fn, *args, lane="upload", local=local))

@@ -133,6 +133,7 @@ class Coordinator:
             lambda: rounds_remote(s, app), lambda op, p: store_remote(s, app, op, p),
         )
         self.rounds.owners = list(self.owners)
+        self.rounds.warm_up()
         host, port = s.coordinator_address()
         server = await channels.serve(host, port, self.secret, self._on_worker)
         bound = server.sockets[0].getsockname()

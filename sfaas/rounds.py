@@ -27,7 +27,8 @@ from remotes.manifest import frame, unframe
 
 log = logging.getLogger("sfaas.rounds")
 
-__all__ = ["StoreCut", "RoundManifest", "RoundIndex", "RoundError", "Rounds", "collect_garbage", "collect_store_garbage", "INDEX_BLOB"]
+__all__ = ["StoreCut", "RoundManifest", "RoundIndex", "RoundError", "Rounds", "collect_garbage", "collect_store_garbage", "publish_round",
+           "INDEX_BLOB"]
 
 _VERSION = 1
 INDEX_BLOB = "index"
@@ -201,6 +202,12 @@ class Rounds:
         for r in dropped:
             self.remote.delete_blob(round_blob(r))
         return retained, dropped
+
+
+def publish_round(remote: Remote, manifest: RoundManifest, retain: int) -> tuple[list[int], list[int]]:
+    """:meth:`Rounds.publish` as a top-level function with picklable arguments (the
+    coordinator runs it in a background process, like :func:`collect_store_garbage`)."""
+    return Rounds(remote).publish(manifest, retain)
 
 
 def collect_garbage(

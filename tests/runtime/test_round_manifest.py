@@ -168,3 +168,49 @@ def test_round_settings_are_checked(monkeypatch) -> None:
         Settings.load({"bucket": "Bad_Bucket"})
     assert Settings.load({"bucket": "Bad_Bucket", "snapshot_interval": 0.0}).bucket == "Bad_Bucket"
     assert "sfaas-local-secret" not in repr(Settings.load())
+
+
+async def test_the_coordinator_publishes_and_collects_rounds_in_its_background_process(tmp_path: Path,
+                                                                                       monkeypatch) -> None:
+    """Publishing a round and its garbage collection run in the coordinator's ``upload``
+    background process, never on a thread of its own: there the MinIO client's work held
+    the GIL the epoch loop needs for ~70 ms per round (issue 8's p99 spikes)."""
+    import asyncio
+
+    from coordinator import rounds as keeper_module
+    from coordinator.rounds import RoundKeeper
+    from sfaas import wire
+    from statestores import background
+
+    submitted: list[tuple[str, str, bool]] = []
+    real_submit = background.submit
+
+    def recording_submit(fn, *args, lane="merge", local=False):  # type: ignore[no-untyped-def]
+        submitted.append((fn.__name__, lane, local))
+        return real_submit(fn, *args, lane=lane, local=local)
+
+    monkeypatch.setattr(keeper_module.background, "submit", recording_submit)
+    store_remotes = {p: PathRemote(tmp_path / "stores" / f"p{p}") for p in range(2)}
+    stores = {p: statestores.open("lsm", tmp_path / "local" / f"p{p}", remote=store_remotes[p]) for p in range(2)}
+    keeper = RoundKeeper(0.01, 1, 1, 2, lambda: PathRemote(tmp_path / "rounds"), lambda op, p: store_remotes[p])
+    try:
+        for expected in (1, 2):
+            round_id = None
+            while round_id is None:  # the first call starts reading the published rounds
+                await asyncio.sleep(0.02)
+                round_id = keeper.marker(epoch=expected, txns=expected)
+            assert round_id == expected
+            for s in stores.values():
+                s.put(f"k{round_id}".encode(), b"v")
+                s.snapshot(round_id)
+            keeper.on_report(wire.Snapshotted(round_id, 0, expected, [["op", p, 1, 1, 1] for p in stores],
+                                              {}, {}, {}, [], 0, ""))
+            assert keeper._publishing is not None
+            await keeper._publishing
+        assert Rounds(PathRemote(tmp_path / "rounds")).ids() == [2]
+        assert [r.list_snapshots() for r in store_remotes.values()] == [[2], [2]]  # round 1's collected
+        assert ("publish_round", "upload", False) in submitted
+        assert ("collect_store_garbage", "upload", False) in submitted
+    finally:
+        for s in stores.values():
+            s.close()
