@@ -317,11 +317,12 @@ class HybridLogStore(SegmentedStore):
         region = _Region(dicts, list(wals), self._segment_name(0, seq), seq)
         self._wals = [w for w in self._wals if w not in region.wals]
         self._flushing = (*self._flushing, region)  # readable from now until installed
-        region.future = self._hand_off(lambda: self._write_region(region))
+        region.future = self._hand_off(lambda: self._write_region(region, in_background=True))
 
-    def _write_region(self, region: _Region) -> None:
-        """Write ``region`` as a log file + hint (no lock: the files are new), then install
-        it with one version edit and drop it from memory."""
+    def _write_region(self, region: _Region, *, in_background: bool = False) -> None:
+        """Write ``region`` as a log file + hint (no lock: the files are new; in the
+        background process when ``in_background``), then install it with one version
+        edit and drop it from memory."""
         merged: dict[bytes, bytes | None] = {}
         for d in region.dicts:
             merged.update(d)
@@ -330,7 +331,7 @@ class HybridLogStore(SegmentedStore):
         # a tombstone is needed only where a log file still holds the key
         items = [(k, v) for k, v in merged.items() if v is not None or not exact or k in index]
         try:
-            size, keys, addrs, tombs = self._write_segment(region.name, region.seq, items)
+            size, keys, addrs, tombs = self._write_segment(region.name, region.seq, items, in_background=in_background)
         except BaseException:
             region.failed = True  # stays in memory (and its WALs on disk); close or flush() retries
             raise

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import array
 import concurrent.futures
+import os
 import struct
 from collections.abc import Iterable
+from operator import itemgetter
 from typing import Any
 
 # the C function itself, not the checksum.crc32c wrapper: one Python frame less per get/put
 from crc32c import crc32c
 
-from .. import records
+from .. import hints, records
 from ..errors import CorruptionError
 from ..fs import FileSystem
 from ..hints import OFFSET_BITS
@@ -215,3 +217,32 @@ def scan_segment(
             raise CorruptionError(path, f"torn record at offset {res.valid_end} of a sealed segment")
         fs.truncate(path, res.valid_end)
     return res.valid_end, alive, tombs
+
+
+_first = itemgetter(0)
+
+
+def write_segment(
+    fs: FileSystem | None, directory: str, name: str, seq: int, items: list[tuple[bytes, bytes | None]], fsync: bool,
+) -> tuple[int, list[bytes], array.array, list[bytes]]:
+    """Write ``items`` (unique keys, any order) in key order as the new sealed segment
+    ``name`` of ``directory`` plus its hint (hint keys must be sorted, see ``PendingIndex``);
+    returns the segment's size, live keys, their addresses and the tombstones.
+
+    Runs in the ``flush`` background process (``fs`` None: the real file system) or, with
+    a test's ``FaultyFS``, on the caller's thread. The segment is written as ``<name>.tmp``
+    and renamed after its hint, so a crash leaves no segment without one.
+    """
+    fs = fs if fs is not None else FileSystem()
+    path = os.path.join(directory, name)
+    fd = fs.open_new(path + ".tmp")
+    try:
+        size, keys, addrs, tombs = write_records(fs, fd, seq, sorted(items, key=_first))
+        if fsync:
+            fs.fsync(fd)
+    finally:
+        fs.close(fd)
+    fs.write_file_atomic(os.path.join(directory, hint_name(name)), hints.encode(seq, size, keys, addrs, tombs), sync=fsync)
+    fs.rename(path + ".tmp", path)
+    return size, keys, addrs, tombs
+

@@ -29,7 +29,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Any, ClassVar
 
 from crc32c import crc32c
@@ -43,14 +42,20 @@ from ..snapshots import Frozen
 from ..version import FileEntry
 from .index import PendingIndex, Redirect
 from .merge import merge_segments
-from .segment import _HEADER, _HEADER_SIZE, Segment, hint_name, scan_segment, write_records
+from .segment import (
+    _HEADER,
+    _HEADER_SIZE,
+    Segment,
+    hint_name,
+    scan_segment,
+    write_segment,
+)
 
 log = logging.getLogger("statestores")
 
 __all__ = ["SegmentedStore"]
 
 _MISSING = object()
-_first = itemgetter(0)
 
 #: Stores whose hints hold at least this many keys open with the index built in the background.
 LAZY_INDEX_KEYS = 1 << 16
@@ -231,22 +236,25 @@ class SegmentedStore(Store):
             self._gone.add(key)
 
     def _write_segment(
-        self, name: str, seq: int, items: Iterable[tuple[bytes, bytes | None]]
+        self, name: str, seq: int, items: list[tuple[bytes, bytes | None]], *, in_background: bool = False,
     ) -> tuple[int, list[bytes], array.array, list[bytes]]:
         """Write ``items`` (unique keys) as sealed segment ``name`` + its hint (no lock
-        needed: the files are new); return its size, live keys, their addresses, tombstones."""
-        path = self._path(name)
-        fd = self.fs.open_new(path + ".tmp")
-        try:
-            # in key order: hint keys must be sorted (see PendingIndex)
-            size, keys, addrs, tombs = write_records(self.fs, fd, seq, sorted(items, key=_first))
-            if self.sync == "fsync":
-                self.fs.fsync(fd)
-        finally:
-            self.fs.close(fd)
-        self._write_hint(name, seq, size, keys, addrs, tombs)
-        self.fs.rename(path + ".tmp", path)
-        return size, keys, addrs, tombs
+        needed: the files are new); return its size, live keys, their addresses, tombstones.
+
+        ``in_background`` (only from a thread that may wait, never with the lock held): in
+        the ``flush`` background process, so encoding every record never holds this
+        process's GIL (a region flushed at each snapshot round slowed the epochs after it).
+        """
+        local = type(self.fs) is not FileSystem  # a test's FaultyFS must see the writes
+        fsync = self.sync == "fsync"
+        if in_background and not local:
+            try:
+                fut = background.submit(write_segment, None, self.directory, name, seq, items, fsync, lane="flush")
+            except BackgroundBusy as exc:
+                log.debug("segment %s written in the foreground: %s", name, exc)
+            else:
+                return fut.result()
+        return write_segment(self.fs, self.directory, name, seq, items, fsync)
 
     def _write_hint(self, name: str, seq: int, size: int, keys: list[bytes], addrs: Any, tombs: list[bytes]) -> None:
         self.fs.write_file_atomic(

@@ -55,6 +55,32 @@ def test_the_boundary_advances_and_read_only_records_are_flushed(tmp_path: Path)
         assert s.get(b"k1") == b"a" and s.get(b"k0") == b"c" and s.get(b"k11") == b"d"
 
 
+def test_regions_are_written_in_the_background_process(tmp_path: Path, monkeypatch) -> None:
+    """A handed-off region (and a snapshot's freeze) becomes its log file in the ``flush``
+    background process: encoding every record never holds the serving process's GIL."""
+    from statestores import background
+    from statestores.log import store as log_store
+
+    if background.mode() != "process":
+        pytest.skip("SFAAS_BACKGROUND=thread runs background work in this process")
+    lanes: list[tuple[str, str]] = []
+    real_submit = background.submit
+
+    def recording_submit(fn, *args, lane="merge", local=False):  # type: ignore[no-untyped-def]
+        lanes.append((fn.__name__, lane))
+        return real_submit(fn, *args, lane=lane, local=local)
+
+    monkeypatch.setattr(log_store.background, "submit", recording_submit)
+    with statestores.open("hybridlog", tmp_path, ro_lag_interval=4, flush_interval=8) as s:
+        for i in range(12):
+            s.put(b"k%d" % i, b"v%d" % i)
+        s.settle()
+        assert s.stats()["segments"] >= 1
+        assert ("write_segment", "flush") in lanes
+    with statestores.open("hybridlog", tmp_path) as s:  # what the background wrote reads back
+        assert [s.get(b"k%d" % i) for i in range(12)] == [b"v%d" % i for i in range(12)]
+
+
 def test_regions_and_log_files_agree_with_a_dict(tmp_path: Path, inline_merges: None) -> None:
     model: dict[bytes, bytes] = {}
     with statestores.open("hybridlog", tmp_path, **TINY) as s:
