@@ -3,8 +3,9 @@
 Every ``snapshot_interval`` seconds, if transactions committed since the last round, the
 next epoch's ``Commit`` carries ``marker = n``. Each worker freezes its stores at that
 commit and reports ``wire.Snapshotted`` once its uploads ended. With every report in, the
-round's manifest is published (write-then-publish), and then the store snapshots and
-files no retained round needs are garbage-collected. Both run in a background process at
+round's manifest is published (write-then-publish); after every ``GC_EVERY``-th round,
+and when rounds pause, the store snapshots and files no retained round needs are
+garbage-collected. Both run in a background process at
 lower priority (``statestores.background``, lane ``upload``): never on the epoch loop, and
 not on a thread of this process either, whose GIL the epoch loop needs (the MinIO client's
 requests, signing and XML parsing held it for ~70 ms per round, the main cause of the
@@ -30,7 +31,7 @@ from statestores import background
 
 log = logging.getLogger("sfaas.coordinator.rounds")
 
-__all__ = ["RoundKeeper", "RoundSummary", "ROUND_TIMEOUT", "HISTORY"]
+__all__ = ["RoundKeeper", "RoundSummary", "ROUND_TIMEOUT", "HISTORY", "GC_EVERY"]
 
 T = TypeVar("T")
 
@@ -39,6 +40,12 @@ T = TypeVar("T")
 HISTORY = 100
 #: A round not complete after this many seconds (or 10 intervals, if longer) has failed.
 ROUND_TIMEOUT = 60.0
+#: Garbage is collected after every ``GC_EVERY``-th published round, and once rounds pause
+#: (none published for two intervals): a collection lists and deletes per store, ~70 ms of
+#: CPU (MinIO's and the background process's) on the cores the epochs run on, which
+#: needs doing once per several rounds, not after each. Until then a store keeps at most
+#: ``GC_EVERY`` more snapshots' files.
+GC_EVERY = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +109,12 @@ class RoundKeeper:
         #: the newest complete rounds and failures ``(time, round, why)``, for the status page and metrics
         self.history: collections.deque[RoundSummary] = collections.deque(maxlen=HISTORY)
         self.failures: collections.deque[tuple[float, int, str]] = collections.deque(maxlen=HISTORY)
+        #: garbage collection (see GC_EVERY): rounds published since the last one started,
+        #: the stores and retained rounds of the newest, when it was published, the task
+        self._gc_due = 0
+        self._gc_of: tuple[list[tuple[str, int]], list[int]] = ([], [])
+        self._published_at = 0.0
+        self._collecting: asyncio.Task[None] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -122,6 +135,8 @@ class RoundKeeper:
             return None
         now = time.monotonic()
         self._expire(now)
+        if self._gc_due and self._publishing is None and now - self._published_at >= 2 * self.interval:
+            self._collect()  # rounds paused: collect what the last ones left
         if self._inflight is not None or self._publishing is not None or (now < self._next_at and not force):
             return None
         if self._next_id is None:
@@ -233,17 +248,36 @@ class RoundKeeper:
         log.info("snapshot round %d complete: epoch %d, %d stores, %d files, %.1f MB uploaded, "
                  "published %.2f s after its marker", manifest.round, manifest.epoch, len(manifest.stores),
                  manifest.files, manifest.bytes_uploaded / 1e6, manifest.created - manifest.started)
+        if dropped:
+            log.info("snapshot rounds %s dropped (retaining %s)", dropped, retained)
+        self._gc_of = ([(s.operator, s.partition) for s in manifest.stores], retained)
+        self._gc_due += 1
+        self._published_at = time.monotonic()
+        self._publishing = None
+        if self._gc_due >= GC_EVERY:
+            self._collect()
+
+    def _collect(self) -> None:
+        """Start collecting the garbage of the rounds published so far (one collection at
+        a time; one that is running covers them only if it started after them)."""
+        if self._collecting is not None:
+            return
+        stores, retained = self._gc_of
+        self._gc_due = 0
+        self._collecting = asyncio.get_running_loop().create_task(self._collect_garbage(stores, retained))
+
+    async def _collect_garbage(self, stores: list[tuple[str, int]], retained: list[int]) -> None:
         try:
-            remotes = [(s.operator, s.partition, self._store_remote(s.operator, s.partition)) for s in manifest.stores]
+            remotes = [(op, p, self._store_remote(op, p)) for op, p in stores]
             n, freed = await _in_background(collect_store_garbage, [r for _, _, r in remotes], remotes, retained)
-            if n or freed or dropped:
-                log.info("snapshot gc: %d rounds and %d store snapshots dropped, %.1f MB deleted",
-                         len(dropped), n, freed / 1e6)
+            if n or freed:
+                log.info("snapshot gc: %d store snapshots dropped, %.1f MB deleted", n, freed / 1e6)
         except Exception as exc:
-            log.warning("snapshot garbage collection after round %d failed (retried next round): %s",
-                        manifest.round, exc)
+            self._gc_due += 1  # retried after the next rounds, or two intervals from now
+            self._published_at = time.monotonic()
+            log.warning("snapshot garbage collection failed (retried later): %s", exc)
         finally:
-            self._publishing = None
+            self._collecting = None
 
     async def newest_complete(self, timeout: float = 5.0) -> int:
         """The newest complete round (-1: none known), after a manifest being written now
@@ -269,7 +303,7 @@ class RoundKeeper:
         return None
 
     async def close(self) -> None:
-        for task in (self._loading, self._publishing):
+        for task in (self._loading, self._publishing, self._collecting):
             if task is not None:
                 await asyncio.gather(task, return_exceptions=True)
 

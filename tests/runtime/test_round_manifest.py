@@ -172,13 +172,14 @@ def test_round_settings_are_checked(monkeypatch) -> None:
 
 async def test_the_coordinator_publishes_and_collects_rounds_in_its_background_process(tmp_path: Path,
                                                                                        monkeypatch) -> None:
-    """Publishing a round and its garbage collection run in the coordinator's ``upload``
-    background process, never on a thread of its own: there the MinIO client's work held
-    the GIL the epoch loop needs for ~70 ms per round (issue 8's p99 spikes)."""
+    """Publishing a round and collecting garbage run in the coordinator's ``upload``
+    background process, never on a thread of its own (there the MinIO client's work held
+    the GIL the epoch loop needs for ~70 ms per round: issue 8's p99 spikes). Garbage is
+    collected after every ``GC_EVERY``-th round and once rounds pause, not after each."""
     import asyncio
 
     from coordinator import rounds as keeper_module
-    from coordinator.rounds import RoundKeeper
+    from coordinator.rounds import GC_EVERY, RoundKeeper
     from sfaas import wire
     from statestores import background
 
@@ -190,27 +191,49 @@ async def test_the_coordinator_publishes_and_collects_rounds_in_its_background_p
         return real_submit(fn, *args, lane=lane, local=local)
 
     monkeypatch.setattr(keeper_module.background, "submit", recording_submit)
+    interval = 0.2  # (a pause is 2 intervals without a round: longer than any stall between two)
     store_remotes = {p: PathRemote(tmp_path / "stores" / f"p{p}") for p in range(2)}
     stores = {p: statestores.open("lsm", tmp_path / "local" / f"p{p}", remote=store_remotes[p]) for p in range(2)}
-    keeper = RoundKeeper(0.01, 1, 1, 2, lambda: PathRemote(tmp_path / "rounds"), lambda op, p: store_remotes[p])
+    keeper = RoundKeeper(interval, 1, 1, 2, lambda: PathRemote(tmp_path / "rounds"), lambda op, p: store_remotes[p])
+
+    async def one_round(txns: int) -> int:
+        round_id = None
+        while round_id is None:  # (the first call starts reading the published rounds)
+            await asyncio.sleep(interval / 5)
+            round_id = keeper.marker(epoch=txns, txns=txns)
+        for s in stores.values():
+            s.put(f"k{round_id}".encode(), b"v")
+            s.snapshot(round_id)
+        keeper.on_report(wire.Snapshotted(round_id, 0, txns, [["op", p, 1, 1, 1] for p in stores],
+                                          {}, {}, {}, [], 0, ""))
+        assert keeper._publishing is not None
+        await keeper._publishing
+        return round_id
+
+    def collections_run() -> int:
+        return submitted.count(("collect_store_garbage", "upload", False))
+
+    def snapshots() -> list[list[int]]:
+        return [r.list_snapshots() for r in store_remotes.values()]
+
     try:
-        for expected in (1, 2):
-            round_id = None
-            while round_id is None:  # the first call starts reading the published rounds
-                await asyncio.sleep(0.02)
-                round_id = keeper.marker(epoch=expected, txns=expected)
-            assert round_id == expected
-            for s in stores.values():
-                s.put(f"k{round_id}".encode(), b"v")
-                s.snapshot(round_id)
-            keeper.on_report(wire.Snapshotted(round_id, 0, expected, [["op", p, 1, 1, 1] for p in stores],
-                                              {}, {}, {}, [], 0, ""))
-            assert keeper._publishing is not None
-            await keeper._publishing
-        assert Rounds(PathRemote(tmp_path / "rounds")).ids() == [2]
-        assert [r.list_snapshots() for r in store_remotes.values()] == [[2], [2]]  # round 1's collected
+        for n in range(1, GC_EVERY):
+            assert await one_round(n) == n
+        assert collections_run() == 0 and snapshots() == [list(range(1, GC_EVERY))] * 2  # not after each round
+        await one_round(GC_EVERY)  # the GC_EVERY-th: collected
+        assert keeper._collecting is not None
+        await keeper._collecting
+        assert collections_run() == 1 and snapshots() == [[GC_EVERY]] * 2
+        await one_round(GC_EVERY + 1)
+        assert collections_run() == 1 and snapshots() == [[GC_EVERY, GC_EVERY + 1]] * 2
+        await asyncio.sleep(2.5 * interval)  # rounds pause (no new transactions): collected
+        assert keeper.marker(epoch=99, txns=GC_EVERY + 1) is None
+        assert keeper._collecting is not None
+        await keeper._collecting
+        assert collections_run() == 2 and snapshots() == [[GC_EVERY + 1]] * 2
+        assert Rounds(PathRemote(tmp_path / "rounds")).ids() == [GC_EVERY + 1]
         assert ("publish_round", "upload", False) in submitted
-        assert ("collect_store_garbage", "upload", False) in submitted
     finally:
+        await keeper.close()
         for s in stores.values():
             s.close()
