@@ -135,9 +135,13 @@ class RoundKeeper:
             return None
         now = time.monotonic()
         self._expire(now)
-        if self._gc_due and self._publishing is None and now - self._published_at >= 2 * self.interval:
+        quiet = self._inflight is None and self._publishing is None
+        if self._gc_due and quiet and now - self._published_at >= 2 * self.interval:
             self._collect()  # rounds paused: collect what the last ones left
-        if self._inflight is not None or self._publishing is not None or (now < self._next_at and not force):
+        # (no round while garbage is collected: a store's gc counts the snapshots it keeps,
+        # and one a new round wrote meanwhile would take a retained round's place)
+        busy = self._inflight is not None or self._publishing is not None or self._collecting is not None
+        if busy or (now < self._next_at and not force):
             return None
         if self._next_id is None:
             if self._loading is None:

@@ -224,6 +224,16 @@ async def test_the_coordinator_publishes_and_collects_rounds_in_its_background_p
         assert keeper._collecting is not None
         await keeper._collecting
         assert collections_run() == 1 and snapshots() == [[GC_EVERY]] * 2
+        # no round starts while a collection runs (a snapshot a round wrote meanwhile could
+        # take the place of a retained one among those a store's gc keeps)
+        running: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        keeper._collecting = running  # type: ignore[assignment]
+        try:
+            await asyncio.sleep(1.5 * interval)
+            assert keeper.marker(epoch=GC_EVERY + 1, txns=GC_EVERY + 1) is None
+        finally:
+            keeper._collecting = None
+            running.cancel()
         await one_round(GC_EVERY + 1)
         assert collections_run() == 1 and snapshots() == [[GC_EVERY, GC_EVERY + 1]] * 2
         await asyncio.sleep(2.5 * interval)  # rounds pause (no new transactions): collected
