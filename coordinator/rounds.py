@@ -5,13 +5,13 @@ next epoch's ``Commit`` carries ``marker = n``. Each worker freezes its stores a
 commit and reports ``wire.Snapshotted`` once its uploads ended. With every report in, the
 round's manifest is published (write-then-publish); after every ``GC_EVERY``-th round,
 and when rounds pause, the store snapshots and files no retained round needs are
-garbage-collected. Both run in a background process at
-lower priority (``statestores.background``, lane ``upload``): never on the epoch loop, and
-not on a thread of this process either, whose GIL the epoch loop needs (the MinIO client's
-requests, signing and XML parsing held it for ~70 ms per round, the main cause of the
-p99 spikes at every round). A round that fails (a
-worker's upload failed, MinIO is down, or it took longer than ``ROUND_TIMEOUT``) is
-logged and the next interval tries again; epochs never wait for a round.
+garbage-collected (no round starts meanwhile). Both run in a background process at lower
+priority (``statestores.background``, lane ``upload``): never on the epoch loop, and not
+on a thread of this process either, whose GIL the epoch loop needs (the MinIO client's
+requests, signing and XML parsing held it for ~70 ms per round, the main cause of the p99
+spikes at every round). A round that fails (a worker's upload failed, MinIO is down, or
+it took longer than ``ROUND_TIMEOUT``) is logged and the next interval tries again;
+epochs never wait for a round.
 """
 
 from __future__ import annotations
@@ -262,8 +262,8 @@ class RoundKeeper:
             self._collect()
 
     def _collect(self) -> None:
-        """Start collecting the garbage of the rounds published so far (one collection at
-        a time; one that is running covers them only if it started after them)."""
+        """Start collecting the garbage the rounds published so far left (one collection
+        at a time; no round starts until it ends, see :meth:`marker`)."""
         if self._collecting is not None:
             return
         stores, retained = self._gc_of

@@ -27,8 +27,10 @@ from remotes.manifest import frame, unframe
 
 log = logging.getLogger("sfaas.rounds")
 
-__all__ = ["StoreCut", "RoundManifest", "RoundIndex", "RoundError", "Rounds", "collect_garbage", "collect_store_garbage", "publish_round",
-           "INDEX_BLOB"]
+__all__ = [
+    "StoreCut", "RoundManifest", "RoundIndex", "RoundError", "Rounds", "publish_round", "collect_garbage",
+    "collect_store_garbage", "INDEX_BLOB",
+]
 
 _VERSION = 1
 INDEX_BLOB = "index"
@@ -247,4 +249,3 @@ def collect_store_garbage(remotes: Sequence[tuple[str, int, Remote]], retained: 
     process (``statestores.background``, lane ``upload``)."""
     by_store = {(op, p): r for op, p, r in remotes}
     return collect_garbage(list(by_store), lambda op, p: by_store[(op, p)], retained)
-

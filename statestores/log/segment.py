@@ -245,4 +245,3 @@ def write_segment(
     fs.write_file_atomic(os.path.join(directory, hint_name(name)), hints.encode(seq, size, keys, addrs, tombs), sync=fsync)
     fs.rename(path + ".tmp", path)
     return size, keys, addrs, tombs
-
