@@ -5,8 +5,12 @@ produced by one task, in commit order, to the reply partition the request named.
 broker acknowledges a reply, its request is *completed*: its ingress offset may be
 committed to the consumer group (``sfaas.txn.offsets``) and it stops counting against the
 worker's in-flight limit (``worker.ingress``), which is what bounds the replies queued here.
-A reply whose delivery fails is not completed: its offset stays uncommitted, so a restart
-runs the request again.
+A reply whose delivery fails (the producer gave up: Kafka unreachable past its retries) is
+not completed: its offset stays uncommitted. With snapshot rounds on, the worker then
+leaves the cluster, as when an epoch-log write fails: the recovery that follows rolls
+back to the newest round and replays, producing every reply not yet in the egress topic
+again. Without rounds there is no recovery to leave for; the request waits for a
+restart, holding its in-flight slot.
 """
 
 from __future__ import annotations
@@ -67,9 +71,17 @@ class Egress:
 
     def _sent(self, partition: int, offset: int, fut: asyncio.Future[Any]) -> None:
         """A reply's delivery finished: on success its request is completed."""
-        if fut.cancelled() or fut.exception() is not None:
-            log.error("producing the reply to ingress %d:%d failed: %s", partition, offset,
-                      "cancelled" if fut.cancelled() else fut.exception())
+        if fut.cancelled():  # (a worker that is stopping)
+            return
+        exc = fut.exception()
+        if exc is not None:
+            w = self.w
+            if w.settings.snapshot_interval > 0 and not w.coord.closed:
+                log.error("producing the reply to ingress %d:%d failed: %s; leaving the cluster so that a recovery "
+                          "produces it again", partition, offset, exc, extra={"worker": w.index})
+                w.coord.close()
+            else:
+                log.error("producing the reply to ingress %d:%d failed: %s", partition, offset, exc)
             return
         md = fut.result()
         if md.offset + 1 > self.acked.get(md.partition, 0):

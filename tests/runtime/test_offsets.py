@@ -119,7 +119,8 @@ async def test_worker_commits_completed_offsets_only() -> None:
     w.consumer = _FakeConsumer()
     w.producer = _FakeProducer()
     w.assign = SimpleNamespace(ingress_topic="in", egress_topic="out")
-    w.settings = SimpleNamespace(max_batch=1)
+    w.settings = SimpleNamespace(max_batch=1, snapshot_interval=0)
+    w.coord = SimpleNamespace(closed=False)
     w.egress, w.ingress = Egress(w), Ingress(w)
     items = [_Pending(_request(i), 3, 100 + i) for i in range(4)]
     for it in items:
@@ -145,3 +146,31 @@ async def test_worker_commits_completed_offsets_only() -> None:
     await w.egress.commit_offsets()
     assert len(w.consumer.commits) == 1
     assert w.offsets.watermark(3) == 100
+    assert not w.coord.closed  # without snapshot rounds there is no recovery to leave for
+
+
+async def test_a_reply_that_cannot_be_delivered_makes_the_worker_leave_for_a_recovery() -> None:
+    """With snapshot rounds on, a reply the producer gave up on would otherwise be lost to
+    its client (and hold an in-flight slot): the worker leaves the cluster, as for a failed
+    epoch-log write, so the recovery's replay produces it again."""
+    closed: list[bool] = []
+    w = Worker.__new__(Worker)
+    w.offsets = OffsetTracker()
+    w.producer = _FakeProducer()
+    w.assign = SimpleNamespace(ingress_topic="in", egress_topic="out")
+    w.settings = SimpleNamespace(max_batch=1, snapshot_interval=1.0)
+    w.index = 0
+    w.coord = SimpleNamespace(closed=False, close=lambda: closed.append(True))
+    w.egress, w.ingress = Egress(w), Ingress(w)
+    w.offsets.take(3, 100)
+    w.offsets.take(3, 101)
+    w.egress.add(0, b"reply", 3, 100)
+    w.egress.add(0, b"reply", 3, 101)
+    await w.egress.flush()
+    w.producer.futs[0].set_result(SimpleNamespace(partition=0, offset=7))
+    await asyncio.sleep(0)
+    assert closed == [] and w.offsets.in_flight == 1
+    w.producer.futs[1].set_exception(RuntimeError("broker down"))
+    await asyncio.sleep(0)
+    assert closed == [True]  # the coordinator sees it go and recovers
+    assert w.offsets.in_flight == 1  # never completed: its offset is not committed
