@@ -272,6 +272,17 @@ class Store(abc.ABC):
 
     # ------------------------------------------------------------------ versions and files
 
+    @property
+    def _local_background(self) -> bool:
+        """Background jobs run in this process when the file system is not the real one
+        (a test's FaultyFS must see the job's writes, crash included)."""
+        return type(self.fs) is not FileSystem
+
+    @property
+    def _bg_fs(self) -> FileSystem | None:
+        """The file system a background job uses: ours when it runs locally."""
+        return self.fs if self._local_background else None
+
     def _path(self, name: str) -> str:
         return os.path.join(self.directory, name)
 

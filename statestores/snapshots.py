@@ -201,7 +201,7 @@ def upload(store: Store, remote: Remote, snapshot_id: int, frozen: Frozen, freez
         known = _known_infos(store, remote)
         files = [(e.name, store._path(e.name), known.get(e.name), have.get(e.name)) for e in entries]
         meta = {"files": encode_entries(entries)}
-        local = not remote.shareable or type(store.fs) is not FileSystem
+        local = not remote.shareable or store._local_background
         fut = background.submit(ship, store.fs if local else None, remote, snapshot_id, store.engine,
                                 files, meta, lane="upload", local=local)
         infos, shipped, sent, read = fut.result()

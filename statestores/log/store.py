@@ -36,7 +36,6 @@ from crc32c import crc32c
 from .. import background, hints
 from ..base import Option, Store
 from ..errors import BackgroundBusy, CorruptionError, StoreError
-from ..fs import FileSystem
 from ..hints import OFFSET_BITS, OFFSET_MASK
 from ..snapshots import Frozen
 from ..version import FileEntry
@@ -245,9 +244,8 @@ class SegmentedStore(Store):
         the ``flush`` background process, so encoding every record never holds this
         process's GIL (a region flushed at each snapshot round slowed the epochs after it).
         """
-        local = type(self.fs) is not FileSystem  # a test's FaultyFS must see the writes
         fsync = self.sync == "fsync"
-        if in_background and not local:
+        if in_background and not self._local_background:
             try:
                 fut = background.submit(write_segment, None, self.directory, name, seq, items, fsync, lane="flush")
             except BackgroundBusy as exc:
@@ -395,11 +393,10 @@ class SegmentedStore(Store):
             inputs = inputs[:n]
             seq = self._next_seq()
             out = self._segment_name(level + 1, seq)
-            local = type(self.fs) is not FileSystem  # a test's FaultyFS must see the merge's writes
             try:
                 fut = background.submit(
                     merge_segments,
-                    self.fs if local else None,
+                    self._bg_fs,
                     self.directory,
                     [(s.name, s.seq) for s in inputs],
                     out,
@@ -407,7 +404,7 @@ class SegmentedStore(Store):
                     first == 0,
                     self.sync == "fsync",
                     lane="merge",
-                    local=local,
+                    local=self._local_background,
                 )
             except BackgroundBusy as exc:
                 log.debug("merge in %s postponed: %s", self.directory, exc)

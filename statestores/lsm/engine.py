@@ -499,17 +499,6 @@ class LSMStore(Store):
             self._edit(added)
         fut.add_done_callback(self._on_done(self._install_flushes))
 
-    @property
-    def _local_background(self) -> bool:
-        """Background jobs run in this process when the file system is not the real one
-        (a test's FaultyFS must see the job's writes, crash included)."""
-        return type(self.fs) is not FileSystem
-
-    @property
-    def _bg_fs(self) -> FileSystem | None:
-        """The file system a background job uses: ours when it runs locally."""
-        return self.fs if self._local_background else None
-
     def _install_flushes(self, _fut: object = None) -> None:
         """(maintainer) Install finished flushes, oldest first."""
         with self._lock:
