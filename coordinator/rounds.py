@@ -110,9 +110,10 @@ class RoundKeeper:
         self.history: collections.deque[RoundSummary] = collections.deque(maxlen=HISTORY)
         self.failures: collections.deque[tuple[float, int, str]] = collections.deque(maxlen=HISTORY)
         #: garbage collection (see GC_EVERY): rounds published since the last one started,
-        #: the stores and retained rounds of the newest, when it was published, the task
+        #: the rounds retained by the newest (whose stores it covers), when that was
+        #: published, the task
         self._gc_due = 0
-        self._gc_of: tuple[list[tuple[str, int]], list[int]] = ([], [])
+        self._retained: list[int] = []
         self._published_at = 0.0
         self._collecting: asyncio.Task[None] | None = None
 
@@ -254,7 +255,7 @@ class RoundKeeper:
                  manifest.files, manifest.bytes_uploaded / 1e6, manifest.created - manifest.started)
         if dropped:
             log.info("snapshot rounds %s dropped (retaining %s)", dropped, retained)
-        self._gc_of = ([(s.operator, s.partition) for s in manifest.stores], retained)
+        self._retained = retained
         self._gc_due += 1
         self._published_at = time.monotonic()
         self._publishing = None
@@ -264,11 +265,11 @@ class RoundKeeper:
     def _collect(self) -> None:
         """Start collecting the garbage the rounds published so far left (one collection
         at a time; no round starts until it ends, see :meth:`marker`)."""
-        if self._collecting is not None:
+        if self._collecting is not None or self.last_complete is None:
             return
-        stores, retained = self._gc_of
+        stores = [(s.operator, s.partition) for s in self.last_complete.stores]
         self._gc_due = 0
-        self._collecting = asyncio.get_running_loop().create_task(self._collect_garbage(stores, retained))
+        self._collecting = asyncio.get_running_loop().create_task(self._collect_garbage(stores, self._retained))
 
     async def _collect_garbage(self, stores: list[tuple[str, int]], retained: list[int]) -> None:
         try:
