@@ -40,7 +40,9 @@ follower rejected a message — writes a restart request under a fresh epoch. Th
 follower reads only its new epoch, so their slots are free), restarts
 :meth:`Shipper.stream` from the request's hello (a base edit if needed) and announces the
 epoch in ``tip``. A new sink on an existing directory adopts the ack's epoch and keeps
-the published messages after it, numbering on, so a follower mid-stream goes on reading.
+the published messages after it, numbering on, so a follower mid-stream goes on reading
+(one still waiting for the stream starts at the first kept message); its own stream
+starts where the follower will stand once it installed them.
 """
 
 from __future__ import annotations
@@ -318,9 +320,23 @@ class PathSink:
             if epoch != ack.epoch or n <= ack.n:
                 self._drop(n)
         self._next = max(self._next, ack.n + 1)
-        self._epoch, self._acked, self._first = ack.epoch, ack.n, self._next
+        # A follower that has not read this stream yet starts at ``first``: the messages an
+        # earlier sink published on it, if any, else the next. Announcing only the next would
+        # strand those (never read, never acknowledged, their slots never freed: with every
+        # slot taken the stream stalls for good).
+        self._epoch, self._acked = ack.epoch, ack.n
+        self._first = min(self._published, default=self._next)
         self._last = max(self._published, default=self._first - 1)
-        self._hello = ack.restart or Hello(self.shipper.name, ack.seq, ack.mark, (), ack.origin)
+        # The stream goes on after what is published: from where the follower will stand
+        # once it installed those messages (else the shipper would count files a message
+        # it then skips as a duplicate brings as on the follower, and ship them bodiless).
+        hello = ack.restart or Hello(self.shipper.name, ack.seq, ack.mark, (), ack.origin)
+        for n in sorted(self._published):
+            pub = _read_msg(_msg_path(self.directory, n))
+            if pub is None:
+                raise ReplicationError(f"message {n} vanished from {self.directory} while this sink adopted it")
+            hello = wire.after(hello, pub.msg)
+        self._hello = hello
         if self._hello.store != self.shipper.name:
             log.warning("path sink %s: the follower follows %r, this sink ships %r", self.directory,
                         self._hello.store, self.shipper.name)
@@ -482,7 +498,8 @@ class PathSource:
                     raise ReplicationError(f"message {n + 1} in {self.directory} belongs to stream {pub.epoch}, not {epoch}")
                 yield Received(pub.msg, functools.partial(self._fetch, pub))
                 n += 1  # the follower asks for the next: it installed this one
-                at = _installed(at, pub.msg, n)
+                now = wire.after(Hello(self.store, at.seq, at.mark, (), at.origin), pub.msg)
+                at = _AckRec(epoch, n, now.have_seq, now.have_mark, now.origin)
                 _write_ack(self.directory, at)
                 continue
             if tip.last > n:
@@ -507,13 +524,3 @@ class PathSource:
 
     def __repr__(self) -> str:
         return f"PathSource({self.directory!r}, store={self.store!r})"
-
-
-def _installed(at: _AckRec, msg: EditMsg | MarkMsg, n: int) -> _AckRec:
-    """Where a follower at ``at`` stands after installing message ``n``, ``msg`` (as its
-    ``Follower._apply`` does: a stale edit or mark changes nothing)."""
-    if isinstance(msg, MarkMsg):
-        return dataclasses.replace(at, n=n, mark=max(at.mark, msg.snapshot_id))
-    if msg.base:
-        return dataclasses.replace(at, n=n, seq=msg.seq, origin=msg.origin)
-    return dataclasses.replace(at, n=n, seq=max(at.seq, msg.seq))

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from ..snapshots import file_crc
 from ..version import FileEntry, SnapshotMark, VersionEdit
-from .wire import EditMsg, Hello, MarkMsg, ShippedFile, Tip
+from .wire import EditMsg, Hello, MarkMsg, ShippedFile, Tip, after
 
 if TYPE_CHECKING:
     from ..base import Store
@@ -195,7 +195,7 @@ class Shipper:
         a follower notice a lost message, and a transport notice it was stopped. The files of the delivery just yielded stay
         staged until the caller asks for the next one. Ends when the shipper closes.
         """
-        have = set(hello.have_files)
+        at = hello  # where the follower stands once it installed what this stream sent
         held: list[str] = []
         with self._lock:
             self.followers += 1
@@ -230,24 +230,28 @@ class Shipper:
                         else:
                             tip = Tip(self._seq, self._mark.event.snapshot_id if self._mark else -1)  # type: ignore[union-attr]
                     self._ref(held)
-                # ``have``: what the follower holds once it installed what this stream sent —
-                # a file shipped once is not shipped again (a mark names files its edits
-                # brought); a file an edit removes may be deleted there, so it leaves ``have``
+                # ``at.have_files``: what the follower holds once it installed what this
+                # stream sent — a file shipped once is not shipped again (a mark names files
+                # its edits brought); a file an edit removes may be deleted there, so it
+                # leaves. Only what the follower installs counts: it skips a duplicate (an
+                # edit at or below its version, a mark it holds), and a replay from a mark it
+                # lacks sends such duplicates — a file one of them added and a later one
+                # removed is not on the follower, so a later mark naming it carries its body.
                 if base is not None:
                     seq, live, mark = base
-                    yield Delivery(EditMsg(seq, self._shipped(live, have), (), True, self.origin),
-                                   {e.name: os.path.join(self.staging, e.name) for e in live})
-                    have = {e.name for e in live}  # a base replaces what the follower held
+                    msg: EditMsg | MarkMsg = EditMsg(seq, self._shipped(live, set(at.have_files)), (), True, self.origin)
+                    yield Delivery(msg, {e.name: os.path.join(self.staging, e.name) for e in live})
+                    at = after(at, msg)
                     if mark is not None:
-                        yield self._delivery(mark, have)
-                        have.update(mark.names)
+                        d = self._delivery(mark, set(at.have_files))
+                        yield d
+                        at = after(at, d.msg)
                 elif tip is not None:
                     yield tip
                 elif ev is not None:
-                    yield self._delivery(ev, have)
-                    if isinstance(ev.event, VersionEdit):
-                        have.difference_update(ev.event.removed)
-                    have.update(ev.names)
+                    d = self._delivery(ev, set(at.have_files))
+                    yield d
+                    at = after(at, d.msg)
         finally:
             with self._lock:
                 self._release(held)

@@ -9,6 +9,7 @@ first element names its type; :func:`decode` checks every field and raises
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ __all__ = [
     "decode",
     "files_of",
     "bodies_of",
+    "after",
 ]
 
 #: Largest encoded message (a base edit of a store with ~100,000 files fits).
@@ -118,6 +120,27 @@ def files_of(msg: EditMsg | MarkMsg) -> tuple[ShippedFile, ...]:
 def bodies_of(msg: EditMsg | MarkMsg) -> list[tuple[str, int]]:
     """``(name, size)`` of the bodies that follow ``msg``, in order."""
     return [(f.entry.name, f.size) for f in files_of(msg) if f.body]
+
+
+def after(hello: Hello, msg: EditMsg | MarkMsg) -> Hello:
+    """Where a follower standing at ``hello`` stands once it installed ``msg``, as its
+    ``Follower._apply`` does: a duplicate (an edit at or below its version, a base of its
+    own lineage there, a mark it holds) changes nothing. ``have_files`` follows the
+    installed messages; a transport that cannot know them passes ``()``, which claims less."""
+    have = set(hello.have_files)
+    if isinstance(msg, MarkMsg):
+        if msg.snapshot_id <= hello.have_mark:
+            return hello
+        have.update(f.entry.name for f in msg.files)
+        return dataclasses.replace(hello, have_mark=msg.snapshot_id, have_files=tuple(sorted(have)))
+    if msg.seq <= hello.have_seq and (not msg.base or msg.origin == hello.origin):
+        return hello
+    if msg.base:
+        return dataclasses.replace(hello, have_seq=msg.seq, origin=msg.origin,
+                                   have_files=tuple(sorted(f.entry.name for f in msg.added)))
+    have.difference_update(msg.removed)
+    have.update(f.entry.name for f in msg.added)
+    return dataclasses.replace(hello, have_seq=msg.seq, have_files=tuple(sorted(have)))
 
 
 _TAGS = {Hello: "hello", EditMsg: "edit", MarkMsg: "mark", Ack: "ack", Tip: "tip"}

@@ -11,6 +11,7 @@ import random
 import shutil
 import socket
 import sys
+import threading
 import time
 import types
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ import pytest
 import remotes
 import statestores
 from statestores.replica import ReplicationError, Shipper, rdma
+from statestores.replica import path as path_mod
 from statestores.replica.path import PathSink, PathSource
 
 from .engines import TINY
@@ -159,6 +161,115 @@ def test_path_follower_closed_reopened_and_restored_from_an_older_copy_converges
         sink.close()
         shipper.close()
         db.close()
+
+
+def test_a_sink_restarted_before_the_follower_read_its_new_stream_announces_what_was_published(tmp_path: Path) -> None:
+    """The follower asked for a new stream and is waiting for it; the sink answering fills
+    every slot and is killed before the follower read a message; the next sink must point
+    the follower at those messages. (It once announced only its own next message: the
+    follower waited for that, the sink for the slots the unread messages held — forever.)"""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    db = statestores.open("lsm", tmp_path / "primary", **TINY["lsm"])
+    shipper = Shipper(db)
+    sinks: list[PathSink] = []
+    # a directory whose ack is not this follower's state: its first open asks for a new
+    # stream, finds no sink, and sleeps a poll (long: the sink's life and kill below fit in it)
+    path_mod._write_ack(str(shared), path_mod._AckRec("an-older-stream", 4, 9, -1, "elsewhere"))
+    source = WaitingPathSource(shared, shipper.name, poll=4.0)
+    f = statestores.follow("lsm", tmp_path / "replica", source, **TINY["lsm"])
+    try:
+        assert source.waiting.wait(10), "the follower never asked for a new stream"
+        epoch = path_mod._read_ack(str(shared)).epoch  # type: ignore[union-attr]
+        deadline = time.monotonic() + 10
+        sinks.append(PathSink(shipper, shared, slots=3))
+        i = 0
+        while len(sinks[0]._published) < 3:  # the sink answers, until every slot is taken
+            assert time.monotonic() < deadline, f"the sink published {len(sinks[0]._published)} messages, not 3"
+            _fill_lsm(db, i)
+            i += 1
+            time.sleep(0.02)
+        assert sinks[0]._epoch == epoch and f.seq == 0, "the follower read the stream before the kill: no test"
+        sinks[0].close()
+        sinks.append(PathSink(shipper, shared, slots=3))
+        source.poll = 0.03  # its next wake-up reads the stream; no need to dawdle after it
+        db.settle()
+        f.wait(seq=db.version()[0], timeout=20)
+        assert f.stats()["gaps"] == 0
+    finally:
+        f.close()
+        for s in sinks:
+            s.close()
+        shipper.close()
+        db.close()
+
+
+class WaitingPathSource(PathSource):
+    """Tells when its follower asked for a new stream and found no sink answering yet."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.waiting = threading.Event()
+
+    def _tip(self, epoch: str, waiting: bool) -> Any:
+        tip = super()._tip(epoch, waiting)
+        if waiting and tip is None:
+            self.waiting.set()
+        return tip
+
+
+def _fill_lsm(db: statestores.Store, i: int) -> None:
+    for k in range(30):
+        db[b"k%03d-%03d" % (i, k)] = b"v" * 40
+    db.flush()
+
+
+class CorruptingPathSource(PathSource):
+    """Damages one fetched body now and then (a bad block on the shared mount): the
+    follower's crc check rejects the message and asks the sink for a new stream."""
+
+    def __init__(self, *args: Any, rng: random.Random) -> None:
+        super().__init__(*args)
+        self.rng = rng
+        self.damaged = 0
+
+    def _fetch(self, pub: Any, dests: dict[str, str] | None) -> None:
+        super()._fetch(pub, dests)
+        if dests and (not self.damaged or self.rng.random() < 0.08):  # the first for sure
+            path = Path(next(iter(dests.values())))
+            data = bytearray(path.read_bytes())
+            if data:
+                data[len(data) // 2] ^= 0xFF
+                path.write_bytes(bytes(data))
+                self.damaged += 1
+
+
+@pytest.mark.parametrize("engine", ["lsm", "hybridlog"])
+def test_path_follower_with_damaged_bodies_and_killed_sinks_converges(engine: str, tmp_path: Path, seed: random.Random) -> None:
+    """Damaged bodies make the follower ask for new streams while sinks are killed and
+    restarted on the directory: it still converges to the primary, byte for byte."""
+    sinks: list[PathSink] = []
+    shippers: list[Shipper] = []
+    sources: list[CorruptingPathSource] = []
+
+    def source_for(shipper: Shipper) -> PathSource:
+        shippers.append(shipper)
+        sinks.append(PathSink(shipper, tmp_path / "shared", slots=3))
+        sources.append(CorruptingPathSource(tmp_path / "shared", shipper.name, rng=random.Random(seed.random())))
+        return sources[0]
+
+    def chaos() -> None:
+        if seed.random() < 0.06:
+            sinks[-1].close()
+            sinks.append(PathSink(shippers[0], tmp_path / "shared", slots=3))
+
+    try:
+        follower = _run_history(engine, _ops(seed, 300), [], tmp_path, source_for, chaos)
+        assert sources[0].damaged > 0 and len(sinks) > 1, "no body was damaged or no sink restarted: no test"
+        assert follower.stats()["corrupt"] == sources[0].damaged
+    finally:
+        for s in sinks:
+            s.close()
 
 
 def test_path_sink_and_source_refuse_bad_arguments(tmp_path: Path) -> None:
