@@ -386,7 +386,8 @@ class Follower:
                     raise TimeoutError(
                         f"replica {self.directory} reached version {self.seq}, marks "
                         f"{[i for i, _s, _f in self.marks]}, not version {seq} / snapshot {snapshot_id} "
-                        f"within {timeout} s (last stream error: {self.last_error})"
+                        f"within {timeout} s (last stream error: {self.last_error}; so far: "
+                        f"{', '.join(f'{k} {v}' for k, v in sorted(self._counts.items())) or 'nothing received'})"
                     )
                 self._cond.wait(min(left, 0.5))
 
