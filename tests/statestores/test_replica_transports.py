@@ -176,7 +176,7 @@ def test_a_sink_restarted_before_the_follower_read_its_new_stream_announces_what
     # a directory whose ack is not this follower's state: its first open asks for a new
     # stream, finds no sink, and sleeps a poll (long: the sink's life and kill below fit in it)
     path_mod._write_ack(str(shared), path_mod._AckRec("an-older-stream", 4, 9, -1, "elsewhere"))
-    source = WaitingPathSource(shared, shipper.name, poll=4.0)
+    source = WaitingPathSource(shared, shipper.name, poll=8.0)
     f = statestores.follow("lsm", tmp_path / "replica", source, **TINY["lsm"])
     try:
         assert source.waiting.wait(10), "the follower never asked for a new stream"
