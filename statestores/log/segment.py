@@ -242,6 +242,14 @@ def write_segment(
             fs.fsync(fd)
     finally:
         fs.close(fd)
-    fs.write_file_atomic(os.path.join(directory, hint_name(name)), hints.encode(seq, size, keys, addrs, tombs), sync=fsync)
+    write_hint(fs, directory, name, seq, size, keys, addrs, tombs, fsync)
     fs.rename(path + ".tmp", path)
     return size, keys, addrs, tombs
+
+
+def write_hint(
+    fs: FileSystem, directory: str, name: str, seq: int, size: int, keys: list[bytes], addrs: Any,
+    tombs: list[bytes], fsync: bool,
+) -> None:
+    """The hint of segment ``name`` (``size`` bytes; ``keys`` sorted), written atomically."""
+    fs.write_file_atomic(os.path.join(directory, hint_name(name)), hints.encode(seq, size, keys, addrs, tombs), sync=fsync)

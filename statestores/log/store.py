@@ -47,6 +47,7 @@ from .segment import (
     Segment,
     hint_name,
     scan_segment,
+    write_hint,
     write_segment,
 )
 
@@ -255,9 +256,7 @@ class SegmentedStore(Store):
         return write_segment(self.fs, self.directory, name, seq, items, fsync)
 
     def _write_hint(self, name: str, seq: int, size: int, keys: list[bytes], addrs: Any, tombs: list[bytes]) -> None:
-        self.fs.write_file_atomic(
-            self._path(hint_name(name)), hints.encode(seq, size, keys, addrs, tombs), sync=self.sync == "fsync"
-        )
+        write_hint(self.fs, self.directory, name, seq, size, keys, addrs, tombs, self.sync == "fsync")
 
     def _drop_segments(self) -> None:
         for seg in self._segs.values():
