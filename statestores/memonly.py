@@ -4,6 +4,14 @@ The baseline that shows why incremental snapshots matter: every snapshot (and ev
 flush without a WAL) dumps the full state into a new file, so cumulative snapshot cost
 grows quadratically with a growing state.
 
+**The dump's CPU follows the change, its bytes the state.** A dump is written while the
+store's lock is held and the caller (a worker's event loop, at each snapshot round) waits.
+Encoding every record there cost ~0.35 µs per key — 35 ms per 100K keys, a stall of every
+request in flight. So the store keeps each key's encoded dump record (``_enc``) and the keys
+written since it was last brought up to date (``_dirty``); a dump re-encodes only those
+and joins the rest in C. The price is a second copy of the state in memory. After an open
+or a restore everything is dirty (``_dirty`` is None) until the first dump.
+
 Files (see ``FORMAT.md``): ``mem-<seq>.dump`` — the full state as one write batch of log
 records; ``mem-<seq>.wal`` — writes since that dump (only with ``sync`` ≠ ``"none"``);
 ``CURRENT`` — which dump and WAL are live.
@@ -11,6 +19,7 @@ records; ``mem-<seq>.wal`` — writes since that dump (only with ``sync`` ≠ ``
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -20,6 +29,9 @@ from .errors import CorruptionError
 from .version import FileEntry
 
 __all__ = ["MemOnlyStore"]
+
+#: Records joined per write of a dump (bounds the extra memory a dump takes).
+_DUMP_CHUNK_RECORDS = 8192
 
 
 class MemOnlyStore(Store):
@@ -31,6 +43,10 @@ class MemOnlyStore(Store):
 
     def _open(self) -> None:
         self._data: dict[bytes, bytes] = {}
+        #: key -> its encoded dump record, as of the last dump (see module docstring)
+        self._enc: dict[bytes, bytes] = {}
+        #: keys written since then; None: every key (after an open or a restore)
+        self._dirty: set[bytes] | None = None
         self._wal_fd: int | None = None
         self._wal_name: str | None = None
         self._wal_bytes = 0
@@ -112,6 +128,8 @@ class MemOnlyStore(Store):
             if self._wal_fd is not None:
                 self._append(records.encode(key, value))
             self._data[key] = value
+            if self._dirty is not None:
+                self._dirty.add(key)
 
     def delete(self, key: bytes) -> None:
         self._check_open()
@@ -120,6 +138,8 @@ class MemOnlyStore(Store):
             if self._wal_fd is not None:
                 self._append(records.encode(key, None))
             self._data.pop(key, None)
+            if self._dirty is not None:
+                self._dirty.add(key)
 
     def write_batch(self, ops: Iterable[tuple[bytes, bytes | None]]) -> None:
         self._check_open()
@@ -135,6 +155,8 @@ class MemOnlyStore(Store):
                     data.pop(k, None)
                 else:
                     data[k] = v
+            if self._dirty is not None:
+                self._dirty.update(k for k, _ in checked)
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         self._check_open()
@@ -155,25 +177,33 @@ class MemOnlyStore(Store):
 
     # -- snapshots --
 
+    def _encoded(self) -> dict[bytes, bytes]:
+        """(lock held) Every key's dump record, brought up to date (see module docstring)."""
+        data, enc, dirty = self._data, self._enc, self._dirty
+        if dirty is None:
+            enc = self._enc = {k: records.encode(k, v, records.BATCH) for k, v in data.items()}
+        else:
+            for k in dirty:
+                v = data.get(k)
+                if v is None:
+                    enc.pop(k, None)
+                else:
+                    enc[k] = records.encode(k, v, records.BATCH)
+        self._dirty = set()
+        return enc
+
     def _dump(self) -> str:
         """Write the whole state to a new dump file and make it (and a fresh WAL) current."""
         name = self._next_name("dump")
         path = self._path(name)
         tmp = path + ".tmp"
+        enc = self._encoded()
         fd = self.fs.open_new(tmp)
         try:
-            chunk: list[bytes] = []
-            size = 0
-            for k, v in self._data.items():
-                rec = records.encode(k, v, records.BATCH)
-                chunk.append(rec)
-                size += len(rec)
-                if size >= 1 << 20:
-                    self.fs.write(fd, b"".join(chunk))
-                    chunk.clear()
-                    size = 0
-            chunk.append(records.encode(b"", len(self._data).to_bytes(4, "little"), records.COMMIT))
-            self.fs.write(fd, b"".join(chunk))
+            recs = iter(enc.values())
+            while chunk := b"".join(itertools.islice(recs, _DUMP_CHUNK_RECORDS)):
+                self.fs.write(fd, chunk)
+            self.fs.write(fd, records.encode(b"", len(enc).to_bytes(4, "little"), records.COMMIT))
             if self.sync == "fsync":
                 self.fs.fsync(fd)
         finally:
@@ -198,6 +228,7 @@ class MemOnlyStore(Store):
         if len(dumps) != 1 or len(entries) != 1:
             raise CorruptionError(self.directory, f"a memonly snapshot names one dump file, got {[e.name for e in entries]}")
         self._data = {}
+        self._enc, self._dirty = {}, None
         self._load_records(dumps[0].name, truncate_torn=False)
         self._dump_name = dumps[0].name
         new = list(dumps)
