@@ -140,6 +140,7 @@ class MemOnlyStore(Store):
             self._data.pop(key, None)
             if self._dirty is not None:
                 self._dirty.add(key)
+                self._bound_dirty()
 
     def write_batch(self, ops: Iterable[tuple[bytes, bytes | None]]) -> None:
         self._check_open()
@@ -157,6 +158,15 @@ class MemOnlyStore(Store):
                     data[k] = v
             if self._dirty is not None:
                 self._dirty.update(k for k, _ in checked)
+                self._bound_dirty()
+
+    def _bound_dirty(self) -> None:
+        """(lock held) Deleted keys stay in ``_dirty`` until the next dump; a store that
+        churns through keys between rare dumps would hoard them, so beyond twice the live
+        keys it drops the cache (the next dump encodes everything again)."""
+        assert self._dirty is not None
+        if len(self._dirty) > 2 * len(self._data) + 1024:
+            self._enc, self._dirty = {}, None
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         self._check_open()
