@@ -47,6 +47,7 @@ class MemOnlyStore(Store):
         self._enc: dict[bytes, bytes] = {}
         #: keys written since then; None: every key (after an open or a restore)
         self._dirty: set[bytes] | None = None
+        self._drop_dump_cache()
         self._wal_fd: int | None = None
         self._wal_name: str | None = None
         self._wal_bytes = 0
@@ -166,7 +167,11 @@ class MemOnlyStore(Store):
         keys it drops the cache (the next dump encodes everything again)."""
         assert self._dirty is not None
         if len(self._dirty) > 2 * len(self._data) + 1024:
-            self._enc, self._dirty = {}, None
+            self._drop_dump_cache()
+
+    def _drop_dump_cache(self) -> None:
+        """Forget every encoded record: the next dump encodes every key."""
+        self._enc, self._dirty = {}, None
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         self._check_open()
@@ -238,7 +243,7 @@ class MemOnlyStore(Store):
         if len(dumps) != 1 or len(entries) != 1:
             raise CorruptionError(self.directory, f"a memonly snapshot names one dump file, got {[e.name for e in entries]}")
         self._data = {}
-        self._enc, self._dirty = {}, None
+        self._drop_dump_cache()
         self._load_records(dumps[0].name, truncate_torn=False)
         self._dump_name = dumps[0].name
         new = list(dumps)
