@@ -24,12 +24,20 @@ the state at that flush (prefix-consistent; this is HybridLog's documented trade
 active WAL before it is applied; the WAL rolls whenever the boundary advances, and a WAL
 is deleted once every record it covers is in a log file.
 
-A snapshot hands both in-memory regions off the same way (a dict swap: a few
-microseconds) and names every log file and hint, including the one being written; its
-upload waits for that file.
+A snapshot does not flush (FASTER's fold-over checkpoint): it advances the read-only
+boundary to the tail and seals what the records written since the last snapshot are in —
+with a WAL, the active WAL (a new one starts); without (``sync="none"``), a small *tail*
+file it writes now, holding the last record of each key written since (a WAL in format
+and kind). So a round writes one small file per store and starts no flush and no merge,
+like an LSM store's. The snapshot names every log file, hint and sealed WAL (and a log
+file still being written for a region handed off before, its upload waiting for it). The
+sealed WALs go once the read-only region they cover is flushed; when a store holds
+``max_snapshot_wals`` of them (between half that and all of it, staggered per store so
+stores sharing a machine do not all flush in the same round), the snapshot flushes both
+regions instead, as a close does, so a restore never replays more than that many.
 
 Files (``FORMAT.md`` § hybridlog): ``hl-<level>-<seq>.log``, ``hl-<level>-<seq>.hint``,
-``hl-w-<seq>.wal``, ``CURRENT``.
+``hl-w-<seq>.wal`` (WALs and snapshot tails), ``CURRENT``.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import sys
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +92,9 @@ class HybridLogStore(SegmentedStore):
     OPTIONS = {
         "ro_lag_interval": Option(1 << 16, int, lambda v: v >= 1, "an int >= 1 (records in the mutable region)"),
         "flush_interval": Option(1 << 16, int, lambda v: v >= 1, "an int >= 1 (read-only records before a flush)"),
+        "max_snapshot_wals": Option(
+            32, int, lambda v: 2 <= v <= 1000, "an int in [2, 1000] (sealed WALs before a snapshot flushes the regions)"
+        ),
         **SegmentedStore.SEGMENT_OPTIONS,
     }
 
@@ -94,6 +106,12 @@ class HybridLogStore(SegmentedStore):
         self._flushing: tuple[_Region, ...] = ()  # oldest first; replaced whole (lock-free readers)
         self._lag: int = self.options["ro_lag_interval"]
         self._flush_at: int = self.options["flush_interval"]
+        # staggered per store: stores that snapshot together reach it in different rounds
+        cap = self.options["max_snapshot_wals"]
+        self._wal_cap = cap - zlib.crc32(os.path.basename(self.directory).encode()) % (cap // 2 + 1)
+        # sync="none", once snapshots are taken: the records of the mutable regions turned
+        # read-only since the last tail or flush (the next snapshot's tail); None: not kept
+        self._fresh: dict[bytes, bytes | None] | None = None
         self._wal_fd: int | None = None
         self._wal_size = 0  # bytes of whole records in the active WAL
         self._wals: list[str] = []  # WALs oldest → newest; the last is the active one
@@ -273,6 +291,8 @@ class HybridLogStore(SegmentedStore):
         if len(self._ro) + len(self._mut) >= self._flush_at:
             self._reserve_handoff()  # first: waiting releases the lock
         self._ro.update(self._mut)
+        if self._fresh is not None:
+            self._fresh.update(self._mut)
         self._mut = {}
         self._advances += 1
         if self._wal_fd is not None:
@@ -285,6 +305,8 @@ class HybridLogStore(SegmentedStore):
         old_wals = self._wals[:-1] if self._wal_fd is not None else self._wals
         self._start_region([self._ro], old_wals)
         self._ro = {}
+        if self._fresh is not None:
+            self._fresh = {}  # in the region's log file
 
     def _flush_all(self, *, inline: bool = False) -> None:
         """(lock held) Both in-memory regions become one log file: handed off, or written
@@ -304,6 +326,8 @@ class HybridLogStore(SegmentedStore):
         self._wals = [w for w in self._wals if w not in wals]
         self._ro = {}
         self._mut = {}
+        if self._fresh is not None:
+            self._fresh = {}
         if inline:
             seq = self._next_seq()
             region = _Region(dicts, wals, self._segment_name(0, seq), seq)
@@ -357,21 +381,52 @@ class HybridLogStore(SegmentedStore):
     # ------------------------------------------------------------------ snapshots
 
     def _freeze(self) -> Frozen:
-        if self._mut or self._ro:
-            self._flush_all()
-        # the log files being written for the handed-off regions are part of the snapshot
+        active = self._wals[-1:] if self._wal_fd is not None else []
+        tracked = self._wal_fd is not None or self._fresh is not None
+        if not tracked or len(self._wals) - len(active) >= self._wal_cap:
+            # a first snapshot without a WAL (no tail could name what the regions hold), or
+            # a restore would replay too many WALs: flush, as a close does
+            if self._mut or self._ro:
+                self._flush_all()
+            if self._wal_fd is None:
+                self._fresh = {}  # from now on each snapshot writes a tail
+        else:
+            if self._mut:
+                self._advance()  # with a WAL, the active one is sealed and a new one started
+            if self._fresh:
+                self._write_tail()
+        active = self._wals[-1:] if self._wal_fd is not None else []
+        # the log files being written for handed-off regions are part of the snapshot; the
+        # sealed WALs also name their records until those files are installed
         extra = [e for r in self._flushing for e in (FileEntry(r.name, "segment", 0), FileEntry(hint_name(r.name), "hint", 0))]
-        return self._frozen(extra, [r.future for r in self._flushing if r.future is not None])
+        return self._frozen_version(skip=active, extra=extra, pending=[r.future for r in self._flushing if r.future is not None])
+
+    def _write_tail(self) -> None:
+        """(lock held, ``sync="none"``) Write the records of the regions turned read-only
+        since the last tail or flush as a tail: a WAL holding one batch (the last record
+        per key), written whole, then named by an edit: all or nothing."""
+        merged = self._fresh
+        assert merged is not None
+        self._fresh = {}
+        name = f"{self.PREFIX}-w-{self._next_seq():010d}.wal"
+        self.fs.write_file_atomic(self._path(name), records.encode_batch(merged.items()), sync=False)
+        self._wals.append(name)
+        self._edit([FileEntry(name, "wal")])
 
     def _install(self, entries: list[FileEntry], replaced: frozenset[str] = frozenset()) -> None:
-        new = self._install_segments(entries)
+        wals = sorted((e for e in entries if e.kind == "wal"), key=lambda e: e.seq)
+        new = self._install_segments([e for e in entries if e.kind != "wal"])
         self._mut = {}
         self._ro = {}
+        self._fresh = {} if self.sync == "none" else None
         self._flushing = ()
         if self._wal_fd is not None:
             self.fs.close(self._wal_fd)
             self._wal_fd = None
-        self._wals = []
+        for e in wals:  # the records written after the snapshot's last flush: read-only now
+            self._ro.update(self._replay(e.name))
+        self._wals = [e.name for e in wals]
+        new += wals
         if self.sync != "none":
             new.append(self._new_wal())
         self._reset_version(new)

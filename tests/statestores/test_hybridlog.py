@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import remotes
 import statestores
 from statestores import FaultyFS
 
@@ -150,7 +151,7 @@ def test_deletes_of_keys_never_flushed_leave_no_tombstone_on_disk(tmp_path: Path
 
 
 def test_a_small_update_uploads_a_small_file(tmp_path: Path) -> None:
-    check_small_update_uploads_little("hybridlog", tmp_path)
+    check_small_update_uploads_little("hybridlog", tmp_path, files=1)  # the snapshot's tail
 
 
 def test_corrupt_value_in_a_log_file_is_reported_not_returned(tmp_path: Path) -> None:
@@ -177,9 +178,64 @@ def test_crash_at_every_call_with_merges(tmp_path: Path, inline_merges: None, sy
 
 
 def test_bad_options_are_named(tmp_path: Path) -> None:
-    for name in ("ro_lag_interval", "flush_interval"):
+    for name in ("ro_lag_interval", "flush_interval", "max_snapshot_wals"):
         with pytest.raises(ValueError, match=name):
             statestores.open("hybridlog", tmp_path, **{name: 0})
+
+
+@pytest.mark.parametrize("sync", ["none", "os"])
+def test_snapshot_rounds_seal_one_small_file_and_start_no_flush(tmp_path: Path, sync: str) -> None:
+    """After the first snapshot, a round seals the records written since the last one in
+    one small file (without a WAL: a tail it writes; with one: the active WAL) and
+    starts no flush and no merge; a restore elsewhere after any round is that state."""
+    remote = remotes.PathRemote(tmp_path / "remote")
+    model: dict[bytes, bytes] = {}
+    states: dict[int, dict[bytes, bytes]] = {}
+    with statestores.open("hybridlog", tmp_path / "db", remote=remote, sync=sync, max_snapshot_wals=1000) as s:
+        for i in range(2000):
+            s.put(b"k%05d" % i, b"v%d" % i)
+            model[b"k%05d" % i] = b"v%d" % i
+        s.snapshot(1)
+        s.settle()
+        before = s.stats()
+        for r in range(2, 12):
+            for i in range(r, 2000, 97):
+                s.put(b"k%05d" % i, b"r%d" % r)
+                model[b"k%05d" % i] = b"r%d" % r
+            s.delete(b"k%05d" % r)
+            model.pop(b"k%05d" % r, None)
+            info = s.snapshot(r)
+            states[r] = dict(model)
+            assert info.files_uploaded == 1 and info.bytes_uploaded < 2000, info
+        s.settle()
+        after = s.stats()
+        assert (after["flushes"], after["merges_done"], after["segments"]) == (
+            before["flushes"], before["merges_done"], before["segments"]
+        )
+        # one per round; with a WAL also the first snapshot's (no flush) and the active one
+        assert len(after["wals"]) == (10 if sync == "none" else 12)
+    for snap in (6, 11):
+        with statestores.open("hybridlog", tmp_path / f"restored{snap}", remote=remote) as r:
+            r.restore(snap)
+            assert dict(r.items()) == states[snap]
+
+
+def test_a_snapshot_flushes_once_a_store_holds_max_snapshot_wals(tmp_path: Path) -> None:
+    """Sealed WALs are bounded: a restore never replays more than ``max_snapshot_wals``."""
+    remote = remotes.PathRemote(tmp_path / "remote")
+    with statestores.open("hybridlog", tmp_path / "db", remote=remote, max_snapshot_wals=6) as s:
+        flushes_seen = set()
+        for r in range(1, 40):
+            s.put(b"k%d" % (r % 5), b"%d" % r)
+            s.snapshot(r)
+            s.settle()
+            st = s.stats()
+            assert len(st["wals"]) <= 6, st["wals"]
+            flushes_seen.add(st["flushes"])
+        assert len(flushes_seen) >= 5  # a flush every 3 to 6 rounds (the cap is staggered per store)
+    with statestores.open("hybridlog", tmp_path / "restored", remote=remote) as r:
+        r.restore()
+        assert {k: r.get(k) for k in (b"k0", b"k4")} == {b"k0": b"35", b"k4": b"39"}
 
 
 @pytest.mark.parametrize("sync", ["none", "os"])
