@@ -8,9 +8,16 @@ addresses, and its tombstones) from the in-memory map kept alongside. ``max_runs
 hinted segments of one level are merged in the background into one of the next level.
 
 Reopening reads ``CURRENT``, the hint files (never the values), and scans only the active
-segment (and a sealed one whose hint a crash prevented), truncating a torn tail. A
-snapshot seals the active segment — a file switch, a few milliseconds — and names every
-sealed segment and hint; its upload waits for the hints still being written.
+segment (and a sealed one whose hint a crash prevented), truncating a torn tail.
+
+A snapshot *folds* the active segment: the spare takes over (a pointer swap), and the old
+one stops taking appends but is neither hinted nor merged — it stays a ``wal`` entry, and
+the snapshot names it with every sealed segment and hint. So a round writes one small
+file per store and starts no hint and no merge, like an LSM store's WAL seal. Folded
+segments are sealed (hinted, then merged) together with the active one at its next roll,
+at close, or at the snapshot that finds ``max_snapshot_wals`` of them (a per-store value
+between half that and all of it, so stores snapshotted together do not all seal in the
+same round); a restore scans at most that many.
 
 Files (``FORMAT.md`` § appendlog): ``al-<level>-<seq>.log``, ``al-<level>-<seq>.hint``,
 ``CURRENT``.
@@ -21,7 +28,9 @@ from __future__ import annotations
 import array
 import os
 import struct
+import zlib
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 # the C function itself, not the checksum.crc32c wrapper: one Python frame less per get/put
@@ -52,6 +61,15 @@ _WBUF_BYTES = 64 << 10
 _KEEP: Any = object()
 
 
+@dataclass(eq=False)
+class _Sealing:
+    """A segment that took its last append, with what its hint is made of."""
+
+    seg: Segment
+    alive: dict[bytes, int]  # live keys → addresses
+    atombs: set[bytes]  # keys whose last record here is a delete
+
+
 class AppendLogStore(SegmentedStore):
     """Bitcask: append-only segments, an in-memory hash index, hint files, background merges."""
 
@@ -61,6 +79,9 @@ class AppendLogStore(SegmentedStore):
     OPTIONS = {
         "threshold": Option(
             16 << 20, int, lambda v: 1 <= v <= 1 << 34, "an int in [1, 2**34] (bytes of the active segment before it is sealed)"
+        ),
+        "max_snapshot_wals": Option(
+            32, int, lambda v: 2 <= v <= 1000, "an int in [2, 1000] (folded segments before a snapshot seals them)"
         ),
         **SegmentedStore.SEGMENT_OPTIONS,
     }
@@ -75,6 +96,11 @@ class AppendLogStore(SegmentedStore):
         # the real file system's write is os.write; calling it directly saves a Python frame per put
         self._direct = type(self.fs) is FileSystem and self.sync == "os"
         self._rolls = 0
+        self._folds = 0
+        #: Segments a snapshot folded (oldest first): readable ``wal`` entries, not yet hinted.
+        self._folded: list[_Sealing] = []
+        cap = self.options["max_snapshot_wals"]
+        self._fold_cap = cap - zlib.crc32(os.path.basename(self.directory).encode()) % (cap // 2 + 1)
         #: The next active segment, created (and listed in the version) ahead of time, so
         #: that a roll — and so a snapshot's freeze — is a pointer swap with no syscall.
         self._spare: Segment | None = None
@@ -131,14 +157,14 @@ class AppendLogStore(SegmentedStore):
 
     def _close(self) -> None:
         seg = self._active
-        if seg is not None:
-            if seg.size:
-                self._roll(start_new=False, inline=True)
-            else:
-                seg.close(self.fs)
-                del self._segs[seg.seq]
-                self._active = None
-                self._edit((), [seg.name])
+        if seg is not None and seg.size or self._folded:
+            self._roll(start_new=False, inline=True)
+        seg = self._active
+        if seg is not None:  # empty
+            seg.close(self.fs)
+            del self._segs[seg.seq]
+            self._active = None
+            self._edit((), [seg.name])
         spare, self._spare = self._spare, None
         if spare is not None:
             spare.close(self.fs)
@@ -287,25 +313,55 @@ class AppendLogStore(SegmentedStore):
     # ------------------------------------------------------------------ rolling
 
     def _roll(self, *, start_new: bool = True, inline: bool = False) -> None:
-        """(lock held) Seal the active segment. The spare takes over at once — a pointer
-        swap, no syscall, no version edit (both files are already listed as ``wal``, and
-        reopen replays every ``wal`` in order). The maintainer then maps the old segment,
-        writes its hint, creates the next spare, and applies one edit (the commit point:
-        the old segment becomes a ``segment`` with its ``hint``). ``inline``: all of it
-        here (close)."""
-        seg = self._active
-        if seg is None or seg.size == 0:
+        """(lock held) Seal the folded segments and the active one. The spare takes over at
+        once — a pointer swap, no syscall, no version edit (both files are already listed
+        as ``wal``, and reopen replays every ``wal`` in order). The maintainer then maps
+        each sealed segment, writes its hint and applies one edit per segment (the commit
+        point: it becomes a ``segment`` with its ``hint``), and creates the next spare.
+        ``inline``: all of it here (close)."""
+        if not self._rolling():
             return
         if not inline:
             self._reserve_handoff()  # first: waiting releases the lock
-            seg = self._active
-            if seg is None or seg.size == 0:
+            if not self._rolling():
                 return
+        batch, self._folded = self._folded, []
+        seg = self._active
+        if seg is not None and seg.size:
+            batch.append(self._retire(seg, start_new))
+            self._rolls += 1
+        for b in batch:
+            b.seg.hint_ready = False  # readable through its descriptors until the maintainer maps it
+            self._sealed.append(b.seg)
+        make_spare = start_new and self._spare is None
+
+        def seal() -> None:
+            for b in batch:
+                self._seal(b)
+            if make_spare:
+                self._make_spare()
+
+        if inline:
+            seal()
+        else:
+            fut = self._hand_off(seal)
+            for b in batch:
+                b.seg.hint_future = fut
+
+    def _rolling(self) -> bool:
+        seg = self._active
+        return bool(self._folded) or (seg is not None and seg.size > 0)
+
+    def _retire(self, seg: Segment, start_new: bool) -> _Sealing:
+        """(lock held) ``seg``, the active segment, takes its last append; the spare (or a
+        new segment) takes over when ``start_new``."""
         self._flush_wbuf(seg)
         if self.sync == "fsync":
             self.fs.fsync(seg.fd)  # type: ignore[arg-type]
-        alive, atombs = self._alive, self._atombs
+        done = _Sealing(seg, self._alive, self._atombs)
         self._active = None
+        self._alive = {}
+        self._atombs = set()
         if start_new:
             spare, self._spare = self._spare, None
             if spare is None:  # the maintainer has not made the next one yet
@@ -313,50 +369,67 @@ class AppendLogStore(SegmentedStore):
             else:
                 self._active = spare
                 self._segs[spare.seq] = spare
-        seg.hint_ready = False  # readable through its descriptors until the maintainer maps it
-        self._sealed.append(seg)
-        self._alive = {}
-        self._atombs = set()
-        self._rolls += 1
-        make_spare = start_new and self._spare is None
+        return done
 
-        def seal() -> None:
-            keys = sorted(alive)  # hint keys are sorted (binary search before the index is built)
-            addrs = array.array("Q", map(alive.__getitem__, keys))
-            self._write_hint(seg.name, seg.seq, seg.size, keys, addrs, sorted(atombs))
-            with self._lock:
-                seq = self._next_seq() if make_spare and not self._closed else None
-            spare = self._create_segment(seq) if seq is not None else None  # syscalls, no lock
-            with self._lock:
-                seg.seal(self.fs)
-                added = [FileEntry(seg.name, "segment", 0), FileEntry(hint_name(seg.name), "hint", 0)]
-                if spare is not None:
-                    active = self._active
-                    # age order is seq order: a spare older than the active (made while
-                    # the fallback started a new active) would sort before it — drop it
-                    if self._spare is None and not self._closed and (active is None or spare.seq > active.seq):
-                        self._spare = spare
-                        added.append(FileEntry(spare.name, "wal"))
-                    else:
-                        spare.close(self.fs)
-                        self.fs.remove(spare.path)
-                self._edit(added, [seg.name])  # the commit point
-                seg.hint_ready = True
-                self._kick()
+    def _seal(self, b: _Sealing) -> None:
+        """(maintainer, or inline at close) Write ``b``'s hint, then make it a sealed segment."""
+        seg = b.seg
+        keys = sorted(b.alive)  # hint keys are sorted (binary search before the index is built)
+        addrs = array.array("Q", map(b.alive.__getitem__, keys))
+        self._write_hint(seg.name, seg.seq, seg.size, keys, addrs, sorted(b.atombs))
+        with self._lock:
+            seg.seal(self.fs)
+            self._edit([FileEntry(seg.name, "segment", 0), FileEntry(hint_name(seg.name), "hint", 0)], [seg.name])  # the commit point
+            seg.hint_ready = True
+            self._kick()
 
-        if inline:
-            seal()
-        else:
-            seg.hint_future = self._hand_off(seal)
+    def _make_spare(self) -> None:
+        """(maintainer) Create the next spare segment, unless one exists or the store closed."""
+        with self._lock:
+            seq = self._next_seq() if self._spare is None and not self._closed else None
+        if seq is None:
+            return
+        spare = self._create_segment(seq)  # syscalls, no lock
+        with self._lock:
+            active = self._active
+            # age order is seq order: a spare older than the active (made while the
+            # fallback started a new active) would sort before it — drop it
+            if self._spare is None and not self._closed and (active is None or spare.seq > active.seq):
+                self._spare = spare
+                self._edit([FileEntry(spare.name, "wal")])
+                return
+        spare.close(self.fs)
+        self.fs.remove(spare.path)
+
+    def _fold(self) -> None:
+        """(lock held) A snapshot's freeze: the active segment takes its last append and
+        stays a readable ``wal`` entry — no hint, no merge — until :meth:`_roll` seals it."""
+        seg = self._active
+        if seg is None or seg.size == 0:
+            return
+        self._folded.append(self._retire(seg, True))
+        if seg.rfd is not None:
+            seg.map(self.fs, seg.rfd)  # reads of it take the fast path
+        self._folds += 1
+        if self._spare is None:
+            self._post(self._make_spare)
 
     # ------------------------------------------------------------------ snapshots
 
     def _freeze(self) -> _Frozen:
-        self._roll()
-        return self._frozen()
+        if len(self._folded) >= self._fold_cap:
+            self._roll()  # a restore would scan too many: seal them all (hints, then merges)
+        else:
+            self._fold()
+        # folded segments are ``wal`` entries already; the active one and the spare are
+        # still written to, and a sealed one whose hint is being written is its segment + hint
+        unhinted = [s for s in self._sealed if not s.hint_ready]
+        extra = [e for s in unhinted for e in (FileEntry(s.name, "segment", s.level), FileEntry(hint_name(s.name), "hint", s.level))]
+        futs = list({id(f): f for s in unhinted if (f := s.hint_future) is not None}.values())
+        skip = [s.name for s in (self._active, self._spare) if s is not None] + [s.name for s in unhinted]
+        return self._frozen_version(skip=skip, extra=extra, pending=futs)
 
     def _install(self, entries: list[FileEntry], replaced: frozenset[str] = frozenset()) -> None:
-        new = self._install_segments(entries)
         seg = self._active
         if seg is not None:
             seg.close(self.fs)
@@ -364,11 +437,29 @@ class AppendLogStore(SegmentedStore):
         if spare is not None:
             spare.close(self.fs)
         self._active = None
+        self._folded = []  # their descriptors are closed with the other segments
+        new = self._install_segments(entries)
+        for e in sorted((e for e in entries if e.kind == "wal"), key=lambda e: e.seq):
+            self._folded.append(self._load_folded(e.name))  # after every segment: they are newer
+            new.append(e)
         self._alive = {}
         self._atombs = set()
         new.append(self._start_active())
         new.append(self._new_spare())
         self._reset_version(new)
+
+    def _load_folded(self, name: str) -> _Sealing:
+        """(lock held) A snapshot's folded segment ``name``, scanned into the index."""
+        seg = Segment(name, 0, self._path(name))
+        size, alive, tombs = scan_segment(self.fs, seg.path, seg.seq, truncate_torn=False)
+        for key in tombs:
+            self._forget(key)
+        self._index.update(alive)
+        self._open_fds(seg, size)  # open and mapped, as a folded segment is
+        if size:
+            seg.map(self.fs, seg.rfd)  # type: ignore[arg-type]
+        self._segs[seg.seq] = seg
+        return _Sealing(seg, alive, tombs)
 
     # ------------------------------------------------------------------ stats
 
@@ -380,6 +471,8 @@ class AppendLogStore(SegmentedStore):
             keys=len(self._index),
             active_bytes=active_bytes,
             rolls=self._rolls,
+            folds=self._folds,
+            folded_segments=len(self._folded),
             flushes=self._rolls,
             memory_bytes=s["index_bytes"] + 100 * len(self._alive) + (len(seg.wbuf) if seg is not None else 0),
             files=self._version.names(),

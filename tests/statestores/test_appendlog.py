@@ -169,10 +169,10 @@ def test_reads_see_the_growing_active_segment(tmp_path: Path) -> None:
             assert s.get(b"k%d" % i) == big + bytes([i])
 
 
-def check_small_update_uploads_little(engine: str, tmp_path: Path, files: int = 2) -> None:
-    """Snapshot, update 1% of the keys, snapshot again: the second upload is ``files``
-    small files (appendlog: a segment + hint), and a restore elsewhere sees both
-    generations of values."""
+def check_small_update_uploads_little(engine: str, tmp_path: Path) -> None:
+    """Snapshot, update 1% of the keys, snapshot again: the second upload is one small
+    file (appendlog: the folded segment; hybridlog: the tail), and a restore elsewhere
+    sees both generations of values."""
     remote = remotes.PathRemote(tmp_path / "remote")
     with statestores.open(engine, tmp_path / "db", remote=remote) as s:
         for i in range(5000):
@@ -181,7 +181,7 @@ def check_small_update_uploads_little(engine: str, tmp_path: Path, files: int = 
         for i in range(0, 5000, 100):
             s.put(b"key%06d" % i, b"w" * 100)
         second = s.snapshot(2)
-        assert second.files_uploaded == files
+        assert second.files_uploaded == 1
         assert second.bytes_uploaded < 0.05 * first.bytes_uploaded
     with statestores.open(engine, tmp_path / "restored", remote=remote) as r:
         assert r.get(b"key000100") == b"w" * 100 and r.get(b"key000101") == b"v" * 100
@@ -190,6 +190,58 @@ def check_small_update_uploads_little(engine: str, tmp_path: Path, files: int = 
 
 def test_a_small_update_uploads_a_small_segment(tmp_path: Path) -> None:
     check_small_update_uploads_little("appendlog", tmp_path)
+
+
+@pytest.mark.parametrize("sync", ["os", "none"])
+def test_snapshot_rounds_fold_the_active_segment_without_hints_or_merges(tmp_path: Path, sync: str) -> None:
+    """A round folds the active segment: one small file, no hint, no merge; a restore
+    elsewhere after any round, and a reopen after close, are that state."""
+    remote = remotes.PathRemote(tmp_path / "remote")
+    model: dict[bytes, bytes] = {}
+    states: dict[int, dict[bytes, bytes]] = {}
+    with statestores.open("appendlog", tmp_path / "db", remote=remote, sync=sync, max_snapshot_wals=1000) as s:
+        for r in range(1, 13):
+            for i in range(r, 2000, 97 if r > 1 else 1):
+                s.put(b"k%05d" % i, b"r%d" % r)
+                model[b"k%05d" % i] = b"r%d" % r
+            s.delete(b"k%05d" % r)
+            model.pop(b"k%05d" % r, None)
+            info = s.snapshot(r)
+            states[r] = dict(model)
+            assert info.files_uploaded == 1, info
+            assert r == 1 or info.bytes_uploaded < 2000, info
+            s.settle()
+            st = s.stats()
+            assert (st["segments"], st["merges_done"], st["folded_segments"]) == (0, 0, r), st
+            assert s.get(b"k00100") == model[b"k00100"]  # read from a folded segment
+    with statestores.open("appendlog", tmp_path / "db") as s:  # close sealed them
+        assert dict(s.items()) == model and s.stats()["folded_segments"] == 0
+    for snap in (1, 7, 12):
+        with statestores.open("appendlog", tmp_path / f"restored{snap}", remote=remote) as r:
+            r.restore(snap)
+            assert dict(r.items()) == states[snap]
+            r.put(b"after", b"restore")  # writes on top of restored folded segments
+            r.snapshot(100 + snap)
+            assert r.get(b"after") == b"restore"
+
+
+def test_folded_segments_are_sealed_at_max_snapshot_wals(tmp_path: Path) -> None:
+    """Folded segments are bounded: a snapshot that finds ``max_snapshot_wals`` of them
+    seals them (hints, then a merge), so a restore never scans more."""
+    remote = remotes.PathRemote(tmp_path / "remote")
+    with statestores.open("appendlog", tmp_path / "db", remote=remote, max_snapshot_wals=6, max_runs_per_level=4) as s:
+        seals = set()
+        for r in range(1, 40):
+            s.put(b"k%d" % (r % 5), b"%d" % r)
+            s.snapshot(r)
+            s.settle()
+            st = s.stats()
+            assert st["folded_segments"] <= 6, st
+            seals.add(st["rolls"])
+        assert len(seals) >= 5 and s.stats()["merges_done"] >= 1
+    with statestores.open("appendlog", tmp_path / "restored", remote=remote) as r:
+        r.restore()
+        assert {k: r.get(k) for k in (b"k0", b"k4")} == {b"k0": b"35", b"k4": b"39"}
 
 
 @dataclass
