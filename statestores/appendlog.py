@@ -115,13 +115,22 @@ class AppendLogStore(SegmentedStore):
 
     def _open_active(self, name: str) -> None:
         """Reopen the active segment: replay its records, truncating a torn tail."""
+        b = self._scan_open(name, truncate_torn=True)
+        self._alive, self._atombs = b.alive, b.atombs
+        self._active = b.seg
+
+    def _scan_open(self, name: str, *, truncate_torn: bool) -> _Sealing:
+        """(lock held) Replay segment ``name`` into the index; open and map it."""
         seg = Segment(name, 0, self._path(name))
-        size, alive, tombs = scan_segment(self.fs, seg.path, seg.seq, truncate_torn=True)
+        size, alive, tombs = scan_segment(self.fs, seg.path, seg.seq, truncate_torn=truncate_torn)
         for key in tombs:
             self._forget(key)
         self._index.update(alive)
-        self._alive, self._atombs = alive, tombs
-        self._activate(seg, size)
+        self._open_fds(seg, size)
+        if size:
+            seg.map(self.fs, seg.rfd)  # type: ignore[arg-type]
+        self._segs[seg.seq] = seg
+        return _Sealing(seg, alive, tombs)
 
     def _start_active(self) -> FileEntry:
         """A new, empty active segment (the caller puts the entry into its edit)."""
@@ -147,13 +156,6 @@ class AppendLogStore(SegmentedStore):
         seg.fd = self.fs.open_append(seg.path)  # creates the file
         seg.rfd = self.fs.open_read(seg.path)
         seg.size = seg.flushed = size
-
-    def _activate(self, seg: Segment, size: int) -> None:
-        self._open_fds(seg, size)
-        if size:
-            seg.map(self.fs, seg.rfd)  # type: ignore[arg-type]
-        self._active = seg
-        self._segs[seg.seq] = seg
 
     def _close(self) -> None:
         seg = self._active
@@ -440,26 +442,13 @@ class AppendLogStore(SegmentedStore):
         self._folded = []  # their descriptors are closed with the other segments
         new = self._install_segments(entries)
         for e in sorted((e for e in entries if e.kind == "wal"), key=lambda e: e.seq):
-            self._folded.append(self._load_folded(e.name))  # after every segment: they are newer
+            self._folded.append(self._scan_open(e.name, truncate_torn=False))  # after the segments: newer
             new.append(e)
         self._alive = {}
         self._atombs = set()
         new.append(self._start_active())
         new.append(self._new_spare())
         self._reset_version(new)
-
-    def _load_folded(self, name: str) -> _Sealing:
-        """(lock held) A snapshot's folded segment ``name``, scanned into the index."""
-        seg = Segment(name, 0, self._path(name))
-        size, alive, tombs = scan_segment(self.fs, seg.path, seg.seq, truncate_torn=False)
-        for key in tombs:
-            self._forget(key)
-        self._index.update(alive)
-        self._open_fds(seg, size)  # open and mapped, as a folded segment is
-        if size:
-            seg.map(self.fs, seg.rfd)  # type: ignore[arg-type]
-        self._segs[seg.seq] = seg
-        return _Sealing(seg, alive, tombs)
 
     # ------------------------------------------------------------------ stats
 
