@@ -28,7 +28,6 @@ from __future__ import annotations
 import array
 import os
 import struct
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -80,9 +79,6 @@ class AppendLogStore(SegmentedStore):
         "threshold": Option(
             16 << 20, int, lambda v: 1 <= v <= 1 << 34, "an int in [1, 2**34] (bytes of the active segment before it is sealed)"
         ),
-        "max_snapshot_wals": Option(
-            32, int, lambda v: 2 <= v <= 1000, "an int in [2, 1000] (folded segments before a snapshot seals them)"
-        ),
         **SegmentedStore.SEGMENT_OPTIONS,
     }
 
@@ -99,8 +95,7 @@ class AppendLogStore(SegmentedStore):
         self._folds = 0
         #: Segments a snapshot folded (oldest first): readable ``wal`` entries, not yet hinted.
         self._folded: list[_Sealing] = []
-        cap = self.options["max_snapshot_wals"]
-        self._fold_cap = cap - zlib.crc32(os.path.basename(self.directory).encode()) % (cap // 2 + 1)
+        self._fold_cap = self._snapshot_wal_cap()
         #: The next active segment, created (and listed in the version) ahead of time, so
         #: that a roll — and so a snapshot's freeze — is a pointer swap with no syscall.
         self._spare: Segment | None = None

@@ -45,7 +45,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import sys
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,9 +91,6 @@ class HybridLogStore(SegmentedStore):
     OPTIONS = {
         "ro_lag_interval": Option(1 << 16, int, lambda v: v >= 1, "an int >= 1 (records in the mutable region)"),
         "flush_interval": Option(1 << 16, int, lambda v: v >= 1, "an int >= 1 (read-only records before a flush)"),
-        "max_snapshot_wals": Option(
-            32, int, lambda v: 2 <= v <= 1000, "an int in [2, 1000] (sealed WALs before a snapshot flushes the regions)"
-        ),
         **SegmentedStore.SEGMENT_OPTIONS,
     }
 
@@ -106,9 +102,7 @@ class HybridLogStore(SegmentedStore):
         self._flushing: tuple[_Region, ...] = ()  # oldest first; replaced whole (lock-free readers)
         self._lag: int = self.options["ro_lag_interval"]
         self._flush_at: int = self.options["flush_interval"]
-        # staggered per store: stores that snapshot together reach it in different rounds
-        cap = self.options["max_snapshot_wals"]
-        self._wal_cap = cap - zlib.crc32(os.path.basename(self.directory).encode()) % (cap // 2 + 1)
+        self._wal_cap = self._snapshot_wal_cap()
         # sync="none", once snapshots are taken: the records of the mutable regions turned
         # read-only since the last tail or flush (the next snapshot's tail); None: not kept
         self._fresh: dict[bytes, bytes | None] | None = None

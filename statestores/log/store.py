@@ -24,8 +24,10 @@ import array
 import concurrent.futures
 import itertools
 import logging
+import os
 import sys
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -81,6 +83,9 @@ class SegmentedStore(Store):
 
     SEGMENT_OPTIONS: ClassVar[dict[str, Option]] = {
         "max_runs_per_level": Option(4, int, lambda v: 2 <= v <= 1000, "an int in [2, 1000]"),
+        "max_snapshot_wals": Option(
+            32, int, lambda v: 2 <= v <= 1000, "an int in [2, 1000] (wal files a snapshot holds before it flushes or seals them)"
+        ),
     }
 
     # ------------------------------------------------------------------ state
@@ -145,6 +150,13 @@ class SegmentedStore(Store):
         self._drop_segments()
         self._load_sealed(segs)
         return [e for e in entries if e.kind in ("segment", "hint")]
+
+    def _snapshot_wal_cap(self) -> int:
+        """``max_snapshot_wals`` of this store: between half of it and all of it, from the
+        CRC-32 of the directory's name, so stores snapshotted together do not all flush
+        (or seal) in the same round."""
+        cap: int = self.options["max_snapshot_wals"]
+        return cap - zlib.crc32(os.path.basename(self.directory).encode()) % (cap // 2 + 1)
 
     def _segment_name(self, level: int, seq: int) -> str:
         return f"{self.PREFIX}-{level}-{seq:010d}.log"

@@ -15,12 +15,14 @@ from statestores import FaultyFS
 from .test_appendlog import (
     apply_all,
     check_small_update_uploads_little,
+    check_snapshot_files_bounded,
     crash_everywhere,
     inline_merges,
     lazy_index,
     machine,
     random_ops,
     run_machine,
+    snapshot_round,
 )
 
 __all__ = ["inline_merges", "lazy_index"]  # fixtures, re-exported for pytest
@@ -199,12 +201,7 @@ def test_snapshot_rounds_seal_one_small_file_and_start_no_flush(tmp_path: Path, 
         s.settle()
         before = s.stats()
         for r in range(2, 12):
-            for i in range(r, 2000, 97):
-                s.put(b"k%05d" % i, b"r%d" % r)
-                model[b"k%05d" % i] = b"r%d" % r
-            s.delete(b"k%05d" % r)
-            model.pop(b"k%05d" % r, None)
-            info = s.snapshot(r)
+            info = snapshot_round(s, r, model)
             states[r] = dict(model)
             assert info.files_uploaded == 1 and info.bytes_uploaded < 2000, info
         s.settle()
@@ -222,20 +219,7 @@ def test_snapshot_rounds_seal_one_small_file_and_start_no_flush(tmp_path: Path, 
 
 def test_a_snapshot_flushes_once_a_store_holds_max_snapshot_wals(tmp_path: Path) -> None:
     """Sealed WALs are bounded: a restore never replays more than ``max_snapshot_wals``."""
-    remote = remotes.PathRemote(tmp_path / "remote")
-    with statestores.open("hybridlog", tmp_path / "db", remote=remote, max_snapshot_wals=6) as s:
-        flushes_seen = set()
-        for r in range(1, 40):
-            s.put(b"k%d" % (r % 5), b"%d" % r)
-            s.snapshot(r)
-            s.settle()
-            st = s.stats()
-            assert len(st["wals"]) <= 6, st["wals"]
-            flushes_seen.add(st["flushes"])
-        assert len(flushes_seen) >= 5  # a flush every 3 to 6 rounds (the cap is staggered per store)
-    with statestores.open("hybridlog", tmp_path / "restored", remote=remote) as r:
-        r.restore()
-        assert {k: r.get(k) for k in (b"k0", b"k4")} == {b"k0": b"35", b"k4": b"39"}
+    check_snapshot_files_bounded("hybridlog", tmp_path, lambda st: len(st["wals"]), "flushes")
 
 
 @pytest.mark.parametrize("sync", ["none", "os"])
