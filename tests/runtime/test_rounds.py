@@ -170,6 +170,25 @@ def _restore(s: Settings, round_id: int, directory: Path) -> tuple[dict[str, int
         stores.close()
 
 
+def _check_round(m: RoundManifest, accounts: dict[str, int], counters: dict[str, int],
+                 requests: dict[int, list[tuple[int, wire.Request]]]) -> None:
+    """Round ``m`` (restored: ``accounts``, ``counters``) is a consistent cut that matches its offsets."""
+    assert {(st.operator, st.partition) for st in m.stores} == {
+        (op, p) for op in ("accounts", "counters") for p in range(PARTITIONS)
+    }
+    assert sorted(m.ingress) == list(range(PARTITIONS)) and m.workers == 2
+    # a consistent cut: no transfer is half in the round, no money appears or vanishes
+    assert sum(accounts.values()) == START * len(ACCOUNTS), (m.round, accounts)
+    assert min(accounts.values()) >= 0
+    # each counter holds exactly the bumps before the round's ingress position (+ skips)
+    for k in COUNTERS:
+        p = partition_of("counters", k, PARTITIONS)
+        skip = set(m.skip.get(p, []))
+        want = sum(1 for off, req in requests[p]
+                   if req.operator == "counters" and req.key == k and (off < m.ingress[p] or off in skip))
+        assert counters.get(k, 0) == want, (m.round, k, counters.get(k), want, m.ingress, m.skip)
+
+
 async def test_rounds_under_load_are_consistent_cuts_that_match_their_offsets(ledger_cluster, tmp_path) -> None:
     s, cs = ledger_cluster
     rounds = Rounds(rounds_remote(s, "ledger"))
@@ -197,39 +216,40 @@ async def test_rounds_under_load_are_consistent_cuts_that_match_their_offsets(le
                 bumps[what].append(reply.value)
             elif not reply.ok:
                 assert "insufficient funds" in (reply.reason or ""), reply
-        ids = await _wait_rounds(rounds, first_checked + 1)
+        requests = await _ingress_requests(cs)
+        await _wait_rounds(rounds, first_checked + 1)
     # every bump answered once, with the values 0..n-1 (no failure here: nothing repeats)
     for k, vals in bumps.items():
         assert sorted(vals) == list(range(len(vals))), k
 
-    requests = await _ingress_requests(cs)
-    checked = [r for r in ids if r >= first_checked]
-    assert checked, f"no round to check among {ids} (first checked {first_checked})"
-    for round_id in checked:
-        m = await asyncio.to_thread(rounds.read, round_id)
-        assert {(st.operator, st.partition) for st in m.stores} == {
-            (op, p) for op in ("accounts", "counters") for p in range(PARTITIONS)
-        }
-        assert sorted(m.ingress) == list(range(PARTITIONS)) and m.workers == 2
-        accounts, counters = await asyncio.to_thread(_restore, s, round_id, tmp_path / f"r{round_id}")
-        # a consistent cut: no transfer is half in the round, no money appears or vanishes
-        assert sum(accounts.values()) == START * len(ACCOUNTS), (round_id, accounts)
-        assert min(accounts.values()) >= 0
-        # each counter holds exactly the bumps before the round's ingress position (+ skips)
-        for k in COUNTERS:
-            p = partition_of("counters", k, PARTITIONS)
-            skip = set(m.skip.get(p, []))
-            want = sum(1 for off, req in requests[p]
-                       if req.operator == "counters" and req.key == k and (off < m.ingress[p] or off in skip))
-            assert counters.get(k, 0) == want, (round_id, k, counters.get(k), want, m.ingress, m.skip)
+    # Rounds go on every 0.5 s and only 2 are retained, so a round may be collected while it
+    # is checked: check the newest first, skip one that is no longer listed when reading it
+    # fails, and require two rounds checked (a round still listed must read and restore).
+    manifests: dict[int, RoundManifest] = {}
+    for _ in range(10):
+        ids = await asyncio.to_thread(rounds.ids)
+        for round_id in [r for r in reversed(ids) if r >= first_checked and r not in manifests]:
+            try:
+                m = await asyncio.to_thread(rounds.read, round_id)
+                accounts, counters = await asyncio.to_thread(_restore, s, round_id, tmp_path / f"r{round_id}")
+            except Exception:
+                if round_id in await asyncio.to_thread(rounds.ids):
+                    raise
+                continue  # collected while it was read: a newer one is checked instead
+            _check_round(m, accounts, counters, requests)
+            manifests[round_id] = m
+        if len(manifests) >= 2:
+            break
+        await _wait_rounds(rounds, max(ids))
+    assert len(manifests) >= 2, f"fewer than two rounds checked: {sorted(manifests)} (first checked {first_checked})"
 
     # deterministic replay: the epoch log after the first checked round, re-executed on that
     # round's state, gives every request exactly the reply its client got, and today's state
     raw = await _read_topic(cs, cs.epoch_log_topic("ledger"), 1)
     records = [(off, EpochRecord.decode(v)) for off, v in raw[0]]
     assert [rec.epoch for _, rec in records] == sorted(rec.epoch for _, rec in records)
-    m = await asyncio.to_thread(rounds.read, checked[0])
-    fates, accounts, counters = await _replay(m, records, requests, tmp_path / f"r{checked[0]}")
+    first = min(manifests)
+    fates, accounts, counters = await _replay(manifests[first], records, requests, tmp_path / f"r{first}")
     got = {r.rid: r for r in replies}
     replayed = [rid for rid in fates if rid in got]
     assert len(replayed) > 50, len(replayed)
@@ -254,10 +274,10 @@ async def test_retention_keeps_the_newest_rounds_and_collects_older_files(ledger
             await c.call("counters", f"gc-{i}", "bump")
             start = (await _wait_rounds(rounds, start))[-1]
     ids = await asyncio.to_thread(rounds.ids)
+    last: RoundManifest = await asyncio.to_thread(rounds.read, ids[-1])  # at once: rounds go on
     assert len(ids) == s.snapshot_retain and ids == sorted(ids)
     for dropped in range(1, ids[0]):
         assert rounds.remote.get_blob(f"round-{dropped:012d}") is None
-    last: RoundManifest = await asyncio.to_thread(rounds.read, ids[-1])
     assert last.bytes_uploaded > 0 and last.created >= last.started
     # each store keeps only retained rounds' snapshots, and (once the last round's gc ran;
     # no upload is in flight: nothing changed since) only the files they reference
