@@ -17,13 +17,17 @@ import argparse
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import psutil
 
-import remotes
-import statestores
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from any clone
+
+import remotes  # noqa: E402
+import statestores  # noqa: E402
 
 ROUNDS = 40
 ENGINES = ("lsm", "appendlog", "hybridlog", "memonly")
