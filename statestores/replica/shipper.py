@@ -20,7 +20,7 @@ import shutil
 import threading
 import uuid
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -188,7 +188,7 @@ class Shipper:
             msg = MarkMsg(event.snapshot_id, event.seq, self._shipped(event.files, have))
         return Delivery(msg, {n: os.path.join(self.staging, n) for n in ev.names})
 
-    def stream(self, hello: Hello, *, idle: float = 0.2) -> Iterator[Delivery | Tip]:
+    def stream(self, hello: Hello, *, idle: float = 0.2) -> Generator[Delivery | Tip, None, None]:
         """Everything a follower standing at ``hello`` lacks, then new events as they come.
 
         Yields a :class:`Tip` after ``idle`` seconds without news: the heartbeat that lets

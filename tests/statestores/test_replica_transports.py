@@ -387,20 +387,21 @@ def _fake_pyverbs() -> dict[str, types.ModuleType]:
 
     class QP(Obj):
         def __init__(self, pd: Any, init: Any, attr: Any) -> None:
-            self.qp_num, self.cq, self.peer = next(keys), init.scq, None
+            self.qp_num, self.cq = next(keys), init.scq
+            self.peer: int | None = None
             qps[self.qp_num] = self
 
         def to_rts(self, attr: Any) -> None:
             self.peer = attr.dest_qp_num
 
         def post_send(self, wr: Any, bad: Any) -> None:
-            peer = qps.get(self.peer)  # None: the follower closed it (a real HCA retries, then fails)
+            peer = qps.get(self.peer) if self.peer is not None else None  # None: the follower closed it (a real HCA retries, then fails)
             assert self.peer is not None and (peer is None or peer.peer == self.qp_num), "wrote before both QPs were connected"
             (addr, length, lkey), = (s.args for s in wr.sg)
             local, remote = mrs[lkey], mrs.get(wr.rdma[0])
             at = wr.rdma[1] - remote.buf if remote else -1
             ok = peer and remote and remote.access & E.IBV_ACCESS_REMOTE_WRITE and 0 <= at <= len(remote.data) - length
-            if ok:
+            if ok and remote is not None:
                 remote.data[at:at + length] = local.data[addr - local.buf:addr - local.buf + length]
             self.cq.done.append(types.SimpleNamespace(status=0 if ok else 10, wr_id=wr.wr_id))
 
@@ -411,7 +412,7 @@ def _fake_pyverbs() -> dict[str, types.ModuleType]:
     def cq(*args: Any) -> CQ:
         return CQ(*args, done=[])
 
-    names = {"device": {"Context": Context}, "pd": {"PD": Obj}, "cq": {"CQ": cq}, "mr": {"MR": MR},
+    names: dict[str, dict[str, Any]] = {"device": {"Context": Context}, "pd": {"PD": Obj}, "cq": {"CQ": cq}, "mr": {"MR": MR},
              "qp": {"QP": QP, "QPAttr": Obj, "QPCap": Obj, "QPInitAttr": Obj}, "wr": {"SGE": Obj, "SendWR": SendWR},
              "addr": {"GID": Obj, "GlobalRoute": Obj, "AHAttr": Obj}, "enums": vars(E),
              "pyverbs_error": {"PyverbsError": type("PyverbsError", (Exception,), {})}}
