@@ -418,13 +418,8 @@ class AppendLogStore(SegmentedStore):
             self._roll()  # a restore would scan too many: seal them all (hints, then merges)
         else:
             self._fold()
-        # folded segments are ``wal`` entries already; the active one and the spare are
-        # still written to, and a sealed one whose hint is being written is its segment + hint
-        unhinted = [s for s in self._sealed if not s.hint_ready]
-        extra = [e for s in unhinted for e in (FileEntry(s.name, "segment", s.level), FileEntry(hint_name(s.name), "hint", s.level))]
-        futs = list({id(f): f for s in unhinted if (f := s.hint_future) is not None}.values())
-        skip = [s.name for s in (self._active, self._spare) if s is not None] + [s.name for s in unhinted]
-        return self._frozen_version(skip=skip, extra=extra, pending=futs)
+        # folded segments are ``wal`` entries already; the active one and the spare are still written to
+        return self._frozen([s.name for s in (self._active, self._spare) if s is not None])
 
     def _install(self, entries: list[FileEntry], replaced: frozenset[str] = frozenset()) -> None:
         seg = self._active

@@ -393,7 +393,7 @@ class HybridLogStore(SegmentedStore):
         # the log files being written for handed-off regions are part of the snapshot; the
         # sealed WALs also name their records until those files are installed
         extra = [e for r in self._flushing for e in (FileEntry(r.name, "segment", 0), FileEntry(hint_name(r.name), "hint", 0))]
-        return self._frozen_version(skip=active, extra=extra, pending=[r.future for r in self._flushing if r.future is not None])
+        return self._frozen(active, extra, [r.future for r in self._flushing if r.future is not None])
 
     def _write_tail(self) -> None:
         """(lock held, ``sync="none"``) Write the records of the regions turned read-only

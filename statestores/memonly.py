@@ -47,7 +47,6 @@ class MemOnlyStore(Store):
         self._enc: dict[bytes, bytes] = {}
         #: keys written since then; None: every key (after an open or a restore)
         self._dirty: set[bytes] | None = None
-        self._drop_dump_cache()
         self._wal_fd: int | None = None
         self._wal_name: str | None = None
         self._wal_bytes = 0

@@ -161,16 +161,16 @@ class SegmentedStore(Store):
     def _segment_name(self, level: int, seq: int) -> str:
         return f"{self.PREFIX}-{level}-{seq:010d}.log"
 
-    def _frozen(self, extra: Iterable[FileEntry] = (), pending: Iterable[concurrent.futures.Future[Any]] = ()) -> Frozen:
-        """(lock held) The snapshot: the version without its WALs (appendlog's active
-        segment, hybridlog's WALs: their records are in ``extra`` files or sealed segments),
-        plus the hints still being written and ``extra`` files of hand-offs."""
+    def _frozen(
+        self, skip: Iterable[str], extra: Iterable[FileEntry] = (), pending: Iterable[concurrent.futures.Future[Any]] = ()
+    ) -> Frozen:
+        """(lock held) The snapshot: the live version but ``skip`` (files still written to),
+        a sealed segment whose hint is being written as its segment + hint (the snapshot's
+        upload waits for the hint), plus ``extra`` files of hand-offs."""
         unhinted = [s for s in self._sealed if not s.hint_ready]
         sealing = [e for s in unhinted for e in (FileEntry(s.name, "segment", s.level), FileEntry(hint_name(s.name), "hint", s.level))]
-        extra = sealing + list(extra)
-        futs = [s.hint_future for s in unhinted if s.hint_future is not None] + list(pending)
-        wals = [e.name for e in self._version if e.kind == "wal"]
-        return self._frozen_version(skip=wals, extra=extra, pending=futs)
+        futs = list({id(f): f for s in unhinted if (f := s.hint_future) is not None}.values()) + list(pending)
+        return self._frozen_version(skip=[*skip, *(s.name for s in unhinted)], extra=sealing + list(extra), pending=futs)
 
     def _load_sealed(self, entries: Iterable[FileEntry]) -> None:
         """Open the sealed segments (oldest first) and index them from their hints."""
