@@ -3,9 +3,9 @@
 Every ``snapshot_interval`` seconds, if transactions committed since the last round, the
 next epoch's ``Commit`` carries ``marker = n``. Each worker freezes its stores at that
 commit and reports ``wire.Snapshotted`` once its uploads ended. With every report in, the
-round's manifest is published (write-then-publish); after every ``GC_EVERY``-th round,
-and when rounds pause, the store snapshots and files no retained round needs are
-garbage-collected (no round starts meanwhile). Both run in a background process at lower
+round's manifest is published (write-then-publish); every ``GC_PERIOD`` seconds (and
+``GC_EVERY`` rounds), and when rounds pause, the store snapshots and files no retained
+round needs are garbage-collected (no round starts meanwhile). Both run in a background process at lower
 priority (``statestores.background``, lane ``upload``): never on the epoch loop, and not
 on a thread of this process either, whose GIL the epoch loop needs (the MinIO client's
 requests, signing and XML parsing held it for ~70 ms per round, the main cause of the p99
@@ -31,7 +31,7 @@ from statestores import background
 
 log = logging.getLogger("sfaas.coordinator.rounds")
 
-__all__ = ["RoundKeeper", "RoundSummary", "ROUND_TIMEOUT", "HISTORY", "GC_EVERY"]
+__all__ = ["RoundKeeper", "RoundSummary", "ROUND_TIMEOUT", "HISTORY", "GC_EVERY", "GC_PERIOD", "GC_PAUSE"]
 
 T = TypeVar("T")
 
@@ -40,12 +40,18 @@ T = TypeVar("T")
 HISTORY = 100
 #: A round not complete after this many seconds (or 10 intervals, if longer) has failed.
 ROUND_TIMEOUT = 60.0
-#: Garbage is collected after every ``GC_EVERY``-th published round, and once rounds pause
-#: (none published for two intervals): a collection lists and deletes per store, ~70 ms of
-#: CPU (MinIO's and the background process's) on the cores the epochs run on, which
-#: needs doing once per several rounds, not after each. Until then a store keeps at most
-#: ``GC_EVERY`` more snapshots' files.
+#: Garbage is collected once ``GC_EVERY`` rounds were published and ``GC_PERIOD`` seconds
+#: passed since the last collection began, and once rounds pause (none published for two
+#: intervals). A collection costs ~8 requests per store (lists, manifest reads, two batch
+#: deletes): with 8 stores ~200 ms of CPU, MinIO's and the background process's, on the
+#: cores the epochs run on, and the rounds' own requests are ~20. So it runs at most every
+#: ``GC_PERIOD`` (at 1 s rounds, every 5th made p99 twice as bad in the rounds after it),
+#: with ``GC_PAUSE`` between stores. Until then a store keeps the snapshots' files of at
+#: most ``max(GC_EVERY, GC_PERIOD / interval)`` more rounds.
 GC_EVERY = 5
+GC_PERIOD = 30.0
+#: Seconds between two stores' collections (at most a quarter of an interval in all).
+GC_PAUSE = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +116,10 @@ class RoundKeeper:
         self.history: collections.deque[RoundSummary] = collections.deque(maxlen=HISTORY)
         self.failures: collections.deque[tuple[float, int, str]] = collections.deque(maxlen=HISTORY)
         #: garbage collection (see GC_EVERY): rounds published since the last one started,
-        #: the rounds retained by the newest (whose stores it covers), when that was
-        #: published, the task
+        #: when that was, the rounds retained by the newest (whose stores it covers), when
+        #: that was published, the task
         self._gc_due = 0
+        self._collected_at = time.monotonic()
         self._retained: list[int] = []
         self._published_at = 0.0
         self._collecting: asyncio.Task[None] | None = None
@@ -259,7 +266,7 @@ class RoundKeeper:
         self._gc_due += 1
         self._published_at = time.monotonic()
         self._publishing = None
-        if self._gc_due >= GC_EVERY:
+        if self._gc_due >= GC_EVERY and time.monotonic() - self._collected_at >= GC_PERIOD:
             self._collect()
 
     def _collect(self) -> None:
@@ -269,12 +276,14 @@ class RoundKeeper:
             return
         stores = [(s.operator, s.partition) for s in self.last_complete.stores]
         self._gc_due = 0
+        self._collected_at = time.monotonic()
         self._collecting = asyncio.get_running_loop().create_task(self._collect_garbage(stores, self._retained))
 
     async def _collect_garbage(self, stores: list[tuple[str, int]], retained: list[int]) -> None:
         try:
             remotes = [(op, p, self._store_remote(op, p)) for op, p in stores]
-            n, freed = await _in_background(collect_store_garbage, [r for _, _, r in remotes], remotes, retained)
+            pause = min(GC_PAUSE, self.interval / 4 / max(1, len(remotes)))
+            n, freed = await _in_background(collect_store_garbage, [r for _, _, r in remotes], remotes, retained, pause)
             if n or freed:
                 log.info("snapshot gc: %d store snapshots dropped, %.1f MB deleted", n, freed / 1e6)
         except Exception as exc:

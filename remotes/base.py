@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import abc
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ._layout import check_snapshot_id
 from .manifest import Manifest
 
 __all__ = ["Remote", "GcInfo"]
@@ -75,6 +77,12 @@ class Remote(abc.ABC):
     @abc.abstractmethod
     def delete_snapshot(self, snapshot_id: int) -> None:
         """Unpublish one snapshot (its files stay until :meth:`gc`)."""
+
+    def delete_snapshots(self, snapshot_ids: Iterable[int]) -> None:
+        """Unpublish several snapshots (missing ones are fine); a remote whose service
+        deletes many objects in one request overrides this to use it."""
+        for sid in [check_snapshot_id(sid) for sid in snapshot_ids]:  # (all checked first)
+            self.delete_snapshot(sid)
 
     # -- blobs --
     @abc.abstractmethod

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -394,6 +394,11 @@ class MinioRemote(Remote):
         """Unpublish ``snapshot_id`` (its files stay until :meth:`gc`); missing is fine."""
         check_snapshot_id(snapshot_id)
         self._delete(self._key(MANIFESTS, manifest_name(snapshot_id)), "delete manifest")
+
+    def delete_snapshots(self, snapshot_ids: Iterable[int]) -> None:
+        """Unpublish ``snapshot_ids`` in one request (S3 DeleteObjects); missing is fine."""
+        ids = [check_snapshot_id(sid) for sid in snapshot_ids]
+        self._delete_keys([self._key(MANIFESTS, manifest_name(sid)) for sid in ids], "delete manifests")
 
     # -- blobs --
     def put_blob(self, name: str, data: bytes) -> None:

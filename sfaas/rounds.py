@@ -214,38 +214,45 @@ def publish_round(remote: Remote, manifest: RoundManifest, retain: int) -> tuple
 
 def collect_garbage(
     stores: Iterable[tuple[str, int]], remote_of: Callable[[str, int], Remote], retained: list[int],
+    pause: float = 0.0,
 ) -> tuple[int, int]:
     """Delete the store snapshots no retained round needs, then their unreferenced files.
 
     A store snapshot older than the newest retained round and not retained itself is
-    unpublished (rounds that failed midway leave such snapshots); snapshots newer than the
-    newest retained round may belong to a round in flight and stay. Files are deleted by
-    :meth:`Remote.gc`, which keeps files newer than the newest manifest (an upload in
-    flight). Returns ``(snapshots dropped, bytes deleted)``.
+    unpublished (rounds that failed midway leave such snapshots), all of a store's in one
+    request; snapshots newer than the newest retained round may belong to a round in flight
+    and stay. Files are deleted by :meth:`Remote.gc`, which keeps files newer than the
+    newest manifest (an upload in flight). ``pause``: seconds to sleep between two stores,
+    so the requests (and the object store's CPU they cost) spread out instead of landing
+    on the cores the epochs run on at once. Returns ``(snapshots dropped, bytes deleted)``.
     """
     if not retained:
         return 0, 0
     keep, newest = set(retained), max(retained)
     dropped = freed = 0
-    for op, p in stores:
+    for i, (op, p) in enumerate(stores):
+        if i and pause > 0:
+            time.sleep(pause)
         remote = remote_of(op, p)
         try:
             ids = remote.list_snapshots()
-            for sid in ids:
-                if sid < newest and sid not in keep:
-                    remote.delete_snapshot(sid)
-                    dropped += 1
-            left = [s for s in ids if s >= newest or s in keep]
+            drop = [sid for sid in ids if sid < newest and sid not in keep]
+            if drop:
+                remote.delete_snapshots(drop)
+                dropped += len(drop)
+            left = len(ids) - len(drop)
             if left:
-                freed += remote.gc(keep=len(left)).bytes_deleted
+                freed += remote.gc(keep=left).bytes_deleted
         finally:
             remote.close()
     return dropped, freed
 
 
-def collect_store_garbage(remotes: Sequence[tuple[str, int, Remote]], retained: list[int]) -> tuple[int, int]:
+def collect_store_garbage(
+    remotes: Sequence[tuple[str, int, Remote]], retained: list[int], pause: float = 0.0,
+) -> tuple[int, int]:
     """:func:`collect_garbage` over ``(operator, partition, remote)`` triples: a top-level
     function with picklable arguments, so the coordinator can run it in a background
     process (``statestores.background``, lane ``upload``)."""
     by_store = {(op, p): r for op, p, r in remotes}
-    return collect_garbage(list(by_store), lambda op, p: by_store[(op, p)], retained)
+    return collect_garbage(list(by_store), lambda op, p: by_store[(op, p)], retained, pause)

@@ -19,6 +19,7 @@ from remotes import (
     RemoteError,
     SnapshotNotFoundError,
 )
+from remotes.minio import MinioRemote
 from remotes.path import PathRemote
 from sfaas.cli.services import Endpoints
 from tests.conftest import make_minio_remote
@@ -188,6 +189,26 @@ def test_delete_snapshot_unpublishes_but_keeps_files(remote: Remote, tmp_path: P
     with pytest.raises(SnapshotNotFoundError):
         remote.read_manifest(1)
     assert remote.list_files() == {"f": 4}
+
+
+def test_delete_snapshots_unpublishes_several_in_one_request(remote: Remote, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    upload(remote, tmp_path, {"f": b"data"})
+    for sid in (1, 2, 3, 4):
+        remote.write_manifest(manifest(sid, {"f": b"data"}))
+    with pytest.raises((TypeError, ValueError), match="snapshot_id"):
+        remote.delete_snapshots([1, -1])  # checked before anything is deleted
+    assert remote.list_snapshots() == [1, 2, 3, 4]
+    if isinstance(remote, MinioRemote):  # the point of it: one DeleteObjects, not one per id
+        calls: list[str] = []
+        real = remote._call
+        monkeypatch.setattr(remote, "_call", lambda op, key, fn, **kw: calls.append(op) or real(op, key, fn, **kw))
+    remote.delete_snapshots([1, 3, 7])  # 7: missing is fine
+    if isinstance(remote, MinioRemote):
+        assert calls == ["delete manifests"]
+    assert remote.list_snapshots() == [2, 4]
+    remote.delete_snapshots([])
+    assert remote.list_snapshots() == [2, 4] and remote.list_files() == {"f": 4}
 
 
 @pytest.mark.parametrize("bad", [-1, 10**20, True, "3", 1.5])

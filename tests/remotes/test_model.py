@@ -93,6 +93,12 @@ class RemoteMachine(RuleBasedStateMachine):
         self.remote.delete_snapshot(sid)
         self.manifests.pop(sid, None)
 
+    @rule(sids=st.lists(IDS, max_size=3))
+    def delete_snapshots(self, sids: list[int]) -> None:
+        self.remote.delete_snapshots(sids)
+        for sid in sids:
+            self.manifests.pop(sid, None)
+
     @rule(sid=IDS)
     def read_manifest(self, sid: int) -> None:
         if sid in self.manifests:

@@ -175,7 +175,8 @@ async def test_the_coordinator_publishes_and_collects_rounds_in_its_background_p
     """Publishing a round and collecting garbage run in the coordinator's ``upload``
     background process, never on a thread of its own (there the MinIO client's work held
     the GIL the epoch loop needs for ~70 ms per round: issue 8's p99 spikes). Garbage is
-    collected after every ``GC_EVERY``-th round and once rounds pause, not after each."""
+    collected once ``GC_EVERY`` rounds were published and ``GC_PERIOD`` seconds passed
+    since the last collection, and once rounds pause — not after each round."""
     import asyncio
 
     from coordinator import rounds as keeper_module
@@ -191,6 +192,7 @@ async def test_the_coordinator_publishes_and_collects_rounds_in_its_background_p
         return real_submit(fn, *args, lane=lane, local=local)
 
     monkeypatch.setattr(keeper_module.background, "submit", recording_submit)
+    monkeypatch.setattr(keeper_module, "GC_PERIOD", 0.0)  # the period's own part is below
     interval = 0.2  # (a pause is 2 intervals without a round: longer than any stall between two)
     store_remotes = {p: PathRemote(tmp_path / "stores" / f"p{p}") for p in range(2)}
     stores = {p: statestores.open("lsm", tmp_path / "local" / f"p{p}", remote=store_remotes[p]) for p in range(2)}
@@ -234,14 +236,20 @@ async def test_the_coordinator_publishes_and_collects_rounds_in_its_background_p
         finally:
             keeper._collecting = None
             running.cancel()
-        await one_round(GC_EVERY + 1)
-        assert collections_run() == 1 and snapshots() == [[GC_EVERY, GC_EVERY + 1]] * 2
+        # GC_PERIOD seconds since the last collection began are needed too: GC_EVERY more
+        # rounds within it do not collect
+        monkeypatch.setattr(keeper_module, "GC_PERIOD", 3600.0)
+        last = 2 * GC_EVERY
+        for n in range(GC_EVERY + 1, last + 1):
+            await one_round(n)
+        assert keeper._collecting is None and collections_run() == 1
+        assert snapshots() == [list(range(GC_EVERY, last + 1))] * 2
         await asyncio.sleep(2.5 * interval)  # rounds pause (no new transactions): collected
-        assert keeper.marker(epoch=99, txns=GC_EVERY + 1) is None
+        assert keeper.marker(epoch=99, txns=last) is None
         assert keeper._collecting is not None
         await keeper._collecting
-        assert collections_run() == 2 and snapshots() == [[GC_EVERY + 1]] * 2
-        assert Rounds(PathRemote(tmp_path / "rounds")).ids() == [GC_EVERY + 1]
+        assert collections_run() == 2 and snapshots() == [[last]] * 2
+        assert Rounds(PathRemote(tmp_path / "rounds")).ids() == [last]
         assert ("publish_round", "upload", False) in submitted
     finally:
         await keeper.close()
