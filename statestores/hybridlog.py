@@ -87,6 +87,7 @@ class HybridLogStore(SegmentedStore):
 
     engine = "hybridlog"
     PREFIX = "hl"
+    LANES = ("merge", "flush")  # regions are written in the flush lane
     DEFAULT_SYNC = "none"
     OPTIONS = {
         "ro_lag_interval": Option(1 << 16, int, lambda v: v >= 1, "an int >= 1 (records in the mutable region)"),

@@ -4,7 +4,7 @@ uniform), with snapshot rounds every second and the epoch log on, repeated; then
 report (medians of the repeats against the targets, CPU per process and per transaction,
 the sweep and the latency-distribution plots).
 
-    python benchmarks/runtime/picture.py                       # 3 repeats, all engines (~45 min)
+    python benchmarks/runtime/picture.py                       # 3 repeats, all engines (~35 min)
     python benchmarks/runtime/picture.py --repeats 1 --engines memonly --seconds 5   # a smoke run
     python benchmarks/runtime/picture.py --report-only --out DIR   # re-render DIR's report
 
@@ -215,7 +215,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
-    ap.add_argument("--seconds", type=float, default=15.0, help="length of each 1,000 TPS point")
+    # 30 s: each point holds one of the coordinator's garbage collections (GC_PERIOD), as
+    # every 30 s of a long run does; a 15 s point would hold none and flatter p99
+    ap.add_argument("--seconds", type=float, default=30.0, help="length of each 1,000 TPS point")
     ap.add_argument("--sweep-seconds", dest="sweep_seconds", type=float, default=10.0)
     ap.add_argument("--rates", default=SWEEP_RATES, help="offered rates of the sweep (it stops at p99 > 500 ms)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / time.strftime("%Y-%m-%d-runtime")))

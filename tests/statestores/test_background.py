@@ -409,3 +409,23 @@ def test_a_script_without_a_main_guard_runs_once(tmp_path: Path, request: pytest
     assert out["lsm"]["merges_done"] > 0 and out["lsm"]["flushes"] > 0
     assert out["appendlog"]["merges_done"] > 0
     assert out["lsm"]["keys"] == out["appendlog"]["keys"] == 1001
+
+
+@pytest.mark.parametrize(("engine", "lanes"), [("appendlog", {"merge"}), ("hybridlog", {"merge", "flush"}),
+                                               ("lsm", {"merge", "flush"})])
+def test_opening_a_store_starts_its_lanes_processes(engine: str, lanes: set[str], tmp_path: Path) -> None:
+    """A store's first merge must not pay for starting the background process (~0.3 s of
+    CPU on the cores its caller runs on): an appendlog's first merge came with its first
+    cap seal, rounds into a run, and stalled the runtime there. Opening starts them."""
+    import statestores
+
+    assert not any(_lane_pids().values())
+    store = statestores.open(engine, tmp_path / engine)
+    try:
+        deadline = time.monotonic() + WAIT
+        while {name for name, pid in _lane_pids().items() if pid} != lanes:
+            assert time.monotonic() < deadline, f"{engine} started {_lane_pids()}, expected {lanes}"
+            time.sleep(0.01)
+        assert all(pid in _children() for name, pid in _lane_pids().items() if name in lanes)
+    finally:
+        store.close()
