@@ -554,16 +554,17 @@ class Store(abc.ABC):
         """Take snapshot ``snapshot_id``; durable in the remote when this returns."""
         return self.snapshot_async(snapshot_id).result()
 
-    def snapshot_async(self, snapshot_id: int) -> concurrent.futures.Future[SnapshotInfo]:
+    def snapshot_async(self, snapshot_id: int, *, delay: float = 0.0) -> concurrent.futures.Future[SnapshotInfo]:
         """Freeze the state now and upload it in the background.
 
         Returns once the state is frozen (later writes are not part of the snapshot); the
         future resolves when the manifest is published, or fails with :class:`RemoteError`.
         Uploads happen in call order; ``snapshot_id`` must exceed every id this store has
-        taken or restored.
+        taken or restored. ``delay``: seconds the upload waits before it starts (a caller
+        freezing many stores at once spreads their uploads out this way).
         """
         self._check_open()
-        return snapshots.freeze(self, self._require_remote("snapshot"), snapshot_id)
+        return snapshots.freeze(self, self._require_remote("snapshot"), snapshot_id, delay)
 
     def snapshots(self) -> list[int]:
         """Ids of the complete snapshots in the remote, ascending."""

@@ -105,6 +105,10 @@ def file_crc(fs: FileSystem, path: str) -> tuple[int, int]:
         fs.close(fd)
 
 
+#: The longest ``delay`` :func:`freeze` accepts (seconds): the files stay pinned meanwhile.
+MAX_UPLOAD_DELAY = 60.0
+
+
 def _check_id(snapshot_id: object, what: str) -> int:
     if isinstance(snapshot_id, bool) or not isinstance(snapshot_id, int):
         raise TypeError(f"{what} must be an int, got {type(snapshot_id).__name__} {snapshot_id!r:.40}")
@@ -113,9 +117,12 @@ def _check_id(snapshot_id: object, what: str) -> int:
     return snapshot_id
 
 
-def freeze(store: Store, remote: Remote, snapshot_id: int) -> concurrent.futures.Future[SnapshotInfo]:
-    """Freeze ``store`` now (cheap: the engine hands work to its maintainer) and queue the upload."""
+def freeze(store: Store, remote: Remote, snapshot_id: int, delay: float = 0.0) -> concurrent.futures.Future[SnapshotInfo]:
+    """Freeze ``store`` now (cheap: the engine hands work to its maintainer) and queue the
+    upload, which starts ``delay`` seconds from now at the earliest."""
     _check_id(snapshot_id, "snapshot_id")
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= MAX_UPLOAD_DELAY:
+        raise ValueError(f"delay must be a number of seconds in [0, {MAX_UPLOAD_DELAY}], got {delay!r:.40}")
     t0 = time.perf_counter()
     with store._lock:
         store._check_open()
@@ -131,7 +138,7 @@ def freeze(store: Store, remote: Remote, snapshot_id: int) -> concurrent.futures
             store._uploader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="statestores-upload")
         uploader = store._uploader
     freeze_s = time.perf_counter() - t0
-    fut = uploader.submit(upload, store, remote, snapshot_id, frozen, freeze_s)
+    fut = uploader.submit(upload, store, remote, snapshot_id, frozen, freeze_s, time.monotonic() + delay)
     store._pending_uploads = [f for f in store._pending_uploads if not f.done()] + [fut]
     return fut
 
@@ -180,15 +187,19 @@ def ship(
     return infos, shipped, sent, read
 
 
-def upload(store: Store, remote: Remote, snapshot_id: int, frozen: Frozen, freeze_s: float) -> SnapshotInfo:
+def upload(store: Store, remote: Remote, snapshot_id: int, frozen: Frozen, freeze_s: float,
+           start_at: float = 0.0) -> SnapshotInfo:
     """(uploader thread) Wait for the frozen files, upload what the remote lacks, publish.
 
     The checksums, uploads and the manifest run in the ``upload`` background process when
     both the remote and the file system reach the same storage from there (a MinIO or path
     remote, the real file system): the transfers' CPU then never competes with the store's
     own process for its GIL, and runs at the background processes' lower priority. This
-    thread only waits for it.
+    thread only waits for it. It starts at ``start_at`` (``time.monotonic()``) at the earliest.
     """
+    wait = start_at - time.monotonic()
+    if wait > 0:
+        time.sleep(wait)
     t0 = time.perf_counter()
     names = frozen.names
     try:

@@ -329,7 +329,7 @@ class Worker:
         self.engine = Engine(self.app, assign.index, assign.n_workers, assign.partitions, stores, self, assign.owners)
         shipping = self.shipping
         held = (lambda r: asyncio.to_thread(shipping.wait_marks, r)) if shipping is not None else None
-        self.rounds = RoundTaker(self.index, lambda m: self.coord.send(m), held)
+        self.rounds = RoundTaker(self.index, lambda m: self.coord.send(m), held, self.settings.snapshot_interval)
         self.loop = Participant(self.engine, Sequencer(assign.index), _request_of, s.max_batch,
                                 fallback=self.fallback_enabled)
         await self.reconnect_peers(assign.peers)

@@ -4,6 +4,7 @@
     python benchmarks/runtime/bench.py --sweep --store memonly           # to saturation
     python benchmarks/runtime/bench.py --store lsm --snapshot-interval 0  # rounds and epoch log off
     python benchmarks/runtime/bench.py --store lsm --kill-at 8            # SIGKILL a worker 8 s in
+    python benchmarks/runtime/bench.py --store lsm --timeline t.json      # then: tails.py t.json
 
 Snapshot rounds run every ``--snapshot-interval`` seconds (default 1, with the epoch log);
 MinIO must be running too for them (``sfaas services up``).
@@ -213,6 +214,8 @@ async def one_point(settings: Settings, rate: float, seconds: float, keys: int, 
         me1 = me.cpu_times()
         cpu["loadgen"] = round((me1.user + me1.system - me0.user - me0.system) / wall * 100, 1)
     out = res.summary()
+    off = time.time() - time.monotonic()  # (wall-clock arrivals, to line up with the logs)
+    out["_timeline"] = {"arrivals": [a + off for a in res.arrivals], "latencies_ms": res.latencies_ms}
     out["quantiles_ms"] = _quantiles(res.latencies_ms)
     out["cpu_percent"] = cpu
     out["cpu_us_per_txn"] = cpu_us  # summed over processes of a role
@@ -309,6 +312,11 @@ def run(args: argparse.Namespace) -> list[dict]:
                                           args.lose_machine, _steps(args.rescale)))
         finally:
             cluster.down(s)
+        timeline = point.pop("_timeline")
+        if args.timeline:  # per reply, for tails.py (one file per rate: the rate is in its name)
+            path = Path(args.timeline if len(rates) == 1 else f"{args.timeline}.{int(rate)}")
+            timeline["cluster_dir"] = str(cluster.state_dir(s))
+            path.write_text(json.dumps(timeline))
         point["conflict_reruns_per_txn"] = _reruns(s)
         if not args.keep:
             cleanup(s)
@@ -362,6 +370,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rescale", default="", help="SECONDS:WORKERS,... — sfaas scale during the measured run")
     ap.add_argument("--lose-machine", dest="lose_machine", action="store_true",
                     help="with --kill-at: delete the victim's store directories before the SIGKILL")
+    ap.add_argument("--timeline", default="",
+                    help="write each reply's arrival and latency here (JSON; tails.py reads it)")
     ap.add_argument("--out", default=str(HERE / "results.jsonl"))
     return ap
 

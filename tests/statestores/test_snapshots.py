@@ -117,6 +117,31 @@ def test_writes_go_on_during_an_async_snapshot(engine: str, tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("engine", statestores.ENGINES)
+def test_a_delayed_upload_starts_later_and_holds_the_state_at_the_freeze(engine: str, tmp_path: Path) -> None:
+    """``snapshot_async(delay=…)`` freezes now and uploads later (the runtime spreads a
+    round's uploads out this way); bad delays are refused before anything is frozen."""
+    import time
+
+    remote = remotes.PathRemote(tmp_path / "remote")
+    with statestores.open(engine, tmp_path / "db", remote=remote) as s:
+        model = fill(s, 0, 500)
+        for bad in (-0.1, float("nan"), float("inf"), 61.0, "1", True):
+            with pytest.raises(ValueError, match="delay must be a number of seconds in \\[0, 60"):
+                s.snapshot_async(1, delay=bad)  # type: ignore[arg-type]
+        t0 = time.monotonic()
+        fut = s.snapshot_async(1, delay=1.0)  # id 1 still free: the refusals froze nothing
+        assert time.monotonic() - t0 < 0.8  # returns at the freeze
+        s.put(b"key-000000", b"after-freeze")
+        time.sleep(0.1)
+        if time.monotonic() - t0 < 0.9:  # (always, but on a machine stalled for most of a second)
+            assert not fut.done() and remote.list_snapshots() == []  # not uploaded yet
+        assert fut.result(timeout=60).snapshot_id == 1
+        assert time.monotonic() - t0 >= 1.0
+        s.restore(1)
+        assert dict(s.items()) == model
+
+
+@pytest.mark.parametrize("engine", statestores.ENGINES)
 def test_gc_keeps_retained_snapshots_restorable(engine: str, tmp_path: Path) -> None:
     remote = remotes.PathRemote(tmp_path / "remote")
     with statestores.open(engine, tmp_path / "db", remote=remote) as s:

@@ -1,0 +1,59 @@
+"""A worker's part of a round (worker.snapshots.RoundTaker): every store is frozen at the
+cut, and their uploads start spread out over at most half an interval."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+
+import pytest
+
+from sfaas import wire
+from statestores import SnapshotInfo
+from worker.snapshots import UPLOAD_SPACING, RoundTaker
+
+
+class _Store:
+    """Records what a round asks of it; its upload ends when the test says so."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, float]] = []
+        self.upload: concurrent.futures.Future[SnapshotInfo] = concurrent.futures.Future()
+
+    def snapshot_async(self, snapshot_id: int, *, delay: float = 0.0) -> concurrent.futures.Future[SnapshotInfo]:
+        self.calls.append((snapshot_id, delay))
+        return self.upload
+
+
+def _info(sid: int) -> SnapshotInfo:
+    return SnapshotInfo(snapshot_id=sid, files_uploaded=1, bytes_uploaded=100, files_total=2, bytes_total=300,
+                        freeze_seconds=0.0, upload_seconds=0.0)
+
+
+@pytest.mark.parametrize(("interval", "n"), [(1.0, 4), (5.0, 4), (0.2, 4), (1.0, 64)])
+async def test_a_rounds_uploads_start_spread_over_at_most_half_an_interval(interval: float, n: int) -> None:
+    sent: list[wire.Message] = []
+    taker = RoundTaker(0, sent.append, interval=interval)
+    stores = {("op", p): _Store() for p in range(n)}
+
+    async def durable() -> None:
+        return None
+
+    taker.take(7, 42, stores, {0: 10}, {}, {0: 3}, [], 5, durable)  # type: ignore[arg-type]
+    delays = [s.calls[0][1] for s in stores.values()]
+    assert all(s.calls == [(7, d)] for s, d in zip(stores.values(), delays, strict=True))  # each frozen once, now
+    step = min(UPLOAD_SPACING, interval / 2 / n)
+    assert delays == pytest.approx([i * step for i in range(n)])
+    assert delays[-1] < interval / 2
+    await asyncio.sleep(0.01)
+    assert sent == []  # the report waits for every upload
+    for p, s in enumerate(stores.values()):
+        s.upload.set_result(_info(7))
+        if p < n - 1:
+            await asyncio.sleep(0)
+            assert sent == []
+    await taker.close()
+    assert len(sent) == 1
+    report = sent[0]
+    assert isinstance(report, wire.Snapshotted) and report.round == 7 and report.error == ""
+    assert [c[:2] for c in report.stores] == [["op", p] for p in range(n)]
