@@ -29,8 +29,8 @@ __all__ = ["RoundTaker", "UPLOAD_SPACING"]
 
 #: Seconds between the starts of two stores' uploads of a round (less when the round's
 #: stores would take more than half an interval so). At 1,000 TPS with 4 stores per worker
-#: and rounds every second, p99 at 80 ms was 17.6, 18.5 and 31.1 ms against 22.4, 23.2 and
-#: 25.1 ms without (lsm; benchmarks/README.md).
+#: and rounds every second, lsm's p99 was lower in 5 of 7 interleaved pairs (medians of
+#: the last 4: 17.3 ms against 19.7 without; benchmarks/README.md).
 UPLOAD_SPACING = 0.08
 
 
