@@ -5,9 +5,10 @@ worker's state plus its replay positions are a consistent cut. :meth:`RoundTaker
 freezes every store there (``snapshot_async(n)``: milliseconds, on the event loop's thread
 so nothing can write in between), records the positions, and returns; the uploads run on
 the stores' uploader threads while epochs go on, ``UPLOAD_SPACING`` apart (at most half an
-interval in all), so their requests and MinIO's CPU do not all land on the cores at once. When they end, one ``wire.Snapshotted``
-goes to the coordinator — with ``error`` set if any store failed (MinIO down): the round
-then fails and the coordinator retries at the next interval.
+interval in all), so their requests and MinIO's CPU do not all land on the cores at once.
+When they end, one ``wire.Snapshotted`` goes to the coordinator — with ``error`` set if
+any store failed (MinIO down): the round then fails and the coordinator retries at the
+next interval.
 """
 
 from __future__ import annotations
