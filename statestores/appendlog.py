@@ -14,10 +14,14 @@ A snapshot *folds* the active segment: the spare takes over (a pointer swap), an
 one stops taking appends but is neither hinted nor merged — it stays a ``wal`` entry, and
 the snapshot names it with every sealed segment and hint. So a round writes one small
 file per store and starts no hint and no merge, like an LSM store's WAL seal. Folded
-segments are sealed (hinted, then merged) together with the active one at its next roll,
-at close, or at the snapshot that finds ``max_snapshot_wals`` of them (a per-store value
-between half that and all of it, so stores snapshotted together do not all seal in the
-same round); a restore scans at most that many.
+segments are sealed (hinted, then merged) together with the active one at its next roll
+or at close. The snapshot that finds ``max_snapshot_wals`` of them (a per-store value
+between half that and all of it, so stores snapshotted together do not all do this in the
+same round) instead merges them in the background merge process straight into one sealed
+level-0 segment with its hint — two new files for the next round to upload, where sealing
+them one by one made a hint each and then merges of those. They stay readable ``wal``
+entries until the merge is installed; if the merge slot is taken, a later snapshot tries
+again, and at twice the cap they are sealed one by one. A restore scans at most that many.
 
 Files (``FORMAT.md`` § appendlog): ``al-<level>-<seq>.log``, ``al-<level>-<seq>.hint``,
 ``CURRENT``.
@@ -35,7 +39,7 @@ from typing import Any
 # the C function itself, not the checksum.crc32c wrapper: one Python frame less per get/put
 from crc32c import crc32c
 
-from . import records
+from . import background, records
 from .checks import (
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
@@ -44,9 +48,12 @@ from .checks import (
     check_ops,
     check_value,
 )
+from .errors import BackgroundBusy
 from .fs import FileSystem
 from .log import Segment, SegmentedStore
+from .log.merge import merge_segments
 from .log.segment import hint_name, scan_segment
+from .log.store import MergeJob, log
 from .snapshots import Frozen as _Frozen
 from .version import FileEntry
 
@@ -96,6 +103,10 @@ class AppendLogStore(SegmentedStore):
         #: Segments a snapshot folded (oldest first): readable ``wal`` entries, not yet hinted.
         self._folded: list[_Sealing] = []
         self._fold_cap = self._snapshot_wal_cap()
+        #: active/spare segment seq → a seq allocated just before it: the name of the
+        #: segment the folded ones are merged into when that segment takes over (see _merge_folded)
+        self._below: dict[int, int] = {}
+        self._folded_merges = 0
         #: The next active segment, created (and listed in the version) ahead of time, so
         #: that a roll — and so a snapshot's freeze — is a pointer swap with no syscall.
         self._spare: Segment | None = None
@@ -129,15 +140,24 @@ class AppendLogStore(SegmentedStore):
 
     def _start_active(self) -> FileEntry:
         """A new, empty active segment (the caller puts the entry into its edit)."""
-        seg = self._create_segment(self._next_seq())
+        seg = self._create_segment(self._reserve_seq())
         self._active = seg
         self._segs[seg.seq] = seg
         return FileEntry(seg.name, "wal")
 
     def _new_spare(self) -> FileEntry:
         """(lock held) Create the spare segment; the caller puts the entry into its edit."""
-        self._spare = self._create_segment(self._next_seq())
+        self._spare = self._create_segment(self._reserve_seq())
         return FileEntry(self._spare.name, "wal")
+
+    def _reserve_seq(self) -> int:
+        """(lock held) The seq of a new active or spare segment, with the one just below it
+        kept in ``_below``: a merge of the segments folded before it took over is named by
+        that seq, so it sorts after them and before this one (``version.py``: by seq)."""
+        below = self._next_seq()
+        seq = self._next_seq()
+        self._below[seq] = below
+        return seq
 
     def _create_segment(self, seq: int) -> Segment:
         """An empty, writable segment file with its descriptors open (no lock needed)."""
@@ -356,6 +376,7 @@ class AppendLogStore(SegmentedStore):
         if self.sync == "fsync":
             self.fs.fsync(seg.fd)  # type: ignore[arg-type]
         done = _Sealing(seg, self._alive, self._atombs)
+        self._below.pop(seg.seq, None)
         self._active = None
         self._alive = {}
         self._atombs = set()
@@ -383,7 +404,7 @@ class AppendLogStore(SegmentedStore):
     def _make_spare(self) -> None:
         """(maintainer) Create the next spare segment, unless one exists or the store closed."""
         with self._lock:
-            seq = self._next_seq() if self._spare is None and not self._closed else None
+            seq = self._reserve_seq() if self._spare is None and not self._closed else None
         if seq is None:
             return
         spare = self._create_segment(seq)  # syscalls, no lock
@@ -395,6 +416,7 @@ class AppendLogStore(SegmentedStore):
                 self._spare = spare
                 self._edit([FileEntry(spare.name, "wal")])
                 return
+            self._below.pop(spare.seq, None)
         spare.close(self.fs)
         self.fs.remove(spare.path)
 
@@ -414,12 +436,54 @@ class AppendLogStore(SegmentedStore):
     # ------------------------------------------------------------------ snapshots
 
     def _freeze(self) -> _Frozen:
-        if len(self._folded) >= self._fold_cap:
-            self._roll()  # a restore would scan too many: seal them all (hints, then merges)
-        else:
-            self._fold()
+        self._fold()
+        if len(self._folded) >= self._fold_cap and not self._merge_folded() and len(self._folded) >= 2 * self._fold_cap:
+            self._roll()  # a restore would scan too many, and no merge could start: hint them all
         # folded segments are ``wal`` entries already; the active one and the spare are still written to
         return self._frozen([s.name for s in (self._active, self._spare) if s is not None])
+
+    def _merge_folded(self) -> bool:
+        """(lock held, after a fold) Start merging the folded segments into one sealed
+        level-0 segment with its hint, in the background merge process; False if the merge
+        slot is taken (the next snapshot tries again).
+
+        Sealing them one by one instead meant a hint file each (~17 uploads in one round)
+        and then merges of those: CPU and MinIO requests landing in one round. Until the
+        merge is installed they stay ``wal`` entries, readable and in every snapshot; its
+        output is named by the seq reserved below the active segment (``_reserve_seq``),
+        which every folded segment precedes."""
+        active = self._active
+        out_seq = self._below.get(active.seq) if active is not None else None
+        if (out_seq is None or self._merge is not None or self._redirect is not None or self._paused
+                or self._closed or self._pending is not None):
+            return False
+        batch = self._folded
+        out = self._segment_name(0, out_seq)
+        try:
+            fut = background.submit(
+                merge_segments,
+                self._bg_fs,
+                self.directory,
+                [(b.seg.name, b.seg.seq) for b in batch],
+                out,
+                out_seq,
+                not self._sealed,  # nothing older to shadow: tombstones go
+                self.sync == "fsync",
+                True,
+                lane="merge",
+                local=self._local_background,
+            )
+        except BackgroundBusy as exc:
+            log.debug("merge of the folded segments of %s postponed: %s", self.directory, exc)
+            return False
+        self._folded = []
+        self._merge = MergeJob([b.seg for b in batch], out, out_seq, 0, fut, folded=batch)
+        fut.add_done_callback(self._on_done(self._merge_done))
+        self._folded_merges += 1
+        return True
+
+    def _folded_merge_failed(self, folded: list[Any]) -> None:
+        self._folded[:0] = folded  # older than any folded since: sealed by a later roll, or merged again
 
     def _install(self, entries: list[FileEntry], replaced: frozenset[str] = frozenset()) -> None:
         seg = self._active
@@ -430,6 +494,7 @@ class AppendLogStore(SegmentedStore):
             spare.close(self.fs)
         self._active = None
         self._folded = []  # their descriptors are closed with the other segments
+        self._below = {}
         new = self._install_segments(entries)
         for e in sorted((e for e in entries if e.kind == "wal"), key=lambda e: e.seq):
             self._folded.append(self._scan_open(e.name, truncate_torn=False))  # after the segments: newer
@@ -452,6 +517,7 @@ class AppendLogStore(SegmentedStore):
             rolls=self._rolls,
             folds=self._folds,
             folded_segments=len(self._folded),
+            folded_merges=self._folded_merges,
             flushes=self._rolls,
             memory_bytes=s["index_bytes"] + 100 * len(self._alive) + (len(seg.wbuf) if seg is not None else 0),
             files=self._version.names(),

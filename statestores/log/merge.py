@@ -20,7 +20,7 @@ from .. import hints, records
 from ..errors import CorruptionError, StoreError
 from ..fs import FileSystem
 from ..hints import OFFSET_BITS, OFFSET_MASK
-from .segment import _HEADER, _HEADER_SIZE, _WRITE_CHUNK, hint_name
+from .segment import _HEADER, _HEADER_SIZE, _WRITE_CHUNK, hint_name, scan_segment
 
 __all__ = ["MergeFailed", "merge_segments"]
 
@@ -47,8 +47,12 @@ def merge_segments(
     out_seq: int,
     drop_tombstones: bool,
     fsync: bool,
+    scan: bool = False,
 ) -> tuple[int, int, int]:
     """Merge segments ``inputs`` (``(log name, seq)``, oldest first) into ``out_name``.
+
+    The inputs' keys come from their hint files, or with ``scan`` (an AppendLog's folded
+    segments, which have none) from reading every record of the input.
 
     Runs in a background process (``fs`` None: the real file system) or, with a test's
     ``FaultyFS``, on a thread of this process, so an injected fault reaches it. Writes ``<out>.tmp`` and ``<out hint>.tmp`` (the store
@@ -64,19 +68,26 @@ def merge_segments(
         latest: dict[bytes, int] = {}
         for name, seq in inputs:
             path = os.path.join(directory, name)
-            hpath = os.path.join(directory, hint_name(name))
-            h = hints.decode(fs.read_file(hpath), hpath, seq=seq)
-            latest.update(zip(h.keys, h.addresses, strict=True))
-            if h.tombstones:
-                latest.update(dict.fromkeys(h.tombstones, -1))
+            if scan:
+                size, alive, deleted = scan_segment(fs, path, seq, truncate_torn=False)
+                latest.update(alive)
+                latest.update(dict.fromkeys(deleted, -1))
+                what = "its records"
+            else:
+                hpath = os.path.join(directory, hint_name(name))
+                h = hints.decode(fs.read_file(hpath), hpath, seq=seq)
+                latest.update(zip(h.keys, h.addresses, strict=True))
+                if h.tombstones:
+                    latest.update(dict.fromkeys(h.tombstones, -1))
+                size, what = h.data_size, "its hint"
             fd = fs.open_read(path)
             try:
                 mm = fs.mmap(fd)
             finally:
                 fs.close(fd)
-            if (len(mm) if mm is not None else 0) != h.data_size:
-                raise CorruptionError(path, f"size differs from its hint ({h.data_size} bytes)")
             maps[seq] = (mm, path)
+            if (len(mm) if mm is not None else 0) != size:
+                raise CorruptionError(path, f"size differs from {what} ({size} bytes)")
         keys: list[bytes] = []
         addrs = array.array("Q")
         tombs: list[bytes] = []

@@ -70,12 +70,15 @@ MAX_HANDOFFS = 4
 
 
 @dataclass
-class _MergeJob:
+class MergeJob:
     inputs: list[Segment]
     out_name: str
     out_seq: int
     level: int
     future: concurrent.futures.Future[tuple[int, int, int]]
+    #: An AppendLog's folded segments merged straight into one level-0 segment (see
+    #: ``AppendLogStore._merge_folded``): ``inputs`` are ``wal`` entries, not sealed ones.
+    folded: list[Any] | None = None
 
 
 class SegmentedStore(Store):
@@ -99,7 +102,7 @@ class SegmentedStore(Store):
         self._gone: set[bytes] = set()
         self._segs: dict[int, Segment] = {}
         self._sealed: list[Segment] = []
-        self._merge: _MergeJob | None = None
+        self._merge: MergeJob | None = None
         self._redirect: Redirect | None = None
         self._handoffs = 0
         self._merges_done = 0
@@ -428,7 +431,7 @@ class SegmentedStore(Store):
             except BackgroundBusy as exc:
                 log.debug("merge in %s postponed: %s", self.directory, exc)
                 return
-            self._merge = _MergeJob(inputs, out, seq, level + 1, fut)
+            self._merge = MergeJob(inputs, out, seq, level + 1, fut)
             fut.add_done_callback(self._on_done(self._merge_done))
             return
 
@@ -484,19 +487,30 @@ class SegmentedStore(Store):
                 raise StoreError("the store closed before the merge was installed")
         except Exception as exc:
             self._merge_failures += 1
-            self._merge_retry_at = len(self._sealed) + self.options["max_runs_per_level"]
             log.error("merge into %s failed: %s", out_path, exc)
             self.fs.remove(out_path + ".tmp")
             self.fs.remove(out_hint + ".tmp")
+            if job.folded is not None:
+                self._folded_merge_failed(job.folded)
+            else:
+                self._merge_retry_at = len(self._sealed) + self.options["max_runs_per_level"]
             return
         self.fs.rename(out_path + ".tmp", out_path)
         self.fs.rename(out_hint + ".tmp", out_hint)
         seg = Segment(job.out_name, job.level, out_path)
         seg.open_sealed(self.fs)
         h = pre if pre is not None else hints.decode(self.fs.read_file(out_hint), out_hint, seq=job.out_seq)
-        first = self._sealed.index(job.inputs[0])
-        sealed = self._sealed[:first] + [seg] + self._sealed[first + len(job.inputs) :]
-        removed = [n for s in job.inputs for n in (s.name, hint_name(s.name))]
+        if job.folded is None:
+            first = self._sealed.index(job.inputs[0])
+            sealed = self._sealed[:first] + [seg] + self._sealed[first + len(job.inputs) :]
+            removed = [n for s in job.inputs for n in (s.name, hint_name(s.name))]
+        else:
+            # newer than every sealed segment but those sealed since the merge began
+            first = next((i for i, s in enumerate(self._sealed) if s.level == 0 and s.seq > seg.seq), len(self._sealed))
+            sealed = self._sealed[:first] + [seg] + self._sealed[first:]
+            removed = [s.name for s in job.inputs]
+            for s in job.inputs:
+                s.seal(self.fs)  # closes their descriptors; the mappings stay readable until the redirect is done
         self._edit(
             [FileEntry(seg.name, "segment", seg.level), FileEntry(hint_name(seg.name), "hint", seg.level)], removed
         )  # the commit point; the inputs' files go, their mappings stay readable until the redirect is done
@@ -528,6 +542,10 @@ class SegmentedStore(Store):
         return True
 
     # ------------------------------------------------------------------ stats
+
+    def _folded_merge_failed(self, folded: list[Any]) -> None:
+        """(lock held) A merge of folded segments failed: they are folded again (AppendLog)."""
+        raise NotImplementedError
 
     def _segment_stats(self) -> dict[str, Any]:
         self._await_index()
