@@ -1,11 +1,16 @@
 """The overload benchmark's verdicts (benchmarks/runtime/overload.py), without a cluster:
-each request answered exactly once, and the RSS flatness against the value after warm-up."""
+each request answered exactly once, the RSS flatness against the value after warm-up, and
+the report that says so."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
 from benchmarks.runtime.overload import Ledger, flatness
+from benchmarks.runtime.overload_report import report
 
 
 def test_every_request_answered_once_leaves_nothing_missing() -> None:
@@ -53,3 +58,18 @@ def test_a_shrinking_process_is_not_flat_either_and_no_samples_give_no_verdict()
     v = flatness([(10, 100), (20, 120), (30, 70)], since=10, tolerance_pct=10)
     assert v is not None and v["deviation_pct"] == -30.0 and not v["flat"]
     assert flatness([(1, 100), (5, 100)], since=10, tolerance_pct=10) is None
+
+
+def test_the_report_says_which_process_grew_and_what_was_lost() -> None:
+    """The report's verdicts follow the summary: a worker whose RSS is not flat is named
+    with its deviation, and missing or duplicated replies are said plainly."""
+    raw = Path(__file__).resolve().parents[1] / "benchmarks/results/2026-11-23-overload/overload.jsonl"
+    summary = json.loads(raw.read_text().splitlines()[-1])
+    good = report(summary)
+    assert "flat" in good and "**not flat**" not in good and "Nothing was lost or duplicated." in good
+    bad = json.loads(json.dumps(summary))
+    bad["rss"]["worker-1"].update(deviation_pct=42.5, flat=False)
+    bad.update(missing=7, duplicates=2)
+    text = report(bad)
+    assert "| worker 1 |" in text and "**not flat**" in text and "worker-1 +42.5%" in text
+    assert "**lost 7**" in text and "**duplicates 2**" in text and "7 missing, 2 duplicated" in text
