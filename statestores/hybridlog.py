@@ -22,7 +22,9 @@ a crash loses the writes since the last flush, snapshot or close, and the store 
 the state at that flush (prefix-consistent; this is HybridLog's documented trade-off).
 ``"os"``/``"fsync"`` add a write-ahead log: every put/delete/batch is appended to the
 active WAL before it is applied; the WAL rolls whenever the boundary advances, and a WAL
-is deleted once every record it covers is in a log file.
+is deleted once every record it covers is in a log file. An active WAL that reaches
+``max_wal_bytes`` (hot keys updated in place never advance the boundary) flushes both
+regions, so the WALs stay bounded.
 
 A snapshot does not flush (FASTER's fold-over checkpoint): it advances the read-only
 boundary to the tail and seals what the records written since the last snapshot are in —
@@ -92,6 +94,9 @@ class HybridLogStore(SegmentedStore):
     OPTIONS = {
         "ro_lag_interval": Option(1 << 16, int, lambda v: v >= 1, "an int >= 1 (records in the mutable region)"),
         "flush_interval": Option(1 << 16, int, lambda v: v >= 1, "an int >= 1 (read-only records before a flush)"),
+        "max_wal_bytes": Option(
+            64 << 20, int, lambda v: 1 <= v <= 1 << 40, "an int in [1, 2**40] (bytes of the active WAL before both regions are flushed)"
+        ),
         **SegmentedStore.SEGMENT_OPTIONS,
     }
 
@@ -103,6 +108,7 @@ class HybridLogStore(SegmentedStore):
         self._flushing: tuple[_Region, ...] = ()  # oldest first; replaced whole (lock-free readers)
         self._lag: int = self.options["ro_lag_interval"]
         self._flush_at: int = self.options["flush_interval"]
+        self._wal_max: int = self.options["max_wal_bytes"]
         self._wal_cap = self._snapshot_wal_cap()
         # sync="none", once snapshots are taken: the records of the mutable regions turned
         # read-only since the last tail or flush (the next snapshot's tail); None: not kept
@@ -214,7 +220,11 @@ class HybridLogStore(SegmentedStore):
                 self._appends += 1  # a new record at the tail (the other puts update in place)
             if self._wal_fd is not None:
                 self._log(records.encode(key, value))
-            m[key] = value
+                m[key] = value
+                if self._wal_size >= self._wal_max:
+                    self._flush_all()
+            else:
+                m[key] = value
 
     def delete(self, key: bytes) -> None:
         self._check_open()
@@ -229,6 +239,7 @@ class HybridLogStore(SegmentedStore):
             if self._wal_fd is not None:
                 self._log(records.encode(key, None))
             m[key] = None
+            self._bound_wal()
 
     def write_batch(self, ops: Iterable[tuple[bytes, bytes | None]]) -> None:
         self._check_open()
@@ -243,6 +254,7 @@ class HybridLogStore(SegmentedStore):
             m = self._mut
             for k, v in checked:
                 m[k] = v
+            self._bound_wal()
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         if self._closed:
@@ -277,6 +289,15 @@ class HybridLogStore(SegmentedStore):
                 self._flush_all(inline=True)
             elif self._wal_fd is not None and self.sync == "fsync":
                 self.fs.fsync(self._wal_fd)
+
+    def _bound_wal(self) -> None:
+        """(lock held, after a write was applied) Flush both regions once the active WAL
+        holds ``max_wal_bytes``: puts to keys in the mutable region update it in place and
+        never advance the boundary, so without this a few hot keys grow the WAL — and what
+        a reopen replays — without bound. The flush starts a new WAL; the old ones go when
+        the regions' log file is installed."""
+        if self._wal_fd is not None and self._wal_size >= self._wal_max:
+            self._flush_all()
 
     # ------------------------------------------------------------------ regions
 

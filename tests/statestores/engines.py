@@ -12,7 +12,7 @@ import statestores
 TINY: dict[str, dict[str, Any]] = {
     "lsm": {"memtable_bytes": 256, "max_runs_per_level": 2, "density_factor": 2, "sync": "os"},
     "appendlog": {"threshold": 256, "max_runs_per_level": 2, "max_snapshot_wals": 2, "sync": "os"},
-    "hybridlog": {"ro_lag_interval": 2, "flush_interval": 4, "max_runs_per_level": 2, "sync": "os"},
+    "hybridlog": {"ro_lag_interval": 2, "flush_interval": 4, "max_runs_per_level": 2, "max_wal_bytes": 512, "sync": "os"},
     "memonly": {"sync": "os"},
 }
 

@@ -136,6 +136,49 @@ def test_wal_of_a_sync_os_run_becomes_a_log_file_under_sync_none(tmp_path: Path)
     assert not list(tmp_path.glob("*.wal"))
 
 
+def wal_bytes(directory: Path) -> int:
+    """Bytes of the WAL files in ``directory`` (one the maintainer deletes meanwhile counts 0)."""
+    total = 0
+    for p in directory.glob("*.wal"):
+        try:
+            total += p.stat().st_size
+        except FileNotFoundError:
+            pass
+    return total
+
+
+@pytest.mark.parametrize("how", ["put", "write_batch", "delete"])
+def test_hot_keys_updated_in_place_do_not_grow_the_wal_without_bound(tmp_path: Path, how: str) -> None:
+    """With a WAL and no snapshots, five hot keys updated in place 4,000 times never
+    advance the boundary; once the active WAL holds ``max_wal_bytes`` both regions are
+    flushed and a new WAL starts, so the WALs stay near that size, and a crash then a
+    reopen gives the last value of every key."""
+    fs = FaultyFS()
+    s = statestores.open("hybridlog", tmp_path, sync="os", max_wal_bytes=4096, fs=fs)
+    model: dict[bytes, bytes] = {}
+    largest = 0
+    for i in range(4000):
+        key, value = b"hot%d" % (i % 5), b"v%06d" % i
+        if how == "put":
+            s.put(key, value)
+        elif how == "write_batch":
+            s.write_batch([(key, value)])
+        elif i % 7 == 0:
+            s.delete(key)
+        else:
+            s.put(key, value)
+        if how == "delete" and i % 7 == 0:
+            model.pop(key, None)
+        else:
+            model[key] = value
+        largest = max(largest, wal_bytes(tmp_path))
+    assert s.stats()["flushes"] >= 10
+    assert largest < 3 * 4096, largest  # 4,000 records of ~20 bytes: 80 KB in one WAL before
+    fs.crash()
+    with statestores.open("hybridlog", tmp_path, sync="os") as r:
+        assert dict(r.items()) == model
+
+
 def test_deletes_of_keys_never_flushed_leave_no_tombstone_on_disk(tmp_path: Path) -> None:
     with statestores.open("hybridlog", tmp_path) as s:
         s.put(b"old", b"1")
@@ -180,7 +223,7 @@ def test_crash_at_every_call_with_merges(tmp_path: Path, inline_merges: None, sy
 
 
 def test_bad_options_are_named(tmp_path: Path) -> None:
-    for name in ("ro_lag_interval", "flush_interval", "max_snapshot_wals"):
+    for name in ("ro_lag_interval", "flush_interval", "max_snapshot_wals", "max_wal_bytes"):
         with pytest.raises(ValueError, match=name):
             statestores.open("hybridlog", tmp_path, **{name: 0})
 
