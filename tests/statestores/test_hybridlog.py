@@ -11,6 +11,7 @@ import pytest
 import remotes
 import statestores
 from statestores import FaultyFS
+from statestores.log.store import MAX_HANDOFFS
 
 from .test_appendlog import (
     apply_all,
@@ -151,7 +152,7 @@ def wal_bytes(directory: Path) -> int:
 def test_hot_keys_updated_in_place_do_not_grow_the_wal_without_bound(tmp_path: Path, how: str) -> None:
     """With a WAL and no snapshots, five hot keys updated in place 4,000 times never
     advance the boundary; once the active WAL holds ``max_wal_bytes`` both regions are
-    flushed and a new WAL starts, so the WALs stay near that size, and a crash then a
+    flushed and a new WAL starts, so the WALs stay within a few times that size, and a crash then a
     reopen gives the last value of every key."""
     fs = FaultyFS()
     s = statestores.open("hybridlog", tmp_path, sync="os", max_wal_bytes=4096, fs=fs)
@@ -173,7 +174,9 @@ def test_hot_keys_updated_in_place_do_not_grow_the_wal_without_bound(tmp_path: P
             model[key] = value
         largest = max(largest, wal_bytes(tmp_path))
     assert s.stats()["flushes"] >= 10
-    assert largest < 3 * 4096, largest  # 4,000 records of ~20 bytes: 80 KB in one WAL before
+    # the active WAL, and those of the regions still being written (at most MAX_HANDOFFS);
+    # before the bound: 4,000 records of ~20 bytes, 80 KB in one WAL
+    assert largest <= (MAX_HANDOFFS + 1) * (4096 + 32), largest
     fs.crash()
     with statestores.open("hybridlog", tmp_path, sync="os") as r:
         assert dict(r.items()) == model
