@@ -18,6 +18,7 @@ from remotes.minio import MinioRemote
 from sfaas.cli import cluster, services
 from sfaas.cli.services import Endpoints, ServiceError
 from sfaas.settings import Settings
+from tests.namespaces import NAMESPACES, drop_objects, drop_topics, fresh_namespace
 
 TEST_BUCKET = "sfaas-tests"
 
@@ -37,16 +38,20 @@ def _service(**which: bool) -> Iterator[Endpoints]:
 
 @pytest.fixture(scope="session")
 def minio() -> Iterator[Endpoints]:
-    """A running MinIO (endpoint + credentials in the returned :class:`Endpoints`)."""
+    """A running MinIO (endpoint + credentials in the returned :class:`Endpoints`); at the
+    end the objects of this session's test namespaces are deleted (``tests.namespaces``)."""
     with _service(minio=True) as ep:
         yield ep
+        drop_objects(ep, NAMESPACES)
 
 
 @pytest.fixture(scope="session")
 def kafka() -> Iterator[Endpoints]:
-    """A running single-node Kafka; ``.kafka_bootstrap`` is its bootstrap address."""
+    """A running single-node Kafka; ``.kafka_bootstrap`` is its bootstrap address. At the
+    end the topics of this session's test namespaces are deleted (``tests.namespaces``)."""
     with _service(kafka=True) as ep:
         yield ep
+        drop_topics(ep.kafka_bootstrap, NAMESPACES)
 
 
 def make_minio_remote(ep: Endpoints, prefix: str | None = None, **kwargs: object) -> MinioRemote:
@@ -80,7 +85,7 @@ def observed_cluster(kafka: Endpoints, minio: Endpoints, tmp_path_factory: pytes
     that watch it (metrics, the status page, the Grafana dashboard). Yields its settings
     and the settings a client of it uses."""
     s = Settings.load({
-        "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}",
+        "kafka": kafka.kafka_bootstrap, "namespace": fresh_namespace(),
         "home": str(tmp_path_factory.mktemp("observed")), "store": "lsm", "partitions": 4,
         "snapshot_interval": 1.0, "snapshot_retain": 2, "minio": minio.minio_endpoint,
         "minio_access_key": minio.minio_access_key, "minio_secret_key": minio.minio_secret_key,

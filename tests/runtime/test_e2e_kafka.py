@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -27,6 +26,7 @@ from sfaas import (
 from sfaas.cli import cluster
 from sfaas.errors import AuthenticationError
 from sfaas.settings import Settings
+from tests.namespaces import fresh_namespace
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -38,7 +38,7 @@ START = 1000
 def bank_cluster(kafka, tmp_path_factory) -> Iterator[Settings]:
     s = Settings.load({
         "kafka": kafka.kafka_bootstrap,
-        "namespace": f"t{uuid.uuid4().hex[:10]}",
+        "namespace": fresh_namespace(),
         "home": str(tmp_path_factory.mktemp("sfaas-home")),
         "store": "memonly",
         "partitions": 4,

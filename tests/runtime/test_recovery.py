@@ -21,7 +21,6 @@ import os
 import random
 import signal
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +35,7 @@ from sfaas.epochlog import EpochRecord
 from sfaas.rounds import RoundManifest
 from sfaas.settings import Settings
 from tests.conftest import TEST_BUCKET
+from tests.namespaces import fresh_namespace
 from tests.runtime.test_rounds import _ingress_requests, _read_topic, _replay
 
 SEED = int(os.environ.get("SFAAS_CHAOS_SEED") or random.SystemRandom().randrange(1 << 32))
@@ -66,7 +66,7 @@ async def _outage(service: str, seconds: float) -> str:
 def chaos_settings(kafka: Any, minio: Any, tmp_path: Path, **extra: Any) -> Settings:
     """A fresh namespace's settings for a cluster test: lsm stores, rounds every second."""
     return Settings.load({
-        "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}", "home": str(tmp_path),
+        "kafka": kafka.kafka_bootstrap, "namespace": fresh_namespace(), "home": str(tmp_path),
         "store": "lsm", "partitions": PARTITIONS, "snapshot_interval": 1.0, "snapshot_retain": 2,
         "minio": minio.minio_endpoint, "minio_access_key": minio.minio_access_key,
         "minio_secret_key": minio.minio_secret_key, "bucket": TEST_BUCKET, **extra,
@@ -235,7 +235,7 @@ def test_workers_wait_for_a_restarted_coordinator_and_keep_their_state(kafka, mi
     supervisor; the workers are not restarted: they rejoin in their slots, and the state
     written before the crash is still there afterwards."""
     s = Settings.load({
-        "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}", "home": str(tmp_path),
+        "kafka": kafka.kafka_bootstrap, "namespace": fresh_namespace(), "home": str(tmp_path),
         "store": "lsm", "partitions": PARTITIONS, "snapshot_interval": 1.0,
         "minio": minio.minio_endpoint, "minio_access_key": minio.minio_access_key,
         "minio_secret_key": minio.minio_secret_key, "bucket": TEST_BUCKET,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from sfaas.client import Client, SyncClient
 from sfaas.kafka import ensure_topics
 from sfaas.settings import Settings
 from tests.fuzz.budget import FULL
+from tests.namespaces import fresh_namespace
 from tests.resources import held, leftover
 
 N_CLIENTS = 200
@@ -30,7 +30,7 @@ CLUSTER_BUDGET = None if FULL else 30.0  # seconds of cluster cycles in CI
 
 @pytest.mark.timeout(900)
 def test_200_clients_opened_and_closed_hold_nothing(kafka) -> None:
-    s = Settings.load({"kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}"})
+    s = Settings.load({"kafka": kafka.kafka_bootstrap, "namespace": fresh_namespace()})
     ingress, egress = s.topics("res")
     asyncio.run(ensure_topics(s.kafka, {ingress: 2, egress: 2}))
 
@@ -57,7 +57,7 @@ def test_200_clients_opened_and_closed_hold_nothing(kafka) -> None:
 
 @pytest.mark.timeout(7200)
 def test_local_clusters_started_and_stopped_hold_nothing(kafka, tmp_path: Path) -> None:
-    s = Settings.load({"kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}",
+    s = Settings.load({"kafka": kafka.kafka_bootstrap, "namespace": fresh_namespace(),
                        "home": str(tmp_path), "store": "memonly", "partitions": 2, "snapshot_interval": 0})
 
     def cycle() -> None:

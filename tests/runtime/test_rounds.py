@@ -15,7 +15,6 @@ import asyncio
 import json
 import random
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from sfaas.state import open_partition_stores, rounds_remote, store_remote
 from sfaas.testing import LocalRunner
 from sfaas.txn.loop import merge_votes
 from tests.conftest import TEST_BUCKET
+from tests.namespaces import fresh_namespace
 from tests.runtime.apps import ledger
 
 ACCOUNTS = [f"acct-{i}" for i in range(12)]
@@ -46,7 +46,7 @@ PARTITIONS = 4
 
 def _settings(kafka, minio, home: Path, **extra: object) -> Settings:
     return Settings.load({
-        "kafka": kafka.kafka_bootstrap, "namespace": f"t{uuid.uuid4().hex[:10]}", "home": str(home),
+        "kafka": kafka.kafka_bootstrap, "namespace": fresh_namespace(), "home": str(home),
         "store": "lsm", "partitions": PARTITIONS, "snapshot_interval": 0.5, "snapshot_retain": 2,
         "minio": minio.minio_endpoint, "minio_access_key": minio.minio_access_key,
         "minio_secret_key": minio.minio_secret_key, "bucket": TEST_BUCKET, **extra,
