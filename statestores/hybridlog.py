@@ -64,6 +64,7 @@ from .base import (
 from .fs import FileSystem
 from .log import Segment, SegmentedStore
 from .log.segment import hint_name
+from .log.store import MAX_HANDOFFS
 from .version import FileEntry
 
 __all__ = ["HybridLogStore"]
@@ -222,7 +223,7 @@ class HybridLogStore(SegmentedStore):
                 self._log(records.encode(key, value))
                 m[key] = value
                 if self._wal_size >= self._wal_max:
-                    self._flush_all()
+                    self._bound_wal()
             else:
                 m[key] = value
 
@@ -296,8 +297,15 @@ class HybridLogStore(SegmentedStore):
         never advance the boundary, so without this a few hot keys grow the WAL — and what
         a reopen replays — without bound. The flush starts a new WAL; the old ones go when
         the regions' log file is installed."""
-        if self._wal_fd is not None and self._wal_size >= self._wal_max:
-            self._flush_all()
+        if self._wal_fd is None or self._wal_size < self._wal_max:
+            return
+        if self._handoffs >= MAX_HANDOFFS:
+            # wait (releasing the lock) for a hand-off slot; meanwhile another writer may
+            # flush, or close may (then this write is in its log file: no error to raise)
+            self._wait(lambda: self._handoffs < MAX_HANDOFFS or self._closed)
+            if self._closed or self._wal_fd is None or self._wal_size < self._wal_max or not (self._mut or self._ro):
+                return
+        self._flush_all()
 
     # ------------------------------------------------------------------ regions
 
