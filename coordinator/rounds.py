@@ -9,9 +9,9 @@ round needs are garbage-collected (no round starts meanwhile). Both run in a bac
 process at lower priority (``statestores.background``, lane ``upload``): never on the
 epoch loop, and not on a thread of this process either, whose GIL the epoch loop needs
 (the MinIO client's requests, signing and XML parsing held it for ~70 ms per round, the
-main cause of the p99 spikes at every round). A round that fails (a worker's upload failed, MinIO is down, or
-it took longer than ``ROUND_TIMEOUT``) is logged and the next interval tries again;
-epochs never wait for a round.
+main cause of the p99 spikes at every round). A round that fails (a worker's upload
+failed, MinIO is down, or it took longer than ``ROUND_TIMEOUT``) is logged and the next
+interval tries again; epochs never wait for a round.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from typing import Any
 # the C function itself, not the checksum.crc32c wrapper: one Python frame less per get/put
 from crc32c import crc32c
 
-from . import background, records
+from . import records
 from .checks import (
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
@@ -48,12 +48,9 @@ from .checks import (
     check_ops,
     check_value,
 )
-from .errors import BackgroundBusy
 from .fs import FileSystem
 from .log import Segment, SegmentedStore
-from .log.merge import merge_segments
 from .log.segment import hint_name, scan_segment
-from .log.store import MergeJob, log
 from .snapshots import Frozen as _Frozen
 from .version import FileEntry
 
@@ -454,36 +451,19 @@ class AppendLogStore(SegmentedStore):
         which every folded segment precedes."""
         active = self._active
         out_seq = self._below.get(active.seq) if active is not None else None
-        if (out_seq is None or self._merge is not None or self._redirect is not None or self._paused
-                or self._closed or self._pending is not None):
+        if out_seq is None or not self._may_merge():
             return False
         batch = self._folded
-        out = self._segment_name(0, out_seq)
-        try:
-            fut = background.submit(
-                merge_segments,
-                self._bg_fs,
-                self.directory,
-                [(b.seg.name, b.seg.seq) for b in batch],
-                out,
-                out_seq,
-                not self._sealed,  # nothing older to shadow: tombstones go
-                self.sync == "fsync",
-                True,
-                lane="merge",
-                local=self._local_background,
-            )
-        except BackgroundBusy as exc:
-            log.debug("merge of the folded segments of %s postponed: %s", self.directory, exc)
+
+        def refold() -> None:  # failed: older than any folded since; sealed by a roll, or merged again
+            self._folded[:0] = batch
+
+        if not self._start_merge([b.seg for b in batch], out_seq, 0, drop_tombstones=not self._sealed, wals=True,
+                                 on_failure=refold):
             return False
         self._folded = []
-        self._merge = MergeJob([b.seg for b in batch], out, out_seq, 0, fut, folded=batch)
-        fut.add_done_callback(self._on_done(self._merge_done))
         self._folded_merges += 1
         return True
-
-    def _folded_merge_failed(self, folded: list[Any]) -> None:
-        self._folded[:0] = folded  # older than any folded since: sealed by a later roll, or merged again
 
     def _install(self, entries: list[FileEntry], replaced: frozenset[str] = frozenset()) -> None:
         seg = self._active

@@ -76,9 +76,11 @@ class MergeJob:
     out_seq: int
     level: int
     future: concurrent.futures.Future[tuple[int, int, int]]
-    #: An AppendLog's folded segments merged straight into one level-0 segment (see
-    #: ``AppendLogStore._merge_folded``): ``inputs`` are ``wal`` entries, not sealed ones.
-    folded: list[Any] | None = None
+    #: The inputs are ``wal`` entries, not sealed segments: an AppendLog's folded segments
+    #: merged straight into one level-0 segment (``AppendLogStore._merge_folded``).
+    wals: bool = False
+    #: (lock held) Called if the merge fails; None: retry once more segments are sealed.
+    on_failure: Callable[[], None] | None = None
 
 
 class SegmentedStore(Store):
@@ -389,12 +391,16 @@ class SegmentedStore(Store):
     def _idle(self) -> bool:
         return self._merge is None and self._redirect is None and not self._handoffs
 
+    def _may_merge(self) -> bool:
+        """(lock held) No merge or redirect runs, none is paused, and the index is complete
+        (the redirect after a merge needs it; its adoption kicks again)."""
+        return (self._merge is None and self._redirect is None and not self._paused and not self._closed
+                and self._pending is None)
+
     def _kick(self) -> None:
         """(lock held) Start a merge if a level is full and none is running."""
-        if self._merge is not None or self._redirect is not None or self._paused or self._closed:
+        if not self._may_merge():
             return
-        if self._pending is not None:
-            return  # the redirect after a merge needs the complete index; adoption calls back
         limit = self.options["max_runs_per_level"]
         if len(self._sealed) < self._merge_retry_at:
             return  # the last merge failed: wait for more segments before trying again
@@ -412,28 +418,37 @@ class SegmentedStore(Store):
             n = next((i for i, s in enumerate(inputs) if not s.hinted), len(inputs))
             if n < limit:
                 continue
-            inputs = inputs[:n]
-            seq = self._next_seq()
-            out = self._segment_name(level + 1, seq)
-            try:
-                fut = background.submit(
-                    merge_segments,
-                    self._bg_fs,
-                    self.directory,
-                    [(s.name, s.seq) for s in inputs],
-                    out,
-                    seq,
-                    first == 0,
-                    self.sync == "fsync",
-                    lane="merge",
-                    local=self._local_background,
-                )
-            except BackgroundBusy as exc:
-                log.debug("merge in %s postponed: %s", self.directory, exc)
-                return
-            self._merge = MergeJob(inputs, out, seq, level + 1, fut)
-            fut.add_done_callback(self._on_done(self._merge_done))
+            self._start_merge(inputs[:n], self._next_seq(), level + 1, drop_tombstones=first == 0)
             return
+
+    def _start_merge(
+        self, inputs: list[Segment], seq: int, level: int, *, drop_tombstones: bool, wals: bool = False,
+        on_failure: Callable[[], None] | None = None,
+    ) -> bool:
+        """(lock held) Merge ``inputs`` (oldest first) into segment ``seq`` of ``level`` in
+        the background merge process; False if its lane is full (a later kick tries again).
+        ``wals``: the inputs have no hints (their records are read); see :class:`MergeJob`."""
+        out = self._segment_name(level, seq)
+        try:
+            fut = background.submit(
+                merge_segments,
+                self._bg_fs,
+                self.directory,
+                [(s.name, s.seq) for s in inputs],
+                out,
+                seq,
+                drop_tombstones,
+                self.sync == "fsync",
+                wals,
+                lane="merge",
+                local=self._local_background,
+            )
+        except BackgroundBusy as exc:
+            log.debug("merge in %s postponed: %s", self.directory, exc)
+            return False
+        self._merge = MergeJob(inputs, out, seq, level, fut, wals, on_failure)
+        fut.add_done_callback(self._on_done(self._merge_done))
+        return True
 
     def _merge_done(self, fut: concurrent.futures.Future[Any]) -> None:
         """(maintainer) Install a finished merge, then redirect the index in chunks."""
@@ -490,8 +505,8 @@ class SegmentedStore(Store):
             log.error("merge into %s failed: %s", out_path, exc)
             self.fs.remove(out_path + ".tmp")
             self.fs.remove(out_hint + ".tmp")
-            if job.folded is not None:
-                self._folded_merge_failed(job.folded)
+            if job.on_failure is not None:
+                job.on_failure()
             else:
                 self._merge_retry_at = len(self._sealed) + self.options["max_runs_per_level"]
             return
@@ -500,7 +515,7 @@ class SegmentedStore(Store):
         seg = Segment(job.out_name, job.level, out_path)
         seg.open_sealed(self.fs)
         h = pre if pre is not None else hints.decode(self.fs.read_file(out_hint), out_hint, seq=job.out_seq)
-        if job.folded is None:
+        if not job.wals:
             first = self._sealed.index(job.inputs[0])
             sealed = self._sealed[:first] + [seg] + self._sealed[first + len(job.inputs) :]
             removed = [n for s in job.inputs for n in (s.name, hint_name(s.name))]
@@ -542,10 +557,6 @@ class SegmentedStore(Store):
         return True
 
     # ------------------------------------------------------------------ stats
-
-    def _folded_merge_failed(self, folded: list[Any]) -> None:
-        """(lock held) A merge of folded segments failed: they are folded again (AppendLog)."""
-        raise NotImplementedError
 
     def _segment_stats(self) -> dict[str, Any]:
         self._await_index()
