@@ -151,7 +151,7 @@ class WorkerMetrics:
         q.add_metric(["ingress"], len(loop.queue) if loop is not None else 0)
         q.add_metric(["rerun"], loop.sequencer.pending_retries if loop is not None else 0)
         q.add_metric(["egress"], len(w.egress.replies))
-        q.add_metric(["deferred_calls"], w._deferred_n)
+        q.add_metric(["deferred_calls"], w.calls.deferred_n)
         yield q
         yield GaugeMetricFamily("sfaas_worker_in_flight_requests",
                                 "Requests taken from Kafka and not completed (bounded by the in-flight limit)",

@@ -1,4 +1,4 @@
-"""The worker process: Kafka ingress, transaction execution, peer channels, Kafka egress.
+"""The worker process: Kafka ingress, transaction execution, peer calls (``worker.peers``), Kafka egress.
 
 Life of a worker: register with the coordinator, receive its index and the membership,
 connect to every peer, assign itself its ingress partitions, then follow the
@@ -33,7 +33,6 @@ import collections
 import logging
 import os
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,13 +40,12 @@ from aiokafka import TopicPartition
 
 from sfaas import channels, wire
 from sfaas.app import App
-from sfaas.codec import check_arguments
 from sfaas.epochlog import EpochRecord
 from sfaas.errors import EXIT_RETIRED, AuthenticationError, ChannelClosed, ClusterError
 from sfaas.partitioning import owned
 from sfaas.settings import Settings
 from sfaas.state import PartitionStores, open_stores
-from sfaas.txn.engine import Engine, Outcome
+from sfaas.txn.engine import Engine
 from sfaas.txn.epochs import Sequencer
 from sfaas.txn.loop import Participant
 from sfaas.txn.offsets import OffsetTracker
@@ -57,18 +55,13 @@ from .egress import Egress
 from .ingress import Ingress
 from .metrics import WorkerMetrics
 from .moving import Moving
+from .peers import Peers
 from .replication import Shipping
 from .snapshots import RoundTaker
 
 log = logging.getLogger("sfaas.worker")
 
-__all__ = ["Worker", "run_worker", "DEFERRED_BATCHES"]
-
-#: Calls from peers for an epoch this worker has not begun yet, held until its Begin: at
-#: most this many × ``max_batch``; above it the worker stops reading its peers' channels
-#: (their calls wait in TCP) until the Begin takes them. Nothing a peer needs to finish the
-#: current epoch comes after such a call on its channel, so the wait cannot block an epoch.
-DEFERRED_BATCHES = 16
+__all__ = ["Worker", "run_worker"]
 
 
 def _request_of(item: _Pending) -> tuple[str, str, str, Any]:
@@ -107,15 +100,8 @@ class Worker:
         self.consumer_group = ""  # the group ``consumer`` was started in
         #: the epoch loop's state (queue, batch, re-runs, counters); made once assigned
         self.loop: Participant[_Pending] | None = None
-        self._calls: dict[int, asyncio.Future[Outcome]] = {}
-        self._call_ids = 0
-        self._deferred: dict[int, list[wire.Call]] = {}
-        self._deferred_n = 0
-        self._deferred_room = asyncio.Event()
-        self._reported_epoch = 0
-        self._sent: list[int] = []
-        self._served: list[int] = []
-        self._late: list[tuple[int, wire.Result]] = []
+        #: calls to and from peers within an epoch (the engine's router)
+        self.calls = Peers(self)
         self.egress = Egress(self)
         self.ingress = Ingress(self)
         # the coordinator starts idle: the first records must wake it up
@@ -187,53 +173,7 @@ class Worker:
         self.offsets.complete(partition, offset)
         self.ingress.completed()
 
-    # -- router (Engine → peers) -----------------------------------------------------------------
-    async def remote_call(
-        self, dest: int, tid: int, now: float, operator: str, key: str, function: str,
-        args: Sequence[Any], depth: int,
-    ) -> Outcome:
-        """Send a call to worker ``dest`` and wait for its result."""
-        argv = list(args)
-        check_arguments(argv, f"arguments of {operator}.{function}")
-        self._call_ids += 1
-        cid = self._call_ids
-        fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self._calls[cid] = fut
-        assert self.engine is not None
-        self._sent[dest] += 1
-        chan = self.peers[dest]
-        chan.send(wire.Call(self.engine.epoch, self.index, cid, tid, now, operator, key, function, argv, depth,
-                            self.recovery))
-        try:
-            await chan.wait_room()  # a peer reading slower than we call: wait (channels.HIGH_WATER)
-            return await fut
-        finally:
-            self._calls.pop(cid, None)
-
-    async def _serve_call(self, msg: wire.Call) -> None:
-        assert self.engine is not None
-        ok, value = await self.engine.serve(
-            msg.tid, msg.now, msg.operator, msg.key, msg.function, msg.args, msg.depth
-        )
-        self._served[msg.src] += 1
-        result = wire.Result(msg.call_id, ok, value if ok else list(value))
-        if self._reported_epoch == msg.epoch:
-            # served after my report: the coordinator needs fresh votes and counters
-            if not self._late:
-                asyncio.get_running_loop().call_soon(self._flush_late)
-            self._late.append((msg.src, result))
-        else:
-            chan = self.peers[msg.src]
-            chan.send(result)
-            await chan.wait_room()
-
-    def _flush_late(self) -> None:
-        late, self._late = self._late, []
-        self._report()
-        for src, result in late:
-            self.peers[src].send(result)
-
-    def _report(self) -> None:
+    def report(self) -> None:
         assert self.engine is not None and self.loop is not None
         conflicts, aborts = self.loop.votes()
         pending = self.loop.pending
@@ -242,62 +182,10 @@ class Worker:
             return
         self.coord.send(wire.Report(
             self.engine.epoch, self.index, len(self.loop.batch), [[t, b] for t, b in conflicts.items()],
-            [[t, e, r] for t, (e, r) in aborts.items()], list(self._sent), list(self._served), pending,
+            [[t, e, r] for t, (e, r) in aborts.items()], list(self.calls.sent), list(self.calls.served), pending,
         ))
 
-    async def _on_peer(self, chan: channels.Channel) -> None:
-        first = await chan.recv()
-        if not first or not isinstance(first[0], wire.Hello):
-            log.warning("peer %s did not say hello; dropping", chan.peer)
-            return
-        src = first[0].index
-        # a worker joining a rescale: running peers may connect while it reads its Reassign
-        await asyncio.wait_for(self.assigned.wait(), 2 * self.settings.heartbeat_timeout + 10.0)
-        if not 0 <= src < self.assign.n_workers or src == self.index:
-            raise wire.ProtocolError(f"peer {chan.peer} says it is worker {src} (of {self.assign.n_workers}; "
-                                     f"this is worker {self.index})")
-        rest = first[1:]
-        while True:
-            for msg in rest:
-                if isinstance(msg, wire.Result):
-                    fut = self._calls.get(msg.call_id)
-                    if fut is not None and not fut.done():
-                        fut.set_result((msg.ok, msg.value if msg.ok else tuple(msg.value)))
-                elif isinstance(msg, wire.Call):
-                    if msg.src != src:
-                        raise wire.ProtocolError(f"worker {src} sent a call as worker {msg.src}")
-                    self._on_call(msg)
-                else:
-                    log.warning("unexpected %s from peer %d", type(msg).__name__, src)
-            while self._deferred_n >= DEFERRED_BATCHES * self.settings.max_batch:
-                self._deferred_room.clear()  # see DEFERRED_BATCHES
-                await self._deferred_room.wait()
-            rest = await chan.recv()
-
-    def _take_deferred(self, epoch: int) -> list[wire.Call]:
-        calls = self._deferred.pop(epoch, [])
-        self._deferred_n -= len(calls)
-        self._deferred_room.set()
-        return calls
-
-    def _on_call(self, msg: wire.Call) -> None:
-        assert self.engine is not None
-        if msg.recovery != self.recovery:
-            # sent before a recovery this worker went through: its epoch is replayed anew
-            # (a newer one cannot come: replays start once every worker has rolled back)
-            log.info("dropping a call of worker %d from before recovery %d", msg.src, self.recovery)
-            return
-        if msg.epoch == self.engine.epoch:
-            self._tasks_add(asyncio.ensure_future(self._serve_call(msg)))
-        elif msg.epoch > self.engine.epoch:
-            # the peer began the next epoch before our Begin arrived: hold the call
-            self._deferred.setdefault(msg.epoch, []).append(msg)
-            self._deferred_n += 1
-        else:
-            log.error("call for past epoch %d (now %d) from worker %d", msg.epoch, self.engine.epoch, msg.src)
-            self.peers[msg.src].send(wire.Result(msg.call_id, False, ["StaleEpoch", "call for a past epoch"]))
-
-    def _tasks_add(self, task: asyncio.Future[Any]) -> None:
+    def tasks_add(self, task: asyncio.Future[Any]) -> None:
         # keep a reference so the task is not garbage collected mid-flight
         self._running.add(task)
         task.add_done_callback(self._running.discard)
@@ -307,7 +195,7 @@ class Worker:
         """Join the cluster and process epochs until the coordinator stops us or goes away."""
         self._running: set[asyncio.Future[Any]] = set()
         s = self.settings
-        server = await channels.serve(s.host, s.port, self.secret, self._on_peer)
+        server = await channels.serve(s.host, s.port, self.secret, self.calls.serve)
         my_port = server.sockets[0].getsockname()[1]
         await self.metrics.start()
         # rescaling ships stores too: every worker with snapshot rounds runs the server
@@ -326,7 +214,7 @@ class Worker:
         stores = promoted if promoted is not None else self._open_stores(assign, mine)
         if self.shipping is not None and s.standbys > 0:
             self.shipping.attach(stores)
-        self.engine = Engine(self.app, assign.index, assign.n_workers, assign.partitions, stores, self, assign.owners)
+        self.engine = Engine(self.app, assign.index, assign.n_workers, assign.partitions, stores, self.calls, assign.owners)
         shipping = self.shipping
         held = (lambda r: asyncio.to_thread(shipping.wait_marks, r)) if shipping is not None else None
         self.rounds = RoundTaker(self.index, lambda m: self.coord.send(m), held, self.settings.snapshot_interval)
@@ -438,16 +326,8 @@ class Worker:
         running = list(self._running)
         for t in running:
             t.cancel()
-        for fut in self._calls.values():
-            if not fut.done():
-                fut.cancel()
+        self.calls.reset()
         await asyncio.gather(*running, return_exceptions=True)
-        self._calls.clear()
-        self._deferred.clear()
-        self._deferred_n = 0
-        self._deferred_room.set()
-        self._late.clear()
-        self._reported_epoch = 0
         self.replay_batches = {}
         try:
             await self.egress.durable()
@@ -495,7 +375,7 @@ class Worker:
                 return
             for msg in msgs:
                 if isinstance(msg, wire.Begin):
-                    self._tasks_add(asyncio.ensure_future(self._execute(msg)))
+                    self.tasks_add(asyncio.ensure_future(self._execute(msg)))
                 elif isinstance(msg, wire.Commit):
                     # awaited: the fallback phase must finish before the next Begin runs
                     await self._commit(msg)
@@ -528,10 +408,7 @@ class Worker:
             self.loop.begin_replay(begin.epoch, batch)
         else:
             self.loop.begin(begin.epoch, begin.now)
-        self._sent = [0] * n
-        self._served = [0] * n
-        for call in self._take_deferred(begin.epoch):
-            self._on_call(call)
+        self.calls.begin(begin.epoch, n)
         for _, item in self.loop.batch:
             if item.attempts == 0:
                 self._age_sum += begin.now - item.request.sent_at
@@ -554,9 +431,9 @@ class Worker:
                 self.coord.close()
                 return
             self._log_pos = md.offset + 1
-        self._reported_epoch = begin.epoch
+        self.calls.reported_epoch = begin.epoch
         self.metrics.executed(t0)
-        self._report()
+        self.report()
 
     async def _commit(self, msg: wire.Commit) -> None:
         assert self.loop is not None

@@ -108,13 +108,13 @@ def bare_worker(home: str, index: int = 0, **kw: Any) -> Worker:
     w.assigned.set()
     mine = owned(w.assign.owners, index)
     stores = open_partition_stores(app, f"{home}/data", mine, PARTITIONS)
-    w.engine = Engine(app, index, N_WORKERS, PARTITIONS, stores, w)
+    w.engine = Engine(app, index, N_WORKERS, PARTITIONS, stores, w.calls)
     w.loop = Participant(w.engine, Sequencer(index), _request_of, 100)
     w._running = set()
     w.peers = {j: FakeChannel(peer=f"worker-{j}") for j in range(N_WORKERS) if j != index}
     w.coord = FakeChannel(peer="coordinator")  # type: ignore[assignment]
-    w._sent = [0] * N_WORKERS
-    w._served = [0] * N_WORKERS
+    w.calls.sent = [0] * N_WORKERS
+    w.calls.served = [0] * N_WORKERS
     w.egress_partitions = PARTITIONS
     return w
 
@@ -241,7 +241,7 @@ class EchoPeer(FakeChannel):
             asyncio.get_running_loop().call_soon(self._answer, msg.call_id, value)
 
     def _answer(self, call_id: int, value: Any) -> None:
-        fut = self.worker._calls.get(call_id)
+        fut = self.worker.calls._calls.get(call_id)
         if fut is not None and not fut.done():
             fut.set_result((True, value))
 

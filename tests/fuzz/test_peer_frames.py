@@ -224,7 +224,7 @@ async def test_worker_peer_handler_serves_or_refuses(frames: list[bytes], epoch:
         w.engine.begin(epoch)  # type: ignore[union-attr]
         chan = FakeChannel(frames, peer="worker-1")
         try:
-            await asyncio.wait_for(w._on_peer(chan), 10)  # type: ignore[arg-type]
+            await asyncio.wait_for(w.calls.serve(chan), 10)  # type: ignore[arg-type]
             outcomes.add("handler returned")
         except (wire.ProtocolError, ChannelClosed) as exc:
             outcomes.error(exc)
@@ -232,7 +232,7 @@ async def test_worker_peer_handler_serves_or_refuses(frames: list[bytes], epoch:
         results = await asyncio.wait_for(asyncio.gather(*w._running, return_exceptions=True), 10)
         failed = [r for r in results if isinstance(r, BaseException)]
         assert not failed, failed
-        w._flush_late() if w._late else None
+        w.calls.flush_late() if w.calls._late else None
         served = sum(isinstance(m, wire.Result) for m in w.peers[1].sent)  # type: ignore[attr-defined]
         if served:
             outcomes.add("calls answered")

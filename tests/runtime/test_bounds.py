@@ -21,7 +21,7 @@ from sfaas.client import Client
 from sfaas.errors import RequestTimeout
 from tests.fuzz.harness import FakeChannel, bare_coordinator, bare_worker, message_of, settings
 from worker.ingress import IN_FLIGHT_BATCHES
-from worker.service import DEFERRED_BATCHES
+from worker.peers import DEFERRED_BATCHES
 
 
 @pytest.fixture(autouse=True)
@@ -103,15 +103,15 @@ async def test_calls_for_an_epoch_not_begun_stop_the_peer_channel_at_the_limit(t
 
     frames = [wire.encode_frame([wire.Hello(1)])] + [frame(5) for _ in range(10)]
     chan = FakeChannel(frames, peer="worker-1")
-    task = asyncio.create_task(w._on_peer(chan))  # type: ignore[arg-type]
+    task = asyncio.create_task(w.calls.serve(chan))  # type: ignore[arg-type]
     try:
-        await _until(lambda: w._deferred_n >= limit)
+        await _until(lambda: w.calls.deferred_n >= limit)
         await asyncio.sleep(0.2)
-        assert w._deferred_n == 35 and len(chan.frames) == 3  # stopped reading at 32 (a frame's 5 at a time)
-        taken = w._take_deferred(1)  # what the Begin of epoch 1 does
+        assert w.calls.deferred_n == 35 and len(chan.frames) == 3  # stopped reading at 32 (a frame's 5 at a time)
+        taken = w.calls.take_deferred(1)  # what the Begin of epoch 1 does
         assert len(taken) == 35
         await _until(lambda: not chan.frames)
-        assert w._deferred_n == 15
+        assert w.calls.deferred_n == 15
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from remotes.errors import SnapshotNotFoundError
 from sfaas import wire
 from sfaas.cli import cluster
 from sfaas.client import Client
@@ -288,8 +289,14 @@ async def test_retention_keeps_the_newest_rounds_and_collects_older_files(ledger
             while True:
                 snaps = await asyncio.to_thread(remote.list_snapshots)
                 refs: set[str] = set()
-                for x in snaps:
-                    refs |= set((await asyncio.to_thread(remote.read_manifest, x)).files)
+                try:
+                    for x in snaps:
+                        refs |= set((await asyncio.to_thread(remote.read_manifest, x)).files)
+                except SnapshotNotFoundError:  # collected since the listing: the gc is running, look again
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.3)
+                    continue
                 stray = set(await asyncio.to_thread(remote.list_files)) - refs
                 if (set(snaps) <= set(ids) and not stray) or time.monotonic() > deadline:
                     break

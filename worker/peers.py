@@ -1,0 +1,179 @@
+"""Peers: calls between workers within an epoch, over the authenticated peer channels.
+
+A root running here that touches a key of another worker calls it (:meth:`Peers.remote_call`,
+the engine's router); a call from a peer runs here as part of the same epoch
+(:meth:`Peers.on_call`). Per epoch each worker counts the calls it sent to and served for
+every peer; its ``wire.Report`` carries both, so the coordinator's barrier knows when no
+call is still travelling. A call served after this worker reported its epoch needs a fresh
+report, sent before the call's result (:meth:`Peers.flush_late`).
+
+A call for an epoch this worker has not begun (a peer began it first) is *deferred* until
+its Begin, at most :data:`DEFERRED_BATCHES` × ``max_batch`` of them: above that the
+worker stops reading its peers' channels (their calls wait in TCP) until the Begin takes
+them. Nothing a peer needs to finish the current epoch comes after such a call on its
+channel, so the wait cannot block an epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from sfaas import channels, wire
+from sfaas.codec import check_arguments
+from sfaas.txn.engine import Outcome
+
+if TYPE_CHECKING:
+    from .service import Worker
+
+log = logging.getLogger("sfaas.worker")
+
+__all__ = ["Peers", "DEFERRED_BATCHES"]
+
+#: Calls from peers for an epoch not begun yet, held until its Begin: at most this many ×
+#: ``max_batch`` (see the module docstring).
+DEFERRED_BATCHES = 16
+
+
+class Peers:
+    """One worker's calls to and from its peers (see the module docstring)."""
+
+    def __init__(self, w: Worker) -> None:
+        self.w = w
+        self._calls: dict[int, asyncio.Future[Outcome]] = {}
+        self._call_ids = 0
+        self._deferred: dict[int, list[wire.Call]] = {}
+        #: calls held for an epoch not begun (see DEFERRED_BATCHES)
+        self.deferred_n = 0
+        self._deferred_room = asyncio.Event()
+        #: the epoch this worker last reported (a call served later needs a fresh report)
+        self.reported_epoch = 0
+        #: this epoch's calls sent to and served for each peer (``wire.Report``'s counters)
+        self.sent: list[int] = []
+        self.served: list[int] = []
+        self._late: list[tuple[int, wire.Result]] = []
+
+    def begin(self, epoch: int, n_workers: int) -> None:
+        """Epoch ``epoch`` begins here: reset the counters, serve the calls held for it."""
+        self.sent = [0] * n_workers
+        self.served = [0] * n_workers
+        for call in self.take_deferred(epoch):
+            self.on_call(call)
+
+    def reset(self) -> None:
+        """Forget every call in flight (a recovery: their epochs are rolled back)."""
+        for fut in self._calls.values():
+            if not fut.done():
+                fut.cancel()
+        self._calls.clear()
+        self._deferred.clear()
+        self.deferred_n = 0
+        self._deferred_room.set()
+        self._late.clear()
+        self.reported_epoch = 0
+
+    # -- this worker's calls (the engine's router) ---------------------------------------------
+    async def remote_call(
+        self, dest: int, tid: int, now: float, operator: str, key: str, function: str,
+        args: Sequence[Any], depth: int,
+    ) -> Outcome:
+        """Send a call to worker ``dest`` and wait for its result."""
+        w = self.w
+        argv = list(args)
+        check_arguments(argv, f"arguments of {operator}.{function}")
+        self._call_ids += 1
+        cid = self._call_ids
+        fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._calls[cid] = fut
+        assert w.engine is not None
+        self.sent[dest] += 1
+        chan = w.peers[dest]
+        chan.send(wire.Call(w.engine.epoch, w.index, cid, tid, now, operator, key, function, argv, depth,
+                            w.recovery))
+        try:
+            await chan.wait_room()  # a peer reading slower than we call: wait (channels.HIGH_WATER)
+            return await fut
+        finally:
+            self._calls.pop(cid, None)
+
+    # -- peers' calls ----------------------------------------------------------------------------
+    async def serve(self, chan: channels.Channel) -> None:
+        """Read one peer's channel (the peer server's handler) until it closes."""
+        w = self.w
+        first = await chan.recv()
+        if not first or not isinstance(first[0], wire.Hello):
+            log.warning("peer %s did not say hello; dropping", chan.peer)
+            return
+        src = first[0].index
+        # a worker joining a rescale: running peers may connect while it reads its Reassign
+        await asyncio.wait_for(w.assigned.wait(), 2 * w.settings.heartbeat_timeout + 10.0)
+        if not 0 <= src < w.assign.n_workers or src == w.index:
+            raise wire.ProtocolError(f"peer {chan.peer} says it is worker {src} (of {w.assign.n_workers}; "
+                                     f"this is worker {w.index})")
+        rest = first[1:]
+        while True:
+            for msg in rest:
+                if isinstance(msg, wire.Result):
+                    fut = self._calls.get(msg.call_id)
+                    if fut is not None and not fut.done():
+                        fut.set_result((msg.ok, msg.value if msg.ok else tuple(msg.value)))
+                elif isinstance(msg, wire.Call):
+                    if msg.src != src:
+                        raise wire.ProtocolError(f"worker {src} sent a call as worker {msg.src}")
+                    self.on_call(msg)
+                else:
+                    log.warning("unexpected %s from peer %d", type(msg).__name__, src)
+            while self.deferred_n >= DEFERRED_BATCHES * w.settings.max_batch:
+                self._deferred_room.clear()  # see DEFERRED_BATCHES
+                await self._deferred_room.wait()
+            rest = await chan.recv()
+
+    def take_deferred(self, epoch: int) -> list[wire.Call]:
+        """The calls held for ``epoch``, which begins now; reading the peers resumes."""
+        calls = self._deferred.pop(epoch, [])
+        self.deferred_n -= len(calls)
+        self._deferred_room.set()
+        return calls
+
+    def on_call(self, msg: wire.Call) -> None:
+        w = self.w
+        assert w.engine is not None
+        if msg.recovery != w.recovery:
+            # sent before a recovery this worker went through: its epoch is replayed anew
+            # (a newer one cannot come: replays start once every worker has rolled back)
+            log.info("dropping a call of worker %d from before recovery %d", msg.src, w.recovery)
+            return
+        if msg.epoch == w.engine.epoch:
+            w.tasks_add(asyncio.ensure_future(self._serve_call(msg)))
+        elif msg.epoch > w.engine.epoch:
+            # the peer began the next epoch before our Begin arrived: hold the call
+            self._deferred.setdefault(msg.epoch, []).append(msg)
+            self.deferred_n += 1
+        else:
+            log.error("call for past epoch %d (now %d) from worker %d", msg.epoch, w.engine.epoch, msg.src)
+            w.peers[msg.src].send(wire.Result(msg.call_id, False, ["StaleEpoch", "call for a past epoch"]))
+
+    async def _serve_call(self, msg: wire.Call) -> None:
+        w = self.w
+        assert w.engine is not None
+        ok, value = await w.engine.serve(msg.tid, msg.now, msg.operator, msg.key, msg.function, msg.args, msg.depth)
+        self.served[msg.src] += 1
+        result = wire.Result(msg.call_id, ok, value if ok else list(value))
+        if self.reported_epoch == msg.epoch:
+            # served after my report: the coordinator needs fresh votes and counters
+            if not self._late:
+                asyncio.get_running_loop().call_soon(self.flush_late)
+            self._late.append((msg.src, result))
+        else:
+            chan = w.peers[msg.src]
+            chan.send(result)
+            await chan.wait_room()
+
+    def flush_late(self) -> None:
+        """Report again, then send the results of the calls served since the last report."""
+        late, self._late = self._late, []
+        self.w.report()
+        for src, result in late:
+            self.w.peers[src].send(result)
