@@ -96,6 +96,11 @@ class RoundKeeper:
         self._store_remote = store_remote
         self._rounds: Rounds | None = None
         self._next_id: int | None = None  # unknown until the published index was read
+        #: the published index as this coordinator, its only writer, last read or wrote it
+        #: (each publish then skips reading it); None after a publish failed midway
+        self._index: list[int] | None = None
+        #: rounds whose blobs failed publishes may have left: deleted by the next publish
+        self._stale: set[int] = set()
         self._loading: asyncio.Task[None] | None = None
         self._inflight: _InFlight | None = None
         self._publishing: asyncio.Task[None] | None = None
@@ -175,6 +180,7 @@ class RoundKeeper:
             self._next_at = time.monotonic() + self.interval
         else:
             self._next_id = (ids[-1] if ids else 0) + 1
+            self._index = ids
             log.info("snapshot rounds every %.1f s, keeping %d; next round %d",
                      self.interval, self.retain, self._next_id)
         finally:
@@ -240,9 +246,11 @@ class RoundKeeper:
         assert self._rounds is not None
         self._written.clear()
         try:
+            known, self._index = self._index, None  # (unknown until this publish returns)
             retained, dropped = await _in_background(publish_round, [self._rounds.remote], self._rounds.remote, manifest,
-                                                     self.retain)
+                                                     self.retain, known, sorted(self._stale))
         except Exception as exc:
+            self._stale |= set(known or ()) | {manifest.round}
             log.warning("publishing snapshot round %d failed: %s; the next interval retries", manifest.round, exc)
             self.switch_at.pop(manifest.round, None)
             self.failed += 1
@@ -250,6 +258,8 @@ class RoundKeeper:
             self._publishing = None
             self._written.set()
             return
+        self._index = retained
+        self._stale.clear()
         self.completed += 1
         self.last_complete = manifest
         self.history.append(RoundSummary.of(manifest))

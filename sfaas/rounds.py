@@ -192,24 +192,33 @@ class Rounds:
         ids = self.ids()
         return self.read(ids[-1]) if ids else None
 
-    def publish(self, manifest: RoundManifest, retain: int) -> tuple[list[int], list[int]]:
+    def publish(self, manifest: RoundManifest, retain: int, known: Sequence[int] | None = None,
+                stale: Iterable[int] = ()) -> tuple[list[int], list[int]]:
         """Write the round, then the index naming it (the publish step); returns
-        ``(retained, dropped)`` round ids. The dropped rounds' blobs are deleted last."""
+        ``(retained, dropped)`` round ids. The dropped rounds' blobs are deleted last.
+
+        ``known``: the index as this writer last wrote or read it, when it is the index's
+        only writer (the coordinator): the index is then not read again. ``None`` reads it.
+        ``stale``: rounds whose blobs a publish that failed midway may have left (listed
+        or not); those not retained now are deleted with the dropped ones.
+        """
         if retain < 1:
             raise ValueError(f"retain must be >= 1, got {retain}")
         self.remote.put_blob(round_blob(manifest.round), manifest.encode())
-        ids = sorted(set(self.ids()) | {manifest.round})
+        ids = sorted(set(self.ids() if known is None else known) | {manifest.round})
         retained, dropped = ids[-retain:], ids[:-retain]
         self.remote.put_blob(INDEX_BLOB, RoundIndex(tuple(retained)).encode())
+        dropped = sorted(set(dropped) | (set(stale) - set(retained)))
         for r in dropped:
             self.remote.delete_blob(round_blob(r))
         return retained, dropped
 
 
-def publish_round(remote: Remote, manifest: RoundManifest, retain: int) -> tuple[list[int], list[int]]:
+def publish_round(remote: Remote, manifest: RoundManifest, retain: int, known: Sequence[int] | None = None,
+                  stale: Iterable[int] = ()) -> tuple[list[int], list[int]]:
     """:meth:`Rounds.publish` as a top-level function with picklable arguments (the
     coordinator runs it in a background process, like :func:`collect_store_garbage`)."""
-    return Rounds(remote).publish(manifest, retain)
+    return Rounds(remote).publish(manifest, retain, known, stale)
 
 
 def collect_garbage(

@@ -14,6 +14,7 @@ import statestores
 from remotes import PathRemote
 from sfaas.errors import ConfigError
 from sfaas.rounds import (
+    INDEX_BLOB,
     RoundError,
     RoundIndex,
     RoundManifest,
@@ -255,3 +256,65 @@ async def test_the_coordinator_publishes_and_collects_rounds_in_its_background_p
         await keeper.close()
         for s in stores.values():
             s.close()
+
+
+class _CountingRounds(PathRemote):
+    """A rounds remote that counts reads of the index and can lose the answer to one index
+    write that landed (as a timeout after the object store stored it would)."""
+
+    shareable = False  # (the keeper then publishes on a thread here, where the counts are)
+    index_reads = 0
+    lose_next_index_answer = False
+
+    def get_blob(self, name: str) -> bytes | None:
+        if name == INDEX_BLOB:
+            type(self).index_reads += 1
+        return super().get_blob(name)
+
+    def put_blob(self, name: str, data: bytes) -> None:
+        super().put_blob(name, data)
+        if name == INDEX_BLOB and type(self).lose_next_index_answer:
+            type(self).lose_next_index_answer = False
+            raise OSError("the answer to the index write was lost")
+
+
+async def test_the_coordinator_reads_the_round_index_once_not_per_round(tmp_path: Path) -> None:
+    """The coordinator is the index's only writer: it reads the index when it starts and
+    then publishes from what it wrote (one MinIO request fewer per round). After a publish
+    that failed midway it does not know what the index holds and reads it again, so the
+    rounds a lost answer hid are neither lost from the index nor left undeleted."""
+    import asyncio
+
+    from coordinator.rounds import RoundKeeper
+    from sfaas import wire
+
+    interval, retain = 0.05, 2
+    remote_dir = tmp_path / "rounds"
+    Rounds(PathRemote(remote_dir)).publish(RoundManifest(7, 1, 1, 1, (), {}, {}, {}), retain)  # an earlier run's
+    keeper = RoundKeeper(interval, retain, 1, 1, lambda: _CountingRounds(remote_dir), lambda op, p: PathRemote(tmp_path))
+
+    async def one_round(txns: int) -> int:
+        round_id = None
+        while round_id is None:  # (the first call starts reading the published rounds)
+            await asyncio.sleep(interval / 5)
+            round_id = keeper.marker(epoch=txns, txns=txns)
+        keeper.on_report(wire.Snapshotted(round_id, 0, txns, [], {}, {}, {}, [], 0, ""))
+        assert keeper._publishing is not None
+        await keeper._publishing
+        return round_id
+
+    try:
+        ids = [await one_round(n) for n in range(1, 6)]
+        assert ids == [8, 9, 10, 11, 12]  # continuing above the published rounds
+        assert _CountingRounds.index_reads == 1  # at start only
+        assert Rounds(PathRemote(remote_dir)).ids() == [11, 12]
+        _CountingRounds.lose_next_index_answer = True
+        assert await one_round(6) == 13  # published, but the keeper saw it fail
+        assert keeper.failed == 1 and keeper.last_complete is not None and keeper.last_complete.round == 12
+        assert await one_round(7) == 14
+        assert _CountingRounds.index_reads == 2  # read again after the failure, and only then
+        rounds = Rounds(PathRemote(remote_dir))
+        assert rounds.ids() == [13, 14]
+        assert [r for r in range(1, 15) if rounds.remote.get_blob(round_blob(r)) is not None] == [13, 14]
+    finally:
+        await keeper.close()
