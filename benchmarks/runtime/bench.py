@@ -238,10 +238,30 @@ def _quantiles(latencies_ms: list[float]) -> dict[str, float]:
     return {str(q): round(xs[min(len(xs) - 1, int(q * len(xs)))], 2) for q in QUANTILES}
 
 
+#: Stopped benchmark clusters whose logs (``{home}/cluster/bench*/``) are kept, the newest;
+#: the logs of older ones are deleted with a point's leftovers.
+KEEP_LOGS = 20
+
+
+def prune_logs(home: str | os.PathLike[str], keep: int = KEEP_LOGS) -> list[Path]:
+    """Delete the log directories of stopped benchmark clusters but the newest ``keep``
+    (a running cluster's, which has a ``cluster.json``, and other namespaces' stay);
+    returns those deleted."""
+    import shutil
+
+    root = Path(home) / "cluster"
+    stopped = [d for d in root.glob("bench*") if d.is_dir() and not (d / "cluster.json").exists()]
+    stopped.sort(key=lambda d: d.stat().st_mtime, reverse=True)
+    for d in stopped[keep:]:
+        shutil.rmtree(d, ignore_errors=True)
+    return stopped[keep:]
+
+
 def cleanup(settings: Settings, app: str = "ycsbt") -> None:
     """Delete what a point left behind — its Kafka topics, its MinIO objects and its local
     stores — so later points do not run against a broker and a bucket that keep growing
-    (hundreds of leftover partitions measurably slow the broker down)."""
+    (hundreds of leftover partitions measurably slow the broker down); of the benchmark
+    clusters' logs, only the newest :data:`KEEP_LOGS` stay."""
     import shutil
 
     from aiokafka.admin import AIOKafkaAdminClient
@@ -273,6 +293,7 @@ def cleanup(settings: Settings, app: str = "ycsbt") -> None:
         except Exception as exc:
             print(f"warning: could not delete the MinIO objects of {settings.namespace}: {exc}", file=sys.stderr)
     shutil.rmtree(os.path.join(settings.home, "data", settings.namespace), ignore_errors=True)
+    prune_logs(settings.home)
 
 
 def _reruns(settings: Settings) -> float | None:
