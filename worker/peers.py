@@ -62,11 +62,16 @@ class Peers:
         for call in self.take_deferred(epoch):
             self.on_call(call)
 
-    def reset(self) -> None:
-        """Forget every call in flight (a recovery: their epochs are rolled back)."""
+    def cancel(self) -> None:
+        """Cancel this worker's calls waiting for a result (a recovery stops everything)."""
         for fut in self._calls.values():
             if not fut.done():
                 fut.cancel()
+
+    def reset(self) -> None:
+        """Forget every call in flight, once the epoch's tasks ended (a recovery: their
+        epochs are rolled back)."""
+        self.cancel()
         self._calls.clear()
         self._deferred.clear()
         self.deferred_n = 0

@@ -326,8 +326,9 @@ class Worker:
         running = list(self._running)
         for t in running:
             t.cancel()
-        self.calls.reset()
+        self.calls.cancel()
         await asyncio.gather(*running, return_exceptions=True)
+        self.calls.reset()
         self.replay_batches = {}
         try:
             await self.egress.durable()
