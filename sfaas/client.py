@@ -11,66 +11,35 @@ happens before anything is sent.
 A client waits for at most ``max_in_flight`` replies at once (default
 :data:`MAX_IN_FLIGHT`): :meth:`Client.submit` beyond it waits until a reply arrives, so
 an application sending faster than the cluster answers is slowed down instead of growing
-the client's memory. A :meth:`Client.call` that times out stops waiting for its reply; a
-request Kafka refused (its delivery failed) fails its call at once with
-:class:`~sfaas.errors.ClusterError`.
-
-The client talks to Kafka through librdkafka (``confluent-kafka``), not the workers'
-asyncio client: its requests leave without waiting for one another's acknowledgements,
-and the protocol work runs in C, off the caller's event loop. A reader thread waits for
-replies and hands them to the event loop in batches (at most :data:`REPLY_BATCHES_QUEUED`
-batches waiting there); only the loop's thread touches the calls waiting for replies.
-At 1,000 requests per second this client costs ~0.18 of a core and answers ~1.7 ms sooner
-than the asyncio one it replaced (benchmarks/README.md, "The client").
+the client's memory. A :meth:`Client.call` that times out stops waiting for its reply.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 import time
 import uuid
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from aiokafka import TopicPartition
 from crc32c import crc32c
 
 from .app import App
 from .codec import check_arguments
-from .errors import BadKey, ClusterError, RequestTimeout, reply_error
-from .kafka import FETCH_BYTES, FETCH_PARTITION_BYTES
+from .errors import BadKey, RequestTimeout, reply_error
+from .kafka import make_consumer, make_producer, partition_count
 from .partitioning import partition_of
 from .settings import Settings
 from .wire import ProtocolError, Reply, Request
 
 log = logging.getLogger("sfaas.client")
 
-__all__ = ["Client", "SyncClient", "MAX_IN_FLIGHT", "REPLY_BATCH", "REPLY_BATCHES_QUEUED"]
+__all__ = ["Client", "SyncClient", "MAX_IN_FLIGHT"]
 
 #: Requests a client waits for at once, by default (see module docstring).
 MAX_IN_FLIGHT = 100_000
-#: Most replies the reader thread hands to the event loop at once.
-REPLY_BATCH = 1000
-#: Batches of replies handed to the event loop and not yet taken; the reader waits beyond.
-REPLY_BATCHES_QUEUED = 8
-#: KiB of records librdkafka prefetches for the reply consumer / buffers for the producer.
-CONSUMER_QUEUE_KIB = 8 << 10
-PRODUCER_QUEUE_KIB = 64 << 10
-#: Seconds a client waits at start for the app's topics to exist, and for Kafka to answer.
-START_TIMEOUT = 30.0
-REACH_TIMEOUT = 10.0
-
-
-def _reason(exc: KafkaException) -> str:
-    err = exc.args[0] if exc.args else None
-    return err.str() if isinstance(err, KafkaError) else str(exc)
-
-
-def _kafka_config(s: Settings) -> dict[str, Any]:
-    return {"bootstrap.servers": s.kafka, "socket.nagle.disable": True,
-            "logger": logging.getLogger("sfaas.client.kafka")}
 
 
 class Client:
@@ -100,6 +69,7 @@ class Client:
         #: the request id of the last request submitted
         self.last_rid = ""
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
+        self._reader: asyncio.Task[None] | None = None
         self._started = False
         #: egress records on this client's partition that were not replies (logged, skipped)
         self.rejected = 0
@@ -109,71 +79,39 @@ class Client:
         if self._started:
             return
         s = self.settings
-        producer = Producer({**_kafka_config(s), "linger.ms": s.linger_ms, "acks": 1,
-                             "enable.idempotence": False,
-                             "queue.buffering.max.kbytes": PRODUCER_QUEUE_KIB})
+        self._producer = make_producer(s.kafka, s.linger_ms)
+        await self._producer.start()
         try:
-            self.partitions = await self._partition_count(producer, self.ingress)
-            egress_parts = await self._partition_count(producer, self.egress)
+            self.partitions = await partition_count(self._producer, self.ingress)
+            egress_parts = await partition_count(self._producer, self.egress)
+            self.reply_partition = crc32c(self.client_id.encode()) % egress_parts
+            self._consumer = make_consumer(s.kafka, None, s.fetch_wait_ms)
+            await self._consumer.start()
         except BaseException:
-            await asyncio.to_thread(producer.flush, 1.0)
+            await self._producer.stop()
             raise
-        self.reply_partition = crc32c(self.client_id.encode()) % egress_parts
-        consumer = Consumer({**_kafka_config(s), "group.id": f"sfaas-client-{self.client_id}",
-                             "enable.auto.commit": False, "fetch.wait.max.ms": s.fetch_wait_ms,
-                             "fetch.min.bytes": 1, "max.partition.fetch.bytes": FETCH_PARTITION_BYTES,
-                             "fetch.max.bytes": FETCH_BYTES, "queued.max.messages.kbytes": CONSUMER_QUEUE_KIB})
         tp = TopicPartition(self.egress, self.reply_partition)
-        try:
-            # pin the start before any request goes out: replies come after the end now
-            _, end = await asyncio.to_thread(consumer.get_watermark_offsets, tp, START_TIMEOUT)
-        except KafkaException as exc:
-            await asyncio.to_thread(consumer.close)
-            raise ClusterError(f"cannot read the end of {self.egress}[{self.reply_partition}] at "
-                               f"{s.kafka}: {_reason(exc)}") from None
-        consumer.assign([TopicPartition(self.egress, self.reply_partition, end)])
-        self._producer, self._consumer = producer, consumer
-        self._stop = threading.Event()
-        self._handoff = threading.Semaphore(REPLY_BATCHES_QUEUED)
-        self._reader = threading.Thread(target=self._read_replies, args=(asyncio.get_running_loop(),),
-                                        name=f"sfaas-client-replies-{self.client_id[:8]}", daemon=True)
-        self._reader.start()
-        self._poller = asyncio.create_task(self._poll_deliveries())
+        self._consumer.assign([tp])
+        await self._consumer.seek_to_end(tp)
+        await self._consumer.position(tp)  # pin the start before any request goes out
+        self._reader = asyncio.create_task(self._read_replies())
         self._started = True
-
-    async def _partition_count(self, producer: Producer, topic: str) -> int:
-        """Partitions of ``topic``, waiting (up to :data:`START_TIMEOUT`) for the coordinator
-        to create it; a Kafka that does not answer within :data:`REACH_TIMEOUT` fails at once."""
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            try:
-                md = await asyncio.to_thread(producer.list_topics, topic, REACH_TIMEOUT)
-            except KafkaException as exc:
-                raise ClusterError(f"cannot reach Kafka at {self.settings.kafka}: {_reason(exc)}") from None
-            t = md.topics.get(topic)
-            if t is not None and t.error is None and t.partitions:
-                return len(t.partitions)
-            if time.monotonic() > deadline:
-                raise ClusterError(f"topic {topic} does not exist; is the coordinator running?")
-            log.debug("waiting for topic %s (%s)", topic, t.error if t is not None else "not listed")
-            await asyncio.sleep(0.2)
 
     async def close(self) -> None:
         """Stop listening; pending calls fail with ``RequestTimeout``-free cancellation."""
         if not self._started:
             return
         self._started = False
-        self._stop.set()
-        self._handoff.release()  # a reader waiting for room sees the stop
-        self._poller.cancel()
-        await asyncio.gather(self._poller, return_exceptions=True)
-        await asyncio.to_thread(self._reader.join)  # (it closes the consumer)
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
         for fut in self._waiting.values():
             if not fut.done():
                 fut.cancel()
         self._waiting.clear()
         self._room.set()  # a submit waiting for room fails now
-        await asyncio.to_thread(self._producer.flush, 5.0)
+        await self._producer.stop()
+        await self._consumer.stop()
 
     async def __aenter__(self) -> Client:
         await self.start()
@@ -182,68 +120,22 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _read_replies(self, loop: asyncio.AbstractEventLoop) -> None:
-        """(reader thread) Hand every record of the reply partition to the event loop."""
-        consumer = self._consumer
-        try:
-            while not self._stop.is_set():
-                first = consumer.poll(0.2)
-                if first is None:
-                    continue
-                batch: list[tuple[int, bytes | None]] = []
-                for msg in [first, *consumer.consume(REPLY_BATCH - 1, 0)]:
-                    err = msg.error()
-                    if err is None:
-                        batch.append((msg.offset() or 0, msg.value()))
-                    elif err.code() != KafkaError._PARTITION_EOF:
-                        log.warning("reading replies from %s: %s", self.egress, err)
-                if not batch:
-                    continue
-                self._handoff.acquire()  # at most REPLY_BATCHES_QUEUED batches wait in the loop
-                if self._stop.is_set():
-                    return
-                try:
-                    loop.call_soon_threadsafe(self._deliver, batch)
-                except RuntimeError:  # the loop closed under us
-                    return
-        finally:
-            consumer.close()
-
-    def _deliver(self, batch: list[tuple[int, bytes | None]]) -> None:
-        self._handoff.release()
-        self._take_replies(batch)
-
-    def _take_replies(self, batch: list[tuple[int, bytes | None]]) -> None:
-        """(event loop) Complete the calls these ``(offset, record value)`` answer."""
-        for offset, value in batch:
-            try:
-                if value is None:
-                    raise ProtocolError("the record has no value")
-                reply = Reply.decode(value)
-            except ProtocolError as exc:
-                self.rejected += 1
-                log.warning("ignoring malformed reply at offset %d: %s", offset, exc)
-                continue
-            fut = self._waiting.pop(reply.rid, None)
-            if fut is not None and not fut.done():
-                fut.set_result(reply)
-        if len(self._waiting) < self.max_in_flight:
-            self._room.set()
-
-    async def _poll_deliveries(self) -> None:
-        """Serve the producer's delivery reports (a failed one fails its call)."""
+    async def _read_replies(self) -> None:
         while True:
-            self._producer.poll(0)
-            await asyncio.sleep(0.05)
-
-    def _delivered(self, rid: str, err: KafkaError | None, msg: Message) -> None:
-        if err is None:
-            return
-        fut = self._waiting.pop(rid, None)
-        if fut is not None and not fut.done():
-            fut.set_exception(ClusterError(f"request {rid} was not delivered to {self.ingress}: {err.str()}"))
-        if len(self._waiting) < self.max_in_flight:
-            self._room.set()
+            data = await self._consumer.getmany(timeout_ms=1000, max_records=10000)
+            for records in data.values():
+                for rec in records:
+                    try:
+                        reply = Reply.decode(rec.value)
+                    except ProtocolError as exc:
+                        self.rejected += 1
+                        log.warning("ignoring malformed reply at offset %d: %s", rec.offset, exc)
+                        continue
+                    fut = self._waiting.pop(reply.rid, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(reply)
+            if len(self._waiting) < self.max_in_flight:
+                self._room.set()
 
     def _validate(self, operator: str, key: str, function: str, args: tuple[Any, ...]) -> None:
         if self.app is not None:
@@ -272,15 +164,9 @@ class Client:
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = fut
         req = Request(rid, operator, key, function, list(args), self.reply_partition, time.time())
-        value, part = req.encode(), partition_of(operator, key, self.partitions)
-        report = functools.partial(self._delivered, rid)
-        while True:
-            try:
-                self._producer.produce(self.ingress, value, partition=part, on_delivery=report)
-                break
-            except BufferError:  # librdkafka's queue is full: let it drain
-                await asyncio.sleep(0.005)
-                self._producer.poll(0)
+        await self._producer.send(
+            self.ingress, req.encode(), partition=partition_of(operator, key, self.partitions)
+        )
         return rid, fut
 
     def _forget(self, rid: str) -> None:

@@ -1,11 +1,10 @@
 """Fuzz: egress records as a client reads them (anyone who can write to the egress topic
-can put anything on a client's reply partition), through ``Client._take_replies`` (where
-the client's reader thread hands them to the event loop).
+can put anything on a client's reply partition), through ``Client._read_replies``.
 
 Outcomes: a reply completes the call waiting for its request id (with exactly that
-reply), or the record is skipped — counted in ``Client.rejected`` and logged. Taking
-them never raises (which would lose the rest of the reader's batch, leaving those calls
-to time out) and never completes a call with another request's reply.
+reply), or the record is skipped — counted in ``Client.rejected`` and logged. The reader
+never dies (which would leave every later call to time out) and never completes a call
+with another request's reply.
 """
 
 from __future__ import annotations
@@ -42,6 +41,27 @@ def records() -> st.SearchStrategy[bytes | None]:
                (1, st.none()))
 
 
+class _Record:
+    def __init__(self, offset: int, value: bytes | None) -> None:
+        self.offset = offset
+        self.value = value
+
+
+class _Consumer:
+    """Hands out the records once, then waits like an idle consumer."""
+
+    def __init__(self, values: list[bytes | None]) -> None:
+        self.batches = [{"tp": [_Record(i, v) for i, v in enumerate(values)]}]
+        self.drained = asyncio.Event()
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int = 0) -> dict[str, list[_Record]]:
+        if self.batches:
+            return self.batches.pop()
+        self.drained.set()
+        await asyncio.sleep(3600)
+        return {}
+
+
 @fuzz()
 @given(batch=st.lists(records(), min_size=1, max_size=10))
 async def test_client_takes_replies_and_skips_the_rest(batch: list[bytes | None], tmp_path_factory: Any,
@@ -50,7 +70,13 @@ async def test_client_takes_replies_and_skips_the_rest(batch: list[bytes | None]
     loop = asyncio.get_running_loop()
     waiting = {f"c-{i}": loop.create_future() for i in range(6)}
     c._waiting = dict(waiting)
-    c._take_replies(list(enumerate(batch)))  # (raises nothing: the reader thread lives on)
+    consumer = _Consumer(batch)
+    c._consumer = consumer
+    reader = asyncio.create_task(c._read_replies())
+    await asyncio.wait_for(consumer.drained.wait(), 10)
+    assert not reader.done(), reader  # the reader lives on
+    reader.cancel()
+    await asyncio.gather(reader, return_exceptions=True)
     # the first valid reply for each id completes its call, and nothing else does
     first: dict[str, wire.Reply] = {}
     skipped = 0

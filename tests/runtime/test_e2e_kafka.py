@@ -146,7 +146,6 @@ async def test_malformed_ingress_records_get_error_replies_and_the_cluster_keeps
 
     from sfaas.codec import MAX_ARGS
     from sfaas.errors import BadRequest, reply_error
-    from sfaas.kafka import make_producer
 
     nested: list[object] = [1]
     for _ in range(100):
@@ -173,16 +172,11 @@ async def test_malformed_ingress_records_get_error_replies_and_the_cluster_keeps
         futs = {}
         for rid, _ in answered:
             futs[rid] = c._waiting[rid] = loop.create_future()
-        raw = make_producer(bank_cluster.kafka)  # (a client sends only well-formed requests)
-        await raw.start()
-        try:
-            for i, (_, value) in enumerate(answered):
-                await raw.send_and_wait(c.ingress, value, partition=i % c.partitions)
-            for p in range(c.partitions):  # every worker sees the unanswerable ones
-                for value in dropped:  # (a record with no value needs a key)
-                    await raw.send_and_wait(c.ingress, value, key=b"k", partition=p)
-        finally:
-            await raw.stop()
+        for i, (_, value) in enumerate(answered):
+            await c._producer.send_and_wait(c.ingress, value, partition=i % c.partitions)
+        for p in range(c.partitions):  # every worker sees the unanswerable ones
+            for value in dropped:  # (a record with no value needs a key)
+                await c._producer.send_and_wait(c.ingress, value, key=b"k", partition=p)
         replies = await asyncio.wait_for(asyncio.gather(*futs.values()), 60)
         for reply in replies:
             assert (reply.ok, reply.error_type) == (False, "BadRequest") and reply.reason, reply
@@ -204,27 +198,3 @@ def test_ps_output_holds_no_secret(bank_cluster: Settings, monkeypatch, capsys) 
         assert main([*args, "--namespace", bank_cluster.namespace]) == 0
         out = capsys.readouterr()
         assert bank_cluster.secret not in out.out + out.err
-
-
-async def test_a_closed_client_leaves_no_thread_behind(bank_cluster: Settings) -> None:
-    """A client reads its replies on a thread of its own: closing the client ends it (an
-    application opening clients one after another must not collect threads)."""
-    import threading
-
-    def readers() -> list[threading.Thread]:
-        return [t for t in threading.enumerate() if t.name.startswith("sfaas-client-replies-")]
-
-    assert readers() == []
-    for i in range(3):
-        async with Client("bank", settings=bank_cluster) as c:
-            assert await c.call("accounts", f"threads-{i}", "deposit", 1) == 1
-            assert len(readers()) == 1
-        assert readers() == []
-
-
-async def test_a_client_without_kafka_fails_naming_the_address(tmp_path) -> None:
-    from sfaas.errors import ClusterError
-
-    s = Settings.load({"kafka": "127.0.0.1:1", "namespace": "nowhere", "home": str(tmp_path)})
-    with pytest.raises(ClusterError, match=r"cannot reach Kafka at 127\.0\.0\.1:1: .*transport failure"):
-        await Client("bank", settings=s).start()
