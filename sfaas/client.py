@@ -11,12 +11,15 @@ happens before anything is sent.
 A client waits for at most ``max_in_flight`` replies at once (default
 :data:`MAX_IN_FLIGHT`): :meth:`Client.submit` beyond it waits until a reply arrives, so
 an application sending faster than the cluster answers is slowed down instead of growing
-the client's memory. A :meth:`Client.call` that times out stops waiting for its reply.
+the client's memory. A :meth:`Client.call` that times out stops waiting for its reply; a
+request Kafka did not take (its delivery failed) fails its call at once with
+:class:`~sfaas.errors.ClusterError`, as does starting a client whose Kafka cannot be reached.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -24,11 +27,12 @@ import uuid
 from typing import Any
 
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 from crc32c import crc32c
 
 from .app import App
 from .codec import check_arguments
-from .errors import BadKey, RequestTimeout, reply_error
+from .errors import BadKey, ClusterError, RequestTimeout, reply_error
 from .kafka import make_consumer, make_producer, partition_count
 from .partitioning import partition_of
 from .settings import Settings
@@ -80,15 +84,21 @@ class Client:
             return
         s = self.settings
         self._producer = make_producer(s.kafka, s.linger_ms)
-        await self._producer.start()
         try:
+            await self._producer.start()
             self.partitions = await partition_count(self._producer, self.ingress)
             egress_parts = await partition_count(self._producer, self.egress)
             self.reply_partition = crc32c(self.client_id.encode()) % egress_parts
             self._consumer = make_consumer(s.kafka, None, s.fetch_wait_ms)
-            await self._consumer.start()
-        except BaseException:
+            try:
+                await self._consumer.start()
+            except BaseException:
+                await self._consumer.stop()
+                raise
+        except BaseException as exc:
             await self._producer.stop()
+            if isinstance(exc, KafkaError):
+                raise ClusterError(f"cannot reach Kafka at {s.kafka}: {exc}") from None
             raise
         tp = TopicPartition(self.egress, self.reply_partition)
         self._consumer.assign([tp])
@@ -164,10 +174,21 @@ class Client:
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = fut
         req = Request(rid, operator, key, function, list(args), self.reply_partition, time.time())
-        await self._producer.send(
+        delivery = await self._producer.send(
             self.ingress, req.encode(), partition=partition_of(operator, key, self.partitions)
         )
+        delivery.add_done_callback(functools.partial(self._delivered, rid))
         return rid, fut
+
+    def _delivered(self, rid: str, delivery: asyncio.Future[Any]) -> None:
+        """The request's delivery ended; if Kafka did not take it, its call fails now
+        (instead of waiting for a reply that cannot come)."""
+        if delivery.cancelled() or delivery.exception() is None:
+            return
+        fut = self._waiting.get(rid)
+        if fut is not None and not fut.done():
+            fut.set_exception(ClusterError(f"request {rid} was not delivered to {self.ingress}: {delivery.exception()}"))
+        self._forget(rid)
 
     def _forget(self, rid: str) -> None:
         if self._waiting.pop(rid, None) is not None and len(self._waiting) < self.max_in_flight:

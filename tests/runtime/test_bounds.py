@@ -12,13 +12,14 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaTimeoutError
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from sfaas import channels, wire
 from sfaas.client import Client
-from sfaas.errors import RequestTimeout
+from sfaas.errors import ClusterError, RequestTimeout
 from tests.fuzz.harness import FakeChannel, bare_coordinator, bare_worker, message_of, settings
 from worker.ingress import IN_FLIGHT_BATCHES
 from worker.peers import DEFERRED_BATCHES
@@ -195,11 +196,20 @@ async def test_a_loss_interrupts_the_barrier_even_with_a_full_inbox(tmp_path: Pa
 
 
 class _Producer:
+    """A client's producer: keeps what it is given; ``fail`` makes the deliveries fail."""
+
     def __init__(self) -> None:
         self.sent: list[bytes] = []
+        self.fail: Exception | None = None
 
-    async def send(self, topic: str, value: bytes, partition: int) -> None:
+    async def send(self, topic: str, value: bytes, partition: int) -> asyncio.Future[None]:
         self.sent.append(value)
+        delivery: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.fail is not None:
+            delivery.set_exception(self.fail)
+        else:
+            delivery.set_result(None)
+        return delivery
 
 
 class _Replies:
@@ -245,6 +255,23 @@ async def test_a_timed_out_call_stops_waiting_for_its_reply() -> None:
     with pytest.raises(RequestTimeout):  # its slot is free: the next call is sent, not stuck
         await c.call("acc", "k2", "deposit", 1)
     assert len(c._producer.sent) == 2
+
+
+async def test_a_request_kafka_did_not_take_fails_its_call_at_once() -> None:
+    c = _client(1)
+    c._producer.fail = KafkaTimeoutError("the broker did not answer")
+    with pytest.raises(ClusterError, match=r"request \S+-1 was not delivered to .*the broker did not answer"):
+        await asyncio.wait_for(c.call("acc", "k1", "deposit", 1), 5)  # not the call's 60 s timeout
+    assert c._waiting == {}
+    c._producer.fail = None
+    nxt = await c.submit("acc", "k2", "deposit", 1)  # its slot is free
+    assert not nxt.done() and len(c._producer.sent) == 2
+
+
+async def test_a_client_whose_kafka_cannot_be_reached_fails_naming_it(tmp_path: Path) -> None:
+    s = settings(str(tmp_path), kafka="127.0.0.1:1")
+    with pytest.raises(ClusterError, match=r"cannot reach Kafka at 127\.0\.0\.1:1: .*Unable to bootstrap"):
+        await Client("bounds", settings=s).start()
 
 
 def test_a_bad_in_flight_limit_is_refused() -> None:
