@@ -183,11 +183,12 @@ class Client:
     def _delivered(self, rid: str, delivery: asyncio.Future[Any]) -> None:
         """The request's delivery ended; if Kafka did not take it, its call fails now
         (instead of waiting for a reply that cannot come)."""
-        if delivery.cancelled() or delivery.exception() is None:
+        exc = None if delivery.cancelled() else delivery.exception()
+        if exc is None:
             return
         fut = self._waiting.get(rid)
         if fut is not None and not fut.done():
-            fut.set_exception(ClusterError(f"request {rid} was not delivered to {self.ingress}: {delivery.exception()}"))
+            fut.set_exception(ClusterError(f"request {rid} was not delivered to {self.ingress}: {exc}"))
         self._forget(rid)
 
     def _forget(self, rid: str) -> None:
