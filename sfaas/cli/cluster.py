@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,25 +67,40 @@ def ephemeral_ports() -> tuple[int, int]:
         return 32768, 60999
 
 
-def free_port(host: str) -> int:
+def free_port(host: str, avoid: Collection[int] = ()) -> int:
     """A TCP port nobody listens on at ``host`` right now, chosen outside the ephemeral
     range: a port from that range can be taken by any outgoing connection (a Kafka
-    client's) between this check and the bind of the process it is meant for."""
+    client's) between this check and the bind of the process it is meant for.
+
+    ``avoid``: ports already handed to processes that may not have bound them yet (a
+    cluster's ports are all chosen before its processes start; a CI run failed when a
+    worker's metrics port came out equal to the coordinator's)."""
     lo, hi = ephemeral_ports()
     ranges = [(a, b) for a, b in ((10000, lo - 1), (hi + 1, 65535)) if b - a >= 1000]
+    total = sum(b - a + 1 for a, b in ranges)
     pick = random.SystemRandom()
     for _ in range(200 if ranges else 0):
-        a, b = pick.choice(ranges)
-        port = pick.randint(a, b)
+        port = pick.randrange(total)  # uniform over both ranges, so picks collide least
+        for a, b in ranges:
+            if port <= b - a:
+                port += a
+                break
+            port -= b - a + 1
+        if port in avoid:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind((host, port))
             except OSError:
                 continue  # in use: another
             return port
-    with socket.socket() as sock:  # nothing free outside the range: the kernel's choice
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    for _ in range(100):  # nothing free outside the range: the kernel's choice
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in avoid:
+            return port
+    raise ClusterError(f"no free TCP port on {host}")
 
 
 def _alive(pid: int) -> bool:

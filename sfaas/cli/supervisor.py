@@ -80,6 +80,11 @@ class Supervisor:
         self.info = info
         self.children = children
         self.stopping = False
+        #: ports handed to this cluster's processes (they bind them later): never twice
+        self.ports: set[int] = set()
+        control = str(info.get("coordinator", "")).rpartition(":")[2]
+        if control.isdigit():
+            self.ports.add(int(control))
 
     def metrics(self, c: Child) -> None:
         """Give ``c`` its metrics port (kept across its restarts): as ``cluster.json``'s
@@ -92,7 +97,11 @@ class Supervisor:
             host = str(self.info.get("coordinator", "")).rpartition(":")[0]
         else:
             host = str(self.info.get("worker_host", "127.0.0.1"))
-        port = free_port(host) if mode == "free" else int(mode) + (0 if c.role == "coordinator" else 1 + c.index)
+        if mode == "free":
+            port = free_port(host, avoid=self.ports)
+        else:
+            port = int(mode) + (0 if c.role == "coordinator" else 1 + c.index)
+        self.ports.add(port)
         if port > 65535:
             log.warning("%s %d serves no metrics: port %d is beyond 65535", c.role, c.index, port)
             return

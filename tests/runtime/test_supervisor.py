@@ -87,3 +87,30 @@ def test_free_ports_for_the_cluster_are_outside_the_ephemeral_range() -> None:
         assert not lo <= port <= hi, (port, lo, hi)
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
+
+
+def test_a_clusters_free_ports_are_never_handed_out_twice(tmp_path: Path, monkeypatch) -> None:
+    """The supervisor picks every process's metrics port before any process binds one, so a
+    pick that is free now may already belong to a process not yet started (a CI run failed
+    so: a worker's metrics port came out equal to the coordinator's, 'address already in
+    use'). Here the random choice repeats itself on purpose: the ports must still differ."""
+    import sfaas.cli.cluster as cluster_mod
+
+    lo, hi = cluster_mod.ephemeral_ports()
+    base = 10000 if lo - 1 - 10000 >= 1000 else hi + 1  # where the first range of picks starts
+    repeats = iter([7] * 4 + [11] * 4 + [13] * 4 + [17] * 4)
+
+    class Repeating:
+        def randrange(self, n: int) -> int:
+            return next(repeats)
+
+    monkeypatch.setattr(cluster_mod.random, "SystemRandom", Repeating)
+    children = [Child("coordinator", 0, ["coordinator"], str(tmp_path / "c.log"))]
+    children += [Child("worker", i, ["worker"], str(tmp_path / f"w{i}.log")) for i in range(2)]
+    # the coordinator's control port is the first the choice repeats: also never reused
+    sup = Supervisor(tmp_path, {"metrics": "free", "coordinator": f"127.0.0.1:{base + 7}"}, children)
+    for c in children:
+        sup.metrics(c)
+    ports = [int(c.args[c.args.index("--metrics-port") + 1]) for c in children]
+    assert ports == [base + 11, base + 13, base + 17], ports
+    assert [c.metrics for c in children] == [f"http://127.0.0.1:{p}/metrics" for p in ports]
