@@ -32,6 +32,7 @@ from sfaas.txn.loop import merge_votes
 from sfaas.wire import Message
 
 from .inbound import check
+from .leases import Tick, leased_epochs
 from .metrics import CoordinatorMetrics
 from .recovery import recover
 from .rescale import Rescaler
@@ -92,6 +93,8 @@ class Coordinator:
         #: phases and durations of the last recovery (for logs, ``sfaas ps`` and benchmarks)
         self.last_recovery: dict[str, Any] = {}
         self.epoch = 0
+        #: the last epoch the workers were leased (``coordinator.leases``)
+        self.lease_upto = 0
         self._phases = [0.0, 0.0, 0.0, 0]
         self.stats: dict[str, Any] = {"epochs": 0, "txns": 0, "conflicts": 0}
         self.standbys = Standbys(self)
@@ -335,6 +338,8 @@ class Coordinator:
         """Begin an epoch soon even if no worker has work (an idle cluster must reach the
         epoch boundary a rescale switches at)."""
         self._wakeup.set()
+        if self.settings.epoch_lease and not self._inbox.full():
+            self._inbox.put_nowait(Tick())
 
     def force_recovery(self, why: str) -> None:
         """Stop the epochs and recover although no worker was lost."""
@@ -390,7 +395,9 @@ class Coordinator:
                 continue
             latest[msg.index] = msg
             if execution_finished(n, {i: (r.sent, r.served) for i, r in latest.items()}):
-                return list(latest.values())
+                # in worker order: merge_votes keeps the first abort reported per tid, and a
+                # replay (and a leased worker) merges in this order too
+                return [latest[i] for i in sorted(latest)]
 
     def _broadcast(self, msg: wire.Message) -> None:
         for m in self.members:
@@ -400,6 +407,9 @@ class Coordinator:
                 self.lose(m, "its channel closed")
 
     async def _epochs(self, idle: bool = True) -> None:
+        if self.settings.epoch_lease > 0:
+            await leased_epochs(self)  # the workers begin and commit; see coordinator.leases
+            return
         while True:
             t_idle = time.perf_counter()
             if idle:

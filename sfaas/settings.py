@@ -65,6 +65,11 @@ class Settings:
     #: Most transactions (re-runs first) one worker runs in one epoch. Conflicts grow with
     #: the square of the epoch size, so a bound keeps contention from snowballing.
     max_batch: int = 1000
+    #: Epochs the workers may run ahead on their own (``wire.Lease``): they exchange their
+    #: reports and commit and begin epochs without a round trip through the coordinator,
+    #: which extends the lease as it follows them. 0: the coordinator begins and commits
+    #: every epoch itself (one more hop per epoch).
+    epoch_lease: int = 8
     #: Override every operator's store engine (benchmarks); empty: the app's choice.
     store: str = ""
     #: Cluster state (pid files, logs) and store data live under here.
@@ -160,6 +165,8 @@ class Settings:
             raise ConfigError(f"standby_of must be a worker index >= 0, or -1 for none, got {self.standby_of}")
         if self.max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
+        if not 0 <= self.epoch_lease <= 10_000:
+            raise ConfigError(f"epoch_lease must be between 0 and 10000 epochs, got {self.epoch_lease}")
         if not self.snapshot_interval >= 0 or self.snapshot_interval == float("inf"):
             raise ConfigError(f"snapshot_interval must be a number of seconds >= 0 (0: off), got {self.snapshot_interval}")
         if not 0.2 <= self.heartbeat_timeout <= 3600:

@@ -150,7 +150,7 @@ class Begin(Message):
 
 @dataclass(slots=True)
 class Report(Message):
-    """Worker → coordinator: my view of epoch ``epoch`` (sent when my roots finished, and
+    """Worker → coordinator (and, under a ``Lease``, → every peer): my view of epoch ``epoch`` (sent when my roots finished, and
     again after every call I served later, *before* its result goes back).
 
     ``sent[j]``/``served[j]`` count calls this worker sent to / finished serving for worker
@@ -168,6 +168,7 @@ class Report(Message):
     sent: list[int]
     served: list[int]
     pending: int  # requests waiting for a later epoch
+    run: int = 0  # the leased run it belongs to (``Lease.run``); 0: not leased
 
 
 @dataclass(slots=True)
@@ -183,6 +184,33 @@ class Commit(Message):
     aborts: list[list[Any]]
     idle: bool
     marker: int | None = None
+
+
+@dataclass(slots=True)
+class Lease(Message):
+    """Coordinator → workers: begin and commit epochs up to ``upto`` yourselves (see
+    ``worker.lease``): each worker sends its Reports to its peers too, commits an epoch once
+    every peer's report is in and the counters show no call in flight, and begins the next
+    unless the reports say the cluster is idle. With ``marker`` set, epoch ``upto``
+    commits with that snapshot round's marker. Leases only grow within a ``run`` (the
+    coordinator's random id of a leased run, which every leased Report and Wake carries: a
+    message from an earlier run — before a recovery, or a restarted coordinator — is stale)."""
+
+    TAG: ClassVar[int] = 6
+    upto: int
+    marker: int | None
+    run: int
+
+
+@dataclass(slots=True)
+class Wake(Message):
+    """Worker → peers, under a lease: I begin epoch ``epoch`` after an idle commit (work
+    arrived, or a round's marker lies ahead); begin it too."""
+
+    TAG: ClassVar[int] = 7
+    index: int
+    epoch: int
+    run: int
 
 
 @dataclass(slots=True)

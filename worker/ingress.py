@@ -88,7 +88,9 @@ class Ingress:
                     else:  # a re-run waiting at the rescale's round: it keeps its tid
                         w.loop.sequencer.requeue(tid, item)
                     got = True
-            if got and w._idle_reported:
+            if got and w.lease.active:
+                w.lease.work_arrived()
+            elif got and w._idle_reported:
                 w._idle_reported = False
                 if not w.coord.closed:
                     w.coord.send(wire.Wakeup(w.index))

@@ -223,6 +223,7 @@ class Moving:
         """A live worker's ``Reassign``: take over the gained partitions, resume."""
         w = self.w
         assert w.engine is not None
+        w.lease.reset()  # the next run begins under the new membership
         gained = await asyncio.to_thread(self.take_over, msg.round, msg.index, len(msg.owners))
         w.engine.stores.update(gained.items())
         w.engine.n_workers = msg.n_workers

@@ -128,6 +128,14 @@ class Peers:
                     if msg.src != src:
                         raise wire.ProtocolError(f"worker {src} sent a call as worker {msg.src}")
                     self.on_call(msg)
+                elif isinstance(msg, (wire.Report, wire.Wake)):  # leased epochs (worker.lease)
+                    if msg.index != src:
+                        raise wire.ProtocolError(f"worker {src} sent a {type(msg).__name__} as worker {msg.index}")
+                    if isinstance(msg, wire.Wake):
+                        w.lease.on_wake(msg)
+                    elif len(msg.sent) == w.assign.n_workers:
+                        w.lease.on_report(msg)
+                    # (else from before a rescale changed the membership: stale)
                 else:
                     log.warning("unexpected %s from peer %d", type(msg).__name__, src)
             while self.deferred_n >= DEFERRED_BATCHES * w.settings.max_batch:

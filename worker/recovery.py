@@ -160,7 +160,7 @@ async def recover(w: Worker, msg: wire.Recover) -> list[list[Any]]:
                 raise RuntimeError(f"epoch {r.epoch} logged ingress {p}:{off}, which is not after round {m.round}")
             in_log.add((p, off))
             batch.append((tid, item))
-        w.replay_batches[r.epoch] = batch
+        w.replay_batches[r.epoch] = (r.now, batch)  # (under a lease each worker's epoch has its own now)
     waiting = {(p, off): tid for tid, p, off in m.retries if p in mine}
     for key, item in sorted(items.items()):
         if key in waiting:

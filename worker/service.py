@@ -53,6 +53,7 @@ from sfaas.txn.offsets import OffsetTracker
 from . import membership
 from .egress import Egress
 from .ingress import Ingress
+from .lease import Lease
 from .metrics import WorkerMetrics
 from .moving import Moving
 from .peers import Peers
@@ -102,6 +103,8 @@ class Worker:
         self.loop: Participant[_Pending] | None = None
         #: calls to and from peers within an epoch (the engine's router)
         self.calls = Peers(self)
+        #: epochs this worker begins and commits itself, under the coordinator's lease
+        self.lease = Lease(self)
         self.egress = Egress(self)
         self.ingress = Ingress(self)
         # the coordinator starts idle: the first records must wake it up
@@ -119,7 +122,7 @@ class Worker:
         #: recovery (``worker.recovery``): request ids whose replies are already in the
         #: egress topic, and the logged batches waiting for their replay epochs
         self.answered: set[str] = set()
-        self.replay_batches: dict[int, list[tuple[int, _Pending]]] = {}
+        self.replay_batches: dict[int, tuple[float, list[tuple[int, _Pending]]]] = {}
         self._ingest_task: asyncio.Task[None] | None = None
         self._peer_addrs: dict[int, tuple[str, int]] = {}
         self.lost_coordinator = False
@@ -180,10 +183,23 @@ class Worker:
         self._idle_reported = pending == 0
         if self.coord.closed:  # the coordinator is gone: this epoch is rolled back anyway
             return
-        self.coord.send(wire.Report(
+        rep = wire.Report(
             self.engine.epoch, self.index, len(self.loop.batch), [[t, b] for t, b in conflicts.items()],
             [[t, e, r] for t, (e, r) in aborts.items()], list(self.calls.sent), list(self.calls.served), pending,
-        ))
+            self.lease.run,
+        )
+        self.coord.send(rep)
+        if self.lease.active:
+            self.send_peers(rep)
+        self.lease.on_report(rep)
+
+    def send_peers(self, msg: wire.Message) -> None:
+        """``msg`` to every peer (a closed channel is a loss the coordinator handles)."""
+        for ch in self.peers.values():
+            try:
+                ch.send(msg)
+            except ChannelClosed:
+                pass
 
     def tasks_add(self, task: asyncio.Future[Any]) -> None:
         # keep a reference so the task is not garbage collected mid-flight
@@ -322,6 +338,7 @@ class Worker:
     async def stop_activity(self) -> None:
         """Stop ingest and every execution in flight; wait until the replies already made
         are acknowledged (recovery starts from a quiet worker)."""
+        self.lease.reset()  # no epoch begins on its own any more
         await self.pause_ingest()
         running = list(self._running)
         for t in running:
@@ -339,6 +356,7 @@ class Worker:
         from .recovery import recover
 
         self.recovery = msg.attempt
+        self.lease.reset()
         try:
             epochs = await recover(self, msg)
         except Exception as exc:
@@ -376,7 +394,9 @@ class Worker:
                 return
             for msg in msgs:
                 if isinstance(msg, wire.Begin):
-                    self.tasks_add(asyncio.ensure_future(self._execute(msg)))
+                    self.start_epoch(msg)
+                elif isinstance(msg, wire.Lease):
+                    self.lease.grant(msg)
                 elif isinstance(msg, wire.Commit):
                     # awaited: the fallback phase must finish before the next Begin runs
                     await self._commit(msg)
@@ -398,18 +418,39 @@ class Worker:
                 else:
                     log.warning("unexpected %s from coordinator", type(msg).__name__)
 
+    def start_epoch(self, begin: wire.Begin) -> None:
+        """Begin epoch ``begin.epoch`` now (the coordinator's Begin, or the lease's) and run
+        its roots in a task."""
+        t0 = self._open_epoch(begin)
+        if t0 is not None:
+            self.tasks_add(asyncio.ensure_future(self._run_epoch(begin, t0)))
+
     async def _execute(self, begin: wire.Begin) -> None:
+        """Begin epoch ``begin.epoch`` and run its roots (the tests' harnesses drive this)."""
+        t0 = self._open_epoch(begin)
+        if t0 is not None:
+            await self._run_epoch(begin, t0)
+
+    def _open_epoch(self, begin: wire.Begin) -> float | None:
         assert self.engine is not None and self.loop is not None
+        if begin.epoch <= self.engine.epoch and not begin.replay:
+            log.warning("ignoring a Begin of epoch %d: epoch %d began here", begin.epoch, self.engine.epoch,
+                        extra={"worker": self.index})
+            return None
         t0 = time.perf_counter()
-        n = self.assign.n_workers
         if begin.replay:
-            batch = self.replay_batches.pop(begin.epoch, [])
+            now, batch = self.replay_batches.pop(begin.epoch, (begin.now, []))
             for _, item in batch:
-                item.now = begin.now
+                item.now = now  # as logged by this worker
             self.loop.begin_replay(begin.epoch, batch)
         else:
             self.loop.begin(begin.epoch, begin.now)
-        self.calls.begin(begin.epoch, n)
+        self.lease.began(begin.epoch)
+        self.calls.begin(begin.epoch, self.assign.n_workers)
+        return t0
+
+    async def _run_epoch(self, begin: wire.Begin, t0: float) -> None:
+        assert self.engine is not None and self.loop is not None
         for _, item in self.loop.batch:
             if item.attempts == 0:
                 self._age_sum += begin.now - item.request.sent_at
@@ -437,9 +478,15 @@ class Worker:
         self.report()
 
     async def _commit(self, msg: wire.Commit) -> None:
+        await self.commit_epoch(msg.epoch, {t: b for t, b in msg.conflicts}, {t: (e, r) for t, e, r in msg.aborts},
+                                msg.marker)
+
+    async def commit_epoch(self, epoch: int, conflicts: dict[int, int], aborts: dict[int, tuple[str, str]],
+                           marker: int | None) -> None:
+        """Commit epoch ``epoch`` with the merged votes (the coordinator's Commit, or the lease's)."""
         assert self.loop is not None
         t0 = time.perf_counter()
-        fates = await self.loop.commit({t: b for t, b in msg.conflicts}, {t: (e, r) for t, e, r in msg.aborts})
+        fates = await self.loop.commit(conflicts, aborts)
         for f in fates:
             req = f.item.request
             if req.rid in self.answered:  # a replay: this reply is already in the egress topic
@@ -454,7 +501,7 @@ class Worker:
             self.egress.add(req.reply_partition, reply.encode(), f.item.partition, f.item.offset)
             self._applied(f.item)
         self.metrics.committed(fates, self.answered, t0)
-        self.on_epoch_committed(msg.epoch, msg.marker)
+        self.on_epoch_committed(epoch, marker)
 
     def _applied(self, item: _Pending) -> None:
         if item.offset >= 0:

@@ -26,7 +26,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from .engine import Engine, Outcome
 from .epochs import Sequencer, decide
 
-__all__ = ["Item", "Fate", "Participant", "merge_votes"]
+__all__ = ["Item", "Fate", "Participant", "merge_votes", "idle_after"]
 
 
 class Item(Protocol):
@@ -181,3 +181,9 @@ def merge_votes(
         for tid, etype, reason in us:
             aborts.setdefault(tid, (etype, reason))
     return conflicts, aborts
+
+
+def idle_after(pending: Iterable[int], conflicts: Mapping[int, int]) -> bool:
+    """Whether an epoch leaves the cluster idle: no participant reported waiting work
+    (``pending``, one count each) and nothing conflicted (no re-run waits)."""
+    return not conflicts and sum(pending) == 0

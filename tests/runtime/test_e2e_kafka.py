@@ -7,6 +7,7 @@ session in its own namespace, so runs never see each other's topics or state.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import socket
 from collections.abc import Iterator
@@ -34,18 +35,21 @@ ACCOUNTS = [f"acct{i}" for i in range(30)]
 START = 1000
 
 
-@pytest.fixture(scope="session")
-def bank_cluster(kafka, tmp_path_factory) -> Iterator[Settings]:
+@pytest.fixture(scope="session", params=[8, 0], ids=["leased", "coordinator-driven"])
+def bank_cluster(kafka, tmp_path_factory, request) -> Iterator[Settings]:
+    """The cluster with leased epochs (the default: workers begin and commit epochs
+    themselves, ``worker.lease``) and with the coordinator driving every epoch."""
     s = Settings.load({
         "kafka": kafka.kafka_bootstrap,
         "namespace": fresh_namespace(),
         "home": str(tmp_path_factory.mktemp("sfaas-home")),
         "store": "memonly",
         "partitions": 4,
+        "epoch_lease": request.param,
     })
     cluster.up(s, "examples.bank:app", 2, timeout=90)
     try:
-        yield cluster.cluster_settings(s)[1]
+        yield dataclasses.replace(cluster.cluster_settings(s)[1], epoch_lease=s.epoch_lease)
     finally:
         procs = cluster.down(s)
         assert procs and all(not p.alive for p in cluster.ps(s))
@@ -83,6 +87,8 @@ async def test_concurrent_clients_conserve_money_with_one_reply_each(bank_cluste
         balances = await asyncio.gather(*(c.call("accounts", a, "balance") for a in ACCOUNTS))
     assert sum(balances) == START * len(ACCOUNTS)
     assert min(balances) >= 0
+    leased = "leased run from epoch" in (cluster.state_dir(s) / "coordinator.log").read_text()
+    assert leased == (s.epoch_lease > 0), f"epoch_lease={s.epoch_lease} but the coordinator log says leased={leased}"
 
 
 def test_sync_client_errors_are_clear(bank_cluster: Settings) -> None:
