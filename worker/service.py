@@ -356,7 +356,6 @@ class Worker:
         from .recovery import recover
 
         self.recovery = msg.attempt
-        self.lease.reset()
         try:
             epochs = await recover(self, msg)
         except Exception as exc:

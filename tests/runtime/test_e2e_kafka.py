@@ -37,8 +37,8 @@ START = 1000
 
 @pytest.fixture(scope="session", params=[8, 0], ids=["leased", "coordinator-driven"])
 def bank_cluster(kafka, tmp_path_factory, request) -> Iterator[Settings]:
-    """The cluster with leased epochs (the default: workers begin and commit epochs
-    themselves, ``worker.lease``) and with the coordinator driving every epoch."""
+    """The cluster with leased epochs (workers begin and commit epochs themselves,
+    ``worker.lease``) and with the coordinator driving every epoch (the default)."""
     s = Settings.load({
         "kafka": kafka.kafka_bootstrap,
         "namespace": fresh_namespace(),

@@ -204,9 +204,12 @@ def _no_secret_in_logs(s: Settings, minio_secret: str) -> None:
 
 
 @pytest.mark.timeout(1200)
-def test_kills_under_load_lose_nothing_and_duplicate_nothing(kafka, minio, tmp_path: Path) -> None:
+@pytest.mark.parametrize("lease", [0, 8], ids=["coordinator-driven", "leased"])
+def test_kills_under_load_lose_nothing_and_duplicate_nothing(kafka, minio, tmp_path: Path, lease: int) -> None:
+    """``lease``: epochs driven by the coordinator (the default), or leased to the workers
+    (``worker.lease``), whose runs a recovery or a restarted coordinator must end cleanly."""
     rnd = random.Random(SEED)
-    s = chaos_settings(kafka, minio, tmp_path)
+    s = chaos_settings(kafka, minio, tmp_path, epoch_lease=lease)
     cluster.up(s, "tests.runtime.apps.ledger:app", 2, timeout=90)
     report: dict[str, object] = {"seed": SEED}
     try:
@@ -222,6 +225,7 @@ def test_kills_under_load_lose_nothing_and_duplicate_nothing(kafka, minio, tmp_p
         log = (cluster.state_dir(s) / "coordinator.log").read_text()
         report["recoveries"] = [line.split("WARNING sfaas.coordinator.recovery: ")[1][:160]
                                 for line in log.splitlines() if "sfaas.coordinator.recovery: recovery" in line]
+        assert ("leased run from epoch" in log) == (lease > 0), "the cluster did not run the epochs asked for"
         print(f"chaos report: {report}")
     except BaseException:
         print(f"chaos seed {SEED} failed (rerun: SFAAS_CHAOS_SEED={SEED}); report {report}\n{log_tails(s, 15000, 4000)}")

@@ -56,9 +56,12 @@ def _maps(s: Settings) -> list[tuple[int, list[int]]]:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("lease", [0, 8], ids=["coordinator-driven", "leased"])
 def test_rescale_two_three_two_under_load_loses_and_duplicates_nothing(kafka, minio, tmp_path: Path,
-                                                                     monkeypatch: Any) -> None:
-    s = chaos_settings(kafka, minio, tmp_path)
+                                                                     monkeypatch: Any, lease: int) -> None:
+    """``lease``: a switch under leased epochs ends the run at the switch's epoch and begins
+    a new one under the new membership (``coordinator.leases``)."""
+    s = chaos_settings(kafka, minio, tmp_path, epoch_lease=lease)
     done: list[tuple[int, str]] = []
     errors: list[BaseException] = []
     monkeypatch.setattr(test_recovery, "KILLS", 0)
@@ -94,6 +97,8 @@ def test_rescale_two_three_two_under_load_loses_and_duplicates_nothing(kafka, mi
         assert workers == [0, 1], procs
         assert not any(p.gave_up for p in procs), procs
         assert "recovery" not in coord_log.split("rescale requested")[1], "a rescale caused a recovery"
+        # under leases, each switch ended a run and the new membership began another
+        assert coord_log.count("leased run from epoch") == (3 if lease else 0), "not the epochs asked for"
         print(f"rescale report: {report}")
     except BaseException:
         print(f"rescale test (seed {SEED}) failed; report {report}\n{log_tails(s)}")
