@@ -28,7 +28,7 @@ from sfaas.rounds import Rounds
 from sfaas.settings import Settings
 from sfaas.state import rounds_remote, store_remote
 from sfaas.txn.epochs import execution_finished
-from sfaas.txn.loop import merge_votes
+from sfaas.txn.loop import idle_after, merge_votes
 from sfaas.wire import Message
 
 from .inbound import check
@@ -434,8 +434,7 @@ class Coordinator:
                          "execute+barrier %.2f", ph[3], ph[0] / 0.5, ph[1] / 0.5)
                 ph[:] = [0.0, 0.0, 0.0, ph[3]]
             conflicts, aborts = merge_votes((r.conflicts, r.aborts) for r in reports)
-            pending = sum(r.pending for r in reports)
-            idle = pending == 0 and not conflicts and not self._wakeup.is_set()
+            idle = idle_after((r.pending for r in reports), conflicts) and not self._wakeup.is_set()
             self.stats["epochs"] += 1
             self.stats["txns"] += sum(r.roots for r in reports)
             switch = self.rescale.due()
