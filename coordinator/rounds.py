@@ -226,14 +226,14 @@ class RoundKeeper:
         skip: dict[int, list[int]] = {}
         egress: dict[int, int] = {}
         stores: list[StoreCut] = []
-        retries: list[tuple[int, int, int]] = []
+        retries: list[tuple[int, int, int, float]] = []
         for r in f.reports.values():
             ingress.update(r.ingress)
             skip.update(r.skip)
             for p, o in r.egress.items():
                 egress[p] = min(o, egress.get(p, o))
             stores += [StoreCut(str(op), int(p), int(b), int(n), int(t)) for op, p, b, n, t in r.stores]
-            retries += [(t, p, o) for t, p, o in r.retries]
+            retries += [(t, p, o, float(now)) for t, p, o, now in r.retries]
         # an egress partition some worker did not report has no safe scan start: omit it
         egress = {p: o for p, o in egress.items() if all(p in r.egress for r in f.reports.values())}
         stores.sort(key=lambda s: (s.operator, s.partition))

@@ -82,8 +82,8 @@ class RoundManifest:
     ``ingress``: per ingress partition, the first offset not in the state; ``skip``: per
     partition, offsets above it whose requests are in the state; ``egress``: per
     egress partition, where a de-duplicating scan of replies starts; ``retries``:
-    ``[tid, partition, offset]`` of requests waiting to re-run at the cut (their tids keep
-    their priority on replay); ``epoch_log``: the epoch-log offset from which the records
+    ``(tid, partition, offset, now)`` of requests waiting to re-run at the cut (their tids
+    keep their priority on replay, and ``now`` is their first run's ``ctx.now()``); ``epoch_log``: the epoch-log offset from which the records
     of epochs after ``epoch`` are found. ``workers`` and ``owners`` (``owners[p]``: the
     index owning partition ``p``; empty: round robin) are the membership and partition map
     the epochs after the round run under — a rescale switches at a round, so its round
@@ -98,7 +98,7 @@ class RoundManifest:
     ingress: dict[int, int]
     skip: dict[int, list[int]]
     egress: dict[int, int]
-    retries: tuple[tuple[int, int, int], ...] = ()
+    retries: tuple[tuple[int, int, int, float], ...] = ()
     epoch_log: int = 0
     started: float = 0.0
     created: float = field(default_factory=time.time)
@@ -131,7 +131,12 @@ class RoundManifest:
         d = _decode(b"SFRM", data, source, "round manifest")
         try:
             stores = tuple(StoreCut(str(o), int(p), int(b), int(f), int(t)) for o, p, b, f, t in d["stores"])
-            retries = tuple((int(t), int(p), int(o)) for t, p, o in d["retries"])
+            # (a manifest written before re-runs kept their now has rows of three: the
+            # round's start is the closest now it knows of)
+            retries = tuple((int(r[0]), int(r[1]), int(r[2]), float(r[3] if len(r) == 4 else d["started"]))
+                            for r in d["retries"] if len(r) in (3, 4))
+            if len(retries) != len(d["retries"]):
+                raise RoundError("a retries row is not [tid, partition, offset, now]")
             m = cls(int(d["round"]), int(d["epoch"]), int(d["workers"]), int(d["partitions"]), stores,
                     _int_map(d["ingress"], "ingress"), _skip_map(d["skip"]), _int_map(d["egress"], "egress"), retries,
                     int(d["epoch_log"]), float(d["started"]), float(d["created"]),

@@ -252,7 +252,8 @@ class Snapshotted(Message):
     (they completed while an earlier request waited to re-run; replay skips them).
     ``egress``: per egress partition, an offset at or before the first reply produced after
     the cut (a de-duplicating scan starts there). ``retries``: the conflict-aborted
-    requests waiting to re-run at the cut, as ``[tid, partition, offset]``. ``epoch_log``:
+    requests waiting to re-run at the cut, as ``[tid, partition, offset, now]`` (``now``:
+    their first run's ``ctx.now()``, which re-runs keep). ``epoch_log``:
     one past this worker's newest epoch-log record at the cut (records of later epochs
     come after it; see ``sfaas.epochlog``). ``error``:
     empty, or why this worker's part failed (the round then fails; the next one retries).
@@ -266,7 +267,7 @@ class Snapshotted(Message):
     ingress: dict[int, int]
     skip: dict[int, list[int]]
     egress: dict[int, int]
-    retries: list[list[int]]
+    retries: list[list[Any]]
     epoch_log: int
     error: str
 
@@ -414,7 +415,7 @@ class Reassign(Message):
 
     Your slot is ``index`` of ``n_workers`` at ``peers``, the map is ``owners``. For each
     partition you gain, the round's ingress watermark (``ingress``), the completed offsets
-    above it (``skip``) and its waiting re-runs (``retries``: ``[tid, partition, offset]``)
+    above it (``skip``) and its waiting re-runs (``retries``: ``[tid, partition, offset, now]``)
     say where its requests resume. Answered with ``Ready``.
     """
 
@@ -426,7 +427,7 @@ class Reassign(Message):
     owners: list[int]
     ingress: dict[int, int]
     skip: dict[int, list[int]]
-    retries: list[list[int]]
+    retries: list[list[Any]]
 
 
 @dataclass(slots=True)
@@ -557,13 +558,13 @@ _ROWS: dict[tuple[str, str], _Check] = {
     ("Commit", "conflicts"): _list_of(_row(_is_int, _is_int)),
     ("Commit", "aborts"): _list_of(_row(_is_int, _is_str, _is_str)),
     ("Snapshotted", "stores"): _list_of(_row(_is_str, _is_int, _is_int, _is_int, _is_int)),
-    ("Snapshotted", "retries"): _list_of(_row(_is_int, _is_int, _is_int)),
+    ("Snapshotted", "retries"): _list_of(_row(_is_int, _is_int, _is_int, _is_float)),
     ("Recovered", "epochs"): _list_of(_row(_is_int, _is_float)),
     ("Shipped", "seqs"): _list_of(_row(_is_str, _is_int, _is_int)),
     ("Move", "sources"): _list_of(_row(_is_str, _is_int, _list_of(_is_int))),
     ("Move", "seqs"): _list_of(_row(_is_str, _is_int, _is_int)),
     ("Reassign", "peers"): _list_of(_row(_is_str, _is_int)),
-    ("Reassign", "retries"): _list_of(_row(_is_int, _is_int, _is_int)),
+    ("Reassign", "retries"): _list_of(_row(_is_int, _is_int, _is_int, _is_float)),
 }
 
 

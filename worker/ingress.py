@@ -82,10 +82,11 @@ class Ingress:
                     if req is None:  # rejected (and answered, if it could be)
                         continue
                     item = _Pending(req, tp.partition, rec.offset)
-                    tid = w._retry_at.pop((tp.partition, rec.offset), None) if w._retry_at else None
-                    if tid is None:
+                    retry = w._retry_at.pop((tp.partition, rec.offset), None) if w._retry_at else None
+                    if retry is None:
                         w.loop.queue.append(item)
-                    else:  # a re-run waiting at the rescale's round: it keeps its tid
+                    else:  # a re-run waiting at the rescale's round: it keeps its tid and now
+                        tid, item.now = retry
                         w.loop.sequencer.requeue(tid, item)
                     got = True
             if got and w.lease.active:

@@ -154,17 +154,22 @@ async def recover(w: Worker, msg: wire.Recover) -> list[list[Any]]:
         if r.worker != me:
             continue
         batch = []
+        kept = dict(r.kept_now)
         for tid, p, off in r.batch:
             item = items.get((p, off))
             if item is None:
                 raise RuntimeError(f"epoch {r.epoch} logged ingress {p}:{off}, which is not after round {m.round}")
             in_log.add((p, off))
+            # the now it ran with: a re-run's from its first run, a new one's its epoch's
+            # (this worker's: under a lease each worker's epoch has its own)
+            item.now = kept.get(tid, r.now)
             batch.append((tid, item))
-        w.replay_batches[r.epoch] = (r.now, batch)  # (under a lease each worker's epoch has its own now)
-    waiting = {(p, off): tid for tid, p, off in m.retries if p in mine}
+        w.replay_batches[r.epoch] = batch
+    waiting = {(p, off): (tid, now) for tid, p, off, now in m.retries if p in mine}
     for key, item in sorted(items.items()):
         if key in waiting:
-            w.loop.sequencer.requeue(waiting[key], item)
+            tid, item.now = waiting[key]  # (a logged re-run's record says the same now)
+            w.loop.sequencer.requeue(tid, item)
         elif key not in in_log:
             w.loop.queue.append(item)
     # 6. live again after the replay

@@ -122,7 +122,7 @@ class Worker:
         #: recovery (``worker.recovery``): request ids whose replies are already in the
         #: egress topic, and the logged batches waiting for their replay epochs
         self.answered: set[str] = set()
-        self.replay_batches: dict[int, tuple[float, list[tuple[int, _Pending]]]] = {}
+        self.replay_batches: dict[int, list[tuple[int, _Pending]]] = {}
         self._ingest_task: asyncio.Task[None] | None = None
         self._peer_addrs: dict[int, tuple[str, int]] = {}
         self.lost_coordinator = False
@@ -139,9 +139,9 @@ class Worker:
         self.assigned = asyncio.Event()
         self.retired = False
         #: gained partitions: offsets a snapshot round holds (skipped when read again) and
-        #: the round's waiting re-runs, ``(partition, offset) → tid``
+        #: the round's waiting re-runs, ``(partition, offset) → (tid, now)``
         self._skip: dict[int, set[int]] = {}
-        self._retry_at: dict[tuple[int, int], int] = {}
+        self._retry_at: dict[tuple[int, int], tuple[int, float]] = {}
         self.metrics = WorkerMetrics(self)
         #: partitions of the egress topic (a request's reply partition must be one)
         self.egress_partitions = 0
@@ -165,7 +165,7 @@ class Worker:
             return
         ingress = dict(self.start_offsets)
         ingress.update(self.applied.watermarks())
-        retries = [[tid, item.partition, item.offset] for tid, item in self.loop.sequencer.retries()]
+        retries = [[tid, item.partition, item.offset, item.now] for tid, item in self.loop.sequencer.retries()]
         # (the round waits until every reply made so far is acknowledged: a round holding a
         # request must never need its reply again, a recovery could not reproduce it)
         self.rounds.take(marker, epoch, self.engine.stores, ingress, self.applied.completed_above(),
@@ -298,10 +298,11 @@ class Worker:
             self._ingest_task = None
 
     async def resume_ingest(self, gained: dict[int, int], skip: dict[int, list[int]] | None = None,
-                            retries: list[list[int]] | None = None) -> None:
+                            retries: list[list[Any]] | None = None) -> None:
         """Take requests from the partitions the map gives this worker: kept ones where
         ingest stopped, ``gained`` ones from the given offsets (``skip``: offsets already
-        in the state; ``retries``: ``[tid, partition, offset]`` re-runs keeping their tids)."""
+        in the state; ``retries``: ``[tid, partition, offset, now]`` re-runs keeping their
+        tids and first runs' ``now``)."""
         mine = owned(self.assign.owners, self.index)
         topic = self.assign.ingress_topic
         self.consumer.assign([TopicPartition(topic, p) for p in mine])
@@ -315,8 +316,8 @@ class Worker:
             self.consumer.seek(TopicPartition(topic, p), nxt)
         for p, offs in (skip or {}).items():
             self._skip.setdefault(p, set()).update(offs)
-        for tid, p, off in retries or []:
-            self._retry_at[(p, off)] = tid
+        for tid, p, off, now in retries or []:
+            self._retry_at[(p, off)] = (tid, now)
         self.start_ingest()
 
     async def reconnect_peers(self, peers: list[list[Any]]) -> None:
@@ -437,11 +438,8 @@ class Worker:
                         extra={"worker": self.index})
             return None
         t0 = time.perf_counter()
-        if begin.replay:
-            now, batch = self.replay_batches.pop(begin.epoch, (begin.now, []))
-            for _, item in batch:
-                item.now = now  # as logged by this worker
-            self.loop.begin_replay(begin.epoch, batch)
+        if begin.replay:  # the batch as logged, each item with the now it ran with (worker.recovery)
+            self.loop.begin_replay(begin.epoch, self.replay_batches.pop(begin.epoch, []))
         else:
             self.loop.begin(begin.epoch, begin.now)
         self.lease.began(begin.epoch)
@@ -458,8 +456,10 @@ class Worker:
         if self._log_topic and self.loop.batch and not begin.replay:
             # the epoch-log write overlaps execution; the report (hence every reply of
             # this epoch, anywhere) waits for it to be durable
+            batch = self.loop.batch
             rec = EpochRecord(begin.epoch, self.index, begin.now,
-                              tuple((tid, it.partition, it.offset) for tid, it in self.loop.batch))
+                              tuple((tid, it.partition, it.offset) for tid, it in batch),
+                              tuple((tid, it.now) for tid, it in batch if it.now != begin.now))
             ack = await self.producer.send(self._log_topic, rec.encode(), partition=0)
         await self.loop.execute()
         if ack is not None:

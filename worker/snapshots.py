@@ -53,7 +53,7 @@ class RoundTaker:
 
     def take(
         self, round_id: int, epoch: int, stores: Mapping[StoreKey, Store],
-        ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int], retries: list[list[int]], epoch_log: int,
+        ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int], retries: list[list[Any]], epoch_log: int,
         durable: Callable[[], Awaitable[None]],
     ) -> None:
         """Freeze every store for round ``round_id`` now; report when the uploads ended and
@@ -79,7 +79,7 @@ class RoundTaker:
     async def _report(
         self, round_id: int, epoch: int,
         futures: list[tuple[StoreKey, concurrent.futures.Future[SnapshotInfo]]], errors: list[str],
-        ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int], retries: list[list[int]], epoch_log: int,
+        ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int], retries: list[list[Any]], epoch_log: int,
         durable: Awaitable[None],
     ) -> None:
         cuts: list[list[Any]] = []

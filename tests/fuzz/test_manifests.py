@@ -55,12 +55,16 @@ def round_manifests() -> st.SearchStrategy[RoundManifest]:
     return st.builds(
         RoundManifest, _small, _small, _small, _small, st.lists(cut, max_size=3).map(tuple), ints,
         st.dictionaries(_small, st.lists(_small, max_size=3), max_size=3), ints,
-        st.lists(st.tuples(_small, _small, _small), max_size=3).map(tuple), _small, st.floats(0, 2e9), st.floats(0, 2e9))
+        st.lists(st.tuples(_small, _small, _small, st.floats(0, 2e9)), max_size=3).map(tuple), _small,
+        st.floats(0, 2e9), st.floats(0, 2e9))
 
 
-def epoch_records() -> st.SearchStrategy[EpochRecord]:
-    return st.builds(EpochRecord, st.integers(1, 50), _small, st.floats(0, 2e9),
-                     st.lists(st.tuples(_small, _small, _small), max_size=3).map(tuple))
+@st.composite
+def epoch_records(draw: st.DrawFn) -> EpochRecord:
+    batch = draw(st.lists(st.tuples(_small, _small, _small), max_size=3).map(tuple))
+    kept = draw(st.lists(st.tuples(st.sampled_from([t for t, _, _ in batch] or [0]), st.floats(0, 2e9)),
+                         max_size=len(batch)).map(tuple))
+    return EpochRecord(draw(st.integers(1, 50)), draw(_small), draw(st.floats(0, 2e9)), batch, kept)
 
 
 def _body(data: bytes, head: int) -> Any:
@@ -140,10 +144,11 @@ def epoch_log_inputs(draw: st.DrawFn) -> bytes:
     if kind == "hostile":
         return draw(hostile(valid))
     body = draw(st.one_of(st.lists(values(), max_size=5), values(), deep_values()))
+    version = draw(st.sampled_from([1, 2]))
     try:
-        return struct.pack("<4sB", b"SFEL", 1) + msgpack.packb(body, use_bin_type=True)
+        return struct.pack("<4sB", b"SFEL", version) + msgpack.packb(body, use_bin_type=True)
     except (TypeError, ValueError, OverflowError):
-        return b"SFEL\x01"
+        return b"SFEL" + bytes([version])
 
 
 @fuzz(share=0.15)

@@ -47,6 +47,8 @@ COORDINATOR_KILLS = int(os.environ.get("SFAAS_CHAOS_COORDINATOR_KILLS") or 1)
 OUTAGES = [("minio", 10.0), ("kafka", 0.0)] if LONG else []
 ACCOUNTS = [f"acct-{i}" for i in range(10)]
 COUNTERS = [f"ctr-{i}" for i in range(5)]
+#: keys of ``clock``: their state and replies depend on ``ctx.now()`` (a re-run keeps its first run's)
+CLOCKS = [f"clock-{i}" for i in range(4)]
 START = 1000
 PARTITIONS = 4
 
@@ -125,7 +127,10 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
                 k = rnd.choice(COUNTERS)
                 f = await c.submit("counters", k, "bump")
                 futs.append(("b", k, f))
-            for _, _, f in futs[-6:]:
+            a, b = rnd.sample(CLOCKS, 2)  # two crossing clocks: one conflicts, and re-runs in a later epoch
+            futs.append(("c", a, await c.submit("counters", a, "clock", b)))
+            futs.append(("c", b, await c.submit("counters", b, "clock", a)))
+            for _, _, f in futs[-8:]:
                 f.add_done_callback(lambda _f: arrivals.append(time.monotonic()))
             await asyncio.sleep(0.02)
         report["killed"] = killed
@@ -140,14 +145,17 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
             if kind == "b":
                 assert reply.ok, reply
                 bumps[key].append(reply.value)
+            elif kind == "c":
+                assert reply.ok, reply
             elif not reply.ok:
                 assert "insufficient funds" in (reply.reason or ""), reply
         for k, vals in bumps.items():  # each increment once, and the replies agree with it
             assert sorted(vals) == list(range(len(vals))), (k, sorted(vals))
         balances = await asyncio.gather(*(c.call("accounts", a, "balance") for a in ACCOUNTS))
         assert sum(balances) == START * len(ACCOUNTS) and min(balances) >= 0, balances
-        finals = await asyncio.gather(*(c.call("counters", k, "value") for k in COUNTERS))
-        assert dict(zip(COUNTERS, finals, strict=True)) == {k: len(v) for k, v in bumps.items()}
+        finals = await asyncio.gather(*(c.call("counters", k, "value") for k in COUNTERS + CLOCKS))
+        finals_of = dict(zip(COUNTERS + CLOCKS, finals, strict=True))
+        assert {k: finals_of[k] for k in COUNTERS} == {k: len(v) for k, v in bumps.items()}
         sent = {r.rid for r in replies}
         got = {r.rid: r for r in replies}
     # the committed history is serializable and is the one the clients saw: re-executing the
@@ -159,13 +167,20 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
     assert epochs == sorted(epochs), "the epoch log is out of epoch order"
     assert len({(rec.epoch, rec.worker) for _, rec in records}) == len(records), "an epoch logged twice by a worker"
     empty = RoundManifest(0, 0, 2, PARTITIONS, (), {p: 0 for p in range(PARTITIONS)}, {}, {}, (), 0)
-    fates, accounts, counters = await _replay(empty, records, await _ingress_requests(cs), replay_dir, maps())
+    requests = await _ingress_requests(cs)
+    fates, accounts, counters = await _replay(empty, records, requests, replay_dir, maps())
+    by_pos = {(p, o): req for p, reqs in requests.items() for o, req in reqs}
+    kept = {by_pos[(p, o)].function for _, rec in records for tid, p, o in rec.batch if tid in dict(rec.kept_now)}
+    assert "clock" in kept, f"no clock re-ran in a later epoch ({kept}): the clocks' check would check nothing"
     for rid, reply in got.items():
         assert rid in fates, f"request {rid} answered but never in a logged epoch"
         ok, value = fates[rid]
         assert (ok, value if ok else list(value)) == (reply.ok, reply.value if ok else [reply.error_type, reply.reason]), \
             (rid, fates[rid], reply)
-    assert sum(accounts.values()) == START * len(ACCOUNTS) and counters == {k: len(v) for k, v in bumps.items() if v}
+    assert sum(accounts.values()) == START * len(ACCOUNTS)
+    assert {k: v for k, v in counters.items() if k in COUNTERS} == {k: len(v) for k, v in bumps.items() if v}
+    # the clocks: each committed transaction's now, as it ran (re-runs keep their first run's)
+    assert {k: counters.get(k, 0) for k in CLOCKS} == {k: finals_of[k] for k in CLOCKS}
     raw = await _read_topic(cs, cs.topics("ledger")[1], PARTITIONS)
     counts = Counter(wire.Reply.decode(v).rid for recs in raw.values() for _, v in recs)
     dups = {rid: n for rid, n in counts.items() if n > 1}

@@ -45,7 +45,7 @@ manifests = st.builds(
     ingress=st.dictionaries(_ints, _ints, max_size=8),
     skip=st.dictionaries(_ints, st.lists(_ints, max_size=5), max_size=4),
     egress=st.dictionaries(_ints, _ints, max_size=8),
-    retries=st.lists(st.tuples(_ints, _ints, _ints), max_size=5).map(tuple),
+    retries=st.lists(st.tuples(_ints, _ints, _ints, st.floats(min_value=0, max_value=2e9)), max_size=5).map(tuple),
     epoch_log=_ints,
     started=st.floats(min_value=0, max_value=2e9),
     created=st.floats(min_value=0, max_value=2e9),
@@ -63,6 +63,33 @@ def test_a_map_naming_a_missing_worker_is_refused() -> None:
     bad = RoundManifest(1, 1, 2, 3, (), {}, {}, {}, owners=(0, 1, 2))
     with pytest.raises(RoundError, match="owners must name one of 2 workers for each of 3 partitions"):
         RoundManifest.decode(bad.encode(), "blob round-1")
+
+
+def test_formats_written_before_re_runs_kept_their_now_still_decode() -> None:
+    """A round manifest whose retries are ``[tid, partition, offset]`` (their re-runs get the
+    round's start as ``now``), and a version-1 epoch-log record (its re-runs replay with the
+    epoch's ``now``), as an older sfaas wrote them to MinIO and Kafka."""
+    import struct
+
+    import msgpack
+
+    from sfaas.epochlog import EpochRecord
+    from sfaas.rounds import _decode, _encode
+
+    m = RoundManifest(3, 40, 2, 4, (), {0: 5}, {}, {}, ((9, 0, 7, 123.5),), 11, started=100.25, created=101.0)
+    body = _decode(b"SFRM", m.encode(), "new", "round manifest")
+    assert body["retries"] == [[9, 0, 7, 123.5]]
+    body["retries"] = [[9, 0, 7]]
+    assert RoundManifest.decode(_encode(b"SFRM", body)).retries == ((9, 0, 7, 100.25),)
+    body["retries"] = [[9, 0]]
+    with pytest.raises(RoundError, match="old: a retries row is not"):
+        RoundManifest.decode(_encode(b"SFRM", body), "old")
+
+    v1 = struct.pack("<4sB", b"SFEL", 1) + msgpack.packb([5, 1, 77.0, [[3, 0, 9], [4, 1, 2]]])
+    rec = EpochRecord.decode(v1)
+    assert (rec.batch, rec.kept_now, rec.now_of(3)) == (((3, 0, 9), (4, 1, 2)), (), 77.0)
+    v2 = EpochRecord(5, 1, 77.0, ((3, 0, 9), (4, 1, 2)), ((3, 70.5),))
+    assert [EpochRecord.decode(v2.encode()).now_of(t) for t in (3, 4)] == [70.5, 77.0]
 
 
 @given(manifests, st.data())

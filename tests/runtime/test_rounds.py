@@ -139,7 +139,8 @@ async def _replay(m: RoundManifest, records: list[tuple[int, EpochRecord]],
                 batch = []
                 for tid, p, o in rec.batch if rec else ():
                     req = by_pos[(p, o)]
-                    batch.append((tid, _Replayed(req.rid, (req.operator, req.key, req.function, req.args), rec.now)))
+                    batch.append((tid, _Replayed(req.rid, (req.operator, req.key, req.function, req.args),
+                                                 rec.now_of(tid))))
                 lp.begin_replay(epoch, batch)
             await asyncio.gather(*(lp.execute() for lp in runner.loops))
             conflicts, aborts = merge_votes(

@@ -1,6 +1,8 @@
 """A test app for snapshot rounds and recovery: accounts with transfers (overdrafts
 abort) and counters whose ``bump`` returns the pre-increment value, so a test can check
-that every committed increment is in the state exactly once and agrees with the replies."""
+that every committed increment is in the state exactly once and agrees with the replies;
+``clock`` makes the state and the replies depend on ``ctx.now()``, so a replay that ran a
+transaction with another ``now`` than its first run shows."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import os
 
 from sfaas import Abort, App, Context
 
+_PRIME = (1 << 61) - 1
 app = App("ledger")
 _store = os.environ.get("SFAAS_STORE", "lsm")
 accounts = app.operator("accounts", store=_store)
@@ -48,3 +51,22 @@ async def bump(ctx: Context) -> int:
 @counters.function
 async def value(ctx: Context) -> int:
     return int(ctx.get(default=0))
+
+
+@counters.function
+async def clock(ctx: Context, other: str) -> int:
+    """Add this transaction's ``ctx.now()`` in microseconds (modulo a prime) to the key and,
+    by a call, to ``other``'s — a call, so that a conflict re-runs it in a later epoch
+    rather than in its own epoch's fallback phase; returns the key's new sum."""
+    us = int(ctx.now() * 1e6)
+    v = (int(ctx.get(default=0)) + us) % _PRIME
+    ctx.put(v)
+    await ctx.call("counters", other, "add", us)
+    return v
+
+
+@counters.function
+async def add(ctx: Context, amount: int) -> int:
+    v = (int(ctx.get(default=0)) + amount) % _PRIME
+    ctx.put(v)
+    return v
