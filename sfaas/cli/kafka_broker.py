@@ -257,6 +257,8 @@ def _up_kafka(s: ServiceSettings, say: Callable[[str], None], *, auto: bool, tim
         argv = [
             java, f"-Xmx{s.kafka_heap}", f"-Xms{s.kafka_heap}", "-XX:+UseG1GC",
             "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true", *jvm_log,
+            # the collector's pauses, as Kafka's own start script logs them (stall every request)
+            f"-Xlog:gc:file=\"{logs / 'gc.log'}\":time:filecount=2,filesize=20M",  # (quoted: a path may hold ':')
             "-cp", classpath, "kafka.Kafka", str(props),
         ]
         t0 = time.monotonic()
