@@ -23,12 +23,13 @@ element) still decodes. Kafka checksums the record.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 
-__all__ = ["EpochRecord", "EpochLogError"]
+__all__ = ["EpochRecord", "EpochLogError", "Logged"]
 
 _HEAD = struct.Struct("<4sB")
 _MAGIC = b"SFEL"
@@ -38,6 +39,14 @@ _VERSIONS = (1, 2)  # 1: no re-runs' nows (written before they were logged)
 
 class EpochLogError(ValueError):
     """A record of the epoch log that does not decode (names the record and the fault)."""
+
+
+class Logged(Protocol):
+    """What the log needs of a batch's item: where it came from and the ``now`` it runs with."""
+
+    partition: int
+    offset: int
+    now: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +61,13 @@ class EpochRecord:
     #: ``(tid, now)`` of the batch's roots whose ``now`` is not the epoch's: re-runs, which
     #: keep their first run's
     kept_now: tuple[tuple[int, float], ...] = ()
+
+    @classmethod
+    def of(cls, epoch: int, worker: int, now: float, batch: Sequence[tuple[int, Logged]]) -> EpochRecord:
+        """The record of ``batch`` (``(tid, item)``), begun at ``now``: re-runs keep their
+        first run's ``now``, so theirs is recorded too."""
+        return cls(epoch, worker, now, tuple((tid, it.partition, it.offset) for tid, it in batch),
+                   tuple((tid, it.now) for tid, it in batch if it.now != now))
 
     def now_of(self, tid: int) -> float:
         """The ``now`` root ``tid`` of this batch ran with."""

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from aiokafka import TopicPartition
 
 from sfaas import wire
-from sfaas.epochlog import EpochRecord
+from sfaas.epochlog import EpochRecord, Logged
 from sfaas.kafka import read_range
 from sfaas.partitioning import owned
 from sfaas.rounds import RoundManifest, Rounds
@@ -49,7 +50,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sfaas.worker.recovery")
 
-__all__ = ["recover"]
+T = TypeVar("T", bound=Logged)
+
+__all__ = ["recover", "replay_batch"]
 
 
 def _adopt_map(w: Worker, owners: list[int], n_workers: int) -> None:
@@ -71,6 +74,21 @@ def _adopt_map(w: Worker, owners: list[int], n_workers: int) -> None:
 
 def _empty_round(partitions: int) -> RoundManifest:
     return RoundManifest(0, 0, 0, partitions, (), {p: 0 for p in range(partitions)}, {}, {}, (), 0)
+
+
+def replay_batch(rec: EpochRecord, items: Mapping[tuple[int, int], T], round_id: int) -> list[tuple[int, T]]:
+    """The batch ``rec`` logged, as ``(tid, item)`` from ``items`` (by ingress partition and
+    offset), each item given the ``now`` it ran with: a re-run's from its first run, a new
+    one's its epoch's (this worker's: under a lease each worker's epoch has its own)."""
+    kept = dict(rec.kept_now)
+    batch = []
+    for tid, p, off in rec.batch:
+        item = items.get((p, off))
+        if item is None:
+            raise RuntimeError(f"epoch {rec.epoch} logged ingress {p}:{off}, which is not after round {round_id}")
+        item.now = kept.get(tid, rec.now)
+        batch.append((tid, item))
+    return batch
 
 
 async def recover(w: Worker, msg: wire.Recover) -> list[list[Any]]:
@@ -153,18 +171,8 @@ async def recover(w: Worker, msg: wire.Recover) -> list[list[Any]]:
     for r in later:
         if r.worker != me:
             continue
-        batch = []
-        kept = dict(r.kept_now)
-        for tid, p, off in r.batch:
-            item = items.get((p, off))
-            if item is None:
-                raise RuntimeError(f"epoch {r.epoch} logged ingress {p}:{off}, which is not after round {m.round}")
-            in_log.add((p, off))
-            # the now it ran with: a re-run's from its first run, a new one's its epoch's
-            # (this worker's: under a lease each worker's epoch has its own)
-            item.now = kept.get(tid, r.now)
-            batch.append((tid, item))
-        w.replay_batches[r.epoch] = batch
+        w.replay_batches[r.epoch] = replay_batch(r, items, m.round)
+        in_log.update((p, off) for _, p, off in r.batch)
     waiting = {(p, off): (tid, now) for tid, p, off, now in m.retries if p in mine}
     for key, item in sorted(items.items()):
         if key in waiting:

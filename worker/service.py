@@ -456,10 +456,7 @@ class Worker:
         if self._log_topic and self.loop.batch and not begin.replay:
             # the epoch-log write overlaps execution; the report (hence every reply of
             # this epoch, anywhere) waits for it to be durable
-            batch = self.loop.batch
-            rec = EpochRecord(begin.epoch, self.index, begin.now,
-                              tuple((tid, it.partition, it.offset) for tid, it in batch),
-                              tuple((tid, it.now) for tid, it in batch if it.now != begin.now))
+            rec = EpochRecord.of(begin.epoch, self.index, begin.now, self.loop.batch)
             ack = await self.producer.send(self._log_topic, rec.encode(), partition=0)
         await self.loop.execute()
         if ack is not None:
