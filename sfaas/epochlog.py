@@ -5,11 +5,12 @@ not reproduce the first execution. Each worker therefore writes one :class:`Epoc
 per epoch in which it ran anything — the epoch, its ``now``, its batch as ``(tid,
 ingress partition, offset)``, and the ``now`` each re-run in it kept from its first run
 (``ctx.now()`` is a transaction's first epoch's, on every run) — to the app's
-single-partition epoch-log topic, with the idempotent ``acks=all`` producer. The write starts when the batch is taken and overlaps
-execution; the worker's report to the coordinator waits for the acknowledgement. Since a
-``Commit`` needs every worker's report, an epoch's replies leave only once every worker's
-record of it is durable. Replaying the records of the epochs after a round, with the same
-tids and ``now``, reproduces the same results (execution is deterministic given the batch).
+single-partition epoch-log topic, with the idempotent ``acks=all`` producer. The write
+starts when the batch is taken and overlaps execution; the worker's report to the
+coordinator waits for the acknowledgement. Since a ``Commit`` needs every worker's report,
+an epoch's replies leave only once every worker's record of it is durable. Replaying the
+records of the epochs after a round, with the same tids and ``now``, reproduces the same
+results (execution is deterministic given the batch).
 
 An epoch in which a worker ran nothing has no record from it. Ordering: every record of
 epoch ``e + 1`` follows every record of epoch ``e`` in the log (``Begin e+1`` comes after

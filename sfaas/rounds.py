@@ -83,8 +83,9 @@ class RoundManifest:
     partition, offsets above it whose requests are in the state; ``egress``: per
     egress partition, where a de-duplicating scan of replies starts; ``retries``:
     ``(tid, partition, offset, now)`` of requests waiting to re-run at the cut (their tids
-    keep their priority on replay, and ``now`` is their first run's ``ctx.now()``); ``epoch_log``: the epoch-log offset from which the records
-    of epochs after ``epoch`` are found. ``workers`` and ``owners`` (``owners[p]``: the
+    keep their priority on replay, and ``now`` is their first run's ``ctx.now()``);
+    ``epoch_log``: the epoch-log offset from which the records of epochs after ``epoch``
+    are found. ``workers`` and ``owners`` (``owners[p]``: the
     index owning partition ``p``; empty: round robin) are the membership and partition map
     the epochs after the round run under — a rescale switches at a round, so its round
     names the new ones.
