@@ -70,12 +70,11 @@ class EpochRecord:
         return cls(epoch, worker, now, tuple((tid, it.partition, it.offset) for tid, it in batch),
                    tuple((tid, it.now) for tid, it in batch if it.now != now))
 
-    def now_of(self, tid: int) -> float:
-        """The ``now`` root ``tid`` of this batch ran with."""
-        for t, now in self.kept_now:
-            if t == tid:
-                return now
-        return self.now
+    def nows(self) -> list[float]:
+        """The ``now`` each root of the batch ran with, in batch order: a re-run's its first
+        run's, a new one's the epoch's."""
+        kept = dict(self.kept_now)
+        return [kept.get(tid, self.now) for tid, _, _ in self.batch]
 
     def encode(self) -> bytes:
         body = msgpack.packb([self.epoch, self.worker, self.now, [list(b) for b in self.batch],

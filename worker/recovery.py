@@ -80,13 +80,12 @@ def replay_batch(rec: EpochRecord, items: Mapping[tuple[int, int], T], round_id:
     """The batch ``rec`` logged, as ``(tid, item)`` from ``items`` (by ingress partition and
     offset), each item given the ``now`` it ran with: a re-run's from its first run, a new
     one's its epoch's (this worker's: under a lease each worker's epoch has its own)."""
-    kept = dict(rec.kept_now)
     batch = []
-    for tid, p, off in rec.batch:
+    for (tid, p, off), now in zip(rec.batch, rec.nows(), strict=True):
         item = items.get((p, off))
         if item is None:
             raise RuntimeError(f"epoch {rec.epoch} logged ingress {p}:{off}, which is not after round {round_id}")
-        item.now = kept.get(tid, rec.now)
+        item.now = now
         batch.append((tid, item))
     return batch
 

@@ -87,9 +87,9 @@ def test_formats_written_before_re_runs_kept_their_now_still_decode() -> None:
 
     v1 = struct.pack("<4sB", b"SFEL", 1) + msgpack.packb([5, 1, 77.0, [[3, 0, 9], [4, 1, 2]]])
     rec = EpochRecord.decode(v1)
-    assert (rec.batch, rec.kept_now, rec.now_of(3)) == (((3, 0, 9), (4, 1, 2)), (), 77.0)
+    assert (rec.batch, rec.kept_now, rec.nows()) == (((3, 0, 9), (4, 1, 2)), (), [77.0, 77.0])
     v2 = EpochRecord(5, 1, 77.0, ((3, 0, 9), (4, 1, 2)), ((3, 70.5),))
-    assert [EpochRecord.decode(v2.encode()).now_of(t) for t in (3, 4)] == [70.5, 77.0]
+    assert EpochRecord.decode(v2.encode()).nows() == [70.5, 77.0]
 
 
 @given(manifests, st.data())

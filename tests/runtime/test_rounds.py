@@ -137,10 +137,9 @@ async def _replay(m: RoundManifest, records: list[tuple[int, EpochRecord]],
             for i, lp in enumerate(runner.loops):
                 rec = mine.get(i)
                 batch = []
-                for tid, p, o in rec.batch if rec else ():
+                for (tid, p, o), now in zip(rec.batch, rec.nows(), strict=True) if rec else ():
                     req = by_pos[(p, o)]
-                    batch.append((tid, _Replayed(req.rid, (req.operator, req.key, req.function, req.args),
-                                                 rec.now_of(tid))))
+                    batch.append((tid, _Replayed(req.rid, (req.operator, req.key, req.function, req.args), now)))
                 lp.begin_replay(epoch, batch)
             await asyncio.gather(*(lp.execute() for lp in runner.loops))
             conflicts, aborts = merge_votes(
