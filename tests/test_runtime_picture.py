@@ -62,3 +62,20 @@ def test_the_slower_engines_have_their_own_limits(tmp_path: Path) -> None:
     text = pic.report(rows, tmp_path)
     assert "| 1,000 TPS 10K uniform p99 ≤ 25 ms | lsm | 20.0 ms | yes |" in text
     assert "| saturation 10K uniform ≥ 7,000 TPS | lsm | 7,000.0 TPS | yes |" in text
+
+
+def test_the_header_gives_the_machines_wake_up_cost_when_the_points_have_it(tmp_path: Path) -> None:
+    pic = _picture()
+    rows = [point("lsm", 10_000, "uniform", 4.0, 20.0) | {"wakeup_us": us} for us in (53.2, 61.0, 69.4)]
+    text = pic.report(rows, tmp_path)
+    assert "round trip on loopback before each point (the machine's wake-up cost) 53–69 µs, median 61" in text
+    old = pic.report([point("lsm", 10_000, "uniform", 4.0, 20.0)], tmp_path)  # points from before the probe
+    assert "wake-up cost" not in old
+
+
+def test_the_wake_up_probe_measures_a_round_trip() -> None:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.runtime.bench import wakeup_us
+
+    us = wakeup_us(pings=200)
+    assert 0 < us < 100_000  # a real round trip: more than nothing, less than 0.1 s

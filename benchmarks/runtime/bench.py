@@ -26,7 +26,9 @@ import os
 import random
 import re
 import signal
+import socket
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -308,6 +310,37 @@ def _reruns(settings: Settings) -> float | None:
     return round(reruns / committed, 3) if committed else None
 
 
+def wakeup_us(pings: int = 2000) -> float:
+    """This machine's cost of waking a thread now: the median round trip, in µs, of one
+    byte between two threads over loopback TCP. On the same machine kind it ranged from
+    ~6 to ~75 µs across days (a VM's vCPUs woken through its host), and every hop of a
+    request pays it, so each point records it: two runs are comparable only if it is."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def echo() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            while data := conn.recv(1):
+                conn.sendall(data)
+
+    t = threading.Thread(target=echo, daemon=True)
+    t.start()
+    times = []
+    with socket.create_connection(("127.0.0.1", port)) as c:
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(pings):
+            t0 = time.perf_counter()
+            c.sendall(b"x")
+            c.recv(1)
+            times.append(time.perf_counter() - t0)
+    t.join(5)
+    server.close()
+    times.sort()
+    return round(times[len(times) // 2] * 1e6, 1)
+
+
 def run(args: argparse.Namespace) -> list[dict]:
     rates = [float(r) for r in args.rates.split(",")]
     out = []
@@ -320,6 +353,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                            "kafka": args.kafka, "max_batch": args.max_batch,
                            "snapshot_interval": args.snapshot_interval})
         load_before = round(os.getloadavg()[0], 1)
+        wakeup = wakeup_us()
         preload_s = preload(s, args.keys) if args.preload else None
         cluster.up(s, "examples.ycsbt:app", 2, timeout=120, standbys=args.standbys)
         try:
@@ -344,6 +378,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         if preload_s is not None:
             point["preload_s"] = round(preload_s, 1)
         point.update({"phase": "sweep" if args.sweep else "fixed", "loadavg": load_before,
+                      "wakeup_us": wakeup,
                       "store": args.store, "keys": args.keys, "dist": args.dist, "seconds": args.seconds,
                       "workers": 2, "standbys": args.standbys, "lose_machine": args.lose_machine,
                       "fallback": not args.no_fallback, "snapshot_interval": args.snapshot_interval,
