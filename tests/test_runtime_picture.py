@@ -4,6 +4,7 @@ latency issue's targets, saturation from the sweep, the plots."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -64,18 +65,23 @@ def test_the_slower_engines_have_their_own_limits(tmp_path: Path) -> None:
     assert "| saturation 10K uniform ≥ 7,000 TPS | lsm | 7,000.0 TPS | yes |" in text
 
 
-def test_the_header_gives_the_machines_wake_up_cost_when_the_points_have_it(tmp_path: Path) -> None:
+def test_the_header_gives_the_machines_state_when_the_points_have_it(tmp_path: Path) -> None:
     pic = _picture()
-    rows = [point("lsm", 10_000, "uniform", 4.0, 20.0) | {"wakeup_us": us} for us in (53.2, 61.0, 69.4)]
+    rows = [point("lsm", 10_000, "uniform", 4.0, 20.0) | {"wakeup_us": us, "loop_ms": ms}
+            for us, ms in ((53.2, 40.1), (61.0, 42.0), (69.4, 39.0))]
     text = pic.report(rows, tmp_path)
-    assert "round trip on loopback before each point (the machine's wake-up cost) 53–69 µs, median 61" in text
+    assert ("Before each point, a thread-to-thread TCP round trip across two CPUs 53–69 µs (median 61); "
+            "a fixed Python loop 39–42 ms (median 40).") in text
     old = pic.report([point("lsm", 10_000, "uniform", 4.0, 20.0)], tmp_path)  # points from before the probe
-    assert "wake-up cost" not in old
+    assert "Before each point" not in old
 
 
-def test_the_wake_up_probe_measures_a_round_trip() -> None:
+def test_the_machine_probe_measures_and_leaves_the_affinity_as_it_was() -> None:
     sys.path.insert(0, str(ROOT))
-    from benchmarks.runtime.bench import wakeup_us
+    from benchmarks.runtime.bench import machine_probe
 
-    us = wakeup_us(pings=200)
-    assert 0 < us < 100_000  # a real round trip: more than nothing, less than 0.1 s
+    before = os.sched_getaffinity(0)
+    probe = machine_probe(pings=200)
+    assert 0 < probe["wakeup_us"] < 100_000  # a real round trip: more than nothing, less than 0.1 s
+    assert 0 < probe["loop_ms"] < 60_000
+    assert os.sched_getaffinity(0) == before  # the cluster started next inherits it

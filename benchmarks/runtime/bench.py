@@ -310,15 +310,21 @@ def _reruns(settings: Settings) -> float | None:
     return round(reruns / committed, 3) if committed else None
 
 
-def wakeup_us(pings: int = 2000) -> float:
-    """This machine's cost of waking a thread now: the median round trip, in µs, of one
-    byte between two threads over loopback TCP. On the same machine kind it ranged from
-    ~6 to ~75 µs across days (a VM's vCPUs woken through its host), and every hop of a
-    request pays it, so each point records it: two runs are comparable only if it is."""
+def machine_probe(pings: int = 2000) -> dict[str, float]:
+    """The machine's state before a point: ``wakeup_us``, the median round trip (µs) of one
+    byte over loopback TCP between two threads pinned to different CPUs (what each hop
+    between two processes on different cores pays to wake the other: on this VM kind
+    15 µs on one vCPU, 50–80 across two), and ``loop_ms``, the best of 3 runs of a fixed
+    Python loop (the CPU's speed as the host gives it). Recorded with each point, so
+    that pictures taken on different days can be told apart by more than their results."""
+    cpus = sorted(os.sched_getaffinity(0))
+    mine = set(cpus)
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
 
     def echo() -> None:
+        if len(cpus) > 1:
+            os.sched_setaffinity(0, {cpus[1]})  # (0: this thread)
         conn, _ = server.accept()
         with conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -328,17 +334,29 @@ def wakeup_us(pings: int = 2000) -> float:
     t = threading.Thread(target=echo, daemon=True)
     t.start()
     times = []
-    with socket.create_connection(("127.0.0.1", port)) as c:
-        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for _ in range(pings):
-            t0 = time.perf_counter()
-            c.sendall(b"x")
-            c.recv(1)
-            times.append(time.perf_counter() - t0)
-    t.join(5)
-    server.close()
+    try:
+        if len(cpus) > 1:
+            os.sched_setaffinity(0, {cpus[0]})
+        with socket.create_connection(("127.0.0.1", port)) as c:
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for _ in range(pings):
+                t0 = time.perf_counter()
+                c.sendall(b"x")
+                c.recv(1)
+                times.append(time.perf_counter() - t0)
+    finally:
+        os.sched_setaffinity(0, mine)  # (the cluster started next inherits this thread's)
+        t.join(5)
+        server.close()
     times.sort()
-    return round(times[len(times) // 2] * 1e6, 1)
+    loops = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        total = 0
+        for i in range(1_000_000):
+            total += i
+        loops.append(time.perf_counter() - t0)
+    return {"wakeup_us": round(times[len(times) // 2] * 1e6, 1), "loop_ms": round(min(loops) * 1e3, 1)}
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -353,7 +371,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                            "kafka": args.kafka, "max_batch": args.max_batch,
                            "snapshot_interval": args.snapshot_interval})
         load_before = round(os.getloadavg()[0], 1)
-        wakeup = wakeup_us()
+        probe = machine_probe()
         preload_s = preload(s, args.keys) if args.preload else None
         cluster.up(s, "examples.ycsbt:app", 2, timeout=120, standbys=args.standbys)
         try:
@@ -378,7 +396,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         if preload_s is not None:
             point["preload_s"] = round(preload_s, 1)
         point.update({"phase": "sweep" if args.sweep else "fixed", "loadavg": load_before,
-                      "wakeup_us": wakeup,
+                      **probe,
                       "store": args.store, "keys": args.keys, "dist": args.dist, "seconds": args.seconds,
                       "workers": 2, "standbys": args.standbys, "lose_machine": args.lose_machine,
                       "fallback": not args.no_fallback, "snapshot_interval": args.snapshot_interval,

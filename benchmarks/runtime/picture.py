@@ -70,13 +70,15 @@ def measure(out: Path, repeats: int, engines: list[str], seconds: float, sweep_s
                                   seconds=sweep_seconds, snapshot_interval=1.0, label=f"r{rep}", out=str(raw)))
 
 
-def _wakeups(rows: list[dict]) -> str:
-    """The machine's wake-up cost over the run (``bench.wakeup_us``; older points lack it)."""
-    xs = [r["wakeup_us"] for r in rows if "wakeup_us" in r]
-    if not xs:
-        return ""
-    return (f"Thread-to-thread TCP round trip on loopback before each point (the machine's wake-up cost) "
-            f"{min(xs):.0f}–{max(xs):.0f} µs, median {_median(xs):.0f}. ")
+def _machine(rows: list[dict]) -> str:
+    """The machine's state over the run (``bench.machine_probe``; older points lack it)."""
+    text = ""
+    for field, what, unit in (("wakeup_us", "a thread-to-thread TCP round trip across two CPUs", "µs"),
+                              ("loop_ms", "a fixed Python loop", "ms")):
+        xs = [r[field] for r in rows if field in r]
+        if xs:
+            text += f"{what} {min(xs):.0f}–{max(xs):.0f} {unit} (median {_median(xs):.0f}); "
+    return f"Before each point, {text[:-2]}. " if text else ""
 
 
 def _median(xs: list[float]) -> float:
@@ -117,7 +119,7 @@ def report(rows: list[dict], out: Path) -> str:
     lines = [f"Runs: {len(rows)} points, {min((r['time'] for r in rows), default='')} – "
              f"{max((r['time'] for r in rows), default='')} UTC; load average before each point "
              f"{min((r.get('loadavg', 0) for r in rows), default=0)}–{max((r.get('loadavg', 0) for r in rows), default=0)}. "
-             f"{_wakeups(rows)}Snapshot rounds every 1 s, epoch log on. Each cell: **median** (each repeat).", ""]
+             f"{_machine(rows)}Snapshot rounds every 1 s, epoch log on. Each cell: **median** (each repeat).", ""]
     lines += ["### Targets (medians of the repeats)", "",
               "| target | engine | measured | met? |", "|---|---|---|---|"]
 
