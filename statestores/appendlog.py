@@ -475,8 +475,14 @@ class AppendLogStore(SegmentedStore):
         self._active = None
         self._folded = []  # their descriptors are closed with the other segments
         self._below = {}
-        new = self._install_segments(entries)
-        for e in sorted((e for e in entries if e.kind == "wal"), key=lambda e: e.seq):
+        # wal entries (folded segments) rank among level-0 segments by seq: one older than
+        # a segment of the snapshot (folded ones being merged while a newer segment was
+        # sealed) is hinted here and loaded in its place; the newer ones are replayed last
+        wals = sorted((e for e in entries if e.kind == "wal"), key=lambda e: e.seq)
+        top = self._newest_level0(entries)
+        older = [e for e in wals if e.seq < top]
+        new = self._install_segments([e for e in entries if e.kind != "wal"] + self._hint_segments(older))
+        for e in wals[len(older):]:
             self._folded.append(self._scan_open(e.name, truncate_torn=False))  # after the segments: newer
             new.append(e)
         self._alive = {}

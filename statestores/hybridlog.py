@@ -45,13 +45,14 @@ Files (``FORMAT.md`` § hybridlog): ``hl-<level>-<seq>.log``, ``hl-<level>-<seq>
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import records
+from . import background, records
 from .base import (
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
@@ -61,6 +62,7 @@ from .base import (
     check_ops,
     check_value,
 )
+from .errors import BackgroundBusy
 from .fs import FileSystem
 from .log import Segment, SegmentedStore
 from .log.segment import hint_name
@@ -69,7 +71,27 @@ from .version import FileEntry
 
 __all__ = ["HybridLogStore"]
 
+log = logging.getLogger("statestores")
+
 _MISSING: Any = object()
+
+
+def write_tail(fs: FileSystem | None, path: str, items: list[tuple[bytes, bytes | None]]) -> None:
+    """Write a snapshot tail: ``items`` as one batch (all or nothing), atomically (a temp
+    file, then a rename). Runs in the ``flush`` background process (``fs`` None: the real
+    file system), or on the maintainer thread with a test's file system."""
+    fs = fs if fs is not None else FileSystem()
+    fs.write_file_atomic(path, records.encode_batch(items), sync=False)
+
+
+@dataclass(eq=False)
+class _Tail:
+    """A snapshot tail being written by the maintainer: ``name`` holds ``records`` (the
+    last record per key written since the previous tail or flush) once ``future`` resolves."""
+
+    name: str
+    records: dict[bytes, bytes | None]
+    future: concurrent.futures.Future[None] | None = None
 
 
 @dataclass(eq=False)
@@ -114,6 +136,7 @@ class HybridLogStore(SegmentedStore):
         # sync="none", once snapshots are taken: the records of the mutable regions turned
         # read-only since the last tail or flush (the next snapshot's tail); None: not kept
         self._fresh: dict[bytes, bytes | None] | None = None
+        self._tails: tuple[_Tail, ...] = ()  # being written, oldest first; replaced whole
         self._wal_fd: int | None = None
         self._wal_size = 0  # bytes of whole records in the active WAL
         self._wals: list[str] = []  # WALs oldest → newest; the last is the active one
@@ -418,24 +441,73 @@ class HybridLogStore(SegmentedStore):
             if self._mut:
                 self._advance()  # with a WAL, the active one is sealed and a new one started
             if self._fresh:
-                self._write_tail()
+                self._start_tail()
         active = self._wals[-1:] if self._wal_fd is not None else []
-        # the log files being written for handed-off regions are part of the snapshot; the
-        # sealed WALs also name their records until those files are installed
+        # the log files being written for handed-off regions are part of the snapshot, and
+        # the WALs and tails those regions cover are not: a restore replays a snapshot's
+        # WALs over all of its log files, so a covered tail — a subset of the region taken
+        # at an earlier snapshot — would put back the values (and deletes) the region's
+        # file has since overwritten
+        covered = {w for r in self._flushing for w in r.wals}
         extra = [e for r in self._flushing for e in (FileEntry(r.name, "segment", 0), FileEntry(hint_name(r.name), "hint", 0))]
-        return self._frozen(active, extra, [r.future for r in self._flushing if r.future is not None])
+        extra += [FileEntry(t.name, "wal") for t in self._tails if t.name not in covered]  # being written
+        pending = [r.future for r in self._flushing if r.future is not None]
+        pending += [t.future for t in self._tails if t.future is not None and t.name not in covered]
+        return self._frozen([*active, *covered], extra, pending)
 
-    def _write_tail(self) -> None:
-        """(lock held, ``sync="none"``) Write the records of the regions turned read-only
-        since the last tail or flush as a tail: a WAL holding one batch (the last record
-        per key), written whole, then named by an edit: all or nothing."""
+    def _start_tail(self) -> None:
+        """(lock held, ``sync="none"``) Seal the records of the regions turned read-only
+        since the last tail or flush as a tail: a WAL file holding them as one batch (the
+        last record per key). The freeze only swaps the dict and names the file; the
+        maintainer encodes and writes it (in the flush background process) and then names
+        it in the version, so a round's freeze costs no encoding and no I/O. Its records
+        stay in the read-only region meanwhile (readers never need the file); a region
+        handed off later covers the tail (its name is in ``_wals``) and, being handed to
+        the same maintainer after it, is installed after it."""
         merged = self._fresh
         assert merged is not None
         self._fresh = {}
-        name = f"{self.PREFIX}-w-{self._next_seq():010d}.wal"
-        self.fs.write_file_atomic(self._path(name), records.encode_batch(merged.items()), sync=False)
-        self._wals.append(name)
-        self._edit([FileEntry(name, "wal")])
+        tail = _Tail(f"{self.PREFIX}-w-{self._next_seq():010d}.wal", merged)
+        self._wals.append(tail.name)
+        self._tails = (*self._tails, tail)
+        tail.future = self._hand_off(lambda: self._write_tail(tail))
+
+    def _write_tail(self, tail: _Tail) -> None:
+        """(maintainer, no lock) Write ``tail``, then name it in the version: all or nothing."""
+        path = self._path(tail.name)
+        items = list(tail.records.items())
+        try:
+            done = False
+            if not self._local_background:
+                try:
+                    background.submit(write_tail, None, path, items, lane="flush").result()
+                    done = True
+                except BackgroundBusy as exc:
+                    log.debug("tail %s written on the maintainer: %s", tail.name, exc)
+            if not done:
+                write_tail(self.fs, path, items)
+        except BaseException:
+            with self._lock:
+                self._tail_failed(tail)
+            raise
+        with self._lock:
+            self._tails = tuple(t for t in self._tails if t is not tail)
+            self._edit([FileEntry(tail.name, "wal")])  # a region covering it removes it again
+
+    def _tail_failed(self, tail: _Tail) -> None:
+        """(lock held) ``tail`` could not be written: the snapshot that sealed it fails (its
+        upload waits for it), and its keys go back into the next tail — with the values
+        the read-only region holds now — unless a region handed off since covers them."""
+        self._tails = tuple(t for t in self._tails if t is not tail)
+        if tail.name not in self._wals:
+            return  # covered by a handed-off region, which holds its records
+        self._wals.remove(tail.name)
+        fresh = self._fresh
+        if fresh is not None:
+            for k in tail.records:
+                v = self._ro.get(k, _MISSING)  # nothing was flushed since: the region holds it
+                if k not in fresh and v is not _MISSING:
+                    fresh[k] = v
 
     def _install(self, entries: list[FileEntry], replaced: frozenset[str] = frozenset()) -> None:
         wals = sorted((e for e in entries if e.kind == "wal"), key=lambda e: e.seq)
@@ -444,6 +516,7 @@ class HybridLogStore(SegmentedStore):
         self._ro = {}
         self._fresh = {} if self.sync == "none" else None
         self._flushing = ()
+        self._tails = ()
         if self._wal_fd is not None:
             self.fs.close(self._wal_fd)
             self._wal_fd = None

@@ -117,14 +117,18 @@ class SegmentedStore(Store):
 
         A segment the version lists without its hint (a crash before the maintainer wrote
         it) is scanned and hinted now. With ``seal_older_wals`` (AppendLog, whose ``wal``
-        entries are active segments) every ``wal`` but the newest becomes such a segment,
-        or goes if it is empty. No merge starts before open is done.
+        entries are active or folded segments, ordered among level-0 segments by seq) every
+        ``wal`` but the newest becomes such a segment, or goes if it is empty — the newest
+        too when a level-0 segment is newer (a replica promoted at a snapshot taken while
+        folded segments were being merged and a newer one sealed). No merge starts before
+        open is done.
         """
         self._init_segments()
         self._paused += 1
         version = self._load_version()
         if seal_older_wals:
-            older = version.of_kind("wal")[:-1]
+            wals = version.of_kind("wal")
+            older = wals[:-1] if wals and wals[-1].seq > self._newest_level0(version) else wals
             if older:
                 keep = [e for e in older if self.fs.size(self._path(e.name)) > 0]
                 self._edit([FileEntry(e.name, "segment", 0) for e in keep], [e.name for e in older])
@@ -152,6 +156,24 @@ class SegmentedStore(Store):
         with self._lock:
             self._paused -= 1
             self._kick()
+
+    @staticmethod
+    def _newest_level0(files: Iterable[FileEntry]) -> int:
+        """The seq of the newest level-0 segment among ``files`` (-1: none)."""
+        return max((e.seq for e in files if e.kind == "segment" and e.level == 0), default=-1)
+
+    def _hint_segments(self, entries: list[FileEntry]) -> list[FileEntry]:
+        """Scan each of ``entries`` (``wal`` files) and write its hint; return the segment
+        and hint entries that make them sealed level-0 segments (an empty one: none)."""
+        out: list[FileEntry] = []
+        for e in entries:
+            size, alive, tombs = scan_segment(self.fs, self._path(e.name), e.seq, truncate_torn=False)
+            if not size:
+                continue
+            keys = sorted(alive)
+            self._write_hint(e.name, e.seq, size, keys, array.array("Q", map(alive.__getitem__, keys)), sorted(tombs))
+            out += [FileEntry(e.name, "segment", 0), FileEntry(hint_name(e.name), "hint", 0)]
+        return out
 
     def _install_segments(self, entries: list[FileEntry]) -> list[FileEntry]:
         """Drop every segment and load those of ``entries``; return the segment + hint entries."""

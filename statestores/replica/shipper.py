@@ -140,8 +140,13 @@ class Shipper:
             names = tuple(e.name for e in event.added if e.kind in SHIPPED_KINDS)
         else:
             names = tuple(e.name for e in event.files)
-        for n in names:
-            self._stage(n)
+        try:
+            for n in names:
+                self._stage(n)
+        except OSError:
+            if self._closed:
+                return  # close() ran meanwhile and removed the staging directory
+            raise
         with self._lock:
             self._n += 1
             ev = _Event(self._n, event, names)

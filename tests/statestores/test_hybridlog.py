@@ -3,6 +3,7 @@ the optional WAL, crashes, snapshots."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -275,3 +276,63 @@ def test_hybridlog_matches_a_dict(inline_merges: None, sync: str) -> None:
 
 def test_hybridlog_matches_a_dict_with_a_lazy_index(inline_merges: None, lazy_index: None) -> None:
     run_machine(machine("hybridlog", dict(TINY, sync="os")))
+
+
+def test_a_snapshot_tail_is_written_by_the_maintainer_not_the_freeze(tmp_path: Path) -> None:
+    """The freeze only swaps the tail's dict and names the file: with the maintainer held
+    busy, ``snapshot_async`` returns before the tail exists, the upload waits for it, and
+    a restore elsewhere is the state at the freeze (writes after it excluded)."""
+    remote = remotes.PathRemote(tmp_path / "remote")
+    with statestores.open("hybridlog", tmp_path / "db", remote=remote) as s:
+        for i in range(500):
+            s.put(b"k%04d" % i, b"a")
+        s.snapshot(1)  # the first snapshot flushes; from now on each writes a tail
+        s.settle()
+        for i in range(0, 500, 7):
+            s.put(b"k%04d" % i, b"b")
+        s.delete(b"k0001")
+        gate = threading.Event()
+        s._maint.post(gate.wait, 30)
+        fut = s.snapshot_async(2)
+        tails = [w for w in s.stats()["wals"] if not (tmp_path / "db" / w).exists()]
+        assert len(tails) == 1, s.stats()["wals"]  # named, not yet written
+        s.put(b"k0000", b"after the freeze")
+        assert not fut.done()
+        gate.set()
+        assert fut.result(timeout=30).files_uploaded == 1
+        assert (tmp_path / "db" / tails[0]).exists()
+    with statestores.open("hybridlog", tmp_path / "restored", remote=remote) as r:
+        r.restore(2)
+        want = {b"k%04d" % i: (b"b" if i % 7 == 0 else b"a") for i in range(500) if i != 1}
+        assert dict(r.items()) == want
+
+
+def test_a_tail_that_cannot_be_written_fails_its_snapshot_and_goes_into_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from statestores import hybridlog
+
+    remote = remotes.PathRemote(tmp_path / "remote")
+    real = hybridlog.write_tail
+    calls = []
+
+    def failing_once(fs: Any, path: str, items: Any) -> None:
+        calls.append(path)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device (injected)")
+        real(fs, path, items)
+
+    monkeypatch.setattr(hybridlog, "write_tail", failing_once)
+    with statestores.open("hybridlog", tmp_path / "db", remote=remote, fs=FaultyFS()) as s:  # tails on this thread's fs
+        s.put(b"a", b"1")
+        s.snapshot(1)
+        s.put(b"a", b"2")
+        s.put(b"b", b"2")
+        with pytest.raises(remotes.RemoteError, match="injected"):
+            s.snapshot(2)
+        s.put(b"c", b"3")
+        s.snapshot(3)
+        assert len(calls) == 2
+    with statestores.open("hybridlog", tmp_path / "restored", remote=remote) as r:
+        r.restore(3)
+        assert dict(r.items()) == {b"a": b"2", b"b": b"2", b"c": b"3"}
