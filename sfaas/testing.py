@@ -96,6 +96,7 @@ class LocalRunner:
             raise ValueError(f"need 1 <= workers <= partitions, got workers={workers} partitions={partitions}")
         self.app = app
         self.max_batch = max_batch
+        self.fallback = fallback
         self._own_dir = directory is None
         self.directory = tempfile.mkdtemp(prefix="sfaas-local-") if directory is None else os.fspath(directory)
         self._router = _LocalRouter()
@@ -218,9 +219,29 @@ class LocalRunner:
         )
         committed: list[int] = []
         in_fallback: list[int] = []
-        for lp in self.loops:
+        candidates = [lp.apply(conflicts, aborts) for lp in self.loops]
+        fb_fates: list[dict[int, tuple[str, Any]]] = [{} for _ in self.loops]
+        if self.fallback and any(candidates):
+            # the cross-worker fallback phase: every conflicting root re-runs now, under
+            # ordered locks, instead of waiting for the next epoch (sfaas.txn.engine._Fallback)
+            tids = {t for c in candidates for t, _ in c}
+            for eng in self.engines:
+                eng.begin_fallback(tids)
+
+            async def finish(tid: int, commit: bool) -> None:
+                for eng in self.engines:
+                    eng.finish_fallback(tid, commit)
+
+            try:
+                fb_fates = list(await asyncio.gather(
+                    *(lp.run_fallback(c, finish) for lp, c in zip(self.loops, candidates, strict=True))
+                ))
+            finally:
+                for eng in self.engines:
+                    eng.end_fallback()
+        for lp, fbf in zip(self.loops, fb_fates, strict=True):
             reruns = lp.reruns
-            for f in await lp.commit(conflicts, aborts):
+            for f in lp.settle(conflicts, aborts, fbf):
                 fut = f.item.future
                 if f.committed:
                     self.stats.committed += 1
@@ -233,9 +254,8 @@ class LocalRunner:
                         fut.set_exception(reply_error(*f.value))
             self.stats.reruns += lp.reruns - reruns
         if self.on_epoch_committed is not None:
-            # the serial order: the epoch's commits by tid, then the fallback phase's
-            # (each worker's in tid order; different workers' commute)
-            self.on_epoch_committed(epoch, sorted(committed) + in_fallback)
+            # the serial order: the epoch's commits by tid, then the fallback phase's by tid
+            self.on_epoch_committed(epoch, sorted(committed) + sorted(in_fallback))
 
     # -- lifecycle -----------------------------------------------------------------------------
     def close(self) -> None:

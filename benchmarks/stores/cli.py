@@ -34,6 +34,8 @@ log = logging.getLogger("benchmarks.stores")
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PARTS = ("kv", "reopen", "snapshots", "profile")
+#: The durability mode each log engine's snapshot task also runs in (its default is the other).
+OTHER_SYNC = {"lsm": "none", "appendlog": "none", "hybridlog": "os"}
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,9 @@ def build_tasks(engines: Sequence[str], sizes: Sizes, parts: Sequence[str], work
     if "snapshots" in parts:
         for e in engines:
             if e in OURS:
-                tasks.append(
-                    {
+                # each log engine also in its other durability mode (hybridlog: with a WAL)
+                for sync in (None, *([OTHER_SYNC[e]] if e in OTHER_SYNC else [])):
+                    task = {
                         "kind": "snapshots",
                         "engine": e,
                         "grow_iters": sizes.grow_iters,
@@ -100,7 +103,9 @@ def build_tasks(engines: Sequence[str], sizes: Sizes, parts: Sequence[str], work
                         "workdir": workdir,
                         "remote_spec": remote,
                     }
-                )
+                    if sync is not None:
+                        task["sync"] = sync
+                    tasks.append(task)
     if "profile" in parts:
         for e in engines:
             if e in OURS:
@@ -111,7 +116,7 @@ def build_tasks(engines: Sequence[str], sizes: Sizes, parts: Sequence[str], work
 
 
 def _label(task: dict[str, Any]) -> str:
-    return " ".join(str(task[k]) for k in ("kind", "engine", "dist") if k in task)
+    return " ".join(str(task[k]) for k in ("kind", "engine", "dist", "sync") if k in task)
 
 
 def run_child(task: dict[str, Any], timeout_s: float, on_phase: Any = None) -> dict[str, Any]:

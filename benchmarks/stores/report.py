@@ -32,6 +32,16 @@ READ_PCT = 5.0
 DISTS = ("uniform", "zipf")
 
 
+def snap_label(engine: str, sync: str | None) -> str:
+    """The snapshot table's row name: the engine, or the engine in a non-default mode."""
+    return engine if sync is None else f"{engine} (sync={sync})"
+
+
+def _snap_rows(engines: list[str], snaps: dict[str, Any]) -> list[str]:
+    """Snapshot rows in ``engines`` order, each engine's other durability modes after it."""
+    return [k for e in engines for k in [e, *sorted(k for k in snaps if k.startswith(e + " ("))]]
+
+
 def _median(xs: list[float]) -> float:
     xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
     return statistics.median(xs) if xs else float("nan")
@@ -126,7 +136,7 @@ def summarize(raw: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]
     for r in raw:
         if r["task"]["kind"] != "snapshots":
             continue
-        e = r["task"]["engine"]
+        e = snap_label(r["task"]["engine"], r["task"].get("sync"))
         if not _ok(r):
             snaps[e] = {"errors": [r["error"]]}
             continue
@@ -254,9 +264,7 @@ def targets(summary: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, str
         rows.append(_row(t2, f"p50 {s['async_p50_ms']:.1f} ms, max {s['async_max_ms']:.1f} ms{size}",
                          s["async_p50_ms"] <= 50.0))
     # the freeze/read targets of the snapshot rework (appended so issue 2's rows stay as they were)
-    for e in ("lsm", "appendlog", "hybridlog", "memonly"):
-        if e not in meta["engines"]:
-            continue
+    for e in _snap_rows([e for e in ("lsm", "appendlog", "hybridlog", "memonly") if e in meta["engines"]], snaps):
         s = snaps.get(e)
         note = " (baseline, not a target)" if e == "memonly" else ""
         t3 = f"{e}: snapshot_async freeze p50 ≤ {FREEZE_P50_MS:.0f} ms and max ≤ {FREEZE_MAX_MS:.0f} ms at 1M keys{note}"
@@ -408,7 +416,7 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any], plots: list[str], re
     snaps = summary["snapshots"]
     if snaps:
         rows = []
-        for e in engines:
+        for e in _snap_rows(list(engines), snaps):
             r = snaps.get(e)
             if r is None:
                 continue

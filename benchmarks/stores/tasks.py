@@ -368,18 +368,22 @@ def run_snapshots(
     remote_spec: dict[str, Any],
     emit: Emit,
     seed: int = 42,
+    sync: str | None = None,
 ) -> dict[str, Any]:
     """The thesis' §4.3 experiment: (a) a growing state, ``grow_iters`` rounds of
     ``grow_keys`` new keys each followed by a snapshot; (b) ``big_keys`` loaded and
     snapshotted, then ``upd_iters`` rounds updating ``upd_frac`` of the keys, each followed
     by a snapshot. Every snapshot is ``snapshot_async`` (its return time is the freeze)
-    followed by waiting for the upload."""
+    followed by waiting for the upload. ``sync``: the engine's durability mode (None: its
+    default; hybridlog keeps a WAL only with ``"os"``/``"fsync"``)."""
     import statestores
+
+    opts = {} if sync is None else {"sync": sync}
 
     values = make_values(seed)
     nv = len(values)
     rng = np.random.default_rng(seed)
-    out: dict[str, Any] = {"engine": engine, "remote": remote_spec["kind"], "loadavg_start": list(os.getloadavg())}
+    out: dict[str, Any] = {"engine": engine, "sync": sync, "remote": remote_spec["kind"], "loadavg_start": list(os.getloadavg())}
 
     # (a) growing state
     keys = make_keys(max(grow_iters * grow_keys, big_keys))
@@ -387,7 +391,7 @@ def run_snapshots(
     shutil.rmtree(path, ignore_errors=True)
     remote = _make_remote(remote_spec, f"grow-{engine}")
     grow: list[dict[str, Any]] = []
-    store = statestores.open(engine, path, remote=remote)
+    store = statestores.open(engine, path, remote=remote, **opts)
     try:
         for i in range(grow_iters):
             emit(f"grow {i + 1}/{grow_iters}")
@@ -412,7 +416,7 @@ def run_snapshots(
     upd: list[dict[str, Any]] = []
     n_upd = max(1, int(big_keys * upd_frac))
     state_bytes = big_keys * (KEY_BYTES + VALUE_BYTES)
-    store = statestores.open(engine, path, remote=remote)
+    store = statestores.open(engine, path, remote=remote, **opts)
     try:
         emit("update: load")
         put = store.put

@@ -21,17 +21,66 @@ from ..codec import check_arguments, pack, unpack
 from ..context import Context
 from ..errors import Abort, BadKey, SfaasError, TransactionAborted, error_class
 from ..partitioning import owner_of_partition, partition_of
-from .epochs import AccessLog
+from .epochs import AccessLog, Key
 
 log = logging.getLogger("sfaas.engine")
 
-__all__ = ["Engine", "Router", "Outcome", "describe", "make_error", "check_key", "MAX_CALL_DEPTH"]
+__all__ = ["Engine", "Router", "Outcome", "describe", "make_error", "check_key", "MAX_CALL_DEPTH", "DEVIATED"]
 
 #: Deepest chain of nested ``ctx.call``s before the transaction aborts (catches runaway recursion).
 MAX_CALL_DEPTH = 64
 
 #: ``(True, result)`` or ``(False, (error_type, reason))``.
 Outcome = tuple[bool, Any]
+
+#: The error type of a fallback run that left the keys its first run touched: it re-runs
+#: next epoch (never reported to a client).
+DEVIATED = "FallbackDeviated"
+
+
+class _Fallback:
+    """One engine's share of an epoch's *cross-worker fallback phase*: deterministic locks.
+
+    Every conflicting transaction of the epoch (``tids``, the same set on every worker)
+    re-runs at once, all of them concurrently, against the committed state. Each key this
+    engine owns gets the queue of those tids whose first run read or wrote it, in tid
+    order; a re-run may use the key only after every lower tid of its queue *finished*
+    (committed or gave up, on every worker). Waits only ever go to lower tids, so the
+    lowest never waits and no cycle can form, and each key is used in tid order: the
+    committed re-runs are equivalent to running them one by one in tid order after the
+    epoch's commits (Calvin's ordered locks over the first run's read/write sets; Styx's
+    fallback). A re-run that reads or writes a key outside its first run's set could
+    race an unordered tid there: it *deviates* and re-runs next epoch, its writes dropped.
+    """
+
+    def __init__(self, first: AccessLog, tids: set[int]) -> None:
+        self.tids = tids
+        sets: dict[Key, set[int]] = {}
+        for accesses in (first.reads, first.writes):
+            for tid, keys in accesses.items():
+                if tid in tids:
+                    for k in keys:
+                        sets.setdefault(k, set()).add(tid)
+        self.declared = sets
+        self.queues = {k: sorted(v) for k, v in sets.items()}
+        self.finished: dict[int, asyncio.Event] = {}
+        self.deviated: set[int] = set()
+
+    def _event(self, tid: int) -> asyncio.Event:
+        ev = self.finished.get(tid)
+        if ev is None:
+            ev = self.finished[tid] = asyncio.Event()
+        return ev
+
+    async def turn(self, tid: int, key: Key) -> None:
+        """Wait until every lower tid that used ``key`` in its first run has finished."""
+        for t in self.queues.get(key, ()):
+            if t >= tid:
+                return
+            await self._event(t).wait()
+
+    def finish(self, tid: int) -> None:
+        self._event(tid).set()
 
 
 class Router(Protocol):
@@ -110,6 +159,8 @@ class Engine:
         #: set while :meth:`run_fallback` runs: remote calls are refused, not made
         self._in_fallback = False
         self._deviated: set[int] = set()
+        #: the cross-worker fallback phase in progress (see :class:`_Fallback`), or None
+        self._fb: _Fallback | None = None
 
     # -- placement -------------------------------------------------------------------
     def owner(self, operator: str, key: str) -> int:
@@ -128,6 +179,8 @@ class Engine:
     def read(self, tid: int, operator: str, key: str, default: Any) -> Any:
         """``key``'s value for ``tid``: its own buffered write, else the epoch-start value."""
         k = (operator, key)
+        if self._fb is not None:
+            self._check_declared(tid, k)
         found, raw = self.log.buffered(tid, k)
         if not found:
             self.log.record_read(tid, k)
@@ -136,11 +189,23 @@ class Engine:
 
     def write(self, tid: int, operator: str, key: str, value: Any) -> None:
         """Buffer ``tid``'s write of ``value`` to ``key``."""
+        if self._fb is not None:
+            self._check_declared(tid, (operator, key))
         self.log.record_write(tid, (operator, key), pack(value, f"value for {operator}/{key!r}"))
 
     def remove(self, tid: int, operator: str, key: str) -> None:
         """Buffer ``tid``'s delete of ``key``."""
+        if self._fb is not None:
+            self._check_declared(tid, (operator, key))
         self.log.record_write(tid, (operator, key), None)
+
+    def _check_declared(self, tid: int, key: Key) -> None:
+        """(fallback phase) ``tid`` may use ``key`` only if its first run did."""
+        fb = self._fb
+        assert fb is not None
+        if tid not in fb.declared.get(key, ()):
+            fb.deviated.add(tid)
+            raise Abort(f"the fallback run of {tid} used {key[0]}/{key[1]!r}, which its first run did not")
 
     # -- execution -----------------------------------------------------------------------
     def begin(self, epoch: int) -> None:
@@ -184,6 +249,8 @@ class Engine:
             raise make_error(etype, reason) from None
         if not ok:
             etype, reason = value
+            if etype == DEVIATED and self._fb is not None:
+                self._fb.deviated.add(tid)
             self.log.record_abort(tid, etype, reason)
             raise make_error(etype, reason)
         return value
@@ -193,6 +260,9 @@ class Engine:
         args: Sequence[Any], depth: int = 0,
     ) -> Outcome:
         """Run a call on a key this worker owns; never raises (the outcome says how it went)."""
+        fb = self._fb
+        if fb is not None and tid in fb.declared.get((operator, key), ()):
+            await fb.turn(tid, (operator, key))
         try:
             func = self.app.resolve(operator, function)
             ctx = Context(self, tid, now, operator, key, depth)
@@ -204,11 +274,19 @@ class Engine:
                     # Engine.call on this worker, which aborts the transaction.
                     await asyncio.gather(*ctx._pending, return_exceptions=True)
             pack(result, f"result of {operator}.{function}")
-            return True, result
+            outcome: Outcome = (True, result)
         except Exception as exc:
             etype, reason = describe(exc)
             self.log.record_abort(tid, etype, reason)
-            return False, (etype, reason)
+            outcome = (False, (etype, reason))
+        if fb is not None:
+            # in the fallback a deviation or an abort anywhere below reaches the root,
+            # even if a function on the way caught the exception
+            if tid in fb.deviated:
+                return False, (DEVIATED, f"the fallback run of {tid} deviated from its first run")
+            if tid in self.log.user_aborts:
+                return False, self.log.user_aborts[tid]
+        return outcome
 
     async def run_root(self, tid: int, now: float, request: Sequence[Any]) -> Outcome:
         """Run a transaction's root call ``(operator, key, function, args)``; never raises."""
@@ -261,6 +339,45 @@ class Engine:
             self._deviated.clear()
             self.log = AccessLog()
         return results
+
+    # -- the cross-worker fallback phase (see _Fallback) -----------------------------------
+    def begin_fallback(self, tids: set[int]) -> None:
+        """After :meth:`commit`: start the cross-worker fallback of ``tids`` (every
+        conflicting tid of the epoch, the same set on every engine). Every engine must
+        begin it before any re-run starts; calls of the re-runs go through the router."""
+        self._fb = _Fallback(self.log, tids)
+        self.log = AccessLog()  # the re-runs' buffered writes and aborts
+
+    async def run_fallback_root(self, tid: int, now: float, request: Sequence[Any]) -> tuple[str, Any]:
+        """Re-run root ``tid`` (this engine's) in the fallback phase; ``("committed",
+        outcome)``, ``("aborted", (type, reason))`` (a user abort: final, it saw committed
+        state) or ``("rerun", outcome)`` (it deviated: next epoch). The caller then calls
+        :meth:`finish_fallback` on every engine, committing only the first kind."""
+        fb = self._fb
+        assert fb is not None, "begin_fallback first"
+        ok, value = await self.run_root(tid, now, request)
+        if tid in fb.deviated or (not ok and value[0] == DEVIATED):
+            return "rerun", (ok, value)
+        if tid in self.log.user_aborts:
+            return "aborted", self.log.user_aborts[tid]
+        if not ok:
+            return "aborted", value
+        return "committed", (ok, value)
+
+    def finish_fallback(self, tid: int, commit: bool) -> None:
+        """Re-run ``tid`` is over: apply its writes here if it commits, then let the
+        higher tids waiting for it go on."""
+        fb = self._fb
+        assert fb is not None
+        if commit:
+            self._apply([tid])
+        self.log.writes.pop(tid, None)
+        fb.finish(tid)
+
+    def end_fallback(self) -> None:
+        """Every re-run finished on every engine: back to normal execution."""
+        self._fb = None
+        self.log = AccessLog()
 
     # -- barrier ---------------------------------------------------------------------------
     def votes(self) -> tuple[dict[int, int], dict[int, tuple[str, str]]]:

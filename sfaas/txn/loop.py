@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from .engine import Engine, Outcome
-from .epochs import Sequencer, decide
+from .epochs import Sequencer
 
 __all__ = ["Item", "Fate", "Participant", "merge_votes", "idle_after"]
 
@@ -116,23 +116,57 @@ class Participant(Generic[T]):
     async def commit(
         self, conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]],
     ) -> list[Fate[T]]:
-        """Apply the epoch's surviving writes, run the fallback phase, requeue the rest.
+        """Apply the epoch's surviving writes, run this participant's fallback phase for
+        its local-only conflicting roots, requeue the rest.
 
         ``conflicts``/``aborts``: the union over every participant. Returns the fates of
         the batch's requests that are final, in batch order.
         """
         eng = self.engine
-        self.last_conflicts = set(conflicts)
-        eng.commit(conflicts, aborts)
-        decision = decide((tid for tid, _ in self.batch), self.last_conflicts, aborts)
-        rerun = set(decision.rerun)
-        items = dict(self.batch)
-        fb = [t for t in decision.rerun if eng.local_only(t)] if self.fallback else []
+        rerun = self.apply(conflicts, aborts)
+        items = dict(rerun)
+        fb = [t for t, _ in rerun if eng.local_only(t)] if self.fallback else []
         fb_fates: dict[int, tuple[str, Any]] = {}
         if fb:
             out = await eng.run_fallback([(t, items[t].now, self.request_of(items[t])) for t in fb])
             fb_fates = dict(zip(fb, out, strict=True))
             self.fallbacks += len(fb)
+        return self.settle(conflicts, aborts, fb_fates)
+
+    def apply(self, conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]]) -> list[tuple[int, T]]:
+        """Apply the writes of the batch's transactions that neither conflict nor failed;
+        return the conflicting ones (the fallback phase's candidates), in tid order."""
+        self.last_conflicts = set(conflicts)
+        self.engine.commit(conflicts, aborts)
+        items = dict(self.batch)
+        return [(t, items[t]) for t in sorted(items) if t in self.last_conflicts]
+
+    async def run_fallback(
+        self, candidates: Sequence[tuple[int, T]], finish: Callable[[int, bool], Awaitable[None]],
+    ) -> dict[int, tuple[str, Any]]:
+        """The cross-worker fallback phase for this participant's conflicting roots: all
+        re-run at once under the engines' ordered locks (``Engine.begin_fallback`` on every
+        engine first); ``finish(tid, commit)`` must end each on every engine. Returns each
+        root's ``(kind, detail)`` (see ``Engine.run_fallback_root``)."""
+        eng = self.engine
+        out: dict[int, tuple[str, Any]] = {}
+
+        async def one(tid: int, item: T) -> None:
+            kind, detail = await eng.run_fallback_root(tid, item.now, self.request_of(item))
+            await finish(tid, kind == "committed")
+            out[tid] = (kind, detail)
+
+        await asyncio.gather(*(one(t, i) for t, i in candidates))
+        self.fallbacks += len(candidates)
+        return out
+
+    def settle(
+        self, conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]],
+        fb_fates: Mapping[int, tuple[str, Any]],
+    ) -> list[Fate[T]]:
+        """The batch's final fates after the fallback phase (``fb_fates``: its results per
+        tid); requeue what still must re-run. Ends the epoch on this participant."""
+        rerun = set(conflicts)
         fates: list[Fate[T]] = []
         for (tid, item), (ok, value) in zip(self.batch, self.outcomes, strict=True):
             fate = fb_fates.get(tid)
@@ -147,8 +181,8 @@ class Participant(Generic[T]):
                 continue
             if tid in rerun:
                 self._requeue(tid, item, conflicts[tid])
-            elif tid in decision.aborted:
-                fates.append(Fate(tid, item, False, tuple(value) if not ok else decision.aborted[tid]))
+            elif tid in aborts:
+                fates.append(Fate(tid, item, False, tuple(value) if not ok else aborts[tid]))
             else:
                 fates.append(Fate(tid, item, True, value))
         for f in fates:

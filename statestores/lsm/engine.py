@@ -29,7 +29,7 @@ import struct
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
@@ -95,6 +95,8 @@ class _Imm:
     name: str  # the run it becomes
     drop_tombstones: bool
     future: concurrent.futures.Future[dict[str, Any]]
+    #: resolves once the run is installed under its name (a snapshot's upload waits for it)
+    installed: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
 
 
 class LSMStore(Store):
@@ -513,6 +515,14 @@ class LSMStore(Store):
 
     def _install_imm(self, imm: _Imm) -> None:
         """Put a flushed memtable's run into level 0 (lock held; ``imm`` is the oldest)."""
+        try:
+            self._install_imm_run(imm)
+        except BaseException as exc:
+            imm.installed.set_exception(exc)
+            raise
+        imm.installed.set_result(None)
+
+    def _install_imm_run(self, imm: _Imm) -> None:
         path = self._path(imm.name)
         try:
             result = imm.future.result()
@@ -626,8 +636,15 @@ class LSMStore(Store):
 
     def _freeze(self) -> Frozen:
         if self._wal_fd is None:
-            self._flush_locked()
-        elif self._wal_bytes:
+            # no WAL to seal: the memtable is handed to the background flush as a full one
+            # is, and the snapshot names the runs being written (its upload waits for them)
+            # — the freeze itself writes nothing
+            if self._mem:
+                self._rotate_locked()
+            # a memtable of deletes only, with nothing older to shadow, becomes no run
+            imms = [i for i in self._imms if not (i.drop_tombstones and all(v is None for v in i.mem.values()))]
+            return self._frozen_version(extra=[FileEntry(i.name, "run", 0) for i in imms], pending=[i.installed for i in imms])
+        if self._wal_bytes:
             added = self._switch_wal()  # seal: the old WAL is immutable from now on
             if added:
                 self._edit(added)

@@ -247,6 +247,51 @@ async def test_hot_key_chain_commits_in_one_epoch_with_the_fallback_phase_like_t
                 assert r.stats.epochs > 30 and r.stats.reruns > 0
 
 
+async def test_orders_on_one_sku_and_one_wallet_commit_in_the_epoch_that_found_them() -> None:
+    """300 orders, each taking one unit of one SKU and charging one wallet (other workers'
+    keys than most orders'): the cross-worker fallback phase decides them all in one epoch
+    — without it, one order committed per epoch — with stock and money exact."""
+    app = App("shop")
+    stock, wallet, orders = (app.operator(n, store="memonly") for n in ("stock", "wallet", "orders"))
+
+    @stock.function
+    async def take(ctx: Context) -> int:
+        left = ctx.get(default=250)
+        if left < 1:
+            raise Abort("sold out")
+        ctx.put(left - 1)
+        return left - 1
+
+    @wallet.function
+    async def charge(ctx: Context, amount: int) -> int:
+        balance = ctx.get(default=1000)
+        if balance < amount:
+            raise Abort("no money")
+        ctx.put(balance - amount)
+        return balance - amount
+
+    @orders.function
+    async def place(ctx: Context, sku: str, who: str) -> int:
+        left = await ctx.call("stock", sku, "take")
+        await ctx.call("wallet", who, "charge", 3)
+        ctx.put("placed")
+        return left
+
+    for fallback in (True, False):
+        async with LocalRunner(app, workers=2, fallback=fallback) as r:
+            got = await r.gather(*[("orders", f"o{i}", "place", "sku", "w") for i in range(300)],
+                                 return_exceptions=True)
+            placed = sorted(x for x in got if isinstance(x, int))
+            assert placed == list(range(250)), "each unit sold once, in order"
+            assert all(isinstance(x, TransactionAborted) and "sold out" in str(x) for x in got if not isinstance(x, int))
+            assert r.state("stock", "sku") == 0 and r.state("wallet", "w") == 1000 - 3 * 250
+            assert len(r.items("orders")) == 250
+            if fallback:
+                assert r.stats.epochs <= 10, r.stats
+            else:
+                assert r.stats.epochs > 100, r.stats
+
+
 def test_a_functions_sends_apply_in_the_order_they_were_made() -> None:
     """Replay after a recovery must reproduce a transaction's writes: sends to one key run
     in issue order even when the first one takes longer (a hop to another worker)."""

@@ -503,3 +503,39 @@ def test_kill_9_during_writes_flushes_and_merges(tmp_path: Path) -> None:
     # resurrected delete
     matches = [i for i, state in _states_after(acked, acked + 20_000) if state == got]
     assert matches, f"state after kill -9 matches no prefix of the history (acked {acked})"
+
+
+def test_a_snapshot_without_a_wal_hands_the_memtable_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``sync="none"`` there is no WAL to seal: the freeze hands the memtable to the
+    background flush (as a full one is) and names the run being written — it writes no
+    run itself — and each snapshot restores elsewhere to the state at its freeze."""
+    from statestores.lsm import engine
+
+    foreground: list[str] = []
+    real = engine.write_run
+
+    def recording(fs: Any, path: str, *a: Any, **kw: Any) -> Any:
+        foreground.append(path)
+        return real(fs, path, *a, **kw)
+
+    monkeypatch.setattr(engine, "write_run", recording)
+    remote = remotes.PathRemote(tmp_path / "remote")
+    states = {}
+    model: dict[bytes, bytes] = {}
+    with statestores.open("lsm", tmp_path / "db", remote=remote, sync="none") as s:
+        for r in range(1, 5):
+            for i in range(r, 2000, r + 1):
+                s.put(b"k%05d" % i, b"r%d" % r)
+                model[b"k%05d" % i] = b"r%d" % r
+            s.delete(b"k%05d" % (r * 3))
+            model.pop(b"k%05d" % (r * 3), None)
+            fut = s.snapshot_async(r)
+            s.put(b"k00000", b"after the freeze")  # not part of snapshot r
+            states[r] = dict(model)
+            model[b"k00000"] = b"after the freeze"
+            fut.result(timeout=60)
+        assert foreground == []
+    for r in (1, 4):
+        with statestores.open("lsm", tmp_path / f"restored{r}", remote=remote) as x:
+            x.restore(r)
+            assert dict(x.items()) == states[r]
