@@ -31,7 +31,7 @@ from .partitioning import owner_of_partition
 from .state import open_partition_stores
 from .txn.engine import Engine, Outcome
 from .txn.epochs import Sequencer
-from .txn.loop import Participant, merge_votes
+from .txn.loop import Participant, commit_together, merge_votes
 
 log = logging.getLogger("sfaas.testing")
 
@@ -219,29 +219,10 @@ class LocalRunner:
         )
         committed: list[int] = []
         in_fallback: list[int] = []
-        candidates = [lp.apply(conflicts, aborts) for lp in self.loops]
-        fb_fates: list[dict[int, tuple[str, Any]]] = [{} for _ in self.loops]
-        if self.fallback and any(candidates):
-            # the cross-worker fallback phase: every conflicting root re-runs now, under
-            # ordered locks, instead of waiting for the next epoch (sfaas.txn.engine._Fallback)
-            tids = {t for c in candidates for t, _ in c}
-            for eng in self.engines:
-                eng.begin_fallback(tids)
-
-            async def finish(tid: int, commit: bool) -> None:
-                for eng in self.engines:
-                    eng.finish_fallback(tid, commit)
-
-            try:
-                fb_fates = list(await asyncio.gather(
-                    *(lp.run_fallback(c, finish) for lp, c in zip(self.loops, candidates, strict=True))
-                ))
-            finally:
-                for eng in self.engines:
-                    eng.end_fallback()
-        for lp, fbf in zip(self.loops, fb_fates, strict=True):
-            reruns = lp.reruns
-            for f in lp.settle(conflicts, aborts, fbf):
+        reruns = sum(lp.reruns for lp in self.loops)
+        all_fates = await commit_together(self.loops, conflicts, aborts, self.fallback)
+        for fates in all_fates:
+            for f in fates:
                 fut = f.item.future
                 if f.committed:
                     self.stats.committed += 1
@@ -252,7 +233,7 @@ class LocalRunner:
                     self.stats.aborted += 1
                     if not fut.done():
                         fut.set_exception(reply_error(*f.value))
-            self.stats.reruns += lp.reruns - reruns
+        self.stats.reruns += sum(lp.reruns for lp in self.loops) - reruns
         if self.on_epoch_committed is not None:
             # the serial order: the epoch's commits by tid, then the fallback phase's by tid
             self.on_epoch_committed(epoch, sorted(committed) + sorted(in_fallback))

@@ -472,6 +472,22 @@ class Call(Message):
     args: list[Any]
     depth: int
     recovery: int = 0
+    #: a call of the cross-worker fallback phase (``worker.fallback``), not of the
+    #: epoch's execution: served once the receiver's phase began, outside the counters
+    fallback: bool = False
+
+
+@dataclass(slots=True)
+class Finished(Message):
+    """Worker → every peer: the fallback phase's re-run of ``tid`` (a root of ``src``) is
+    over; apply its writes if ``committed``, then let the higher tids waiting for it go on."""
+
+    TAG: ClassVar[int] = 30
+    epoch: int
+    src: int
+    tid: int
+    committed: bool
+    recovery: int
 
 
 @dataclass(slots=True)

@@ -8,9 +8,11 @@ call is still travelling. A call served after this worker reported its epoch nee
 report, sent before the call's result (:meth:`Peers.flush_late`).
 
 A call for an epoch this worker has not begun (a peer began it first) is *deferred* until
-its Begin, at most :data:`DEFERRED_BATCHES` × ``max_batch`` of them: above that the
-worker stops reading its peers' channels (their calls wait in TCP) until the Begin takes
-them. Nothing a peer needs to finish the current epoch comes after such a call on its
+its Begin — and a fallback call or ``Finished`` for an epoch whose Commit this worker has
+not read is held until its fallback phase begins (``worker.fallback``) — at most
+:data:`DEFERRED_BATCHES` × ``max_batch`` of them together: above that the worker stops
+reading its peers' channels (their messages wait in TCP) until the Begin or the phase
+takes them. Nothing a peer needs to finish the current epoch comes after such a call on its
 channel, so the wait cannot block an epoch.
 """
 
@@ -93,10 +95,12 @@ class Peers:
         fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._calls[cid] = fut
         assert w.engine is not None
-        self.sent[dest] += 1
+        fallback = w.engine.in_fallback  # (outside the execution barrier's counters)
+        if not fallback:
+            self.sent[dest] += 1
         chan = w.peers[dest]
         chan.send(wire.Call(w.engine.epoch, w.index, cid, tid, now, operator, key, function, argv, depth,
-                            w.recovery))
+                            w.recovery, fallback))
         try:
             await chan.wait_room()  # a peer reading slower than we call: wait (channels.HIGH_WATER)
             return await fut
@@ -124,10 +128,15 @@ class Peers:
                     fut = self._calls.get(msg.call_id)
                     if fut is not None and not fut.done():
                         fut.set_result((msg.ok, msg.value if msg.ok else tuple(msg.value)))
-                elif isinstance(msg, wire.Call):
+                elif isinstance(msg, (wire.Call, wire.Finished)):
                     if msg.src != src:
-                        raise wire.ProtocolError(f"worker {src} sent a call as worker {msg.src}")
-                    self.on_call(msg)
+                        raise wire.ProtocolError(f"worker {src} sent a {type(msg).__name__} as worker {msg.src}")
+                    if isinstance(msg, wire.Finished):
+                        w.fallback.on_finished(msg)
+                    elif msg.fallback:
+                        w.fallback.on_call(msg)
+                    else:
+                        self.on_call(msg)
                 elif isinstance(msg, (wire.Report, wire.Wake)):  # leased epochs (worker.lease)
                     if msg.index != src:
                         raise wire.ProtocolError(f"worker {src} sent a {type(msg).__name__} as worker {msg.index}")
@@ -138,10 +147,14 @@ class Peers:
                     # (else from before a rescale changed the membership: stale)
                 else:
                     log.warning("unexpected %s from peer %d", type(msg).__name__, src)
-            while self.deferred_n >= DEFERRED_BATCHES * w.settings.max_batch:
+            while self.deferred_n + w.fallback.held >= DEFERRED_BATCHES * w.settings.max_batch:
                 self._deferred_room.clear()  # see DEFERRED_BATCHES
                 await self._deferred_room.wait()
             rest = await chan.recv()
+
+    def room(self) -> None:
+        """Messages held for a later phase were taken: reading the peers may resume."""
+        self._deferred_room.set()
 
     def take_deferred(self, epoch: int) -> list[wire.Call]:
         """The calls held for ``epoch``, which begins now; reading the peers resumes."""

@@ -9,10 +9,11 @@ coordinator's epochs:
               When my roots are done, ``Report`` my conflicts, user aborts and call
               counters; report again after each call I serve later (see ``wire.Report``)
 ``Commit n``  apply surviving writes (one ``write_batch`` per operator store); run the
-              *fallback phase*: conflicting roots whose first run stayed on this worker
-              re-run one at a time in tid order against the just-committed state, each
-              applied before the next (``Engine.run_fallback``), so a hot-key chain commits
-              whole; requeue the other conflicting roots with their tids, produce replies to
+              *fallback phase* (``worker.fallback``): every conflicting root of the epoch,
+              on every worker, re-runs at once against the just-committed state under
+              ordered locks — a key is used by the re-runs in tid order — so a hot-key chain
+              commits whole, also across workers; requeue the re-runs that deviated (used a
+              key their first run did not), produce replies to
               the egress topic, then :meth:`Worker.on_epoch_committed`: when the Commit
               carries a snapshot round's marker, every store is frozen there — a
               consistent cut — and uploads while epochs go on (``worker.snapshots``).
@@ -52,6 +53,7 @@ from sfaas.txn.offsets import OffsetTracker
 
 from . import membership
 from .egress import Egress
+from .fallback import CrossFallback
 from .ingress import Ingress
 from .lease import Lease
 from .metrics import WorkerMetrics
@@ -129,8 +131,19 @@ class Worker:
         #: the last recovery this worker rolled back for (see ``wire.Call.recovery``)
         self.recovery = 0
         self._tasks: list[asyncio.Task[Any]] = []
-        #: SFAAS_FALLBACK=0 turns the fallback phase off (conflicts re-run next epoch only)
-        self.fallback_enabled = os.environ.get("SFAAS_FALLBACK", "1") != "0"
+        #: the fallback phase (SFAAS_FALLBACK): "cross" (default; also "1"), every conflicting
+        #: root re-runs in its epoch under ordered locks across workers (``worker.fallback``);
+        #: "local", only roots whose first run stayed on this worker; "0", none (conflicts
+        #: re-run next epoch)
+        mode = os.environ.get("SFAAS_FALLBACK", "cross")
+        self.fallback_mode = {"1": "cross", "0": "off"}.get(mode, mode)
+        if self.fallback_mode not in ("cross", "local", "off"):
+            raise ClusterError(f"SFAAS_FALLBACK must be cross, local or 0, got {mode!r}")
+        #: the epoch loop's own (local) fallback phase
+        self.fallback_enabled = self.fallback_mode == "local"
+        self.fallback = CrossFallback(lambda: self.index, lambda: self.engine, self.send_peers, self._send_peer,
+                                      lambda coro: self.tasks_add(asyncio.ensure_future(coro)), lambda: self.recovery,
+                                      lambda: self.calls.room())
         self._age_sum = 0.0
         self._age_n = 0
         #: rescaling (``worker.moving``): stores moving in, and whether this worker left
@@ -196,6 +209,15 @@ class Worker:
     def send_peers(self, msg: wire.Message) -> None:
         """``msg`` to every peer (a closed channel is a loss the coordinator handles)."""
         for ch in self.peers.values():
+            try:
+                ch.send(msg)
+            except ChannelClosed:
+                pass
+
+    def _send_peer(self, index: int, msg: wire.Message) -> None:
+        """``msg`` to peer ``index`` (a closed channel is a loss the coordinator handles)."""
+        ch = self.peers.get(index)
+        if ch is not None:
             try:
                 ch.send(msg)
             except ChannelClosed:
@@ -347,6 +369,7 @@ class Worker:
         self.calls.cancel()
         await asyncio.gather(*running, return_exceptions=True)
         self.calls.reset()
+        self.fallback.reset()
         self.replay_batches = {}
         try:
             await self.egress.durable()
@@ -385,38 +408,77 @@ class Worker:
 
     # -- epochs ----------------------------------------------------------------------------------------------
     async def _follow_coordinator(self) -> None:
-        while True:
-            try:
-                msgs = await self.coord.recv()
-            except ChannelClosed:
-                log.error("lost the coordinator", extra={"worker": self.index})
-                self.lost_coordinator = True
-                return
-            for msg in msgs:
-                if isinstance(msg, wire.Begin):
-                    self.start_epoch(msg)
-                elif isinstance(msg, wire.Lease):
-                    self.lease.grant(msg)
-                elif isinstance(msg, wire.Commit):
-                    # awaited: the fallback phase must finish before the next Begin runs
-                    await self._commit(msg)
-                elif isinstance(msg, wire.Recover):
-                    await self._recover(msg)  # awaited: the replay's Begins come after it
-                elif isinstance(msg, wire.Ship):
-                    self.coord.send(self.moving.ship(msg))
-                elif isinstance(msg, wire.Move):
-                    self.moving.follow(msg)
-                elif isinstance(msg, wire.Hold):
-                    self.moving.hold(msg)
-                elif isinstance(msg, wire.Release):
-                    self.coord.send(await self.moving.release(msg))
-                elif isinstance(msg, wire.Reassign):
-                    await self.moving.reassign(msg)
-                elif isinstance(msg, wire.Stop):
-                    log.info("stopping: %s", msg.reason, extra={"worker": self.index})
+        """Act on the coordinator's messages in order. A Commit runs as a task the next
+        messages wait for — its fallback phase may wait on peers — except a Recover, which
+        cancels it (a lost peer never finishes its re-runs) and goes first."""
+        inbox: collections.deque[wire.Message] = collections.deque()
+        recv: asyncio.Task[list[wire.Message]] | None = None
+        commit: asyncio.Task[None] | None = None
+        try:
+            while True:
+                if not inbox or commit is not None:
+                    if recv is None:
+                        recv = asyncio.ensure_future(self.coord.recv())
+                    await asyncio.wait({recv} if commit is None else {recv, commit},
+                                       return_when=asyncio.FIRST_COMPLETED)
+                    if recv.done():
+                        got, recv = recv, None
+                        try:
+                            inbox.extend(got.result())
+                        except ChannelClosed:
+                            log.error("lost the coordinator", extra={"worker": self.index})
+                            self.lost_coordinator = True
+                            return
+                    if commit is not None and any(isinstance(m, wire.Recover) for m in inbox):
+                        commit.cancel()  # the recovery rolls its epoch back anyway
+                        await asyncio.gather(commit, return_exceptions=True)
+                        commit = None
+                        first = next(i for i, m in enumerate(inbox) if isinstance(m, wire.Recover))
+                        # Begins and Commits before it: epochs the recovery rolls back
+                        kept = [m for m in list(inbox)[:first] if not isinstance(m, (wire.Begin, wire.Commit))]
+                        inbox = collections.deque([*kept, *list(inbox)[first:]])
+                    if commit is not None:
+                        if not commit.done():
+                            continue
+                        done, commit = commit, None
+                        if not done.cancelled():
+                            done.result()  # a failed commit is a bug: stop loudly
+                    if not inbox:
+                        continue
+                msg = inbox.popleft()
+                if isinstance(msg, wire.Commit):
+                    commit = asyncio.ensure_future(self._commit(msg))
+                    self.tasks_add(commit)  # a recovery cancels it
+                elif not await self._on_coordinator(msg):
                     return
-                else:
-                    log.warning("unexpected %s from coordinator", type(msg).__name__)
+        finally:
+            if recv is not None:
+                recv.cancel()
+
+    async def _on_coordinator(self, msg: wire.Message) -> bool:
+        """Act on one message of the coordinator (but a Commit); False: stop following."""
+        if isinstance(msg, wire.Begin):
+            self.start_epoch(msg)
+        elif isinstance(msg, wire.Lease):
+            self.lease.grant(msg)
+        elif isinstance(msg, wire.Recover):
+            await self._recover(msg)  # awaited: the replay's Begins come after it
+        elif isinstance(msg, wire.Ship):
+            self.coord.send(self.moving.ship(msg))
+        elif isinstance(msg, wire.Move):
+            self.moving.follow(msg)
+        elif isinstance(msg, wire.Hold):
+            self.moving.hold(msg)
+        elif isinstance(msg, wire.Release):
+            self.coord.send(await self.moving.release(msg))
+        elif isinstance(msg, wire.Reassign):
+            await self.moving.reassign(msg)
+        elif isinstance(msg, wire.Stop):
+            log.info("stopping: %s", msg.reason, extra={"worker": self.index})
+            return False
+        else:
+            log.warning("unexpected %s from coordinator", type(msg).__name__)
+        return True
 
     def start_epoch(self, begin: wire.Begin) -> None:
         """Begin epoch ``begin.epoch`` now (the coordinator's Begin, or the lease's) and run
@@ -482,7 +544,13 @@ class Worker:
         """Commit epoch ``epoch`` with the merged votes (the coordinator's Commit, or the lease's)."""
         assert self.loop is not None
         t0 = time.perf_counter()
-        fates = await self.loop.commit(conflicts, aborts)
+        loop = self.loop
+        if self.fallback_mode == "cross" and conflicts:
+            candidates = loop.apply(conflicts, aborts)
+            fb = await self.fallback.run(epoch, loop, candidates, set(conflicts))
+            fates = loop.settle(conflicts, aborts, fb)
+        else:
+            fates = await loop.commit(conflicts, aborts)
         for f in fates:
             req = f.item.request
             if req.rid in self.answered:  # a replay: this reply is already in the egress topic

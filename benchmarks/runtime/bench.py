@@ -46,9 +46,13 @@ from sfaas.settings import Settings  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 
+THETAS = {"zipf": 0.99, "zipf0.999": 0.999}
+
+
 def make_generator(keys: int, dist: str, seed: int):
     rnd = random.Random(seed)
-    draw = Zipf(keys, 0.99, rnd) if dist == "zipf" else (lambda: rnd.randrange(keys))
+    # "zipf": Zipf 0.99 (YCSB's default skew); "zipf0.999": heavier
+    draw = Zipf(keys, THETAS[dist], rnd) if dist in THETAS else (lambda: rnd.randrange(keys))
 
     def make(i: int):
         a = draw()
@@ -365,7 +369,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     for rate in rates:
         ns = f"bench{uuid.uuid4().hex[:8]}"
         # the workers inherit the environment: SFAAS_FALLBACK=0 turns their fallback phase off
-        env = {"SFAAS_STORE": args.store, "SFAAS_FALLBACK": "0" if args.no_fallback else "1"}
+        env = {"SFAAS_STORE": args.store, "SFAAS_FALLBACK": "0" if args.no_fallback else args.fallback}
         os.environ.update(env)
         s = Settings.load({"namespace": ns, "partitions": args.partitions, "store": args.store,
                            "kafka": args.kafka, "max_batch": args.max_batch,
@@ -399,7 +403,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                       **probe,
                       "store": args.store, "keys": args.keys, "dist": args.dist, "seconds": args.seconds,
                       "workers": 2, "standbys": args.standbys, "lose_machine": args.lose_machine,
-                      "fallback": not args.no_fallback, "snapshot_interval": args.snapshot_interval,
+                      "fallback": "0" if args.no_fallback else args.fallback, "snapshot_interval": args.snapshot_interval,
                       "label": args.label, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         print(json.dumps(point), flush=True)
         with open(args.out, "a") as f:
@@ -422,13 +426,15 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", default="memonly")
     ap.add_argument("--keys", type=int, default=10000)
-    ap.add_argument("--dist", choices=["uniform", "zipf"], default="uniform")
+    ap.add_argument("--dist", choices=["uniform", *THETAS], default="uniform")
     ap.add_argument("--rates", default="1000")
     ap.add_argument("--sweep", action="store_true", help="rates 1000,2000,... until p99 > 500 ms")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--max-batch", dest="max_batch", type=int, default=1000)
     ap.add_argument("--kafka", default=os.environ.get("SFAAS_KAFKA", "127.0.0.1:9092"))
+    ap.add_argument("--fallback", choices=["cross", "local"], default="cross",
+                    help="the workers' fallback phase: cross-worker (default) or local-only roots (before 16341c2)")
     ap.add_argument("--no-fallback", dest="no_fallback", action="store_true",
                     help="workers without the fallback phase (conflicts only re-run next epoch)")
     ap.add_argument("--snapshot-interval", dest="snapshot_interval", type=float, default=1.0,

@@ -57,7 +57,7 @@ def plots(rows: list[dict]) -> list[str]:
     fixed = [r for r in rows if r.get("phase") == "fixed"]
     if fixed:
         fig, ax = plt.subplots(figsize=(9, 4))
-        labels = [f"{r['store']}\n{r['keys'] // 1000}K {r['dist']}" + ("" if r.get("fallback") else "\nno fallback")
+        labels = [f"{r['store']}\n{r['keys'] // 1000}K {r['dist']}" + ("" if r.get("fallback") not in (False, "0", None) else "\nno fallback")
                   for r in fixed]
         xs = range(len(fixed))
         ax.bar([x - 0.2 for x in xs], [r["p50_ms"] for r in fixed], 0.4, label="p50")

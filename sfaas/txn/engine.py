@@ -341,6 +341,11 @@ class Engine:
         return results
 
     # -- the cross-worker fallback phase (see _Fallback) -----------------------------------
+    @property
+    def in_fallback(self) -> bool:
+        """Whether the cross-worker fallback phase runs on this engine now."""
+        return self._fb is not None
+
     def begin_fallback(self, tids: set[int]) -> None:
         """After :meth:`commit`: start the cross-worker fallback of ``tids`` (every
         conflicting tid of the epoch, the same set on every engine). Every engine must

@@ -18,9 +18,12 @@ writes; the worker owning each key records which tids read and wrote it. At the 
   which puts it first within the epoch it finally commits in, after everything committed
   in earlier epochs.
 
-Workers add a *fallback phase* after the commit (``Engine.run_fallback``): a conflicting
-root whose calls never left its worker re-runs at once, alone and in tid order, against
-the committed state; it then sits in the serial order right after the epoch's commits.
+A *fallback phase* follows the commit: every conflicting root re-runs at once against
+the committed state, under ordered locks across workers (``Engine.begin_fallback``; a key
+is used by the re-runs in tid order), and sits in the serial order right after the
+epoch's commits, in tid order; one that uses a key its first run did not re-runs next
+epoch. (``Engine.run_fallback`` is the older, per-worker form: only roots whose calls
+never left their worker, one at a time; ``SFAAS_FALLBACK=local``.)
 """
 
 from __future__ import annotations

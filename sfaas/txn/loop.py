@@ -26,7 +26,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from .engine import Engine, Outcome
 from .epochs import Sequencer
 
-__all__ = ["Item", "Fate", "Participant", "merge_votes", "idle_after"]
+__all__ = ["Item", "Fate", "Participant", "merge_votes", "idle_after", "commit_together"]
 
 
 class Item(Protocol):
@@ -221,3 +221,32 @@ def idle_after(pending: Iterable[int], conflicts: Mapping[int, int]) -> bool:
     """Whether an epoch leaves the cluster idle: no participant reported waiting work
     (``pending``, one count each) and nothing conflicted (no re-run waits)."""
     return not conflicts and sum(pending) == 0
+
+
+async def commit_together(
+    loops: Sequence[Participant[T]], conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]],
+    fallback: bool = True,
+) -> list[list[Fate[T]]]:
+    """Commit one epoch on participants sharing one process (``LocalRunner``, a test's
+    replay), as the workers of a cluster do: apply, then — with ``fallback`` and any
+    conflict — the cross-worker fallback phase (``worker.fallback`` across processes),
+    then settle. Returns each participant's fates; the serial order is the epoch's
+    commits by tid, then the fallback phase's commits by tid."""
+    candidates = [lp.apply(conflicts, aborts) for lp in loops]
+    fb: list[dict[int, tuple[str, Any]]] = [{} for _ in loops]
+    if fallback and any(candidates):
+        engines = [lp.engine for lp in loops]
+        tids = {t for c in candidates for t, _ in c}
+        for eng in engines:
+            eng.begin_fallback(tids)
+
+        async def finish(tid: int, commit: bool) -> None:
+            for eng in engines:
+                eng.finish_fallback(tid, commit)
+
+        try:
+            fb = list(await asyncio.gather(*(lp.run_fallback(c, finish) for lp, c in zip(loops, candidates, strict=True))))
+        finally:
+            for eng in engines:
+                eng.end_fallback()
+    return [lp.settle(conflicts, aborts, f) for lp, f in zip(loops, fb, strict=True)]

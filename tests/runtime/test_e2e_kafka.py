@@ -204,3 +204,31 @@ def test_ps_output_holds_no_secret(bank_cluster: Settings, monkeypatch, capsys) 
         assert main([*args, "--namespace", bank_cluster.namespace]) == 0
         out = capsys.readouterr()
         assert bank_cluster.secret not in out.out + out.err
+
+
+async def test_transfers_out_of_one_hot_account_commit_in_their_epochs(bank_cluster: Settings) -> None:
+    """300 concurrent transfers out of one account into 20 others (keys of both workers):
+    each conflicts with the others of its epoch, and the cross-worker fallback phase
+    decides them all in that epoch — exact, and not one re-run in a later epoch."""
+    from tests.runtime.test_metrics import scrape, total
+
+    s = bank_cluster
+
+    def counts() -> tuple[float, float]:
+        samples = [scrape(p.metrics) for p in cluster.ps(s) if p.role == "worker" and p.alive]
+        return (sum(total(x, "sfaas_transactions_rerun_total") for x in samples),
+                sum(total(x, "sfaas_transactions_fallback_total") for x in samples))
+
+    async with Client("bank", settings=s) as c:
+        await c.call("accounts", "hot-e2e", "deposit", 300)
+        reruns, fallbacks = counts()
+        futs = [await c.submit("accounts", "hot-e2e", "transfer", f"dst-e2e{i % 20}", 1) for i in range(300)]
+        replies = await asyncio.wait_for(asyncio.gather(*futs), 120)
+        assert all(r.ok for r in replies), [r for r in replies if not r.ok][:3]
+        assert sorted(r.value for r in replies) == list(range(300)), "each saw the balance the one before left"
+        assert await c.call("accounts", "hot-e2e", "balance") == 0
+        dst = await asyncio.gather(*(c.call("accounts", f"dst-e2e{i}", "balance") for i in range(20)))
+        assert dst == [15] * 20
+    await asyncio.sleep(1.5)  # the workers' counters reach /metrics with their next heartbeat
+    reruns2, fallbacks2 = counts()
+    assert fallbacks2 - fallbacks > 0 and reruns2 == reruns, (reruns, reruns2, fallbacks, fallbacks2)

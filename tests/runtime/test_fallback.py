@@ -254,6 +254,7 @@ async def test_worker_commit_replies_from_the_fallback_phase() -> None:
     from worker.service import _request_of
 
     w = Worker.__new__(Worker)
+    w.fallback_mode = "local"  # this worker's own fallback phase (the cross-worker one needs peers)
     w.engine = eng
     w.loop = Participant(eng, Sequencer(0), _request_of, 1000, fallback=True)
 

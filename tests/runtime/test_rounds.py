@@ -34,7 +34,7 @@ from sfaas.rounds import RoundManifest, Rounds
 from sfaas.settings import Settings
 from sfaas.state import open_partition_stores, rounds_remote, store_remote
 from sfaas.testing import LocalRunner
-from sfaas.txn.loop import merge_votes
+from sfaas.txn.loop import commit_together, merge_votes
 from tests.conftest import TEST_BUCKET
 from tests.namespaces import fresh_namespace
 from tests.runtime.apps import ledger
@@ -145,8 +145,9 @@ async def _replay(m: RoundManifest, records: list[tuple[int, EpochRecord]],
             conflicts, aborts = merge_votes(
                 (c.items(), ((t, e, r) for t, (e, r) in u.items())) for c, u in (lp.votes() for lp in runner.loops)
             )
-            for lp in runner.loops:
-                for f in await lp.commit(conflicts, aborts):
+            # the workers' cross-worker fallback phase, as the cluster ran it
+            for fs in await commit_together(runner.loops, conflicts, aborts):
+                for f in fs:
                     fates[f.item.rid] = (f.committed, f.value)
         return fates, runner.items("accounts"), runner.items("counters")
     finally:

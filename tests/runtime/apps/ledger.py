@@ -56,12 +56,16 @@ async def value(ctx: Context) -> int:
 @counters.function
 async def clock(ctx: Context, other: str) -> int:
     """Add this transaction's ``ctx.now()`` in microseconds (modulo a prime) to the key and,
-    by a call, to ``other``'s — a call, so that a conflict re-runs it in a later epoch
-    rather than in its own epoch's fallback phase; returns the key's new sum."""
+    by a call, to ``other``'s — or, while the key's sum is odd, to ``other``'s twin: a
+    conflicting run re-runs in the fallback phase, where it sees a newer sum; when that
+    sum's parity differs it calls a key its first run did not touch, so it deviates and
+    re-runs in a later epoch (whose replay must use its first run's now). Returns the
+    key's new sum."""
     us = int(ctx.now() * 1e6)
-    v = (int(ctx.get(default=0)) + us) % _PRIME
+    before = int(ctx.get(default=0))
+    v = (before + us) % _PRIME
     ctx.put(v)
-    await ctx.call("counters", other, "add", us)
+    await ctx.call("counters", other if before % 2 == 0 else f"{other}-twin", "add", us)
     return v
 
 
