@@ -85,3 +85,32 @@ def test_the_machine_probe_measures_and_leaves_the_affinity_as_it_was() -> None:
     assert 0 < probe["wakeup_us"] < 100_000  # a real round trip: more than nothing, less than 0.1 s
     assert 0 < probe["loop_ms"] < 60_000
     assert os.sched_getaffinity(0) == before  # the cluster started next inherits it
+
+
+def test_the_contention_targets_zipf_sweep_and_hot_account(tmp_path: Path) -> None:
+    import json
+
+    pic = _picture()
+    rows = []
+    for i, (p99, reruns) in enumerate([(20.0, 0.0), (200.0, 0.9), (30.0, 0.01)]):
+        label = f"r{i + 1}"
+        z = point("memonly", 10_000, "zipf", 4.0, p99, label=label)
+        z["conflict_reruns_per_txn"] = reruns
+        rows.append(z)
+        rows.append(point("memonly", 10_000, "zipf0.999", 5.0, 1500.0 if i == 0 else 40.0, label=label))
+        # Zipf sweep: 4,000 holds in every repeat, 6,000 in one
+        rows.append(point("memonly", 10_000, "zipf", 6, 30, phase="sweep", rate=4000, label=label))
+        rows.append(point("memonly", 10_000, "zipf", 9, 300 if i == 0 else 5000, phase="sweep", rate=6000,
+                          committed=6000 if i == 0 else 2000, label=label))
+        rows.append(point("memonly", 10_000, "uniform", 5, 20, phase="sweep", rate=4000, label=label))
+    (tmp_path / "hot_account.jsonl").write_text("".join(
+        json.dumps({"committed_per_s": v, "exact": True}) + "\n" for v in (1800.0, 1400.0, 1700.0)))
+    text = pic.report(rows, tmp_path)
+    assert "| Zipf 0.99 10K, 1,000 TPS: p99 ≤ 150 ms | memonly | 30.0 ms | yes |" in text
+    assert "| Zipf 0.99 10K, 1,000 TPS: re-runs per txn ≤ 0.5 | memonly | 0.0  | yes |" in text
+    assert "| Zipf 0.999 10K, 1,000 TPS: p99 ≤ 1,000 ms | memonly | 40.0 ms | yes |" in text
+    # Zipf saturation per repeat: 6,000, 4,000, 4,000 → median 4,000; the uniform sweep is apart
+    assert "| saturation 10K Zipf 0.99 ≥ 4,000 TPS | memonly | 4,000.0 TPS | yes |" in text
+    assert "| saturation 10K uniform ≥ 9,500 TPS | memonly | 4,000.0 TPS | **no** |" in text
+    assert "Committed per second: **1700** (1800, 1400, 1700); exact in 3 of 3 runs. Target ≥ 1,500 committed/s, exact: yes." in text
+    assert "| memonly | 10,000 | zipf | " in text and "| **0.010** (0.000, 0.900, 0.010) |" in text

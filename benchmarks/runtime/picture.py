@@ -30,14 +30,17 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 import bench  # noqa: E402
+import hot_account  # noqa: E402
 import report as runtime_report  # noqa: E402
 
 from benchmarks.readme import publish  # noqa: E402
 
 ENGINES = ("memonly", "hybridlog", "lsm", "appendlog")
 #: (keys, distribution) of the fixed 1,000 TPS points
-FIXED = ((10_000, "uniform"), (100_000, "uniform"), (100_000, "zipf"))
+FIXED = ((10_000, "uniform"), (100_000, "uniform"), (100_000, "zipf"), (10_000, "zipf"), (10_000, "zipf0.999"))
 SWEEP_RATES = "4000,7000,9500,11000,13000"
+#: offered rates of the Zipf 0.99 sweep (10K keys; the contention issue's saturation target)
+ZIPF_SWEEP_RATES = "2000,4000,6000,8000"
 
 #: The issue's targets: (what, engines, check on the medians, threshold text)
 FAST = ("memonly", "hybridlog")
@@ -52,7 +55,7 @@ def _bench_args(**kw: object) -> argparse.Namespace:
 
 def measure(out: Path, repeats: int, engines: list[str], seconds: float, sweep_seconds: float, rates: str) -> None:
     raw = out / "runtime.jsonl"
-    total = repeats * len(engines) * (len(FIXED) + 1)
+    total = repeats * (len(engines) * (len(FIXED) + 2) + 1)
     done = 0
     t0 = time.monotonic()
     for rep in range(1, repeats + 1):
@@ -68,6 +71,15 @@ def measure(out: Path, repeats: int, engines: list[str], seconds: float, sweep_s
                   file=sys.stderr, flush=True)
             bench.run(_bench_args(store=engine, keys=10_000, dist="uniform", rates=rates, sweep=True,
                                   seconds=sweep_seconds, snapshot_interval=1.0, label=f"r{rep}", out=str(raw)))
+            done += 1
+            print(f"[{done}/{total}, {time.monotonic() - t0:.0f} s] repeat {rep}: {engine} Zipf 0.99 sweep "
+                  f"{ZIPF_SWEEP_RATES}", file=sys.stderr, flush=True)
+            bench.run(_bench_args(store=engine, keys=10_000, dist="zipf", rates=ZIPF_SWEEP_RATES, sweep=True,
+                                  seconds=sweep_seconds, snapshot_interval=1.0, label=f"r{rep}", out=str(raw)))
+        done += 1
+        print(f"[{done}/{total}, {time.monotonic() - t0:.0f} s] repeat {rep}: one hot account", file=sys.stderr,
+              flush=True)
+        hot_account.main(["--label", f"r{rep}", "--out", str(out / "hot_account.jsonl")])
 
 
 def _machine(rows: list[dict]) -> str:
@@ -102,13 +114,17 @@ def saturation(points: list[dict]) -> float:
 def report(rows: list[dict], out: Path) -> str:
     fixed: dict[tuple, list[dict]] = defaultdict(list)
     sweeps: dict[tuple, list[dict]] = defaultdict(list)
+    zipf_sweeps: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         if r.get("phase") == "fixed" and r.get("offered_tps") == 1000:
             fixed[(r["store"], r["keys"], r["dist"])].append(r)
-        elif r.get("phase") == "sweep":
+        elif r.get("phase") == "sweep" and r.get("dist", "uniform") == "uniform":
             sweeps[(r["store"], r.get("label", ""))].append(r)
+        elif r.get("phase") == "sweep" and r.get("dist") == "zipf":
+            zipf_sweeps[(r["store"], r.get("label", ""))].append(r)
     engines = [e for e in ENGINES if any(k[0] == e for k in fixed) or any(k[0] == e for k in sweeps)]
     sat = {e: [saturation(pts) for (s, _), pts in sorted(sweeps.items()) if s == e] for e in engines}
+    zsat = {e: [saturation(pts) for (s, _), pts in sorted(zipf_sweeps.items()) if s == e] for e in engines}
 
     def col(e: str, keys: int, dist: str, field: str) -> list[float]:
         return [r[field] for r in fixed.get((e, keys, dist), [])]
@@ -139,14 +155,23 @@ def report(rows: list[dict], out: Path) -> str:
                9500 if e in FAST else 7000, above=True, unit="TPS")
         target("Zipf 0.99 100K, 1,000 TPS: p99 ≤ 50 ms", e, col(e, 100_000, "zipf", "p99_ms"), 50)
         target("broker CPU ≤ 150 µs per txn at 1,000 TPS (10K uniform)", e, cpu(e, "kafka"), 150, unit="µs")
+        # the contention issue's
+        target("Zipf 0.99 10K, 1,000 TPS: p99 ≤ 150 ms", e, col(e, 10_000, "zipf", "p99_ms"), 150)
+        reruns = [r.get("conflict_reruns_per_txn") for r in fixed.get((e, 10_000, "zipf"), [])]
+        reruns = [x for x in reruns if x is not None]
+        target("Zipf 0.99 10K, 1,000 TPS: re-runs per txn ≤ 0.5", e, reruns, 0.5, unit="")
+        target("Zipf 0.999 10K, 1,000 TPS: p99 ≤ 1,000 ms", e, col(e, 10_000, "zipf0.999", "p99_ms"), 1000)
+        target("saturation 10K Zipf 0.99 ≥ 4,000 TPS", e, zsat[e], 4000, above=True, unit="TPS")
     lines += ["", "### 1,000 TPS: latency (ms)", "",
-              "| engine | keys | dist | p50 | p95 | p99 | committed TPS |", "|---|---|---|---|---|---|---|"]
+              "| engine | keys | dist | p50 | p95 | p99 | committed TPS | re-runs per txn |",
+              "|---|---|---|---|---|---|---|---|"]
     for e in engines:
         for keys, dist in FIXED:
             if (e, keys, dist) in fixed:
+                rr = [x for r in fixed[(e, keys, dist)] if (x := r.get("conflict_reruns_per_txn")) is not None]
                 lines.append(f"| {e} | {keys:,} | {dist} | {_fmt(col(e, keys, dist, 'p50_ms'))} "
                              f"| {_fmt(col(e, keys, dist, 'p95_ms'))} | {_fmt(col(e, keys, dist, 'p99_ms'))} "
-                             f"| {_fmt(col(e, keys, dist, 'committed_tps'), 0)} |")
+                             f"| {_fmt(col(e, keys, dist, 'committed_tps'), 0)} | {_fmt(rr, 3) if rr else '–'} |")
     lines += ["", "### CPU at 1,000 TPS (10K uniform): µs per committed transaction, summed over a role's processes", "",
               "| engine | coordinator | workers | Kafka broker | load generator (% of a core) |", "|---|---|---|---|---|"]
     for e in engines:
@@ -161,6 +186,21 @@ def report(rows: list[dict], out: Path) -> str:
                      for p in sorted(ps, key=lambda p: p["offered_tps"]))
             for (s, _), ps in sorted(sweeps.items()) if s == e)
         lines.append(f"| {e} | {_fmt(sat[e], 0)} | {pts} |")
+    zrows = [f"| {e} | {_fmt(zsat[e], 0)} | " + "; ".join(
+        " ".join(f"{p['offered_tps'] / 1000:g}K→{p['committed_tps'] / 1000:.1f}K/{p['p99_ms']:.0f}ms"
+                 for p in sorted(ps, key=lambda p: p["offered_tps"]))
+        for (s, _), ps in sorted(zipf_sweeps.items()) if s == e) + " |" for e in engines if zsat[e]]
+    if zrows:
+        lines += ["", "### Saturation (10K Zipf 0.99): highest committed TPS with p99 ≤ 500 ms", "",
+                  "| engine | saturation TPS | sweep points (offered → committed, p99) |", "|---|---|---|", *zrows]
+    hot = [json.loads(x) for x in (out / "hot_account.jsonl").read_text().splitlines() if x.strip()] \
+        if (out / "hot_account.jsonl").exists() else []
+    if hot:
+        per_s = [h["committed_per_s"] for h in hot]
+        ok = _median(per_s) >= 1500 and all(h["exact"] for h in hot)
+        lines += ["", "### One hot account (memonly): 3,000 concurrent transfers out of it into 200 others", "",
+                  f"Committed per second: {_fmt(per_s, 0)}; exact in {sum(h['exact'] for h in hot)} of {len(hot)} "
+                  f"runs. Target ≥ 1,500 committed/s, exact: {'yes' if ok else '**no**'}."]
     lines += ["", "![sweep](" + _plot_sweep(sweeps, engines, out) + ")",
               "![latency distribution](" + _plot_cdf(fixed, engines, out) + ")", ""]
     return "\n".join(lines)
@@ -200,7 +240,7 @@ def _plot_cdf(fixed: dict[tuple, list[dict]], engines: list[str], out: Path) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(FIXED), figsize=(13, 4), sharey=True)
+    fig, axes = plt.subplots(1, len(FIXED), figsize=(4.4 * len(FIXED), 4), sharey=True)
     for ax, (keys, dist) in zip(axes, FIXED, strict=True):
         for i, e in enumerate(engines):
             runs = [r["quantiles_ms"] for r in fixed.get((e, keys, dist), []) if r.get("quantiles_ms")]
@@ -214,7 +254,10 @@ def _plot_cdf(fixed: dict[tuple, list[dict]], engines: list[str], out: Path) -> 
         ax.set_title(f"{keys // 1000}K keys {dist}, 1,000 TPS")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("percentile")
-    axes[0].legend(fontsize=8)
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+            break
     fig.suptitle("Latency distribution (median over the repeats of each percentile)")
     fig.tight_layout()
     fig.savefig(out / "latency_cdf.png", dpi=100)
