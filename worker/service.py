@@ -48,7 +48,7 @@ from sfaas.settings import Settings
 from sfaas.state import PartitionStores, open_stores
 from sfaas.txn.engine import Engine
 from sfaas.txn.epochs import Sequencer
-from sfaas.txn.loop import Participant
+from sfaas.txn.loop import Fate, Participant
 from sfaas.txn.offsets import OffsetTracker
 
 from . import membership
@@ -419,8 +419,13 @@ class Worker:
                 if not inbox or commit is not None:
                     if recv is None:
                         recv = asyncio.ensure_future(self.coord.recv())
-                    await asyncio.wait({recv} if commit is None else {recv, commit},
-                                       return_when=asyncio.FIRST_COMPLETED)
+                    if commit is None:
+                        try:
+                            await recv  # (cheaper than asyncio.wait; its outcome is read below)
+                        except Exception:  # noqa: S110 - ChannelClosed, handled below
+                            pass
+                    else:
+                        await asyncio.wait({recv, commit}, return_when=asyncio.FIRST_COMPLETED)
                     if recv.done():
                         got, recv = recv, None
                         try:
@@ -446,7 +451,9 @@ class Worker:
                     if not inbox:
                         continue
                 msg = inbox.popleft()
-                if isinstance(msg, wire.Commit):
+                if isinstance(msg, wire.Commit) and not (msg.conflicts and self.fallback_mode == "cross"):
+                    await self._commit(msg)  # no cross-worker phase: nothing to wait for on peers
+                elif isinstance(msg, wire.Commit):
                     commit = asyncio.ensure_future(self._commit(msg))
                     self.tasks_add(commit)  # a recovery cancels it
                 elif not await self._on_coordinator(msg):
@@ -547,10 +554,22 @@ class Worker:
         loop = self.loop
         if self.fallback_mode == "cross" and conflicts:
             candidates = loop.apply(conflicts, aborts)
+            # the epoch's own commits and aborts are final now: their replies leave while
+            # the conflicting ones re-run (a replay after a crash reproduces both)
+            fates = loop.decided(conflicts, aborts)
+            self._reply(fates)
             fb = await self.fallback.run(epoch, loop, candidates, set(conflicts))
-            fates = loop.settle(conflicts, aborts, fb)
+            late = loop.settle(conflicts, aborts, fb, decided_done=True)
+            self._reply(late)
+            fates += late
         else:
             fates = await loop.commit(conflicts, aborts)
+            self._reply(fates)
+        self.metrics.committed(fates, self.answered, t0)
+        self.on_epoch_committed(epoch, marker)
+
+    def _reply(self, fates: list[Fate[_Pending]]) -> None:
+        """Queue the replies of decided ``fates`` (a replay's already out: only mark them done)."""
         for f in fates:
             req = f.item.request
             if req.rid in self.answered:  # a replay: this reply is already in the egress topic
@@ -564,8 +583,6 @@ class Worker:
                 reply = wire.Reply(req.rid, False, None, str(f.value[0]), str(f.value[1]))
             self.egress.add(req.reply_partition, reply.encode(), f.item.partition, f.item.offset)
             self._applied(f.item)
-        self.metrics.committed(fates, self.answered, t0)
-        self.on_epoch_committed(epoch, marker)
 
     def _applied(self, item: _Pending) -> None:
         if item.offset >= 0:

@@ -160,39 +160,54 @@ class Participant(Generic[T]):
         self.fallbacks += len(candidates)
         return out
 
-    def settle(
-        self, conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]],
-        fb_fates: Mapping[int, tuple[str, Any]],
-    ) -> list[Fate[T]]:
-        """The batch's final fates after the fallback phase (``fb_fates``: its results per
-        tid); requeue what still must re-run. Ends the epoch on this participant."""
-        rerun = set(conflicts)
+    def decided(self, conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]]) -> list[Fate[T]]:
+        """After :meth:`apply`: the fates of the batch's transactions that did not conflict
+        — final already, their replies need not wait for the fallback phase. A later
+        :meth:`settle` with ``decided_done`` leaves them out."""
         fates: list[Fate[T]] = []
         for (tid, item), (ok, value) in zip(self.batch, self.outcomes, strict=True):
-            fate = fb_fates.get(tid)
-            if fate is not None:
-                kind, detail = fate
-                if kind == "committed":
-                    fates.append(Fate(tid, item, True, detail[1], fallback=True))
-                elif kind == "aborted":
-                    fates.append(Fate(tid, item, False, (str(detail[0]), str(detail[1])), fallback=True))
-                else:
-                    self._requeue(tid, item, conflicts[tid])
+            if tid in conflicts:
                 continue
-            if tid in rerun:
-                self._requeue(tid, item, conflicts[tid])
-            elif tid in aborts:
+            if tid in aborts:
                 fates.append(Fate(tid, item, False, tuple(value) if not ok else aborts[tid]))
             else:
                 fates.append(Fate(tid, item, True, value))
+        self._count(fates)
+        return fates
+
+    def settle(
+        self, conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]],
+        fb_fates: Mapping[int, tuple[str, Any]], *, decided_done: bool = False,
+    ) -> list[Fate[T]]:
+        """The batch's final fates after the fallback phase (``fb_fates``: its results per
+        tid); requeue what still must re-run. Ends the epoch on this participant.
+        ``decided_done``: :meth:`decided` returned the others already."""
+        fates: list[Fate[T]] = [] if decided_done else self.decided(conflicts, aborts)
+        for tid, item in self.batch:
+            if tid not in conflicts:
+                continue
+            fate = fb_fates.get(tid)
+            if fate is None or fate[0] == "rerun":
+                self._requeue(tid, item, conflicts[tid])
+                continue
+            kind, detail = fate
+            if kind == "committed":
+                fates.append(Fate(tid, item, True, detail[1], fallback=True))
+            else:
+                fates.append(Fate(tid, item, False, (str(detail[0]), str(detail[1])), fallback=True))
+        self._count([f for f in fates if f.fallback])
+        order = {tid: i for i, (tid, _) in enumerate(self.batch)}
+        fates.sort(key=lambda f: order[f.tid])  # batch order
+        self.batch, self.outcomes = [], []
+        self.epochs += 1
+        return fates
+
+    def _count(self, fates: list[Fate[T]]) -> None:
         for f in fates:
             if f.committed:
                 self.committed += 1
             else:
                 self.aborted += 1
-        self.batch, self.outcomes = [], []
-        self.epochs += 1
-        return fates
 
     def _requeue(self, tid: int, item: T, blocker: int) -> None:
         item.attempts += 1
