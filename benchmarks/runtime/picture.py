@@ -105,6 +105,14 @@ def _fmt(xs: list[float], digits: int = 1) -> str:
     return f"**{_median(xs):.{digits}f}** ({each})"
 
 
+def _sweep_points(sweeps: dict[tuple, list[dict]], engine: str) -> str:
+    """``engine``'s sweeps as "offered → committed/p99" per point, repeats apart by ";"."""
+    return "; ".join(
+        " ".join(f"{p['offered_tps'] / 1000:g}K→{p['committed_tps'] / 1000:.1f}K/{p['p99_ms']:.0f}ms"
+                 for p in sorted(ps, key=lambda p: p["offered_tps"]))
+        for (s, _), ps in sorted(sweeps.items()) if s == engine)
+
+
 def saturation(points: list[dict]) -> float:
     """The highest committed TPS of a sweep at a point whose p99 stayed ≤ 500 ms."""
     ok = [p["committed_tps"] for p in points if p["p99_ms"] <= 500]
@@ -181,15 +189,8 @@ def report(rows: list[dict], out: Path) -> str:
     lines += ["", "### Saturation (10K uniform): highest committed TPS with p99 ≤ 500 ms", "",
               "| engine | saturation TPS | sweep points (offered → committed, p99) |", "|---|---|---|"]
     for e in engines:
-        pts = "; ".join(
-            " ".join(f"{p['offered_tps'] / 1000:g}K→{p['committed_tps'] / 1000:.1f}K/{p['p99_ms']:.0f}ms"
-                     for p in sorted(ps, key=lambda p: p["offered_tps"]))
-            for (s, _), ps in sorted(sweeps.items()) if s == e)
-        lines.append(f"| {e} | {_fmt(sat[e], 0)} | {pts} |")
-    zrows = [f"| {e} | {_fmt(zsat[e], 0)} | " + "; ".join(
-        " ".join(f"{p['offered_tps'] / 1000:g}K→{p['committed_tps'] / 1000:.1f}K/{p['p99_ms']:.0f}ms"
-                 for p in sorted(ps, key=lambda p: p["offered_tps"]))
-        for (s, _), ps in sorted(zipf_sweeps.items()) if s == e) + " |" for e in engines if zsat[e]]
+        lines.append(f"| {e} | {_fmt(sat[e], 0)} | {_sweep_points(sweeps, e)} |")
+    zrows = [f"| {e} | {_fmt(zsat[e], 0)} | {_sweep_points(zipf_sweeps, e)} |" for e in engines if zsat[e]]
     if zrows:
         lines += ["", "### Saturation (10K Zipf 0.99): highest committed TPS with p99 ≤ 500 ms", "",
                   "| engine | saturation TPS | sweep points (offered → committed, p99) |", "|---|---|---|", *zrows]
