@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from sfaas import wire
-from sfaas.metrics import (
+from sfaas.runtime import wire
+from sfaas.runtime.metrics import (
     LATENCY_BOUNDS,
     PHASE_BOUNDS,
     Buckets,
@@ -38,7 +38,7 @@ from sfaas.metrics import (
 )
 
 if TYPE_CHECKING:
-    from .service import Coordinator, _Member
+    from coordinator.service import Coordinator, _Member
 
 log = logging.getLogger("sfaas.coordinator.metrics")
 
@@ -129,7 +129,7 @@ class CoordinatorMetrics:
         port = self.c.settings.metrics_port
         if not port:
             return
-        from . import status
+        from coordinator import status
 
         registry = new_registry()
         registry.register(Collect(self.collect))

@@ -7,7 +7,7 @@ committed if any worker reported waiting work, otherwise when a worker wakes it 
 Each epoch has one barrier: workers report conflicts, user aborts and call counters
 (``wire.Report``); when the counters show no call in flight, the union is broadcast in
 ``Commit``. Every ``snapshot_interval`` seconds a Commit carries a snapshot round's
-marker (``coordinator.rounds``).
+marker (``coordinator.protocols.rounds``).
 """
 
 from __future__ import annotations
@@ -20,24 +20,23 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sfaas import channels, wire
+from coordinator.inbound import check
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.protocols.lease import Tick, leased_epochs
+from coordinator.protocols.recovery import recover
+from coordinator.protocols.rescale import Rescaler
+from coordinator.protocols.rounds import RoundKeeper
+from coordinator.protocols.standby import Standbys
 from sfaas.errors import ChannelClosed, ClusterError
-from sfaas.kafka import consumer_group, ensure_topics
-from sfaas.partitioning import default_owners
-from sfaas.rounds import Rounds
-from sfaas.settings import Settings
-from sfaas.state import rounds_remote, store_remote
-from sfaas.txn.epochs import execution_finished
-from sfaas.txn.loop import idle_after, merge_votes
-from sfaas.wire import Message
-
-from .inbound import check
-from .leases import Tick, leased_epochs
-from .metrics import CoordinatorMetrics
-from .recovery import recover
-from .rescale import Rescaler
-from .rounds import RoundKeeper
-from .standbys import Standbys
+from sfaas.runtime import channels, wire
+from sfaas.runtime.kafka import consumer_group, ensure_topics
+from sfaas.runtime.partitioning import default_owners
+from sfaas.runtime.protocols.rounds import Rounds
+from sfaas.runtime.settings import Settings
+from sfaas.runtime.state import rounds_remote, store_remote
+from sfaas.runtime.txn.epochs import execution_finished
+from sfaas.runtime.txn.loop import idle_after, merge_votes
+from sfaas.runtime.wire import Message
 
 log = logging.getLogger("sfaas.coordinator")
 
@@ -93,7 +92,7 @@ class Coordinator:
         #: phases and durations of the last recovery (for logs, ``sfaas ps`` and benchmarks)
         self.last_recovery: dict[str, Any] = {}
         self.epoch = 0
-        #: the last epoch the workers were leased (``coordinator.leases``)
+        #: the last epoch the workers were leased (``coordinator.protocols.lease``)
         self.lease_upto = 0
         self._phases = [0.0, 0.0, 0.0, 0]
         self.stats: dict[str, Any] = {"epochs": 0, "txns": 0, "conflicts": 0}
@@ -355,7 +354,7 @@ class Coordinator:
         self._loss.set()
 
     def lose(self, m: _Member, why: str) -> None:
-        """Worker ``m`` is gone: stop the epochs and recover (see ``coordinator.recovery``)."""
+        """Worker ``m`` is gone: stop the epochs and recover (see ``coordinator.protocols.recovery``)."""
         if m in self.rescale.joiners:
             self.rescale.lost(m)
             return
@@ -408,7 +407,7 @@ class Coordinator:
 
     async def _epochs(self, idle: bool = True) -> None:
         if self.settings.epoch_lease > 0:
-            await leased_epochs(self)  # the workers begin and commit; see coordinator.leases
+            await leased_epochs(self)  # the workers begin and commit; see coordinator.protocols.lease
             return
         while True:
             t_idle = time.perf_counter()

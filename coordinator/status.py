@@ -22,13 +22,12 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
-from sfaas.metrics import LATENCY_BOUNDS, quantile
-from sfaas.partitioning import owned
-
-from .metrics import WINDOW_SECONDS, Sample, operator_bytes
+from coordinator.metrics import WINDOW_SECONDS, Sample, operator_bytes
+from sfaas.runtime.metrics import LATENCY_BOUNDS, quantile
+from sfaas.runtime.partitioning import owned
 
 if TYPE_CHECKING:
-    from .service import Coordinator
+    from coordinator.service import Coordinator
 
 __all__ = ["data", "as_json", "page", "POLL_SECONDS"]
 

@@ -1,4 +1,4 @@
-"""Throughput/latency of PathRemote vs MinioRemote (needs MinIO: `python -m sfaas.cli.services up --minio-only`).
+"""Throughput/latency of PathRemote vs MinioRemote (needs MinIO: `python -m launcher.services up --minio-only`).
 
     python -m scripts.bench_remotes [--mib 64] [--files 64]   (from the repo root)
 
@@ -17,10 +17,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from launcher import services
 from remotes import FileInfo, Manifest, Remote
 from remotes.minio import MinioRemote
 from remotes.path import PathRemote
-from sfaas.cli import services
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .app import App, Operator
-from .context import Context
-from .errors import (
+from sfaas.app import App, Operator
+from sfaas.context import Context
+from sfaas.errors import (
     Abort,
     AuthenticationError,
     BadArguments,
@@ -56,7 +56,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The clients pull in aiokafka; import them only when asked for.
     if name in ("Client", "SyncClient"):
-        from . import client
+        from sfaas import client
 
         return getattr(client, name)
     raise AttributeError(f"module 'sfaas' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """``python -m sfaas`` is the ``sfaas`` command."""
 
-from .cli import main
+from launcher import main
 
 raise SystemExit(main())

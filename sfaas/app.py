@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import BadArguments, ConfigError, UnknownFunction, UnknownOperator
+from sfaas.errors import BadArguments, ConfigError, UnknownFunction, UnknownOperator
 
 __all__ = ["App", "Operator", "Function", "load_app"]
 
@@ -165,8 +165,8 @@ class App:
 
     def validate(self, operator: object, key: object, function: object, args: Any) -> Function:
         """Check a request before it is sent: names, key type, arity, serializable arguments."""
-        from .codec import check_arguments
-        from .errors import BadKey
+        from sfaas.errors import BadKey
+        from sfaas.runtime.codec import check_arguments
 
         func = self.resolve(operator, function)
         if not isinstance(key, str) or not key:

@@ -30,13 +30,13 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 from crc32c import crc32c
 
-from .app import App
-from .codec import check_arguments
-from .errors import BadKey, ClusterError, RequestTimeout, reply_error
-from .kafka import make_consumer, make_producer, partition_count
-from .partitioning import partition_of
-from .settings import Settings
-from .wire import ProtocolError, Reply, Request
+from sfaas.app import App
+from sfaas.errors import BadKey, ClusterError, RequestTimeout, reply_error
+from sfaas.runtime.codec import check_arguments
+from sfaas.runtime.kafka import make_consumer, make_producer, partition_count
+from sfaas.runtime.partitioning import partition_of
+from sfaas.runtime.settings import Settings
+from sfaas.runtime.wire import ProtocolError, Reply, Request
 
 log = logging.getLogger("sfaas.client")
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from crc32c import crc32c
 
 if TYPE_CHECKING:
-    from .txn.engine import Engine
+    from sfaas.runtime.txn.engine import Engine
 
 __all__ = ["Context"]
 

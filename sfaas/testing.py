@@ -4,7 +4,7 @@
 >>> runner.call("accounts", "alice", "deposit", 100)          # blocking, outside an event loop
 >>> await runner.call("accounts", "alice", "deposit", 100)    # inside one, it is awaitable
 
-``LocalRunner`` simulates ``workers`` workers, each an :class:`~sfaas.txn.engine.Engine`
+``LocalRunner`` simulates ``workers`` workers, each an :class:`~sfaas.runtime.txn.engine.Engine`
 owning its partitions of every operator's store, and drives the same deterministic epochs
 as the coordinator: concurrent calls submitted together run in one epoch, conflicting ones
 re-run, and a failed call raises :class:`~sfaas.errors.TransactionAborted` (or one of its
@@ -24,14 +24,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .app import App
-from .codec import pack, unpack
-from .errors import reply_error
-from .partitioning import owner_of_partition
-from .state import open_partition_stores
-from .txn.engine import Engine, Outcome
-from .txn.epochs import Sequencer
-from .txn.loop import Participant, commit_together, merge_votes
+from sfaas.app import App
+from sfaas.errors import reply_error
+from sfaas.runtime.codec import pack, unpack
+from sfaas.runtime.partitioning import owner_of_partition
+from sfaas.runtime.state import open_partition_stores
+from sfaas.runtime.txn.engine import Engine, Outcome
+from sfaas.runtime.txn.epochs import Sequencer
+from sfaas.runtime.txn.loop import Participant, commit_together, merge_votes
 
 log = logging.getLogger("sfaas.testing")
 
@@ -107,7 +107,7 @@ class LocalRunner:
                                            store=store, store_options=store_options)
             self.engines.append(Engine(app, i, workers, partitions, stores, self._router))
         self._router.engines = self.engines
-        #: one participant of the epoch loop per simulated worker (``sfaas.txn.loop``)
+        #: one participant of the epoch loop per simulated worker (``sfaas.runtime.txn.loop``)
         self.loops: list[Participant[_Item]] = [
             Participant(eng, Sequencer(i), _request_of, max_batch, fallback=fallback)
             for i, eng in enumerate(self.engines)

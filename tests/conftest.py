@@ -2,7 +2,7 @@
 
 A service that already runs (``sfaas services up``, or another test session) is reused.
 One this session had to start is stopped at the end, unless another session still uses
-it (see :func:`sfaas.cli.services.using`). A service that cannot start FAILS the tests that
+it (see :func:`launcher.services.using`). A service that cannot start FAILS the tests that
 need it, with the log tail; nothing is skipped.
 """
 
@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from launcher import cluster, services
+from launcher.services import Endpoints, ServiceError
 from remotes.minio import MinioRemote
-from sfaas.cli import cluster, services
-from sfaas.cli.services import Endpoints, ServiceError
-from sfaas.settings import Settings
+from sfaas.runtime.settings import Settings
 from tests.namespaces import NAMESPACES, drop_objects, drop_topics, fresh_namespace
 
 TEST_BUCKET = "sfaas-tests"

@@ -13,7 +13,7 @@ import asyncio
 import uuid
 import warnings
 
-from sfaas.cli.services import Endpoints
+from launcher.services import Endpoints
 
 __all__ = ["NAMESPACES", "drop_objects", "drop_topics", "fresh_namespace"]
 

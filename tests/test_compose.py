@@ -18,9 +18,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from sfaas.cli import cluster
-from sfaas.cli.commands import _parser
-from sfaas.settings import Settings
+from launcher import cluster
+from launcher.commands import _parser
+from sfaas.runtime.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -57,7 +57,7 @@ def test_every_sfaas_variable_is_a_setting_and_the_settings_load() -> None:
     for name, svc in _ours(_compose()).items():
         env = {k: _resolve(v) for k, v in svc["environment"].items()}
         unknown = sorted(k for k in env if k.startswith("SFAAS_") and k not in known)
-        assert not unknown, f"{name}: {unknown} are not settings (known: SFAAS_ + a field of sfaas.settings.Settings)"
+        assert not unknown, f"{name}: {unknown} are not settings (known: SFAAS_ + a field of sfaas.runtime.settings.Settings)"
         s = Settings.load(env=env)  # raises ConfigError naming a bad value
         assert s.workers == 2 and s.standbys == 1 and s.snapshot_interval > 0
         standby_of = [svc["command"][i + 1] for i, a in enumerate(svc["command"]) if a == "--standby-of"]

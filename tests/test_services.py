@@ -1,4 +1,4 @@
-"""sfaas.cli.services against the real MinIO and Kafka: lifecycle, idempotency, failures."""
+"""launcher.services against the real MinIO and Kafka: lifecycle, idempotency, failures."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from sfaas.cli import kafka_broker, minio_server, services
-from sfaas.cli.services import Endpoints, ServiceError, ServiceSettings
+from launcher import kafka_broker, minio_server, services
+from launcher.services import Endpoints, ServiceError, ServiceSettings
 
 
 def free_port() -> int:
-    """Outside the ephemeral range (see ``sfaas.cli.cluster.free_port``)."""
-    from sfaas.cli.cluster import free_port as pick
+    """Outside the ephemeral range (see ``launcher.cluster.free_port``)."""
+    from launcher.cluster import free_port as pick
 
     return pick("127.0.0.1")
 

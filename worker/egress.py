@@ -3,7 +3,7 @@
 A committed (or finally aborted) request's reply is queued here by the epoch's commit and
 produced by one task, in commit order, to the reply partition the request named. When the
 broker acknowledges a reply, its request is *completed*: its ingress offset may be
-committed to the consumer group (``sfaas.txn.offsets``) and it stops counting against the
+committed to the consumer group (``sfaas.runtime.txn.offsets``) and it stops counting against the
 worker's in-flight limit (``worker.ingress``), which is what bounds the replies queued here.
 A reply whose delivery fails (the producer gave up: Kafka unreachable past its retries) is
 not completed: its offset stays uncommitted. With snapshot rounds on, the worker then
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from aiokafka import TopicPartition
 
 if TYPE_CHECKING:
-    from .service import Worker
+    from worker.service import Worker
 
 log = logging.getLogger("sfaas.worker")
 

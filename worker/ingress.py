@@ -2,7 +2,7 @@
 
 **The in-flight limit.** A worker holds at most :data:`IN_FLIGHT_BATCHES` × ``max_batch``
 requests at once: taken from Kafka and not yet completed (queued, in an epoch, waiting to
-re-run, or with a reply the broker has not acknowledged; see ``sfaas.txn.offsets``). At
+re-run, or with a reply the broker has not acknowledged; see ``sfaas.runtime.txn.offsets``). At
 the limit the ingest task stops fetching and sleeps until completions make a batch's room
 (:meth:`Ingress.completed` wakes it; no polling), so load beyond what the epochs commit
 stays in Kafka instead of in memory, and every queue that holds requests — the ingress
@@ -24,11 +24,11 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from sfaas import wire
 from sfaas.errors import BadRequest
+from sfaas.runtime import wire
 
 if TYPE_CHECKING:
-    from .service import Worker
+    from worker.service import Worker
 
 log = logging.getLogger("sfaas.worker")
 
@@ -56,7 +56,7 @@ class Ingress:
 
     async def run(self) -> None:
         """Take requests until cancelled (``Worker.start_ingest`` / ``pause_ingest``)."""
-        from .service import _Pending
+        from worker.service import _Pending
 
         w = self.w
         assert w.loop is not None

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from aiokafka import TopicPartition
 
-from sfaas import wire
 from sfaas.errors import ChannelClosed, ClusterError
-from sfaas.kafka import consumer_group, make_consumer, make_producer
-from sfaas.state import PartitionStores
+from sfaas.runtime import wire
+from sfaas.runtime.kafka import consumer_group, make_consumer, make_producer
+from sfaas.runtime.state import PartitionStores
 
 if TYPE_CHECKING:
-    from .service import Worker
+    from worker.service import Worker
 
 log = logging.getLogger("sfaas.worker")
 
@@ -31,9 +31,9 @@ __all__ = ["join", "rejoin", "start_clients", "start_kafka", "warm_up"]
 
 async def join(w: Worker, my_port: int) -> tuple[wire.Assign, PartitionStores | None, wire.Reassign | None]:
     """Register with the coordinator and get a slot: at once, or — answered ``Follow`` — as a
-    standby first (``worker.standby``) until promoted, then for the dead primary's slot with
+    standby first (``worker.protocols.standby``) until promoted, then for the dead primary's slot with
     the promoted stores, or — answered ``Move`` — as a worker joining a scale-up
-    (``worker.moving``), with the stores it took over and the ``Reassign`` saying where
+    (``worker.protocols.rescale``), with the stores it took over and the ``Reassign`` saying where
     their requests resume. Raises :class:`ClusterError` if refused."""
     s = w.settings
     chost, cport = s.coordinator_address()
@@ -43,13 +43,13 @@ async def join(w: Worker, my_port: int) -> tuple[wire.Assign, PartitionStores | 
     assign = (await w.coord.recv())[0]
     promoted = None
     if isinstance(assign, wire.Move):
-        from .moving import join_as_receiver
+        from worker.protocols.rescale import join_as_receiver
 
         await _start_early(w)
         takeover, promoted = await join_as_receiver(w, assign)  # (it sets w.assign)
         return w.assign, promoted, takeover
     if isinstance(assign, wire.Follow):
-        from .standby import run_standby
+        from worker.protocols.standby import run_standby
 
         # the Kafka clients take ~0.3 s to start: have them ready before a promotion needs them
         await _start_early(w)

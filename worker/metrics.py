@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from sfaas.metrics import (
+from sfaas.runtime.metrics import (
     LATENCY_BOUNDS,
     PHASE_BOUNDS,
     Buckets,
@@ -31,9 +31,8 @@ from sfaas.metrics import (
 from statestores import background
 
 if TYPE_CHECKING:
-    from sfaas.txn.loop import Fate
-
-    from .service import Worker
+    from sfaas.runtime.txn.loop import Fate
+    from worker.service import Worker
 
 log = logging.getLogger("sfaas.worker.metrics")
 

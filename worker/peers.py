@@ -9,7 +9,7 @@ report, sent before the call's result (:meth:`Peers.flush_late`).
 
 A call for an epoch this worker has not begun (a peer began it first) is *deferred* until
 its Begin — and a fallback call or ``Finished`` for an epoch whose Commit this worker has
-not read is held until its fallback phase begins (``worker.fallback``) — at most
+not read is held until its fallback phase begins (``worker.protocols.fallback``) — at most
 :data:`DEFERRED_BATCHES` × ``max_batch`` of them together: above that the worker stops
 reading its peers' channels (their messages wait in TCP) until the Begin or the phase
 takes them. Nothing a peer needs to finish the current epoch comes after such a call on its
@@ -23,12 +23,12 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sfaas import channels, wire
-from sfaas.codec import check_arguments
-from sfaas.txn.engine import Outcome
+from sfaas.runtime import channels, wire
+from sfaas.runtime.codec import check_arguments
+from sfaas.runtime.txn.engine import Outcome
 
 if TYPE_CHECKING:
-    from .service import Worker
+    from worker.service import Worker
 
 log = logging.getLogger("sfaas.worker")
 
@@ -137,7 +137,7 @@ class Peers:
                         w.fallback.on_call(msg)
                     else:
                         self.on_call(msg)
-                elif isinstance(msg, (wire.Report, wire.Wake)):  # leased epochs (worker.lease)
+                elif isinstance(msg, (wire.Report, wire.Wake)):  # leased epochs (worker.protocols.lease)
                     if msg.index != src:
                         raise wire.ProtocolError(f"worker {src} sent a {type(msg).__name__} as worker {msg.index}")
                     if isinstance(msg, wire.Wake):

@@ -1,13 +1,13 @@
 """A primary's side of the standbys: every partition store shipped over ``tcp``.
 
 With snapshot rounds on each worker runs a replication server; with ``standbys`` > 0 it ships
-every partition store (``worker.moving`` ships only the stores of partitions moving away
+every partition store (``worker.protocols.rescale`` ships only the stores of partitions moving away
 in a rescale). The server is a :class:`statestores.replica.TcpServer` (port sent to the
 coordinator in ``Register.repl_port``) with a :class:`~statestores.replica.Shipper` per
 shipped store, named :func:`store_name`. Every flush and merge the store does is
 shipped as it happens — the run files with their footers, the log files with their hints
 — and every completed snapshot's file list with it; a standby installs them and never
-merges (``worker.standby``). Shipping costs this worker a hard link per new file on the
+merges (``worker.protocols.standby``). Shipping costs this worker a hard link per new file on the
 store's maintainer thread, and ``sendfile`` per follower. A round's report waits (at most
 :data:`MARK_WAIT`) until the standbys acknowledged the round's snapshot marks, so the
 round the coordinator promotes a standby to is one whose files the standby holds.
@@ -19,8 +19,8 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 
-from sfaas.settings import Settings
-from sfaas.state import StoreKey
+from sfaas.runtime.settings import Settings
+from sfaas.runtime.state import StoreKey
 from statestores import Store
 from statestores.replica import Shipper, TcpServer
 

@@ -9,22 +9,22 @@ coordinator's epochs:
               When my roots are done, ``Report`` my conflicts, user aborts and call
               counters; report again after each call I serve later (see ``wire.Report``)
 ``Commit n``  apply surviving writes (one ``write_batch`` per operator store); run the
-              *fallback phase* (``worker.fallback``): every conflicting root of the epoch,
+              *fallback phase* (``worker.protocols.fallback``): every conflicting root of the epoch,
               on every worker, re-runs at once against the just-committed state under
               ordered locks — a key is used by the re-runs in tid order — so a hot-key chain
               commits whole, also across workers; requeue the re-runs that deviated (used a
               key their first run did not), produce replies to
               the egress topic, then :meth:`Worker.on_epoch_committed`: when the Commit
               carries a snapshot round's marker, every store is frozen there — a
-              consistent cut — and uploads while epochs go on (``worker.snapshots``).
+              consistent cut — and uploads while epochs go on (``worker.protocols.rounds``).
 
 Ingress offsets are committed to the consumer group only up to the lowest request not yet
-completed (its reply acknowledged by the broker; see ``sfaas.txn.offsets``), so a restart
+completed (its reply acknowledged by the broker; see ``sfaas.runtime.txn.offsets``), so a restart
 never skips a request that was still waiting to re-run. A second tracker, ``applied``,
 completes a request when its fate is in the state (at its epoch's commit): its watermarks
 are where a replay from a snapshot must start.
 
-State lives in one store per (operator, owned partition), opened by ``sfaas.state``.
+State lives in one store per (operator, owned partition), opened by ``sfaas.runtime.state``.
 """
 
 from __future__ import annotations
@@ -39,28 +39,27 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from sfaas import channels, wire
 from sfaas.app import App
-from sfaas.epochlog import EpochRecord
 from sfaas.errors import EXIT_RETIRED, AuthenticationError, ChannelClosed, ClusterError
-from sfaas.partitioning import owned
-from sfaas.settings import Settings
-from sfaas.state import PartitionStores, open_stores
-from sfaas.txn.engine import Engine
-from sfaas.txn.epochs import Sequencer
-from sfaas.txn.loop import Fate, Participant
-from sfaas.txn.offsets import OffsetTracker
-
-from . import membership
-from .egress import Egress
-from .fallback import CrossFallback
-from .ingress import Ingress
-from .lease import Lease
-from .metrics import WorkerMetrics
-from .moving import Moving
-from .peers import Peers
-from .replication import Shipping
-from .snapshots import RoundTaker
+from sfaas.runtime import channels, wire
+from sfaas.runtime.epochlog import EpochRecord
+from sfaas.runtime.partitioning import owned
+from sfaas.runtime.settings import Settings
+from sfaas.runtime.state import PartitionStores, open_stores
+from sfaas.runtime.txn.engine import Engine
+from sfaas.runtime.txn.epochs import Sequencer
+from sfaas.runtime.txn.loop import Fate, Participant
+from sfaas.runtime.txn.offsets import OffsetTracker
+from worker import membership
+from worker.egress import Egress
+from worker.ingress import Ingress
+from worker.metrics import WorkerMetrics
+from worker.peers import Peers
+from worker.protocols.fallback import CrossFallback
+from worker.protocols.lease import Lease
+from worker.protocols.rescale import Moving
+from worker.protocols.rounds import RoundTaker
+from worker.replication import Shipping
 
 log = logging.getLogger("sfaas.worker")
 
@@ -121,7 +120,7 @@ class Worker:
         #: newest acknowledged record (where a replay after the current cut may start)
         self._log_topic = settings.epoch_log_topic(app.name) if settings.snapshot_interval > 0 else ""
         self._log_pos = 0
-        #: recovery (``worker.recovery``): request ids whose replies are already in the
+        #: recovery (``worker.protocols.recovery``): request ids whose replies are already in the
         #: egress topic, and the logged batches waiting for their replay epochs
         self.answered: set[str] = set()
         self.replay_batches: dict[int, list[tuple[int, _Pending]]] = {}
@@ -132,7 +131,7 @@ class Worker:
         self.recovery = 0
         self._tasks: list[asyncio.Task[Any]] = []
         #: the fallback phase (SFAAS_FALLBACK): "cross" (default; also "1"), every conflicting
-        #: root re-runs in its epoch under ordered locks across workers (``worker.fallback``);
+        #: root re-runs in its epoch under ordered locks across workers (``worker.protocols.fallback``);
         #: "local", only roots whose first run stayed on this worker; "0", none (conflicts
         #: re-run next epoch)
         mode = os.environ.get("SFAAS_FALLBACK", "cross")
@@ -146,7 +145,7 @@ class Worker:
                                       lambda: self.calls.room())
         self._age_sum = 0.0
         self._age_n = 0
-        #: rescaling (``worker.moving``): stores moving in, and whether this worker left
+        #: rescaling (``worker.protocols.rescale``): stores moving in, and whether this worker left
         self.moving = Moving(self)
         #: set once ``assign`` (this worker's slot and the membership) is known
         self.assigned = asyncio.Event()
@@ -377,7 +376,7 @@ class Worker:
             log.warning("flushing replies before the recovery failed: %s", exc, extra={"worker": self.index})
 
     async def _recover(self, msg: wire.Recover) -> None:
-        from .recovery import recover
+        from worker.protocols.recovery import recover
 
         self.recovery = msg.attempt
         try:
@@ -507,7 +506,7 @@ class Worker:
                         extra={"worker": self.index})
             return None
         t0 = time.perf_counter()
-        if begin.replay:  # the batch as logged, each item with the now it ran with (worker.recovery)
+        if begin.replay:  # the batch as logged, each item with the now it ran with (worker.protocols.recovery)
             self.loop.begin_replay(begin.epoch, self.replay_batches.pop(begin.epoch, []))
         else:
             self.loop.begin(begin.epoch, begin.now)

@@ -38,10 +38,10 @@ import psutil
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from sfaas.cli import cluster, services  # noqa: E402
-from sfaas.cli.loadgen import Zipf, run_open_loop  # noqa: E402
+from launcher import cluster, services  # noqa: E402
+from launcher.loadgen import Zipf, run_open_loop  # noqa: E402
 from sfaas.client import Client  # noqa: E402
-from sfaas.settings import Settings  # noqa: E402
+from sfaas.runtime.settings import Settings  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -68,8 +68,8 @@ def preload(settings: Settings, keys: int) -> float:
     """Write every key's initial value straight into the cluster's (not yet running) stores,
     so the state has ``keys`` keys; returns the seconds it took."""
     from examples import ycsbt
-    from sfaas.codec import pack
-    from sfaas.state import open_partition_stores
+    from sfaas.runtime.codec import pack
+    from sfaas.runtime.state import open_partition_stores
 
     t = time.monotonic()
     root = os.path.join(settings.home, "data", settings.namespace, "ycsbt")
@@ -95,7 +95,7 @@ def _kill_worker(settings: Settings, t0: float, kill: dict, lose_machine: bool =
     lost machine: its replacement has nothing local to restore from)."""
     import shutil
 
-    from sfaas.state import stores_root
+    from sfaas.runtime.state import stores_root
 
     victim = [p for p in cluster.ps(settings) if p.role == "worker" and p.alive][-1]
     deleted = 0

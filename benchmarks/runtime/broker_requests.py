@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.runtime.bench import cleanup, one_point  # noqa: E402
-from sfaas.cli import cluster, services  # noqa: E402
-from sfaas.cli.procs import ServiceSettings  # noqa: E402
-from sfaas.settings import Settings  # noqa: E402
+from launcher import cluster, services  # noqa: E402
+from launcher.procs import ServiceSettings  # noqa: E402
+from sfaas.runtime.settings import Settings  # noqa: E402
 
 SKIP_HEAD = 4.0  # seconds of the run left out at its start (the window's start) ...
 SKIP_TAIL = 1.5  # ... and at its end

@@ -26,9 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.runtime.bench import _reruns, cleanup, machine_probe  # noqa: E402
-from sfaas.cli import cluster, services  # noqa: E402
+from launcher import cluster, services  # noqa: E402
 from sfaas.client import Client  # noqa: E402
-from sfaas.settings import Settings  # noqa: E402
+from sfaas.runtime.settings import Settings  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

@@ -15,7 +15,7 @@ end, against its RSS at ``--warmup`` seconds, must stay within ``--tolerance`` %
 
 The requests are not sent through :class:`sfaas.Client` (one Kafka send per request is too
 slow for ~28,000 requests/s in Python on 2 shared cores): a generator *process* encodes
-the same :class:`sfaas.wire.Request` records and produces them in one Kafka batch per
+the same :class:`sfaas.runtime.wire.Request` records and produces them in one Kafka batch per
 ingress partition every 100 ms tick; the replies, spread over all egress partitions, are
 read here. Raw samples go to ``{--out}/overload.jsonl``; the report into
 benchmarks/README.md (unless ``--no-readme``). Kafka and MinIO must run (``sfaas services up``).
@@ -160,9 +160,9 @@ def generate(plan: Plan, sent: Any, start: Any, go: Any, ready: Any, out: Connec
 
 
 async def _generate(plan: Plan, sent: Any, start: Any, go: Any, ready: Any) -> dict[str, Any]:
-    from sfaas.kafka import make_producer, partition_count
-    from sfaas.partitioning import partition_of
-    from sfaas.wire import Request
+    from sfaas.runtime.kafka import make_producer, partition_count
+    from sfaas.runtime.partitioning import partition_of
+    from sfaas.runtime.wire import Request
 
     make = bench.make_generator(plan.keys, "uniform", plan.seed)
     producer = make_producer(plan.kafka)  # acks=1, batches up to 1 MB
@@ -229,7 +229,7 @@ class Watched:
 
     def refresh(self) -> None:
         """Follow the cluster's current pids (a restarted worker is noted in ``restarts``)."""
-        from sfaas.cli import cluster
+        from launcher import cluster
 
         pids = dict(self.extra)
         for p in cluster.ps(self.settings):
@@ -298,9 +298,9 @@ async def measure(a: argparse.Namespace, settings: Any, write: Any) -> dict[str,
     """Offer the load, sample every second, drain; the run's summary (samples go to ``write``)."""
     from aiokafka import TopicPartition
 
-    from sfaas.cli import services
-    from sfaas.kafka import make_consumer, make_producer, partition_count
-    from sfaas.wire import ProtocolError, Reply
+    from launcher import services
+    from sfaas.runtime.kafka import make_consumer, make_producer, partition_count
+    from sfaas.runtime.wire import ProtocolError, Reply
 
     ingress, egress = settings.topics("ycsbt")
     consumer = make_consumer(settings.kafka, None, settings.fetch_wait_ms)
@@ -492,8 +492,8 @@ def _progress(sample: dict[str, Any], samples: list[dict[str, Any]]) -> None:
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
     """One fresh cluster under the overload; the summary (also the last line of the JSONL)."""
-    from sfaas.cli import cluster
-    from sfaas.settings import Settings
+    from launcher import cluster
+    from sfaas.runtime.settings import Settings
 
     os.environ.update({"SFAAS_STORE": a.store, "SFAAS_FALLBACK": "1"})  # the workers inherit it (bench.py's way)
     s = Settings.load({"namespace": f"overload{uuid.uuid4().hex[:8]}", "partitions": a.partitions,

@@ -183,7 +183,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--readme", default=os.path.join(_REPO, "benchmarks", "README.md"),
                    help="README whose results section is rewritten")
     p.add_argument("--no-readme", action="store_true", help="do not touch the README")
-    p.add_argument("--minio", action="store_true", help="snapshot to the MinIO of sfaas.cli.services instead of a directory")
+    p.add_argument("--minio", action="store_true", help="snapshot to the MinIO of launcher.services instead of a directory")
     p.add_argument("--workdir", default=None, help="where stores are created (default: a fresh temp dir, removed afterwards)")
     p.add_argument("--timeout", type=float, default=None, help="seconds before one child task is killed")
     p.add_argument("--from-json", default=None, metavar="PATH",
@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.workdir is None:
             stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         if args.minio:
-            from sfaas.cli import services
+            from launcher import services
 
             # A lease: MinIO is started if needed, and stopped afterwards only if we started it.
             stack.enter_context(services.using(minio=True, progress=lambda msg: log.info("%s", msg)))

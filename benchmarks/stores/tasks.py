@@ -323,7 +323,7 @@ def _make_remote(remote_spec: dict[str, Any], tag: str) -> Any:
         shutil.rmtree(root, ignore_errors=True)
         return remotes.PathRemote(root)
     if remote_spec["kind"] == "minio":
-        from sfaas.cli import services
+        from launcher import services
 
         ep = services.endpoints()
         return remotes.MinioRemote(

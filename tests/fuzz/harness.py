@@ -10,14 +10,15 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from sfaas import App, Context, wire
+from sfaas import App, Context
 from sfaas.errors import ChannelClosed
-from sfaas.partitioning import default_owners, owned
-from sfaas.settings import Settings
-from sfaas.state import open_partition_stores
-from sfaas.txn.engine import Engine
-from sfaas.txn.epochs import Sequencer
-from sfaas.txn.loop import Participant
+from sfaas.runtime import wire
+from sfaas.runtime.partitioning import default_owners, owned
+from sfaas.runtime.settings import Settings
+from sfaas.runtime.state import open_partition_stores
+from sfaas.runtime.txn.engine import Engine
+from sfaas.runtime.txn.epochs import Sequencer
+from sfaas.runtime.txn.loop import Participant
 from worker.service import Worker, _request_of
 
 from .strategies import values
@@ -58,7 +59,7 @@ PARTITIONS = 4
 
 
 class FakeChannel:
-    """A :class:`sfaas.channels.Channel` stand-in: ``recv`` decodes queued frames (as the
+    """A :class:`sfaas.runtime.channels.Channel` stand-in: ``recv`` decodes queued frames (as the
     real one does, raising ``ProtocolError``), ``send`` records what was sent."""
 
     def __init__(self, frames: list[bytes] | None = None, peer: str = "fuzz-peer") -> None:
@@ -206,10 +207,10 @@ def bare_coordinator(home: str) -> Any:
     up before its epoch loop, minus sockets and Kafka. Rounds publish to a directory."""
     import time
 
-    from coordinator.rounds import RoundKeeper, _InFlight
+    from coordinator.protocols.rounds import RoundKeeper, _InFlight
     from coordinator.service import Coordinator, _Member
     from remotes import PathRemote
-    from sfaas.rounds import Rounds
+    from sfaas.runtime.protocols.rounds import Rounds
 
     c = Coordinator(settings(home, snapshot_interval=1.0), app.name)
     c.partitions = PARTITIONS
@@ -250,7 +251,7 @@ class EchoPeer(FakeChannel):
 async def run_epochs(w: Worker, first: int = 1, limit: int = 20) -> int:
     """Drive ``w`` like a coordinator would (Begin, its Report, Commit) until its queue and
     re-runs are empty; returns the epochs run."""
-    from sfaas.txn.loop import merge_votes
+    from sfaas.runtime.txn.loop import merge_votes
 
     assert w.loop is not None
     coord: FakeChannel = w.coord  # type: ignore[assignment]

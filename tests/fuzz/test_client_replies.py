@@ -16,9 +16,9 @@ import msgpack
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sfaas import wire
 from sfaas.client import Client
 from sfaas.errors import TransactionAborted, reply_error
+from sfaas.runtime import wire
 
 from .budget import fuzz
 from .harness import settings

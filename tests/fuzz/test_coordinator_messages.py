@@ -17,8 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coordinator.service import Interrupted, Lost
-from sfaas import wire
 from sfaas.errors import ChannelClosed
+from sfaas.runtime import wire
 
 from .budget import fuzz
 from .harness import FakeChannel, bare_coordinator, frames_of, raw_message_lists

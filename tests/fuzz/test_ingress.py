@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sfaas import wire
-from sfaas.codec import MAX_ARGS
 from sfaas.errors import BadRequest
+from sfaas.runtime import wire
+from sfaas.runtime.codec import MAX_ARGS
 
 from .budget import fuzz
 from .harness import FUNCTIONS, OPERATORS, PARTITIONS, EchoPeer, bare_worker, run_epochs

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from remotes import PathRemote
 from remotes.manifest import FileInfo, Manifest, ManifestError, frame
-from sfaas.epochlog import EpochLogError, EpochRecord
-from sfaas.rounds import (
+from sfaas.runtime.epochlog import EpochLogError, EpochRecord
+from sfaas.runtime.protocols.rounds import (
     INDEX_BLOB,
     RoundError,
     RoundIndex,

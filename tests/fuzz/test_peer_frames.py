@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sfaas import channels, wire
 from sfaas.errors import ChannelClosed
+from sfaas.runtime import channels, wire
 
 from .budget import fuzz
 from .harness import SECRET, FakeChannel, bare_worker, frames_of, message_of, raw_message_lists

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sfaas.errors import ConfigError
-from sfaas.settings import Settings
+from sfaas.runtime.settings import Settings
 
 from .budget import fuzz
 from .outcomes import Outcomes
@@ -95,7 +95,7 @@ def command_lines(draw: st.DrawFn) -> list[str]:
 def test_command_line_flags_give_settings_or_a_named_error(argv: list[str], outcomes: Outcomes,
                                                            capsys: pytest.CaptureFixture[str],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from sfaas.cli.commands import _parser, _settings
+    from launcher.commands import _parser, _settings
 
     for k in [k for k in os.environ if k.startswith("SFAAS_")]:
         monkeypatch.delenv(k)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from crc32c import crc32c
 
+from launcher.services import Endpoints
 from remotes import (
     FileInfo,
     GcInfo,
@@ -21,7 +22,6 @@ from remotes import (
 )
 from remotes.minio import MinioRemote
 from remotes.path import PathRemote
-from sfaas.cli.services import Endpoints
 from tests.conftest import make_minio_remote
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from minio import Minio
 
+from launcher import services
+from launcher.services import Endpoints
 from remotes import RemoteError
 from remotes._retry import RetryPolicy
 from remotes.minio import MinioRemote
-from sfaas.cli import services
-from sfaas.cli.services import Endpoints
 from tests.conftest import TEST_BUCKET, make_minio_remote
 
 FAST = RetryPolicy(attempts=3, base_delay=0.02, max_delay=0.05, deadline=5)
@@ -25,8 +25,8 @@ SECRET = "Zq9-very-secret-value-7731"
 
 
 def free_port() -> int:
-    """Outside the ephemeral range (see ``sfaas.cli.cluster.free_port``)."""
-    from sfaas.cli.cluster import free_port as pick
+    """Outside the ephemeral range (see ``launcher.cluster.free_port``)."""
+    from launcher.cluster import free_port as pick
 
     return pick("127.0.0.1")
 

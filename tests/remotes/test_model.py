@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from launcher.services import Endpoints
 from remotes import FileInfo, Manifest, Remote, SnapshotNotFoundError
 from remotes.path import PathRemote
-from sfaas.cli.services import Endpoints
 from tests.conftest import make_minio_remote
 
 NAMES = st.sampled_from([f"run-{i}" for i in range(8)])

@@ -17,9 +17,9 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from sfaas import channels, wire
 from sfaas.client import Client
 from sfaas.errors import ClusterError, RequestTimeout
+from sfaas.runtime import channels, wire
 from tests.fuzz.harness import FakeChannel, bare_coordinator, bare_worker, message_of, settings
 from worker.ingress import IN_FLIGHT_BATCHES
 from worker.peers import DEFERRED_BATCHES

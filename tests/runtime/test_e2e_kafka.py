@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from launcher import cluster
 from sfaas import (
     BadArguments,
     BadKey,
@@ -24,9 +25,8 @@ from sfaas import (
     channels,
     wire,
 )
-from sfaas.cli import cluster
 from sfaas.errors import AuthenticationError
-from sfaas.settings import Settings
+from sfaas.runtime.settings import Settings
 from tests.namespaces import fresh_namespace
 
 pytestmark = pytest.mark.timeout(300)
@@ -38,7 +38,7 @@ START = 1000
 @pytest.fixture(scope="session", params=[8, 0], ids=["leased", "coordinator-driven"])
 def bank_cluster(kafka, tmp_path_factory, request) -> Iterator[Settings]:
     """The cluster with leased epochs (workers begin and commit epochs themselves,
-    ``worker.lease``) and with the coordinator driving every epoch (the default)."""
+    ``worker.protocols.lease``) and with the coordinator driving every epoch (the default)."""
     s = Settings.load({
         "kafka": kafka.kafka_bootstrap,
         "namespace": fresh_namespace(),
@@ -128,7 +128,7 @@ async def test_unauthenticated_peer_is_refused_and_cluster_keeps_working(bank_cl
 def test_cli_ps_json_and_call(bank_cluster: Settings, monkeypatch, capsys) -> None:
     import json
 
-    from sfaas.cli import main
+    from launcher import main
 
     monkeypatch.setenv("SFAAS_HOME", bank_cluster.home)
     assert main(["ps", "--json", "--namespace", bank_cluster.namespace]) == 0
@@ -150,8 +150,8 @@ async def test_malformed_ingress_records_get_error_replies_and_the_cluster_keeps
     no longer stops its worker's replies. Correct requests around them are answered."""
     import msgpack
 
-    from sfaas.codec import MAX_ARGS
     from sfaas.errors import BadRequest, reply_error
+    from sfaas.runtime.codec import MAX_ARGS
 
     nested: list[object] = [1]
     for _ in range(100):
@@ -196,7 +196,7 @@ async def test_malformed_ingress_records_get_error_replies_and_the_cluster_keeps
 
 
 def test_ps_output_holds_no_secret(bank_cluster: Settings, monkeypatch, capsys) -> None:
-    from sfaas.cli import main
+    from launcher import main
 
     monkeypatch.setenv("SFAAS_HOME", bank_cluster.home)
     assert bank_cluster.secret and len(bank_cluster.secret) >= 16

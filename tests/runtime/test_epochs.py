@@ -6,8 +6,8 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from sfaas.partitioning import partition_of
-from sfaas.txn.epochs import (
+from sfaas.runtime.partitioning import partition_of
+from sfaas.runtime.txn.epochs import (
     MAX_SEQ,
     AccessLog,
     Sequencer,
@@ -181,7 +181,7 @@ def test_sequencer_bounds_reruns_lowest_tids_first() -> None:
 
 
 def test_execution_is_finished_only_when_every_call_sent_was_served() -> None:
-    from sfaas.txn.epochs import execution_finished
+    from sfaas.runtime.txn.epochs import execution_finished
 
     # worker 0 sent 2 calls to worker 1; worker 1 has served only one so far
     assert not execution_finished(2, {0: ([0, 2], [0, 0]), 1: ([0, 0], [1, 0])})
@@ -196,7 +196,7 @@ def test_execution_is_finished_only_when_every_call_sent_was_served() -> None:
 
 
 def test_blocked_reruns_wait_for_their_blocker_but_the_lowest_always_runs() -> None:
-    from sfaas.txn.epochs import find_blockers
+    from sfaas.runtime.txn.epochs import find_blockers
 
     k = ("o", "hot")
     assert find_blockers({}, {1: [k], 2: [k], 3: [k]}) == {2: 1, 3: 2}
@@ -214,7 +214,7 @@ def test_blocked_reruns_wait_for_their_blocker_but_the_lowest_always_runs() -> N
                           st.lists(st.tuples(st.integers(0, 20), st.sampled_from("AB"), st.text(max_size=3)),
                                    max_size=4)), max_size=4))
 def test_merge_votes_keeps_each_tids_highest_blocker_and_first_abort(votes) -> None:
-    from sfaas.txn.loop import merge_votes
+    from sfaas.runtime.txn.loop import merge_votes
 
     conflicts, aborts = merge_votes(votes)
     pairs = [p for cs, _ in votes for p in cs]

@@ -1,6 +1,6 @@
 """The fallback phases: conflicting roots re-run in the epoch that found the conflict.
 
-Drives :class:`~sfaas.txn.engine.Engine` directly through the steps of the shared epoch
+Drives :class:`~sfaas.runtime.txn.engine.Engine` directly through the steps of the shared epoch
 loop: run every root, gather votes, commit, then either each worker's *local* fallback
 (``run_fallback`` on its conflicting local-only roots in tid order, what a worker process
 runs) or the *cross-worker* fallback (every conflicting root at once under ordered locks,
@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sfaas import Abort, App, Context
-from sfaas.state import open_partition_stores
-from sfaas.txn.engine import Engine, Outcome
-from sfaas.txn.epochs import Sequencer
-from sfaas.txn.loop import Participant, merge_votes
+from sfaas.runtime.state import open_partition_stores
+from sfaas.runtime.txn.engine import Engine, Outcome
+from sfaas.runtime.txn.epochs import Sequencer
+from sfaas.runtime.txn.loop import Participant, merge_votes
 
 
 class _Router:
@@ -77,7 +77,7 @@ class _Req:
 
 
 class _Cluster:
-    """Engines driven by the shared epoch loop (``sfaas.txn.loop``), recording the serial
+    """Engines driven by the shared epoch loop (``sfaas.runtime.txn.loop``), recording the serial
     commit order: each epoch's commits in tid order, then each worker's fallback commits."""
 
     def __init__(self, app: App, workers: int, partitions: int = 8, fallback: bool | str = True) -> None:
@@ -153,7 +153,7 @@ class _Cluster:
 
 
 def eng_unpack(raw: bytes) -> Any:
-    from sfaas.codec import unpack
+    from sfaas.runtime.codec import unpack
 
     return unpack(raw)
 
@@ -200,7 +200,7 @@ async def test_skewed_history_is_serializable(seed: int, workers: int, n: int, h
 
 def _tids_to_requests(c: _Cluster, reqs: list[tuple[str, str, int]], workers: int) -> dict[int, tuple[str, str, int]]:
     """Tids are (first epoch, worker, seq): rebuild which request got which by re-sequencing."""
-    from sfaas.txn.epochs import tid_parts
+    from sfaas.runtime.txn.epochs import tid_parts
 
     per_worker: list[list[tuple[str, str, int]]] = [[] for _ in range(workers)]
     for r in reqs:
@@ -245,12 +245,12 @@ async def test_worker_commit_replies_from_the_fallback_phase() -> None:
     """The worker's Commit handling: a hot chain commits whole, replies carry fallback results."""
     import msgpack
 
-    from sfaas import wire
+    from sfaas.runtime import wire
     from worker.service import Worker, _Pending
 
     app = _ledger()
     eng = Engine(app, 0, 1, 4, open_partition_stores(app, tempfile.mkdtemp(), range(4), 4, store="memonly"), None)
-    from sfaas.txn.offsets import OffsetTracker
+    from sfaas.runtime.txn.offsets import OffsetTracker
     from worker.service import _request_of
 
     w = Worker.__new__(Worker)

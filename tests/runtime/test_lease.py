@@ -1,8 +1,8 @@
-"""Leased epochs (``worker.lease``): workers that exchange their reports commit the same
+"""Leased epochs (``worker.protocols.lease``): workers that exchange their reports commit the same
 epochs with the same votes as the coordinator would, never run past their lease, go idle
 together and wake up together, and take a round's marker at the lease's epoch.
 
-A simulated cluster: ``n`` :class:`worker.lease.Lease` objects on fake workers, joined by
+A simulated cluster: ``n`` :class:`worker.protocols.lease.Lease` objects on fake workers, joined by
 a network that delivers each channel's messages in order after random delays. Each epoch
 a worker calls random peers (a call served after the callee reported makes it report
 again, before the result, as ``worker.peers`` does), votes random conflicts and aborts,
@@ -21,10 +21,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sfaas import wire
-from sfaas.txn.epochs import execution_finished
-from sfaas.txn.loop import idle_after, merge_votes
-from worker.lease import Lease
+from sfaas.runtime import wire
+from sfaas.runtime.txn.epochs import execution_finished
+from sfaas.runtime.txn.loop import idle_after, merge_votes
+from worker.protocols.lease import Lease
 
 
 @dataclass

@@ -17,12 +17,12 @@ from collections.abc import Iterable
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sfaas.cli import cluster
-from sfaas.cli.loadgen import LoadResult, run_open_loop
+from launcher import cluster
+from launcher.loadgen import LoadResult, run_open_loop
 from sfaas.client import Client
 from sfaas.errors import ClusterError, ConfigError
-from sfaas.metrics import LATENCY_BOUNDS, Buckets, HttpServer, new_registry, quantile
-from sfaas.settings import Settings
+from sfaas.runtime.metrics import LATENCY_BOUNDS, Buckets, HttpServer, new_registry, quantile
+from sfaas.runtime.settings import Settings
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -75,7 +75,7 @@ def urls(s: Settings) -> dict[str, str]:
 @pytest.mark.timeout(180)
 def test_every_process_serves_metrics_that_move_with_the_load(observed_cluster, monkeypatch, capsys) -> None:
     s, cs = observed_cluster
-    from sfaas.cli import main
+    from launcher import main
 
     monkeypatch.setenv("SFAAS_HOME", s.home)
     capsys.readouterr()
@@ -195,7 +195,7 @@ def test_quantiles_of_the_latency_buckets_land_in_the_right_bucket() -> None:
 
 
 def test_sfaas_status_says_why_there_is_no_page(tmp_path, monkeypatch, capsys) -> None:
-    from sfaas.cli import main
+    from launcher import main
 
     monkeypatch.setenv("SFAAS_HOME", str(tmp_path))
     assert main(["status", "--no-browser", "--namespace", "nothing"]) == 2

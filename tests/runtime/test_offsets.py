@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sfaas import wire
-from sfaas.txn.offsets import OffsetTracker
+from sfaas.runtime import wire
+from sfaas.runtime.txn.offsets import OffsetTracker
 from worker.egress import Egress
 from worker.ingress import Ingress
 from worker.service import Worker, _Pending

@@ -1,4 +1,4 @@
-"""The partition map a rescale switches to (``sfaas.partitioning.rebalance``)."""
+"""The partition map a rescale switches to (``sfaas.runtime.partitioning.rebalance``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sfaas.partitioning import default_owners, owned, rebalance
+from sfaas.runtime.partitioning import default_owners, owned, rebalance
 
 
 @st.composite

@@ -28,12 +28,12 @@ from typing import Any
 
 import pytest
 
-from sfaas import wire
-from sfaas.cli import cluster
+from launcher import cluster
 from sfaas.client import Client
-from sfaas.epochlog import EpochRecord
-from sfaas.rounds import RoundManifest
-from sfaas.settings import Settings
+from sfaas.runtime import wire
+from sfaas.runtime.epochlog import EpochRecord
+from sfaas.runtime.protocols.rounds import RoundManifest
+from sfaas.runtime.settings import Settings
 from tests.conftest import TEST_BUCKET
 from tests.namespaces import fresh_namespace
 from tests.runtime.test_rounds import _ingress_requests, _read_topic, _replay
@@ -55,7 +55,7 @@ PARTITIONS = 4
 
 async def _outage(service: str, seconds: float) -> str:
     """Stop ``service`` (as sfaas started it) for ``seconds``, then start it again."""
-    from sfaas.cli import services
+    from launcher import services
 
     kw = {"kafka": service == "kafka", "minio": service == "minio"}
     t = time.monotonic()
@@ -197,7 +197,7 @@ def _no_secret_in_logs(s: Settings, minio_secret: str) -> None:
     import contextlib
     import io
 
-    from sfaas.cli import main
+    from launcher import main
 
     sd = cluster.state_dir(s)
     secrets = [(sd / "secret").read_text().strip(), minio_secret]
@@ -224,7 +224,7 @@ def _no_secret_in_logs(s: Settings, minio_secret: str) -> None:
 @pytest.mark.parametrize("lease", [0, 8], ids=["coordinator-driven", "leased"])
 def test_kills_under_load_lose_nothing_and_duplicate_nothing(kafka, minio, tmp_path: Path, lease: int) -> None:
     """``lease``: epochs driven by the coordinator (the default), or leased to the workers
-    (``worker.lease``), whose runs a recovery or a restarted coordinator must end cleanly."""
+    (``worker.protocols.lease``), whose runs a recovery or a restarted coordinator must end cleanly."""
     rnd = random.Random(SEED)
     s = chaos_settings(kafka, minio, tmp_path, epoch_lease=lease)
     cluster.up(s, "tests.runtime.apps.ledger:app", 2, timeout=90)

@@ -2,7 +2,7 @@
 
 Without Kafka: epochs run in process (``sfaas.testing.LocalRunner``'s participants), each
 worker's batch logged with the worker's own ``EpochRecord.of``; a fresh cluster then
-replays the records through the worker's ``worker.recovery.replay_batch``. The ledger
+replays the records through the worker's ``worker.protocols.recovery.replay_batch``. The ledger
 app's ``clock`` adds ``ctx.now()`` to its key and, by a call, to another's, so crossing
 clocks conflict across workers and re-run in later epochs; the replay must give every
 request the result it first had and end in the same state.
@@ -18,12 +18,12 @@ from typing import Any
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
-from sfaas.epochlog import EpochRecord
-from sfaas.partitioning import owner_of_partition, partition_of
+from sfaas.runtime.epochlog import EpochRecord
+from sfaas.runtime.partitioning import owner_of_partition, partition_of
+from sfaas.runtime.txn.loop import commit_together, merge_votes
 from sfaas.testing import LocalRunner
-from sfaas.txn.loop import commit_together, merge_votes
 from tests.runtime.apps import ledger
-from worker.recovery import replay_batch
+from worker.protocols.recovery import replay_batch
 
 WORKERS, PARTITIONS = 2, 4
 KEYS = [f"clock-{i}" for i in range(6)]

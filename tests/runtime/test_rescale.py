@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from sfaas.cli import cluster
-from sfaas.settings import Settings
+from launcher import cluster
+from sfaas.runtime.settings import Settings
 from tests.runtime import test_recovery
 from tests.runtime.test_recovery import SEED, chaos_settings, log_tails
 
@@ -60,7 +60,7 @@ def _maps(s: Settings) -> list[tuple[int, list[int]]]:
 def test_rescale_two_three_two_under_load_loses_and_duplicates_nothing(kafka, minio, tmp_path: Path,
                                                                      monkeypatch: Any, lease: int) -> None:
     """``lease``: a switch under leased epochs ends the run at the switch's epoch and begins
-    a new one under the new membership (``coordinator.leases``)."""
+    a new one under the new membership (``coordinator.protocols.lease``)."""
     s = chaos_settings(kafka, minio, tmp_path, epoch_lease=lease)
     done: list[tuple[int, str]] = []
     errors: list[BaseException] = []

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from sfaas.cli import cluster
+from launcher import cluster
 from sfaas.client import Client, SyncClient
-from sfaas.kafka import ensure_topics
-from sfaas.settings import Settings
+from sfaas.runtime.kafka import ensure_topics
+from sfaas.runtime.settings import Settings
 from tests.fuzz.budget import FULL
 from tests.namespaces import fresh_namespace
 from tests.resources import held, leftover

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 import statestores
 from remotes import PathRemote
 from sfaas.errors import ConfigError
-from sfaas.rounds import (
+from sfaas.runtime.protocols.rounds import (
     INDEX_BLOB,
     RoundError,
     RoundIndex,
@@ -23,7 +23,7 @@ from sfaas.rounds import (
     collect_garbage,
     round_blob,
 )
-from sfaas.settings import Settings
+from sfaas.runtime.settings import Settings
 
 _ints = st.integers(min_value=0, max_value=2**40)
 def _with_map(m: RoundManifest, data: st.DataObject) -> RoundManifest:
@@ -73,8 +73,8 @@ def test_formats_written_before_re_runs_kept_their_now_still_decode() -> None:
 
     import msgpack
 
-    from sfaas.epochlog import EpochRecord
-    from sfaas.rounds import _decode, _encode
+    from sfaas.runtime.epochlog import EpochRecord
+    from sfaas.runtime.protocols.rounds import _decode, _encode
 
     m = RoundManifest(3, 40, 2, 4, (), {0: 5}, {}, {}, ((9, 0, 7, 123.5),), 11, started=100.25, created=101.0)
     body = _decode(b"SFRM", m.encode(), "new", "round manifest")
@@ -207,9 +207,9 @@ async def test_the_coordinator_publishes_and_collects_rounds_in_its_background_p
     since the last collection, and once rounds pause — not after each round."""
     import asyncio
 
-    from coordinator import rounds as keeper_module
-    from coordinator.rounds import GC_EVERY, RoundKeeper
-    from sfaas import wire
+    from coordinator.protocols import rounds as keeper_module
+    from coordinator.protocols.rounds import GC_EVERY, RoundKeeper
+    from sfaas.runtime import wire
     from statestores import background
 
     submitted: list[tuple[str, str, bool]] = []
@@ -312,8 +312,8 @@ async def test_the_coordinator_reads_the_round_index_once_not_per_round(tmp_path
     rounds a lost answer hid are neither lost from the index nor left undeleted."""
     import asyncio
 
-    from coordinator.rounds import RoundKeeper
-    from sfaas import wire
+    from coordinator.protocols.rounds import RoundKeeper
+    from sfaas.runtime import wire
 
     interval, retain = 0.05, 2
     remote_dir = tmp_path / "rounds"

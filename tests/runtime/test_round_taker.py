@@ -1,4 +1,4 @@
-"""A worker's part of a round (worker.snapshots.RoundTaker): every store is frozen at the
+"""A worker's part of a round (worker.protocols.rounds.RoundTaker): every store is frozen at the
 cut, and their uploads start spread out over at most half an interval."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import concurrent.futures
 
 import pytest
 
-from sfaas import wire
+from sfaas.runtime import wire
 from statestores import SnapshotInfo
-from worker.snapshots import UPLOAD_SPACING, RoundTaker
+from worker.protocols.rounds import UPLOAD_SPACING, RoundTaker
 
 
 class _Store:

@@ -24,17 +24,17 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from launcher import cluster
 from remotes.errors import SnapshotNotFoundError
-from sfaas import wire
-from sfaas.cli import cluster
 from sfaas.client import Client
-from sfaas.epochlog import EpochRecord
-from sfaas.partitioning import default_owners, partition_of
-from sfaas.rounds import RoundManifest, Rounds
-from sfaas.settings import Settings
-from sfaas.state import open_partition_stores, rounds_remote, store_remote
+from sfaas.runtime import wire
+from sfaas.runtime.epochlog import EpochRecord
+from sfaas.runtime.partitioning import default_owners, partition_of
+from sfaas.runtime.protocols.rounds import RoundManifest, Rounds
+from sfaas.runtime.settings import Settings
+from sfaas.runtime.state import open_partition_stores, rounds_remote, store_remote
+from sfaas.runtime.txn.loop import commit_together, merge_votes
 from sfaas.testing import LocalRunner
-from sfaas.txn.loop import commit_together, merge_votes
 from tests.conftest import TEST_BUCKET
 from tests.namespaces import fresh_namespace
 from tests.runtime.apps import ledger
@@ -164,7 +164,7 @@ def _restore(s: Settings, round_id: int, directory: Path) -> tuple[dict[str, int
             info = store.restore(round_id)
             assert info.snapshot_id == round_id
             for k, v in store.items():
-                from sfaas.codec import unpack
+                from sfaas.runtime.codec import unpack
 
                 values[op][k.decode()] = int(unpack(v))
         return values["accounts"], values["counters"]
@@ -306,7 +306,7 @@ async def test_retention_keeps_the_newest_rounds_and_collects_older_files(ledger
             assert not stray, (op, p, stray)
 
     # what `sfaas snapshots` shows is what is retained
-    from sfaas.cli import main
+    from launcher import main
 
     for name, value in (("MINIO", s.minio), ("MINIO_ACCESS_KEY", s.minio_access_key),
                         ("MINIO_SECRET_KEY", s.minio_secret_key), ("BUCKET", s.bucket)):

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from sfaas.cli import cluster
-from sfaas.rounds import Rounds
-from sfaas.settings import Settings
-from sfaas.state import rounds_remote, stores_root
+from launcher import cluster
+from sfaas.runtime.protocols.rounds import Rounds
+from sfaas.runtime.settings import Settings
+from sfaas.runtime.state import rounds_remote, stores_root
 from tests.runtime import test_recovery
 from tests.runtime.test_recovery import SEED, chaos_settings, log_tails
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from sfaas.cli import cluster
+from launcher import cluster
 from tests.runtime.test_metrics import drive
 
 #: Flags a headless Chromium needs here: no sandbox (root, containers), and nothing that
@@ -81,7 +81,7 @@ def _rows(d: Any, table: str) -> list[list[str]]:
 def test_the_status_page_shows_both_workers_and_its_numbers_move_under_load(
         observed_cluster, browser, monkeypatch, capsys, tmp_path: Path) -> None:
     s, cs = observed_cluster
-    from sfaas.cli import main
+    from launcher import main
 
     monkeypatch.setenv("SFAAS_HOME", s.home)
     capsys.readouterr()

@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from sfaas.cli.supervisor import MAX_CRASHES, STANDBY_RESTART_DELAY, Child, Supervisor
+from launcher.supervisor import MAX_CRASHES, STANDBY_RESTART_DELAY, Child, Supervisor
 
 
 def _run(sup: Supervisor, until, timeout: float = 60.0) -> None:
@@ -79,7 +79,7 @@ def test_free_ports_for_the_cluster_are_outside_the_ephemeral_range() -> None:
     choice and the coordinator's bind (a CI run failed so: 'address already in use')."""
     import socket
 
-    from sfaas.cli.cluster import ephemeral_ports, free_port
+    from launcher.cluster import ephemeral_ports, free_port
 
     lo, hi = ephemeral_ports()
     for _ in range(50):
@@ -94,7 +94,7 @@ def test_a_clusters_free_ports_are_never_handed_out_twice(tmp_path: Path, monkey
     pick that is free now may already belong to a process not yet started (a CI run failed
     so: a worker's metrics port came out equal to the coordinator's, 'address already in
     use'). Here the random choice repeats itself on purpose: the ports must still differ."""
-    import sfaas.cli.cluster as cluster_mod
+    import launcher.cluster as cluster_mod
 
     lo, hi = cluster_mod.ephemeral_ports()
     base = 10000 if lo - 1 - 10000 >= 1000 else hi + 1  # where the first range of picks starts

@@ -7,11 +7,11 @@ import logging
 
 import pytest
 
-from sfaas import channels, wire
-from sfaas.codec import pack, unpack
 from sfaas.errors import AuthenticationError, BadRequest, ConfigError, NotSerializable
-from sfaas.partitioning import partition_of
-from sfaas.settings import Settings
+from sfaas.runtime import channels, wire
+from sfaas.runtime.codec import pack, unpack
+from sfaas.runtime.partitioning import partition_of
+from sfaas.runtime.settings import Settings
 
 
 def test_codec_round_trips_msgpack_values_and_rejects_others() -> None:
@@ -53,7 +53,7 @@ async def test_channel_auth_accepts_the_secret_and_refuses_others(caplog) -> Non
     server = await channels.serve("127.0.0.1", 0, "s3cret", handler)
     port = server.sockets[0].getsockname()[1]
     try:
-        with caplog.at_level(logging.WARNING, logger="sfaas.channels"):
+        with caplog.at_level(logging.WARNING, logger="sfaas.runtime.channels"):
             with pytest.raises(AuthenticationError):
                 await channels.connect("127.0.0.1", port, "wrong")
             reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -1,0 +1,245 @@
+"""The local cluster's supervisor: starts the coordinator and the workers, restarts the ones that die.
+
+``sfaas up`` starts this as one background process (``python -m sfaas supervise``); it
+starts every role as its own child (own session, own log), polls them, and restarts a child
+that exits — after a backoff (0.2 s doubling to 5 s; a worker of a cluster with standbys
+waits at least ``STANDBY_RESTART_DELAY``), and not more than ``MAX_CRASHES``
+times in ``CRASH_WINDOW`` seconds: then it gives up on that role with a clear error in its
+log and in ``cluster.json`` (``sfaas ps`` shows it). It rewrites ``cluster.json`` (atomically)
+whenever a process starts or stops. On SIGTERM (``sfaas down``) it stops the coordinator
+first (which stops the workers cleanly), then whatever is left, and exits.
+
+The workers of a cluster take their index from the coordinator, so a restarted worker
+simply registers again and takes the slot of the lost one (``coordinator.protocols.recovery``).
+
+Rescaling (``sfaas scale``): on SIGHUP the supervisor reads the wanted number of worker
+processes from ``workers`` in its state directory and starts the missing ones (they join
+the cluster); a worker a scale-down retired exits with ``EXIT_RETIRED`` and is not
+restarted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.cluster import free_port
+from sfaas.errors import EXIT_RETIRED
+from sfaas.runtime.metrics import local_url
+
+log = logging.getLogger("sfaas.supervisor")
+
+__all__ = ["supervise", "MAX_CRASHES", "CRASH_WINDOW", "STANDBY_RESTART_DELAY"]
+
+#: A role that exits this often within ``CRASH_WINDOW`` seconds is not restarted again.
+MAX_CRASHES = 5
+CRASH_WINDOW = 60.0
+#: With standbys, seconds before a dead worker process is restarted: a standby takes the
+#: lost slot, the restarted process only becomes a new standby, and its start (a second
+#: of imports and connections) would otherwise compete for the CPU with the promoted
+#: standby's recovery.
+STANDBY_RESTART_DELAY = 1.0
+
+
+@dataclass
+class Child:
+    """One supervised process (what ``cluster.json`` lists)."""
+
+    role: str
+    index: int
+    args: list[str]
+    log: str
+    pid: int = 0
+    restarts: int = 0
+    alive: bool = False
+    gave_up: str = ""
+    exits: deque[float] = field(default_factory=deque)
+    next_start: float = 0.0
+    backoff: float = 0.2
+    retired: bool = False
+    proc: subprocess.Popen[bytes] | None = None
+    #: its ``/metrics`` URL (empty: off)
+    metrics: str = ""
+
+    def public(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("role", "index", "pid", "log", "restarts", "alive", "gave_up", "metrics")}
+
+
+class Supervisor:
+    def __init__(self, state_dir: Path, info: dict[str, Any], children: list[Child]) -> None:
+        self.state_dir = state_dir
+        self.info = info
+        self.children = children
+        self.stopping = False
+        #: ports handed to this cluster's processes (they bind them later): never twice
+        self.ports: set[int] = set()
+        control = str(info.get("coordinator", "")).rpartition(":")[2]
+        if control.isdigit():
+            self.ports.add(int(control))
+
+    def metrics(self, c: Child) -> None:
+        """Give ``c`` its metrics port (kept across its restarts): as ``cluster.json``'s
+        ``metrics`` says — ``"free"`` ports, ``"off"``, or a base port (the coordinator's;
+        worker process ``i`` gets base + 1 + i)."""
+        mode = self.info.get("metrics", "off")
+        if mode == "off":
+            return
+        if c.role == "coordinator":
+            host = str(self.info.get("coordinator", "")).rpartition(":")[0]
+        else:
+            host = str(self.info.get("worker_host", "127.0.0.1"))
+        if mode == "free":
+            port = free_port(host, avoid=self.ports)
+        else:
+            port = int(mode) + (0 if c.role == "coordinator" else 1 + c.index)
+        self.ports.add(port)
+        if port > 65535:
+            log.warning("%s %d serves no metrics: port %d is beyond 65535", c.role, c.index, port)
+            return
+        c.args += ["--metrics-port", str(port)]
+        c.metrics = local_url(host, port, "/metrics")
+
+    def _start(self, c: Child) -> None:
+        out = open(c.log, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            c.proc = subprocess.Popen(
+                [sys.executable, "-m", "sfaas", *c.args], stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        finally:
+            out.close()
+        c.pid, c.alive = c.proc.pid, True
+        log.info("started %s %d (pid %d)", c.role, c.index, c.pid)
+
+    def write(self) -> None:
+        doc = dict(self.info, supervisor=os.getpid(), processes=[c.public() for c in self.children])
+        tmp = self.state_dir / "cluster.json.tmp"
+        tmp.write_text(json.dumps(doc, indent=2))
+        os.replace(tmp, self.state_dir / "cluster.json")
+
+    def poll(self) -> bool:
+        """Reap exited children, restart due ones; True if anything changed."""
+        changed = False
+        now = time.monotonic()
+        for c in self.children:
+            if c.proc is not None and c.proc.poll() is not None:
+                code = c.proc.returncode
+                c.proc, c.alive = None, False
+                changed = True
+                if self.stopping:
+                    continue
+                if code == EXIT_RETIRED and c.role == "worker":
+                    log.info("worker %d (pid %d) retired by a rescale; not restarted", c.index, c.pid)
+                    c.retired = True
+                    continue
+                c.exits.append(now)
+                while c.exits and now - c.exits[0] > CRASH_WINDOW:
+                    c.exits.popleft()
+                if len(c.exits) >= MAX_CRASHES:
+                    c.gave_up = (f"exited {len(c.exits)} times within {CRASH_WINDOW:.0f} s (last exit code {code}); "
+                                 f"not restarted again — see {c.log}")
+                    log.error("%s %d %s", c.role, c.index, c.gave_up)
+                    continue
+                delay = c.backoff
+                if c.role == "worker" and int(self.info.get("standbys", 0)) > 0:
+                    delay = max(delay, STANDBY_RESTART_DELAY)
+                c.next_start = now + delay
+                log.warning("%s %d (pid %d) exited with code %s; restarting in %.1f s",
+                            c.role, c.index, c.pid, code, delay)
+                c.backoff = min(5.0, c.backoff * 2)
+            if (not self.stopping and c.proc is None and not c.gave_up and c.next_start
+                    and now >= c.next_start):
+                c.next_start = 0.0
+                c.restarts += 1
+                self._start(c)
+                changed = True
+            if c.alive and c.exits and now - c.exits[-1] > CRASH_WINDOW:
+                c.backoff = 0.2  # healthy for a while: a later crash restarts quickly again
+        self.children = [c for c in self.children if not c.retired]
+        return changed
+
+    def scale(self) -> None:
+        """Start worker processes up to the number in ``workers`` (written by ``sfaas scale``)."""
+        try:
+            want = int((self.state_dir / "workers").read_text())
+        except (FileNotFoundError, ValueError) as exc:
+            log.warning("SIGHUP without a readable 'workers' file (%s); ignored", exc)
+            return
+        have = [c for c in self.children if c.role == "worker"]
+        top = max((c.index for c in have), default=-1)
+        for i in range(top + 1, top + 1 + max(0, want - len(have))):
+            c = Child("worker", i, ["worker", "--name", f"worker-{i}"], str(self.state_dir / f"worker-{i}.log"))
+            self.metrics(c)
+            self.children.append(c)
+            self._start(c)
+        self.write()
+
+    def stop(self) -> None:
+        self.stopping = True
+        order = [c for c in self.children if c.role == "coordinator"] + \
+                [c for c in self.children if c.role != "coordinator"]
+        for c in order:
+            if c.proc is not None and c.proc.poll() is None:
+                c.proc.send_signal(signal.SIGTERM)
+                if c.role == "coordinator":  # it stops the workers: give them a moment
+                    try:
+                        c.proc.wait(5.0)
+                    except subprocess.TimeoutExpired:
+                        pass
+        deadline = time.monotonic() + 15.0
+        for c in order:
+            while c.proc is not None and c.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if c.proc is not None and c.proc.poll() is None:
+                log.warning("%s %d ignored SIGTERM; killing", c.role, c.index)
+                c.proc.kill()
+                c.proc.wait()
+        self.poll()
+        self.write()
+
+
+def supervise(state_dir: str, workers: int) -> int:
+    """Run the supervisor (the ``sfaas supervise`` command); returns when stopped."""
+    sd = Path(state_dir)
+    info = json.loads((sd / "cluster.json").read_text())
+    children = [Child("coordinator", 0, ["coordinator"], str(sd / "coordinator.log"))]
+    children += [Child("worker", i, ["worker", "--name", f"worker-{i}"], str(sd / f"worker-{i}.log"))
+                 for i in range(workers)]
+    sup = Supervisor(sd, info, children)
+    for c in children:
+        sup.metrics(c)
+    stop = False
+    rescale = False
+
+    def on_term(signum: int, frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    def on_hup(signum: int, frame: Any) -> None:
+        nonlocal rescale
+        rescale = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    signal.signal(signal.SIGHUP, on_hup)
+    for c in children:
+        sup._start(c)
+    sup.write()
+    while not stop:
+        if rescale:
+            rescale = False
+            sup.scale()
+        if sup.poll():
+            sup.write()
+        time.sleep(0.1)
+    sup.stop()
+    return 0

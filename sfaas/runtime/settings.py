@@ -1,0 +1,283 @@
+"""One typed settings object per process: defaults < ``SFAAS_*`` environment < flags.
+
+Every field ``name`` is read from ``SFAAS_<NAME>`` (e.g. ``SFAAS_KAFKA``,
+``SFAAS_SECRET``, ``SFAAS_PARTITIONS``); command-line flags override the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import logging
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sfaas.errors import ConfigError
+
+log = logging.getLogger("sfaas.runtime.settings")
+
+__all__ = ["Settings", "DEV_SECRET"]
+
+#: Used when ``SFAAS_SECRET`` is unset, with a warning — and only while every address the
+#: process listens on is a loopback one (:meth:`Settings.shared_secret`).
+DEV_SECRET = "sfaas-dev-secret-change-me"
+#: Names that become parts of Kafka topics and consumer groups.
+_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+#: Fields that hold credentials: never in a repr, an error message or a pickle.
+SECRET_FIELDS = ("secret", "minio_access_key", "minio_secret_key")
+
+
+def _default_home() -> str:
+    return os.environ.get("SFAAS_HOME", os.path.expanduser("~/.local/state/sfaas"))
+
+
+@dataclass
+class Settings:
+    """Configuration of a coordinator, worker, client or local cluster."""
+
+    #: The app as ``package.module:attr`` (workers, ``sfaas up``).
+    app: str = ""
+    #: Kafka bootstrap servers.
+    kafka: str = "127.0.0.1:9092"
+    #: Prefix of topic and consumer-group names (separates clusters sharing one Kafka).
+    namespace: str = "sfaas"
+    #: Shared secret of the coordinator/worker channels.
+    secret: str = field(default="", repr=False)
+    #: Where the coordinator listens / workers find it.
+    coordinator: str = "127.0.0.1:7700"
+    #: Host workers listen on for peer channels (port 0: any free port).
+    host: str = "127.0.0.1"
+    port: int = 0
+    #: Workers the coordinator waits for before running epochs.
+    workers: int = 2
+    #: Standby workers per worker (``sfaas up --standbys``): each follows its primary's
+    #: stores from shipped files and takes over, without a download, when the primary dies.
+    standbys: int = 0
+    #: A worker process: ask to be a standby of this worker index (-1: whatever the
+    #: coordinator needs — a free slot first, then a standby where one is missing).
+    standby_of: int = -1
+    #: Ingress/egress topic partitions (also the key partitions; ≥ workers).
+    partitions: int = 8
+    #: Most transactions (re-runs first) one worker runs in one epoch. Conflicts grow with
+    #: the square of the epoch size, so a bound keeps contention from snowballing.
+    max_batch: int = 1000
+    #: Epochs the workers may run ahead on their own (``wire.Lease``): they exchange their
+    #: reports and commit and begin epochs without a round trip through the coordinator,
+    #: which extends the lease as it follows them. 0 (the default): the coordinator begins
+    #: and commits every epoch itself. Leases measured lower p99 under load (5,000 and
+    #: 11,000 TPS) but not lower latency at 1,000 TPS (benchmarks/README.md).
+    epoch_lease: int = 0
+    #: Override every operator's store engine (benchmarks); empty: the app's choice.
+    store: str = ""
+    #: Cluster state (pid files, logs) and store data live under here.
+    home: str = field(default_factory=_default_home)
+    #: Kafka consumer fetch wait (ms) when no data is there; the broker answers at once when
+    #: records arrive, so this only bounds idle polling (a small value burns CPU).
+    fetch_wait_ms: int = 50
+    #: Kafka producer linger (ms).
+    linger_ms: int = 0
+    #: Logging level of the process.
+    log_level: str = "INFO"
+    #: The coordinator creates this file once all workers are ready (used by ``sfaas up``).
+    ready_file: str = ""
+    #: Seconds between snapshot rounds; 0 turns rounds off (benchmarks). A round costs what
+    #: changed since the last one (stores upload only new files), so frequent rounds are
+    #: cheap, and the interval bounds how much a recovery replays: 5 s of epochs at the
+    #: runtime's ~10,000 TPS saturation replay in well under a second.
+    snapshot_interval: float = 5.0
+    #: Complete snapshot rounds kept in MinIO (≥ 1); files only older rounds need are deleted.
+    snapshot_retain: int = 3
+    #: MinIO (S3) endpoint ``host:port`` (``https://`` for TLS) holding the snapshots.
+    minio: str = "127.0.0.1:9000"
+    #: MinIO credentials (the local services' defaults; never logged).
+    minio_access_key: str = field(default="sfaas", repr=False)
+    minio_secret_key: str = field(default="sfaas-local-secret", repr=False)
+    #: Bucket of the snapshots; objects live under ``{namespace}/{app}/``.
+    bucket: str = "sfaas"
+    #: Seconds of silence after which the coordinator declares a worker lost and recovers
+    #: (workers send a heartbeat every ``heartbeat_timeout / 4``; a closed channel is
+    #: detected at once).
+    heartbeat_timeout: float = 2.0
+    #: Port of this process's ``/metrics`` (Prometheus) on its listening host — the
+    #: coordinator also serves its status page there (``/``, ``/status.json``); 0: off.
+    #: ``sfaas up`` gives each of its processes a port of its own (``--metrics-port``).
+    metrics_port: int = 0
+
+    @classmethod
+    def load(
+        cls, overrides: dict[str, Any] | None = None, env: Mapping[str, str] | None = None
+    ) -> Settings:
+        """Defaults, then ``SFAAS_*`` variables from ``env`` (default ``os.environ``), then ``overrides``."""
+        if env is None:
+            env = os.environ
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = env.get(f"SFAAS_{f.name.upper()}")
+            if raw is not None and raw != "":
+                values[f.name] = _convert(f, raw, f"SFAAS_{f.name.upper()}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for name, value in (overrides or {}).items():
+            if value is None:
+                continue
+            if name not in fields:
+                raise ConfigError(f"unknown setting {name!r}")
+            values[name] = _typed(fields[name], value, name)
+        s = cls(**values)
+        s.validate()
+        return s
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first invalid value."""
+        for f in dataclasses.fields(self):  # a value set in code must have its field's type
+            _typed(f, getattr(self, f.name), f.name)
+        for name in ("namespace",):
+            if not _NAME_RE.match(getattr(self, name)):
+                raise ConfigError(f"{name} must be 1-100 letters, digits, '.', '_' or '-' (it names Kafka "
+                                  f"topics), got {getattr(self, name)!r:.60}")
+        for name in ("kafka", "minio", "home", "coordinator", "host"):
+            value = getattr(self, name)
+            if not value or "\0" in value or value != value.strip():
+                raise ConfigError(f"{name} must be a non-empty value without NUL or surrounding blanks, got {value!r:.60}")
+        for name in ("minio_access_key", "minio_secret_key"):  # (never echoed: credentials)
+            if not getattr(self, name):
+                raise ConfigError(f"{name} must not be empty (SFAAS_{name.upper()} unset gives the local default)")
+        if "\0" in self.ready_file or "\0" in self.app:
+            raise ConfigError("app and ready_file must not contain NUL")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be 0-65535 (0: any free port), got {self.port}")
+        for name in ("fetch_wait_ms", "linger_ms"):
+            if not 0 <= getattr(self, name) <= 60_000:
+                raise ConfigError(f"{name} must be 0-60000 milliseconds, got {getattr(self, name)}")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {self.log_level!r:.40}")
+        if self.workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {self.workers}")
+        if self.partitions < self.workers:
+            raise ConfigError(f"partitions ({self.partitions}) must be >= workers ({self.workers})")
+        if self.standbys < 0:
+            raise ConfigError(f"standbys must be >= 0 (standby workers per worker), got {self.standbys}")
+        if self.standbys and not self.snapshot_interval:
+            raise ConfigError("standbys need snapshot rounds (snapshot_interval > 0): a standby takes over at a round")
+        if self.standby_of < -1:
+            raise ConfigError(f"standby_of must be a worker index >= 0, or -1 for none, got {self.standby_of}")
+        if self.max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
+        if not 0 <= self.epoch_lease <= 10_000:
+            raise ConfigError(f"epoch_lease must be between 0 and 10000 epochs, got {self.epoch_lease}")
+        if not self.snapshot_interval >= 0 or self.snapshot_interval == float("inf"):
+            raise ConfigError(f"snapshot_interval must be a number of seconds >= 0 (0: off), got {self.snapshot_interval}")
+        if not 0.2 <= self.heartbeat_timeout <= 3600:
+            raise ConfigError(f"heartbeat_timeout must be between 0.2 and 3600 seconds, got {self.heartbeat_timeout}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port (SFAAS_METRICS_PORT) must be a TCP port 1..65535, or 0 for no metrics, "
+                              f"got {self.metrics_port}")
+        if self.snapshot_retain < 1:
+            raise ConfigError(f"snapshot_retain must be >= 1, got {self.snapshot_retain}")
+        if self.snapshot_interval:
+            from minio.helpers import check_bucket_name
+
+            try:
+                check_bucket_name(self.bucket, strict=True)
+            except ValueError as exc:
+                raise ConfigError(f"bucket {self.bucket!r} is not a valid S3 bucket name: {exc}") from None
+        if self.store:
+            import statestores
+
+            if self.store not in statestores.ENGINES:
+                raise ConfigError(f"store must be one of {statestores.ENGINES}, got {self.store!r}")
+        self.coordinator_address()
+
+    def coordinator_address(self) -> tuple[str, int]:
+        """``(host, port)`` of the coordinator."""
+        host, sep, port = self.coordinator.rpartition(":")
+        if not sep or not host or not port.isascii() or not port.isdigit() or len(port) > 5 or int(port) > 65535:
+            raise ConfigError(f"coordinator must be host:port (port 0-65535), got {self.coordinator!r:.80}")
+        return host, int(port)
+
+    def shared_secret(self) -> str:
+        """The channel secret. Unset, the development default is used — with a warning, and
+        only when every address this process listens on (``coordinator``'s host, ``host``)
+        is a loopback one; otherwise :class:`ConfigError` says to set ``SFAAS_SECRET``."""
+        if self.secret and self.secret != DEV_SECRET:
+            return self.secret
+        exposed = [h for h in (self.coordinator_address()[0], self.host) if not is_loopback(h)]
+        if exposed:
+            raise ConfigError(
+                f"refusing to listen on {', '.join(sorted(set(exposed)))} with the insecure default secret: "
+                "set SFAAS_SECRET to a long random value (the same for the coordinator and every worker; "
+                "`sfaas up` generates one), or listen on a loopback address only"
+            )
+        log.warning("SFAAS_SECRET is not set; using the insecure development default (loopback only)")
+        return DEV_SECRET
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickle carries no credential: the receiving process completes them from its own
+        ``SFAAS_*`` environment (:meth:`__setstate__`)."""
+        return {k: v for k, v in self.__dict__.items() if k not in SECRET_FIELDS}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        for k in SECRET_FIELDS:
+            self.__dict__[k] = os.environ.get(f"SFAAS_{k.upper()}") or _field_default(k)
+
+    def topics(self, app: str) -> tuple[str, str]:
+        """``(ingress, egress)`` topic names of ``app``."""
+        return f"{self.namespace}.{app}.in", f"{self.namespace}.{app}.out"
+
+    def epoch_log_topic(self, app: str) -> str:
+        """The single-partition topic of ``app``'s epoch log (see :mod:`sfaas.runtime.epochlog`)."""
+        return f"{self.namespace}.{app}.epochs"
+
+    def as_env(self) -> dict[str, str]:
+        """These settings as ``SFAAS_*`` variables (to pass to child processes)."""
+        return {f"SFAAS_{f.name.upper()}": str(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback interface only (``localhost``,
+    ``127.0.0.0/8``, ``::1``); wildcard and other addresses are not."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _field_default(name: str) -> Any:
+    f = next(f for f in dataclasses.fields(Settings) if f.name == name)
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc,operator]
+
+
+def _typed(f: dataclasses.Field[Any], value: Any, name: str) -> Any:
+    """``value`` for field ``f``: a str is converted like an environment variable; any
+    other value must have the field's type (an int is fine for a float)."""
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str")
+    if isinstance(value, str) and kind != "str":
+        return _convert(f, value, name)
+    ok = {"int": type(value) is int, "float": type(value) in (int, float), "str": type(value) is str}.get(kind, True)
+    if not ok:
+        raise ConfigError(f"setting {name} must be {'a number' if kind == 'float' else 'an ' + kind if kind == 'int' else 'a str'}, "
+                          f"got {type(value).__name__}")
+    if kind == "float" and not math.isfinite(value) and name != "snapshot_interval":
+        raise ConfigError(f"setting {name} must be a finite number, got {value}")
+    return float(value) if kind == "float" else value
+
+
+def _convert(f: dataclasses.Field[Any], raw: str, name: str) -> Any:
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str")
+    if kind == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{name} must be an integer, got {raw!r:.60}") from None
+    if kind == "float":
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"{name} must be a number, got {raw!r:.60}") from None
+    return raw

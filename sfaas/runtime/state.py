@@ -1,0 +1,156 @@
+"""Where state lives: one store per (operator, partition), each with its own remote.
+
+A worker keeps one store per operator for every ingress partition it owns, so a
+partition's state is a set of files that can move to another worker — what recovery,
+rescaling and replication need. This module is the one place those stores are opened:
+
+* locally under ``{home}/data/{namespace}/{app}/{operator}/p{partition}/`` — the same
+  directory whichever worker owns the partition, so a worker restarted on the same disk
+  finds its files again;
+* in MinIO under ``{bucket}/{namespace}/{app}/{operator}/p{partition}/`` (a
+  :class:`remotes.MinioRemote` per store), and the snapshot rounds' global manifests
+  under ``{bucket}/{namespace}/{app}/_rounds/`` (see :mod:`sfaas.runtime.protocols.rounds`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import statestores
+from remotes import Remote
+from sfaas.app import App
+from sfaas.errors import ConfigError
+from sfaas.runtime.partitioning import partition_of
+from sfaas.runtime.settings import Settings
+from statestores import Store
+
+log = logging.getLogger("sfaas.runtime.state")
+
+__all__ = [
+    "StoreKey", "PartitionStores", "open_partition_stores", "open_stores", "store_remote", "rounds_remote",
+    "ROUNDS_DIR", "stores_root", "store_engine",
+]
+
+#: ``(operator, partition)``: the unit of state that moves.
+StoreKey = tuple[str, int]
+
+#: The name under ``{namespace}/{app}/`` where snapshot rounds are published.
+ROUNDS_DIR = "_rounds"
+
+
+def _minio(settings: Settings, prefix: str) -> Remote:
+    from remotes.minio import MinioRemote, RetryPolicy
+
+    # a short retry budget: a round against a MinIO that is down fails within seconds
+    # and is retried at the next interval, instead of stalling the uploader for minutes
+    return MinioRemote(settings.minio, settings.minio_access_key, settings.minio_secret_key,
+                       settings.bucket, prefix=prefix, retry=RetryPolicy(deadline=5.0))
+
+
+def store_remote(settings: Settings, app: str, operator: str, partition: int) -> Remote:
+    """The remote of ``operator``'s store of ``partition``."""
+    return _minio(settings, f"{settings.namespace}/{app}/{operator}/p{partition}")
+
+
+def rounds_remote(settings: Settings, app: str) -> Remote:
+    """The remote whose blobs hold the app's snapshot rounds (see :mod:`sfaas.runtime.protocols.rounds`)."""
+    return _minio(settings, f"{settings.namespace}/{app}/{ROUNDS_DIR}")
+
+
+class PartitionStores(Mapping[StoreKey, Store]):
+    """The stores of one worker: ``(operator, partition)`` → :class:`Store`.
+
+    :meth:`for_key` routes a key to its partition's store with the same hash clients use
+    (:func:`sfaas.runtime.partitioning.partition_of`).
+    """
+
+    def __init__(self, stores: Mapping[StoreKey, Store], partitions: int) -> None:
+        self._stores = dict(stores)
+        self.partitions = partitions
+
+    def __getitem__(self, key: StoreKey) -> Store:
+        return self._stores[key]
+
+    def __iter__(self) -> Iterator[StoreKey]:
+        return iter(self._stores)
+
+    def __len__(self) -> int:
+        return len(self._stores)
+
+    def for_key(self, operator: str, key: str) -> Store:
+        """The store holding ``key`` of ``operator``; KeyError if this worker lacks it."""
+        return self._stores[(operator, partition_of(operator, key, self.partitions))]
+
+    def operators(self) -> set[str]:
+        return {op for op, _ in self._stores}
+
+    def close(self) -> None:
+        """Close every store (errors are logged; every store gets its close)."""
+        for key, store in self._stores.items():
+            try:
+                store.close()
+            except Exception:
+                log.exception("closing the store of %s/p%d failed", *key)
+
+
+def open_partition_stores(
+    app: App, root: str, partitions: Iterable[int], n_partitions: int, *,
+    store: str | None = None, store_options: Mapping[str, Any] | None = None,
+    remote_of: Callable[[str, int], Remote] | None = None,
+) -> PartitionStores:
+    """Open ``root/{operator}/p{partition}`` for every operator of ``app`` and partition.
+
+    The engine is the operator's, or ``store`` for all (with ``store_options``). Each store
+    gets ``remote_of(operator, partition)`` as its remote, attached after opening: opening
+    never talks to the remote (MinIO may be down) and never restores implicitly —
+    recovery restores to a complete round explicitly.
+    """
+    if ROUNDS_DIR in app.operators:
+        raise ConfigError(f"operator name {ROUNDS_DIR!r} is reserved (it names the snapshot rounds)")
+    stores: dict[StoreKey, Store] = {}
+    try:
+        for p in sorted(set(partitions)):
+            if not 0 <= p < n_partitions:
+                raise ValueError(f"partition {p} not in [0, {n_partitions})")
+            for name, op in app.operators.items():
+                engine = store or op.store
+                opts = dict(store_options or {}) if store else dict(op.store_options)
+                s = statestores.open(engine, os.path.join(root, name, f"p{p}"), **opts)
+                if remote_of is not None:
+                    s.remote = remote_of(name, p)
+                stores[(name, p)] = s
+    except BaseException:
+        PartitionStores(stores, n_partitions).close()
+        raise
+    return PartitionStores(stores, n_partitions)
+
+
+def stores_root(settings: Settings, app_name: str) -> str:
+    """Where a worker's partition stores live: ``{home}/data/{namespace}/{app}``."""
+    return os.path.join(settings.home, "data", settings.namespace, app_name)
+
+
+def store_engine(app: App, operator: str, store: str = "") -> tuple[str, dict[str, Any]]:
+    """The engine and options of ``operator``'s stores (``store`` overrides, as in
+    :func:`open_partition_stores`)."""
+    op = app.operators[operator]
+    return (store, {}) if store else (op.store, dict(op.store_options))
+
+
+def open_stores(settings: Settings, app: App, partitions: Iterable[int], n_partitions: int) -> PartitionStores:
+    """A worker's stores: :func:`open_partition_stores` under ``{home}/data/{namespace}/{app}``
+    with ``settings.store`` and, when snapshot rounds are on, each store's MinIO remote."""
+    def remote_of(op: str, p: int) -> Remote:
+        return store_remote(settings, app.name, op, p)
+
+    if settings.snapshot_interval > 0:
+        # start the uploads' background process now, not at the first round (a process
+        # start is ~0.3 s of CPU on the cores the epochs run on)
+        statestores.background.warm_up("upload")
+    return open_partition_stores(
+        app, stores_root(settings, app.name), partitions, n_partitions,
+        store=settings.store or None, remote_of=remote_of if settings.snapshot_interval > 0 else None,
+    )

@@ -1,0 +1,411 @@
+"""Executes user functions for one worker's share of the keys, inside epochs.
+
+An :class:`Engine` owns the stores of its partitions and an :class:`AccessLog` for the
+current epoch. It is transport-agnostic: calls to keys another worker owns go through a
+:class:`Router` (peer channels in a worker process, direct calls in
+:class:`sfaas.testing.LocalRunner`), so both share exactly the same transaction semantics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sfaas.app import App
+from sfaas.context import Context
+from sfaas.errors import Abort, BadKey, SfaasError, TransactionAborted, error_class
+from sfaas.runtime.codec import check_arguments, pack, unpack
+from sfaas.runtime.partitioning import owner_of_partition, partition_of
+from sfaas.runtime.txn.epochs import AccessLog, Key
+from statestores import Store
+
+log = logging.getLogger("sfaas.engine")
+
+__all__ = ["Engine", "Router", "Outcome", "describe", "make_error", "check_key", "MAX_CALL_DEPTH", "DEVIATED"]
+
+#: Deepest chain of nested ``ctx.call``s before the transaction aborts (catches runaway recursion).
+MAX_CALL_DEPTH = 64
+
+#: ``(True, result)`` or ``(False, (error_type, reason))``.
+Outcome = tuple[bool, Any]
+
+#: The error type of a fallback run that left the keys its first run touched: it re-runs
+#: next epoch (never reported to a client).
+DEVIATED = "FallbackDeviated"
+
+
+class _Fallback:
+    """One engine's share of an epoch's *cross-worker fallback phase*: deterministic locks.
+
+    Every conflicting transaction of the epoch (``tids``, the same set on every worker)
+    re-runs at once, all of them concurrently, against the committed state. Each key this
+    engine owns gets the queue of those tids whose first run read or wrote it, in tid
+    order; a re-run may use the key only after every lower tid of its queue *finished*
+    (committed or gave up, on every worker). Waits only ever go to lower tids, so the
+    lowest never waits and no cycle can form, and each key is used in tid order: the
+    committed re-runs are equivalent to running them one by one in tid order after the
+    epoch's commits (Calvin's ordered locks over the first run's read/write sets; Styx's
+    fallback). A re-run that reads or writes a key outside its first run's set could
+    race an unordered tid there: it *deviates* and re-runs next epoch, its writes dropped.
+    """
+
+    def __init__(self, first: AccessLog, tids: set[int]) -> None:
+        self.tids = tids
+        sets: dict[Key, set[int]] = {}
+        for accesses in (first.reads, first.writes):
+            for tid, keys in accesses.items():
+                if tid in tids:
+                    for k in keys:
+                        sets.setdefault(k, set()).add(tid)
+        self.declared = sets
+        self.queues = {k: sorted(v) for k, v in sets.items()}
+        self.finished: dict[int, asyncio.Event] = {}
+        self.deviated: set[int] = set()
+
+    def _event(self, tid: int) -> asyncio.Event:
+        ev = self.finished.get(tid)
+        if ev is None:
+            ev = self.finished[tid] = asyncio.Event()
+        return ev
+
+    async def turn(self, tid: int, key: Key) -> None:
+        """Wait until every lower tid that used ``key`` in its first run has finished."""
+        for t in self.queues.get(key, ()):
+            if t >= tid:
+                return
+            await self._event(t).wait()
+
+    def finish(self, tid: int) -> None:
+        self._event(tid).set()
+
+
+class Router(Protocol):
+    """Carries a call to the engine of worker ``dest`` and returns its :data:`Outcome`."""
+
+    async def remote_call(
+        self, dest: int, tid: int, now: float, operator: str, key: str, function: str,
+        args: Sequence[Any], depth: int,
+    ) -> Outcome: ...
+
+
+def describe(exc: BaseException) -> tuple[str, str]:
+    """``(error_type, reason)`` of a failure, as it is reported to the client."""
+    if isinstance(exc, Abort):
+        return "Abort", exc.reason
+    if isinstance(exc, TransactionAborted):
+        return exc.error_type, exc.reason
+    msg = str(exc)
+    name = type(exc).__name__
+    return name, f"{name}: {msg}" if msg else name
+
+
+def make_error(error_type: str, reason: str) -> SfaasError:
+    """The exception a caller sees for a callee failure ``(error_type, reason)``."""
+    if error_type == "Abort":
+        return Abort(reason)
+    return error_class(error_type)(reason, error_type)
+
+
+def check_key(key: object, operator: object = "?") -> str:
+    """Return ``key`` if it is a non-empty ``str``, else raise :class:`BadKey`."""
+    if not isinstance(key, str) or not key:
+        raise BadKey(f"key for operator {operator!r} must be a non-empty str, got {key!r:.80}")
+    return key
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    """What one engine saw in one epoch (for logs and stats)."""
+
+    committed: int
+    rerun: int
+    aborted: int
+
+
+class Engine:
+    """One worker's execution engine (see module docstring)."""
+
+    def __init__(
+        self,
+        app: App,
+        index: int,
+        n_workers: int,
+        partitions: int,
+        stores: Mapping[tuple[str, int], Store],
+        router: Router | None,
+        owners: Sequence[int] | None = None,
+    ) -> None:
+        if not 0 <= index < n_workers:
+            raise ValueError(f"worker index {index} not in [0, {n_workers})")
+        missing = set(app.operators) - {op for op, _ in stores}
+        if missing:
+            raise ValueError(f"no store for operator(s) {sorted(missing)}")
+        self.app = app
+        self.index = index
+        self.n_workers = n_workers
+        self.partitions = partitions
+        #: the partition map (``owners[p]``: the worker index owning partition ``p``)
+        self.owners = list(owners) if owners else [owner_of_partition(p, n_workers) for p in range(partitions)]
+        self.stores = dict(stores)
+        self.router = router
+        self.epoch = 0
+        self.log = AccessLog()
+        #: tids whose calls left this worker in the current epoch (not fallback-eligible)
+        self._remote_tids: set[int] = set()
+        #: set while :meth:`run_fallback` runs: remote calls are refused, not made
+        self._in_fallback = False
+        self._deviated: set[int] = set()
+        #: the cross-worker fallback phase in progress (see :class:`_Fallback`), or None
+        self._fb: _Fallback | None = None
+
+    # -- placement -------------------------------------------------------------------
+    def owner(self, operator: str, key: str) -> int:
+        """The worker index owning ``key`` of ``operator``."""
+        return self.owners[partition_of(operator, key, self.partitions)]
+
+    def store_of(self, operator: str, key: str) -> Store:
+        """The store of ``key``'s partition (KeyError if this worker does not own it)."""
+        return self.stores[(operator, partition_of(operator, key, self.partitions))]
+
+    def operator_stores(self, operator: str) -> list[Store]:
+        """This worker's stores of ``operator``, one per owned partition."""
+        return [s for (op, _), s in self.stores.items() if op == operator]
+
+    # -- state access (used by Context) ------------------------------------------------
+    def read(self, tid: int, operator: str, key: str, default: Any) -> Any:
+        """``key``'s value for ``tid``: its own buffered write, else the epoch-start value."""
+        k = (operator, key)
+        if self._fb is not None:
+            self._check_declared(tid, k)
+        found, raw = self.log.buffered(tid, k)
+        if not found:
+            self.log.record_read(tid, k)
+            raw = self.store_of(operator, key).get(key.encode())
+        return default if raw is None else unpack(raw)
+
+    def write(self, tid: int, operator: str, key: str, value: Any) -> None:
+        """Buffer ``tid``'s write of ``value`` to ``key``."""
+        if self._fb is not None:
+            self._check_declared(tid, (operator, key))
+        self.log.record_write(tid, (operator, key), pack(value, f"value for {operator}/{key!r}"))
+
+    def remove(self, tid: int, operator: str, key: str) -> None:
+        """Buffer ``tid``'s delete of ``key``."""
+        if self._fb is not None:
+            self._check_declared(tid, (operator, key))
+        self.log.record_write(tid, (operator, key), None)
+
+    def _check_declared(self, tid: int, key: Key) -> None:
+        """(fallback phase) ``tid`` may use ``key`` only if its first run did."""
+        fb = self._fb
+        assert fb is not None
+        if tid not in fb.declared.get(key, ()):
+            fb.deviated.add(tid)
+            raise Abort(f"the fallback run of {tid} used {key[0]}/{key[1]!r}, which its first run did not")
+
+    # -- execution -----------------------------------------------------------------------
+    def begin(self, epoch: int) -> None:
+        """Start epoch ``epoch``: a fresh access log over the (committed) store state."""
+        self.epoch = epoch
+        self.log = AccessLog()
+        self._remote_tids = set()
+
+    async def call(
+        self, tid: int, now: float, operator: str, key: str, function: str,
+        args: Sequence[Any], depth: int = 0,
+    ) -> Any:
+        """Run ``operator.function(key, *args)`` for ``tid`` wherever ``key`` lives.
+
+        Raises the caller-side view of a failure (:func:`make_error`); every failure is
+        also recorded as an abort of ``tid`` on this worker.
+        """
+        try:
+            func = self.app.resolve(operator, function)
+            check_key(key, operator)
+            func.check_args(operator, args)
+            if depth > MAX_CALL_DEPTH:
+                raise Abort(f"call depth exceeded {MAX_CALL_DEPTH} at {operator}.{function}")
+            dest = self.owner(operator, key)
+            if dest == self.index or self.router is None:
+                if depth:  # root arguments came off the wire: already msgpack values
+                    check_arguments(args, f"arguments of {operator}.{function}")
+                ok, value = await self.serve(tid, now, operator, key, function, args, depth)
+            elif self._in_fallback:
+                # the first run stayed on this worker; this one would not: re-run next epoch
+                self._deviated.add(tid)
+                raise Abort(f"fallback run of {tid} left worker {self.index}")
+            else:
+                self._remote_tids.add(tid)
+                ok, value = await self.router.remote_call(
+                    dest, tid, now, operator, key, function, args, depth
+                )
+        except Exception as exc:
+            etype, reason = describe(exc)
+            self.log.record_abort(tid, etype, reason)
+            raise make_error(etype, reason) from None
+        if not ok:
+            etype, reason = value
+            if etype == DEVIATED and self._fb is not None:
+                self._fb.deviated.add(tid)
+            self.log.record_abort(tid, etype, reason)
+            raise make_error(etype, reason)
+        return value
+
+    async def serve(
+        self, tid: int, now: float, operator: str, key: str, function: str,
+        args: Sequence[Any], depth: int = 0,
+    ) -> Outcome:
+        """Run a call on a key this worker owns; never raises (the outcome says how it went)."""
+        fb = self._fb
+        if fb is not None and tid in fb.declared.get((operator, key), ()):
+            await fb.turn(tid, (operator, key))
+        try:
+            func = self.app.resolve(operator, function)
+            ctx = Context(self, tid, now, operator, key, depth)
+            try:
+                result = await func.fn(ctx, *args)
+            finally:
+                if ctx._pending:
+                    # Sends complete within the call; their failures are recorded by
+                    # Engine.call on this worker, which aborts the transaction.
+                    await asyncio.gather(*ctx._pending, return_exceptions=True)
+            pack(result, f"result of {operator}.{function}")
+            outcome: Outcome = (True, result)
+        except Exception as exc:
+            etype, reason = describe(exc)
+            self.log.record_abort(tid, etype, reason)
+            outcome = (False, (etype, reason))
+        if fb is not None:
+            # in the fallback a deviation or an abort anywhere below reaches the root,
+            # even if a function on the way caught the exception
+            if tid in fb.deviated:
+                return False, (DEVIATED, f"the fallback run of {tid} deviated from its first run")
+            if tid in self.log.user_aborts:
+                return False, self.log.user_aborts[tid]
+        return outcome
+
+    async def run_root(self, tid: int, now: float, request: Sequence[Any]) -> Outcome:
+        """Run a transaction's root call ``(operator, key, function, args)``; never raises."""
+        operator, key, function, args = request
+        try:
+            return True, await self.call(tid, now, operator, key, function, args, 0)
+        except Exception as exc:
+            return False, describe(exc)
+
+    def local_only(self, tid: int) -> bool:
+        """Whether root ``tid`` (run here this epoch) touched only this worker's keys.
+
+        Every other worker a transaction reaches is reached through a call chain starting
+        with a remote call from its root's worker, so no remote call here means none at all.
+        """
+        return tid not in self._remote_tids
+
+    async def run_fallback(
+        self, items: Sequence[tuple[int, float, Sequence[Any]]]
+    ) -> list[tuple[str, Any]]:
+        """Aria's fallback phase for conflicting, local-only roots, after the epoch's commit.
+
+        ``items`` are ``(tid, now, request)`` in increasing tid order. Each runs alone, to
+        completion, against the state including the epoch's commits and the earlier
+        fallback commits, and its writes are applied before the next one starts — a serial
+        execution, so a hot-key chain commits whole in one epoch. The serial order of the
+        history is: the epoch's commits, then these in tid order (another worker's fallback
+        transactions touch only its own keys, so they commute with these), then the next
+        epoch. Returns, per item, ``("committed", outcome)``, ``("aborted", (type, reason))``
+        (a user abort, final: it saw current state) or ``("rerun", outcome)`` when the run
+        tried to leave this worker (its writes are discarded; it re-runs next epoch).
+        Must not overlap an epoch's execution on this engine.
+        """
+        results: list[tuple[str, Any]] = []
+        self._in_fallback = True
+        try:
+            for tid, now, request in items:
+                self.log = AccessLog()
+                self._deviated.clear()
+                ok, value = await self.run_root(tid, now, request)
+                if tid in self._deviated:
+                    results.append(("rerun", (ok, value)))
+                elif tid in self.log.user_aborts:
+                    results.append(("aborted", self.log.user_aborts[tid]))
+                else:
+                    self._apply([tid])
+                    results.append(("committed", (ok, value)))
+        finally:
+            self._in_fallback = False
+            self._deviated.clear()
+            self.log = AccessLog()
+        return results
+
+    # -- the cross-worker fallback phase (see _Fallback) -----------------------------------
+    @property
+    def in_fallback(self) -> bool:
+        """Whether the cross-worker fallback phase runs on this engine now."""
+        return self._fb is not None
+
+    def begin_fallback(self, tids: set[int]) -> None:
+        """After :meth:`commit`: start the cross-worker fallback of ``tids`` (every
+        conflicting tid of the epoch, the same set on every engine). Every engine must
+        begin it before any re-run starts; calls of the re-runs go through the router."""
+        self._fb = _Fallback(self.log, tids)
+        self.log = AccessLog()  # the re-runs' buffered writes and aborts
+
+    async def run_fallback_root(self, tid: int, now: float, request: Sequence[Any]) -> tuple[str, Any]:
+        """Re-run root ``tid`` (this engine's) in the fallback phase; ``("committed",
+        outcome)``, ``("aborted", (type, reason))`` (a user abort: final, it saw committed
+        state) or ``("rerun", outcome)`` (it deviated: next epoch). The caller then calls
+        :meth:`finish_fallback` on every engine, committing only the first kind."""
+        fb = self._fb
+        assert fb is not None, "begin_fallback first"
+        ok, value = await self.run_root(tid, now, request)
+        if tid in fb.deviated or (not ok and value[0] == DEVIATED):
+            return "rerun", (ok, value)
+        if tid in self.log.user_aborts:
+            return "aborted", self.log.user_aborts[tid]
+        if not ok:
+            return "aborted", value
+        return "committed", (ok, value)
+
+    def finish_fallback(self, tid: int, commit: bool) -> None:
+        """Re-run ``tid`` is over: apply its writes here if it commits, then let the
+        higher tids waiting for it go on."""
+        fb = self._fb
+        assert fb is not None
+        if commit:
+            self._apply([tid])
+        self.log.writes.pop(tid, None)
+        fb.finish(tid)
+
+    def end_fallback(self) -> None:
+        """Every re-run finished on every engine: back to normal execution."""
+        self._fb = None
+        self.log = AccessLog()
+
+    # -- barrier ---------------------------------------------------------------------------
+    def votes(self) -> tuple[dict[int, int], dict[int, tuple[str, str]]]:
+        """This worker's conflicting tids (→ blockers) and user aborts of the current epoch."""
+        return self.log.conflicts(), dict(self.log.user_aborts)
+
+    def commit(self, conflicts: Mapping[int, int] | set[int], user_aborts: Mapping[int, object]) -> list[int]:
+        """Apply the writes of every tid that wrote here and neither conflicts nor failed.
+
+        One ``write_batch`` per (operator, partition) store. Returns the committed tids that wrote here.
+        """
+        committed = [t for t in self.log.writes if t not in conflicts and t not in user_aborts]
+        self._apply(committed)
+        return committed
+
+    def _apply(self, tids: list[int]) -> None:
+        """Write the buffered writes of ``tids``: one ``write_batch`` per (operator, partition) store."""
+        for where, ops in self.log.commit_batches(tids, self.partitions).items():
+            self.stores[where].write_batch(ops)
+
+    def close(self) -> None:
+        """Close every store."""
+        for store in self.stores.values():
+            try:
+                store.close()
+            except Exception:
+                log.exception("closing store failed", extra={"worker": self.index})

@@ -1,0 +1,267 @@
+"""The epoch loop, once: a worker's :class:`Participant` and the coordinator's :func:`merge_votes`.
+
+The worker process, :class:`sfaas.testing.LocalRunner` and the tests all drive these, so
+the cluster and the local runner share one semantics (and recovery restarts one loop).
+Per epoch, on every participant::
+
+    batch = p.begin(epoch, now, blocked)     # re-runs first (keeping their tids), then new work
+    outcomes = await p.execute()             # every root concurrently against the epoch-start state
+    votes = p.votes()                        # → the coordinator: merge_votes(all votes)
+    fates = await p.commit(conflicts, aborts)  # apply, fallback phase, requeue; the decided items
+
+``commit`` runs the *fallback phase* (see :mod:`sfaas.runtime.txn.epochs`): conflicting roots whose
+calls never left this participant re-run at once, alone and in tid order, against the
+just-committed state. What reaches a reply is returned as :class:`Fate`; re-runs stay in
+the participant's sequencer. No I/O here beyond the engine's stores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from sfaas.runtime.txn.engine import Engine, Outcome
+from sfaas.runtime.txn.epochs import Sequencer
+
+__all__ = ["Item", "Fate", "Participant", "merge_votes", "idle_after", "commit_together"]
+
+
+class Item(Protocol):
+    """What a participant needs of a queued request."""
+
+    now: float
+    attempts: int
+
+
+T = TypeVar("T", bound=Item)
+
+
+@dataclass(slots=True)
+class Fate(Generic[T]):
+    """A request whose fate is final this epoch: ``committed`` with ``value``, or
+    ``aborted`` with ``(error type, reason)`` in ``value``. ``fallback``: decided in the
+    fallback phase (serially after the epoch's other commits, in tid order)."""
+
+    tid: int
+    item: T
+    committed: bool
+    value: Any
+    fallback: bool = False
+
+
+class Participant(Generic[T]):
+    """One worker's side of the epoch loop (see module docstring).
+
+    ``request_of(item)`` gives the ``(operator, key, function, args)`` an item runs.
+    """
+
+    def __init__(
+        self, engine: Engine, sequencer: Sequencer, request_of: Callable[[T], tuple[str, str, str, Any]],
+        max_batch: int, fallback: bool = True,
+    ) -> None:
+        self.engine = engine
+        self.sequencer = sequencer
+        self.request_of = request_of
+        self.max_batch = max_batch
+        self.fallback = fallback
+        #: new requests waiting for an epoch, in arrival order
+        self.queue: collections.deque[T] = collections.deque()
+        self.batch: list[tuple[int, T]] = []
+        self.outcomes: list[Outcome] = []
+        #: the conflicting tids of the last commit (their re-runs wait for their blockers)
+        self.last_conflicts: set[int] = set()
+        self.committed = self.aborted = self.reruns = self.fallbacks = self.epochs = 0
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting for a later epoch (new and re-runs)."""
+        return len(self.queue) + self.sequencer.pending_retries
+
+    def begin(self, epoch: int, now: float, blocked: Iterable[int] = ()) -> list[tuple[int, T]]:
+        """Start ``epoch``: take re-runs whose blocker is not pending (here, in ``blocked``
+        or conflicting last epoch), then new requests, up to ``max_batch``; new ones get
+        ``now`` and fresh tids."""
+        self.engine.begin(epoch)
+        block = self.last_conflicts | self.sequencer.pending_tids() | set(blocked)
+        retries = self.sequencer.take_retries(self.max_batch, block)
+        q = self.queue
+        new = [q.popleft() for _ in range(min(len(q), self.max_batch - len(retries)))]
+        for item in new:
+            item.now = now
+        self.batch = retries + self.sequencer.assign(epoch, new)
+        return self.batch
+
+    def begin_replay(self, epoch: int, batch: list[tuple[int, T]]) -> list[tuple[int, T]]:
+        """Start ``epoch`` with exactly ``batch`` — tids and items (with their ``now``) as
+        the epoch log recorded them — instead of choosing one. Re-runs named in it leave
+        the sequencer; execution, votes and commit then go as in a live epoch."""
+        self.engine.begin(epoch)
+        self.sequencer.discard(tid for tid, _ in batch)
+        self.batch = list(batch)
+        return self.batch
+
+    async def execute(self) -> list[Outcome]:
+        """Run every root of the batch concurrently; their outcomes, in batch order."""
+        run, req = self.engine.run_root, self.request_of
+        self.outcomes = list(await asyncio.gather(*(run(tid, item.now, req(item)) for tid, item in self.batch)))
+        return self.outcomes
+
+    def votes(self) -> tuple[dict[int, int], dict[int, tuple[str, str]]]:
+        """This participant's conflicts (tid → blocker) and user aborts so far."""
+        return self.engine.votes()
+
+    async def commit(
+        self, conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]],
+    ) -> list[Fate[T]]:
+        """Apply the epoch's surviving writes, run this participant's fallback phase for
+        its local-only conflicting roots, requeue the rest.
+
+        ``conflicts``/``aborts``: the union over every participant. Returns the fates of
+        the batch's requests that are final, in batch order.
+        """
+        eng = self.engine
+        rerun = self.apply(conflicts, aborts)
+        items = dict(rerun)
+        fb = [t for t, _ in rerun if eng.local_only(t)] if self.fallback else []
+        fb_fates: dict[int, tuple[str, Any]] = {}
+        if fb:
+            out = await eng.run_fallback([(t, items[t].now, self.request_of(items[t])) for t in fb])
+            fb_fates = dict(zip(fb, out, strict=True))
+            self.fallbacks += len(fb)
+        return self.settle(conflicts, aborts, fb_fates)
+
+    def apply(self, conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]]) -> list[tuple[int, T]]:
+        """Apply the writes of the batch's transactions that neither conflict nor failed;
+        return the conflicting ones (the fallback phase's candidates), in tid order."""
+        self.last_conflicts = set(conflicts)
+        self.engine.commit(conflicts, aborts)
+        items = dict(self.batch)
+        return [(t, items[t]) for t in sorted(items) if t in self.last_conflicts]
+
+    async def run_fallback(
+        self, candidates: Sequence[tuple[int, T]], finish: Callable[[int, bool], Awaitable[None]],
+    ) -> dict[int, tuple[str, Any]]:
+        """The cross-worker fallback phase for this participant's conflicting roots: all
+        re-run at once under the engines' ordered locks (``Engine.begin_fallback`` on every
+        engine first); ``finish(tid, commit)`` must end each on every engine. Returns each
+        root's ``(kind, detail)`` (see ``Engine.run_fallback_root``)."""
+        eng = self.engine
+        out: dict[int, tuple[str, Any]] = {}
+
+        async def one(tid: int, item: T) -> None:
+            kind, detail = await eng.run_fallback_root(tid, item.now, self.request_of(item))
+            await finish(tid, kind == "committed")
+            out[tid] = (kind, detail)
+
+        await asyncio.gather(*(one(t, i) for t, i in candidates))
+        self.fallbacks += len(candidates)
+        return out
+
+    def decided(self, conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]]) -> list[Fate[T]]:
+        """After :meth:`apply`: the fates of the batch's transactions that did not conflict
+        — final already, their replies need not wait for the fallback phase. A later
+        :meth:`settle` with ``decided_done`` leaves them out."""
+        fates: list[Fate[T]] = []
+        for (tid, item), (ok, value) in zip(self.batch, self.outcomes, strict=True):
+            if tid in conflicts:
+                continue
+            if tid in aborts:
+                fates.append(Fate(tid, item, False, tuple(value) if not ok else aborts[tid]))
+            else:
+                fates.append(Fate(tid, item, True, value))
+        self._count(fates)
+        return fates
+
+    def settle(
+        self, conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]],
+        fb_fates: Mapping[int, tuple[str, Any]], *, decided_done: bool = False,
+    ) -> list[Fate[T]]:
+        """The batch's final fates after the fallback phase (``fb_fates``: its results per
+        tid); requeue what still must re-run. Ends the epoch on this participant.
+        ``decided_done``: :meth:`decided` returned the others already."""
+        fates: list[Fate[T]] = [] if decided_done else self.decided(conflicts, aborts)
+        for tid, item in self.batch:
+            if tid not in conflicts:
+                continue
+            fate = fb_fates.get(tid)
+            if fate is None or fate[0] == "rerun":
+                self._requeue(tid, item, conflicts[tid])
+                continue
+            kind, detail = fate
+            if kind == "committed":
+                fates.append(Fate(tid, item, True, detail[1], fallback=True))
+            else:
+                fates.append(Fate(tid, item, False, (str(detail[0]), str(detail[1])), fallback=True))
+        self._count([f for f in fates if f.fallback])
+        order = {tid: i for i, (tid, _) in enumerate(self.batch)}
+        fates.sort(key=lambda f: order[f.tid])  # batch order
+        self.batch, self.outcomes = [], []
+        self.epochs += 1
+        return fates
+
+    def _count(self, fates: list[Fate[T]]) -> None:
+        for f in fates:
+            if f.committed:
+                self.committed += 1
+            else:
+                self.aborted += 1
+
+    def _requeue(self, tid: int, item: T, blocker: int) -> None:
+        item.attempts += 1
+        self.reruns += 1
+        self.sequencer.requeue(tid, item, blocker)
+
+
+def merge_votes(
+    votes: Iterable[tuple[Iterable[Sequence[Any]], Iterable[Sequence[Any]]]],
+) -> tuple[dict[int, int], dict[int, tuple[str, str]]]:
+    """The coordinator's barrier: the union of every participant's conflicts (a tid's
+    highest blocker) and user aborts (the first reported per tid). Each vote is
+    ``(conflicts as (tid, blocker) pairs, aborts as (tid, error type, reason))``, the
+    shape of ``wire.Report``."""
+    conflicts: dict[int, int] = {}
+    aborts: dict[int, tuple[str, str]] = {}
+    for cs, us in votes:
+        for tid, blocker in cs:
+            conflicts[tid] = max(blocker, conflicts.get(tid, -1))
+        for tid, etype, reason in us:
+            aborts.setdefault(tid, (etype, reason))
+    return conflicts, aborts
+
+
+def idle_after(pending: Iterable[int], conflicts: Mapping[int, int]) -> bool:
+    """Whether an epoch leaves the cluster idle: no participant reported waiting work
+    (``pending``, one count each) and nothing conflicted (no re-run waits)."""
+    return not conflicts and sum(pending) == 0
+
+
+async def commit_together(
+    loops: Sequence[Participant[T]], conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]],
+    fallback: bool = True,
+) -> list[list[Fate[T]]]:
+    """Commit one epoch on participants sharing one process (``LocalRunner``, a test's
+    replay), as the workers of a cluster do: apply, then — with ``fallback`` and any
+    conflict — the cross-worker fallback phase (``worker.protocols.fallback`` across processes),
+    then settle. Returns each participant's fates; the serial order is the epoch's
+    commits by tid, then the fallback phase's commits by tid."""
+    candidates = [lp.apply(conflicts, aborts) for lp in loops]
+    fb: list[dict[int, tuple[str, Any]]] = [{} for _ in loops]
+    if fallback and any(candidates):
+        engines = [lp.engine for lp in loops]
+        tids = {t for c in candidates for t, _ in c}
+        for eng in engines:
+            eng.begin_fallback(tids)
+
+        async def finish(tid: int, commit: bool) -> None:
+            for eng in engines:
+                eng.finish_fallback(tid, commit)
+
+        try:
+            fb = list(await asyncio.gather(*(lp.run_fallback(c, finish) for lp, c in zip(loops, candidates, strict=True))))
+        finally:
+            for eng in engines:
+                eng.end_fallback()
+    return [lp.settle(conflicts, aborts, f) for lp, f in zip(loops, fb, strict=True)]

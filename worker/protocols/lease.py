@@ -1,0 +1,167 @@
+"""Leased epochs: the workers begin and commit epochs themselves (``wire.Lease``).
+
+Without a lease the coordinator drives every epoch: ``Begin`` → execute → ``Report`` →
+``Commit``, two hops through the coordinator between one epoch's end and the next one's
+start. Under a lease up to epoch ``U`` each worker also sends its Reports to every peer,
+and then:
+
+- it commits epoch ``e`` once it holds every worker's latest report of ``e`` and the call
+  counters show no call in flight (``execution_finished``, the coordinator's own barrier
+  test). No report of ``e`` can follow that, so every worker merges the same reports (in
+  worker order) into the same conflicts and aborts — the same Commit the coordinator would
+  have sent;
+- it begins ``e + 1`` at once (while ``e + 1 ≤ U``), unless those reports say the cluster
+  is idle: no worker has waiting work and nothing conflicted, the same verdict everywhere.
+  After an idle commit a worker begins ``e + 1`` when work arrives here or a round's
+  marker lies ahead, and first tells its peers with ``Wake(e + 1)``; a peer idle at ``e``
+  begins ``e + 1`` on it;
+- it stops after ``U`` until the coordinator extends the lease. The coordinator follows
+  the reports (for its statistics, rounds and rescales) off the epochs' critical path and
+  extends the lease while the workers are still well inside it. A lease's ``marker`` goes
+  on epoch ``U``'s commit (a snapshot round, the coordinator's choice of epoch).
+
+The coordinator begins the first epoch of a leased run itself (a ``Begin`` followed by the
+``Lease``): at start-up, after a recovery and after a rescale. Each run has a random id
+that its Reports and Wakes carry; a recovery (or a lost coordinator) ends the lease
+(:meth:`Lease.reset`), and what still travels from the old run is dropped by its id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from sfaas.runtime import wire
+from sfaas.runtime.txn.epochs import execution_finished
+from sfaas.runtime.txn.loop import idle_after, merge_votes
+
+if TYPE_CHECKING:
+    from worker.service import Worker
+
+log = logging.getLogger("sfaas.worker")
+
+__all__ = ["Lease"]
+
+
+class Lease:
+    """One worker's side of leased epochs (see the module docstring)."""
+
+    def __init__(self, w: Worker) -> None:
+        self.w = w
+        #: the last epoch this worker may begin on its own (0: no lease, the coordinator drives)
+        self.upto = 0
+        #: the leased run's id (``wire.Lease.run``)
+        self.run = 0
+        #: epoch → the snapshot round whose marker its commit carries
+        self.markers: dict[int, int] = {}
+        #: the last epoch begun here, and the last one committed (under the lease)
+        self.begun = 0
+        self.committed = 0
+        #: the epoch whose commit found the cluster idle (-1: not idle)
+        self.idle_at = -1
+        #: a reason to begin after an idle commit came (work here, a peer's Wake)
+        self.woken = False
+        #: epoch → worker index → that worker's latest report of the epoch
+        self.reports: dict[int, dict[int, wire.Report]] = {}
+        self._committing = False
+
+    @property
+    def active(self) -> bool:
+        return self.upto > 0
+
+    def reset(self) -> None:
+        """A recovery or a new membership: the lease is over (the coordinator begins the
+        next run with a Begin and a new Lease)."""
+        self.upto = 0
+        self.run = 0
+        self.markers.clear()
+        self.reports.clear()
+        self.idle_at = -1
+        self.woken = False
+        self._committing = False
+
+    # -- what arrives -----------------------------------------------------------------------------
+    def grant(self, msg: wire.Lease) -> None:
+        """The coordinator's lease (it only grows)."""
+        new_run = msg.run != self.run
+        if new_run:  # what came from another run is stale
+            self.run = msg.run
+            self.markers.clear()
+            for reps in self.reports.values():
+                for i in [i for i, r in reps.items() if r.run != msg.run and i != self.w.index]:
+                    del reps[i]
+        elif msg.upto < self.upto:
+            log.warning("ignoring a lease up to epoch %d below the one held (%d)", msg.upto, self.upto,
+                        extra={"worker": self.w.index})
+            return
+        self.upto = msg.upto
+        if msg.marker is not None:
+            self.markers[msg.upto] = msg.marker
+        own = self.reports.get(self.begun, {}).get(self.w.index)
+        if new_run and own is not None and self.committed < self.begun:
+            own.run = self.run  # reported before the lease came: the peers need it now
+            self.w.send_peers(own)
+        self.advance()
+
+    def began(self, epoch: int) -> None:
+        """Epoch ``epoch`` began here (the coordinator's Begin or our own)."""
+        self.begun = epoch
+        self.committed = epoch - 1  # (a coordinator's Begin comes after the last commit)
+        self.idle_at = -1
+        self.woken = False
+        for e in [e for e in self.reports if e < epoch]:  # from before a recovery: stale
+            del self.reports[e]
+
+    def on_report(self, r: wire.Report) -> None:
+        """A report of this worker's or a peer's (a peer's may come before our lease; one of
+        another run waits here until it is overwritten, pruned or dropped with its run)."""
+        if r.epoch <= self.committed:
+            return  # a late copy: that epoch is over here
+        self.reports.setdefault(r.epoch, {})[r.index] = r
+        self.advance()
+
+    def on_wake(self, msg: wire.Wake) -> None:
+        if self.active and msg.run == self.run and msg.epoch == self.begun + 1:
+            self.woken = True
+            self.advance()
+
+    def work_arrived(self) -> None:
+        self.woken = True
+        self.advance()
+
+    # -- what it does -----------------------------------------------------------------------------
+    def advance(self) -> None:
+        """Commit the current epoch, or begin the next, if the lease says so now."""
+        if not self.active or self._committing:
+            return
+        w = self.w
+        e = self.begun
+        if self.committed < e:
+            reps = {i: r for i, r in self.reports.get(e, {}).items() if r.run == self.run or i == w.index}
+            n = w.assign.n_workers
+            if execution_finished(n, {i: (r.sent, r.served) for i, r in reps.items()}):
+                self._committing = True
+                w.tasks_add(asyncio.ensure_future(self._commit(e, [reps[i] for i in sorted(reps)])))
+            return
+        nxt = e + 1
+        if nxt > self.upto:
+            return  # the coordinator extends the lease
+        if self.idle_at == e:
+            if not self.woken and not any(m > e for m in self.markers):
+                return
+            w.send_peers(wire.Wake(w.index, nxt, self.run))
+        w.start_epoch(wire.Begin(nxt, time.time()))
+
+    async def _commit(self, epoch: int, reports: list[wire.Report]) -> None:
+        try:
+            conflicts, aborts = merge_votes((r.conflicts, r.aborts) for r in reports)
+            idle = idle_after((r.pending for r in reports), conflicts)
+            await self.w.commit_epoch(epoch, conflicts, aborts, self.markers.pop(epoch, None))
+            self.committed = epoch
+            self.idle_at = epoch if idle else -1
+            self.reports.pop(epoch, None)
+        finally:
+            self._committing = False
+        self.advance()

@@ -1,0 +1,273 @@
+"""A worker's side of a rescale (see ``coordinator.protocols.rescale``): partitions moving away and in.
+
+* ``Ship(partitions)``: ship those partitions' stores (``worker.replication``), answer
+  ``Shipped`` with each store's version; their merges wait until they leave (a merge
+  would ship the state again), at most :data:`MERGE_HOLD` seconds.
+* ``Move(index, n, sources, seqs)``: follow every moving store from its old owner into
+  ``{home}/moving/{namespace}/{app}/{name}/`` (:class:`statestores.replica.Follower`: the
+  old owner's own run files with their indexes, hints; no merge here) until it holds the
+  version in ``seqs`` (live files only); answer ``Following``. Flushes keep arriving after
+  that, until ``Hold(round)``: each replica stops once it holds the switch's round.
+* ``Release(round, owners)`` (epochs paused right after round ``round``): stop ingest of
+  the partitions lost, drop their waiting requests and offsets, stop shipping and close
+  their stores; answer ``Released``. A worker left with no partition is retiring.
+* ``Reassign(round, …)``: promote each replica at the round's snapshot into the
+  partition's directory (a rename; only what a replica lacks is downloaded), add the stores,
+  and resume each gained partition's ingress at the round's watermark — offsets the round
+  holds are skipped, its waiting re-runs keep their tids; answer ``Ready``.
+
+A joining worker (scale-up) gets ``Move`` as the coordinator's first answer, follows, and
+becomes a worker at ``Reassign`` (:func:`join_as_receiver`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import statestores
+from sfaas.errors import ChannelClosed, ClusterError
+from sfaas.runtime import wire
+from sfaas.runtime.partitioning import owned
+from sfaas.runtime.state import PartitionStores, StoreKey, store_engine, store_remote, stores_root
+from statestores.replica import Follower, TcpSource
+from worker.replication import store_name
+
+if TYPE_CHECKING:
+    from worker.service import Worker
+
+log = logging.getLogger("sfaas.worker.moving")
+
+__all__ = ["Moving", "join_as_receiver", "FOLLOW_TIMEOUT", "MERGE_HOLD"]
+
+#: Seconds a receiver may take to catch up with a moving store's version.
+FOLLOW_TIMEOUT = 240.0
+#: Seconds a store shipped for a move holds its merges at most (the switch comes sooner).
+MERGE_HOLD = 60.0
+
+
+class Moving:
+    """The moving stores of one worker (see the module docstring)."""
+
+    def __init__(self, w: Worker) -> None:
+        self.w = w
+        s = w.settings
+        self.root = os.path.join(s.home, "moving", s.namespace, w.app.name, w.name)
+        self.followers: dict[StoreKey, Follower] = {}
+        self._task: asyncio.Task[None] | None = None
+        #: stores shipped for a move: their merges wait until they leave (or the move is off)
+        self._merges_held: dict[StoreKey, Callable[[], None]] = {}
+        self._unhold: asyncio.TimerHandle | None = None
+        #: what the last takeover cost (for logs and the rescale benchmark)
+        self.last: dict[str, Any] = {}
+
+    # -- leaving -----------------------------------------------------------------------------
+    def ship(self, msg: wire.Ship) -> wire.Shipped:
+        w = self.w
+        if w.shipping is None:
+            raise ClusterError("asked to ship stores, but this worker runs no replication server")
+        assert w.engine is not None
+        stores = {k: st for k, st in w.engine.stores.items() if k[1] in set(msg.partitions)}
+        for k, st in stores.items():
+            if k not in self._merges_held:
+                self._merges_held[k] = st.pause_merges()
+        if self._unhold is not None:
+            self._unhold.cancel()
+        # a move that never switches must not leave the stores unmerged for long
+        self._unhold = asyncio.get_running_loop().call_later(MERGE_HOLD, self.resume_merges)
+        seqs = w.shipping.attach(stores)
+        return wire.Shipped(w.index, [[op, p, seq] for (op, p), seq in sorted(seqs.items())])
+
+    async def release(self, msg: wire.Release) -> wire.Released:
+        """Close the partitions ``msg.owners`` no longer gives this worker."""
+        w = self.w
+        assert w.engine is not None and w.loop is not None
+        keep = set(owned(msg.owners, w.index))
+        lost = sorted({p for _, p in w.engine.stores} - keep)
+        if not lost:
+            return wire.Released(w.index, "")
+        await w.pause_ingest()
+        drop = set(lost)
+        q = w.loop.queue
+        kept = [item for item in q if item.partition not in drop]
+        q.clear()
+        q.extend(kept)
+        w.loop.sequencer.discard([tid for tid, item in w.loop.sequencer.retries() if item.partition in drop])
+        self.resume_merges()  # (the stores leaving close next; the others were never held)
+        await asyncio.to_thread(self.detach(drop, len(msg.owners)).close)
+        w.assign.owners = list(msg.owners)
+        w.engine.owners = list(msg.owners)
+        if keep:
+            await w.resume_ingest({})
+        else:
+            w.retired = True
+        log.info("released partitions %s at round %d", lost, msg.round, extra={"worker": w.index})
+        return wire.Released(w.index, "")
+
+    def detach(self, partitions: set[int], n_partitions: int) -> PartitionStores:
+        """Forget ``partitions`` here — their ingress offsets, shipping and stores (a
+        rescale's release, or a recovery under a new map); returns the stores to close."""
+        w = self.w
+        assert w.engine is not None
+        for p in partitions:
+            w.offsets.drop(p)
+            w.applied.drop(p)
+            w.start_offsets.pop(p, None)
+        keys = [k for k in w.engine.stores if k[1] in partitions]
+        if w.shipping is not None:
+            w.shipping.detach(keys)
+        return PartitionStores({k: w.engine.stores.pop(k) for k in keys}, n_partitions)
+
+    # -- arriving ------------------------------------------------------------------------------
+    def follow(self, msg: wire.Move) -> None:
+        """Start following (in the background) and answer ``Following`` when caught up."""
+        if self._task is not None:
+            self._task.cancel()
+        self._task = asyncio.get_running_loop().create_task(self._follow(msg), name="moving-follow")
+
+    async def _follow(self, msg: wire.Move) -> None:
+        try:
+            await asyncio.to_thread(self._open, msg)
+            error = ""
+        except Exception as exc:
+            log.exception("following the moving stores failed", extra={"worker": msg.index})
+            error = f"{type(exc).__name__}: {exc}"[:2000]
+        try:
+            self.w.coord.send(wire.Following(msg.index, error))
+        except ChannelClosed:
+            pass
+
+    def _open(self, msg: wire.Move) -> None:
+        """(a thread) Follow every moving store; wait until each holds its version."""
+        self.stop()
+        w = self.w
+        shutil.rmtree(self.root, ignore_errors=True)
+        seqs = {(str(op), int(p)): int(seq) for op, p, seq in msg.seqs}
+        for host, port, parts in msg.sources:
+            for p in parts:
+                for op in w.app.operators:
+                    engine, opts = store_engine(w.app, op, w.settings.store)
+                    source = TcpSource(host, port, store_name(op, p), w.secret)
+                    # promoted at a round still to come: the old owner's newest snapshot is not needed
+                    self.followers[(op, p)] = statestores.follow(engine, os.path.join(self.root, op, f"p{p}"),
+                                                                 source, live_only=True, **opts)
+        t0 = time.monotonic()
+        for key, fol in self.followers.items():
+            fol.wait(seq=seqs.get(key, 0), timeout=FOLLOW_TIMEOUT)
+        got = sum(f.stats()["bytes_received"] for f in self.followers.values())
+        log.info("following %d moving stores: caught up in %.2f s, %.1f MB received", len(self.followers),
+                 time.monotonic() - t0, got / 1e6, extra={"worker": msg.index})
+
+    def hold(self, msg: wire.Hold) -> None:
+        """The switch is at round ``msg.round``: each replica stops once it holds it."""
+        for fol in list(self.followers.values()):
+            fol.stop_at(msg.round)
+
+    def resume_merges(self) -> None:
+        """Let the stores held by :meth:`ship` merge again."""
+        if self._unhold is not None:
+            self._unhold.cancel()
+            self._unhold = None
+        held, self._merges_held = self._merges_held, {}
+        for resume in held.values():
+            resume()
+
+    def stop(self) -> None:
+        """Stop following (an abandoned rescale, or a recovery)."""
+        for fol in self.followers.values():
+            fol.close()
+        self.followers.clear()
+
+    def take_over(self, round_id: int, index: int, partitions: int) -> PartitionStores:
+        """(a thread) Each replica becomes its partition's store at round ``round_id``."""
+        w = self.w
+        s, app = w.settings, w.app
+        stores: dict[StoreKey, statestores.Store] = {}
+        received = downloaded = held_bytes = 0
+        t0 = time.monotonic()
+        try:
+            for (op, p), fol in list(self.followers.items()):
+                received += fol.stats()["bytes_received"]
+                held = fol.snapshots()
+                store = fol.promote(round_id if round_id in held else None,
+                                    directory=os.path.join(stores_root(s, app.name), op, f"p{p}"))
+                del self.followers[(op, p)]
+                store.remote = store_remote(s, app.name, op, p)
+                stores[(op, p)] = store
+                held_bytes += sum(os.path.getsize(os.path.join(store.directory, e.name)) for e in store.version()[1])
+                if round_id not in held:  # it fell behind: the round's files from MinIO
+                    log.warning("the replica of %s/p%d lacks round %d (holds %s): restoring it", op, p, round_id,
+                                held, extra={"worker": index})
+                    info = store.restore(round_id)
+                    downloaded += info.bytes_downloaded
+        except BaseException:
+            PartitionStores(stores, partitions).close()
+            raise
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+        self.last = {"stores": len(stores), "bytes_received": received, "bytes_downloaded": downloaded,
+                     "bytes_held": held_bytes}
+        if stores:
+            log.info("took over %d stores at round %d: %d bytes shipped, %d bytes in their files, %d bytes downloaded "
+                     "(%.3f s)", len(stores), round_id, received, held_bytes, downloaded, time.monotonic() - t0,
+                     extra={"worker": index})
+        return PartitionStores(stores, partitions)
+
+    async def reassign(self, msg: wire.Reassign) -> None:
+        """A live worker's ``Reassign``: take over the gained partitions, resume."""
+        w = self.w
+        assert w.engine is not None
+        w.lease.reset()  # the next run begins under the new membership
+        gained = await asyncio.to_thread(self.take_over, msg.round, msg.index, len(msg.owners))
+        w.engine.stores.update(gained.items())
+        w.engine.n_workers = msg.n_workers
+        w.engine.owners = list(msg.owners)
+        w.assign.n_workers, w.assign.peers, w.assign.owners = msg.n_workers, msg.peers, list(msg.owners)
+        for j in [j for j in w.peers if j >= msg.n_workers]:
+            w.peers.pop(j).close()
+            w._peer_addrs.pop(j, None)
+        await w.reconnect_peers(msg.peers)
+        await w.pause_ingest()
+        await w.resume_ingest(msg.ingress, msg.skip, msg.retries)
+        w.coord.send(wire.Ready(w.index))
+
+
+async def join_as_receiver(w: Worker, first: wire.Move) -> tuple[wire.Reassign, PartitionStores]:
+    """A joining worker: follow the partitions coming to it until ``Reassign``; returns it
+    and the stores taken over."""
+    mv = w.moving
+    mv.follow(first)
+    try:
+        while True:
+            try:
+                msgs = await w.coord.recv()
+            except ChannelClosed:
+                raise ClusterError("lost the coordinator while joining") from None
+            for msg in msgs:
+                if isinstance(msg, wire.Move):
+                    mv.follow(msg)
+                elif isinstance(msg, wire.Hold):
+                    mv.hold(msg)
+                elif isinstance(msg, wire.Reassign):
+                    # the running workers connect at once: this worker's slot must be known first
+                    ingress, egress = w.settings.topics(w.app.name)
+                    w.index = msg.index
+                    w.assign = wire.Assign(msg.index, msg.n_workers, msg.peers, len(msg.owners), ingress, egress,
+                                           w.consumer_group, list(msg.owners))
+                    w.assigned.set()
+                    stores = await asyncio.to_thread(mv.take_over, msg.round, msg.index, len(msg.owners))
+                    return msg, stores
+                elif isinstance(msg, wire.Stop):
+                    raise ClusterError(f"coordinator stopped this worker while it joined: {msg.reason}")
+                else:  # e.g. a Recover: the cluster rolled back before this worker took over
+                    raise ClusterError(f"{type(msg).__name__} while joining: starting over")
+    except BaseException:
+        if mv._task is not None:
+            mv._task.cancel()
+        mv.stop()
+        raise
