@@ -22,10 +22,9 @@ from sfaas import (
     SyncClient,
     TransactionAborted,
     UnknownFunction,
-    channels,
-    wire,
 )
 from sfaas.errors import AuthenticationError
+from sfaas.runtime import channels, wire
 from sfaas.runtime.settings import Settings
 from tests.namespaces import fresh_namespace
 
