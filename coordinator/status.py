@@ -1,13 +1,13 @@
 """The coordinator's status page: ``/`` (HTML) and ``/status.json`` (what the page shows).
 
-:func:`data` gathers what the coordinator knows — the workers with their partitions, roles
-and health, the standbys, throughput and p50/p99 over the last minutes (from the workers'
-heartbeats, ``coordinator.metrics``), the snapshot rounds and their failures, the
-recoveries, a rescale under way or the last one, and each operator's state in the newest
-round — as a summary, tables of pre-formatted cells and time series. :func:`page` renders
-the same data as plain HTML; a small inline script then polls ``/status.json`` every two
-seconds and refills the tables and the chart, so the page needs no build step and works
-without the script, too.
+:func:`data` gathers what the coordinator knows (its snapshot, ``coordinator.snapshot``) —
+the workers with their partitions, roles and health, the standbys, throughput and p50/p99
+over the last minutes (from the workers' heartbeats, ``coordinator.metrics``), the snapshot
+rounds and their failures, the recoveries, a rescale under way or the last one, and each
+operator's state in the newest round — as a summary, tables of pre-formatted cells and
+time series. :func:`page` renders the same data as plain HTML; a small inline script then
+polls ``/status.json`` every two seconds and refills the tables and the chart, so the page
+needs no build step and works without the script, too.
 
 No credential is shown: the page shows no setting that holds one, and text that comes from
 elsewhere (a failed round's error) has the configured secrets blanked out. Text from the
@@ -20,14 +20,12 @@ import html
 import json
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from coordinator.metrics import WINDOW_SECONDS, Sample, operator_bytes
+from coordinator.metrics import WINDOW_SECONDS, CoordinatorMetrics, Sample, operator_bytes
+from coordinator.snapshot import ClusterSnapshot
 from sfaas.runtime.metrics import LATENCY_BOUNDS, quantile
 from sfaas.runtime.partitioning import owned
-
-if TYPE_CHECKING:
-    from coordinator.service import Coordinator
 
 __all__ = ["data", "as_json", "page", "POLL_SECONDS"]
 
@@ -62,8 +60,10 @@ def _ago(t: float, now: float) -> str:
     return f"{s:.1f} s ago" if s < 60 else f"{s / 60:.0f} min ago"
 
 
-def _window(samples: list[Sample], now: Sample, seconds: float) -> tuple[float | None, list[int]]:
-    """Requests per second and latency counts between ``now`` and the sample ``seconds`` before."""
+def _window(samples: list[Sample], now: Sample,
+            seconds: float) -> tuple[float | None, list[int]]:
+    """Requests per second and latency counts between ``now`` and the sample ``seconds``
+    before."""
     older = [s for s in samples if s.t <= now.t - 1.0]
     if not older:
         return None, [0] * len(now.latency)
@@ -73,26 +73,15 @@ def _window(samples: list[Sample], now: Sample, seconds: float) -> tuple[float |
     return max(0, answered) / (now.t - base.t), counts
 
 
-def _redact(c: Coordinator, text: str) -> str:
-    s = c.settings
-    for secret in (s.secret, s.minio_secret_key, s.minio_access_key):
-        if secret:
-            text = text.replace(secret, "***")
-    return text
-
-
-def data(c: Coordinator) -> dict[str, Any]:
-    """What the status page shows (see module docstring)."""
-    m = c.metrics
-    s = c.settings
+def data(c: ClusterSnapshot, m: CoordinatorMetrics) -> dict[str, Any]:
+    """What the status page shows (see module docstring): snapshot ``c`` and the history
+    ``m`` keeps."""
     now, mono = time.time(), time.monotonic()
     samples = list(m.samples)
     cur = m.current()
     rate, recent = _window(samples, cur, RECENT_SECONDS)
     p50, p99 = quantile(LATENCY_BOUNDS, recent, 0.5), quantile(LATENCY_BOUNDS, recent, 0.99)
-    owners: list[int] = list(getattr(c, "owners", []))  # the partition map in force
-    # the slots: the members once all joined (a rescale changes them), before that the count awaited
-    n_workers = len(c.members) if c._all_joined.is_set() else getattr(c, "n_workers", s.workers)
+    owners = list(c.owners)  # the partition map in force
 
     workers: list[list[str]] = []
     raw_workers: list[dict[str, Any]] = []
@@ -101,12 +90,11 @@ def data(c: Coordinator) -> dict[str, Any]:
         age = mono - mb.last_seen
         if not mb.alive:
             health = "lost"
-            waiting = c.standbys._reserved.get(mb.index, ("",))[0]  # (reserved_for() may promote: not here)
-            if waiting:
-                health += f" (promoting {waiting})"
-        elif not mb.ready.is_set():
+            if mb.promoting:
+                health += f" (promoting {mb.promoting})"
+        elif not mb.ready:
             health = "starting"
-        elif age > s.heartbeat_timeout:
+        elif age > c.heartbeat_timeout:
             health = "silent"
         else:
             health = "healthy"
@@ -114,50 +102,52 @@ def data(c: Coordinator) -> dict[str, Any]:
         parts = owned(owners, mb.index)
         done = cur.answered.get(mb.index, 0)
         w_rate = None
-        base = next((x for x in samples if x.t >= cur.t - RECENT_SECONDS and x.t <= cur.t - 1.0), None)
+        base = next((x for x in samples if cur.t - RECENT_SECONDS <= x.t <= cur.t - 1.0), None)
         if base is not None:
             w_rate = max(0, done - base.answered.get(mb.index, 0)) / (cur.t - base.t)
-        workers.append([str(mb.index), "primary", mb.name, str(mb.pid), f"{mb.host}:{mb.port}",
+        workers.append([str(mb.index), "primary", mb.name, str(mb.pid), mb.address,
                         ", ".join(map(str, parts)), health, f"{age:.1f} s ago", _num(done),
                         "–" if w_rate is None else f"{w_rate:,.1f}"])
         raw_workers.append({"index": mb.index, "role": "primary", "name": mb.name, "pid": mb.pid,
                             "partitions": parts, "health": health, "answered": done})
-        for sb in c.standbys.by_slot.get(mb.index, []):
-            following = f"{sb.following[0]}:{sb.following[1]}" if sb.following else ""
-            workers.append([str(sb.of), "standby", sb.name, str(sb.pid), sb.host, f"follows {', '.join(map(str, parts))}",
-                            "following" if following else "waiting", "", "", ""])
+        for sb in c.standbys_of(mb.index):
+            following = "following" if sb.following else "waiting"
+            workers.append([str(sb.of), "standby", sb.name, str(sb.pid), sb.host,
+                            f"follows {', '.join(map(str, parts))}", following, "", "", ""])
             raw_workers.append({"index": sb.of, "role": "standby", "name": sb.name, "pid": sb.pid,
-                                "partitions": parts, "health": "following" if following else "waiting"})
+                                "partitions": parts, "health": following})
 
-    rescale = getattr(c, "rescale", None)
-    for j in rescale.joiners if rescale is not None else []:
-        workers.append(["", "joining", j.name, str(j.pid), f"{j.host}:{j.port}", "", "joining a rescale",
-                        f"{mono - j.last_seen:.1f} s ago", "", ""])
-        raw_workers.append({"index": j.index, "role": "joining", "name": j.name, "pid": j.pid, "partitions": [],
-                            "health": "joining"})
-    rescaling = f"to {rescale.target} workers" if rescale is not None and rescale.target is not None else "no"
-    if rescale is not None and rescale.last:
-        done = rescale.last
-        rescaling += (f"; last: {done['workers']} workers, {len(done['moved'])} partitions moved, "
-                      f"paused {_ms(done['pause_seconds'])}")
+    for j in c.joiners:
+        workers.append(["", "joining", j.name, str(j.pid), f"{j.host}:{j.port}", "",
+                        "joining a rescale", f"{mono - j.last_seen:.1f} s ago", "", ""])
+        raw_workers.append({"index": j.index, "role": "joining", "name": j.name, "pid": j.pid,
+                            "partitions": [], "health": "joining"})
+    rescaling = f"to {c.rescale_target} workers" if c.rescale_target is not None else "no"
+    if c.last_rescale:
+        scaled = c.last_rescale
+        rescaling += (f"; last: {scaled['workers']} workers, {len(scaled['moved'])} partitions "
+                      f"moved, paused {_ms(scaled['pause_seconds'])}")
 
-    rounds = getattr(c, "rounds", None)
-    history = list(rounds.history) if rounds is not None else []
-    last = rounds.last_complete if rounds is not None else None
-    round_rows = [[str(r.round), _ago(r.created, now), str(r.epoch), _ms(max(0.0, r.created - r.started)),
-                   _bytes(r.bytes_uploaded), _bytes(r.total_bytes), _num(r.files)] for r in reversed(history[-5:])]
-    failure_rows = [[_ago(t, now), str(rnd), _redact(c, why)[:300]]
-                    for t, rnd, why in reversed(list(rounds.failures)[-5:])] if rounds is not None else []
+    rounds = c.rounds
+    history = list(rounds.history)
+    last = rounds.last_complete
+    round_rows = [[str(r.round), _ago(r.created, now), str(r.epoch),
+                   _ms(max(0.0, r.created - r.started)), _bytes(r.bytes_uploaded),
+                   _bytes(r.total_bytes), _num(r.files)] for r in reversed(history[-5:])]
+    failure_rows = [[_ago(t, now), str(rnd), why[:300]]
+                    for t, rnd, why in reversed(rounds.failures[-5:])]
     store_rows: list[list[str]] = []
     if last is not None:
         per_op = operator_bytes(last)
         for op in sorted(per_op):
             cuts = [st for st in last.stores if st.operator == op]
-            store_rows.append([op, str(len(cuts)), _bytes(per_op[op]), _num(sum(st.files for st in cuts)),
+            store_rows.append([op, str(len(cuts)), _bytes(per_op[op]),
+                               _num(sum(st.files for st in cuts)),
                                _bytes(sum(st.bytes_uploaded for st in cuts))])
     recovery_rows = [[_ago(r["finished"], now), str(r.get("attempt", "")), str(r.get("round", "")),
-                      str(r.get("epochs_replayed", "")), _ms(r.get("detect+restart")), _ms(r.get("restore")),
-                      _ms(r.get("replay")), _ms(r.get("seconds"))] for r in reversed(m.recoveries)]
+                      str(r.get("epochs_replayed", "")), _ms(r.get("detect+restart")),
+                      _ms(r.get("restore")), _ms(r.get("replay")), _ms(r.get("seconds"))]
+                     for r in reversed(m.recoveries)]
 
     series: dict[str, list[Any]] = {"t": [], "throughput": [], "p50_ms": [], "p99_ms": []}
     points = [*samples, cur]
@@ -181,71 +171,79 @@ def data(c: Coordinator) -> dict[str, Any]:
         ["p50", "p50 latency (1 min)", _ms(p50)],
         ["p99", "p99 latency (1 min)", _ms(p99)],
         ["answered", "requests answered", _num(answered)],
-        ["epochs", "epochs", _num(c.stats["epochs"])],
-        ["workers", "workers healthy", f"{healthy} of {n_workers}"],
-        ["standbys", "standbys", str(sum(len(x) for x in c.standbys.by_slot.values()))],
-        ["round", "newest snapshot round", "none yet" if last is None else f"#{last.round}, {_ago(last.created, now)}"],
+        ["epochs", "epochs", _num(c.stats.epochs)],
+        ["workers", "workers healthy", f"{healthy} of {c.slots}"],
+        ["standbys", "standbys", str(len(c.standbys))],
+        ["round", "newest snapshot round",
+         "none yet" if last is None else f"#{last.round}, {_ago(last.created, now)}"],
         ["recoveries", "recoveries", str(m.recovered_total)],
         ["rescale", "rescaling", rescaling],
     ]
     return {
-        "app": c.app_name, "namespace": s.namespace, "time": now, "poll_seconds": POLL_SECONDS,
+        "app": c.app, "namespace": c.namespace, "time": now, "poll_seconds": POLL_SECONDS,
         "summary": summary,
         "tables": [
             {"id": "workers", "title": "Workers", "empty": "no worker registered yet",
-             "columns": ["slot", "role", "name", "pid", "address", "partitions", "health", "heard from",
-                         "answered", "req/s (1 min)"], "rows": workers},
+             "columns": ["slot", "role", "name", "pid", "address", "partitions", "health",
+                         "heard from", "answered", "req/s (1 min)"], "rows": workers},
             {"id": "rounds", "title": "Snapshot rounds", "empty": "no complete round yet",
-             "columns": ["round", "published", "epoch", "marker → published", "uploaded", "state", "files"],
+             "columns": ["round", "published", "epoch", "marker → published", "uploaded", "state",
+                         "files"],
              "rows": round_rows},
             {"id": "round-failures", "title": "Failed rounds", "empty": "none",
              "columns": ["when", "round", "why"], "rows": failure_rows},
             {"id": "recoveries", "title": "Recoveries", "empty": "none",
-             "columns": ["finished", "attempt", "round", "epochs replayed", "detect + restart", "restore", "replay",
-                         "total"], "rows": recovery_rows},
-            {"id": "stores", "title": "State per operator (newest round)", "empty": "no complete round yet",
-             "columns": ["operator", "partitions", "state", "files", "uploaded in the round"], "rows": store_rows},
+             "columns": ["finished", "attempt", "round", "epochs replayed", "detect + restart",
+                         "restore", "replay", "total"], "rows": recovery_rows},
+            {"id": "stores", "title": "State per operator (newest round)",
+             "empty": "no complete round yet",
+             "columns": ["operator", "partitions", "state", "files", "uploaded in the round"],
+             "rows": store_rows},
         ],
         "series": series,
-        "raw": {"answered": answered, "epochs": c.stats["epochs"], "workers": raw_workers,
+        "raw": {"answered": answered, "epochs": c.stats.epochs, "workers": raw_workers,
                 "rate": rate, "p50_seconds": p50, "p99_seconds": p99,
-                "rounds_completed": rounds.completed if rounds is not None else 0,
-                "recoveries": m.recovered_total},
+                "rounds_completed": rounds.completed, "recoveries": m.recovered_total},
     }
 
 
-def as_json(c: Coordinator) -> str:
-    return json.dumps(data(c))
+def as_json(c: ClusterSnapshot, m: CoordinatorMetrics) -> str:
+    return json.dumps(data(c, m))
 
 
 def _table(t: dict[str, Any]) -> str:
     e = html.escape
     head = "".join(f"<th>{e(col)}</th>" for col in t["columns"])
     if t["rows"]:
-        body = "".join("<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in row) + "</tr>" for row in t["rows"])
+        body = "".join("<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in row) + "</tr>"
+                       for row in t["rows"])
     else:
         body = f'<tr class="empty"><td colspan="{len(t["columns"])}">{e(t["empty"])}</td></tr>'
-    return (f'<section><h2>{e(t["title"])}</h2><table id="{e(t["id"])}" data-empty="{e(t["empty"])}">'
+    return (f'<section><h2>{e(t["title"])}</h2>'
+            f'<table id="{e(t["id"])}" data-empty="{e(t["empty"])}">'
             f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></section>")
 
 
-def page(c: Coordinator) -> str:
+def page(c: ClusterSnapshot, m: CoordinatorMetrics) -> str:
     """The status page, rendered with the current data."""
-    d = data(c)
+    d = data(c, m)
     e = html.escape
     cards = "".join(f'<div class="card" data-key="{e(k)}"><div class="label">{e(label)}</div>'
-                    f'<div class="value">{e(value)}</div></div>' for k, label, value in d["summary"])
+                    f'<div class="value">{e(value)}</div></div>'
+                    for k, label, value in d["summary"])
     tables = "".join(_table(t) for t in d["tables"])
     updated = time.strftime("%H:%M:%S", time.localtime(d["time"]))
-    fields = {"title": e(f"sfaas · {d['app']}"), "app": e(d["app"]), "namespace": e(d["namespace"]),
-              "updated": updated, "cards": cards, "tables": tables, "poll_ms": str(int(d["poll_seconds"] * 1000)),
+    fields = {"title": e(f"sfaas · {d['app']}"), "app": e(d["app"]),
+              "namespace": e(d["namespace"]), "updated": updated, "cards": cards,
+              "tables": tables, "poll_ms": str(int(d["poll_seconds"] * 1000)),
               "window_s": str(int(WINDOW_SECONDS)), "window_min": str(int(WINDOW_SECONDS // 60))}
     # one pass: text from the data is never looked at for placeholders again
     return re.sub(r"\{(" + "|".join(fields) + r")\}", lambda mt: fields[mt.group(1)], _PAGE)
 
 
 _PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title}</title>
 <style>
 body{font:14px/1.4 system-ui,sans-serif;margin:1.2em 2em;color:#222;background:#fafafa}
@@ -253,15 +251,18 @@ h1{font-size:1.3em;margin:0 0 .2em}h2{font-size:1.05em;margin:1.2em 0 .4em}
 .sub{color:#666;margin-bottom:1em}.stale{color:#b00}
 .cards{display:flex;flex-wrap:wrap;gap:.6em}
 .card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:.5em .8em;min-width:9em}
-.card .label{color:#666;font-size:.85em}.card .value{font-size:1.3em;font-variant-numeric:tabular-nums}
-table{border-collapse:collapse;background:#fff}th,td{border:1px solid #ddd;padding:.25em .6em;text-align:left}
+.card .label{color:#666;font-size:.85em}
+.card .value{font-size:1.3em;font-variant-numeric:tabular-nums}
+table{border-collapse:collapse;background:#fff}
+th,td{border:1px solid #ddd;padding:.25em .6em;text-align:left}
 th{background:#f0f0f0;font-weight:600}td{font-variant-numeric:tabular-nums}tr.empty td{color:#888}
 #chart{background:#fff;border:1px solid #ddd;border-radius:6px;margin-top:.8em}
 .legend{font-size:.85em;color:#666}
 </style></head><body>
 <h1>sfaas · app <span id="app">{app}</span></h1>
 <div class="sub">namespace {namespace} · updated <span id="updated">{updated}</span>
-<span id="stale" class="stale"></span> · <a href="/status.json">status.json</a> · <a href="/metrics">metrics</a></div>
+<span id="stale" class="stale"></span> · <a href="/status.json">status.json</a>
+· <a href="/metrics">metrics</a></div>
 <div class="cards" id="summary">{cards}</div>
 <svg id="chart" width="720" height="160" viewBox="0 0 720 160" role="img"
  aria-label="throughput and p99 latency over the last minutes"></svg>
@@ -301,9 +302,11 @@ function label(text, x, y, color) {
 function chart(s) {
   const svg = document.getElementById("chart");
   svg.replaceChildren();
-  const tmax = Math.max(1, ...s.throughput), pmax = Math.max(1, ...s.p99_ms.filter(v => v !== null));
+  const tmax = Math.max(1, ...s.throughput);
+  const pmax = Math.max(1, ...s.p99_ms.filter(v => v !== null));
   svg.append(line(s.t, s.throughput, tmax, "#2a6fdb"), line(s.t, s.p99_ms, pmax, "#d9822b"),
-             label(tmax.toFixed(0) + "/s", 2, 14, "#2a6fdb"), label(pmax.toFixed(1) + " ms", 2, 28, "#d9822b"));
+             label(tmax.toFixed(0) + "/s", 2, 14, "#2a6fdb"),
+             label(pmax.toFixed(1) + " ms", 2, 28, "#d9822b"));
 }
 function render(d) {
   for (const [key, , value] of d.summary) {
@@ -324,7 +327,8 @@ async function poll() {
     if (!r.ok) throw new Error("HTTP " + r.status);
     render(await r.json());
   } catch (err) {
-    document.getElementById("stale").textContent = "(cannot reach the coordinator: " + err.message + ")";
+    document.getElementById("stale").textContent =
+      "(cannot reach the coordinator: " + err.message + ")";
   }
   setTimeout(poll, {poll_ms});
 }

@@ -44,7 +44,8 @@ async def withdraw(ctx: Context, amount: int) -> int:
 
 @accounts.function
 async def transfer(ctx: Context, to: str, amount: int) -> int:
-    """Move ``amount`` from this account to ``to`` atomically; returns this account's new balance."""
+    """Move ``amount`` from this account to ``to`` atomically; returns this account's new
+    balance."""
     if to == ctx.key:
         raise Abort("cannot transfer to the same account")
     new = await withdraw(ctx, amount)

@@ -1,4 +1,5 @@
-"""Throughput/latency of PathRemote vs MinioRemote (needs MinIO: `python -m launcher.services up --minio-only`).
+"""Throughput/latency of PathRemote vs MinioRemote (needs MinIO:
+`python -m launcher.services up --minio-only`).
 
     python -m scripts.bench_remotes [--mib 64] [--files 64]   (from the repo root)
 
@@ -50,7 +51,10 @@ def bench(remote: Remote, work: Path, mib: int, nfiles: int) -> list[tuple[str, 
         t = timed(lambda: list(pool.map(lambda p: remote.put_file(p.name + "-p", p), small)))
     rows.append((f"put {nfiles} x 1 MiB, 8 threads", f"{t:.3f} s  {nfiles / t:.0f} MiB/s"))
     with ThreadPoolExecutor(8) as pool:
-        t = timed(lambda: list(pool.map(lambda p: remote.get_file(p.name, work / (p.name + ".out")), small)))
+        def fetch(p: Path) -> None:
+            remote.get_file(p.name, work / (p.name + ".out"))
+
+        t = timed(lambda: list(pool.map(fetch, small)))
     rows.append((f"get {nfiles} x 1 MiB, 8 threads", f"{t:.3f} s  {nfiles / t:.0f} MiB/s"))
 
     lat = []
@@ -61,7 +65,8 @@ def bench(remote: Remote, work: Path, mib: int, nfiles: int) -> list[tuple[str, 
     lat = [timed(lambda i=i: remote.read_manifest(i)) for i in range(50)]  # type: ignore[misc]
     rows.append(("read_manifest, p50", f"{statistics.median(lat) * 1e3:.2f} ms"))
     lat = [timed(remote.list_files) for _ in range(20)]
-    rows.append((f"list_files ({2 * nfiles + 1} files), p50", f"{statistics.median(lat) * 1e3:.2f} ms"))
+    label = f"list_files ({2 * nfiles + 1} files), p50"
+    rows.append((label, f"{statistics.median(lat) * 1e3:.2f} ms"))
     t = timed(lambda: remote.gc(keep=1))
     rows.append(("gc(keep=1) of 50 manifests", f"{t * 1e3:.1f} ms"))
     return rows

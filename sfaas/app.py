@@ -145,7 +145,8 @@ class App:
                 f"operator {name!r}: unknown store {store!r}; expected one of {statestores.ENGINES}"
             )
         if store_options is not None and not isinstance(store_options, dict):
-            raise ConfigError(f"operator {name!r}: store_options must be a dict, got {store_options!r}")
+            raise ConfigError(
+                f"operator {name!r}: store_options must be a dict, got {store_options!r}")
         op = Operator(self, name, store, dict(store_options or {}))
         self.operators[name] = op
         return op

@@ -59,7 +59,8 @@ class Client:
         settings: Settings | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
-        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) \
+                or max_in_flight < 1:
             raise ValueError(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
         self.max_in_flight = max_in_flight
         self._room = asyncio.Event()
@@ -155,7 +156,9 @@ class Client:
             raise BadKey(f"key for operator {operator!r} must be a non-empty str, got {key!r:.80}")
         check_arguments(list(args), f"arguments of {operator}.{function}")
 
-    async def submit(self, operator: str, key: str, function: str, *args: Any) -> asyncio.Future[Reply]:
+    async def submit(
+        self, operator: str, key: str, function: str, *args: Any
+    ) -> asyncio.Future[Reply]:
         """Send a request; the returned future resolves to its raw :class:`Reply`."""
         return (await self._submit(operator, key, function, args))[1]
 
@@ -168,7 +171,8 @@ class Client:
             self._room.clear()
             await self._room.wait()
             if not self._started:
-                raise RuntimeError(f"client of app {self.app_name!r} closed while a request waited to be sent")
+                raise RuntimeError(f"client of app {self.app_name!r} closed while a request "
+                                   "waited to be sent")
         self._seq += 1
         rid = self.last_rid = f"{self.client_id}-{self._seq}"
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
@@ -188,7 +192,8 @@ class Client:
             return
         fut = self._waiting.get(rid)
         if fut is not None and not fut.done():
-            fut.set_exception(ClusterError(f"request {rid} was not delivered to {self.ingress}: {exc}"))
+            fut.set_exception(
+                ClusterError(f"request {rid} was not delivered to {self.ingress}: {exc}"))
         self._forget(rid)
 
     def _forget(self, rid: str) -> None:
@@ -216,7 +221,8 @@ class SyncClient:
 
     def __init__(self, app: str | App, bootstrap: str | None = None, **kwargs: Any) -> None:
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="sfaas-client", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="sfaas-client", daemon=True)
         self._thread.start()
         self._client = Client(app, bootstrap, **kwargs)
 

@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import random as _random
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from crc32c import crc32c
 
-if TYPE_CHECKING:
-    from sfaas.runtime.txn.engine import Engine
+__all__ = ["Context", "Transactions"]
 
-__all__ = ["Context"]
+
+class Transactions(Protocol):
+    """What a :class:`Context` asks of whoever runs its transaction (the runtime's engine):
+    the transaction's reads and writes of one key, and its calls of other functions."""
+
+    def read(self, tid: int, operator: str, key: str, default: Any) -> Any: ...
+
+    def write(self, tid: int, operator: str, key: str, value: Any) -> None: ...
+
+    def remove(self, tid: int, operator: str, key: str) -> None: ...
+
+    async def call(
+        self, tid: int, now: float, operator: str, key: str, function: str,
+        args: Sequence[Any], depth: int = 0,
+    ) -> Any: ...
 
 
 class Context:
@@ -26,7 +40,7 @@ class Context:
     __slots__ = ("_engine", "_tid", "_now", "operator", "key", "_pending", "_rng", "_depth")
 
     def __init__(
-        self, engine: Engine, tid: int, now: float, operator: str, key: str, depth: int
+        self, engine: Transactions, tid: int, now: float, operator: str, key: str, depth: int
     ) -> None:
         self._engine = engine
         self._tid = tid
@@ -98,7 +112,8 @@ class Context:
         return self._rng.random()
 
     def now(self) -> float:
-        """The transaction's timestamp (seconds since the epoch), fixed when it was first sequenced."""
+        """The transaction's timestamp (seconds since the epoch), fixed when it was first
+        sequenced."""
         return self._now
 
     def __repr__(self) -> str:

@@ -38,7 +38,8 @@ class SfaasError(Exception):
 
 
 class Abort(SfaasError):
-    """Raised by a user function to roll back the whole transaction; ``reason`` reaches the client."""
+    """Raised by a user function to roll back the whole transaction; ``reason`` reaches the
+    client."""
 
     def __init__(self, reason: str = "aborted") -> None:
         super().__init__(reason)
@@ -71,7 +72,8 @@ class BadKey(TransactionAborted, TypeError):
 
 
 class NotSerializable(TransactionAborted, TypeError):
-    """A value (argument, state, result) is not msgpack-able (None/bool/int/float/str/bytes/list/dict)."""
+    """A value (argument, state, result) is not msgpack-able
+    (None/bool/int/float/str/bytes/list/dict)."""
 
 
 class BadRequest(TransactionAborted, ValueError):

@@ -71,7 +71,8 @@ class _LocalRouter:
         args: Sequence[Any], depth: int,
     ) -> Outcome:
         wire_args = unpack(pack(list(args), f"arguments of {operator}.{function}"))
-        ok, value = await self.engines[dest].serve(tid, now, operator, key, function, wire_args, depth)
+        ok, value = await self.engines[dest].serve(
+            tid, now, operator, key, function, wire_args, depth)
         return ok, (unpack(pack(value)) if ok else value)
 
 
@@ -93,12 +94,14 @@ class LocalRunner:
         if not isinstance(app, App):
             raise TypeError(f"LocalRunner needs an sfaas.App, got {type(app).__name__}")
         if workers < 1 or partitions < workers:
-            raise ValueError(f"need 1 <= workers <= partitions, got workers={workers} partitions={partitions}")
+            raise ValueError(f"need 1 <= workers <= partitions, got workers={workers} "
+                             f"partitions={partitions}")
         self.app = app
         self.max_batch = max_batch
         self.fallback = fallback
         self._own_dir = directory is None
-        self.directory = tempfile.mkdtemp(prefix="sfaas-local-") if directory is None else os.fspath(directory)
+        self.directory = (tempfile.mkdtemp(prefix="sfaas-local-") if directory is None
+                          else os.fspath(directory))
         self._router = _LocalRouter()
         self.engines: list[Engine] = []
         for i in range(workers):
@@ -124,8 +127,10 @@ class LocalRunner:
     def remap(self, owners: list[int]) -> None:
         """Move the partitions' stores between the simulated workers to the map ``owners``
         (``owners[p]``: the worker owning partition ``p``), as a rescale does."""
-        if len(owners) != self.engines[0].partitions or not all(0 <= o < len(self.engines) for o in owners):
-            raise ValueError(f"a map needs one owner in [0, {len(self.engines)}) per partition, got {owners}")
+        if len(owners) != self.engines[0].partitions \
+                or not all(0 <= o < len(self.engines) for o in owners):
+            raise ValueError(f"a map needs one owner in [0, {len(self.engines)}) per partition, "
+                             f"got {owners}")
         stores = {k: st for eng in self.engines for k, st in eng.stores.items()}
         for eng in self.engines:
             eng.stores = {k: st for k, st in stores.items() if owners[k[1]] == eng.index}
@@ -215,7 +220,8 @@ class LocalRunner:
             lp.begin(epoch, now)
         await asyncio.gather(*(lp.execute() for lp in self.loops))
         conflicts, aborts = merge_votes(
-            (c.items(), ((t, e, r) for t, (e, r) in u.items())) for c, u in (lp.votes() for lp in self.loops)
+            (c.items(), ((t, e, r) for t, (e, r) in u.items()))
+            for c, u in (lp.votes() for lp in self.loops)
         )
         committed: list[int] = []
         in_fallback: list[int] = []
@@ -248,7 +254,8 @@ class LocalRunner:
             self._driver.cancel()
             if self._own_loop is not None and not self._own_loop.is_closed():
                 try:
-                    self._own_loop.run_until_complete(asyncio.gather(self._driver, return_exceptions=True))
+                    self._own_loop.run_until_complete(
+                        asyncio.gather(self._driver, return_exceptions=True))
                 except RuntimeError:
                     pass
         if self._own_loop is not None:

@@ -18,23 +18,49 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from aiokafka import TopicPartition
 
-if TYPE_CHECKING:
-    from worker.service import Worker
+from sfaas.runtime.settings import Settings
+from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker")
 
-__all__ = ["Egress"]
+__all__ = ["Egress", "Uplink", "Clients"]
+
+
+class Uplink(Protocol):
+    """The coordinator's channel, which a worker closes to leave the cluster."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class Clients(Protocol):
+    """Whoever holds the Kafka clients (``worker.clients.KafkaClients``)."""
+
+    producer: Any
+    consumer: Any
 
 
 class Egress:
-    """One worker's replies and offset commits (see module docstring)."""
+    """One worker's replies and offset commits (see module docstring).
 
-    def __init__(self, w: Worker) -> None:
-        self.w = w
+    ``completed(partition, offset)``: the request read there completed (its reply is
+    acknowledged).
+    """
+
+    def __init__(self, settings: Settings, state: WorkerState, kafka: Clients, uplink: Uplink,
+                 completed: Callable[[int, int], None]) -> None:
+        self._rounds_on = settings.snapshot_interval > 0
+        self._state = state
+        self._kafka = kafka
+        self._uplink = uplink
+        self._completed = completed
         #: (reply partition, encoded reply, ingress partition, ingress offset), in commit order
         self.replies: list[tuple[int, bytes, int, int]] = []
         self.event = asyncio.Event()
@@ -58,8 +84,8 @@ class Egress:
         replies, self.replies = self.replies, []
         if not replies:
             return
-        topic = self.w.assign.egress_topic
-        producer = self.w.producer
+        topic = self._state.egress_topic
+        producer = self._kafka.producer
         for p, value, in_part, in_offset in replies:
             fut = await producer.send(topic, value, partition=p)
             fut.add_done_callback(functools.partial(self._sent, in_part, in_offset))
@@ -67,7 +93,7 @@ class Egress:
     async def durable(self) -> None:
         """Every reply queued so far is acknowledged by the broker."""
         await self.flush()
-        await self.w.producer.flush()
+        await self._kafka.producer.flush()
 
     def _sent(self, partition: int, offset: int, fut: asyncio.Future[Any]) -> None:
         """A reply's delivery finished: on success its request is completed."""
@@ -75,11 +101,11 @@ class Egress:
             return
         exc = fut.exception()
         if exc is not None:
-            w = self.w
-            if w.settings.snapshot_interval > 0 and not w.coord.closed:
-                log.error("producing the reply to ingress %d:%d failed: %s; leaving the cluster so that a recovery "
-                          "produces it again", partition, offset, exc, extra={"worker": w.index})
-                w.coord.close()
+            if self._rounds_on and not self._uplink.closed:
+                log.error("producing the reply to ingress %d:%d failed: %s; leaving the cluster so "
+                          "that a recovery produces it again", partition, offset, exc,
+                          extra={"worker": self._state.index})
+                self._uplink.close()
             else:
                 log.error("producing the reply to ingress %d:%d failed: %s", partition, offset, exc)
             return
@@ -87,7 +113,7 @@ class Egress:
         if md.offset + 1 > self.acked.get(md.partition, 0):
             self.acked[md.partition] = md.offset + 1
         if offset >= 0:
-            self.w.complete(partition, offset)
+            self._completed(partition, offset)
 
     async def commit_loop(self) -> None:
         """Commit offsets every second (apart from heartbeats: a commit waits for Kafka)."""
@@ -97,13 +123,14 @@ class Egress:
 
     async def commit_offsets(self) -> None:
         """Commit to the consumer group the offsets below which every request completed."""
-        w = self.w
-        offsets = w.offsets.to_commit()
+        st = self._state
+        offsets = st.offsets.to_commit()
         if not offsets:
             return
         try:
-            await w.consumer.commit({TopicPartition(w.assign.ingress_topic, p): o for p, o in offsets.items()})
+            await self._kafka.consumer.commit(
+                {TopicPartition(st.ingress_topic, p): o for p, o in offsets.items()})
         except Exception as exc:
             log.warning("committing ingress offsets failed: %s", exc)
         else:
-            w.offsets.mark_committed(offsets)
+            st.offsets.mark_committed(offsets)

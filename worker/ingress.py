@@ -11,7 +11,7 @@ request after the snapshot round); ingest then waits until they drain below the 
 
 **Admission.** A record that does not decode into a valid request (``wire.Request.decode`` raises
 :class:`~sfaas.errors.BadRequest`), or whose reply partition the egress topic lacks, is
-*rejected*: logged, counted in ``Worker.rejected`` (``"answered"`` / ``"dropped"``), and,
+*rejected*: logged, counted in ``Ingress.rejected`` (``"answered"`` / ``"dropped"``), and,
 when it names a request id and a reply partition that exists, answered with a
 ``BadRequest`` error reply, so its client gets an error instead of a timeout. Like any
 request's, its ingress offset completes once that reply is acknowledged; its fate is in
@@ -21,105 +21,202 @@ the state at once (it has none), so a snapshot round never replays it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from aiokafka import TopicPartition
 
 from sfaas.errors import BadRequest
 from sfaas.runtime import wire
-
-if TYPE_CHECKING:
-    from worker.service import Worker
+from sfaas.runtime.settings import Settings
+from worker.state import Pending, WorkerState
 
 log = logging.getLogger("sfaas.worker")
 
-__all__ = ["admit", "Ingress", "IN_FLIGHT_BATCHES"]
+__all__ = ["Ingress", "IN_FLIGHT_BATCHES", "Replies", "Consumer"]
 
 #: A worker's in-flight limit, in batches of ``max_batch`` requests (see module docstring).
 IN_FLIGHT_BATCHES = 20
 
 
-class Ingress:
-    """The ingest task of one worker and its in-flight limit (see module docstring)."""
+class Replies(Protocol):
+    """Where a rejected record's error reply goes (``worker.egress.Egress``)."""
 
-    def __init__(self, w: Worker) -> None:
-        self.w = w
-        self.limit = IN_FLIGHT_BATCHES * w.settings.max_batch
+    def add(self, reply_partition: int, value: bytes, partition: int, offset: int) -> None: ...
+
+
+class Consumer(Protocol):
+    """Whoever holds the Kafka consumer (``worker.clients.KafkaClients``)."""
+
+    consumer: Any
+
+
+class Ingress:
+    """The ingest task of one worker and its in-flight limit (see module docstring).
+
+    ``arrived()`` is called when a fetch brought requests (the epochs may need waking).
+    """
+
+    def __init__(self, settings: Settings, state: WorkerState, kafka: Consumer, replies: Replies,
+                 arrived: Callable[[], None]) -> None:
+        self._max_batch = settings.max_batch
+        self._state = state
+        self._kafka = kafka
+        self._replies = replies
+        self._arrived = arrived
+        self.limit = IN_FLIGHT_BATCHES * settings.max_batch
         self.room = asyncio.Event()
         #: how often ingest stopped at the limit
         self.stalls = 0
+        #: malformed ingress records, ``"answered"`` (with an error reply) or ``"dropped"``
+        self.rejected: collections.Counter[str] = collections.Counter()
+        self._task: asyncio.Task[None] | None = None
+
+    # -- the ingest task --------------------------------------------------------------------------
+    def start(self) -> None:
+        """(Re)start taking requests from the ingress partitions."""
+        self._task = asyncio.create_task(self.run(), name="ingest")
+
+    @property
+    def started(self) -> bool:
+        return self._task is not None
+
+    async def pause(self) -> None:
+        """Stop taking requests (what was taken stays queued)."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def start_at_group(self, record_start: bool) -> None:
+        """Read the partitions the map gives this worker from the consumer group's
+        positions; with ``record_start``, note them and start ingest (else a recovery,
+        next, seeks and starts it)."""
+        st = self._state
+        tps = [TopicPartition(st.ingress_topic, p) for p in st.mine()]
+        consumer = self._kafka.consumer
+        consumer.assign(tps)
+        if record_start:
+            for tp in tps:
+                st.start_offsets[tp.partition] = await consumer.position(tp)
+            self.start()
+
+    async def resume(self, gained: Mapping[int, int], skip: dict[int, list[int]] | None = None,
+                     retries: Iterable[Sequence[Any]] | None = None) -> None:
+        """Take requests from the partitions the map gives this worker: kept ones where
+        ingest stopped, ``gained`` ones from the given offsets (``skip``: offsets already
+        in the state; ``retries``: ``[tid, partition, offset, now]`` re-runs keeping their
+        tids and first runs' ``now``)."""
+        st = self._state
+        at: dict[int, int] = {}
+        for p in st.mine():
+            if p in gained:
+                at[p] = st.start_offsets[p] = gained[p]
+            else:
+                taken = st.offsets.next_offset(p)
+                at[p] = taken if taken is not None else st.start_offsets[p]
+        self._seek(at)
+        st.expect(skip, retries)
+        self.start()
+
+    def restart_at(self, at: Mapping[int, int]) -> None:
+        """Read each partition of this worker from offset ``at[p]`` on (a recovery)."""
+        self._seek(at)
+        self._state.start_offsets.update(at)
+        self.start()
+
+    def _seek(self, at: Mapping[int, int]) -> None:
+        topic = self._state.ingress_topic
+        consumer = self._kafka.consumer
+        consumer.assign([TopicPartition(topic, p) for p in self._state.mine()])
+        for p, offset in at.items():
+            consumer.seek(TopicPartition(topic, p), offset)
 
     def completed(self) -> None:
         """A request completed: wake ingest once a batch fits again."""
-        w = self.w
-        if not self.room.is_set() and w.offsets.in_flight <= self.limit - w.settings.max_batch:
+        if not self.room.is_set() and self._state.offsets.in_flight <= self.limit - self._max_batch:
             self.room.set()
 
-    async def run(self) -> None:
-        """Take requests until cancelled (``Worker.start_ingest`` / ``pause_ingest``)."""
-        from worker.service import _Pending
+    def complete(self, partition: int, offset: int) -> None:
+        """The request read at ingress ``partition:offset`` completed (see ``worker.egress``)."""
+        self._state.offsets.complete(partition, offset)
+        self.completed()
 
-        w = self.w
-        assert w.loop is not None
+    async def run(self) -> None:
+        """Take requests until cancelled (:meth:`start` / :meth:`pause`)."""
+        st = self._state
         while True:
-            room = self.limit - w.offsets.in_flight
+            room = self.limit - st.offsets.in_flight
             if room <= 0:
                 self.stalls += 1
                 self.room.clear()
                 await self.room.wait()
                 continue
-            data = await w.consumer.getmany(timeout_ms=500, max_records=min(w.settings.max_batch, room))
+            data = await self._kafka.consumer.getmany(timeout_ms=500,
+                                                      max_records=min(self._max_batch, room))
             got = False
+            loop = st.loop
+            assert loop is not None
             for tp, records in data.items():
+                held = st.skip.get(tp.partition, ()) if st.skip else ()
                 for rec in records:
-                    w.offsets.take(tp.partition, rec.offset)
-                    w.applied.take(tp.partition, rec.offset)
-                    if w._skip and rec.offset in w._skip.get(tp.partition, ()):
-                        # a gained partition: the rescale's round holds it and its reply is out
-                        w.complete(tp.partition, rec.offset)
-                        w.applied.complete(tp.partition, rec.offset)
+                    item = self.take(tp.partition, rec.offset, rec.value, held)
+                    if item is None:
                         continue
-                    req = admit(w, tp.partition, rec.offset, rec.value)
-                    if req is None:  # rejected (and answered, if it could be)
-                        continue
-                    item = _Pending(req, tp.partition, rec.offset)
-                    retry = w._retry_at.pop((tp.partition, rec.offset), None) if w._retry_at else None
+                    at = (tp.partition, rec.offset)
+                    retry = st.retry_at.pop(at, None) if st.retry_at else None
                     if retry is None:
-                        w.loop.queue.append(item)
+                        loop.queue.append(item)
                     else:  # a re-run waiting at the rescale's round: it keeps its tid and now
                         tid, item.now = retry
-                        w.loop.sequencer.requeue(tid, item)
+                        loop.sequencer.requeue(tid, item)
                     got = True
-            if got and w.lease.active:
-                w.lease.work_arrived()
-            elif got and w._idle_reported:
-                w._idle_reported = False
-                if not w.coord.closed:
-                    w.coord.send(wire.Wakeup(w.index))
+            if got:
+                self._arrived()
 
+    # -- one record -------------------------------------------------------------------------
+    def take(self, partition: int, offset: int, value: bytes | None,
+             held: Collection[int] = ()) -> Pending | None:
+        """Take ingress record ``partition:offset``: the request to run, or None when it
+        needs no epoch — a round holds it (``offset`` in ``held``: in the state, its reply
+        out) or it was rejected (and answered, if it could be)."""
+        st = self._state
+        st.offsets.take(partition, offset)
+        st.applied.take(partition, offset)
+        if offset in held:
+            self.complete(partition, offset)
+            st.applied.complete(partition, offset)
+            return None
+        req = self.admit(partition, offset, value)
+        return None if req is None else Pending(req, partition, offset)
 
-def admit(w: Worker, partition: int, offset: int, value: bytes | None) -> wire.Request | None:
-    """The request in ingress record ``partition:offset``, or None when it was rejected."""
-    try:
-        req = wire.Request.decode(value)  # type: ignore[arg-type]
-        if req.reply_partition >= w.egress_partitions:
-            raise BadRequest(f"request {req.rid}: reply partition {req.reply_partition} does not exist "
-                             f"(the egress topic has {w.egress_partitions})")
-    except BadRequest as exc:
-        _reject(w, partition, offset, value, exc)
-        return None
-    return req
+    def admit(self, partition: int, offset: int, value: bytes | None) -> wire.Request | None:
+        """The request in ingress record ``partition:offset``, or None when it was rejected."""
+        n = self._state.egress_partitions
+        try:
+            req = wire.Request.decode(value)  # type: ignore[arg-type]
+            if req.reply_partition >= n:
+                raise BadRequest(f"request {req.rid}: reply partition {req.reply_partition} does "
+                                 f"not exist (the egress topic has {n})")
+        except BadRequest as exc:
+            self._reject(partition, offset, value, exc)
+            return None
+        return req
 
-
-def _reject(w: Worker, partition: int, offset: int, value: bytes | None, exc: BadRequest) -> None:
-    address = wire.reply_address(value) if isinstance(value, bytes) else None
-    answer = address is not None and address[1] < w.egress_partitions
-    w.rejected["answered" if answer else "dropped"] += 1
-    log.warning("rejected the malformed request at ingress %d:%d (%s): %s", partition, offset,
-                "answered with an error" if answer else "no reply address to answer", exc.reason,
-                extra={"worker": w.index})
-    w.applied.complete(partition, offset)
-    if address is None or not answer or address[0] in w.answered:
-        w.complete(partition, offset)
-        return
-    rid, reply_partition = address
-    w.egress.add(reply_partition, wire.Reply(rid, False, None, "BadRequest", exc.reason).encode(), partition, offset)
+    def _reject(self, partition: int, offset: int, value: bytes | None, exc: BadRequest) -> None:
+        st = self._state
+        address = wire.reply_address(value) if isinstance(value, bytes) else None
+        answer = address is not None and address[1] < st.egress_partitions
+        self.rejected["answered" if answer else "dropped"] += 1
+        log.warning("rejected the malformed request at ingress %d:%d (%s): %s", partition, offset,
+                    "answered with an error" if answer else "no reply address to answer",
+                    exc.reason, extra={"worker": st.index})
+        st.applied.complete(partition, offset)
+        if address is None or not answer or address[0] in st.answered:
+            self.complete(partition, offset)
+            return
+        rid, reply_partition = address
+        reply = wire.Reply(rid, False, None, "BadRequest", exc.reason)
+        self._replies.add(reply_partition, reply.encode(), partition, offset)

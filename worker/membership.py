@@ -1,160 +1,164 @@
-"""A worker's membership: joining the cluster (directly or through a standby phase),
-rejoining a restarted coordinator in the same slot, and starting Kafka clients patiently.
-
-Functions of the :class:`~worker.service.Worker` they serve (they set its ``coord``
-channel and read its settings); the epoch loop lives in ``worker.service``.
-"""
+"""A worker's membership: joining the cluster (directly, through a standby phase, or as a
+scale-up's receiver), rejoining a restarted coordinator in the same slot, and starting
+the Kafka clients for the slot it got."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
 
 from aiokafka import TopicPartition
 
+from sfaas.app import App
 from sfaas.errors import ChannelClosed, ClusterError
 from sfaas.runtime import wire
-from sfaas.runtime.kafka import consumer_group, make_consumer, make_producer
+from sfaas.runtime.kafka import consumer_group
+from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import PartitionStores
-
-if TYPE_CHECKING:
-    from worker.service import Worker
+from worker.clients import KafkaClients
+from worker.egress import Egress
+from worker.links import CoordinatorLink, PeerLinks
+from worker.protocols.rescale import Moving, join_as_receiver
+from worker.protocols.standby import run_standby
+from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker")
 
-__all__ = ["join", "rejoin", "start_clients", "start_kafka", "warm_up"]
+__all__ = ["Membership"]
 
 
-async def join(w: Worker, my_port: int) -> tuple[wire.Assign, PartitionStores | None, wire.Reassign | None]:
-    """Register with the coordinator and get a slot: at once, or — answered ``Follow`` — as a
-    standby first (``worker.protocols.standby``) until promoted, then for the dead primary's slot with
-    the promoted stores, or — answered ``Move`` — as a worker joining a scale-up
-    (``worker.protocols.rescale``), with the stores it took over and the ``Reassign`` saying where
-    their requests resume. Raises :class:`ClusterError` if refused."""
-    s = w.settings
-    chost, cport = s.coordinator_address()
-    repl_port = w.shipping.port if w.shipping else 0
-    w.coord = await w._connect_retry(chost, cport)
-    w.coord.send(wire.Register(w.name, s.host, my_port, os.getpid(), -1, s.standby_of, repl_port))
-    assign = (await w.coord.recv())[0]
-    promoted = None
-    if isinstance(assign, wire.Move):
-        from worker.protocols.rescale import join_as_receiver
+class Membership:
+    """How this worker (``name``) gets and keeps its slot; it sets the coordinator's
+    channel in ``uplink`` and the slot in ``state``."""
 
-        await _start_early(w)
-        takeover, promoted = await join_as_receiver(w, assign)  # (it sets w.assign)
-        return w.assign, promoted, takeover
-    if isinstance(assign, wire.Follow):
-        from worker.protocols.standby import run_standby
+    def __init__(
+        self, settings: Settings, app: App, name: str, secret: str, state: WorkerState, *,
+        uplink: CoordinatorLink, links: PeerLinks, kafka: KafkaClients, moving: Moving,
+        egress: Egress,
+    ) -> None:
+        self._settings = settings
+        self._app = app
+        self._name = name
+        self._secret = secret
+        self._state = state
+        self._uplink = uplink
+        self._links = links
+        self._kafka = kafka
+        self._moving = moving
+        self._egress = egress
 
-        # the Kafka clients take ~0.3 s to start: have them ready before a promotion needs them
-        await _start_early(w)
-        await warm_up(w)
-        promoted, index = await run_standby(w, assign)
-        w.coord.close()
-        w.coord = await w._connect_retry(chost, cport)
-        w.coord.send(wire.Register(w.name, s.host, my_port, os.getpid(), index, -1, repl_port))
-        assign = (await w.coord.recv())[0]
-    if isinstance(assign, wire.Stop):
-        if promoted is not None:
-            promoted.close()
-        raise ClusterError(f"coordinator refused {w.name}: {assign.reason}")
-    if not isinstance(assign, wire.Assign):
-        raise ClusterError(f"expected Assign from the coordinator, got {type(assign).__name__}")
-    return assign, promoted, None
+    async def join(self, my_port: int, repl_port: int,
+                   ) -> tuple[wire.Assign, PartitionStores | None, wire.Reassign | None]:
+        """Register with the coordinator and get a slot: at once, or — answered ``Follow`` — as a
+        standby first (``worker.protocols.standby``) until promoted, then for the dead primary's
+        slot with the promoted stores, or — answered ``Move`` — as a worker joining a scale-up
+        (``worker.protocols.rescale``), with the stores it took over and the ``Reassign`` saying
+        where their requests resume. Raises :class:`ClusterError` if refused."""
+        s, up = self._settings, self._uplink
+        chost, cport = s.coordinator_address()
+        await up.connect(chost, cport)
+        up.send(wire.Register(self._name, s.host, my_port, os.getpid(), -1, s.standby_of,
+                              repl_port))
+        assign = (await up.recv())[0]
+        promoted = None
+        if isinstance(assign, wire.Move):
+            await self._start_early()
+            slot: list[wire.Assign] = []
+            takeover, promoted = await join_as_receiver(self._moving, up, assign,
+                                                        lambda m: slot.append(self._take_slot(m)))
+            return slot[0], promoted, takeover
+        if isinstance(assign, wire.Follow):
+            # the Kafka clients take ~0.3 s to start: have them ready before a promotion needs them
+            await self._start_early()
+            await self.warm_up()
+            promoted, index = await run_standby(s, self._app, self._name, self._secret, up, assign)
+            up.close()
+            await up.connect(chost, cport)
+            up.send(wire.Register(self._name, s.host, my_port, os.getpid(), index, -1, repl_port))
+            assign = (await up.recv())[0]
+        if isinstance(assign, wire.Stop):
+            if promoted is not None:
+                promoted.close()
+            raise ClusterError(f"coordinator refused {self._name}: {assign.reason}")
+        if not isinstance(assign, wire.Assign):
+            raise ClusterError(f"expected Assign from the coordinator, got {type(assign).__name__}")
+        return assign, promoted, None
 
+    def _take_slot(self, msg: wire.Reassign) -> wire.Assign:
+        """A receiver's slot, from its ``Reassign``."""
+        ingress, egress = self._settings.topics(self._app.name)
+        assign = wire.Assign(msg.index, msg.n_workers, msg.peers, len(msg.owners), ingress, egress,
+                             self._kafka.group, list(msg.owners))
+        self._state.adopt(assign)
+        return assign
 
-async def _start_early(w: Worker) -> None:
-    """The Kafka clients of a worker that is not serving yet (a standby, a rescale's receiver)."""
-    s = w.settings
-    w.producer = await start_kafka(w, lambda: make_producer(s.kafka, s.linger_ms, durable=True))
-    w.consumer_group = consumer_group(s, w.app.name)
-    w.consumer = await start_kafka(w, lambda: make_consumer(s.kafka, w.consumer_group, s.fetch_wait_ms))
+    async def _start_early(self) -> None:
+        """The Kafka clients of a worker that is not serving yet (a standby, a rescale's
+        receiver)."""
+        index = self._state.index
+        await self._kafka.start_producer(index)
+        await self._kafka.start_consumer(consumer_group(self._settings, self._app.name), index)
 
+    async def _reply_and_log_partitions(
+        self, egress: str,
+    ) -> tuple[list[TopicPartition], list[TopicPartition]]:
+        """The egress topic's partitions, and the epoch log's (none when it is off)."""
+        out = [TopicPartition(egress, p) for p in await self._kafka.producer.partitions_for(egress)]
+        log_topic = self._state.log_topic
+        return out, [TopicPartition(log_topic, 0)] if log_topic else []
 
-async def _reply_and_log_partitions(w: Worker, egress: str) -> tuple[list[TopicPartition], list[TopicPartition]]:
-    """The egress topic's partitions, and the epoch log's (none when it is off)."""
-    out = [TopicPartition(egress, p) for p in await w.producer.partitions_for(egress)]
-    return out, [TopicPartition(w._log_topic, 0)] if w._log_topic else []
+    async def start_clients(self, assign: wire.Assign) -> None:
+        """The worker's Kafka clients for ``assign`` (a promoted standby's are running), and
+        where its replies and epoch-log records will land from now on."""
+        k, st = self._kafka, self._state
+        if k.producer is None:  # a promoted standby started its clients while standing by
+            await k.start_producer(st.index)
+        if k.consumer is None or k.group != assign.group:
+            await k.start_consumer(assign.group, st.index)
+        # end offsets before assign(): assign() narrows the consumer's metadata to the
+        # ingress topic, and an offset lookup of another topic then waits ~0.1 s for a
+        # refresh (a promoted standby fetched their metadata while standing by: warm_up)
+        out_tps, log_tps = await self._reply_and_log_partitions(assign.egress_topic)
+        st.egress_partitions = len(out_tps)
+        ends = await k.consumer.end_offsets(out_tps + log_tps)
+        # every reply this worker produces from now on lands above these offsets
+        self._egress.acked = {tp.partition: ends[tp] for tp in out_tps}
+        if log_tps:
+            st.log_pos = ends[log_tps[0]]
 
-
-async def start_clients(w: Worker, assign: wire.Assign) -> None:
-    """The worker's Kafka clients for ``assign`` (a promoted standby's are running), and
-    where its replies and epoch-log records will land from now on."""
-    s = w.settings
-    if w.producer is None:  # a promoted standby started its clients while standing by
-        w.producer = await start_kafka(w, lambda: make_producer(s.kafka, s.linger_ms, durable=True))
-    if w.consumer is None or w.consumer_group != assign.group:
-        if w.consumer is not None:
-            await w.consumer.stop()
-        w.consumer = await start_kafka(w, lambda: make_consumer(s.kafka, assign.group, s.fetch_wait_ms))
-        w.consumer_group = assign.group
-    # end offsets before assign(): assign() narrows the consumer's metadata to the
-    # ingress topic, and an offset lookup of another topic then waits ~0.1 s for a
-    # refresh (a promoted standby fetched their metadata while standing by: warm_up)
-    out_tps, log_tps = await _reply_and_log_partitions(w, assign.egress_topic)
-    w.egress_partitions = len(out_tps)
-    ends = await w.consumer.end_offsets(out_tps + log_tps)
-    # every reply this worker produces from now on lands above these offsets
-    w.egress.acked = {tp.partition: ends[tp] for tp in out_tps}
-    if log_tps:
-        w._log_pos = ends[log_tps[0]]
-
-
-async def warm_up(w: Worker) -> None:
-    """Fetch the metadata of the app's topics into the Kafka clients now: the first offset
-    lookup of a topic new to a client waits ~0.1 s for a metadata refresh, which a standby
-    would otherwise pay in the middle of its promotion."""
-    try:
-        out_tps, log_tps = await _reply_and_log_partitions(w, w.settings.topics(w.app.name)[1])
-        await w.consumer.end_offsets(out_tps + log_tps)
-    except Exception as exc:  # only a head start: the promotion fetches them anyway
-        log.info("could not warm up the Kafka metadata: %s", exc)
-
-
-async def start_kafka(w: Worker, make: Callable[[], Any], patience: float = 120.0) -> Any:
-    """Start a Kafka client, retrying while the broker is unreachable (a broker restart
-    must not make the supervisor give up on this worker)."""
-    deadline = time.monotonic() + patience
-    while True:
-        client = make()
+    async def warm_up(self) -> None:
+        """Fetch the metadata of the app's topics into the Kafka clients now: the first offset
+        lookup of a topic new to a client waits ~0.1 s for a metadata refresh, which a standby
+        would otherwise pay in the middle of its promotion."""
         try:
-            await client.start()
-            return client
-        except Exception as exc:
-            await client.stop()
-            if time.monotonic() > deadline:
-                raise ClusterError(f"Kafka at {w.settings.kafka} unreachable for {patience:.0f} s: {exc}") from exc
-            log.warning("Kafka at %s unreachable (%s); retrying", w.settings.kafka, exc,
-                        extra={"worker": w.index})
-            await asyncio.sleep(1.0)
+            egress = self._settings.topics(self._app.name)[1]
+            out_tps, log_tps = await self._reply_and_log_partitions(egress)
+            await self._kafka.consumer.end_offsets(out_tps + log_tps)
+        except Exception as exc:  # only a head start: the promotion fetches them anyway
+            log.info("could not warm up the Kafka metadata: %s", exc)
 
-async def rejoin(w: Worker, my_port: int) -> bool:
-    """Re-register with the restarted coordinator in the same slot; False: give up (the
-    process exits and the supervisor starts a fresh one)."""
-    s = w.settings
-    log.warning("lost the coordinator; keeping the stores and waiting for it to come back",
-                extra={"worker": w.index})
-    try:
-        w.coord = await w._connect_retry(*s.coordinator_address(), timeout=120.0)
-        repl_port = w.shipping.port if w.shipping else 0
-        w.coord.send(wire.Register(w.name, s.host, my_port, os.getpid(), w.index, -1, repl_port))
-        msgs = await w.coord.recv()
-        a = msgs[0] if msgs else None
-        if not (isinstance(a, wire.Assign) and a.index == w.index and a.n_workers == w.assign.n_workers
-                and a.partitions == w.assign.partitions and a.owners == w.assign.owners):
-            log.error("the restarted coordinator assigned %r, not slot %d of %d: restarting",
-                      a, w.index, w.assign.n_workers, extra={"worker": w.index})
+    async def rejoin(self, my_port: int, repl_port: int) -> bool:
+        """Re-register with the restarted coordinator in the same slot; False: give up (the
+        process exits and the supervisor starts a fresh one)."""
+        s, st, up = self._settings, self._state, self._uplink
+        log.warning("lost the coordinator; keeping the stores and waiting for it to come back",
+                    extra={"worker": st.index})
+        try:
+            await up.connect(*s.coordinator_address(), timeout=120.0)
+            up.send(wire.Register(self._name, s.host, my_port, os.getpid(), st.index, -1,
+                                  repl_port))
+            msgs = await up.recv()
+            a = msgs[0] if msgs else None
+            if not (isinstance(a, wire.Assign) and st.same_slot(a)):
+                log.error("the restarted coordinator assigned %r, not slot %d of %d: restarting",
+                          a, st.index, st.n_workers, extra={"worker": st.index})
+                return False
+            st.adopt(a)
+            await self._links.connect(a.peers, st.index)
+            up.send(wire.Ready(st.index))
+        except (ClusterError, ChannelClosed, OSError) as exc:
+            log.error("could not rejoin the coordinator: %s", exc, extra={"worker": st.index})
             return False
-        w.assign = a
-        await w.reconnect_peers(a.peers)
-        w.coord.send(wire.Ready(w.index))
-    except (ClusterError, ChannelClosed, OSError) as exc:
-        log.error("could not rejoin the coordinator: %s", exc, extra={"worker": w.index})
-        return False
-    log.info("rejoined the restarted coordinator as worker %d", w.index, extra={"worker": w.index})
-    return True
+        log.info("rejoined the restarted coordinator as worker %d", st.index,
+                 extra={"worker": st.index})
+        return True

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -28,22 +28,45 @@ from sfaas.runtime.metrics import (
     channel_traffic,
     new_registry,
 )
+from sfaas.runtime.settings import Settings
 from statestores import background
+from worker.clients import KafkaClients
+from worker.egress import Egress
+from worker.ingress import Ingress
+from worker.links import CoordinatorLink, PeerLinks
+from worker.peers import Peers
+from worker.protocols.rounds import RoundTaker
+from worker.state import WorkerState
 
 if TYPE_CHECKING:
     from sfaas.runtime.txn.loop import Fate
-    from worker.service import Worker
+    from statestores import Store
 
 log = logging.getLogger("sfaas.worker.metrics")
 
-__all__ = ["WorkerMetrics"]
+__all__ = ["WorkerMetrics", "store_metrics"]
 
 
 class WorkerMetrics:
-    """The metrics of one :class:`~worker.service.Worker` (see module docstring)."""
+    """The metrics of one worker (see module docstring): counted as epochs go, and read
+    from its ``state`` and parts when scraped."""
 
-    def __init__(self, worker: Worker) -> None:
-        self.w = worker
+    def __init__(
+        self, settings: Settings, app_name: str, name: str, state: WorkerState, *, ingress: Ingress,
+        egress: Egress, calls: Peers, links: PeerLinks, uplink: CoordinatorLink,
+        kafka: KafkaClients, rounds: RoundTaker,
+    ) -> None:
+        self._settings = settings
+        self._app_name = app_name
+        self._name = name
+        self._state = state
+        self._ingress = ingress
+        self._egress = egress
+        self._calls = calls
+        self._links = links
+        self._uplink = uplink
+        self._kafka = kafka
+        self._rounds = rounds
         self.latency = Buckets(LATENCY_BOUNDS)
         self.phases = {"execute": Buckets(PHASE_BOUNDS), "commit": Buckets(PHASE_BOUNDS)}
         self.committed_total = 0
@@ -77,7 +100,7 @@ class WorkerMetrics:
                 self.aborted_total += 1
             if req.sent_at > 0:  # (a client that sent no time: no latency to tell)
                 observe(max(0.0, now - req.sent_at))
-        loop = self.w.loop
+        loop = self._state.loop
         if loop is not None:
             reruns, fallbacks = self._loop_counts if loop is self._loop else (0, 0)
             self.reruns_total += loop.reruns - reruns
@@ -92,7 +115,7 @@ class WorkerMetrics:
     # -- the server ----------------------------------------------------------------------------
     async def start(self) -> None:
         """Serve ``/metrics`` on ``host:metrics_port`` (nothing when the port is 0)."""
-        s = self.w.settings
+        s = self._settings
         if not s.metrics_port:
             return
         registry = new_registry()
@@ -107,111 +130,128 @@ class WorkerMetrics:
 
     # -- read at scrape time -------------------------------------------------------------------
     def collect(self) -> Iterator[Any]:
-        w = self.w
-        info = GaugeMetricFamily("sfaas_worker_info", "This worker process: its slot (-1: none, as a standby or while joining) and name",
-                                 labels=["app", "index", "name"])
-        info.add_metric([w.app.name, str(w.index), w.name], 1)
+        st = self._state
+        info = GaugeMetricFamily("sfaas_worker_info",
+                                 "This worker process: its slot (-1: none, as a standby or while "
+                                 "joining) and name", labels=["app", "index", "name"])
+        info.add_metric([self._app_name, str(st.index), self._name], 1)
         yield info
         for name, value, doc in (
-            ("sfaas_transactions_committed", self.committed_total, "Transactions committed (replies produced)"),
+            ("sfaas_transactions_committed", self.committed_total,
+             "Transactions committed (replies produced)"),
             ("sfaas_transactions_aborted", self.aborted_total,
              "Transactions rolled back for good (Abort or an exception in a function)"),
-            ("sfaas_transactions_rerun", self.reruns_total, "Transactions re-run in a later epoch after a conflict"),
+            ("sfaas_transactions_rerun", self.reruns_total,
+             "Transactions re-run in a later epoch after a conflict"),
             ("sfaas_transactions_fallback", self.fallbacks_total,
              "Conflicting transactions re-run in the epoch's fallback phase"),
         ):
             yield CounterMetricFamily(name, doc, value=value)
         lat = HistogramMetricFamily("sfaas_request_latency_seconds",
-                                    "From the client's send (ingress record timestamp) to the reply produced")
+                                    "From the client's send (ingress record timestamp) to the "
+                                    "reply produced")
         self.latency.add_to(lat)
         yield lat
-        ph = HistogramMetricFamily("sfaas_epoch_phase_seconds", "Duration of epoch phases on this worker",
-                                   labels=["phase"])
+        ph = HistogramMetricFamily("sfaas_epoch_phase_seconds",
+                                   "Duration of epoch phases on this worker", labels=["phase"])
         for phase, b in self.phases.items():
             b.add_to(ph, [phase])
         yield ph
         yield from self._queues()
         yield from self._ingress_lag()
-        yield from self._stores()
-        rounds = getattr(w, "rounds", None)
-        if rounds is not None:
-            yield CounterMetricFamily("sfaas_worker_snapshots", "Snapshot rounds this worker took part in",
-                                      value=rounds.taken)
-            yield CounterMetricFamily("sfaas_worker_snapshots_failed", "Snapshot rounds this worker's part failed",
-                                      value=rounds.failed)
-        yield CounterMetricFamily("sfaas_worker_recoveries", "Recoveries this worker rolled back for",
-                                  value=w.recovery)
+        yield from store_metrics(st.engine.stores if st.engine is not None else {})
+        if st.engine is not None:  # (the rounds begin with the engine)
+            yield CounterMetricFamily("sfaas_worker_snapshots",
+                                      "Snapshot rounds this worker took part in",
+                                      value=self._rounds.taken)
+            yield CounterMetricFamily("sfaas_worker_snapshots_failed",
+                                      "Snapshot rounds this worker's part failed",
+                                      value=self._rounds.failed)
+        yield CounterMetricFamily("sfaas_worker_recoveries",
+                                  "Recoveries this worker rolled back for", value=st.recovery)
         yield from channel_traffic()
 
     def _queues(self) -> Iterator[Any]:
-        w = self.w
-        q = GaugeMetricFamily("sfaas_queue_depth", "Items waiting in the worker's queues", labels=["queue"])
-        loop = w.loop
+        st = self._state
+        q = GaugeMetricFamily("sfaas_queue_depth", "Items waiting in the worker's queues",
+                              labels=["queue"])
+        loop = st.loop
         q.add_metric(["ingress"], len(loop.queue) if loop is not None else 0)
         q.add_metric(["rerun"], loop.sequencer.pending_retries if loop is not None else 0)
-        q.add_metric(["egress"], len(w.egress.replies))
-        q.add_metric(["deferred_calls"], w.calls.deferred_n)
+        q.add_metric(["egress"], len(self._egress.replies))
+        q.add_metric(["deferred_calls"], self._calls.deferred_n)
         yield q
         yield GaugeMetricFamily("sfaas_worker_in_flight_requests",
-                                "Requests taken from Kafka and not completed (bounded by the in-flight limit)",
-                                value=w.offsets.in_flight)
-        yield GaugeMetricFamily("sfaas_worker_in_flight_limit", "The worker's in-flight limit (requests)",
-                                value=w.ingress.limit)
+                                "Requests taken from Kafka and not completed (bounded by the "
+                                "in-flight limit)",
+                                value=st.offsets.in_flight)
+        yield GaugeMetricFamily("sfaas_worker_in_flight_limit",
+                                "The worker's in-flight limit (requests)",
+                                value=self._ingress.limit)
         yield CounterMetricFamily("sfaas_worker_ingest_stalls",
-                                  "Times ingest stopped fetching at the in-flight limit", value=w.ingress.stalls)
-        buf = GaugeMetricFamily("sfaas_channel_buffered_bytes", "Bytes written to a channel, not yet sent by the OS",
+                                  "Times ingest stopped fetching at the in-flight limit",
+                                  value=self._ingress.stalls)
+        buf = GaugeMetricFamily("sfaas_channel_buffered_bytes",
+                                "Bytes written to a channel, not yet sent by the OS",
                                 labels=["peer"])
-        for j, ch in sorted(w.peers.items()):
+        for j, ch in sorted(self._links.channels.items()):
             buf.add_metric([f"worker-{j}"], ch.buffered())
-        coord = getattr(w, "coord", None)
+        coord = self._uplink.buffered()
         if coord is not None:
-            buf.add_metric(["coordinator"], coord.buffered())
+            buf.add_metric(["coordinator"], coord)
         yield buf
 
     def _ingress_lag(self) -> Iterator[Any]:
-        w = self.w
+        st = self._state
         lag = GaugeMetricFamily("sfaas_ingress_lag_records",
-                                "Ingress records not yet answered: the partition's end minus the completed offset",
+                                "Ingress records not yet answered: the partition's end minus the "
+                                "completed offset",
                                 labels=["partition"])
-        if getattr(w, "assign", None) is not None and w.consumer is not None:
-            done = w.offsets.watermarks()
-            for tp in sorted(w.consumer.assignment(), key=lambda tp: tp.partition):  # the partitions it owns now
-                high = w.consumer.highwater(tp)
-                mark = done.get(tp.partition, w.start_offsets.get(tp.partition))
+        consumer = self._kafka.consumer
+        if st.assigned.is_set() and consumer is not None:
+            done = st.offsets.watermarks()
+            # (the partitions it owns now)
+            for tp in sorted(consumer.assignment(), key=lambda tp: tp.partition):
+                high = consumer.highwater(tp)
+                mark = done.get(tp.partition, st.start_offsets.get(tp.partition))
                 if high is not None and mark is not None:
                     lag.add_metric([str(tp.partition)], max(0, high - mark))
         yield lag
 
-    def _stores(self) -> Iterator[Any]:
-        labels = ["operator", "partition", "engine"]
-        keys = GaugeMetricFamily("sfaas_store_keys", "Keys in a store (LSM: an upper bound, before merges)",
-                                 labels=labels)
-        disk = GaugeMetricFamily("sfaas_store_disk_bytes", "Bytes of a store's files on local disk", labels=labels)
-        mem = GaugeMetricFamily("sfaas_store_memory_bytes", "Memory a store holds (memtable, index, tail)",
-                                labels=labels)
-        files = GaugeMetricFamily("sfaas_store_files", "A store's data files per level", labels=[*labels, "level"])
-        merges = CounterMetricFamily("sfaas_store_merges", "Merges a store completed", labels=labels)
-        flushes = CounterMetricFamily("sfaas_store_flushes", "Flushes a store completed", labels=labels)
-        engine = self.w.engine
-        for (op, p), store in sorted(engine.stores.items()) if engine is not None else ():
-            try:
-                st = store.stats()
-            except Exception as exc:  # closed during a promotion or shutdown
-                log.debug("no stats of %s/p%d: %s", op, p, exc)
-                continue
-            lv = [op, str(p), str(st.get("engine", ""))]
-            keys.add_metric(lv, st.get("keys", st.get("entries_upper_bound", 0)))
-            disk.add_metric(lv, st.get("disk_bytes", 0))
-            mem.add_metric(lv, st.get("memory_bytes", st.get("data_bytes", 0)))
-            for level, n in sorted((st.get("files_per_level") or {}).items()):
-                files.add_metric([*lv, str(level)], n if isinstance(n, int) else len(n))  # (lsm: the names)
-            merges.add_metric(lv, st.get("merges_done", 0))
-            flushes.add_metric(lv, st.get("flushes", st.get("dumps", 0)))
-        yield from (keys, disk, mem, files, merges, flushes)
-        cpu = CounterMetricFamily("sfaas_store_background_cpu_seconds",
-                                  "CPU of the stores' background work (flushes, merges, uploads) in this process",
-                                  labels=["lane"])
-        for lane, secs in sorted(background.cpu_seconds().items()):
-            cpu.add_metric([lane], secs)
-        yield cpu
 
+def store_metrics(stores: Mapping[tuple[str, int], Store]) -> Iterator[Any]:
+    """The gauges and counters of each store of ``stores``, and the stores' background CPU."""
+    labels = ["operator", "partition", "engine"]
+    keys = GaugeMetricFamily("sfaas_store_keys",
+                             "Keys in a store (LSM: an upper bound, before merges)", labels=labels)
+    disk = GaugeMetricFamily("sfaas_store_disk_bytes", "Bytes of a store's files on local disk",
+                             labels=labels)
+    mem = GaugeMetricFamily("sfaas_store_memory_bytes",
+                            "Memory a store holds (memtable, index, tail)", labels=labels)
+    files = GaugeMetricFamily("sfaas_store_files", "A store's data files per level",
+                              labels=[*labels, "level"])
+    merges = CounterMetricFamily("sfaas_store_merges", "Merges a store completed", labels=labels)
+    flushes = CounterMetricFamily("sfaas_store_flushes", "Flushes a store completed", labels=labels)
+    for (op, p), store in sorted(stores.items()):
+        try:
+            st = store.stats()
+        except Exception as exc:  # closed during a promotion or shutdown
+            log.debug("no stats of %s/p%d: %s", op, p, exc)
+            continue
+        lv = [op, str(p), str(st.get("engine", ""))]
+        keys.add_metric(lv, st.get("keys", st.get("entries_upper_bound", 0)))
+        disk.add_metric(lv, st.get("disk_bytes", 0))
+        mem.add_metric(lv, st.get("memory_bytes", st.get("data_bytes", 0)))
+        for level, n in sorted((st.get("files_per_level") or {}).items()):
+            # (lsm: the names)
+            files.add_metric([*lv, str(level)], n if isinstance(n, int) else len(n))
+        merges.add_metric(lv, st.get("merges_done", 0))
+        flushes.add_metric(lv, st.get("flushes", st.get("dumps", 0)))
+    yield from (keys, disk, mem, files, merges, flushes)
+    cpu = CounterMetricFamily("sfaas_store_background_cpu_seconds",
+                              "CPU of the stores' background work (flushes, merges, uploads) in "
+                              "this process",
+                              labels=["lane"])
+    for lane, secs in sorted(background.cpu_seconds().items()):
+        cpu.add_metric([lane], secs)
+    yield cpu

@@ -20,30 +20,55 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol
 
 from sfaas.runtime import channels, wire
 from sfaas.runtime.codec import check_arguments
-from sfaas.runtime.txn.engine import Outcome
-
-if TYPE_CHECKING:
-    from worker.service import Worker
+from sfaas.runtime.settings import Settings
+from sfaas.runtime.txn.engine import Engine, Outcome
+from worker.links import PeerLinks
+from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker")
 
-__all__ = ["Peers", "DEFERRED_BATCHES"]
+__all__ = ["Peers", "DEFERRED_BATCHES", "FallbackInbox"]
 
 #: Calls from peers for an epoch not begun yet, held until its Begin: at most this many ×
 #: ``max_batch`` (see the module docstring).
 DEFERRED_BATCHES = 16
 
 
-class Peers:
-    """One worker's calls to and from its peers (see the module docstring)."""
+class FallbackInbox(Protocol):
+    """What this part hands to the fallback phase (``worker.protocols.fallback``)."""
 
-    def __init__(self, w: Worker) -> None:
-        self.w = w
+    @property
+    def held(self) -> int: ...
+
+    def on_call(self, msg: wire.Call) -> None: ...
+
+    def on_finished(self, msg: wire.Finished) -> None: ...
+
+
+class Peers:
+    """One worker's calls to and from its peers (see the module docstring).
+
+    ``spawn(coro)``: a task a recovery cancels; ``report()``: report this worker's epoch
+    again; ``leased(msg)``: a peer's Report or Wake of a leased run (``worker.protocols.lease``).
+    """
+
+    def __init__(
+        self, settings: Settings, state: WorkerState, links: PeerLinks, fallback: FallbackInbox,
+        spawn: Callable[[Coroutine[Any, Any, Any]], object], report: Callable[[], None],
+        leased: Callable[[wire.Report | wire.Wake], None],
+    ) -> None:
+        self._settings = settings
+        self._state = state
+        self._links = links
+        self._fallback = fallback
+        self._spawn = spawn
+        self._report = report
+        self._leased = leased
         self._calls: dict[int, asyncio.Future[Outcome]] = {}
         self._call_ids = 0
         self._deferred: dict[int, list[wire.Call]] = {}
@@ -87,20 +112,20 @@ class Peers:
         args: Sequence[Any], depth: int,
     ) -> Outcome:
         """Send a call to worker ``dest`` and wait for its result."""
-        w = self.w
+        st = self._state
         argv = list(args)
         check_arguments(argv, f"arguments of {operator}.{function}")
         self._call_ids += 1
         cid = self._call_ids
         fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._calls[cid] = fut
-        assert w.engine is not None
-        fallback = w.engine.in_fallback  # (outside the execution barrier's counters)
+        eng = self._engine()
+        fallback = eng.in_fallback  # (outside the execution barrier's counters)
         if not fallback:
             self.sent[dest] += 1
-        chan = w.peers[dest]
-        chan.send(wire.Call(w.engine.epoch, w.index, cid, tid, now, operator, key, function, argv, depth,
-                            w.recovery, fallback))
+        chan = self._links.channels[dest]
+        chan.send(wire.Call(eng.epoch, st.index, cid, tid, now, operator, key, function, argv,
+                            depth, st.recovery, fallback))
         try:
             await chan.wait_room()  # a peer reading slower than we call: wait (channels.HIGH_WATER)
             return await fut
@@ -110,47 +135,52 @@ class Peers:
     # -- peers' calls ----------------------------------------------------------------------------
     async def serve(self, chan: channels.Channel) -> None:
         """Read one peer's channel (the peer server's handler) until it closes."""
-        w = self.w
+        st = self._state
         first = await chan.recv()
         if not first or not isinstance(first[0], wire.Hello):
             log.warning("peer %s did not say hello; dropping", chan.peer)
             return
         src = first[0].index
         # a worker joining a rescale: running peers may connect while it reads its Reassign
-        await asyncio.wait_for(w.assigned.wait(), 2 * w.settings.heartbeat_timeout + 10.0)
-        if not 0 <= src < w.assign.n_workers or src == w.index:
-            raise wire.ProtocolError(f"peer {chan.peer} says it is worker {src} (of {w.assign.n_workers}; "
-                                     f"this is worker {w.index})")
+        await asyncio.wait_for(st.assigned.wait(), 2 * self._settings.heartbeat_timeout + 10.0)
+        if not 0 <= src < st.n_workers or src == st.index:
+            raise wire.ProtocolError(f"peer {chan.peer} says it is worker {src} (of "
+                                     f"{st.n_workers}; this is worker {st.index})")
         rest = first[1:]
+        limit = DEFERRED_BATCHES * self._settings.max_batch
         while True:
             for msg in rest:
-                if isinstance(msg, wire.Result):
-                    fut = self._calls.get(msg.call_id)
-                    if fut is not None and not fut.done():
-                        fut.set_result((msg.ok, msg.value if msg.ok else tuple(msg.value)))
-                elif isinstance(msg, (wire.Call, wire.Finished)):
-                    if msg.src != src:
-                        raise wire.ProtocolError(f"worker {src} sent a {type(msg).__name__} as worker {msg.src}")
-                    if isinstance(msg, wire.Finished):
-                        w.fallback.on_finished(msg)
-                    elif msg.fallback:
-                        w.fallback.on_call(msg)
-                    else:
-                        self.on_call(msg)
-                elif isinstance(msg, (wire.Report, wire.Wake)):  # leased epochs (worker.protocols.lease)
-                    if msg.index != src:
-                        raise wire.ProtocolError(f"worker {src} sent a {type(msg).__name__} as worker {msg.index}")
-                    if isinstance(msg, wire.Wake):
-                        w.lease.on_wake(msg)
-                    elif len(msg.sent) == w.assign.n_workers:
-                        w.lease.on_report(msg)
-                    # (else from before a rescale changed the membership: stale)
-                else:
-                    log.warning("unexpected %s from peer %d", type(msg).__name__, src)
-            while self.deferred_n + w.fallback.held >= DEFERRED_BATCHES * w.settings.max_batch:
+                self._take(src, msg)
+            while self.deferred_n + self._fallback.held >= limit:
                 self._deferred_room.clear()  # see DEFERRED_BATCHES
                 await self._deferred_room.wait()
             rest = await chan.recv()
+
+    def _take(self, src: int, msg: wire.Message) -> None:
+        """One message of peer ``src``."""
+        if isinstance(msg, wire.Result):
+            fut = self._calls.get(msg.call_id)
+            if fut is not None and not fut.done():
+                fut.set_result((msg.ok, msg.value if msg.ok else tuple(msg.value)))
+        elif isinstance(msg, (wire.Call, wire.Finished)):
+            if msg.src != src:
+                raise wire.ProtocolError(f"worker {src} sent a {type(msg).__name__} as worker "
+                                         f"{msg.src}")
+            if isinstance(msg, wire.Finished):
+                self._fallback.on_finished(msg)
+            elif msg.fallback:
+                self._fallback.on_call(msg)
+            else:
+                self.on_call(msg)
+        elif isinstance(msg, (wire.Report, wire.Wake)):  # leased epochs (protocols.lease)
+            if msg.index != src:
+                raise wire.ProtocolError(f"worker {src} sent a {type(msg).__name__} as worker "
+                                         f"{msg.index}")
+            if isinstance(msg, wire.Wake) or len(msg.sent) == self._state.n_workers:
+                self._leased(msg)
+            # (else a Report from before a rescale changed the membership: stale)
+        else:
+            log.warning("unexpected %s from peer %d", type(msg).__name__, src)
 
     def room(self) -> None:
         """Messages held for a later phase were taken: reading the peers may resume."""
@@ -163,28 +193,33 @@ class Peers:
         self._deferred_room.set()
         return calls
 
+    def _engine(self) -> Engine:
+        eng = self._state.engine
+        assert eng is not None
+        return eng
+
     def on_call(self, msg: wire.Call) -> None:
-        w = self.w
-        assert w.engine is not None
-        if msg.recovery != w.recovery:
+        recovery = self._state.recovery
+        epoch = self._engine().epoch
+        if msg.recovery != recovery:
             # sent before a recovery this worker went through: its epoch is replayed anew
             # (a newer one cannot come: replays start once every worker has rolled back)
-            log.info("dropping a call of worker %d from before recovery %d", msg.src, w.recovery)
+            log.info("dropping a call of worker %d from before recovery %d", msg.src, recovery)
             return
-        if msg.epoch == w.engine.epoch:
-            w.tasks_add(asyncio.ensure_future(self._serve_call(msg)))
-        elif msg.epoch > w.engine.epoch:
+        if msg.epoch == epoch:
+            self._spawn(self._serve_call(msg))
+        elif msg.epoch > epoch:
             # the peer began the next epoch before our Begin arrived: hold the call
             self._deferred.setdefault(msg.epoch, []).append(msg)
             self.deferred_n += 1
         else:
-            log.error("call for past epoch %d (now %d) from worker %d", msg.epoch, w.engine.epoch, msg.src)
-            w.peers[msg.src].send(wire.Result(msg.call_id, False, ["StaleEpoch", "call for a past epoch"]))
+            log.error("call for past epoch %d (now %d) from worker %d", msg.epoch, epoch, msg.src)
+            stale = wire.Result(msg.call_id, False, ["StaleEpoch", "call for a past epoch"])
+            self._links.channels[msg.src].send(stale)
 
     async def _serve_call(self, msg: wire.Call) -> None:
-        w = self.w
-        assert w.engine is not None
-        ok, value = await w.engine.serve(msg.tid, msg.now, msg.operator, msg.key, msg.function, msg.args, msg.depth)
+        ok, value = await self._engine().serve(msg.tid, msg.now, msg.operator, msg.key,
+                                               msg.function, msg.args, msg.depth)
         self.served[msg.src] += 1
         result = wire.Result(msg.call_id, ok, value if ok else list(value))
         if self.reported_epoch == msg.epoch:
@@ -193,13 +228,13 @@ class Peers:
                 asyncio.get_running_loop().call_soon(self.flush_late)
             self._late.append((msg.src, result))
         else:
-            chan = w.peers[msg.src]
+            chan = self._links.channels[msg.src]
             chan.send(result)
             await chan.wait_room()
 
     def flush_late(self) -> None:
         """Report again, then send the results of the calls served since the last report."""
         late, self._late = self._late, []
-        self.w.report()
+        self._report()
         for src, result in late:
-            self.w.peers[src].send(result)
+            self._links.channels[src].send(result)

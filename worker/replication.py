@@ -78,8 +78,9 @@ class Shipping:
         deadline = time.monotonic() + timeout
         for name, sh in list(self._shippers.items()):
             if sh.followers and not sh.wait_acked(round_id, max(0.0, deadline - time.monotonic())):
-                log.warning("round %d: the standby of %s did not acknowledge its snapshot within %.1f s; "
-                            "a promotion now would download what it lacks", round_id, name, timeout)
+                log.warning("round %d: the standby of %s did not acknowledge its snapshot within "
+                            "%.1f s; a promotion now would download what it lacks", round_id,
+                            name, timeout)
                 return False
         return True
 

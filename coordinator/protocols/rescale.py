@@ -33,20 +33,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
+from coordinator.state import ClusterState, Member
 from sfaas.errors import ChannelClosed
 from sfaas.runtime import channels, wire
 from sfaas.runtime.partitioning import owned, rebalance
 from sfaas.runtime.protocols.rounds import RoundManifest
 
-if TYPE_CHECKING:
-    from coordinator.service import Coordinator, _Member
-
 log = logging.getLogger("sfaas.coordinator.rescale")
 
-__all__ = ["Rescaler", "STEP_TIMEOUT", "RESCALE_INBOX"]
+__all__ = ["Rescaler", "SwitchRounds", "STEP_TIMEOUT", "RESCALE_INBOX"]
+
+#: a worker's answer to a rescale step
+A = TypeVar("A", wire.Shipped, wire.Following, wire.Released)
 
 #: Workers' answers (Shipped, Following, Released) waiting for the rescale step; one per
 #: worker per step arrives, so beyond it an answer is dropped with a warning and the step
@@ -60,29 +62,50 @@ class _Abandon(Exception):
     """This attempt cannot finish; the target stays and a later attempt starts over."""
 
 
+class SwitchRounds(Protocol):
+    """The snapshot rounds, as a rescale switches at one."""
+
+    def arm_switch(self, round_id: int, owners: list[int], workers: int,
+                   adopt: Callable[[], None]) -> None: ...
+
+    async def wait_published(self, round_id: int,
+                             timeout: float = 60.0) -> RoundManifest | None: ...
+
+
 @dataclass
 class _Plan:
     target: int
     owners: list[int]
     #: the membership after the switch, index = position (old members first, then joiners)
-    members: list[_Member]
+    members: list[Member]
     #: partitions that move: p → (old index, new index)
     moves: dict[int, tuple[int, int]]
     prepared: bool = False
     #: set once the switch's round is published: the new map and membership are in force
     adopted: bool = False
-    old: list[_Member] = field(default_factory=list)
+    old: list[Member] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     phases: dict[str, float] = field(default_factory=dict)
 
 
 class Rescaler:
-    """The coordinator's side of a rescale (see the module docstring); owned by its event loop."""
+    """The coordinator's side of a rescale (see the module docstring); owned by its event
+    loop. ``rounds_on``, ``standbys``: the settings a rescale needs (snapshot rounds, no
+    standbys); ``wake``: begin an epoch soon (the switch waits for an epoch boundary);
+    ``force_recovery``: stop the epochs and recover; ``changed``: the membership changed."""
 
-    def __init__(self, c: Coordinator) -> None:
-        self.c = c
+    def __init__(self, state: ClusterState, rounds: SwitchRounds, *, rounds_on: bool,
+                 standbys: int, wake: Callable[[], None], force_recovery: Callable[[str], None],
+                 changed: Callable[[], None]) -> None:
+        self._state = state
+        self._rounds = rounds
+        self._rounds_on = rounds_on
+        self._standbys = standbys
+        self._wake = wake
+        self._force_recovery = force_recovery
+        self._changed = changed
         self.target: int | None = None
-        self.joiners: list[_Member] = []
+        self.joiners: list[Member] = []
         self._waiters: list[channels.Channel] = []
         self._inbox: asyncio.Queue[wire.Message] = asyncio.Queue(maxsize=RESCALE_INBOX)
         self._plan: _Plan | None = None
@@ -93,12 +116,12 @@ class Rescaler:
     # -- requests --------------------------------------------------------------------------
     def refusal(self, workers: int) -> str:
         """Why ``workers`` workers cannot be had; empty when they can."""
-        c, s = self.c, self.c.settings
-        if not 1 <= workers <= c.partitions:
-            return f"workers must be in [1, {c.partitions}] (the app's partitions), got {workers}"
-        if s.snapshot_interval <= 0:
+        partitions = self._state.partitions
+        if not 1 <= workers <= partitions:
+            return f"workers must be in [1, {partitions}] (the app's partitions), got {workers}"
+        if not self._rounds_on:
             return "rescaling needs snapshot rounds (snapshot_interval > 0)"
-        if s.standbys > 0:
+        if self._standbys > 0:
             return "rescaling a cluster with standbys is not supported yet (standbys > 0)"
         return ""
 
@@ -110,8 +133,8 @@ class Rescaler:
             await chan.drain()
             return
         self.target = msg.workers
-        log.warning("rescale requested: %d → %d workers", len(self.c.members), msg.workers)
-        if msg.workers == len(self.c.members) and self._plan is None:
+        log.warning("rescale requested: %d → %d workers", len(self._state.members), msg.workers)
+        if msg.workers == len(self._state.members) and self._plan is None:
             chan.send(wire.Scaled(True, f"already {msg.workers} workers"))
             await chan.drain()
             return
@@ -127,13 +150,21 @@ class Rescaler:
 
     def wants_joiner(self) -> bool:
         """Should a new registrant wait as a joiner (a scale-up needs it)?"""
-        return self.target is not None and self.target > len(self.c.members) + len(self.joiners)
+        return (self.target is not None
+                and self.target > len(self._state.members) + len(self.joiners))
 
-    def add_joiner(self, m: _Member) -> None:
+    def add_joiner(self, m: Member) -> None:
         self.joiners.append(m)
-        log.info("worker %s (pid %d) joins for the rescale to %d workers", m.name, m.pid, self.target)
+        log.info("worker %s (pid %d) joins for the rescale to %d workers",
+                 m.name, m.pid, self.target)
 
-    def lost(self, m: _Member) -> None:
+    def is_joiner(self, m: Member) -> bool:
+        return m in self.joiners
+
+    def joining(self) -> list[Member]:
+        return list(self.joiners)
+
+    def lost(self, m: Member) -> None:
         """A joiner's channel closed, or a member was lost: this attempt cannot finish."""
         if m in self.joiners:
             self.joiners.remove(m)
@@ -155,60 +186,65 @@ class Rescaler:
             # follows); the leaving workers go now, freeing their stores
             for m in self._plan.old[self._plan.target:]:
                 self._retire(m)
-            log.warning("rescale to %d workers interrupted after its round (%s); recovering under the new map",
-                        self._plan.target, why)
+            log.warning("rescale to %d workers interrupted after its round (%s); "
+                        "recovering under the new map", self._plan.target, why)
             self._plan = None
-            if self.target == len(self.c.members):
+            if self.target == len(self._state.members):
                 self._finish(f"{self.target} workers (after a recovery)")
         if self._plan is not None:
-            log.warning("rescale to %d workers interrupted (%s); starting over later", self._plan.target, why)
+            log.warning("rescale to %d workers interrupted (%s); starting over later",
+                        self._plan.target, why)
             self._plan = None
 
     # -- the epoch loop's side -----------------------------------------------------------------
     def due(self) -> bool:
         """Called before each Commit: True when the switch should happen at this epoch's end
         (its Commit must carry a round's marker); starts the follow step when it can."""
-        c = self.c
+        members = self._state.members
         if self.target is None:
             return False
         if self._plan is None:
-            if self.target == len(c.members):
+            if self.target == len(members):
                 self._finish(f"{self.target} workers")
                 return False
-            if self.target > len(c.members) + len(self.joiners):
+            if self.target > len(members) + len(self.joiners):
                 return False  # waiting for the new processes to register
             self._plan = self._make_plan(self.target)
-            self._prepare = asyncio.get_running_loop().create_task(self._follow(self._plan), name="rescale-follow")
+            self._prepare = asyncio.get_running_loop().create_task(self._follow(self._plan),
+                                                                   name="rescale-follow")
             return False
         return self._plan.prepared
 
     def _make_plan(self, target: int) -> _Plan:
-        c = self.c
-        owners = rebalance(c.owners, target)
-        members = list(c.members[:target]) + self.joiners[: max(0, target - len(c.members))]
-        for i, m in enumerate(members[len(c.members):], start=len(c.members)):
+        state = self._state
+        n_old = len(state.members)
+        owners = rebalance(state.owners, target)
+        members = list(state.members[:target]) + self.joiners[: max(0, target - n_old)]
+        for i, m in enumerate(members[n_old:], start=n_old):
             m.index = i  # a joiner speaks for the slot it is about to take (coordinator.inbound)
-        moves = {p: (o, n) for p, (o, n) in enumerate(zip(c.owners, owners, strict=True)) if o != n}
-        log.warning("rescale %d → %d workers: moving partitions %s", len(c.members), target,
+        moves = {p: (o, n) for p, (o, n) in enumerate(zip(state.owners, owners, strict=True))
+                 if o != n}
+        log.warning("rescale %d → %d workers: moving partitions %s", n_old, target,
                     ", ".join(f"{p} ({o}→{n})" for p, (o, n) in sorted(moves.items())) or "none")
         return _Plan(target, owners, members, moves)
 
-    async def _expect(self, kind: type[wire.Message], senders: set[int], what: str) -> dict[int, Any]:
+    async def _expect(self, kind: type[A], senders: set[int], what: str) -> dict[int, A]:
         """Wait for one ``kind`` from each of ``senders`` (by ``index``); errors abandon."""
-        got: dict[int, Any] = {}
+        got: dict[int, A] = {}
         deadline = time.monotonic() + STEP_TIMEOUT
         while senders - set(got):
             try:
-                msg = await asyncio.wait_for(self._inbox.get(), max(0.0, deadline - time.monotonic()))
+                msg = await asyncio.wait_for(self._inbox.get(),
+                                             max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 raise _Abandon(f"{what}: no answer from worker(s) {sorted(senders - set(got))} "
                                f"within {STEP_TIMEOUT:.0f} s") from None
             if not isinstance(msg, kind):
                 continue  # from an abandoned attempt
-            error = getattr(msg, "error", "")
+            error = "" if isinstance(msg, wire.Shipped) else msg.error
             if error:
-                raise _Abandon(f"{what}: worker {msg.index}: {error}")  # type: ignore[attr-defined]
-            got[msg.index] = msg  # type: ignore[attr-defined]
+                raise _Abandon(f"{what}: worker {msg.index}: {error}")
+            got[msg.index] = msg
         return got
 
     async def _follow(self, plan: _Plan) -> None:
@@ -217,20 +253,22 @@ class Rescaler:
         try:
             while not self._inbox.empty():
                 self._inbox.get_nowait()
-            c = self.c
+            members = self._state.members
             by_source: dict[int, list[int]] = {}
             for p, (o, _n) in plan.moves.items():
                 by_source.setdefault(o, []).append(p)
             for o, parts in by_source.items():
-                c.members[o].channel.send(wire.Ship(sorted(parts)))
+                members[o].channel.send(wire.Ship(sorted(parts)))
             shipped = await self._expect(wire.Shipped, set(by_source), "shipping")
             seqs = [s for msg in shipped.values() for s in msg.seqs]
             receivers: dict[int, dict[int, list[int]]] = {}
             for p, (o, n) in plan.moves.items():
                 receivers.setdefault(n, {}).setdefault(o, []).append(p)
             for n, sources in receivers.items():
-                srcs = [[c.members[o].host, c.members[o].repl_port, sorted(ps)] for o, ps in sources.items()]
-                mine = [s for s in seqs if int(s[1]) in {p for ps in sources.values() for p in ps}]
+                srcs = [wire.Source(members[o].host, members[o].repl_port, sorted(ps))
+                        for o, ps in sources.items()]
+                mine = [s for s in seqs
+                        if int(s[1]) in {p for ps in sources.values() for p in ps}]
                 plan.members[n].channel.send(wire.Move(n, plan.target, srcs, mine))
             await self._expect(wire.Following, set(receivers), "following")
         except _Abandon as exc:
@@ -245,16 +283,16 @@ class Rescaler:
             return
         plan.phases["follow"] = time.monotonic() - t0
         plan.prepared = True
-        log.warning("rescale to %d workers: receivers caught up in %.2f s; switching at the next epoch",
-                    plan.target, plan.phases["follow"])
-        c.wake()
+        log.warning("rescale to %d workers: receivers caught up in %.2f s; "
+                    "switching at the next epoch", plan.target, plan.phases["follow"])
+        self._wake()
 
     def arm(self, round_id: int) -> None:
         """Round ``round_id`` is the switch's: its manifest names the new map, and its
         publication puts the map and the membership in force (:meth:`_adopt`)."""
         plan = self._plan
         assert plan is not None
-        self.c.rounds.switch_at[round_id] = (list(plan.owners), plan.target, lambda: self._adopt(plan))
+        self._rounds.arm_switch(round_id, plan.owners, plan.target, lambda: self._adopt(plan))
         for n in {n for _o, n in plan.moves.values()}:
             try:
                 plan.members[n].channel.send(wire.Hold(round_id))
@@ -264,32 +302,25 @@ class Rescaler:
     def _adopt(self, plan: _Plan) -> None:
         """(on the event loop, when the switch's round is published) The new map and
         membership are the cluster's: a recovery from here on restores under them."""
-        c = self.c
-        plan.old = list(c.members)
-        c.owners = list(plan.owners)
-        c.rounds.owners = list(plan.owners)
-        c.rounds.workers = plan.target
-        for m in plan.old[plan.target:]:
-            m.alive = False  # not a loss: it leaves
-        for i, m in enumerate(plan.members):
-            m.index = i
-        c.members = list(plan.members)
+        plan.old = list(self._state.members)
+        self._state.adopt(plan.owners, plan.members)
         self.joiners = [j for j in self.joiners if j not in plan.members]
         plan.adopted = True
 
-    def _retire(self, m: _Member) -> None:
+    def _retire(self, m: Member) -> None:
         try:
-            m.channel.send(wire.Stop(f"retired: the cluster scaled to {len(self.c.members)} workers"))
+            m.channel.send(wire.Stop(f"retired: the cluster scaled to "
+                                     f"{len(self._state.members)} workers"))
         except ChannelClosed:
             pass
 
     async def switch(self, round_id: int) -> None:
         """Step 4, from the epoch loop after the Commit carrying ``round_id``'s marker: no
         epoch begins until this returns."""
-        c, plan = self.c, self._plan
+        state, plan = self._state, self._plan
         assert plan is not None
         t0 = time.monotonic()
-        manifest = await c.rounds.wait_published(round_id)
+        manifest = await self._rounds.wait_published(round_id)
         if manifest is None or not plan.adopted:
             log.warning("rescale: round %d did not complete; switching at a later round", round_id)
             return
@@ -299,43 +330,46 @@ class Rescaler:
             while not self._inbox.empty():
                 self._inbox.get_nowait()
             for m in old:  # (the old indices: only joiners were renumbered)
-                m.channel.send(wire.Release(round_id, c.owners))
-            await self._expect(wire.Released, {i for i in range(len(old))}, "releasing")
+                m.channel.send(wire.Release(round_id, state.owners))
+            await self._expect(wire.Released, set(range(len(old))), "releasing")
             t_release = time.monotonic()
             for m in old[plan.target:]:
                 self._retire(m)
-            peers = [[m.host, m.port] for m in c.members]
-            for m in c.members:
-                m.ready.clear()
-            for m in c.members:
+            peers = state.peers()
+            state.expect_ready()
+            for m in state.members:
                 m.channel.send(self._reassign(manifest, m.index, peers))
-            await asyncio.wait_for(asyncio.gather(*(m.ready.wait() for m in c.members)), STEP_TIMEOUT)
+            await asyncio.wait_for(state.wait_ready(), STEP_TIMEOUT)
         except (_Abandon, TimeoutError) as exc:
             # the map already changed: only a recovery (under the new map) gets out of here
-            c.force_recovery(f"the rescale's switch failed ({exc}); the new map is in force")
+            self._force_recovery(f"the rescale's switch failed ({exc}); the new map is in force")
             raise
         t_end = time.monotonic()
-        plan.phases.update({"round": t_round - t0, "release": t_release - t_round, "takeover": t_end - t_release})
+        plan.phases.update({"round": t_round - t0, "release": t_release - t_round,
+                            "takeover": t_end - t_release})
         self.last = {"workers": plan.target, "round": round_id, "moved": sorted(plan.moves),
                      "pause_seconds": t_end - t0, "seconds": t_end - plan.started, **plan.phases}
-        log.warning("rescaled to %d workers at round %d: moved %d partitions; epochs paused %.2f s (%s); "
-                    "epochs after %d run under the map %s", plan.target, round_id, len(plan.moves), t_end - t0,
-                    ", ".join(f"{k} {v:.2f} s" for k, v in plan.phases.items()), manifest.epoch, c.owners)
+        log.warning("rescaled to %d workers at round %d: moved %d partitions; epochs paused "
+                    "%.2f s (%s); epochs after %d run under the map %s", plan.target, round_id,
+                    len(plan.moves), t_end - t0,
+                    ", ".join(f"{k} {v:.2f} s" for k, v in plan.phases.items()),
+                    manifest.epoch, state.owners)
         self._plan = None
-        c.write_ready()
+        self._changed()
         if self.target == plan.target:
-            self._finish(f"{plan.target} workers; moved partitions {sorted(plan.moves)} at round {round_id}, "
-                         f"epochs paused {t_end - t0:.2f} s")
+            self._finish(f"{plan.target} workers; moved partitions {sorted(plan.moves)} at round "
+                         f"{round_id}, epochs paused {t_end - t0:.2f} s")
 
-    def _reassign(self, m: RoundManifest, index: int, peers: list[list[Any]]) -> wire.Reassign:
-        c = self.c
-        gained = {p for p, (_o, n) in (self._plan.moves.items() if self._plan else ()) if n == index}
-        mine = set(owned(c.owners, index)) & gained
+    def _reassign(self, m: RoundManifest, index: int, peers: list[wire.Peer]) -> wire.Reassign:
+        state = self._state
+        moves = self._plan.moves.items() if self._plan else ()
+        gained = {p for p, (_o, n) in moves if n == index}
+        mine = set(owned(state.owners, index)) & gained
         return wire.Reassign(
-            m.round, index, len(c.members), peers, list(c.owners),
+            m.round, index, len(state.members), peers, list(state.owners),
             {p: o for p, o in m.ingress.items() if p in mine},
             {p: list(v) for p, v in m.skip.items() if p in mine},
-            [list(r) for r in m.retries if r[1] in mine],
+            [wire.Retry(*r) for r in m.retries if r[1] in mine],
         )
 
     def _finish(self, detail: str) -> None:

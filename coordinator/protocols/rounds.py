@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from coordinator.state import Layout
 from remotes import Remote
 from sfaas.runtime import wire
 from sfaas.runtime.protocols.rounds import (
@@ -37,7 +38,8 @@ from statestores import background
 
 log = logging.getLogger("sfaas.coordinator.rounds")
 
-__all__ = ["RoundKeeper", "RoundSummary", "ROUND_TIMEOUT", "HISTORY", "GC_EVERY", "GC_PERIOD", "GC_PAUSE"]
+__all__ = ["RoundKeeper", "RoundSummary", "ROUND_TIMEOUT", "HISTORY", "GC_EVERY", "GC_PERIOD",
+           "GC_PAUSE"]
 
 T = TypeVar("T")
 
@@ -88,16 +90,19 @@ class _InFlight:
 
 
 class RoundKeeper:
-    """Starts rounds, collects the workers' reports, publishes and collects garbage."""
+    """Starts rounds, collects the workers' reports, publishes and collects garbage.
+
+    ``layout``: the partition map in force (a round needs every slot's report, and its
+    manifest names the map epochs after it run under); ``rounds_remote``: where rounds are
+    published; ``store_remote``: a store's remote (for garbage collection)."""
 
     def __init__(
-        self, interval: float, retain: int, workers: int, partitions: int,
+        self, interval: float, retain: int, layout: Callable[[], Layout],
         rounds_remote: Callable[[], Remote], store_remote: Callable[[str, int], Remote],
     ) -> None:
         self.interval = interval
         self.retain = retain
-        self.workers = workers
-        self.partitions = partitions
+        self._layout = layout
         self._rounds_remote = rounds_remote
         self._store_remote = store_remote
         self._rounds: Rounds | None = None
@@ -119,11 +124,10 @@ class RoundKeeper:
         self.completed = 0
         self.failed = 0
         self.last_complete: RoundManifest | None = None
-        #: the partition map epochs after a round run under (see ``RoundManifest.owners``)
-        self.owners: list[int] = []
         #: a rescale's round: round id → (new map, new worker count, called once published)
-        self.switch_at: dict[int, tuple[list[int], int, Callable[[], None]]] = {}
-        #: the newest complete rounds and failures ``(time, round, why)``, for the status page and metrics
+        self._switch_at: dict[int, tuple[list[int], int, Callable[[], None]]] = {}
+        #: the newest complete rounds and failures ``(time, round, why)``, for the status
+        #: page and metrics
         self.history: collections.deque[RoundSummary] = collections.deque(maxlen=HISTORY)
         self.failures: collections.deque[tuple[float, int, str]] = collections.deque(maxlen=HISTORY)
         #: garbage collection (see GC_EVERY): rounds published since the last one started,
@@ -159,7 +163,8 @@ class RoundKeeper:
             self._collect()  # rounds paused: collect what the last ones left
         # (no round while garbage is collected: a store's gc counts the snapshots it keeps,
         # and one a new round wrote meanwhile would take a retained round's place)
-        busy = self._inflight is not None or self._publishing is not None or self._collecting is not None
+        busy = (self._inflight is not None or self._publishing is not None
+                or self._collecting is not None)
         if busy or (now < self._next_at and not force):
             return None
         if self._next_id is None:
@@ -196,17 +201,24 @@ class RoundKeeper:
         f = self._inflight
         if f is not None and time.time() - f.started > max(ROUND_TIMEOUT, 10 * self.interval):
             self._fail(f"not complete after {time.time() - f.started:.0f} s "
-                       f"(reports from workers {sorted(f.reports)} of {self.workers})")
+                       f"(reports from workers {sorted(f.reports)} of {self._layout().workers})")
 
     def abort(self, why: str) -> None:
         """Fail the round in flight, if any (a worker was lost)."""
         if self._inflight is not None:
             self._fail(why)
 
+    def arm_switch(self, round_id: int, owners: list[int], workers: int,
+                   adopt: Callable[[], None]) -> None:
+        """Round ``round_id`` is a rescale's switch: its manifest names ``owners`` of
+        ``workers`` slots, and ``adopt`` is called once it is published."""
+        self._switch_at[round_id] = (list(owners), workers, adopt)
+
     def _fail(self, why: str) -> None:
         assert self._inflight is not None
-        log.warning("snapshot round %d failed: %s; the next interval retries", self._inflight.round, why)
-        self.switch_at.pop(self._inflight.round, None)
+        log.warning("snapshot round %d failed: %s; the next interval retries",
+                    self._inflight.round, why)
+        self._switch_at.pop(self._inflight.round, None)
         self.failed += 1
         self.failures.append((time.time(), self._inflight.round, why))
         self._inflight = None
@@ -216,13 +228,14 @@ class RoundKeeper:
         """A worker's part of a round (called on the event loop)."""
         f = self._inflight
         if f is None or msg.round != f.round:
-            log.info("ignoring worker %d's report of round %d (not in flight)", msg.index, msg.round)
+            log.info("ignoring worker %d's report of round %d (not in flight)",
+                     msg.index, msg.round)
             return
         if msg.error:
             self._fail(f"worker {msg.index}: {msg.error}")
             return
         f.reports[msg.index] = msg
-        if len(f.reports) == self.workers:
+        if len(f.reports) == self._layout().workers:
             self._inflight = None
             manifest = self._manifest(f)
             self._publishing = asyncio.get_running_loop().create_task(self._publish(manifest))
@@ -238,14 +251,19 @@ class RoundKeeper:
             skip.update(r.skip)
             for p, o in r.egress.items():
                 egress[p] = min(o, egress.get(p, o))
-            stores += [StoreCut(str(op), int(p), int(b), int(n), int(t)) for op, p, b, n, t in r.stores]
+            stores += [StoreCut(str(op), int(p), int(b), int(n), int(t))
+                       for op, p, b, n, t in r.stores]
             retries += [(t, p, o, float(now)) for t, p, o, now in r.retries]
         # an egress partition some worker did not report has no safe scan start: omit it
-        egress = {p: o for p, o in egress.items() if all(p in r.egress for r in f.reports.values())}
+        egress = {p: o for p, o in egress.items()
+                  if all(p in r.egress for r in f.reports.values())}
         stores.sort(key=lambda s: (s.operator, s.partition))
-        owners, workers, _ = self.switch_at.get(f.round, (self.owners, self.workers, None))
-        return RoundManifest(f.round, f.epoch, workers, self.partitions, tuple(stores), ingress, skip, egress,
-                             tuple(sorted(retries)), min(r.epoch_log for r in f.reports.values()),
+        layout = self._layout()
+        owners, workers, _ = self._switch_at.get(
+            f.round, (list(layout.owners), layout.workers, None))
+        return RoundManifest(f.round, f.epoch, workers, layout.partitions, tuple(stores), ingress,
+                             skip, egress, tuple(sorted(retries)),
+                             min(r.epoch_log for r in f.reports.values()),
                              started=f.started, owners=tuple(owners))
 
     async def _publish(self, manifest: RoundManifest) -> None:
@@ -253,12 +271,14 @@ class RoundKeeper:
         self._written.clear()
         try:
             known, self._index = self._index, None  # (unknown until this publish returns)
-            retained, dropped = await _in_background(publish_round, [self._rounds.remote], self._rounds.remote, manifest,
-                                                     self.retain, known, sorted(self._stale))
+            retained, dropped = await _in_background(
+                publish_round, [self._rounds.remote], self._rounds.remote, manifest, self.retain,
+                known, sorted(self._stale))
         except Exception as exc:
             self._stale |= set(known or ()) | {manifest.round}
-            log.warning("publishing snapshot round %d failed: %s; the next interval retries", manifest.round, exc)
-            self.switch_at.pop(manifest.round, None)
+            log.warning("publishing snapshot round %d failed: %s; the next interval retries",
+                        manifest.round, exc)
+            self._switch_at.pop(manifest.round, None)
             self.failed += 1
             self.failures.append((time.time(), manifest.round, f"publishing failed: {exc}"))
             self._publishing = None
@@ -269,13 +289,14 @@ class RoundKeeper:
         self.completed += 1
         self.last_complete = manifest
         self.history.append(RoundSummary.of(manifest))
-        switch = self.switch_at.pop(manifest.round, None)
+        switch = self._switch_at.pop(manifest.round, None)
         if switch is not None:  # the round names the new map: it is in force from now on
             switch[2]()
         self._written.set()
         log.info("snapshot round %d complete: epoch %d, %d stores, %d files, %.1f MB uploaded, "
-                 "published %.2f s after its marker", manifest.round, manifest.epoch, len(manifest.stores),
-                 manifest.files, manifest.bytes_uploaded / 1e6, manifest.created - manifest.started)
+                 "published %.2f s after its marker", manifest.round, manifest.epoch,
+                 len(manifest.stores), manifest.files, manifest.bytes_uploaded / 1e6,
+                 manifest.created - manifest.started)
         if dropped:
             log.info("snapshot rounds %s dropped (retaining %s)", dropped, retained)
         self._retained = retained
@@ -293,13 +314,15 @@ class RoundKeeper:
         stores = [(s.operator, s.partition) for s in self.last_complete.stores]
         self._gc_due = 0
         self._collected_at = time.monotonic()
-        self._collecting = asyncio.get_running_loop().create_task(self._collect_garbage(stores, self._retained))
+        self._collecting = asyncio.get_running_loop().create_task(
+            self._collect_garbage(stores, self._retained))
 
     async def _collect_garbage(self, stores: list[tuple[str, int]], retained: list[int]) -> None:
         try:
             remotes = [(op, p, self._store_remote(op, p)) for op, p in stores]
             pause = min(GC_PAUSE, self.interval / 4 / max(1, len(remotes)))
-            n, freed = await _in_background(collect_store_garbage, [r for _, _, r in remotes], remotes, retained, pause)
+            n, freed = await _in_background(collect_store_garbage, [r for _, _, r in remotes],
+                                            remotes, retained, pause)
             if n or freed:
                 log.info("snapshot gc: %d store snapshots dropped, %.1f MB deleted", n, freed / 1e6)
         except Exception as exc:

@@ -39,7 +39,10 @@ from sfaas.runtime.wire import Message, ProtocolError, decode_frame, encode_mess
 
 log = logging.getLogger("sfaas.runtime.channels")
 
-__all__ = ["Channel", "connect", "serve", "MAX_FRAME", "MAGIC", "REJECTED", "Traffic", "TRAFFIC", "HIGH_WATER"]
+__all__ = [
+    "Channel", "connect", "serve", "MAX_FRAME", "MAGIC", "REJECTED", "Traffic", "TRAFFIC",
+    "HIGH_WATER",
+]
 
 MAGIC = b"SFAAS1"
 _NONCE = 16
@@ -77,7 +80,9 @@ def _mac(secret: bytes, *parts: bytes) -> bytes:
 class Channel:
     """One authenticated connection; ``send`` batches, ``recv`` returns one frame's messages."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+    ) -> None:
         self._reader = reader
         self._writer = writer
         self.peer = peer
@@ -164,7 +169,9 @@ class Channel:
             self._writer.close()
 
 
-async def _client_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes) -> None:
+async def _client_handshake(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes
+) -> None:
     hello = await reader.readexactly(len(MAGIC) + _NONCE)
     if not hello.startswith(MAGIC):
         raise AuthenticationError("peer is not an sfaas endpoint (bad magic)")
@@ -177,7 +184,9 @@ async def _client_handshake(reader: asyncio.StreamReader, writer: asyncio.Stream
         raise AuthenticationError("server failed the shared-secret check (SFAAS_SECRET differs)")
 
 
-async def _server_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes) -> None:
+async def _server_handshake(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes
+) -> None:
     ns = os.urandom(_NONCE)
     writer.write(MAGIC + ns)
     await writer.drain()

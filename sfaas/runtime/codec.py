@@ -19,7 +19,10 @@ import msgpack
 
 from sfaas.errors import BadArguments, NotSerializable
 
-__all__ = ["pack", "unpack", "check_serializable", "check_arguments", "too_deep", "MAX_NESTING", "MAX_ARGS"]
+__all__ = [
+    "pack", "unpack", "check_serializable", "check_arguments", "too_deep", "MAX_NESTING",
+    "MAX_ARGS",
+]
 
 #: Deepest list/dict nesting of a value (a flat list is 1 deep); deeper values are refused
 #: when encoding and decoding (bounds recursion on hostile input).
@@ -56,7 +59,8 @@ def too_deep(value: Any, limit: int = MAX_NESTING) -> bool:
 
 
 def _nesting_error(what: str) -> NotSerializable:
-    return NotSerializable(f"{what} nests lists/dicts more than {MAX_NESTING} levels deep (the limit, MAX_NESTING)")
+    return NotSerializable(f"{what} nests lists/dicts more than {MAX_NESTING} levels deep "
+                           "(the limit, MAX_NESTING)")
 
 _packer_default_error = "not msgpack-able"
 
@@ -110,5 +114,6 @@ def check_arguments(args: Any, what: str = "arguments") -> None:
     """Raise :class:`BadArguments` for more than :data:`MAX_ARGS` arguments and
     :class:`NotSerializable` for arguments that cannot cross a process boundary."""
     if len(args) > MAX_ARGS:
-        raise BadArguments(f"{what}: {len(args)} arguments, more than the limit of {MAX_ARGS} (MAX_ARGS)")
+        raise BadArguments(
+            f"{what}: {len(args)} arguments, more than the limit of {MAX_ARGS} (MAX_ARGS)")
     check_serializable(args, what)

@@ -64,7 +64,9 @@ class EpochRecord:
     kept_now: tuple[tuple[int, float], ...] = ()
 
     @classmethod
-    def of(cls, epoch: int, worker: int, now: float, batch: Sequence[tuple[int, Logged]]) -> EpochRecord:
+    def of(
+        cls, epoch: int, worker: int, now: float, batch: Sequence[tuple[int, Logged]]
+    ) -> EpochRecord:
         """The record of ``batch`` (``(tid, item)``), begun at ``now``: re-runs keep their
         first run's ``now``, so theirs is recorded too."""
         return cls(epoch, worker, now, tuple((tid, it.partition, it.offset) for tid, it in batch),
@@ -77,8 +79,9 @@ class EpochRecord:
         return [kept.get(tid, self.now) for tid, _, _ in self.batch]
 
     def encode(self) -> bytes:
-        body = msgpack.packb([self.epoch, self.worker, self.now, [list(b) for b in self.batch],
-                              [list(k) for k in self.kept_now]], use_bin_type=True)
+        body: bytes = msgpack.packb(
+            [self.epoch, self.worker, self.now, [list(b) for b in self.batch],
+             [list(k) for k in self.kept_now]], use_bin_type=True)
         return _HEAD.pack(_MAGIC, _VERSION) + body
 
     @classmethod
@@ -87,11 +90,13 @@ class EpochRecord:
             raise EpochLogError(f"{source}: {len(data)} bytes, too short")
         magic, version = _HEAD.unpack_from(data)
         if magic != _MAGIC or version not in _VERSIONS:
-            raise EpochLogError(f"{source}: header {magic!r} v{version}, expected {_MAGIC!r} v1 or v{_VERSION}")
+            raise EpochLogError(f"{source}: header {magic!r} v{version}, "
+                                f"expected {_MAGIC!r} v1 or v{_VERSION}")
         try:
             d: Any = msgpack.unpackb(data[_HEAD.size:], raw=False)
             epoch, worker, now, batch, kept = d if version == 2 else (*d, [])
-            rec = cls(int(epoch), int(worker), float(now), tuple((int(t), int(p), int(o)) for t, p, o in batch),
+            rec = cls(int(epoch), int(worker), float(now),
+                      tuple((int(t), int(p), int(o)) for t, p, o in batch),
                       tuple((int(t), float(n)) for t, n in kept))
         except Exception as exc:
             raise EpochLogError(f"{source}: malformed body ({type(exc).__name__}: {exc})") from None

@@ -14,7 +14,10 @@ from sfaas.errors import ClusterError
 
 log = logging.getLogger("sfaas.runtime.kafka")
 
-__all__ = ["ensure_topics", "make_producer", "make_consumer", "consumer_group", "partition_count", "read_range"]
+__all__ = [
+    "ensure_topics", "make_producer", "make_consumer", "consumer_group", "partition_count",
+    "read_range",
+]
 
 
 async def ensure_topics(bootstrap: str, topics: dict[str, int]) -> dict[str, int]:
@@ -35,7 +38,8 @@ async def ensure_topics(bootstrap: str, topics: dict[str, int]) -> dict[str, int
         while True:
             described = await admin.describe_topics(list(topics))
             counts = {d["topic"]: len(d["partitions"] or []) for d in described}
-            if all(counts.get(t, 0) > 0 for t in topics) or asyncio.get_running_loop().time() > deadline:
+            if all(counts.get(t, 0) > 0 for t in topics) \
+                    or asyncio.get_running_loop().time() > deadline:
                 break
             await asyncio.sleep(0.1)
     finally:
@@ -44,7 +48,8 @@ async def ensure_topics(bootstrap: str, topics: dict[str, int]) -> dict[str, int
         if counts.get(t, 0) == 0:
             raise ClusterError(f"topic {t} has no partitions after creation")
         if counts[t] != n:
-            log.warning("topic %s exists with %d partitions (wanted %d); using %d", t, counts[t], n, counts[t])
+            log.warning("topic %s exists with %d partitions (wanted %d); using %d",
+                        t, counts[t], n, counts[t])
     return counts
 
 
@@ -106,13 +111,17 @@ async def partition_count(producer: AIOKafkaProducer, topic: str, timeout: float
         await asyncio.sleep(0.2)
 
 
-async def read_range(bootstrap: str, starts: dict[TopicPartition, int]) -> dict[int, list[tuple[int, bytes]]]:
-    """Records of each partition from its start offset to its end now: partition → [(offset, value)]."""
+async def read_range(
+    bootstrap: str, starts: dict[TopicPartition, int]
+) -> dict[int, list[tuple[int, bytes]]]:
+    """Records of each partition from its start offset to its end now:
+    partition → [(offset, value)]."""
     out: dict[int, list[tuple[int, bytes]]] = {tp.partition: [] for tp in starts}
     if not starts:
         return out
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                max_partition_fetch_bytes=FETCH_PARTITION_BYTES, fetch_max_wait_ms=50)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False,
+        max_partition_fetch_bytes=FETCH_PARTITION_BYTES, fetch_max_wait_ms=50)
     await consumer.start()
     try:
         tps = list(starts)

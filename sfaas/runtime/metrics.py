@@ -36,15 +36,15 @@ from sfaas.runtime.channels import TRAFFIC
 
 log = logging.getLogger("sfaas.runtime.metrics")
 
-__all__ = ["LATENCY_BOUNDS", "PHASE_BOUNDS", "Buckets", "quantile", "Collect", "HttpServer", "local_url",
-           "new_registry", "channel_traffic"]
+__all__ = ["LATENCY_BOUNDS", "PHASE_BOUNDS", "Buckets", "quantile", "Collect", "HttpServer",
+           "local_url", "new_registry", "channel_traffic"]
 
 #: Request latency bucket bounds (seconds): from a fast epoch to a long recovery.
-LATENCY_BOUNDS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-                                     5.0, 10.0, 30.0)
+LATENCY_BOUNDS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                     1.0, 2.5, 5.0, 10.0, 30.0)
 #: Bounds of phase durations (epoch phases, snapshot rounds, recovery phases; seconds).
-PHASE_BOUNDS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-                                   2.5, 5.0, 10.0, 30.0, 60.0)
+PHASE_BOUNDS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                   0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class Buckets:
@@ -116,10 +116,13 @@ def channel_traffic() -> Iterator[Any]:
     """This process's channel traffic (:data:`sfaas.runtime.channels.TRAFFIC`) as counters."""
     t = TRAFFIC
     for name, value, doc in (
-        ("sfaas_channel_sent_bytes", t.sent_bytes, "Bytes this process sent on its channels (frames with headers)"),
-        ("sfaas_channel_received_bytes", t.received_bytes, "Bytes this process received on its channels"),
+        ("sfaas_channel_sent_bytes", t.sent_bytes,
+         "Bytes this process sent on its channels (frames with headers)"),
+        ("sfaas_channel_received_bytes", t.received_bytes,
+         "Bytes this process received on its channels"),
         ("sfaas_channel_sent_frames", t.sent_frames, "Frames this process sent on its channels"),
-        ("sfaas_channel_received_frames", t.received_frames, "Frames this process received on its channels"),
+        ("sfaas_channel_received_frames", t.received_frames,
+         "Frames this process received on its channels"),
     ):
         yield CounterMetricFamily(name, doc, value=value)
 
@@ -159,7 +162,8 @@ class HttpServer:
         try:
             self._server = await asyncio.start_server(self._serve, host, port, limit=_MAX_HEAD)
         except OSError as exc:
-            raise ClusterError(f"cannot serve metrics on {host}:{port} ({setting}): {exc.strerror or exc}") from None
+            raise ClusterError(f"cannot serve metrics on {host}:{port} ({setting}): "
+                               f"{exc.strerror or exc}") from None
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 
@@ -184,16 +188,19 @@ class HttpServer:
             method, target = parts[0], parts[1].decode("ascii", "replace")
             route = self.routes.get(target.split("?", 1)[0])
             if method not in (b"GET", b"HEAD"):
-                await self._respond(writer, 405, "text/plain", b"only GET\n", extra="Allow: GET, HEAD\r\n")
+                await self._respond(writer, 405, "text/plain", b"only GET\n",
+                                    extra="Allow: GET, HEAD\r\n")
             elif route is None:
+                routes = ", ".join(sorted(self.routes))
                 await self._respond(writer, 404, "text/plain",
-                                    ("not found; try " + ", ".join(sorted(self.routes)) + "\n").encode())
+                                    f"not found; try {routes}\n".encode())
             else:
                 try:
                     ctype, body = route()
                 except Exception:
                     log.exception("serving %s failed", target)
-                    await self._respond(writer, 500, "text/plain", b"internal error (see the process log)\n")
+                    await self._respond(writer, 500, "text/plain",
+                                        b"internal error (see the process log)\n")
                     return
                 await self._respond(writer, 200, ctype, body, head_only=method == b"HEAD")
         except (ConnectionError, asyncio.CancelledError):
@@ -202,14 +209,16 @@ class HttpServer:
             writer.close()
 
     @staticmethod
-    async def _respond(writer: asyncio.StreamWriter, status: int, ctype: str, body: bytes, *, extra: str = "",
-                       head_only: bool = False) -> None:
-        if ctype.startswith("text/html"):  # the page's own inline script and style, its JSON, nothing else
+    async def _respond(writer: asyncio.StreamWriter, status: int, ctype: str, body: bytes, *,
+                       extra: str = "", head_only: bool = False) -> None:
+        # an HTML page may use its own inline script and style, and its JSON: nothing else
+        if ctype.startswith("text/html"):
             extra += ("Content-Security-Policy: default-src 'none'; script-src 'unsafe-inline'; "
                       "style-src 'unsafe-inline'; connect-src 'self'; img-src data:\r\n")
         reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
                   431: "Request Header Fields Too Large", 500: "Internal Server Error"}[status]
-        writer.write((f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                      f"Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n"
-                      f"{extra}\r\n").encode() + (b"" if head_only else body))
+        writer.write((f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
+                      f"Content-Length: {len(body)}\r\n"
+                      "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
+                      f"Connection: close\r\n{extra}\r\n").encode() + (b"" if head_only else body))
         await writer.drain()

@@ -29,7 +29,8 @@ def owner_of_partition(partition: int, workers: int) -> int:
 def default_owners(partitions: int, workers: int) -> list[int]:
     """The partition map of a cluster that never rescaled: round robin."""
     if workers < 1 or partitions < workers:
-        raise ValueError(f"need 1 <= workers <= partitions, got {workers} workers, {partitions} partitions")
+        raise ValueError(f"need 1 <= workers <= partitions, got {workers} workers, "
+                         f"{partitions} partitions")
     return [owner_of_partition(p, workers) for p in range(partitions)]
 
 
@@ -42,7 +43,8 @@ def rebalance(owners: list[int], workers: int) -> list[int]:
     """
     partitions = len(owners)
     if workers < 1 or partitions < workers:
-        raise ValueError(f"need 1 <= workers <= partitions, got {workers} workers, {partitions} partitions")
+        raise ValueError(f"need 1 <= workers <= partitions, got {workers} workers, "
+                         f"{partitions} partitions")
     base, extra = divmod(partitions, workers)
     # the workers keeping the most partitions get the ⌈P/n⌉ quotas: fewer moves
     kept = {i: sum(1 for o in owners if o == i) for i in range(workers)}
@@ -56,7 +58,8 @@ def rebalance(owners: list[int], workers: int) -> list[int]:
             load[o] += 1
     for p in range(partitions):
         if new[p] < 0:
-            w = min((i for i in range(workers) if load[i] < quota[i]), key=lambda i: (load[i] - quota[i], i))
+            w = min((i for i in range(workers) if load[i] < quota[i]),
+                    key=lambda i: (load[i] - quota[i], i))
             new[p] = w
             load[w] += 1
     return new

@@ -111,7 +111,8 @@ class Settings:
     def load(
         cls, overrides: dict[str, Any] | None = None, env: Mapping[str, str] | None = None
     ) -> Settings:
-        """Defaults, then ``SFAAS_*`` variables from ``env`` (default ``os.environ``), then ``overrides``."""
+        """Defaults, then ``SFAAS_*`` variables from ``env`` (default ``os.environ``), then
+        ``overrides``."""
         if env is None:
             env = os.environ
         values: dict[str, Any] = {}
@@ -136,45 +137,56 @@ class Settings:
             _typed(f, getattr(self, f.name), f.name)
         for name in ("namespace",):
             if not _NAME_RE.match(getattr(self, name)):
-                raise ConfigError(f"{name} must be 1-100 letters, digits, '.', '_' or '-' (it names Kafka "
-                                  f"topics), got {getattr(self, name)!r:.60}")
+                raise ConfigError(f"{name} must be 1-100 letters, digits, '.', '_' or '-' "
+                                  f"(it names Kafka topics), got {getattr(self, name)!r:.60}")
         for name in ("kafka", "minio", "home", "coordinator", "host"):
             value = getattr(self, name)
             if not value or "\0" in value or value != value.strip():
-                raise ConfigError(f"{name} must be a non-empty value without NUL or surrounding blanks, got {value!r:.60}")
+                raise ConfigError(f"{name} must be a non-empty value without NUL or surrounding "
+                                  f"blanks, got {value!r:.60}")
         for name in ("minio_access_key", "minio_secret_key"):  # (never echoed: credentials)
             if not getattr(self, name):
-                raise ConfigError(f"{name} must not be empty (SFAAS_{name.upper()} unset gives the local default)")
+                raise ConfigError(f"{name} must not be empty (SFAAS_{name.upper()} unset gives the "
+                                  "local default)")
         if "\0" in self.ready_file or "\0" in self.app:
             raise ConfigError("app and ready_file must not contain NUL")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be 0-65535 (0: any free port), got {self.port}")
         for name in ("fetch_wait_ms", "linger_ms"):
             if not 0 <= getattr(self, name) <= 60_000:
-                raise ConfigError(f"{name} must be 0-60000 milliseconds, got {getattr(self, name)}")
+                raise ConfigError(
+                    f"{name} must be 0-60000 milliseconds, got {getattr(self, name)}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-            raise ConfigError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {self.log_level!r:.40}")
+            raise ConfigError("log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, "
+                              f"got {self.log_level!r:.40}")
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
         if self.partitions < self.workers:
-            raise ConfigError(f"partitions ({self.partitions}) must be >= workers ({self.workers})")
+            raise ConfigError(
+                f"partitions ({self.partitions}) must be >= workers ({self.workers})")
         if self.standbys < 0:
-            raise ConfigError(f"standbys must be >= 0 (standby workers per worker), got {self.standbys}")
+            raise ConfigError(
+                f"standbys must be >= 0 (standby workers per worker), got {self.standbys}")
         if self.standbys and not self.snapshot_interval:
-            raise ConfigError("standbys need snapshot rounds (snapshot_interval > 0): a standby takes over at a round")
+            raise ConfigError("standbys need snapshot rounds (snapshot_interval > 0): a standby "
+                              "takes over at a round")
         if self.standby_of < -1:
-            raise ConfigError(f"standby_of must be a worker index >= 0, or -1 for none, got {self.standby_of}")
+            raise ConfigError("standby_of must be a worker index >= 0, or -1 for none, "
+                              f"got {self.standby_of}")
         if self.max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
         if not 0 <= self.epoch_lease <= 10_000:
-            raise ConfigError(f"epoch_lease must be between 0 and 10000 epochs, got {self.epoch_lease}")
+            raise ConfigError(
+                f"epoch_lease must be between 0 and 10000 epochs, got {self.epoch_lease}")
         if not self.snapshot_interval >= 0 or self.snapshot_interval == float("inf"):
-            raise ConfigError(f"snapshot_interval must be a number of seconds >= 0 (0: off), got {self.snapshot_interval}")
+            raise ConfigError("snapshot_interval must be a number of seconds >= 0 (0: off), "
+                              f"got {self.snapshot_interval}")
         if not 0.2 <= self.heartbeat_timeout <= 3600:
-            raise ConfigError(f"heartbeat_timeout must be between 0.2 and 3600 seconds, got {self.heartbeat_timeout}")
+            raise ConfigError("heartbeat_timeout must be between 0.2 and 3600 seconds, "
+                              f"got {self.heartbeat_timeout}")
         if not 0 <= self.metrics_port <= 65535:
-            raise ConfigError(f"metrics_port (SFAAS_METRICS_PORT) must be a TCP port 1..65535, or 0 for no metrics, "
-                              f"got {self.metrics_port}")
+            raise ConfigError("metrics_port (SFAAS_METRICS_PORT) must be a TCP port 1..65535, "
+                              f"or 0 for no metrics, got {self.metrics_port}")
         if self.snapshot_retain < 1:
             raise ConfigError(f"snapshot_retain must be >= 1, got {self.snapshot_retain}")
         if self.snapshot_interval:
@@ -183,19 +195,23 @@ class Settings:
             try:
                 check_bucket_name(self.bucket, strict=True)
             except ValueError as exc:
-                raise ConfigError(f"bucket {self.bucket!r} is not a valid S3 bucket name: {exc}") from None
+                raise ConfigError(
+                    f"bucket {self.bucket!r} is not a valid S3 bucket name: {exc}") from None
         if self.store:
             import statestores
 
             if self.store not in statestores.ENGINES:
-                raise ConfigError(f"store must be one of {statestores.ENGINES}, got {self.store!r}")
+                raise ConfigError(
+                    f"store must be one of {statestores.ENGINES}, got {self.store!r}")
         self.coordinator_address()
 
     def coordinator_address(self) -> tuple[str, int]:
         """``(host, port)`` of the coordinator."""
         host, sep, port = self.coordinator.rpartition(":")
-        if not sep or not host or not port.isascii() or not port.isdigit() or len(port) > 5 or int(port) > 65535:
-            raise ConfigError(f"coordinator must be host:port (port 0-65535), got {self.coordinator!r:.80}")
+        if not sep or not host or not port.isascii() or not port.isdigit() or len(port) > 5 \
+                or int(port) > 65535:
+            raise ConfigError(
+                f"coordinator must be host:port (port 0-65535), got {self.coordinator!r:.80}")
         return host, int(port)
 
     def shared_secret(self) -> str:
@@ -207,11 +223,13 @@ class Settings:
         exposed = [h for h in (self.coordinator_address()[0], self.host) if not is_loopback(h)]
         if exposed:
             raise ConfigError(
-                f"refusing to listen on {', '.join(sorted(set(exposed)))} with the insecure default secret: "
-                "set SFAAS_SECRET to a long random value (the same for the coordinator and every worker; "
-                "`sfaas up` generates one), or listen on a loopback address only"
+                f"refusing to listen on {', '.join(sorted(set(exposed)))} with the insecure "
+                "default secret: set SFAAS_SECRET to a long random value (the same for the "
+                "coordinator and every worker; `sfaas up` generates one), or listen on a loopback "
+                "address only"
             )
-        log.warning("SFAAS_SECRET is not set; using the insecure development default (loopback only)")
+        log.warning(
+            "SFAAS_SECRET is not set; using the insecure development default (loopback only)")
         return DEV_SECRET
 
     def __getstate__(self) -> dict[str, Any]:
@@ -229,12 +247,14 @@ class Settings:
         return f"{self.namespace}.{app}.in", f"{self.namespace}.{app}.out"
 
     def epoch_log_topic(self, app: str) -> str:
-        """The single-partition topic of ``app``'s epoch log (see :mod:`sfaas.runtime.epochlog`)."""
+        """The single-partition topic of ``app``'s epoch log (see
+        :mod:`sfaas.runtime.epochlog`)."""
         return f"{self.namespace}.{app}.epochs"
 
     def as_env(self) -> dict[str, str]:
         """These settings as ``SFAAS_*`` variables (to pass to child processes)."""
-        return {f"SFAAS_{f.name.upper()}": str(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {f"SFAAS_{f.name.upper()}": str(getattr(self, f.name))
+                for f in dataclasses.fields(self)}
 
 
 def is_loopback(host: str) -> bool:
@@ -250,7 +270,7 @@ def is_loopback(host: str) -> bool:
 
 def _field_default(name: str) -> Any:
     f = next(f for f in dataclasses.fields(Settings) if f.name == name)
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc,operator]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[operator]
 
 
 def _typed(f: dataclasses.Field[Any], value: Any, name: str) -> Any:
@@ -259,10 +279,11 @@ def _typed(f: dataclasses.Field[Any], value: Any, name: str) -> Any:
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str")
     if isinstance(value, str) and kind != "str":
         return _convert(f, value, name)
-    ok = {"int": type(value) is int, "float": type(value) in (int, float), "str": type(value) is str}.get(kind, True)
+    ok = {"int": type(value) is int, "float": type(value) in (int, float),
+          "str": type(value) is str}.get(kind, True)
     if not ok:
-        raise ConfigError(f"setting {name} must be {'a number' if kind == 'float' else 'an ' + kind if kind == 'int' else 'a str'}, "
-                          f"got {type(value).__name__}")
+        wanted = "a number" if kind == "float" else "an " + kind if kind == "int" else "a str"
+        raise ConfigError(f"setting {name} must be {wanted}, got {type(value).__name__}")
     if kind == "float" and not math.isfinite(value) and name != "snapshot_interval":
         raise ConfigError(f"setting {name} must be a finite number, got {value}")
     return float(value) if kind == "float" else value

@@ -30,8 +30,8 @@ from statestores import Store
 log = logging.getLogger("sfaas.runtime.state")
 
 __all__ = [
-    "StoreKey", "PartitionStores", "open_partition_stores", "open_stores", "store_remote", "rounds_remote",
-    "ROUNDS_DIR", "stores_root", "store_engine",
+    "StoreKey", "PartitionStores", "open_partition_stores", "open_stores", "store_remote",
+    "rounds_remote", "ROUNDS_DIR", "stores_root", "store_engine",
 ]
 
 #: ``(operator, partition)``: the unit of state that moves.
@@ -56,7 +56,8 @@ def store_remote(settings: Settings, app: str, operator: str, partition: int) ->
 
 
 def rounds_remote(settings: Settings, app: str) -> Remote:
-    """The remote whose blobs hold the app's snapshot rounds (see :mod:`sfaas.runtime.protocols.rounds`)."""
+    """The remote whose blobs hold the app's snapshot rounds (see
+    :mod:`sfaas.runtime.protocols.rounds`)."""
     return _minio(settings, f"{settings.namespace}/{app}/{ROUNDS_DIR}")
 
 
@@ -109,7 +110,8 @@ def open_partition_stores(
     recovery restores to a complete round explicitly.
     """
     if ROUNDS_DIR in app.operators:
-        raise ConfigError(f"operator name {ROUNDS_DIR!r} is reserved (it names the snapshot rounds)")
+        raise ConfigError(
+            f"operator name {ROUNDS_DIR!r} is reserved (it names the snapshot rounds)")
     stores: dict[StoreKey, Store] = {}
     try:
         for p in sorted(set(partitions)):
@@ -140,7 +142,9 @@ def store_engine(app: App, operator: str, store: str = "") -> tuple[str, dict[st
     return (store, {}) if store else (op.store, dict(op.store_options))
 
 
-def open_stores(settings: Settings, app: App, partitions: Iterable[int], n_partitions: int) -> PartitionStores:
+def open_stores(
+    settings: Settings, app: App, partitions: Iterable[int], n_partitions: int
+) -> PartitionStores:
     """A worker's stores: :func:`open_partition_stores` under ``{home}/data/{namespace}/{app}``
     with ``settings.store`` and, when snapshot rounds are on, each store's MinIO remote."""
     def remote_of(op: str, p: int) -> Remote:
@@ -152,5 +156,6 @@ def open_stores(settings: Settings, app: App, partitions: Iterable[int], n_parti
         statestores.background.warm_up("upload")
     return open_partition_stores(
         app, stores_root(settings, app.name), partitions, n_partitions,
-        store=settings.store or None, remote_of=remote_of if settings.snapshot_interval > 0 else None,
+        store=settings.store or None,
+        remote_of=remote_of if settings.snapshot_interval > 0 else None,
     )

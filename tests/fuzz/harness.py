@@ -13,13 +13,10 @@ from hypothesis import strategies as st
 from sfaas import App, Context
 from sfaas.errors import ChannelClosed
 from sfaas.runtime import wire
-from sfaas.runtime.partitioning import default_owners, owned
+from sfaas.runtime.partitioning import default_owners
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import open_partition_stores
-from sfaas.runtime.txn.engine import Engine
-from sfaas.runtime.txn.epochs import Sequencer
-from sfaas.runtime.txn.loop import Participant
-from worker.service import Worker, _request_of
+from worker.service import Worker
 
 from .strategies import values
 
@@ -103,20 +100,14 @@ def bare_worker(home: str, index: int = 0, **kw: Any) -> Worker:
     and coordinator channels fakes: what ``Worker.run`` sets up before the epoch loop
     (``kw``: settings)."""
     w = Worker(settings(home, **kw), app, f"fuzz-{index}")
-    w.index = index
-    w.assign = wire.Assign(index, N_WORKERS, [["127.0.0.1", 1 + i] for i in range(N_WORKERS)], PARTITIONS,
-                           "fuzz.in", "fuzz.out", "fuzz.group", default_owners(PARTITIONS, N_WORKERS))
-    w.assigned.set()
-    mine = owned(w.assign.owners, index)
-    stores = open_partition_stores(app, f"{home}/data", mine, PARTITIONS)
-    w.engine = Engine(app, index, N_WORKERS, PARTITIONS, stores, w.calls)
-    w.loop = Participant(w.engine, Sequencer(index), _request_of, 100)
-    w._running = set()
-    w.peers = {j: FakeChannel(peer=f"worker-{j}") for j in range(N_WORKERS) if j != index}
-    w.coord = FakeChannel(peer="coordinator")  # type: ignore[assignment]
+    w.state.adopt(wire.Assign(index, N_WORKERS, [["127.0.0.1", 1 + i] for i in range(N_WORKERS)], PARTITIONS,
+                              "fuzz.in", "fuzz.out", "fuzz.group", default_owners(PARTITIONS, N_WORKERS)))
+    w.start_engine(open_partition_stores(app, f"{home}/data", w.state.mine(), PARTITIONS))
+    w.links.channels = {j: FakeChannel(peer=f"worker-{j}") for j in range(N_WORKERS) if j != index}
+    w.uplink.channel = FakeChannel(peer="coordinator")
     w.calls.sent = [0] * N_WORKERS
     w.calls.served = [0] * N_WORKERS
-    w.egress_partitions = PARTITIONS
+    w.state.egress_partitions = PARTITIONS
     return w
 
 
@@ -135,6 +126,10 @@ _BY_ANNOTATION: dict[str, st.SearchStrategy[Any]] = {
     "dict[int, int]": st.dictionaries(_small, _int, max_size=3),
     "dict[int, list[int]]": st.dictionaries(_small, st.lists(_int, max_size=3), max_size=3),
 }
+# fields of rows (``list[Row]``): the rows of the fields without an entry in _ROWS below
+_BY_ANNOTATION.update({
+    f"list[{row}]": _BY_ANNOTATION["list[list[Any]]"] for row in ("Peer", "StoreVersion", "Source")
+})
 _ROWS: dict[tuple[str, str], st.SearchStrategy[Any]] = {
     ("Assign", "peers"): st.lists(st.tuples(_str, _int).map(list), max_size=3),
     ("Recover", "peers"): st.lists(st.tuples(_str, _int).map(list), max_size=3),
@@ -163,7 +158,8 @@ def message_fields(cls: type[wire.Message]) -> st.SearchStrategy[list[Any]]:
     """Plausible field values of ``cls`` (mostly valid; some deliberately out of range)."""
     import dataclasses
 
-    parts = [_ROWS.get((cls.__name__, f.name), _BY_ANNOTATION[str(f.type)]) for f in dataclasses.fields(cls)]
+    parts = [_ROWS[(cls.__name__, f.name)] if (cls.__name__, f.name) in _ROWS else _BY_ANNOTATION[str(f.type)]
+             for f in dataclasses.fields(cls)]
     return st.tuples(*parts).map(list)
 
 
@@ -207,25 +203,27 @@ def bare_coordinator(home: str) -> Any:
     up before its epoch loop, minus sockets and Kafka. Rounds publish to a directory."""
     import time
 
-    from coordinator.protocols.rounds import RoundKeeper, _InFlight
-    from coordinator.service import Coordinator, _Member
+    from coordinator.protocols.rounds import _InFlight
+    from coordinator.service import Coordinator
+    from coordinator.state import Member
     from remotes import PathRemote
     from sfaas.runtime.protocols.rounds import Rounds
 
-    c = Coordinator(settings(home, snapshot_interval=1.0), app.name)
-    c.partitions = PARTITIONS
-    c._assign_args = ("fuzz.in", "fuzz.out", "fuzz.group")
-    c.rounds = RoundKeeper(1.0, 2, N_WORKERS, PARTITIONS, lambda: PathRemote(f"{home}/rounds"),
-                           lambda op, p: PathRemote(f"{home}/stores/{op}/p{p}"))
-    c.rounds._rounds = Rounds(PathRemote(f"{home}/rounds"))
-    c.rounds._next_id = 2
-    c.rounds._inflight = _InFlight(1, 3, time.time())
-    m0 = _Member(0, "w0", "127.0.0.1", 1, 1, FakeChannel(peer="w0"))  # type: ignore[arg-type]
+    c = Coordinator(settings(home, snapshot_interval=1.0, snapshot_retain=2), app.name)
+    c.state.configure(PARTITIONS, N_WORKERS, [])
+    rounds = c.rounds
+    rounds._rounds_remote = lambda: PathRemote(f"{home}/rounds")
+    rounds._store_remote = lambda op, p: PathRemote(f"{home}/stores/{op}/p{p}")
+    rounds._rounds = Rounds(PathRemote(f"{home}/rounds"))
+    rounds._next_id = 2
+    rounds._inflight = _InFlight(1, 3, time.time())
+    m0 = Member(0, "w0", "127.0.0.1", 1, 1, FakeChannel(peer="w0"))  # type: ignore[arg-type]
     m0.ready.set()
-    m1 = _Member(1, "w1", "127.0.0.1", 2, 2, FakeChannel(peer="w1"), alive=False)  # type: ignore[arg-type]
-    c.members = [m0, m1]
-    c._all_joined.set()
-    c.epoch = 3
+    m1 = Member(1, "w1", "127.0.0.1", 2, 2, FakeChannel(peer="w1"),  # type: ignore[arg-type]
+                alive=False)
+    c.state.add_member(m0)
+    c.state.add_member(m1)  # every slot taken: the cluster formed
+    c.state.reach_epoch(3)
     return c
 
 
@@ -253,16 +251,21 @@ async def run_epochs(w: Worker, first: int = 1, limit: int = 20) -> int:
     re-runs are empty; returns the epochs run."""
     from sfaas.runtime.txn.loop import merge_votes
 
-    assert w.loop is not None
-    coord: FakeChannel = w.coord  # type: ignore[assignment]
+    loop = w.state.loop
+    assert loop is not None
+    coord: FakeChannel = w.uplink.channel
     epoch = first
     for epoch in range(first, first + limit):
-        if not w.loop.pending:
+        if not loop.pending:
             return epoch - first
         coord.sent.clear()
-        await w._execute(wire.Begin(epoch, 1000.0 + epoch))
+        begin = wire.Begin(epoch, 1000.0 + epoch)
+        t0 = w.epochs.begin(begin)  # what a Begin from the coordinator does
+        if t0 is not None:
+            await w.epochs.execute(begin, t0)
         reports = [m for m in coord.sent if isinstance(m, wire.Report)]
         conflicts, aborts = merge_votes((r.conflicts, r.aborts) for r in reports[-1:])
-        await w._commit(wire.Commit(epoch, [[t, b] for t, b in conflicts.items()],
-                                    [[t, e, r] for t, (e, r) in aborts.items()], False, None))
+        await w.epochs.commit(wire.Commit(epoch, [wire.Conflict(t, b) for t, b in conflicts.items()],
+                                          [wire.Aborted(t, e, r) for t, (e, r) in aborts.items()],
+                                      False, None))
     raise AssertionError(f"work left after {limit} epochs")

@@ -1,5 +1,5 @@
 """Fuzz: what workers send the coordinator — frames decoded and handed to its real
-connection handler (``Coordinator._on_worker``), then its epoch barrier and the snapshot
+connection handler (``Membership.on_connection``), then its epoch barrier and the snapshot
 round they may complete.
 
 Outcomes: a ``ProtocolError`` (the frame does not decode, or a message contradicts the
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.service import Interrupted, Lost
+from coordinator.inbox import Interrupted, Lost
 from sfaas.errors import ChannelClosed
 from sfaas.runtime import wire
 
@@ -60,15 +60,15 @@ async def test_coordinator_handles_or_refuses_worker_messages(frames: list[bytes
     c.rounds.on_report(wire.Snapshotted(1, 0, 3, [["kv", 0, 1, 1, 1]], {0: 1}, {}, {0: 0}, [], 0, ""))
     chan = FakeChannel(frames, peer="fuzz-worker")
     try:
-        await asyncio.wait_for(c._on_worker(chan), 10)  # type: ignore[arg-type]
+        await asyncio.wait_for(c.membership.on_connection(chan), 10)  # type: ignore[arg-type]
         outcomes.add("handler returned")
     except (wire.ProtocolError, ChannelClosed) as exc:
         outcomes.error(exc)
     # the epoch loop's barrier takes what reached the inbox: it finishes, or is
     # interrupted by a lost worker (one is put last, so it never waits) — it never fails
-    c._inbox.put_nowait(Lost())
+    c.inbox.put_nowait(Lost())
     try:
-        await asyncio.wait_for(c._barrier(c.epoch), 10)
+        await asyncio.wait_for(c.barrier.wait(c.state.epoch), 10)
         outcomes.add("barrier finished")
     except Interrupted as exc:
         outcomes.error(exc)

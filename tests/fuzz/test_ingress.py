@@ -1,6 +1,6 @@
 """Fuzz: ingress records (what anyone who can write to the ingress topic sends), through
-the worker's real path: ``worker.ingress.admit`` per record, then epochs (``_execute``,
-``_commit``) that run what was admitted and produce the replies.
+the worker's real path: ``Ingress.admit`` per record, then epochs (``EpochRunner.begin``,
+``execute``, ``commit``) that run what was admitted and produce the replies.
 
 Outcomes: a request runs and gets exactly one reply (a result or its transaction's error),
 or the record is rejected — counted, logged, and answered with a ``BadRequest`` error
@@ -76,13 +76,13 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def test_worker_answers_every_request_and_every_answerable_malformed_record(
         batch: list[bytes | None], home: Path, outcomes: Outcomes) -> None:
     w = bare_worker(str(home / "w"))
-    w.peers = {1: EchoPeer(w)}  # type: ignore[dict-item]
+    w.links.channels = {1: EchoPeer(w)}
     try:
         expected: collections.Counter[str] = collections.Counter()
         rejected_rids: collections.Counter[str] = collections.Counter()
         for offset, value in enumerate(batch):
-            w.offsets.take(0, offset)
-            w.applied.take(0, offset)
+            w.state.offsets.take(0, offset)
+            w.state.applied.take(0, offset)
             req = w_admit(w, offset, value)
             if req is not None:
                 expected[req.rid] += 1
@@ -102,18 +102,17 @@ async def test_worker_answers_every_request_and_every_answerable_malformed_recor
         for _, r in replies:
             if r.rid in rejected_rids and r.rid not in expected:
                 assert (r.ok, r.error_type) == (False, "BadRequest")
-        assert sum(w.rejected.values()) == len(batch) - sum(expected.values())
+        assert sum(w.ingress.rejected.values()) == len(batch) - sum(expected.values())
         # every offset is applied; the taken ones complete as their replies are acknowledged
-        assert w.applied.watermarks() == {0: len(batch)}
+        assert w.state.applied.watermarks() == {0: len(batch)}
     finally:
-        w.engine.close()  # type: ignore[union-attr]
+        w.state.engine.close()  # type: ignore[union-attr]
 
 
 def w_admit(w: Any, offset: int, value: bytes | None) -> wire.Request | None:
-    from worker.ingress import admit
-    from worker.service import _Pending
+    from worker.state import Pending
 
-    req = admit(w, 0, offset, value)
+    req = w.ingress.admit(0, offset, value)
     if req is not None:
-        w.loop.queue.append(_Pending(req, 0, offset))
+        w.state.loop.queue.append(Pending(req, 0, offset))
     return req

@@ -221,7 +221,7 @@ async def test_worker_peer_handler_serves_or_refuses(frames: list[bytes], epoch:
                                                      outcomes: Outcomes) -> None:
     w = bare_worker(str(worker_home / "w"))
     try:
-        w.engine.begin(epoch)  # type: ignore[union-attr]
+        w.state.engine.begin(epoch)  # type: ignore[union-attr]
         chan = FakeChannel(frames, peer="worker-1")
         try:
             await asyncio.wait_for(w.calls.serve(chan), 10)  # type: ignore[arg-type]
@@ -229,15 +229,15 @@ async def test_worker_peer_handler_serves_or_refuses(frames: list[bytes], epoch:
         except (wire.ProtocolError, ChannelClosed) as exc:
             outcomes.error(exc)
         # every call the worker took on runs to its end without failing
-        results = await asyncio.wait_for(asyncio.gather(*w._running, return_exceptions=True), 10)
+        results = await asyncio.wait_for(asyncio.gather(*w.tasks.running, return_exceptions=True), 10)
         failed = [r for r in results if isinstance(r, BaseException)]
         assert not failed, failed
         w.calls.flush_late() if w.calls._late else None
-        served = sum(isinstance(m, wire.Result) for m in w.peers[1].sent)  # type: ignore[attr-defined]
+        served = sum(isinstance(m, wire.Result) for m in w.links.channels[1].sent)
         if served:
             outcomes.add("calls answered")
     finally:
-        w.engine.close()  # type: ignore[union-attr]
+        w.state.engine.close()  # type: ignore[union-attr]
 
 
 def test_strategies_reach_every_message_class() -> None:

@@ -65,27 +65,27 @@ async def test_ingest_stops_at_the_in_flight_limit_and_wakes_on_completions(tmp_
     limit, does not poll Kafka while there, and takes more once a batch's worth completed."""
     w = bare_worker(str(tmp_path), max_batch=10)
     limit = IN_FLIGHT_BATCHES * 10
-    w.consumer = kafka = _Backlog()
+    w.kafka.consumer = kafka = _Backlog()
     task = asyncio.create_task(w.ingress.run())
     try:
-        await _until(lambda: w.offsets.in_flight >= limit)
+        await _until(lambda: w.state.offsets.in_flight >= limit)
         await asyncio.sleep(0.3)
-        assert w.offsets.in_flight == limit and len(w.loop.queue) == limit  # type: ignore[union-attr]
+        assert w.state.offsets.in_flight == limit and len(w.state.loop.queue) == limit  # type: ignore[union-attr]
         fetches = kafka.fetches
         assert fetches == limit // 10 and w.ingress.stalls == 1  # no fetch (no poll) while at the limit
         for off in range(5):  # half a batch completes: still no room for a batch
-            w.complete(0, off)
+            w.ingress.complete(0, off)
         await asyncio.sleep(0.1)
         assert kafka.fetches == fetches
         for off in range(5, 10):
-            w.complete(0, off)
+            w.ingress.complete(0, off)
         await _until(lambda: kafka.fetches > fetches)
-        await _until(lambda: w.offsets.in_flight == limit)
+        await _until(lambda: w.state.offsets.in_flight == limit)
         assert kafka.next == limit + 10  # exactly the room made, nothing more
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        w.engine.close()  # type: ignore[union-attr]
+        w.state.engine.close()  # type: ignore[union-attr]
 
 
 # -- calls deferred to an epoch not begun -------------------------------------------------------
@@ -116,7 +116,7 @@ async def test_calls_for_an_epoch_not_begun_stop_the_peer_channel_at_the_limit(t
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        w.engine.close()  # type: ignore[union-attr]
+        w.state.engine.close()  # type: ignore[union-attr]
 
 
 # -- peer channels ------------------------------------------------------------------------------
@@ -178,17 +178,17 @@ async def test_a_channel_writer_waits_while_the_peer_does_not_read() -> None:
 
 
 async def test_a_loss_interrupts_the_barrier_even_with_a_full_inbox(tmp_path: Path) -> None:
-    from coordinator.service import INBOX_LIMIT, Lost
+    from coordinator.inbox import INBOX_LIMIT, Lost
 
     c = bare_coordinator(str(tmp_path))
     for i in range(INBOX_LIMIT):
-        c._inbox.put_nowait(wire.Wakeup(i))
-    put = asyncio.create_task(c._inbox.put(wire.Wakeup(-1)))  # a worker's reader: it waits
+        c.inbox.put_nowait(wire.Wakeup(i))
+    put = asyncio.create_task(c.inbox.put(wire.Wakeup(-1)))  # a worker's reader: it waits
     await asyncio.sleep(0.05)
-    assert not put.done() and c._inbox.qsize() == INBOX_LIMIT
+    assert not put.done() and c.inbox.qsize() == INBOX_LIMIT
     c.force_recovery("test")
-    items = [c._inbox.get_nowait() for _ in range(c._inbox.qsize())]
-    assert isinstance(items[-1], Lost) and len(items) == INBOX_LIMIT and c._loss.is_set()
+    items = [c.inbox.get_nowait() for _ in range(c.inbox.qsize())]
+    assert isinstance(items[-1], Lost) and len(items) == INBOX_LIMIT and c.inbox.interrupted
     await asyncio.wait_for(put, 5)  # room again: the waiting reader goes on
 
 

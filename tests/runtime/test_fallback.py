@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -241,52 +242,47 @@ async def test_fallback_run_that_leaves_the_worker_reruns_next_epoch() -> None:
     assert c.items() == {"h": 3, far: 10}
 
 
-async def test_worker_commit_replies_from_the_fallback_phase() -> None:
+async def test_worker_commit_replies_from_the_fallback_phase(monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker's Commit handling: a hot chain commits whole, replies carry fallback results."""
     import msgpack
 
     from sfaas.runtime import wire
-    from worker.service import Worker, _Pending
+    from sfaas.runtime.settings import Settings
+    from worker.service import Worker
+    from worker.state import Pending
 
     app = _ledger()
-    eng = Engine(app, 0, 1, 4, open_partition_stores(app, tempfile.mkdtemp(), range(4), 4, store="memonly"), None)
-    from sfaas.runtime.txn.offsets import OffsetTracker
-    from worker.service import _request_of
-
-    w = Worker.__new__(Worker)
-    w.fallback_mode = "local"  # this worker's own fallback phase (the cross-worker one needs peers)
-    w.engine = eng
-    w.loop = Participant(eng, Sequencer(0), _request_of, 1000, fallback=True)
-
-    w.offsets, w.applied = OffsetTracker(), OffsetTracker()
+    home = tempfile.mkdtemp()
+    # this worker's own fallback phase (the cross-worker one needs peers)
+    monkeypatch.setenv("SFAAS_FALLBACK", "local")
+    w = Worker(Settings.load({"secret": "fallback-secret-0123456789", "home": home, "snapshot_interval": 0,
+                              "workers": 1, "partitions": 4, "store": "memonly"}, env={}), app, "w0")
+    w.state.adopt(wire.Assign(0, 1, [["127.0.0.1", 1]], 4, "in", "out", "group", [0, 0, 0, 0]))
+    eng = w.start_engine(open_partition_stores(app, home, range(4), 4, store="memonly"))
+    loop = w.state.loop
+    assert loop is not None
     for i in range(4):
-        w.offsets.take(0, i)
-        w.applied.take(0, i)
-    from worker.egress import Egress
-    from worker.metrics import WorkerMetrics
-
-    w.answered = set()
-    w.egress = Egress(w)
-
-    w.metrics = WorkerMetrics(w)
-    w.loop.queue.extend(_Pending(wire.Request(f"r{i}", "acc", "hot", "move", ["cold", 4], 0, 0.0), 0, i)
-                        for i in range(4))
-    w.loop.begin(1, 0.0)
-    await w.loop.execute()
-    conflicts, aborts = w.loop.votes()
-    await w._commit(wire.Commit(1, [[t, b] for t, b in conflicts.items()],
-                                [[t, e, r] for t, (e, r) in aborts.items()], False, None))
+        w.state.offsets.take(0, i)
+        w.state.applied.take(0, i)
+    loop.queue.extend(Pending(wire.Request(f"r{i}", "acc", "hot", "move", ["cold", 4], 0, 0.0), 0, i)
+                      for i in range(4))
+    loop.begin(1, 0.0)
+    await loop.execute()
+    conflicts, aborts = loop.votes()
+    await w.epochs.commit(wire.Commit(1, [wire.Conflict(t, b) for t, b in conflicts.items()],
+                                      [wire.Aborted(t, e, r) for t, (e, r) in aborts.items()],
+                                      False, None))
     replies = {msgpack.unpackb(v)[0]: msgpack.unpackb(v) for _, v, _, _ in w.egress.replies}
     # 10 → 6 → 2, then short of money: all four decided in one epoch, in tid order
     assert [replies[f"r{i}"][1] for i in range(4)] == [True, True, False, False]
     assert [replies[f"r{i}"][2][1:] for i in range(2)] == [[10, 10], [6, 14]]
     assert replies["r2"][4] == "short"
-    assert w.loop.sequencer.pending_retries == 0 and w.loop.fallbacks == 3
+    assert loop.sequencer.pending_retries == 0 and loop.fallbacks == 3
     m = w.metrics  # what /metrics reports: 2 committed, 2 aborted, 3 fallbacks, no re-run
     assert (m.committed_total, m.aborted_total, m.fallbacks_total, m.reruns_total) == (2, 2, 3, 0)
     # all four are in the state now: a snapshot here replays from offset 4; none was
     # acknowledged by Kafka yet, so the consumer group still resumes from 0
-    assert w.applied.watermarks() == {0: 4} and w.offsets.watermarks() == {0: 0}
+    assert w.state.applied.watermarks() == {0: 4} and w.state.offsets.watermarks() == {0: 0}
     assert eng_unpack(eng.store_of("acc", "hot").get(b"hot")) == 2
     assert eng_unpack(eng.store_of("acc", "cold").get(b"cold")) == 18
 

@@ -86,6 +86,10 @@ class FakeWorker:
         self.busy = False
 
     # -- what Lease calls ------------------------------------------------------------------------
+    @property
+    def n_workers(self) -> int:
+        return int(self.assign.n_workers)
+
     def tasks_add(self, t: asyncio.Future[Any]) -> None:
         self.tasks.add(t)
         t.add_done_callback(self.tasks.discard)

@@ -211,10 +211,8 @@ def test_sfaas_status_says_why_there_is_no_page(tmp_path, monkeypatch, capsys) -
 def test_store_metrics_count_an_lsm_store_files_per_level(tmp_path) -> None:
     """An LSM store reports its levels' file names: /metrics gives their count (a list as a
     gauge value made the whole endpoint answer 500 once a store had a run file)."""
-    from types import SimpleNamespace
-
     import statestores
-    from worker.metrics import WorkerMetrics
+    from worker.metrics import store_metrics
 
     db = statestores.open("lsm", tmp_path / "lsm", memtable_bytes=4096)
     try:
@@ -223,8 +221,7 @@ def test_store_metrics_count_an_lsm_store_files_per_level(tmp_path) -> None:
         db.settle()
         levels = db.stats()["files_per_level"]
         assert sum(len(names) for names in levels.values()) >= 1
-        w = SimpleNamespace(engine=SimpleNamespace(stores={("acc", 0): db}))
-        fams = {f.name: f for f in WorkerMetrics._stores(SimpleNamespace(w=w))}  # type: ignore[arg-type]
+        fams = {f.name: f for f in store_metrics({("acc", 0): db})}
         got = {s.labels["level"]: s.value for s in fams["sfaas_store_files"].samples}
         assert got == {lv: len(names) for lv, names in levels.items()}
     finally:

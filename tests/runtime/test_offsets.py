@@ -14,7 +14,7 @@ from sfaas.runtime import wire
 from sfaas.runtime.txn.offsets import OffsetTracker
 from worker.egress import Egress
 from worker.ingress import Ingress
-from worker.service import Worker, _Pending
+from worker.state import Pending, WorkerState
 
 
 def test_waiting_request_holds_the_watermark() -> None:
@@ -112,17 +112,23 @@ def _request(i: int) -> wire.Request:
     return wire.Request(f"r{i}", "accounts", f"k{i}", "deposit", [1], 0, 0.0)
 
 
+def _wired(snapshot_interval: float, uplink: Any) -> Any:
+    """A worker's egress and ingress, wired as ``worker.service.Worker`` wires them, on fake
+    Kafka clients (``w.offsets``: the state's tracker)."""
+    state = WorkerState(1, False)
+    state.ingress_topic, state.egress_topic = "in", "out"
+    kafka = SimpleNamespace(consumer=_FakeConsumer(), producer=_FakeProducer())
+    settings = SimpleNamespace(max_batch=1, snapshot_interval=snapshot_interval)
+    w = SimpleNamespace(offsets=state.offsets, consumer=kafka.consumer, producer=kafka.producer, coord=uplink)
+    w.egress = Egress(settings, state, kafka, uplink, lambda p, o: w.ingress.complete(p, o))  # type: ignore[arg-type]
+    w.ingress = Ingress(settings, state, kafka, w.egress, lambda: None)  # type: ignore[arg-type]
+    return w
+
+
 async def test_worker_commits_completed_offsets_only() -> None:
     """A re-running request keeps the committed offset below it; failed replies too."""
-    w = Worker.__new__(Worker)
-    w.offsets = OffsetTracker()
-    w.consumer = _FakeConsumer()
-    w.producer = _FakeProducer()
-    w.assign = SimpleNamespace(ingress_topic="in", egress_topic="out")
-    w.settings = SimpleNamespace(max_batch=1, snapshot_interval=0)
-    w.coord = SimpleNamespace(closed=False)
-    w.egress, w.ingress = Egress(w), Ingress(w)
-    items = [_Pending(_request(i), 3, 100 + i) for i in range(4)]
+    w = _wired(0, SimpleNamespace(closed=False))
+    items = [Pending(_request(i), 3, 100 + i) for i in range(4)]
     for it in items:
         w.offsets.take(it.partition, it.offset)
     # epoch: 100 re-runs (no reply); 101..103 complete
@@ -154,14 +160,7 @@ async def test_a_reply_that_cannot_be_delivered_makes_the_worker_leave_for_a_rec
     its client (and hold an in-flight slot): the worker leaves the cluster, as for a failed
     epoch-log write, so the recovery's replay produces it again."""
     closed: list[bool] = []
-    w = Worker.__new__(Worker)
-    w.offsets = OffsetTracker()
-    w.producer = _FakeProducer()
-    w.assign = SimpleNamespace(ingress_topic="in", egress_topic="out")
-    w.settings = SimpleNamespace(max_batch=1, snapshot_interval=1.0)
-    w.index = 0
-    w.coord = SimpleNamespace(closed=False, close=lambda: closed.append(True))
-    w.egress, w.ingress = Egress(w), Ingress(w)
+    w = _wired(1.0, SimpleNamespace(closed=False, close=lambda: closed.append(True)))
     w.offsets.take(3, 100)
     w.offsets.take(3, 101)
     w.egress.add(0, b"reply", 3, 100)

@@ -209,6 +209,7 @@ async def test_the_coordinator_publishes_and_collects_rounds_in_its_background_p
 
     from coordinator.protocols import rounds as keeper_module
     from coordinator.protocols.rounds import GC_EVERY, RoundKeeper
+    from coordinator.state import Layout
     from sfaas.runtime import wire
     from statestores import background
 
@@ -224,7 +225,8 @@ async def test_the_coordinator_publishes_and_collects_rounds_in_its_background_p
     interval = 0.2  # (a pause is 2 intervals without a round: longer than any stall between two)
     store_remotes = {p: PathRemote(tmp_path / "stores" / f"p{p}") for p in range(2)}
     stores = {p: statestores.open("lsm", tmp_path / "local" / f"p{p}", remote=store_remotes[p]) for p in range(2)}
-    keeper = RoundKeeper(interval, 1, 1, 2, lambda: PathRemote(tmp_path / "rounds"), lambda op, p: store_remotes[p])
+    keeper = RoundKeeper(interval, 1, lambda: Layout(2, 1, ()), lambda: PathRemote(tmp_path / "rounds"),
+                         lambda op, p: store_remotes[p])
 
     async def one_round(txns: int) -> int:
         round_id = None
@@ -313,12 +315,14 @@ async def test_the_coordinator_reads_the_round_index_once_not_per_round(tmp_path
     import asyncio
 
     from coordinator.protocols.rounds import RoundKeeper
+    from coordinator.state import Layout
     from sfaas.runtime import wire
 
     interval, retain = 0.05, 2
     remote_dir = tmp_path / "rounds"
     Rounds(PathRemote(remote_dir)).publish(RoundManifest(7, 1, 1, 1, (), {}, {}, {}), retain)  # an earlier run's
-    keeper = RoundKeeper(interval, retain, 1, 1, lambda: _CountingRounds(remote_dir), lambda op, p: PathRemote(tmp_path))
+    keeper = RoundKeeper(interval, retain, lambda: Layout(1, 1, ()), lambda: _CountingRounds(remote_dir),
+                         lambda op, p: PathRemote(tmp_path))
 
     async def one_round(txns: int) -> int:
         round_id = None

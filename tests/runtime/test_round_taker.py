@@ -56,4 +56,4 @@ async def test_a_rounds_uploads_start_spread_over_at_most_half_an_interval(inter
     assert len(sent) == 1
     report = sent[0]
     assert isinstance(report, wire.Snapshotted) and report.round == 7 and report.error == ""
-    assert [c[:2] for c in report.stores] == [["op", p] for p in range(n)]
+    assert [(c.operator, c.partition) for c in report.stores] == [("op", p) for p in range(n)]

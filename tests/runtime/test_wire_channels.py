@@ -34,6 +34,26 @@ def test_frames_round_trip_and_garbage_is_a_protocol_error() -> None:
         wire.Request.decode(pack(["only", "three", "fields"]))
 
 
+def test_rows_decode_typed_and_encode_the_same_given_as_lists() -> None:
+    """A field of rows is a list of msgpack arrays whichever way the sender built its rows,
+    and decodes into the row class; a row of the wrong shape is a protocol error."""
+    typed = wire.Report(4, 1, 2, [wire.Conflict(7, 3)], [wire.Aborted(9, "Abort", "no")],
+                        [0, 1], [1, 0], 0)
+    plain = wire.Report(4, 1, 2, [[7, 3]], [(9, "Abort", "no")], [0, 1], [1, 0], 0)  # type: ignore[list-item]
+    assert wire.encode_frame([typed]) == wire.encode_frame([plain])
+    [got] = wire.decode_frame(wire.encode_frame([plain]))
+    assert got == typed and isinstance(got, wire.Report)
+    assert type(got.conflicts[0]) is wire.Conflict and got.conflicts[0].blocker == 3
+    assert got.aborts[0].reason == "no"
+    move = wire.Move(2, 3, [["h", 7, [0, 4]]], [["kv", 4, 11]])  # type: ignore[list-item]
+    [m] = wire.decode_frame(wire.encode_frame([move]))
+    assert isinstance(m, wire.Move)
+    assert m.sources == [wire.Source("h", 7, [0, 4])] and m.seqs[0].version == 11
+    for bad in ([[7]], [[7, "3"]], [[7, 3, 1]], [7, 3], [{"tid": 7}]):
+        with pytest.raises(wire.ProtocolError, match="conflicts"):
+            wire.decode_frame(pack([[wire.Report.TAG, 4, 1, 2, bad, [], [0], [0], 0, 0]]))
+
+
 def test_partitioning_is_stable_across_processes() -> None:
     # fixed values: a change here would send requests to the wrong worker after an upgrade
     assert [partition_of("accounts", k, 8) for k in ("alice", "bob", "carol")] == [3, 6, 2]

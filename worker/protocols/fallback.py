@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from sfaas.runtime import wire
@@ -40,8 +40,9 @@ class CrossFallback:
     """
 
     def __init__(
-        self, index: Callable[[], int], engine: Callable[[], Engine | None], send_peers: Callable[[wire.Message], None],
-        reply: Callable[[int, wire.Result], None], spawn: Callable[[Any], None], recovery: Callable[[], int],
+        self, index: Callable[[], int], engine: Callable[[], Engine | None],
+        send_peers: Callable[[wire.Message], None], reply: Callable[[int, wire.Result], None],
+        spawn: Callable[[Coroutine[Any, Any, Any]], object], recovery: Callable[[], int],
         room: Callable[[], None] = lambda: None,
     ) -> None:
         self.index = index
@@ -60,7 +61,8 @@ class CrossFallback:
         self.phases = 0
 
     async def run(
-        self, epoch: int, loop: Participant[Any], candidates: Sequence[tuple[int, Any]], tids: set[int],
+        self, epoch: int, loop: Participant[Any], candidates: Sequence[tuple[int, Any]],
+        tids: set[int],
     ) -> dict[int, tuple[str, Any]]:
         """The phase of ``epoch``: re-run ``candidates`` (this worker's conflicting roots);
         return once every tid of ``tids`` (the epoch's conflicting tids) finished everywhere."""
@@ -101,7 +103,7 @@ class CrossFallback:
         self._held = []
         self._room()
 
-    # -- peers' messages ----------------------------------------------------------------------------
+    # -- peers' messages --------------------------------------------------------------------------
     def on_call(self, msg: wire.Call) -> None:
         """A peer's fallback call: served once this worker's phase of its epoch runs."""
         self._route(msg)
@@ -119,10 +121,11 @@ class CrossFallback:
         elif msg.epoch >= eng.epoch:
             self._held.append(msg)  # this worker's Commit of that epoch is still to come
         else:
-            log.error("fallback %s for past epoch %d (now %d) from worker %d", type(msg).__name__, msg.epoch,
-                      eng.epoch, msg.src)
+            log.error("fallback %s for past epoch %d (now %d) from worker %d", type(msg).__name__,
+                      msg.epoch, eng.epoch, msg.src)
             if isinstance(msg, wire.Call):
-                self._reply(msg.src, wire.Result(msg.call_id, False, ["StaleEpoch", "fallback call for a past epoch"]))
+                stale = ["StaleEpoch", "fallback call for a past epoch"]
+                self._reply(msg.src, wire.Result(msg.call_id, False, stale))
 
     def _take(self, msg: wire.Call | wire.Finished) -> None:
         if isinstance(msg, wire.Finished):
@@ -133,7 +136,8 @@ class CrossFallback:
     async def _serve(self, msg: wire.Call) -> None:
         eng = self._engine()
         assert eng is not None
-        ok, value = await eng.serve(msg.tid, msg.now, msg.operator, msg.key, msg.function, msg.args, msg.depth)
+        ok, value = await eng.serve(msg.tid, msg.now, msg.operator, msg.key, msg.function,
+                                    msg.args, msg.depth)
         self._reply(msg.src, wire.Result(msg.call_id, ok, value if ok else list(value)))
 
     def _finish(self, tid: int, commit: bool) -> None:

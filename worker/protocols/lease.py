@@ -31,25 +31,41 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from sfaas.runtime import wire
 from sfaas.runtime.txn.epochs import execution_finished
 from sfaas.runtime.txn.loop import idle_after, merge_votes
 
-if TYPE_CHECKING:
-    from worker.service import Worker
-
 log = logging.getLogger("sfaas.worker")
 
-__all__ = ["Lease"]
+__all__ = ["Lease", "LeaseHost"]
+
+
+class LeaseHost(Protocol):
+    """What a lease needs of its worker: its slot, its peers, and its epochs."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def n_workers(self) -> int: ...
+
+    def tasks_add(self, task: asyncio.Future[Any]) -> None: ...
+
+    def send_peers(self, msg: wire.Message) -> None: ...
+
+    def start_epoch(self, begin: wire.Begin) -> None: ...
+
+    async def commit_epoch(self, epoch: int, conflicts: dict[int, int],
+                           aborts: dict[int, tuple[str, str]], marker: int | None) -> None: ...
 
 
 class Lease:
     """One worker's side of leased epochs (see the module docstring)."""
 
-    def __init__(self, w: Worker) -> None:
-        self.w = w
+    def __init__(self, host: LeaseHost) -> None:
+        self._host = host
         #: the last epoch this worker may begin on its own (0: no lease, the coordinator drives)
         self.upto = 0
         #: the leased run's id (``wire.Lease.run``)
@@ -90,19 +106,19 @@ class Lease:
             self.run = msg.run
             self.markers.clear()
             for reps in self.reports.values():
-                for i in [i for i, r in reps.items() if r.run != msg.run and i != self.w.index]:
+                for i in [i for i, r in reps.items() if r.run != msg.run and i != self._host.index]:
                     del reps[i]
         elif msg.upto < self.upto:
-            log.warning("ignoring a lease up to epoch %d below the one held (%d)", msg.upto, self.upto,
-                        extra={"worker": self.w.index})
+            log.warning("ignoring a lease up to epoch %d below the one held (%d)", msg.upto,
+                        self.upto, extra={"worker": self._host.index})
             return
         self.upto = msg.upto
         if msg.marker is not None:
             self.markers[msg.upto] = msg.marker
-        own = self.reports.get(self.begun, {}).get(self.w.index)
+        own = self.reports.get(self.begun, {}).get(self._host.index)
         if new_run and own is not None and self.committed < self.begun:
             own.run = self.run  # reported before the lease came: the peers need it now
-            self.w.send_peers(own)
+            self._host.send_peers(own)
         self.advance()
 
     def began(self, epoch: int) -> None:
@@ -122,6 +138,13 @@ class Lease:
         self.reports.setdefault(r.epoch, {})[r.index] = r
         self.advance()
 
+    def receive(self, msg: wire.Report | wire.Wake) -> None:
+        """A peer's Report or Wake."""
+        if isinstance(msg, wire.Wake):
+            self.on_wake(msg)
+        else:
+            self.on_report(msg)
+
     def on_wake(self, msg: wire.Wake) -> None:
         if self.active and msg.run == self.run and msg.epoch == self.begun + 1:
             self.woken = True
@@ -136,11 +159,12 @@ class Lease:
         """Commit the current epoch, or begin the next, if the lease says so now."""
         if not self.active or self._committing:
             return
-        w = self.w
+        w = self._host
         e = self.begun
         if self.committed < e:
-            reps = {i: r for i, r in self.reports.get(e, {}).items() if r.run == self.run or i == w.index}
-            n = w.assign.n_workers
+            reps = {i: r for i, r in self.reports.get(e, {}).items()
+                    if r.run == self.run or i == w.index}
+            n = w.n_workers
             if execution_finished(n, {i: (r.sent, r.served) for i, r in reps.items()}):
                 self._committing = True
                 w.tasks_add(asyncio.ensure_future(self._commit(e, [reps[i] for i in sorted(reps)])))
@@ -158,7 +182,7 @@ class Lease:
         try:
             conflicts, aborts = merge_votes((r.conflicts, r.aborts) for r in reports)
             idle = idle_after((r.pending for r in reports), conflicts)
-            await self.w.commit_epoch(epoch, conflicts, aborts, self.markers.pop(epoch, None))
+            await self._host.commit_epoch(epoch, conflicts, aborts, self.markers.pop(epoch, None))
             self.committed = epoch
             self.idle_at = epoch if idle else -1
             self.reports.pop(epoch, None)

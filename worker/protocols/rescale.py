@@ -1,4 +1,5 @@
-"""A worker's side of a rescale (see ``coordinator.protocols.rescale``): partitions moving away and in.
+"""A worker's side of a rescale (see ``coordinator.protocols.rescale``): partitions moving
+away and in.
 
 * ``Ship(partitions)``: ship those partitions' stores (``worker.replication``), answer
   ``Shipped`` with each store's version; their merges wait until they leave (a merge
@@ -28,18 +29,20 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import statestores
+from sfaas.app import App
 from sfaas.errors import ChannelClosed, ClusterError
 from sfaas.runtime import wire
 from sfaas.runtime.partitioning import owned
+from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import PartitionStores, StoreKey, store_engine, store_remote, stores_root
 from statestores.replica import Follower, TcpSource
-from worker.replication import store_name
-
-if TYPE_CHECKING:
-    from worker.service import Worker
+from worker.ingress import Ingress
+from worker.links import CoordinatorLink, PeerLinks
+from worker.replication import Shipping, store_name
+from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker.moving")
 
@@ -52,12 +55,27 @@ MERGE_HOLD = 60.0
 
 
 class Moving:
-    """The moving stores of one worker (see the module docstring)."""
+    """The moving stores of one worker (see the module docstring).
 
-    def __init__(self, w: Worker) -> None:
-        self.w = w
-        s = w.settings
-        self.root = os.path.join(s.home, "moving", s.namespace, w.app.name, w.name)
+    ``shipping()``: the worker's replication server (None without one); ``end_lease()``:
+    the epochs' lease is over (a new membership begins a new run).
+    """
+
+    def __init__(
+        self, settings: Settings, app: App, name: str, secret: str, state: WorkerState, *,
+        uplink: CoordinatorLink, links: PeerLinks, ingress: Ingress,
+        shipping: Callable[[], Shipping | None], end_lease: Callable[[], None],
+    ) -> None:
+        self._settings = settings
+        self._app = app
+        self._secret = secret
+        self._state = state
+        self._uplink = uplink
+        self._links = links
+        self._ingress = ingress
+        self._shipping = shipping
+        self._end_lease = end_lease
+        self.root = os.path.join(settings.home, "moving", settings.namespace, app.name, name)
         self.followers: dict[StoreKey, Follower] = {}
         self._task: asyncio.Task[None] | None = None
         #: stores shipped for a move: their merges wait until they leave (or the move is off)
@@ -68,11 +86,12 @@ class Moving:
 
     # -- leaving -----------------------------------------------------------------------------
     def ship(self, msg: wire.Ship) -> wire.Shipped:
-        w = self.w
-        if w.shipping is None:
+        shipping = self._shipping()
+        if shipping is None:
             raise ClusterError("asked to ship stores, but this worker runs no replication server")
-        assert w.engine is not None
-        stores = {k: st for k, st in w.engine.stores.items() if k[1] in set(msg.partitions)}
+        engine = self._state.engine
+        assert engine is not None
+        stores = {k: st for k, st in engine.stores.items() if k[1] in set(msg.partitions)}
         for k, st in stores.items():
             if k not in self._merges_held:
                 self._merges_held[k] = st.pause_merges()
@@ -80,48 +99,42 @@ class Moving:
             self._unhold.cancel()
         # a move that never switches must not leave the stores unmerged for long
         self._unhold = asyncio.get_running_loop().call_later(MERGE_HOLD, self.resume_merges)
-        seqs = w.shipping.attach(stores)
-        return wire.Shipped(w.index, [[op, p, seq] for (op, p), seq in sorted(seqs.items())])
+        seqs = shipping.attach(stores)
+        versions = [wire.StoreVersion(op, p, seq) for (op, p), seq in sorted(seqs.items())]
+        return wire.Shipped(self._state.index, versions)
 
     async def release(self, msg: wire.Release) -> wire.Released:
         """Close the partitions ``msg.owners`` no longer gives this worker."""
-        w = self.w
-        assert w.engine is not None and w.loop is not None
-        keep = set(owned(msg.owners, w.index))
-        lost = sorted({p for _, p in w.engine.stores} - keep)
+        st = self._state
+        assert st.engine is not None
+        keep = set(owned(msg.owners, st.index))
+        lost = sorted({p for _, p in st.engine.stores} - keep)
         if not lost:
-            return wire.Released(w.index, "")
-        await w.pause_ingest()
+            return wire.Released(st.index, "")
+        await self._ingress.pause()
         drop = set(lost)
-        q = w.loop.queue
-        kept = [item for item in q if item.partition not in drop]
-        q.clear()
-        q.extend(kept)
-        w.loop.sequencer.discard([tid for tid, item in w.loop.sequencer.retries() if item.partition in drop])
+        st.drop_waiting(drop)
         self.resume_merges()  # (the stores leaving close next; the others were never held)
         await asyncio.to_thread(self.detach(drop, len(msg.owners)).close)
-        w.assign.owners = list(msg.owners)
-        w.engine.owners = list(msg.owners)
+        st.set_owners(msg.owners)
         if keep:
-            await w.resume_ingest({})
+            await self._ingress.resume({})
         else:
-            w.retired = True
-        log.info("released partitions %s at round %d", lost, msg.round, extra={"worker": w.index})
-        return wire.Released(w.index, "")
+            st.retired = True
+        log.info("released partitions %s at round %d", lost, msg.round, extra={"worker": st.index})
+        return wire.Released(st.index, "")
 
     def detach(self, partitions: set[int], n_partitions: int) -> PartitionStores:
         """Forget ``partitions`` here — their ingress offsets, shipping and stores (a
         rescale's release, or a recovery under a new map); returns the stores to close."""
-        w = self.w
-        assert w.engine is not None
-        for p in partitions:
-            w.offsets.drop(p)
-            w.applied.drop(p)
-            w.start_offsets.pop(p, None)
-        keys = [k for k in w.engine.stores if k[1] in partitions]
-        if w.shipping is not None:
-            w.shipping.detach(keys)
-        return PartitionStores({k: w.engine.stores.pop(k) for k in keys}, n_partitions)
+        st = self._state
+        assert st.engine is not None
+        st.forget(partitions)
+        keys = [k for k in st.engine.stores if k[1] in partitions]
+        shipping = self._shipping()
+        if shipping is not None:
+            shipping.detach(keys)
+        return PartitionStores({k: st.engine.stores.pop(k) for k in keys}, n_partitions)
 
     # -- arriving ------------------------------------------------------------------------------
     def follow(self, msg: wire.Move) -> None:
@@ -138,30 +151,31 @@ class Moving:
             log.exception("following the moving stores failed", extra={"worker": msg.index})
             error = f"{type(exc).__name__}: {exc}"[:2000]
         try:
-            self.w.coord.send(wire.Following(msg.index, error))
+            self._uplink.send(wire.Following(msg.index, error))
         except ChannelClosed:
             pass
 
     def _open(self, msg: wire.Move) -> None:
         """(a thread) Follow every moving store; wait until each holds its version."""
         self.stop()
-        w = self.w
         shutil.rmtree(self.root, ignore_errors=True)
         seqs = {(str(op), int(p)): int(seq) for op, p, seq in msg.seqs}
         for host, port, parts in msg.sources:
             for p in parts:
-                for op in w.app.operators:
-                    engine, opts = store_engine(w.app, op, w.settings.store)
-                    source = TcpSource(host, port, store_name(op, p), w.secret)
-                    # promoted at a round still to come: the old owner's newest snapshot is not needed
-                    self.followers[(op, p)] = statestores.follow(engine, os.path.join(self.root, op, f"p{p}"),
-                                                                 source, live_only=True, **opts)
+                for op in self._app.operators:
+                    engine, opts = store_engine(self._app, op, self._settings.store)
+                    source = TcpSource(host, port, store_name(op, p), self._secret)
+                    # promoted at a round still to come: the old owner's newest snapshot is
+                    # not needed
+                    self.followers[(op, p)] = statestores.follow(
+                        engine, os.path.join(self.root, op, f"p{p}"), source, live_only=True,
+                        **opts)
         t0 = time.monotonic()
         for key, fol in self.followers.items():
             fol.wait(seq=seqs.get(key, 0), timeout=FOLLOW_TIMEOUT)
         got = sum(f.stats()["bytes_received"] for f in self.followers.values())
-        log.info("following %d moving stores: caught up in %.2f s, %.1f MB received", len(self.followers),
-                 time.monotonic() - t0, got / 1e6, extra={"worker": msg.index})
+        log.info("following %d moving stores: caught up in %.2f s, %.1f MB received",
+                 len(self.followers), time.monotonic() - t0, got / 1e6, extra={"worker": msg.index})
 
     def hold(self, msg: wire.Hold) -> None:
         """The switch is at round ``msg.round``: each replica stops once it holds it."""
@@ -185,8 +199,7 @@ class Moving:
 
     def take_over(self, round_id: int, index: int, partitions: int) -> PartitionStores:
         """(a thread) Each replica becomes its partition's store at round ``round_id``."""
-        w = self.w
-        s, app = w.settings, w.app
+        s, app = self._settings, self._app
         stores: dict[StoreKey, statestores.Store] = {}
         received = downloaded = held_bytes = 0
         t0 = time.monotonic()
@@ -199,10 +212,11 @@ class Moving:
                 del self.followers[(op, p)]
                 store.remote = store_remote(s, app.name, op, p)
                 stores[(op, p)] = store
-                held_bytes += sum(os.path.getsize(os.path.join(store.directory, e.name)) for e in store.version()[1])
+                held_bytes += sum(os.path.getsize(os.path.join(store.directory, e.name))
+                                  for e in store.version()[1])
                 if round_id not in held:  # it fell behind: the round's files from MinIO
-                    log.warning("the replica of %s/p%d lacks round %d (holds %s): restoring it", op, p, round_id,
-                                held, extra={"worker": index})
+                    log.warning("the replica of %s/p%d lacks round %d (holds %s): restoring it", op,
+                                p, round_id, held, extra={"worker": index})
                     info = store.restore(round_id)
                     downloaded += info.bytes_downloaded
         except BaseException:
@@ -210,42 +224,46 @@ class Moving:
             raise
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
-        self.last = {"stores": len(stores), "bytes_received": received, "bytes_downloaded": downloaded,
-                     "bytes_held": held_bytes}
+        self.last = {"stores": len(stores), "bytes_received": received,
+                     "bytes_downloaded": downloaded, "bytes_held": held_bytes}
         if stores:
-            log.info("took over %d stores at round %d: %d bytes shipped, %d bytes in their files, %d bytes downloaded "
-                     "(%.3f s)", len(stores), round_id, received, held_bytes, downloaded, time.monotonic() - t0,
-                     extra={"worker": index})
+            log.info("took over %d stores at round %d: %d bytes shipped, %d bytes in their files, "
+                     "%d bytes downloaded (%.3f s)", len(stores), round_id, received, held_bytes,
+                     downloaded, time.monotonic() - t0, extra={"worker": index})
         return PartitionStores(stores, partitions)
 
     async def reassign(self, msg: wire.Reassign) -> None:
         """A live worker's ``Reassign``: take over the gained partitions, resume."""
-        w = self.w
-        assert w.engine is not None
-        w.lease.reset()  # the next run begins under the new membership
+        st = self._state
+        assert st.engine is not None
+        self._end_lease()  # the next run begins under the new membership
         gained = await asyncio.to_thread(self.take_over, msg.round, msg.index, len(msg.owners))
-        w.engine.stores.update(gained.items())
-        w.engine.n_workers = msg.n_workers
-        w.engine.owners = list(msg.owners)
-        w.assign.n_workers, w.assign.peers, w.assign.owners = msg.n_workers, msg.peers, list(msg.owners)
-        for j in [j for j in w.peers if j >= msg.n_workers]:
-            w.peers.pop(j).close()
-            w._peer_addrs.pop(j, None)
-        await w.reconnect_peers(msg.peers)
-        await w.pause_ingest()
-        await w.resume_ingest(msg.ingress, msg.skip, msg.retries)
-        w.coord.send(wire.Ready(w.index))
+        st.engine.stores.update(gained.items())
+        st.set_owners(msg.owners, msg.n_workers, msg.peers)
+        self._links.drop_from(msg.n_workers)
+        await self._links.connect(msg.peers, st.index)
+        await self._ingress.pause()
+        await self._ingress.resume(msg.ingress, msg.skip, msg.retries)
+        self._uplink.send(wire.Ready(st.index))
+
+    def abandon(self) -> None:
+        """Stop following and forget the followers (a join that failed)."""
+        if self._task is not None:
+            self._task.cancel()
+        self.stop()
 
 
-async def join_as_receiver(w: Worker, first: wire.Move) -> tuple[wire.Reassign, PartitionStores]:
+async def join_as_receiver(
+    mv: Moving, uplink: CoordinatorLink, first: wire.Move, on_slot: Callable[[wire.Reassign], None],
+) -> tuple[wire.Reassign, PartitionStores]:
     """A joining worker: follow the partitions coming to it until ``Reassign``; returns it
-    and the stores taken over."""
-    mv = w.moving
+    and the stores taken over. ``on_slot(reassign)`` takes the slot before the takeover:
+    the running workers connect at once."""
     mv.follow(first)
     try:
         while True:
             try:
-                msgs = await w.coord.recv()
+                msgs = await uplink.recv()
             except ChannelClosed:
                 raise ClusterError("lost the coordinator while joining") from None
             for msg in msgs:
@@ -255,19 +273,15 @@ async def join_as_receiver(w: Worker, first: wire.Move) -> tuple[wire.Reassign, 
                     mv.hold(msg)
                 elif isinstance(msg, wire.Reassign):
                     # the running workers connect at once: this worker's slot must be known first
-                    ingress, egress = w.settings.topics(w.app.name)
-                    w.index = msg.index
-                    w.assign = wire.Assign(msg.index, msg.n_workers, msg.peers, len(msg.owners), ingress, egress,
-                                           w.consumer_group, list(msg.owners))
-                    w.assigned.set()
-                    stores = await asyncio.to_thread(mv.take_over, msg.round, msg.index, len(msg.owners))
+                    on_slot(msg)
+                    stores = await asyncio.to_thread(mv.take_over, msg.round, msg.index,
+                                                     len(msg.owners))
                     return msg, stores
                 elif isinstance(msg, wire.Stop):
-                    raise ClusterError(f"coordinator stopped this worker while it joined: {msg.reason}")
+                    raise ClusterError(f"coordinator stopped this worker while it joined: "
+                                       f"{msg.reason}")
                 else:  # e.g. a Recover: the cluster rolled back before this worker took over
                     raise ClusterError(f"{type(msg).__name__} while joining: starting over")
     except BaseException:
-        if mv._task is not None:
-            mv._task.cancel()
-        mv.stop()
+        mv.abandon()
         raise

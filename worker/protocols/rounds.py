@@ -18,7 +18,6 @@ import concurrent.futures
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
 from sfaas.runtime import wire
 from sfaas.runtime.state import StoreKey
@@ -39,7 +38,8 @@ class RoundTaker:
     """Takes this worker's part of each round; ``send`` delivers the report."""
 
     def __init__(self, index: int, send: Callable[[wire.Message], None],
-                 held: Callable[[int], Awaitable[object]] | None = None, interval: float = 1.0) -> None:
+                 held: Callable[[int], Awaitable[object]] | None = None,
+                 interval: float = 1.0) -> None:
         self.index = index
         #: the rounds' interval (seconds): a round's uploads spread over at most half of it
         self.interval = interval
@@ -53,8 +53,8 @@ class RoundTaker:
 
     def take(
         self, round_id: int, epoch: int, stores: Mapping[StoreKey, Store],
-        ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int], retries: list[list[Any]], epoch_log: int,
-        durable: Callable[[], Awaitable[None]],
+        ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int],
+        retries: list[wire.Retry], epoch_log: int, durable: Callable[[], Awaitable[None]],
     ) -> None:
         """Freeze every store for round ``round_id`` now; report when the uploads ended and
         ``durable()`` (the replies of what the cut holds are acknowledged) returned."""
@@ -70,7 +70,8 @@ class RoundTaker:
         freeze_ms = 1000 * (time.perf_counter() - t0)
         log.debug("round %d: froze %d stores in %.1f ms", round_id, len(futures), freeze_ms)
         task = asyncio.get_running_loop().create_task(
-            self._report(round_id, epoch, futures, errors, ingress, skip, egress, retries, epoch_log, durable()),
+            self._report(round_id, epoch, futures, errors, ingress, skip, egress, retries,
+                         epoch_log, durable()),
             name=f"round-{round_id}",
         )
         self._tasks.add(task)
@@ -79,10 +80,10 @@ class RoundTaker:
     async def _report(
         self, round_id: int, epoch: int,
         futures: list[tuple[StoreKey, concurrent.futures.Future[SnapshotInfo]]], errors: list[str],
-        ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int], retries: list[list[Any]], epoch_log: int,
-        durable: Awaitable[None],
+        ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int],
+        retries: list[wire.Retry], epoch_log: int, durable: Awaitable[None],
     ) -> None:
-        cuts: list[list[Any]] = []
+        cuts: list[wire.StoreCut] = []
         try:
             await durable
         except Exception as exc:
@@ -93,7 +94,8 @@ class RoundTaker:
             except Exception as exc:
                 errors.append(f"{op}/p{p}: {type(exc).__name__}: {exc}")
                 continue
-            cuts.append([op, p, info.bytes_uploaded, info.files_total, info.bytes_total])
+            cuts.append(wire.StoreCut(op, p, info.bytes_uploaded, info.files_total,
+                                      info.bytes_total))
         if self._held is not None and not errors:
             await self._held(round_id)
         self.taken += 1
@@ -102,7 +104,8 @@ class RoundTaker:
             self.failed += 1
             log.warning("round %d: this worker's snapshot failed: %s", round_id, error,
                         extra={"worker": self.index})
-        self._send(wire.Snapshotted(round_id, self.index, epoch, cuts, ingress, skip, egress, retries, epoch_log, error))
+        self._send(wire.Snapshotted(round_id, self.index, epoch, cuts,
+                                    ingress, skip, egress, retries, epoch_log, error))
 
     async def close(self) -> None:
         """Wait for the reports still pending (their uploads finish or fail first)."""

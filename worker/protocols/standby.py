@@ -22,17 +22,16 @@ import asyncio
 import logging
 import os
 import shutil
-from typing import TYPE_CHECKING
 
 import statestores
+from sfaas.app import App
 from sfaas.errors import ChannelClosed, ClusterError
 from sfaas.runtime import wire
+from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import PartitionStores, StoreKey, store_engine, store_remote, stores_root
 from statestores.replica import Follower, TcpSource
+from worker.links import CoordinatorLink
 from worker.replication import store_name
-
-if TYPE_CHECKING:
-    from worker.service import Worker
 
 log = logging.getLogger("sfaas.worker.standby")
 
@@ -40,10 +39,11 @@ __all__ = ["run_standby"]
 
 
 class _Standby:
-    def __init__(self, w: Worker) -> None:
-        self.w = w
-        s = w.settings
-        self.root = os.path.join(s.home, "standby", s.namespace, w.app.name, w.name)
+    def __init__(self, settings: Settings, app: App, name: str, secret: str) -> None:
+        self._settings = settings
+        self._app = app
+        self._secret = secret
+        self.root = os.path.join(settings.home, "standby", settings.namespace, app.name, name)
         self.followers: dict[StoreKey, Follower] = {}
         self.follow: wire.Follow | None = None
 
@@ -53,20 +53,22 @@ class _Standby:
     def start(self, f: wire.Follow) -> None:
         """(Re)follow the stores of ``f.index`` at ``f.host:f.port``."""
         self.stop()
-        if self.follow is not None and (self.follow.index, self.follow.n_workers) != (f.index, f.n_workers):
+        old = self.follow
+        if old is not None and (old.index, old.n_workers) != (f.index, f.n_workers):
             shutil.rmtree(self.root, ignore_errors=True)  # another primary's stores: start clean
         self.follow = f
-        w = self.w
+        s, app = self._settings, self._app
         for p in self._mine(f):
-            for op in w.app.operators:
-                engine, opts = store_engine(w.app, op, w.settings.store)
-                source = TcpSource(f.host, f.port, store_name(op, p), w.secret)
+            for op in app.operators:
+                engine, opts = store_engine(app, op, s.store)
+                source = TcpSource(f.host, f.port, store_name(op, p), self._secret)
                 # a new standby downloads the newest round's files from MinIO first: the
                 # primary ships only what changed since (its network and CPU are spared)
-                self.followers[(op, p)] = statestores.follow(engine, os.path.join(self.root, op, f"p{p}"), source,
-                                                             seed=store_remote(w.settings, w.app.name, op, p), **opts)
-        log.info("standby of worker %d: following %d stores at %s:%d", f.index, len(self.followers), f.host, f.port,
-                 extra={"worker": f.index})
+                self.followers[(op, p)] = statestores.follow(
+                    engine, os.path.join(self.root, op, f"p{p}"), source,
+                    seed=store_remote(s, app.name, op, p), **opts)
+        log.info("standby of worker %d: following %d stores at %s:%d", f.index, len(self.followers),
+                 f.host, f.port, extra={"worker": f.index})
 
     def stop(self) -> None:
         for fol in self.followers.values():
@@ -75,7 +77,7 @@ class _Standby:
 
     def promote(self, msg: wire.Promote) -> PartitionStores:
         """(a thread) Every follower becomes its store in the primary's directory."""
-        s, app = self.w.settings, self.w.app
+        s, app = self._settings, self._app
         assert self.follow is not None
         stores: dict[StoreKey, statestores.Store] = {}
         try:
@@ -87,22 +89,23 @@ class _Standby:
                 store.remote = store_remote(s, app.name, op, p)
                 stores[(op, p)] = store
                 del self.followers[(op, p)]
-                log.info("promoted %s/p%d to snapshot %s (round %d asked), %d files local", op, p, at, msg.round,
-                         len(store.version()[1]), extra={"worker": msg.index})
+                log.info("promoted %s/p%d to snapshot %s (round %d asked), %d files local", op, p,
+                         at, msg.round, len(store.version()[1]), extra={"worker": msg.index})
         except BaseException:
             PartitionStores(stores, self.follow.partitions).close()
             raise
         return PartitionStores(stores, self.follow.partitions)
 
 
-async def run_standby(w: Worker, first: wire.Follow) -> tuple[PartitionStores, int]:
-    """Be a standby until promoted; returns the promoted stores and the slot to take."""
-    sb = _Standby(w)
+async def run_standby(settings: Settings, app: App, name: str, secret: str, uplink: CoordinatorLink,
+                      first: wire.Follow) -> tuple[PartitionStores, int]:
+    """Be a standby (``name``) until promoted; returns the promoted stores and the slot to take."""
+    sb = _Standby(settings, app, name, secret)
     sb.start(first)
     try:
         while True:
             try:
-                msgs = await w.coord.recv()
+                msgs = await uplink.recv()
             except ChannelClosed:
                 raise ClusterError("lost the coordinator while standing by") from None
             for msg in msgs:

@@ -2,9 +2,10 @@
 
 A round ``n`` rides an epoch's commit (``Commit.marker = n``): at that point no transaction
 is in flight, so every store's ``snapshot(n)`` plus each worker's replay positions form a
-consistent cut. When every worker reported (``wire.Snapshotted``), the coordinator
+consistent cut. When every worker reported (:class:`Snapshotted`), the coordinator
 publishes a :class:`RoundManifest` — write-then-publish: the round's blob first, then the
-index that makes it visible. Layout in the app's rounds remote (``sfaas.runtime.state.rounds_remote``):
+index that makes it visible. Layout in the app's rounds remote
+(``sfaas.runtime.state.rounds_remote``):
 
 * ``blobs/round-<n:012d>`` — one encoded :class:`RoundManifest`;
 * ``blobs/index`` — the complete rounds still retained, ascending (an encoded :class:`RoundIndex`).
@@ -20,16 +21,17 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
 from remotes import Remote
 from remotes.manifest import frame, unframe
+from sfaas.runtime.protocols.base import Message
 
 log = logging.getLogger("sfaas.runtime.protocols.rounds")
 
 __all__ = [
-    "StoreCut", "RoundManifest", "RoundIndex", "RoundError", "Rounds", "publish_round", "collect_garbage",
-    "collect_store_garbage", "INDEX_BLOB",
+    "StoreCut", "Retry", "Snapshotted", "RoundManifest", "RoundIndex", "RoundError", "Rounds",
+    "publish_round", "collect_garbage", "collect_store_garbage", "INDEX_BLOB",
 ]
 
 _VERSION = 1
@@ -58,21 +60,62 @@ def _int_map(value: Any, what: str) -> dict[int, int]:
 
 def _skip_map(value: Any) -> dict[int, list[int]]:
     if not isinstance(value, dict) or not all(
-        isinstance(k, int) and isinstance(v, list) and all(isinstance(o, int) for o in v) for k, v in value.items()
+        isinstance(k, int) and isinstance(v, list) and all(isinstance(o, int) for o in v)
+        for k, v in value.items()
     ):
         raise RoundError(f"skip must map ints to lists of ints, got {value!r:.80}")
     return {k: list(v) for k, v in value.items()}
 
 
-@dataclass(frozen=True)
-class StoreCut:
-    """One store's part of a round: its snapshot (id = the round) and what it cost."""
+class StoreCut(NamedTuple):
+    """One store's part of a round: its snapshot (id = the round) and what it cost (a row
+    of :class:`Snapshotted` and of the round manifest)."""
 
     operator: str
     partition: int
     bytes_uploaded: int
     files: int
     total_bytes: int
+
+
+class Retry(NamedTuple):
+    """A request waiting to re-run at a round's cut: the tid it keeps, where it came from,
+    and its first run's ``ctx.now()``, which every re-run keeps."""
+
+    tid: int
+    partition: int
+    offset: int
+    now: float
+
+
+@dataclass(slots=True)
+class Snapshotted(Message):
+    """Worker → coordinator: my part of snapshot round ``round`` (sent once its uploads
+    ended).
+
+    ``stores``: one row per store (each store's snapshot id is the round). ``ingress``: per
+    owned partition, the first offset whose request is *not* in the snapshot's state
+    (replay starts there); ``skip``: per partition, the offsets above that one whose
+    requests *are* in the state (they completed while an earlier request waited to re-run;
+    replay skips them). ``egress``: per egress partition, an offset at or before the first
+    reply produced after the cut (a de-duplicating scan starts there). ``retries``: the
+    conflict-aborted requests waiting to re-run at the cut. ``epoch_log``: one past this
+    worker's newest epoch-log record at the cut (records of later epochs come after it;
+    see ``sfaas.runtime.epochlog``). ``error``: empty, or why this worker's part failed
+    (the round then fails; the next one retries).
+    """
+
+    TAG: ClassVar[int] = 12
+    round: int
+    index: int
+    epoch: int
+    stores: list[StoreCut]
+    ingress: dict[int, int]
+    skip: dict[int, list[int]]
+    egress: dict[int, int]
+    retries: list[Retry]
+    epoch_log: int
+    error: str
 
 
 @dataclass(frozen=True)
@@ -121,7 +164,8 @@ class RoundManifest:
         return _encode(b"SFRM", {
             "round": self.round, "epoch": self.epoch, "workers": self.workers,
             "partitions": self.partitions,
-            "stores": [[s.operator, s.partition, s.bytes_uploaded, s.files, s.total_bytes] for s in self.stores],
+            "stores": [[s.operator, s.partition, s.bytes_uploaded, s.files, s.total_bytes]
+                       for s in self.stores],
             "ingress": self.ingress, "skip": self.skip, "egress": self.egress,
             "retries": [list(r) for r in self.retries], "epoch_log": self.epoch_log,
             "started": self.started, "created": self.created, "owners": list(self.owners),
@@ -131,20 +175,24 @@ class RoundManifest:
     def decode(cls, data: bytes, source: str = "round manifest") -> RoundManifest:
         d = _decode(b"SFRM", data, source, "round manifest")
         try:
-            stores = tuple(StoreCut(str(o), int(p), int(b), int(f), int(t)) for o, p, b, f, t in d["stores"])
+            stores = tuple(StoreCut(str(o), int(p), int(b), int(f), int(t))
+                           for o, p, b, f, t in d["stores"])
             # (a manifest written before re-runs kept their now has rows of three: the
             # round's start is the closest now it knows of)
-            retries = tuple((int(r[0]), int(r[1]), int(r[2]), float(r[3] if len(r) == 4 else d["started"]))
-                            for r in d["retries"] if len(r) in (3, 4))
+            retries = tuple(
+                (int(r[0]), int(r[1]), int(r[2]), float(r[3] if len(r) == 4 else d["started"]))
+                for r in d["retries"] if len(r) in (3, 4))
             if len(retries) != len(d["retries"]):
                 raise RoundError("a retries row is not [tid, partition, offset, now]")
-            m = cls(int(d["round"]), int(d["epoch"]), int(d["workers"]), int(d["partitions"]), stores,
-                    _int_map(d["ingress"], "ingress"), _skip_map(d["skip"]), _int_map(d["egress"], "egress"), retries,
+            m = cls(int(d["round"]), int(d["epoch"]), int(d["workers"]), int(d["partitions"]),
+                    stores, _int_map(d["ingress"], "ingress"), _skip_map(d["skip"]),
+                    _int_map(d["egress"], "egress"), retries,
                     int(d["epoch_log"]), float(d["started"]), float(d["created"]),
                     tuple(int(o) for o in d.get("owners", ())))
-            if m.owners and (len(m.owners) != m.partitions or not all(0 <= o < m.workers for o in m.owners)):
-                raise RoundError(f"owners must name one of {m.workers} workers for each of {m.partitions} "
-                                 f"partitions, got {list(m.owners)!r:.80}")
+            if m.owners and (len(m.owners) != m.partitions
+                             or not all(0 <= o < m.workers for o in m.owners)):
+                raise RoundError(f"owners must name one of {m.workers} workers for each of "
+                                 f"{m.partitions} partitions, got {list(m.owners)!r:.80}")
         except RoundError as exc:
             raise RoundError(f"{source}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:
@@ -166,7 +214,8 @@ class RoundIndex:
         body = _decode(b"SFRI", data, source, "round index")
         if not isinstance(body, list) or not all(isinstance(r, int) and r >= 1 for r in body) \
                 or body != sorted(set(body)):
-            raise RoundError(f"{source}: expected ascending distinct round ids >= 1, got {body!r:.80}")
+            raise RoundError(
+                f"{source}: expected ascending distinct round ids >= 1, got {body!r:.80}")
         return cls(tuple(body))
 
 
@@ -182,7 +231,9 @@ class Rounds:
 
     def index(self) -> RoundIndex:
         data = self.remote.get_blob(INDEX_BLOB)
-        return RoundIndex() if data is None else RoundIndex.decode(data, f"{self.remote!r} blob {INDEX_BLOB!r}")
+        if data is None:
+            return RoundIndex()
+        return RoundIndex.decode(data, f"{self.remote!r} blob {INDEX_BLOB!r}")
 
     def ids(self) -> list[int]:
         """Ids of the complete rounds retained, ascending."""
@@ -191,7 +242,8 @@ class Rounds:
     def read(self, round_id: int) -> RoundManifest:
         data = self.remote.get_blob(round_blob(round_id))
         if data is None:
-            raise RoundError(f"round {round_id} is listed but its manifest {round_blob(round_id)!r} is missing")
+            raise RoundError(f"round {round_id} is listed but its manifest "
+                             f"{round_blob(round_id)!r} is missing")
         return RoundManifest.decode(data, f"{self.remote!r} blob {round_blob(round_id)!r}")
 
     def latest(self) -> RoundManifest | None:
@@ -220,8 +272,10 @@ class Rounds:
         return retained, dropped
 
 
-def publish_round(remote: Remote, manifest: RoundManifest, retain: int, known: Sequence[int] | None = None,
-                  stale: Iterable[int] = ()) -> tuple[list[int], list[int]]:
+def publish_round(
+    remote: Remote, manifest: RoundManifest, retain: int, known: Sequence[int] | None = None,
+    stale: Iterable[int] = (),
+) -> tuple[list[int], list[int]]:
     """:meth:`Rounds.publish` as a top-level function with picklable arguments (the
     coordinator runs it in a background process, like :func:`collect_store_garbage`)."""
     return Rounds(remote).publish(manifest, retain, known, stale)

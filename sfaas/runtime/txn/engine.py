@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,7 +24,10 @@ from statestores import Store
 
 log = logging.getLogger("sfaas.engine")
 
-__all__ = ["Engine", "Router", "Outcome", "describe", "make_error", "check_key", "MAX_CALL_DEPTH", "DEVIATED"]
+__all__ = [
+    "Engine", "Router", "Outcome", "describe", "make_error", "check_key", "MAX_CALL_DEPTH",
+    "DEVIATED",
+]
 
 #: Deepest chain of nested ``ctx.call``s before the transaction aborts (catches runaway recursion).
 MAX_CALL_DEPTH = 64
@@ -136,7 +139,7 @@ class Engine:
         partitions: int,
         stores: Mapping[tuple[str, int], Store],
         router: Router | None,
-        owners: Sequence[int] | None = None,
+        owners: Sequence[int] | Callable[[], Sequence[int]] | None = None,
     ) -> None:
         if not 0 <= index < n_workers:
             raise ValueError(f"worker index {index} not in [0, {n_workers})")
@@ -147,8 +150,14 @@ class Engine:
         self.index = index
         self.n_workers = n_workers
         self.partitions = partitions
-        #: the partition map (``owners[p]``: the worker index owning partition ``p``)
-        self.owners = list(owners) if owners else [owner_of_partition(p, n_workers) for p in range(partitions)]
+        #: the partition map (``owners[p]``: the worker index owning partition ``p``): a
+        #: callable reads it from its one owner (a worker's state, which recoveries and
+        #: rescales change); a list is this engine's own copy
+        self._owners: Callable[[], Sequence[int]]
+        if callable(owners):
+            self._owners = owners
+        else:
+            self.owners = owners or [owner_of_partition(p, n_workers) for p in range(partitions)]
         self.stores = dict(stores)
         self.router = router
         self.epoch = 0
@@ -162,6 +171,16 @@ class Engine:
         self._fb: _Fallback | None = None
 
     # -- placement -------------------------------------------------------------------
+    @property
+    def owners(self) -> Sequence[int]:
+        """The partition map now."""
+        return self._owners()
+
+    @owners.setter
+    def owners(self, owners: Sequence[int]) -> None:
+        fixed = list(owners)
+        self._owners = lambda: fixed
+
     def owner(self, operator: str, key: str) -> int:
         """The worker index owning ``key`` of ``operator``."""
         return self.owners[partition_of(operator, key, self.partitions)]
@@ -204,7 +223,8 @@ class Engine:
         assert fb is not None
         if tid not in fb.declared.get(key, ()):
             fb.deviated.add(tid)
-            raise Abort(f"the fallback run of {tid} used {key[0]}/{key[1]!r}, which its first run did not")
+            raise Abort(f"the fallback run of {tid} used {key[0]}/{key[1]!r}, which its first "
+                        "run did not")
 
     # -- execution -----------------------------------------------------------------------
     def begin(self, epoch: int) -> None:
@@ -352,7 +372,9 @@ class Engine:
         self._fb = _Fallback(self.log, tids)
         self.log = AccessLog()  # the re-runs' buffered writes and aborts
 
-    async def run_fallback_root(self, tid: int, now: float, request: Sequence[Any]) -> tuple[str, Any]:
+    async def run_fallback_root(
+        self, tid: int, now: float, request: Sequence[Any]
+    ) -> tuple[str, Any]:
         """Re-run root ``tid`` (this engine's) in the fallback phase; ``("committed",
         outcome)``, ``("aborted", (type, reason))`` (a user abort: final, it saw committed
         state) or ``("rerun", outcome)`` (it deviated: next epoch). The caller then calls
@@ -388,17 +410,21 @@ class Engine:
         """This worker's conflicting tids (→ blockers) and user aborts of the current epoch."""
         return self.log.conflicts(), dict(self.log.user_aborts)
 
-    def commit(self, conflicts: Mapping[int, int] | set[int], user_aborts: Mapping[int, object]) -> list[int]:
+    def commit(
+        self, conflicts: Mapping[int, int] | set[int], user_aborts: Mapping[int, object]
+    ) -> list[int]:
         """Apply the writes of every tid that wrote here and neither conflicts nor failed.
 
-        One ``write_batch`` per (operator, partition) store. Returns the committed tids that wrote here.
+        One ``write_batch`` per (operator, partition) store. Returns the committed tids that
+        wrote here.
         """
         committed = [t for t in self.log.writes if t not in conflicts and t not in user_aborts]
         self._apply(committed)
         return committed
 
     def _apply(self, tids: list[int]) -> None:
-        """Write the buffered writes of ``tids``: one ``write_batch`` per (operator, partition) store."""
+        """Write the buffered writes of ``tids``: one ``write_batch`` per (operator, partition)
+        store."""
         for where, ops in self.log.commit_batches(tids, self.partitions).items():
             self.stores[where].write_batch(ops)
 

@@ -199,7 +199,8 @@ class AccessLog:
             if not w:
                 continue
             for (op, key), value in w.items():
-                batches.setdefault((op, partition_of(op, key, partitions)), []).append((key.encode(), value))
+                where = (op, partition_of(op, key, partitions))
+                batches.setdefault(where, []).append((key.encode(), value))
         return batches
 
 
@@ -235,7 +236,8 @@ class Sequencer:
         self._retries: list[_Retry] = []
 
     def requeue(self, tid: int, item: Any, blocker: int = -1) -> None:
-        """Keep ``item`` (conflict-aborted by ``blocker``) to re-run later under the same ``tid``."""
+        """Keep ``item`` (conflict-aborted by ``blocker``) to re-run later under the same
+        ``tid``."""
         heapq.heappush(self._retries, _Retry(tid, item, blocker))
 
     @property

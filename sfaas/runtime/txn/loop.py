@@ -59,8 +59,9 @@ class Participant(Generic[T]):
     """
 
     def __init__(
-        self, engine: Engine, sequencer: Sequencer, request_of: Callable[[T], tuple[str, str, str, Any]],
-        max_batch: int, fallback: bool = True,
+        self, engine: Engine, sequencer: Sequencer,
+        request_of: Callable[[T], tuple[str, str, str, Any]], max_batch: int,
+        fallback: bool = True,
     ) -> None:
         self.engine = engine
         self.sequencer = sequencer
@@ -106,7 +107,8 @@ class Participant(Generic[T]):
     async def execute(self) -> list[Outcome]:
         """Run every root of the batch concurrently; their outcomes, in batch order."""
         run, req = self.engine.run_root, self.request_of
-        self.outcomes = list(await asyncio.gather(*(run(tid, item.now, req(item)) for tid, item in self.batch)))
+        self.outcomes = list(await asyncio.gather(
+            *(run(tid, item.now, req(item)) for tid, item in self.batch)))
         return self.outcomes
 
     def votes(self) -> tuple[dict[int, int], dict[int, tuple[str, str]]]:
@@ -133,7 +135,9 @@ class Participant(Generic[T]):
             self.fallbacks += len(fb)
         return self.settle(conflicts, aborts, fb_fates)
 
-    def apply(self, conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]]) -> list[tuple[int, T]]:
+    def apply(
+        self, conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]]
+    ) -> list[tuple[int, T]]:
         """Apply the writes of the batch's transactions that neither conflict nor failed;
         return the conflicting ones (the fallback phase's candidates), in tid order."""
         self.last_conflicts = set(conflicts)
@@ -160,7 +164,9 @@ class Participant(Generic[T]):
         self.fallbacks += len(candidates)
         return out
 
-    def decided(self, conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]]) -> list[Fate[T]]:
+    def decided(
+        self, conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]]
+    ) -> list[Fate[T]]:
         """After :meth:`apply`: the fates of the batch's transactions that did not conflict
         — final already, their replies need not wait for the fallback phase. A later
         :meth:`settle` with ``decided_done`` leaves them out."""
@@ -194,7 +200,8 @@ class Participant(Generic[T]):
             if kind == "committed":
                 fates.append(Fate(tid, item, True, detail[1], fallback=True))
             else:
-                fates.append(Fate(tid, item, False, (str(detail[0]), str(detail[1])), fallback=True))
+                fates.append(
+                    Fate(tid, item, False, (str(detail[0]), str(detail[1])), fallback=True))
         self._count([f for f in fates if f.fallback])
         order = {tid: i for i, (tid, _) in enumerate(self.batch)}
         fates.sort(key=lambda f: order[f.tid])  # batch order
@@ -220,8 +227,8 @@ def merge_votes(
 ) -> tuple[dict[int, int], dict[int, tuple[str, str]]]:
     """The coordinator's barrier: the union of every participant's conflicts (a tid's
     highest blocker) and user aborts (the first reported per tid). Each vote is
-    ``(conflicts as (tid, blocker) pairs, aborts as (tid, error type, reason))``, the
-    shape of ``wire.Report``."""
+    ``(conflicts as (tid, blocker) pairs, aborts as (tid, error type, reason))``: a
+    ``wire.Report``'s ``Conflict`` and ``Aborted`` rows, or plain tuples in one process."""
     conflicts: dict[int, int] = {}
     aborts: dict[int, tuple[str, str]] = {}
     for cs, us in votes:
@@ -239,8 +246,8 @@ def idle_after(pending: Iterable[int], conflicts: Mapping[int, int]) -> bool:
 
 
 async def commit_together(
-    loops: Sequence[Participant[T]], conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]],
-    fallback: bool = True,
+    loops: Sequence[Participant[T]], conflicts: Mapping[int, int],
+    aborts: Mapping[int, tuple[str, str]], fallback: bool = True,
 ) -> list[list[Fate[T]]]:
     """Commit one epoch on participants sharing one process (``LocalRunner``, a test's
     replay), as the workers of a cluster do: apply, then — with ``fallback`` and any
@@ -260,7 +267,8 @@ async def commit_together(
                 eng.finish_fallback(tid, commit)
 
         try:
-            fb = list(await asyncio.gather(*(lp.run_fallback(c, finish) for lp, c in zip(loops, candidates, strict=True))))
+            fb = list(await asyncio.gather(
+                *(lp.run_fallback(c, finish) for lp, c in zip(loops, candidates, strict=True))))
         finally:
             for eng in engines:
                 eng.end_fallback()

@@ -1,0 +1,98 @@
+"""Live epochs driven by the coordinator (``epoch_lease`` = 0): Begin, barrier, Commit.
+
+A new epoch begins as soon as the previous one committed if any worker reported waiting
+work, otherwise when a worker wakes it up (``wire.Wakeup``) or after a second. Each Commit
+carries the union of the reports' conflicts and aborts and, every ``snapshot_interval``
+seconds, a snapshot round's marker; a rescale switches in at such a Commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+from coordinator.barrier import Barrier
+from coordinator.inbox import Inbox
+from coordinator.ports import EpochObserver, Markers, Switches, Workers, end_of_epoch
+from coordinator.state import ClusterState
+from sfaas.runtime import wire
+from sfaas.runtime.txn.loop import idle_after, merge_votes
+
+log = logging.getLogger("sfaas.coordinator")
+
+__all__ = ["EagerEpochs", "until_interrupted"]
+
+#: Epochs between two log lines of the mean phases.
+LOG_EVERY = 500
+
+
+class EagerEpochs:
+    """See the module docstring."""
+
+    def __init__(self, state: ClusterState, inbox: Inbox, barrier: Barrier, workers: Workers,
+                 rounds: Markers, rescale: Switches, observe: EpochObserver) -> None:
+        self._state = state
+        self._inbox = inbox
+        self._barrier = barrier
+        self._workers = workers
+        self._rounds = rounds
+        self._rescale = rescale
+        self._observe = observe
+        #: waiting for work and execute+barrier seconds, epochs since the last log line
+        self._waited = 0.0
+        self._executed = 0.0
+        self._count = 0
+
+    async def run(self, idle: bool = True) -> None:
+        """Run epochs until cancelled (a barrier interrupted by a loss raises)."""
+        state = self._state
+        while True:
+            t_idle = time.perf_counter()
+            if idle:
+                await self._inbox.wait_woken(1.0)
+            self._inbox.take_wakeup()
+            epoch = state.next_epoch()
+            self._workers.broadcast(wire.Begin(epoch, time.time(), None))
+            t_begin = time.perf_counter()
+            reports = await self._barrier.wait(epoch)
+            t_exec = time.perf_counter()
+            self._phases(t_begin - t_idle, t_exec - t_begin)
+            conflicts, aborts = merge_votes((r.conflicts, r.aborts) for r in reports)
+            idle = (idle_after((r.pending for r in reports), conflicts)
+                    and not self._inbox.woken)
+            state.count_epoch(sum(r.roots for r in reports), len(conflicts))
+            marker, switching = end_of_epoch(self._rescale, self._rounds, epoch, state.stats.txns)
+            self._workers.broadcast(wire.Commit(
+                epoch, [wire.Conflict(t, b) for t, b in conflicts.items()],
+                [wire.Aborted(t, e, r) for t, (e, r) in aborts.items()], idle, marker))
+            if switching:
+                assert marker is not None
+                await self._rescale.switch(marker)  # no epoch begins until the new membership runs
+                idle = False
+
+    def _phases(self, waited: float, executed: float) -> None:
+        self._observe(waited, executed)
+        self._waited += waited
+        self._executed += executed
+        self._count += 1
+        if self._count % LOG_EVERY == 0:
+            log.info("epochs %d; mean of the last %d (ms): waiting for work %.2f, "
+                     "execute+barrier %.2f", self._count, LOG_EVERY,
+                     self._waited / LOG_EVERY * 1000, self._executed / LOG_EVERY * 1000)
+            self._waited = self._executed = 0.0
+
+
+async def until_interrupted(epochs: Coroutine[Any, Any, None], inbox: Inbox) -> None:
+    """Run ``epochs`` until a loss interrupts them (returns then); a failure of the epochs
+    themselves is a bug and raises."""
+    loop_task = asyncio.create_task(epochs)
+    loss = asyncio.create_task(inbox.wait_interrupted())
+    await asyncio.wait([loop_task, loss], return_when=asyncio.FIRST_COMPLETED)
+    loop_task.cancel()
+    loss.cancel()
+    await asyncio.gather(loop_task, loss, return_exceptions=True)
+    if not inbox.interrupted:
+        loop_task.result()

@@ -1,0 +1,74 @@
+"""What a coordinator learns before any worker registers: the app's topics, and whether it
+restarts a cluster that ran before (then the map of the newest snapshot round stands)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from remotes import Remote
+from sfaas.runtime.kafka import ensure_topics
+from sfaas.runtime.protocols.rounds import Rounds
+
+log = logging.getLogger("sfaas.coordinator")
+
+__all__ = ["create_topics", "epoch_log_used", "resumed_map"]
+
+#: Seconds a restarting broker or MinIO may take before the coordinator gives up.
+PATIENCE = 120.0
+
+
+async def create_topics(kafka: str, topics: dict[str, int]) -> dict[str, int]:
+    """Create ``topics`` (name → partitions) if missing; their partition counts. A broker
+    that is restarting must not make the supervisor give up on us: retried for a while."""
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        try:
+            return await ensure_topics(kafka, topics)
+        except Exception as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("Kafka at %s unreachable (%s); retrying", kafka, exc)
+            await asyncio.sleep(1.0)
+
+
+async def epoch_log_used(kafka: str, topic: str) -> bool:
+    """Does the epoch log hold anything (an earlier coordinator ran epochs)?"""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    tp = TopicPartition(topic, 0)
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return bool((await consumer.end_offsets([tp]))[tp])
+    finally:
+        await consumer.stop()
+
+
+async def resumed_map(rounds_remote: Callable[[], Remote], partitions: int,
+                      workers: int) -> tuple[int, list[int]] | None:
+    """A restarted coordinator: the membership size and partition map of the newest round
+    (a rescale may have changed them since the cluster started); None: keep the default
+    map of ``workers`` (the settings') slots."""
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        try:
+            latest = await asyncio.to_thread(Rounds(rounds_remote()).latest)
+            break
+        except Exception as exc:  # MinIO down: the recovery that follows needs it anyway
+            if time.monotonic() > deadline:
+                raise
+            log.warning("cannot read the snapshot rounds (%s); retrying", exc)
+            await asyncio.sleep(1.0)
+    if latest is None or not latest.owners:
+        return None
+    if len(latest.owners) != partitions:
+        log.warning("round %d's partition map has %d partitions, the topic %d: using round robin",
+                    latest.round, len(latest.owners), partitions)
+        return None
+    if latest.workers != workers:
+        log.warning("round %d was taken with %d workers (a rescale); waiting for %d, not %d "
+                    "(settings)", latest.round, latest.workers, latest.workers, workers)
+    return latest.workers, list(latest.owners)

@@ -1,0 +1,68 @@
+"""Worker ↔ worker: calls to keys another worker owns, their results, and the fallback
+phase's notices (``worker.peers``, ``worker.protocols.fallback``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from sfaas.runtime.protocols.base import Message
+
+__all__ = ["Hello", "Call", "Finished", "Result"]
+
+
+@dataclass(slots=True)
+class Hello(Message):
+    """First message on a peer channel: the sender's worker index."""
+
+    TAG: ClassVar[int] = 20
+    index: int
+
+
+@dataclass(slots=True)
+class Call(Message):
+    """Run ``operator.function(key, *args)`` for transaction ``tid`` and answer with a Result.
+
+    ``recovery``: how many recoveries the sender went through; a call made before a
+    recovery the receiver already went through is stale (its epoch is being replayed) and
+    is dropped.
+    """
+
+    TAG: ClassVar[int] = 21
+    epoch: int
+    src: int
+    call_id: int
+    tid: int
+    now: float
+    operator: str
+    key: str
+    function: str
+    args: list[Any]
+    depth: int
+    recovery: int = 0
+    #: a call of the cross-worker fallback phase (``worker.protocols.fallback``), not of the
+    #: epoch's execution: served once the receiver's phase began, outside the counters
+    fallback: bool = False
+
+
+@dataclass(slots=True)
+class Finished(Message):
+    """Worker → every peer: the fallback phase's re-run of ``tid`` (a root of ``src``) is
+    over; apply its writes if ``committed``, then let the higher tids waiting for it go on."""
+
+    TAG: ClassVar[int] = 30
+    epoch: int
+    src: int
+    tid: int
+    committed: bool
+    recovery: int
+
+
+@dataclass(slots=True)
+class Result(Message):
+    """The outcome of a Call: ``ok`` and the value, or ``[error_type, reason]``."""
+
+    TAG: ClassVar[int] = 22
+    call_id: int
+    ok: bool
+    value: Any

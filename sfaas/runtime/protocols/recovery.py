@@ -1,0 +1,49 @@
+"""Recovery: every worker rolls back to a snapshot round, then the epochs logged after it
+are replayed (``coordinator.protocols.recovery``, ``worker.protocols.recovery``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
+
+from sfaas.runtime.protocols.base import Message
+from sfaas.runtime.protocols.membership import Peer
+
+__all__ = ["LoggedEpoch", "Recover", "Recovered"]
+
+
+class LoggedEpoch(NamedTuple):
+    """An epoch of the epoch log after the round, with the ``now`` it ran with."""
+
+    epoch: int
+    now: float
+
+
+@dataclass(slots=True)
+class Recover(Message):
+    """Coordinator → every worker: roll back to snapshot round ``round`` (0: the empty
+    state before any round) and prepare to replay the epoch log after it.
+
+    ``peers``: the current membership (a replaced worker has a new address). ``attempt``
+    numbers recoveries, so a report of an abandoned one is recognised.
+    """
+
+    TAG: ClassVar[int] = 13
+    attempt: int
+    round: int
+    peers: list[Peer]
+    #: the partition map to recover under (it changes with a rescale)
+    owners: list[int]
+
+
+@dataclass(slots=True)
+class Recovered(Message):
+    """Worker → coordinator: rolled back for recovery ``attempt``; ``epochs``: the logged
+    epochs after the round (to replay in order); ``error``: empty or why this worker could
+    not recover (the coordinator then retries)."""
+
+    TAG: ClassVar[int] = 14
+    attempt: int
+    index: int
+    epochs: list[LoggedEpoch]
+    error: str

@@ -1,0 +1,281 @@
+"""A worker's epochs: begin, execute, report, commit, reply — the coordinator's or the lease's.
+
+``Begin n``   take a bounded batch of requests (re-runs first), give each a tid, run all
+              roots concurrently; calls to keys of other workers go over peer channels
+              (``worker.peers``). When my roots are done, ``Report`` my conflicts, user
+              aborts and call counters; report again after each call I serve later (see
+              ``wire.Report``).
+``Commit n``  apply surviving writes (one ``write_batch`` per operator store); run the
+              *fallback phase* (``worker.protocols.fallback``): every conflicting root of
+              the epoch, on every worker, re-runs at once against the just-committed state
+              under ordered locks — a key is used by the re-runs in tid order — so a hot-key
+              chain commits whole, also across workers; requeue the re-runs that deviated
+              (used a key their first run did not), queue the replies (``worker.egress``);
+              when the Commit carries a snapshot round's marker, every store is frozen there
+              — a consistent cut — and uploads while epochs go on (``worker.protocols.rounds``).
+
+With snapshot rounds on, each batch is written to the epoch log while it executes; the
+report (hence every reply of the epoch, anywhere) waits until the record is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any
+
+from sfaas.errors import ClusterError
+from sfaas.runtime import wire
+from sfaas.runtime.epochlog import EpochRecord
+from sfaas.runtime.settings import Settings
+from sfaas.runtime.txn.loop import Fate
+from worker.clients import KafkaClients
+from worker.egress import Egress
+from worker.ingress import Ingress
+from worker.links import CoordinatorLink, PeerLinks
+from worker.metrics import WorkerMetrics
+from worker.peers import Peers
+from worker.protocols.fallback import CrossFallback
+from worker.protocols.lease import Lease
+from worker.protocols.rounds import RoundTaker
+from worker.state import Pending, WorkerState
+from worker.tasks import Tasks
+
+log = logging.getLogger("sfaas.worker")
+
+__all__ = ["EpochRunner", "fallback_mode"]
+
+
+def fallback_mode() -> str:
+    """The fallback phase (SFAAS_FALLBACK): "cross" (default; also "1"), every conflicting
+    root re-runs in its epoch under ordered locks across workers (``worker.protocols.fallback``);
+    "local", only roots whose first run stayed on this worker; "0", none (conflicts re-run
+    next epoch)."""
+    mode = os.environ.get("SFAAS_FALLBACK", "cross")
+    got = {"1": "cross", "0": "off"}.get(mode, mode)
+    if got not in ("cross", "local", "off"):
+        raise ClusterError(f"SFAAS_FALLBACK must be cross, local or 0, got {mode!r}")
+    return got
+
+
+class EpochRunner:
+    """Runs this worker's epochs (see the module docstring); also the host of its
+    :class:`~worker.protocols.lease.Lease`, under which it begins and commits them itself."""
+
+    def __init__(
+        self, settings: Settings, state: WorkerState, mode: str, *, uplink: CoordinatorLink,
+        links: PeerLinks, calls: Peers, fallback: CrossFallback, ingress: Ingress, egress: Egress,
+        metrics: WorkerMetrics, rounds: RoundTaker, kafka: KafkaClients, tasks: Tasks,
+    ) -> None:
+        self._settings = settings
+        self._state = state
+        self.mode = mode
+        self._uplink = uplink
+        self._links = links
+        self._calls = calls
+        self._fallback = fallback
+        self._ingress = ingress
+        self._egress = egress
+        self._metrics = metrics
+        self._rounds = rounds
+        self._kafka = kafka
+        self._tasks = tasks
+        #: epochs this worker begins and commits itself, under the coordinator's lease
+        self.lease = Lease(self)
+        # the coordinator starts idle: the first records must wake it up
+        self._idle_reported = True
+        self._age_sum = 0.0
+        self._age_n = 0
+
+    # -- what the lease needs (``LeaseHost``) -----------------------------------------------------
+    @property
+    def index(self) -> int:
+        return self._state.index
+
+    @property
+    def n_workers(self) -> int:
+        return self._state.n_workers
+
+    def tasks_add(self, task: asyncio.Future[Any]) -> None:
+        self._tasks.add(task)
+
+    def send_peers(self, msg: wire.Message) -> None:
+        self._links.send_all(msg)
+
+    # -- waking up --------------------------------------------------------------------------------
+    def work_arrived(self) -> None:
+        """Ingest took requests: begin an epoch for them (leased), or wake the coordinator
+        if this worker reported it had nothing to do."""
+        if self.lease.active:
+            self.lease.work_arrived()
+        elif self._idle_reported:
+            self._idle_reported = False
+            if not self._uplink.closed:
+                self._uplink.send(wire.Wakeup(self._state.index))
+
+    def waits_on_peers(self, msg: wire.Commit) -> bool:
+        """Does this Commit's fallback phase wait on peers (so it runs as a task)?"""
+        return bool(msg.conflicts) and self.mode == "cross"
+
+    # -- an epoch ---------------------------------------------------------------------------------
+    def start_epoch(self, begin: wire.Begin) -> None:
+        """Begin epoch ``begin.epoch`` now (the coordinator's Begin, or the lease's) and run
+        its roots in a task."""
+        t0 = self.begin(begin)
+        if t0 is not None:
+            self._tasks.spawn(self.execute(begin, t0))
+
+    def begin(self, begin: wire.Begin) -> float | None:
+        """Open epoch ``begin.epoch`` (None: ignored, it began here already); returns the
+        time it began, for :meth:`execute`."""
+        st = self._state
+        assert st.engine is not None and st.loop is not None
+        if begin.epoch <= st.engine.epoch and not begin.replay:
+            log.warning("ignoring a Begin of epoch %d: epoch %d began here", begin.epoch,
+                        st.engine.epoch, extra={"worker": st.index})
+            return None
+        t0 = time.perf_counter()
+        if begin.replay:  # the batch as logged, each item with the now it ran with (recovery)
+            st.loop.begin_replay(begin.epoch, st.replay_batches.pop(begin.epoch, []))
+        else:
+            st.loop.begin(begin.epoch, begin.now)
+        self.lease.began(begin.epoch)
+        self._calls.begin(begin.epoch, st.n_workers)
+        return t0
+
+    async def execute(self, begin: wire.Begin, t0: float) -> None:
+        """Run the roots of the epoch :meth:`begin` opened, then report."""
+        st = self._state
+        assert st.loop is not None
+        for _, item in st.loop.batch:
+            if item.attempts == 0:
+                self._age_sum += begin.now - item.request.sent_at
+                self._age_n += 1
+        ack = None
+        if st.log_topic and st.loop.batch and not begin.replay:
+            # the epoch-log write overlaps execution; the report (hence every reply of
+            # this epoch, anywhere) waits for it to be durable
+            rec = EpochRecord.of(begin.epoch, st.index, begin.now, st.loop.batch)
+            ack = await self._kafka.producer.send(st.log_topic, rec.encode(), partition=0)
+        await st.loop.execute()
+        if ack is not None:
+            try:
+                md = await ack
+            except Exception as exc:
+                # without the record no reply of this epoch may leave: stop loudly
+                log.error("writing epoch %d to the epoch log failed: %s; leaving the cluster",
+                          begin.epoch, exc, extra={"worker": st.index})
+                self._uplink.close()
+                return
+            st.log_pos = md.offset + 1
+        self._calls.reported_epoch = begin.epoch
+        self._metrics.executed(t0)
+        self.report()
+
+    def report(self) -> None:
+        """This worker's votes and call counters of the current epoch, to the coordinator
+        (and to the peers under a lease)."""
+        st = self._state
+        assert st.engine is not None and st.loop is not None
+        conflicts, aborts = st.loop.votes()
+        pending = st.loop.pending
+        self._idle_reported = pending == 0
+        if self._uplink.closed:  # the coordinator is gone: this epoch is rolled back anyway
+            return
+        calls = self._calls
+        rep = wire.Report(
+            st.engine.epoch, st.index, len(st.loop.batch),
+            [wire.Conflict(t, b) for t, b in conflicts.items()],
+            [wire.Aborted(t, e, r) for t, (e, r) in aborts.items()],
+            list(calls.sent), list(calls.served), pending, self.lease.run,
+        )
+        self._uplink.send(rep)
+        if self.lease.active:
+            self.send_peers(rep)
+        self.lease.on_report(rep)
+
+    async def commit(self, msg: wire.Commit) -> None:
+        """The coordinator's Commit."""
+        await self.commit_epoch(msg.epoch, {c.tid: c.blocker for c in msg.conflicts},
+                                {a.tid: (a.error_type, a.reason) for a in msg.aborts},
+                                msg.marker)
+
+    async def commit_epoch(self, epoch: int, conflicts: dict[int, int],
+                           aborts: dict[int, tuple[str, str]], marker: int | None) -> None:
+        """Commit epoch ``epoch`` with the merged votes (the coordinator's Commit, or the
+        lease's)."""
+        loop = self._state.loop
+        assert loop is not None
+        t0 = time.perf_counter()
+        if self.mode == "cross" and conflicts:
+            candidates = loop.apply(conflicts, aborts)
+            # the epoch's own commits and aborts are final now: their replies leave while
+            # the conflicting ones re-run (a replay after a crash reproduces both)
+            fates = loop.decided(conflicts, aborts)
+            self._reply(fates)
+            fb = await self._fallback.run(epoch, loop, candidates, set(conflicts))
+            late = loop.settle(conflicts, aborts, fb, decided_done=True)
+            self._reply(late)
+            fates += late
+        else:
+            fates = await loop.commit(conflicts, aborts)
+            self._reply(fates)
+        self._metrics.committed(fates, self._state.answered, t0)
+        if marker is not None:
+            self._snapshot(epoch, marker)
+
+    def _reply(self, fates: list[Fate[Pending]]) -> None:
+        """Queue the replies of decided ``fates`` (a replay's already out: only mark them done)."""
+        st = self._state
+        for f in fates:
+            req = f.item.request
+            if req.rid in st.answered:  # a replay: this reply is already in the egress topic
+                st.applied_item(f.item)
+                if f.item.offset >= 0:
+                    self._ingress.complete(f.item.partition, f.item.offset)
+                continue
+            if f.committed:
+                reply = wire.Reply(req.rid, True, f.value)
+            else:
+                reply = wire.Reply(req.rid, False, None, str(f.value[0]), str(f.value[1]))
+            self._egress.add(req.reply_partition, reply.encode(), f.item.partition, f.item.offset)
+            st.applied_item(f.item)
+
+    def _snapshot(self, epoch: int, marker: int) -> None:
+        """Epoch ``epoch`` committed carrying round ``marker``: no transaction is in flight
+        here, so the stores and positions are a consistent cut — take this worker's part."""
+        st = self._state
+        assert st.engine is not None
+        if self._settings.snapshot_interval <= 0:
+            log.warning("round %d requested but snapshot rounds are off here", marker)
+            self._uplink.send(wire.Snapshotted(
+                marker, st.index, epoch, [], {}, {}, {}, [], 0,
+                "snapshot rounds are off on this worker (snapshot_interval=0)"))
+            return
+        ingress, skip, retries = st.cut()
+        # (the round waits until every reply made so far is acknowledged: a round holding a
+        # request must never need its reply again, a recovery could not reproduce it)
+        self._rounds.take(marker, epoch, st.engine.stores, ingress, skip, dict(self._egress.acked),
+                          retries, st.log_pos, self._egress.durable)
+
+    # -- liveness ---------------------------------------------------------------------------------
+    async def heartbeat(self) -> None:
+        """Tell the coordinator this worker lives, every quarter of its timeout; log the
+        epochs' counters now and then."""
+        beat = self._settings.heartbeat_timeout / 4
+        last_log = time.monotonic()
+        while True:
+            await asyncio.sleep(beat)
+            lp = self._state.loop
+            assert lp is not None
+            if not self._uplink.closed:  # (while the coordinator restarts, nobody listens)
+                self._uplink.send(wire.Heartbeat(self._state.index, lp.committed,
+                                                 self._metrics.heartbeat_latency()))
+            if self._age_n and time.monotonic() - last_log >= 5.0:
+                last_log = time.monotonic()
+                log.info("epochs=%d committed=%d reruns=%d fallbacks=%d mean request age at epoch "
+                         "start %.1f ms", lp.epochs, lp.committed, lp.reruns, lp.fallbacks,
+                         1000 * self._age_sum / self._age_n)
+                self._age_sum, self._age_n = 0.0, 0

@@ -1,0 +1,202 @@
+"""What one worker process knows, in one place: its slot and the partition map, its epoch
+loop, and the bookkeeping of the requests it took.
+
+Every part of the worker reads this state; the parts that must change it — a recovery
+rolling back, a rescale moving partitions — do so through its methods, so each field has
+one writer and one copy. In particular the partition map (``owners[p]``: the worker owning
+partition ``p``) lives only here: the engine reads it through a callable.
+
+Two trackers follow the ingress offsets (``sfaas.runtime.txn.offsets``): ``offsets``
+completes a request once its reply is acknowledged — only offsets below every request not
+yet completed are committed to the consumer group, so a restart never skips a request
+still waiting to re-run — and ``applied`` completes it once its fate is in the state (at
+its epoch's commit): its watermarks are where a replay from a snapshot round must start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sfaas.runtime import wire
+from sfaas.runtime.partitioning import owned
+from sfaas.runtime.txn.engine import Engine
+from sfaas.runtime.txn.epochs import Sequencer
+from sfaas.runtime.txn.loop import Participant
+from sfaas.runtime.txn.offsets import OffsetTracker
+
+__all__ = ["Pending", "WorkerState", "request_of"]
+
+
+@dataclass(slots=True)
+class Pending:
+    """A request waiting to commit (it may re-run several epochs)."""
+
+    request: wire.Request
+    #: ingress partition and offset the request was read from (see ``OffsetTracker``)
+    partition: int = -1
+    offset: int = -1
+    now: float = 0.0
+    attempts: int = 0
+
+
+def request_of(item: Pending) -> tuple[str, str, str, Any]:
+    """What the epoch loop runs for ``item``: ``(operator, key, function, args)``."""
+    r = item.request
+    return r.operator, r.key, r.function, r.args
+
+
+class WorkerState:
+    """One worker's slot, partition map, epoch loop and request bookkeeping (see the
+    module docstring). ``max_batch`` and ``local_fallback`` configure each epoch loop."""
+
+    def __init__(self, max_batch: int, local_fallback: bool, log_topic: str = "") -> None:
+        self.max_batch = max_batch
+        self.local_fallback = local_fallback
+        # -- the slot (set by ``adopt``; a rescale or a recovery changes the map) ------------
+        self.index = -1
+        self.n_workers = 0
+        self.partitions = 0
+        #: the partition map: ``owners[p]`` is the worker owning partition ``p``
+        self.owners: list[int] = []
+        #: the peers' ``[host, port]``, by worker index
+        self.peers: Sequence[Sequence[Any]] = []
+        self.ingress_topic = ""
+        self.egress_topic = ""
+        self.group = ""
+        #: partitions of the egress topic (a request's reply partition must be one)
+        self.egress_partitions = 0
+        #: set once the slot is known (a joining worker's peers may connect before)
+        self.assigned = asyncio.Event()
+        # -- execution ------------------------------------------------------------------------
+        self.engine: Engine | None = None
+        #: the epoch loop's state (queue, batch, re-runs, counters); made with the engine
+        self.loop: Participant[Pending] | None = None
+        # -- the requests taken ---------------------------------------------------------------
+        self.offsets = OffsetTracker()
+        self.applied = OffsetTracker()
+        #: per owned ingress partition, where this worker started reading it
+        self.start_offsets: dict[int, int] = {}
+        #: gained partitions: offsets a snapshot round holds (skipped when read again) and
+        #: the round's waiting re-runs, ``(partition, offset) → (tid, now)``
+        self.skip: dict[int, set[int]] = {}
+        self.retry_at: dict[tuple[int, int], tuple[int, float]] = {}
+        #: recovery: request ids whose replies are already in the egress topic, and the
+        #: logged batches waiting for their replay epochs
+        self.answered: set[str] = set()
+        self.replay_batches: dict[int, list[tuple[int, Pending]]] = {}
+        #: the last recovery this worker rolled back for (see ``wire.Call.recovery``)
+        self.recovery = 0
+        #: the epoch log (on with snapshot rounds): its topic, and one past this worker's
+        #: newest acknowledged record (where a replay after the current cut may start)
+        self.log_topic = log_topic
+        self.log_pos = 0
+        #: a rescale left this worker without a partition
+        self.retired = False
+
+    # -- the slot --------------------------------------------------------------------------------
+    def adopt(self, assign: wire.Assign) -> None:
+        """Take the slot ``assign`` gives (a join, a rejoin, a receiver's ``Reassign``)."""
+        self.index = assign.index
+        self.n_workers = assign.n_workers
+        self.partitions = assign.partitions
+        self.peers = assign.peers
+        self.ingress_topic = assign.ingress_topic
+        self.egress_topic = assign.egress_topic
+        self.group = assign.group
+        self.owners = list(assign.owners)
+        self.assigned.set()
+
+    def set_owners(self, owners: list[int], n_workers: int | None = None,
+                   peers: Sequence[Sequence[Any]] | None = None) -> None:
+        """A new partition map (and membership, when given): a rescale or a recovery."""
+        self.owners = list(owners)
+        if n_workers is not None:
+            self.n_workers = n_workers
+        if peers is not None:
+            self.peers = peers
+
+    def mine(self) -> list[int]:
+        """The partitions the map gives this worker."""
+        return owned(self.owners, self.index)
+
+    def same_slot(self, a: wire.Assign) -> bool:
+        """Does ``a`` give this worker the slot and map it holds (a restarted coordinator)?"""
+        return (a.index == self.index and a.n_workers == self.n_workers
+                and a.partitions == self.partitions and a.owners == self.owners)
+
+    # -- the epoch loop --------------------------------------------------------------------------
+    def attach(self, engine: Engine) -> None:
+        """The engine is open: start the epoch loop on it."""
+        self.engine = engine
+        self.loop = self._new_loop()
+
+    def _new_loop(self) -> Participant[Pending]:
+        assert self.engine is not None
+        return Participant(self.engine, Sequencer(self.index), request_of, self.max_batch,
+                           fallback=self.local_fallback)
+
+    def restart(self, answered: set[str]) -> None:
+        """A recovery: forget every request taken — new trackers, a new epoch loop;
+        ``answered``: the request ids whose replies are already out."""
+        self.offsets, self.applied = OffsetTracker(), OffsetTracker()
+        self.loop = self._new_loop()
+        self.answered = answered
+        self.replay_batches = {}
+
+    def plan_replays(self, batches: dict[int, list[tuple[int, Pending]]]) -> None:
+        """The logged batches a recovery replays, by epoch (each taken at its Begin)."""
+        self.replay_batches = batches
+
+    def drop_replays(self) -> None:
+        """Forget the replays planned (a recovery starts over)."""
+        self.replay_batches = {}
+
+    def applied_item(self, item: Pending) -> None:
+        """``item``'s fate is in the state."""
+        if item.offset >= 0:
+            self.applied.complete(item.partition, item.offset)
+
+    # -- partitions arriving and leaving ---------------------------------------------------------
+    def expect(self, skip: dict[int, list[int]] | None,
+               retries: Iterable[Sequence[Any]] | None) -> None:
+        """Gained partitions resume at a round: ``skip`` offsets the round holds,
+        ``retries`` ``[tid, partition, offset, now]`` re-runs keeping tids and ``now``."""
+        for p, offs in (skip or {}).items():
+            self.skip.setdefault(p, set()).update(offs)
+        for tid, p, off, now in retries or []:
+            self.retry_at[(p, off)] = (tid, now)
+
+    def drop_expected(self) -> None:
+        """Forget what :meth:`expect` said (a recovery: the rescale is abandoned)."""
+        self.skip, self.retry_at = {}, {}
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        """``partitions`` left this worker: their offsets no longer count here."""
+        for p in partitions:
+            self.offsets.drop(p)
+            self.applied.drop(p)
+            self.start_offsets.pop(p, None)
+
+    def drop_waiting(self, partitions: set[int]) -> None:
+        """Drop the queued requests and waiting re-runs of ``partitions``."""
+        assert self.loop is not None
+        q = self.loop.queue
+        kept = [item for item in q if item.partition not in partitions]
+        q.clear()
+        q.extend(kept)
+        seq = self.loop.sequencer
+        seq.discard([tid for tid, item in seq.retries() if item.partition in partitions])
+
+    # -- a snapshot round's cut ------------------------------------------------------------------
+    def cut(self) -> tuple[dict[int, int], dict[int, list[int]], list[wire.Retry]]:
+        """Where a replay from a round taken now starts: per partition the first offset
+        not applied, the offsets above it that are, and the waiting re-runs."""
+        assert self.loop is not None
+        ingress = dict(self.start_offsets)
+        ingress.update(self.applied.watermarks())
+        retries = [wire.Retry(tid, item.partition, item.offset, item.now)
+                   for tid, item in self.loop.sequencer.retries()]
+        return ingress, self.applied.completed_above(), retries
