@@ -8,7 +8,10 @@ from .base import GcInfo, Remote
 from .errors import RemoteError, SnapshotNotFoundError
 from .manifest import FileInfo, Manifest, ManifestError
 
-__all__ = ["Remote", "GcInfo", "Manifest", "FileInfo", "ManifestError", "RemoteError", "SnapshotNotFoundError", "PathRemote", "MinioRemote"]
+__all__ = [
+    "Remote", "GcInfo", "Manifest", "FileInfo", "ManifestError", "RemoteError",
+    "SnapshotNotFoundError", "PathRemote", "MinioRemote",
+]
 
 if TYPE_CHECKING:
     from .minio import MinioRemote

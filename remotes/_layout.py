@@ -55,7 +55,9 @@ def check_name(name: object, what: str = "name") -> str:
 def check_snapshot_id(snapshot_id: object) -> int:
     """Return ``snapshot_id`` if it is an int in ``[0, 10**20)``, else raise."""
     if isinstance(snapshot_id, bool) or not isinstance(snapshot_id, int):
-        raise TypeError(f"snapshot_id must be an int, got {type(snapshot_id).__name__}: {snapshot_id!r}")
+        raise TypeError(
+            f"snapshot_id must be an int, got {type(snapshot_id).__name__}: {snapshot_id!r}"
+        )
     if not 0 <= snapshot_id <= MAX_SNAPSHOT_ID:
         raise ValueError(f"snapshot_id must be in [0, {MAX_SNAPSHOT_ID}], got {snapshot_id}")
     return snapshot_id

@@ -32,12 +32,13 @@ class ManifestError(ValueError):
 def frame(magic: bytes, version: int, body: Any) -> bytes:
     """``magic:4 | version:u8 | crc32c:u32 | msgpack(body)``, the crc over the msgpack bytes
     (the framing of snapshot manifests; other small documents reuse it)."""
-    raw = msgpack.packb(body, use_bin_type=True)
+    raw: bytes = msgpack.packb(body, use_bin_type=True)
     return _HEAD.pack(magic, version, crc32c(raw)) + raw
 
 
 def unframe(
-    data: bytes, *, magic: bytes, version: int, what: str, source: str, error: type[ValueError] = ManifestError,
+    data: bytes, *, magic: bytes, version: int, what: str, source: str,
+    error: type[ValueError] = ManifestError,
 ) -> Any:
     """The body of a :func:`frame`; raises ``error`` naming ``source`` and the fault."""
     if len(data) < _HEAD.size:
@@ -99,7 +100,9 @@ class Manifest:
 
         if not isinstance(d, dict) or not {"id", "engine", "files", "meta", "created"} <= d.keys():
             raise bad("expected a map with id, engine, files, meta, created")
-        sid, engine, files, meta, created = d["id"], d["engine"], d["files"], d["meta"], d["created"]
+        sid, engine, files, meta, created = (
+            d["id"], d["engine"], d["files"], d["meta"], d["created"],
+        )
         if type(sid) is not int or not 0 <= sid <= MAX_SNAPSHOT_ID:
             raise bad(f"id must be an int in [0, {MAX_SNAPSHOT_ID}]")
         if type(engine) is not str or type(meta) is not dict or type(files) is not dict:
@@ -112,7 +115,11 @@ class Manifest:
                 check_name(name, "file name")
             except (TypeError, ValueError) as exc:
                 raise bad(str(exc)) from None
-            if type(info) is not list or len(info) != 2 or not all(type(x) is int and x >= 0 for x in info):
+            if (
+                type(info) is not list
+                or len(info) != 2
+                or not all(type(x) is int and x >= 0 for x in info)
+            ):
                 raise bad(f"file {name!r} must have [size, crc], ints >= 0")
             infos[name] = FileInfo(info[0], info[1])
         return cls(snapshot_id=sid, engine=engine, files=infos, meta=meta, created=created)

@@ -98,7 +98,9 @@ def _normalize_prefix(prefix: str) -> str:
         return ""
     for p in parts:
         if p in ("", ".", "..") or "\\" in p or "\x00" in p:
-            raise ValueError(f"prefix {prefix!r} has an empty, '.', '..' or invalid component {p!r}")
+            raise ValueError(
+                f"prefix {prefix!r} has an empty, '.', '..' or invalid component {p!r}"
+            )
     return "/".join(parts) + "/"
 
 
@@ -156,8 +158,9 @@ class MinioRemote(Remote):
         full_endpoint = ("https://" if secure else "http://") + endpoint
         self._init_args: dict[str, Any] = dict(
             endpoint=full_endpoint, access_key=access_key,
-            credential=credentials.register(full_endpoint, access_key, secret_key), bucket=bucket, prefix=prefix,
-            region=region, retry=retry, pool_size=pool_size, connect_timeout=connect_timeout, read_timeout=read_timeout,
+            credential=credentials.register(full_endpoint, access_key, secret_key), bucket=bucket,
+            prefix=prefix, region=region, retry=retry, pool_size=pool_size,
+            connect_timeout=connect_timeout, read_timeout=read_timeout,
         )
         self.endpoint = endpoint
         self.bucket = bucket
@@ -207,20 +210,25 @@ class MinioRemote(Remote):
         """Run ``fn`` with retries; turn client errors into ``RemoteError``."""
         what = f"{op} ({self._where(key)})"
         try:
-            return retry_call(fn, policy=self.retry, is_transient=is_transient, what=what, scrub=self._scrub)
+            return retry_call(
+                fn, policy=self.retry, is_transient=is_transient, what=what, scrub=self._scrub
+            )
         except S3Error as e:
             if e.code != "NoSuchBucket" or recreated or not self._bucket_ready:
                 raise self._error(op, key, e) from e
             # The bucket vanished after we created/saw it: create it again, like on first use.
-            log.warning("bucket disappeared; creating it again", extra={"endpoint": self.endpoint, "bucket": self.bucket})
+            log.warning(
+                "bucket disappeared; creating it again",
+                extra={"endpoint": self.endpoint, "bucket": self.bucket},
+            )
             self._bucket_ready = False
             self._ensure_bucket()
             return self._call(op, key, fn, recreated=True)
         except RetriesExhausted as e:
             raise RemoteError(
                 self._scrub(
-                    f"{self._where(key)}: {op} failed after {e.attempts} tries in {e.elapsed:.1f}s: "
-                    f"{type(e.last).__name__}: {e.last}"
+                    f"{self._where(key)}: {op} failed after {e.attempts} tries in "
+                    f"{e.elapsed:.1f}s: {type(e.last).__name__}: {e.last}"
                 )
             ) from e.last
         except (ServerError, InvalidResponseError) as e:
@@ -242,7 +250,9 @@ class MinioRemote(Remote):
                     return
                 try:
                     self._client.make_bucket(self.bucket)
-                    log.info("created bucket", extra={"endpoint": self.endpoint, "bucket": self.bucket})
+                    log.info(
+                        "created bucket", extra={"endpoint": self.endpoint, "bucket": self.bucket}
+                    )
                 except S3Error as e:
                     if e.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                         raise
@@ -309,7 +319,9 @@ class MinioRemote(Remote):
         size = os.path.getsize(path)  # a missing local file is the caller's error, not ours
         key = self._key(FILES, name)
         self._ensure_bucket()
-        self._call("put file", key, lambda: self._client.fput_object(self.bucket, key, os.fspath(path)))
+        self._call(
+            "put file", key, lambda: self._client.fput_object(self.bucket, key, os.fspath(path))
+        )
         log.debug("put file", extra={"bucket": self.bucket, "key": key, "bytes": size})
         return size
 
@@ -375,7 +387,10 @@ class MinioRemote(Remote):
             raise SnapshotNotFoundError(f"{self._where(key)}: no snapshot {snapshot_id}")
         m = Manifest.decode(data, source=f"s3://{self.bucket}/{key}")
         if m.snapshot_id != snapshot_id:
-            raise RemoteError(f"{self._where(key)}: holds the manifest of snapshot {m.snapshot_id}, not {snapshot_id}")
+            raise RemoteError(
+                f"{self._where(key)}: holds the manifest of snapshot {m.snapshot_id}, not "
+                f"{snapshot_id}"
+            )
         return m
 
     def _manifests(self) -> dict[int, float]:
@@ -398,7 +413,9 @@ class MinioRemote(Remote):
     def delete_snapshots(self, snapshot_ids: Iterable[int]) -> None:
         """Unpublish ``snapshot_ids`` in one request (S3 DeleteObjects); missing is fine."""
         ids = [check_snapshot_id(sid) for sid in snapshot_ids]
-        self._delete_keys([self._key(MANIFESTS, manifest_name(sid)) for sid in ids], "delete manifests")
+        self._delete_keys(
+            [self._key(MANIFESTS, manifest_name(sid)) for sid in ids], "delete manifests"
+        )
 
     # -- blobs --
     def put_blob(self, name: str, data: bytes) -> None:
@@ -426,17 +443,24 @@ class MinioRemote(Remote):
         with self._gc_lock:
             manifests = self._manifests()
             plan = plan_gc(
-                sorted(manifests), keep, self.read_manifest, list(self._list(FILES)), manifests.__getitem__
+                sorted(manifests), keep, self.read_manifest, list(self._list(FILES)),
+                manifests.__getitem__,
             )
             # manifests first: a crash in between leaves orphan files, never a manifest
             # that names deleted files
-            self._delete_keys([self._key(MANIFESTS, manifest_name(s)) for s in plan.drop_snapshots], "gc manifests")
+            self._delete_keys(
+                [self._key(MANIFESTS, manifest_name(s)) for s in plan.drop_snapshots],
+                "gc manifests",
+            )
             self._delete_keys([self._key(FILES, n) for n in plan.drop_files], "gc files")
         info = GcInfo(plan.drop_snapshots, len(plan.drop_files), sum(plan.drop_files.values()))
         log.info(
             "gc",
-            extra={"bucket": self.bucket, "prefix": self.prefix, "snapshots_deleted": info.snapshots_deleted,
-                   "files_deleted": info.files_deleted, "bytes_deleted": info.bytes_deleted},
+            extra={
+                "bucket": self.bucket, "prefix": self.prefix,
+                "snapshots_deleted": info.snapshots_deleted, "files_deleted": info.files_deleted,
+                "bytes_deleted": info.bytes_deleted,
+            },
         )
         return info
 
@@ -453,8 +477,8 @@ class MinioRemote(Remote):
                     first = errors[0]
                     raise RemoteError(
                         self._scrub(
-                            f"{self._where(first.name)}: {op}: {len(errors)} of {len(batch)} deletes failed, "
-                            f"first: {first.code}: {first.message}"
+                            f"{self._where(first.name)}: {op}: {len(errors)} of {len(batch)} "
+                            f"deletes failed, first: {first.code}: {first.message}"
                         )
                     )
 
@@ -464,9 +488,15 @@ class MinioRemote(Remote):
         """Delete every object of this remote (``files/``, ``manifests/``, ``blobs/`` under
         the prefix; the bucket and anything else in it stay). Usable again afterwards."""
         with self._gc_lock:
-            keys = [self._key(kind, name) for kind in (FILES, MANIFESTS, BLOBS) for name, _, _ in self._list(kind)]
+            keys = [
+                self._key(kind, name)
+                for kind in (FILES, MANIFESTS, BLOBS)
+                for name, _, _ in self._list(kind)
+            ]
             self._delete_keys(keys, "destroy")
-        log.info("destroyed", extra={"bucket": self.bucket, "prefix": self.prefix, "objects": len(keys)})
+        log.info(
+            "destroyed", extra={"bucket": self.bucket, "prefix": self.prefix, "objects": len(keys)}
+        )
 
     def close(self) -> None:
         """Close pooled connections (the remote reopens them if used again)."""
@@ -492,8 +522,10 @@ def _rebuild(kwargs: dict[str, Any]) -> MinioRemote:
             endpoint, access_key = kw.pop("endpoint"), kw.pop("access_key")
             secret_key = credentials.lookup(kw.pop("credential"), access_key)
             if secret_key is None:
-                raise RemoteError(f"MinIO at {endpoint}: no secret key for access key {access_key!r} in process "
-                                  f"{os.getpid()}; set SFAAS_MINIO_SECRET_KEY (and SFAAS_MINIO_ACCESS_KEY)")
+                raise RemoteError(
+                    f"MinIO at {endpoint}: no secret key for access key {access_key!r} in process "
+                    f"{os.getpid()}; set SFAAS_MINIO_SECRET_KEY (and SFAAS_MINIO_ACCESS_KEY)"
+                )
             remote = MinioRemote(endpoint, access_key, secret_key, kw.pop("bucket"), **kw)
             if len(_rebuilt) >= _REBUILT_MAX:
                 del _rebuilt[next(iter(_rebuilt))]

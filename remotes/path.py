@@ -191,7 +191,9 @@ class PathRemote(Remote):
         if not isinstance(manifest, Manifest):
             raise TypeError(f"manifest must be a remotes.Manifest, got {type(manifest).__name__}")
         self._write_bytes(self._manifest_path(manifest.snapshot_id), manifest.encode())
-        log.debug("published manifest", extra={"remote": str(self.root), "snapshot": manifest.snapshot_id})
+        log.debug(
+            "published manifest", extra={"remote": str(self.root), "snapshot": manifest.snapshot_id}
+        )
 
     def read_manifest(self, snapshot_id: int) -> Manifest:
         """The manifest of ``snapshot_id``; ``SnapshotNotFoundError`` if unpublished."""
@@ -202,7 +204,9 @@ class PathRemote(Remote):
             raise SnapshotNotFoundError(f"{self}: no snapshot {snapshot_id}") from None
         m = Manifest.decode(data, source=str(p))
         if m.snapshot_id != snapshot_id:
-            raise RemoteError(f"{p}: holds the manifest of snapshot {m.snapshot_id}, not {snapshot_id}")
+            raise RemoteError(
+                f"{p}: holds the manifest of snapshot {m.snapshot_id}, not {snapshot_id}"
+            )
         return m
 
     def list_snapshots(self) -> list[int]:
@@ -248,7 +252,9 @@ class PathRemote(Remote):
             def mtime(sid: int) -> float:
                 return self._manifest_path(sid).stat().st_mtime
 
-            plan = plan_gc(self.list_snapshots(), keep, self.read_manifest, self._scan_files(), mtime)
+            plan = plan_gc(
+                self.list_snapshots(), keep, self.read_manifest, self._scan_files(), mtime
+            )
             for sid in plan.drop_snapshots:
                 self.delete_snapshot(sid)
             for name in plan.drop_files:
@@ -273,7 +279,10 @@ class PathRemote(Remote):
             try:
                 if entry.stat().st_mtime < cutoff:
                     os.unlink(entry.path)
-                    log.info("removed stale temp file", extra={"remote": str(self.root), "file": entry.name})
+                    log.info(
+                        "removed stale temp file",
+                        extra={"remote": str(self.root), "file": entry.name},
+                    )
             except FileNotFoundError:
                 continue
 

@@ -51,7 +51,7 @@ from .checks import (
 from .fs import FileSystem
 from .log import Segment, SegmentedStore
 from .log.segment import hint_name, scan_segment
-from .snapshots import Frozen as _Frozen
+from .snapshot_info import Frozen as _Frozen
 from .version import FileEntry
 
 __all__ = ["AppendLogStore"]
@@ -81,7 +81,8 @@ class AppendLogStore(SegmentedStore):
     DEFAULT_SYNC = "os"
     OPTIONS = {
         "threshold": Option(
-            16 << 20, int, lambda v: 1 <= v <= 1 << 34, "an int in [1, 2**34] (bytes of the active segment before it is sealed)"
+            16 << 20, int, lambda v: 1 <= v <= 1 << 34,
+            "an int in [1, 2**34] (bytes of the active segment before it is sealed)",
         ),
         **SegmentedStore.SEGMENT_OPTIONS,
     }
@@ -234,7 +235,13 @@ class AppendLogStore(SegmentedStore):
     def put(self, key: bytes, value: bytes) -> None:
         if self._closed:
             self._check_open()
-        if type(key) is not bytes or type(value) is not bytes or not key or len(key) > MAX_KEY_BYTES or len(value) > MAX_VALUE_BYTES:
+        if (
+            type(key) is not bytes
+            or type(value) is not bytes
+            or not key
+            or len(key) > MAX_KEY_BYTES
+            or len(value) > MAX_VALUE_BYTES
+        ):
             key = check_key(key)
             value = check_value(value, key)
         body = _BODY(len(key), len(value), 0) + key + value
@@ -345,7 +352,8 @@ class AppendLogStore(SegmentedStore):
             batch.append(self._retire(seg, start_new))
             self._rolls += 1
         for b in batch:
-            b.seg.hint_ready = False  # readable through its descriptors until the maintainer maps it
+            # readable through its descriptors until the maintainer maps it
+            b.seg.hint_ready = False
             self._sealed.append(b.seg)
         make_spare = start_new and self._spare is None
 
@@ -394,7 +402,11 @@ class AppendLogStore(SegmentedStore):
         self._write_hint(seg.name, seg.seq, seg.size, keys, addrs, sorted(b.atombs))
         with self._lock:
             seg.seal(self.fs)
-            self._edit([FileEntry(seg.name, "segment", 0), FileEntry(hint_name(seg.name), "hint", 0)], [seg.name])  # the commit point
+            # the commit point
+            self._edit(
+                [FileEntry(seg.name, "segment", 0), FileEntry(hint_name(seg.name), "hint", 0)],
+                [seg.name],
+            )
             seg.hint_ready = True
             self._kick()
 
@@ -409,7 +421,11 @@ class AppendLogStore(SegmentedStore):
             active = self._active
             # age order is seq order: a spare older than the active (made while the
             # fallback started a new active) would sort before it — drop it
-            if self._spare is None and not self._closed and (active is None or spare.seq > active.seq):
+            if (
+                self._spare is None
+                and not self._closed
+                and (active is None or spare.seq > active.seq)
+            ):
                 self._spare = spare
                 self._edit([FileEntry(spare.name, "wal")])
                 return
@@ -434,9 +450,14 @@ class AppendLogStore(SegmentedStore):
 
     def _freeze(self) -> _Frozen:
         self._fold()
-        if len(self._folded) >= self._fold_cap and not self._merge_folded() and len(self._folded) >= 2 * self._fold_cap:
+        if (
+            len(self._folded) >= self._fold_cap
+            and not self._merge_folded()
+            and len(self._folded) >= 2 * self._fold_cap
+        ):
             self._roll()  # a restore would scan too many, and no merge could start: hint them all
-        # folded segments are ``wal`` entries already; the active one and the spare are still written to
+        # folded segments are ``wal`` entries already; the active one and the spare are still
+        # written to
         return self._frozen([s.name for s in (self._active, self._spare) if s is not None])
 
     def _merge_folded(self) -> bool:
@@ -455,11 +476,15 @@ class AppendLogStore(SegmentedStore):
             return False
         batch = self._folded
 
-        def refold() -> None:  # failed: older than any folded since; sealed by a roll, or merged again
+        def refold() -> (
+            None
+        ):  # failed: older than any folded since; sealed by a roll, or merged again
             self._folded[:0] = batch
 
-        if not self._start_merge([b.seg for b in batch], out_seq, 0, drop_tombstones=not self._sealed, wals=True,
-                                 on_failure=refold):
+        if not self._start_merge(
+            [b.seg for b in batch], out_seq, 0, drop_tombstones=not self._sealed, wals=True,
+            on_failure=refold,
+        ):
             return False
         self._folded = []
         self._folded_merges += 1
@@ -481,9 +506,12 @@ class AppendLogStore(SegmentedStore):
         wals = sorted((e for e in entries if e.kind == "wal"), key=lambda e: e.seq)
         top = self._newest_level0(entries)
         older = [e for e in wals if e.seq < top]
-        new = self._install_segments([e for e in entries if e.kind != "wal"] + self._hint_segments(older))
+        new = self._install_segments(
+            [e for e in entries if e.kind != "wal"] + self._hint_segments(older)
+        )
         for e in wals[len(older):]:
-            self._folded.append(self._scan_open(e.name, truncate_torn=False))  # after the segments: newer
+            # after the segments: newer
+            self._folded.append(self._scan_open(e.name, truncate_torn=False))
             new.append(e)
         self._alive = {}
         self._atombs = set()
@@ -505,7 +533,9 @@ class AppendLogStore(SegmentedStore):
             folded_segments=len(self._folded),
             folded_merges=self._folded_merges,
             flushes=self._rolls,
-            memory_bytes=s["index_bytes"] + 100 * len(self._alive) + (len(seg.wbuf) if seg is not None else 0),
+            memory_bytes=s["index_bytes"]
+            + 100 * len(self._alive)
+            + (len(seg.wbuf) if seg is not None else 0),
             files=self._version.names(),
         )
         return s

@@ -20,7 +20,8 @@ ignores SIGINT (the parent handles Ctrl-C). Tasks and replies are length-prefixe
 frames over the anonymous pipes between the two processes (nothing from the network).
 Credentials never go into those pickles: before a task, the worker is sent the parent's
 ``remotes.credentials`` secrets — when they changed since it last got them — as one JSON
-frame tagged :data:`_CREDENTIALS`, so a pickled remote resolves its secret there.
+frame tagged :data:`~statestores.bgframes.CREDENTIALS`, so a pickled remote resolves its
+secret there. The worker's side is :mod:`statestores.bgworker`.
 
 **Done-callbacks run on the lane's dispatcher thread**, shared by every store in the
 process: a done-callback must only hand the result to a thread the store owns (put it on
@@ -38,25 +39,25 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import contextlib
-import ctypes
 import json
 import logging
 import os
 import pickle
 import queue
-import signal
-import struct
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from .bgframes import CREDENTIALS, FRAME, PICKLE, recv_frame, write_all
 from .errors import BackgroundBusy, BackgroundDied
 
-__all__ = ["submit", "warm_up", "shutdown", "mode", "cpu_seconds", "MAX_QUEUED", "BackgroundBusy", "BackgroundDied"]
+__all__ = [
+    "submit", "warm_up", "shutdown", "mode", "cpu_seconds", "MAX_QUEUED", "BackgroundBusy",
+    "BackgroundDied",
+]
 
 log = logging.getLogger("statestores")
 
@@ -73,14 +74,7 @@ CHILD_ENV = "SFAAS_BACKGROUND_CHILD"
 
 #: Seconds :func:`shutdown` waits for a lane's running task before killing its worker.
 _SHUTDOWN_WAIT = 2.0
-#: Seconds between two checks of the worker's watchdog.
-_WATCHDOG_PERIOD = 0.2
 
-_FRAME = struct.Struct("<Q")
-#: Starts a frame of credentials (JSON) instead of a task (a pickle starts with 0x80).
-_CREDENTIALS = b"\x00SFCRED1"
-_PR_SET_PDEATHSIG = 1
-_PICKLE = pickle.HIGHEST_PROTOCOL
 
 # the directory that holds the statestores package: first on the worker's PYTHONPATH
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,50 +88,16 @@ def mode() -> str:
     return m
 
 
-# ---------------------------------------------------------------------- framing
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
-def _read_exact(fd: int, n: int) -> bytearray | None:
-    """``n`` bytes from ``fd``; None at EOF before the first byte, EOFError at EOF after it."""
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = os.readv(fd, [view[got:]])
-        if k == 0:
-            if got == 0:
-                return None
-            raise EOFError(f"pipe closed after {got} of {n} bytes")
-        got += k
-    return buf
-
-
-def _recv_frame(fd: int) -> bytearray | None:
-    """The next frame's body; None at EOF between frames."""
-    head = _read_exact(fd, _FRAME.size)
-    if head is None:
-        return None
-    (size,) = _FRAME.unpack(head)
-    body = _read_exact(fd, size)
-    if body is None:
-        raise EOFError("pipe closed before a frame's body")
-    return body
-
-
 # ---------------------------------------------------------------------- parent side
 
 
 class _Task:
     __slots__ = ("fn", "args", "future", "local")
 
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], future: concurrent.futures.Future[Any], local: bool) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], future: concurrent.futures.Future[Any],
+        local: bool,
+    ) -> None:
         self.fn = fn
         self.args = args
         self.future = future
@@ -173,7 +133,8 @@ class _Lane:
                 self.queue.put_nowait(task)
             except queue.Full:
                 raise BackgroundBusy(
-                    f"background lane {self.name!r} has {self.queue.maxsize} tasks queued; try again later"
+                    f"background lane {self.name!r} has {self.queue.maxsize} tasks queued; "
+                    "try again later"
                 ) from None
 
     def warm(self) -> None:
@@ -203,7 +164,11 @@ class _Lane:
             # failed, not cancelled: callers handle a failed task already (while
             # fut.exception() raises for a cancelled future)
             if task.future.set_running_or_notify_cancel():
-                task.future.set_exception(BackgroundDied(f"background lane {self.name!r} was shut down before the task ran"))
+                task.future.set_exception(
+                    BackgroundDied(
+                        f"background lane {self.name!r} was shut down before the task ran"
+                    )
+                )
         del dropped
         if self.thread is threading.current_thread():
             return  # shutdown() from a done-callback: the dispatcher stops after it
@@ -273,10 +238,15 @@ class _Lane:
             if proc.poll() is None:
                 return proc
             # it died while idle (killed, OOM): start a new one rather than fail this task
-            log.warning("background %s process exited with %s while idle; starting a new one", self.name, proc.returncode)
+            log.warning(
+                "background %s process exited with %s while idle; starting a new one", self.name,
+                proc.returncode,
+            )
             self._reap()
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        )
         env[CHILD_ENV] = "1"
         proc = subprocess.Popen(
             [sys.executable, "-P", "-m", "statestores._bgmain", str(os.getpid())],
@@ -303,40 +273,55 @@ class _Lane:
             return
         assert proc.stdin is not None and proc.stdout is not None
         if getattr(task.fn, "__module__", None) == "__main__":
-            fut.set_exception(TypeError(
-                f"{task.fn!r} is defined in __main__, which the background process does not import; "
-                "move it to a module or submit it with local=True"
-            ))
+            fut.set_exception(
+                TypeError(
+                    f"{task.fn!r} is defined in __main__, which the background process does not "
+                    "import; move it to a module or submit it with local=True"
+                )
+            )
             return
         self._task_ids += 1
         tid = self._task_ids
         try:
-            frame = pickle.dumps((tid, task.fn, task.args), _PICKLE)
+            frame = pickle.dumps((tid, task.fn, task.args), PICKLE)
         except Exception as exc:  # an argument cannot cross processes
             fut.set_exception(exc)
             return
         cpu0 = _proc_cpu(proc.pid)
         try:
             self._send_credentials(proc.stdin.fileno())
-            _write_all(proc.stdin.fileno(), _FRAME.pack(len(frame)))
-            _write_all(proc.stdin.fileno(), frame)
+            write_all(proc.stdin.fileno(), FRAME.pack(len(frame)))
+            write_all(proc.stdin.fileno(), frame)
             del frame
-            reply = _recv_frame(proc.stdout.fileno())
+            reply = recv_frame(proc.stdout.fileno())
         except (OSError, EOFError, ValueError):
             reply = None
         cpu1 = _proc_cpu(proc.pid)
         if cpu0 is not None and cpu1 is not None:
             _charge(self.name, cpu1 - cpu0)
         if reply is None:
-            fut.set_exception(BackgroundDied(f"background {self.name} process died while running a task (exit code {self._reap()})"))
+            fut.set_exception(
+                BackgroundDied(
+                    f"background {self.name} process died while running a task (exit code "
+                    f"{self._reap()})"
+                )
+            )
             return
         try:
             rid, ok, value = pickle.loads(reply)
         except Exception as exc:
-            fut.set_exception(RuntimeError(f"the background {self.name} process sent a reply that cannot be read: {exc!r}"))
+            fut.set_exception(
+                RuntimeError(
+                    f"the background {self.name} process sent a reply that cannot be read: {exc!r}"
+                )
+            )
             return
         if rid not in (tid, None):  # None: the worker could not read the task's id
-            fut.set_exception(RuntimeError(f"background {self.name} process replied to task {rid}, expected {tid}"))
+            fut.set_exception(
+                RuntimeError(
+                    f"background {self.name} process replied to task {rid}, expected {tid}"
+                )
+            )
             self._reap(kill=True)
             return
         if ok:
@@ -351,9 +336,9 @@ class _Lane:
         generation, mapping = credentials.export()
         if generation == self._credentials_sent:
             return
-        frame = _CREDENTIALS + json.dumps(mapping).encode()
-        _write_all(fd, _FRAME.pack(len(frame)))
-        _write_all(fd, frame)
+        frame = CREDENTIALS + json.dumps(mapping).encode()
+        write_all(fd, FRAME.pack(len(frame)))
+        write_all(fd, frame)
         self._credentials_sent = generation
 
     def _reap(self, kill: bool = False) -> int | None:
@@ -426,10 +411,19 @@ _pid = os.getpid()
 _in_child = False  # True in a worker process: tasks there run locally (no grandchildren)
 
 
+def run_tasks_here() -> None:
+    """Run every later task of this process on its lane's dispatcher thread: a worker
+    process (:mod:`statestores.bgworker`) calls it, so its tasks start no worker of their own."""
+    global _in_child
+    _in_child = True
+
+
 def _lane(name: str) -> _Lane:
     global _pid, _lanes
     if name not in LANES:
-        raise ValueError(f"unknown background lane {name!r}; expected one of {', '.join(map(repr, LANES))}")
+        raise ValueError(
+            f"unknown background lane {name!r}; expected one of {', '.join(map(repr, LANES))}"
+        )
     with _lock:
         if _pid != os.getpid():  # forked: the lanes (threads, pipes) belong to the parent
             _lanes = {}
@@ -440,7 +434,9 @@ def _lane(name: str) -> _Lane:
         return lane
 
 
-def submit(fn: Callable[..., T], *args: Any, lane: str = "merge", local: bool = False) -> concurrent.futures.Future[T]:
+def submit(
+    fn: Callable[..., T], *args: Any, lane: str = "merge", local: bool = False
+) -> concurrent.futures.Future[T]:
     """Run ``fn(*args)`` in ``lane``'s worker process; the future carries its result or exception.
 
     Never blocks: raises :class:`BackgroundBusy` when ``MAX_QUEUED`` tasks already wait
@@ -499,82 +495,3 @@ def _after_fork_in_child() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(shutdown)
-
-
-# ---------------------------------------------------------------------- worker side
-
-
-def _set_pdeathsig() -> None:
-    """Ask the kernel to SIGKILL this process when its parent thread exits (Linux)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def _watchdog(parent: int) -> None:
-    while True:
-        time.sleep(_WATCHDOG_PERIOD)
-        if os.getppid() != parent:
-            os._exit(1)
-
-
-def _error_reply(tid: Any, exc: BaseException) -> bytes:
-    """The pickled failure reply for ``exc``, as it is if it survives a pickle round trip."""
-    tb = "".join(traceback.format_exception(exc))
-    with contextlib.suppress(Exception):
-        exc.add_note(f"raised in background process {os.getpid()}:\n{tb.rstrip()}")
-    try:
-        data = pickle.dumps((tid, False, exc), _PICKLE)
-        pickle.loads(data)
-        return data
-    except Exception:
-        return pickle.dumps((tid, False, RuntimeError(f"{exc!r}\n{tb}")), _PICKLE)
-
-
-def _child_main(argv: list[str]) -> int:
-    """The worker: run tasks from stdin, reply on stdout, until EOF on stdin."""
-    global _in_child
-    parent = int(argv[0])
-    _set_pdeathsig()
-    if os.getppid() != parent:
-        return 0  # the parent died before prctl took effect
-    threading.Thread(target=_watchdog, args=(parent,), name="statestores-bg-watchdog", daemon=True).start()
-    _in_child = True
-    with contextlib.suppress(OSError):
-        os.nice(10)  # background work loses the CPU to the serving process
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # private descriptors for the protocol; a task that prints writes to stderr, a task
-    # that reads stdin reads /dev/null
-    rfd = os.dup(0)
-    wfd = os.dup(1)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    os.dup2(2, 1)
-    while True:
-        try:
-            frame = _recv_frame(rfd)
-        except EOFError:
-            return 1
-        if frame is None:
-            return 0
-        if frame[:len(_CREDENTIALS)] == _CREDENTIALS:  # no reply
-            from remotes import credentials
-
-            credentials.install(json.loads(bytes(frame[len(_CREDENTIALS):])))
-            continue
-        tid: Any = None
-        try:
-            tid, fn, args = pickle.loads(frame)
-            del frame
-            reply = pickle.dumps((tid, True, fn(*args)), _PICKLE)
-        except BaseException as exc:  # reported to the parent, which decides
-            reply = _error_reply(tid, exc)
-        args = None  # drop the arguments before waiting for the next task
-        _write_all(wfd, _FRAME.pack(len(reply)))
-        _write_all(wfd, reply)
-        del reply

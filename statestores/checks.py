@@ -18,9 +18,9 @@ __all__ = [
     "parse_options",
 ]
 
-#: Largest key accepted (the issue asks for at least 64 KiB).
+#: Largest key accepted (keys of 64 KiB must fit).
 MAX_KEY_BYTES = 1 << 20
-#: Largest value accepted (the issue asks for at least 64 MiB).
+#: Largest value accepted (values of 64 MiB must fit).
 MAX_VALUE_BYTES = 1 << 28
 
 def check_key(key: object) -> bytes:
@@ -32,7 +32,9 @@ def check_key(key: object) -> bytes:
     if not key:
         raise ValueError("key must not be empty (b'')")
     if len(key) > MAX_KEY_BYTES:
-        raise ValueError(f"key of {len(key)} bytes is larger than the maximum {MAX_KEY_BYTES} bytes")
+        raise ValueError(
+            f"key of {len(key)} bytes is larger than the maximum {MAX_KEY_BYTES} bytes"
+        )
     return key
 
 
@@ -62,7 +64,9 @@ def check_ops(ops: Iterable[tuple[bytes, bytes | None]]) -> list[tuple[bytes, by
         try:
             key, value = op
         except (TypeError, ValueError):
-            raise TypeError(f"write_batch op #{i} must be a (key, value) pair, got {op!r:.80}") from None
+            raise TypeError(
+                f"write_batch op #{i} must be a (key, value) pair, got {op!r:.80}"
+            ) from None
         key = check_key(key)
         checked.append((key, None if value is None else check_value(value, key)))
     return checked
@@ -83,11 +87,15 @@ class Option:
 SYNC_MODES = ("none", "os", "fsync")
 
 
-def parse_options(engine: str, options: dict[str, Option], default_sync: str, given: dict[str, Any]) -> dict[str, Any]:
+def parse_options(
+    engine: str, options: dict[str, Option], default_sync: str, given: dict[str, Any]
+) -> dict[str, Any]:
     """``given`` checked against ``options`` (plus ``sync``), defaults filled in; a
     ``TypeError``/``ValueError`` naming the option and what was expected otherwise."""
     specs = dict(options)
-    specs["sync"] = Option(default_sync, str, lambda v: v in SYNC_MODES, "one of 'none', 'os', 'fsync'")
+    specs["sync"] = Option(
+        default_sync, str, lambda v: v in SYNC_MODES, "one of 'none', 'os', 'fsync'"
+    )
     unknown = sorted(set(given) - set(specs))
     if unknown:
         raise TypeError(
@@ -101,7 +109,10 @@ def parse_options(engine: str, options: dict[str, Option], default_sync: str, gi
             continue
         value = given[name]
         if isinstance(value, bool) and spec.types in (int, float, (int, float)):
-            raise TypeError(f"option {name!r} for engine {engine!r} must be {spec.expect or spec.types}, got {value!r}")
+            raise TypeError(
+                f"option {name!r} for engine {engine!r} must be {spec.expect or spec.types}, got "
+                f"{value!r}"
+            )
         if spec.types is float and isinstance(value, int):
             value = float(value)
         if not isinstance(value, spec.types):
@@ -110,6 +121,8 @@ def parse_options(engine: str, options: dict[str, Option], default_sync: str, gi
                 f"got {type(value).__name__} {value!r:.60}"
             )
         if spec.check is not None and not spec.check(value):
-            raise ValueError(f"option {name!r} for engine {engine!r} must be {spec.expect}, got {value!r:.60}")
+            raise ValueError(
+                f"option {name!r} for engine {engine!r} must be {spec.expect}, got {value!r:.60}"
+            )
         out[name] = value
     return out

@@ -61,9 +61,17 @@ def read(fs: FileSystem, directory: str) -> dict[str, Any]:
 def write(fs: FileSystem, directory: str, doc: dict[str, Any], *, sync: bool) -> None:
     """Replace ``CURRENT`` with ``doc`` atomically."""
     body = msgpack.packb(doc, use_bin_type=True)
-    fs.write_file_atomic(os.path.join(directory, NAME), _HEAD.pack(_MAGIC, crc32c(body)) + body, sync=sync)
+    fs.write_file_atomic(
+        os.path.join(directory, NAME), _HEAD.pack(_MAGIC, crc32c(body)) + body, sync=sync
+    )
 
 
-def write_version(fs: FileSystem, directory: str, seq: int, version: Version, *, sync: bool) -> None:
+def write_version(
+    fs: FileSystem, directory: str, seq: int, version: Version, *, sync: bool
+) -> None:
     """Persist ``version`` (and the file-name counter ``seq``) as ``CURRENT``."""
-    write(fs, directory, {"seq": seq, "version": version.seq, "files": encode_entries(version.files.values())}, sync=sync)
+    write(
+        fs, directory,
+        {"seq": seq, "version": version.seq, "files": encode_entries(version.files.values())},
+        sync=sync,
+    )

@@ -1,10 +1,8 @@
 """The one seam between the engines and the operating system's files.
 
-Engines never call ``os`` directly for data files: they go through a :class:`FileSystem`.
-Tests swap in :class:`FaultyFS`, which fails (optionally tearing the write) at a chosen
-mutating call and then behaves like a dead process: every later call fails too, and every
-descriptor it opened is closed, so nothing it buffered reaches disk afterwards. Reopening
-the directory with a fresh :class:`FileSystem` is then exactly a restart after ``kill -9``.
+Engines never call ``os`` directly for data files: they go through a :class:`FileSystem`,
+so a test can hand a store one that dies mid-call (``statestores.testing.FaultyFS``) and
+reach every write the store makes, background merges included.
 
 Writes go straight to ``os.write`` (no Python-level buffering): what a ``write`` call has
 returned from is in the OS and survives a killed process; ``fsync`` adds power-loss safety.
@@ -16,12 +14,11 @@ import errno
 import fcntl
 import mmap
 import os
-import random
 import threading
 
 from .errors import LockedError
 
-__all__ = ["FileSystem", "FaultyFS", "InjectedFault"]
+__all__ = ["FileSystem", "close_fd"]
 
 # Directory locks are POSIX record locks (``fcntl.lockf``), as LevelDB's: they belong to
 # the process, so a child forked by any thread (a background worker being spawned, the
@@ -34,7 +31,7 @@ _locked_paths: dict[str, int] = {}
 _locked_fds: dict[int, str] = {}
 
 
-def _close_fd(fd: int) -> None:
+def close_fd(fd: int) -> None:
     """Close ``fd``; if it holds a directory lock, drop it from the table in the same step
     (no lock can be taken, and no table entry reused, in between)."""
     with _locks_mutex:
@@ -129,14 +126,16 @@ class FileSystem:
             except OSError as exc:
                 os.close(fd)
                 if exc.errno in (errno.EAGAIN, errno.EACCES):
-                    raise LockedError(f"{path}: the store directory is already open elsewhere") from None
+                    raise LockedError(
+                        f"{path}: the store directory is already open elsewhere"
+                    ) from None
                 raise
             _locked_paths[key] = fd
             _locked_fds[fd] = key
         return fd
 
     def unlock(self, fd: int) -> None:
-        _close_fd(fd)
+        close_fd(fd)
 
     # -- composed helpers (built only from the primitives above, so faults reach them) --
 
@@ -153,165 +152,3 @@ class FileSystem:
         self.rename(tmp, path)
         if sync:
             self.fsync_dir(os.path.dirname(path) or ".")
-
-
-class InjectedFault(OSError):
-    """Raised by :class:`FaultyFS` at the chosen call (and at every call after it)."""
-
-
-class FaultyFS(FileSystem):
-    """A :class:`FileSystem` that dies at the ``fail_at``-th mutating call.
-
-    Mutating calls are ``write``, ``fsync``, ``truncate``, ``rename``, ``remove`` and
-    ``fsync_dir``. With ``torn=True`` the failing ``write`` first writes a random prefix of
-    its data, as a process killed in the middle of a large write would. After the fault
-    every call raises :class:`InjectedFault` and all descriptors opened through this object
-    are closed (releasing the directory lock), so the store object is as good as dead.
-    """
-
-    def __init__(self, fail_at: int | None = None, *, torn: bool = True, seed: int = 0) -> None:
-        self.fail_at = fail_at
-        self.torn = torn
-        self.calls = 0
-        self.dead = False
-        self._rng = random.Random(seed)
-        self._fds: set[int] = set()
-        # held across each call's liveness check *and* its syscall: a crash() never lands
-        # in the middle of another thread's call (as a real kill -9 stops every thread at once)
-        self._mutex = threading.RLock()
-
-    def _tick(self) -> bool:
-        """Count one mutating call; True if this is the one that must fail."""
-        with self._mutex:
-            if self.dead:
-                raise InjectedFault("injected fault: the process is dead")
-            self.calls += 1
-            return self.fail_at is not None and self.calls >= self.fail_at
-
-    def _die(self) -> InjectedFault:
-        with self._mutex:
-            self.dead = True
-            fds, self._fds = self._fds, set()
-        for fd in fds:
-            try:
-                _close_fd(fd)
-            except OSError:
-                pass
-        return InjectedFault(f"injected fault at mutating call {self.calls}")
-
-    def crash(self) -> None:
-        """Die now (as ``kill -9`` between two calls would)."""
-        self._die()
-
-    def _check_alive(self) -> None:
-        if self.dead:
-            raise InjectedFault("injected fault: the process is dead")
-
-    def _track(self, fd: int) -> int:
-        with self._mutex:
-            self._fds.add(fd)
-        return fd
-
-    def open_append(self, path: str) -> int:
-        with self._mutex:
-            self._check_alive()
-            return self._track(super().open_append(path))
-
-    def open_new(self, path: str) -> int:
-        with self._mutex:
-            self._check_alive()
-            return self._track(super().open_new(path))
-
-    def open_read(self, path: str) -> int:
-        with self._mutex:
-            self._check_alive()
-            return self._track(super().open_read(path))
-
-    def lock(self, path: str) -> int:
-        with self._mutex:
-            self._check_alive()
-            return self._track(super().lock(path))
-
-    def close(self, fd: int) -> None:
-        with self._mutex:
-            if fd not in self._fds:
-                return  # already closed by the fault
-            self._fds.discard(fd)
-            os.close(fd)
-
-    def unlock(self, fd: int) -> None:
-        with self._mutex:
-            if fd not in self._fds:
-                return  # already closed by the fault
-            self._fds.discard(fd)
-            _close_fd(fd)
-
-    def _dead_if_gone(self, exc: OSError) -> BaseException:
-        """An ``OSError`` raised because another thread's fault closed our descriptor is
-        the injected crash, not a bug (threads share the one dying file system)."""
-        return InjectedFault("injected fault: the process is dead") if self.dead else exc
-
-    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
-        with self._mutex:
-            if self._tick():
-                if self.torn and len(data) > 1:
-                    super().write(fd, memoryview(data)[: self._rng.randrange(1, len(data))])
-                raise self._die()
-            try:
-                super().write(fd, data)
-            except OSError as exc:
-                raise self._dead_if_gone(exc) from None
-
-    def fsync(self, fd: int) -> None:
-        with self._mutex:
-            if self._tick():
-                raise self._die()
-            try:
-                super().fsync(fd)
-            except OSError as exc:
-                raise self._dead_if_gone(exc) from None
-
-    def truncate(self, path: str, size: int) -> None:
-        with self._mutex:
-            if self._tick():
-                raise self._die()
-            super().truncate(path, size)
-
-    def rename(self, src: str, dst: str) -> None:
-        with self._mutex:
-            if self._tick():
-                raise self._die()
-            super().rename(src, dst)
-
-    def remove(self, path: str) -> None:
-        with self._mutex:
-            if self._tick():
-                raise self._die()
-            super().remove(path)
-
-    def fsync_dir(self, directory: str) -> None:
-        with self._mutex:
-            if self._tick():
-                raise self._die()
-            super().fsync_dir(directory)
-
-    def read_file(self, path: str) -> bytes:
-        with self._mutex:
-            self._check_alive()
-            return super().read_file(path)
-
-    def pread(self, fd: int, size: int, offset: int) -> bytes:
-        with self._mutex:
-            self._check_alive()
-            try:
-                return super().pread(fd, size, offset)
-            except OSError as exc:
-                raise self._dead_if_gone(exc) from None
-
-    def mmap(self, fd: int) -> mmap.mmap | None:
-        with self._mutex:
-            self._check_alive()
-            try:
-                return super().mmap(fd)
-            except (OSError, ValueError) as exc:
-                raise self._dead_if_gone(OSError(str(exc))) from None

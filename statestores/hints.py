@@ -62,7 +62,7 @@ class Hint:
     seq: int
     data_size: int
     keys: list[bytes]
-    addresses: array.array  # array('Q'), parallel to keys
+    addresses: array.array[int]  # array('Q'), parallel to keys
     tombstones: list[bytes]
 
 
@@ -70,7 +70,7 @@ def encode(
     seq: int,
     data_size: int,
     keys: Sequence[bytes],
-    addresses: Sequence[int] | array.array,
+    addresses: Sequence[int] | array.array[int],
     tombstones: Sequence[bytes],
 ) -> bytes:
     """Encode a hint; ``keys[i]`` lives at ``addresses[i]``. Keys must be unique, and both
@@ -134,7 +134,9 @@ _KEYS_PER_ARRAY = 1 << 13
 def _pack_keys(keys: Sequence[bytes]) -> bytes:
     """Keys as consecutive msgpack arrays of at most ``_KEYS_PER_ARRAY`` bins (none if empty)."""
     pack = msgpack.Packer(use_bin_type=True).pack
-    return b"".join(pack(list(keys[i : i + _KEYS_PER_ARRAY])) for i in range(0, len(keys), _KEYS_PER_ARRAY))
+    return b"".join(
+        pack(list(keys[i : i + _KEYS_PER_ARRAY])) for i in range(0, len(keys), _KEYS_PER_ARRAY)
+    )
 
 
 def _unpack_keys(blob: memoryview, path: str) -> list[bytes]:
@@ -147,7 +149,9 @@ def _unpack_keys(blob: memoryview, path: str) -> list[bytes]:
         for part in unpacker:
             # (set(map(type, ...)) runs at C speed: a hint is decoded in bulk on every reopen)
             if not isinstance(part, list) or set(map(type, part)) - {bytes}:
-                raise CorruptionError(path, "hint key section holds something other than arrays of keys (bin)")
+                raise CorruptionError(
+                    path, "hint key section holds something other than arrays of keys (bin)"
+                )
             out += part
     except ValueError as exc:
         raise CorruptionError(path, f"undecodable hint key array: {exc}") from None

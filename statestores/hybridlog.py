@@ -115,10 +115,15 @@ class HybridLogStore(SegmentedStore):
     LANES = ("merge", "flush")  # regions are written in the flush lane
     DEFAULT_SYNC = "none"
     OPTIONS = {
-        "ro_lag_interval": Option(1 << 16, int, lambda v: v >= 1, "an int >= 1 (records in the mutable region)"),
-        "flush_interval": Option(1 << 16, int, lambda v: v >= 1, "an int >= 1 (read-only records before a flush)"),
+        "ro_lag_interval": Option(
+            1 << 16, int, lambda v: v >= 1, "an int >= 1 (records in the mutable region)"
+        ),
+        "flush_interval": Option(
+            1 << 16, int, lambda v: v >= 1, "an int >= 1 (read-only records before a flush)"
+        ),
         "max_wal_bytes": Option(
-            64 << 20, int, lambda v: 1 <= v <= 1 << 40, "an int in [1, 2**40] (bytes of the active WAL before both regions are flushed)"
+            64 << 20, int, lambda v: 1 <= v <= 1 << 40,
+            "an int in [1, 2**40] (bytes of the active WAL before both regions are flushed)",
         ),
         **SegmentedStore.SEGMENT_OPTIONS,
     }
@@ -154,7 +159,8 @@ class HybridLogStore(SegmentedStore):
         self._wals = wals
         if self.sync == "none":
             if wals or self._mut or self._ro:
-                self._flush_all(inline=True)  # the WALs of an earlier sync="os" run become a log file
+                # the WALs of an earlier sync="os" run become a log file
+                self._flush_all(inline=True)
         elif wals:
             self._wal_fd = self.fs.open_append(self._path(wals[-1]))
             self._wal_size = self.fs.size(self._path(wals[-1]))
@@ -231,7 +237,13 @@ class HybridLogStore(SegmentedStore):
     def put(self, key: bytes, value: bytes) -> None:
         if self._closed:
             self._check_open()
-        if type(key) is not bytes or type(value) is not bytes or not key or len(key) > MAX_KEY_BYTES or len(value) > MAX_VALUE_BYTES:
+        if (
+            type(key) is not bytes
+            or type(value) is not bytes
+            or not key
+            or len(key) > MAX_KEY_BYTES
+            or len(value) > MAX_VALUE_BYTES
+        ):
             key = check_key(key)
             value = check_value(value, key)
         with self._lock:
@@ -294,7 +306,7 @@ class HybridLogStore(SegmentedStore):
                     v = self._flushing_get(flushing, key)
                 if v is _MISSING:
                     return self._disk_get(key, default)  # type: ignore[no-any-return]
-        return default if v is None else v  # type: ignore[no-any-return]
+        return default if v is None else v
 
     @staticmethod
     def _flushing_get(flushing: tuple[_Region, ...], key: bytes) -> Any:
@@ -326,7 +338,12 @@ class HybridLogStore(SegmentedStore):
             # wait (releasing the lock) for a hand-off slot; meanwhile another writer may
             # flush, or close may (then this write is in its log file: no error to raise)
             self._wait(lambda: self._handoffs < MAX_HANDOFFS or self._closed)
-            if self._closed or self._wal_fd is None or self._wal_size < self._wal_max or not (self._mut or self._ro):
+            if (
+                self._closed
+                or self._wal_fd is None
+                or self._wal_size < self._wal_max
+                or not (self._mut or self._ro)
+            ):
                 return
         self._flush_all()
 
@@ -402,16 +419,20 @@ class HybridLogStore(SegmentedStore):
         # a tombstone is needed only where a log file still holds the key
         items = [(k, v) for k, v in merged.items() if v is not None or not exact or k in index]
         try:
-            size, keys, addrs, tombs = self._write_segment(region.name, region.seq, items, in_background=in_background)
+            size, keys, addrs, tombs = self._write_segment(
+                region.name, region.seq, items, in_background=in_background
+            )
         except BaseException:
             region.failed = True  # stays in memory (and its WALs on disk); close or flush() retries
             raise
         with self._lock:
             seg = Segment(region.name, 0, self._path(region.name))
             seg.open_sealed(self.fs)
+            # the commit point
             self._edit(
-                [FileEntry(seg.name, "segment", 0), FileEntry(hint_name(seg.name), "hint", 0)], region.wals
-            )  # the commit point
+                [FileEntry(seg.name, "segment", 0), FileEntry(hint_name(seg.name), "hint", 0)],
+                region.wals,
+            )
             self._sealed.append(seg)
             self._segs[seg.seq] = seg
             index = self._index
@@ -423,7 +444,11 @@ class HybridLogStore(SegmentedStore):
             self._kick()
 
     def _memory_keys(self) -> Iterable[bytes]:
-        return [k for r in self._flushing for d in r.dicts for k in d] + list(self._ro) + list(self._mut)
+        return (
+            [k for r in self._flushing for d in r.dicts for k in d]
+            + list(self._ro)
+            + list(self._mut)
+        )
 
     # ------------------------------------------------------------------ snapshots
 
@@ -449,8 +474,13 @@ class HybridLogStore(SegmentedStore):
         # at an earlier snapshot — would put back the values (and deletes) the region's
         # file has since overwritten
         covered = {w for r in self._flushing for w in r.wals}
-        extra = [e for r in self._flushing for e in (FileEntry(r.name, "segment", 0), FileEntry(hint_name(r.name), "hint", 0))]
-        extra += [FileEntry(t.name, "wal") for t in self._tails if t.name not in covered]  # being written
+        extra = [
+            e
+            for r in self._flushing
+            for e in (FileEntry(r.name, "segment", 0), FileEntry(hint_name(r.name), "hint", 0))
+        ]
+        # being written
+        extra += [FileEntry(t.name, "wal") for t in self._tails if t.name not in covered]
         pending = [r.future for r in self._flushing if r.future is not None]
         pending += [t.future for t in self._tails if t.future is not None and t.name not in covered]
         return self._frozen([*active, *covered], extra, pending)
@@ -555,7 +585,10 @@ class HybridLogStore(SegmentedStore):
             tail_appends=self._appends,
             flushes=self._flushes,
             wals=list(self._wals),
-            memory_bytes=s["index_bytes"] + mem_bytes + sys.getsizeof(self._mut) + sys.getsizeof(self._ro),
+            memory_bytes=s["index_bytes"]
+            + mem_bytes
+            + sys.getsizeof(self._mut)
+            + sys.getsizeof(self._ro),
             flushing_regions=len(self._flushing),
             files=self._version.names(),
         )

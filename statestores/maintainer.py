@@ -27,10 +27,6 @@ log = logging.getLogger("statestores")
 #: Tasks the inbox holds at most (its sources are bounded far below this).
 INBOX_LIMIT = 1024
 
-#: Test seam: run posted tasks at once on the posting thread (which may hold the store's
-#: re-entrant lock), making background installs deterministic. Never set in production.
-INLINE = False
-
 #: An idle maintainer thread ends after this long (an abandoned store keeps no thread).
 IDLE_EXIT_SECONDS = 5.0
 
@@ -40,16 +36,15 @@ class Maintainer:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._q: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...]] | None] = queue.Queue(INBOX_LIMIT)
+        self._q: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...]] | None] = queue.Queue(
+            INBOX_LIMIT
+        )
         self._mutex = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopped = False
 
     def post(self, fn: Callable[..., Any], *args: Any) -> bool:
         """Run ``fn(*args)`` on the maintainer thread; never blocks. False once stopped."""
-        if INLINE:
-            fn(*args)
-            return True
         with self._mutex:
             if self._stopped:
                 return False
@@ -59,7 +54,9 @@ class Maintainer:
             try:
                 self._q.put_nowait((fn, args))
             except queue.Full:
-                raise RuntimeError(f"{self.name}: maintainer inbox full ({INBOX_LIMIT} tasks)") from None
+                raise RuntimeError(
+                    f"{self.name}: maintainer inbox full ({INBOX_LIMIT} tasks)"
+                ) from None
         return True
 
     def on_thread(self) -> bool:
@@ -96,4 +93,6 @@ class Maintainer:
             try:
                 fn(*args)
             except Exception:
-                log.exception("%s: background task %s failed", self.name, getattr(fn, "__name__", fn))
+                log.exception(
+                    "%s: background task %s failed", self.name, getattr(fn, "__name__", fn)
+                )

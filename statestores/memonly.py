@@ -121,7 +121,13 @@ class MemOnlyStore(Store):
     def put(self, key: bytes, value: bytes) -> None:
         if self._closed:
             self._check_open()
-        if type(key) is not bytes or type(value) is not bytes or not key or len(key) > MAX_KEY_BYTES or len(value) > MAX_VALUE_BYTES:
+        if (
+            type(key) is not bytes
+            or type(value) is not bytes
+            or not key
+            or len(key) > MAX_KEY_BYTES
+            or len(value) > MAX_VALUE_BYTES
+        ):
             key = check_key(key)
             value = check_value(value, key)
         with self._lock:
@@ -240,7 +246,10 @@ class MemOnlyStore(Store):
     def _install(self, entries: list[FileEntry], replaced: frozenset[str] = frozenset()) -> None:
         dumps = [e for e in entries if e.kind == "dump"]
         if len(dumps) != 1 or len(entries) != 1:
-            raise CorruptionError(self.directory, f"a memonly snapshot names one dump file, got {[e.name for e in entries]}")
+            raise CorruptionError(
+                self.directory,
+                f"a memonly snapshot names one dump file, got {[e.name for e in entries]}",
+            )
         self._data = {}
         self._drop_dump_cache()
         self._load_records(dumps[0].name, truncate_torn=False)

@@ -59,7 +59,9 @@ def encode_batch(ops: Iterable[tuple[bytes, bytes | None]]) -> bytes:
     return b"".join(parts)
 
 
-def decode_at(buf: bytes | memoryview, offset: int, path: str) -> tuple[bytes, bytes | None, int, int]:
+def decode_at(
+    buf: bytes | memoryview, offset: int, path: str
+) -> tuple[bytes, bytes | None, int, int]:
     """Decode the record at ``offset``: ``(key, value_or_None, flags, next_offset)``.
 
     Raises :class:`CorruptionError` naming ``path`` on a bad checksum or a short record.
@@ -113,7 +115,9 @@ def scan(
             raise
         if flags & COMMIT:
             if value is None or len(value) != 4 or _COUNT.unpack(value)[0] != len(pending):
-                raise CorruptionError(path, f"batch commit at offset {offset} does not match its members")
+                raise CorruptionError(
+                    path, f"batch commit at offset {offset} does not match its members"
+                )
             yield from pending
             pending.clear()
             committed_end = nxt
@@ -139,4 +143,5 @@ def _is_tail(buf: bytes | memoryview, offset: int) -> bool:
     if offset + HEADER_SIZE > len(buf):
         return True
     _crc, klen, vlen, _flags = HEADER.unpack_from(buf, offset)
-    return offset + HEADER_SIZE + klen + vlen >= len(buf)
+    extent: int = offset + HEADER_SIZE + klen + vlen
+    return extent >= len(buf)

@@ -16,14 +16,13 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from remotes.base import Remote
 from remotes.manifest import FileInfo, Manifest
 
 from . import background
-from .checksum import crc32c
+from .checksum import file_crc
 from .errors import (
     BackgroundBusy,
     BackgroundDied,
@@ -33,76 +32,18 @@ from .errors import (
     StoreError,
 )
 from .fs import FileSystem
+from .snapshot_info import Frozen, RestoreInfo, SnapshotInfo
 from .version import FileEntry, decode_entries, encode_entries, seq_of
 
 if TYPE_CHECKING:
-    from .base import Store
+    from .core import StoreCore
 
-__all__ = ["Frozen", "SnapshotInfo", "RestoreInfo", "file_crc", "freeze", "restore", "ship", "wait_uploads"]
+__all__ = [
+    "Frozen", "SnapshotInfo", "RestoreInfo", "file_crc", "freeze", "restore", "ship",
+    "wait_uploads",
+]
 
 log = logging.getLogger("statestores")
-
-
-@dataclass(frozen=True)
-class SnapshotInfo:
-    """What one snapshot cost: files/bytes sent to the remote, bytes read, what it references."""
-
-    snapshot_id: int
-    files_uploaded: int
-    bytes_uploaded: int
-    files_total: int
-    bytes_total: int
-    freeze_seconds: float
-    upload_seconds: float
-    #: Bytes of local files read to checksum and upload (only files the remote lacked).
-    bytes_read: int = 0
-
-
-@dataclass(frozen=True)
-class RestoreInfo:
-    """What one restore cost: files/bytes fetched from the remote."""
-
-    snapshot_id: int
-    files_downloaded: int
-    bytes_downloaded: int
-    files_total: int
-    bytes_total: int
-    seconds: float
-
-
-@dataclass
-class Frozen:
-    """The engine's state as files: the version entries naming them, and futures that
-    resolve once files still being written (off the caller's thread) are durable.
-
-    ``finalize`` (optional, run on the uploader thread after ``pending``) returns the
-    entries as they ended up (e.g. without an output that turned out empty).
-    """
-
-    entries: list[FileEntry]
-    pending: list[concurrent.futures.Future[Any]] = field(default_factory=list)
-    finalize: Any = None  # Callable[[], list[FileEntry]] | None
-
-    @property
-    def names(self) -> list[str]:
-        return [e.name for e in self.entries]
-
-
-def file_crc(fs: FileSystem, path: str) -> tuple[int, int]:
-    """``(size, crc32c)`` of a whole file, read in chunks."""
-    fd = fs.open_read(path)
-    try:
-        crc = 0
-        size = 0
-        while True:
-            chunk = fs.pread(fd, 1 << 20, size)
-            if not chunk:
-                break
-            crc = crc32c(chunk, crc)
-            size += len(chunk)
-        return size, crc
-    finally:
-        fs.close(fd)
 
 
 #: The longest ``delay`` :func:`freeze` accepts (seconds): the files stay pinned meanwhile.
@@ -111,18 +52,28 @@ MAX_UPLOAD_DELAY = 60.0
 
 def _check_id(snapshot_id: object, what: str) -> int:
     if isinstance(snapshot_id, bool) or not isinstance(snapshot_id, int):
-        raise TypeError(f"{what} must be an int, got {type(snapshot_id).__name__} {snapshot_id!r:.40}")
+        raise TypeError(
+            f"{what} must be an int, got {type(snapshot_id).__name__} {snapshot_id!r:.40}"
+        )
     if snapshot_id < 0:
         raise ValueError(f"{what} must be >= 0, got {snapshot_id}")
     return snapshot_id
 
 
-def freeze(store: Store, remote: Remote, snapshot_id: int, delay: float = 0.0) -> concurrent.futures.Future[SnapshotInfo]:
+def freeze(
+    store: StoreCore, remote: Remote, snapshot_id: int, delay: float = 0.0
+) -> concurrent.futures.Future[SnapshotInfo]:
     """Freeze ``store`` now (cheap: the engine hands work to its maintainer) and queue the
     upload, which starts ``delay`` seconds from now at the earliest."""
     _check_id(snapshot_id, "snapshot_id")
-    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= MAX_UPLOAD_DELAY:
-        raise ValueError(f"delay must be a number of seconds in [0, {MAX_UPLOAD_DELAY}], got {delay!r:.40}")
+    if (
+        isinstance(delay, bool)
+        or not isinstance(delay, (int, float))
+        or not 0 <= delay <= MAX_UPLOAD_DELAY
+    ):
+        raise ValueError(
+            f"delay must be a number of seconds in [0, {MAX_UPLOAD_DELAY}], got {delay!r:.40}"
+        )
     t0 = time.perf_counter()
     with store._lock:
         store._check_open()
@@ -135,15 +86,19 @@ def freeze(store: Store, remote: Remote, snapshot_id: int, delay: float = 0.0) -
         store._pin(frozen.names)
         store._last_snapshot_id = snapshot_id
         if store._uploader is None:
-            store._uploader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="statestores-upload")
+            store._uploader = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="statestores-upload"
+            )
         uploader = store._uploader
     freeze_s = time.perf_counter() - t0
-    fut = uploader.submit(upload, store, remote, snapshot_id, frozen, freeze_s, time.monotonic() + delay)
+    fut = uploader.submit(
+        upload, store, remote, snapshot_id, frozen, freeze_s, time.monotonic() + delay
+    )
     store._pending_uploads = [f for f in store._pending_uploads if not f.done()] + [fut]
     return fut
 
 
-def _known_infos(store: Store, remote: Remote) -> dict[str, FileInfo]:
+def _known_infos(store: StoreCore, remote: Remote) -> dict[str, FileInfo]:
     """Checksums of files the remote holds, known without reading them: from earlier
     uploads and downloads of this store object, seeded once from the remote's latest manifest."""
     infos = store._file_infos
@@ -187,7 +142,7 @@ def ship(
     return infos, shipped, sent, read
 
 
-def upload(store: Store, remote: Remote, snapshot_id: int, frozen: Frozen, freeze_s: float,
+def upload(store: StoreCore, remote: Remote, snapshot_id: int, frozen: Frozen, freeze_s: float,
            start_at: float = 0.0) -> SnapshotInfo:
     """(uploader thread) Wait for the frozen files, upload what the remote lacks, publish.
 
@@ -210,11 +165,15 @@ def upload(store: Store, remote: Remote, snapshot_id: int, frozen: Frozen, freez
             store._remote_files = dict(remote.list_files())
         have = store._remote_files
         known = _known_infos(store, remote)
-        files = [(e.name, store._path(e.name), known.get(e.name), have.get(e.name)) for e in entries]
+        files = [
+            (e.name, store._path(e.name), known.get(e.name), have.get(e.name)) for e in entries
+        ]
         meta = {"files": encode_entries(entries)}
         local = not remote.shareable or store._local_background
-        fut = background.submit(ship, store.fs if local else None, remote, snapshot_id, store.engine,
-                                files, meta, lane="upload", local=local)
+        fut = background.submit(
+            ship, store.fs if local else None, remote, snapshot_id, store.engine, files, meta,
+            lane="upload", local=local,
+        )
         infos, shipped, sent, read = fut.result()
         known.update(infos)
         for name in shipped:
@@ -234,12 +193,15 @@ def upload(store: Store, remote: Remote, snapshot_id: int, frozen: Frozen, freez
     )
     log.info(
         "snapshot done",
-        extra={"store": store.directory, "snapshot_id": snapshot_id, "files_uploaded": len(shipped), "bytes_uploaded": sent},
+        extra={
+            "store": store.directory, "snapshot_id": snapshot_id, "files_uploaded": len(shipped),
+            "bytes_uploaded": sent,
+        },
     )
     return info_out
 
 
-def wait_uploads(store: Store) -> None:
+def wait_uploads(store: StoreCore) -> None:
     """Wait for every queued upload (their errors belong to the callers of ``snapshot_async``)."""
     pending, store._pending_uploads = store._pending_uploads, []
     for f in pending:
@@ -260,20 +222,25 @@ def manifest_entries(manifest: Manifest) -> list[FileEntry]:
     return entries
 
 
-def restore(store: Store, remote: Remote, snapshot_id: int | None) -> RestoreInfo:
+def restore(store: StoreCore, remote: Remote, snapshot_id: int | None) -> RestoreInfo:
     """Make ``store`` exactly snapshot ``snapshot_id`` (``None``: the latest)."""
     t0 = time.perf_counter()
     wait_uploads(store)
     if snapshot_id is None:
         latest = remote.latest_snapshot()
         if latest is None:
-            raise SnapshotNotFoundError(f"the remote of {store.directory} holds no snapshot to restore")
+            raise SnapshotNotFoundError(
+                f"the remote of {store.directory} holds no snapshot to restore"
+            )
         snapshot_id = latest
     else:
         _check_id(snapshot_id, "snapshot_id")
     manifest = remote.read_manifest(snapshot_id)
     if manifest.engine != store.engine:
-        raise StoreError(f"snapshot {snapshot_id} was taken by engine {manifest.engine!r}, this store is {store.engine!r}")
+        raise StoreError(
+            f"snapshot {snapshot_id} was taken by engine {manifest.engine!r}, this store is "
+            f"{store.engine!r}"
+        )
     entries = manifest_entries(manifest)
     remote_files = remote.list_files()
     downloaded = nbytes = 0
@@ -293,12 +260,17 @@ def restore(store: Store, remote: Remote, snapshot_id: int | None) -> RestoreInf
             ):
                 continue
             if name not in remote_files:
-                raise RemoteError(f"snapshot {snapshot_id} names file {name!r}, which the remote lacks")
+                raise RemoteError(
+                    f"snapshot {snapshot_id} names file {name!r}, which the remote lacks"
+                )
             tmp = path + ".download"
             nbytes += remote.get_file(name, tmp)
             if file_crc(fs, tmp) != (info.size, info.crc):
                 fs.remove(tmp)
-                raise CorruptionError(f"remote:{name}", f"downloaded file does not match snapshot {snapshot_id}'s checksum")
+                raise CorruptionError(
+                    f"remote:{name}",
+                    f"downloaded file does not match snapshot {snapshot_id}'s checksum",
+                )
             fs.rename(tmp, path)
             replaced.add(name)
             downloaded += 1
@@ -320,4 +292,7 @@ def restore(store: Store, remote: Remote, snapshot_id: int | None) -> RestoreInf
     finally:
         with store._lock:
             store._unpin(wanted)
-    return RestoreInfo(snapshot_id, downloaded, nbytes, len(manifest.files), manifest.total_bytes, time.perf_counter() - t0)
+    return RestoreInfo(
+        snapshot_id, downloaded, nbytes, len(manifest.files), manifest.total_bytes,
+        time.perf_counter() - t0,
+    )

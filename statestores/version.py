@@ -22,7 +22,10 @@ from typing import Any
 
 from .errors import CorruptionError
 
-__all__ = ["KINDS", "FileEntry", "VersionEdit", "SnapshotMark", "Version", "seq_of", "encode_entries", "decode_entries"]
+__all__ = [
+    "KINDS", "FileEntry", "VersionEdit", "SnapshotMark", "Version", "seq_of", "encode_entries",
+    "decode_entries",
+]
 
 #: ``run`` (lsm sorted run), ``segment`` (sealed log file), ``hint`` (a segment's index),
 #: ``wal`` (write-ahead log, or an AppendLog's active segment), ``dump`` (memonly).
@@ -91,7 +94,9 @@ class Version:
         add = tuple(added)
         for e in add:
             if e.kind not in KINDS:
-                raise ValueError(f"file {e.name!r} has unknown kind {e.kind!r}; expected one of {KINDS}")
+                raise ValueError(
+                    f"file {e.name!r} has unknown kind {e.kind!r}; expected one of {KINDS}"
+                )
             self.files[e.name] = e
         self.seq += 1
         return VersionEdit(self.seq, add, rem)
@@ -121,7 +126,8 @@ def encode_entries(entries: Iterable[FileEntry]) -> list[list[Any]]:
 
 
 def decode_entries(raw: Any, source: str) -> list[FileEntry]:
-    """Inverse of :func:`encode_entries`; :class:`CorruptionError` naming ``source`` if malformed."""
+    """Inverse of :func:`encode_entries`; :class:`CorruptionError` naming ``source`` if
+    malformed."""
     if not isinstance(raw, list):
         raise CorruptionError(source, f"file list must be a list, got {type(raw).__name__}")
     out: list[FileEntry] = []
@@ -135,6 +141,8 @@ def decode_entries(raw: Any, source: str) -> list[FileEntry]:
             or "/" in item[0]
             or item[0] in ("", ".", "..")
         ):
-            raise CorruptionError(source, f"bad file entry {item!r:.80}; expected [name, kind, level]")
+            raise CorruptionError(
+                source, f"bad file entry {item!r:.80}; expected [name, kind, level]"
+            )
         out.append(FileEntry(item[0], item[1], item[2]))
     return out

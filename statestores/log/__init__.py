@@ -2,7 +2,8 @@
 
 ``segment`` (one log file, writing and scanning it), ``merge`` (the background merge),
 ``index`` (the hash index before it is complete, and redirects after a merge),
-``store`` (:class:`SegmentedStore`: segments, hints, merges, hand-offs, reads).
+``sealed`` (the sealed segments, their hints and the hash index over them), ``store``
+(:class:`SegmentedStore`: hand-offs, reads, merges, on top of ``sealed``).
 """
 
 from __future__ import annotations
@@ -11,4 +12,6 @@ from .merge import MergeFailed, merge_segments
 from .segment import Segment, hint_name, write_records
 from .store import SegmentedStore
 
-__all__ = ["Segment", "SegmentedStore", "MergeFailed", "merge_segments", "write_records", "hint_name"]
+__all__ = [
+    "Segment", "SegmentedStore", "MergeFailed", "merge_segments", "write_records", "hint_name",
+]

@@ -23,7 +23,9 @@ class Redirect:
     """An index redirect in progress after a merge: the output's keys and addresses, and
     how far the redirect got."""
 
-    def __init__(self, keys: list[bytes], addrs: array.array, gone: set[int], inputs: list[Segment]) -> None:
+    def __init__(
+        self, keys: list[bytes], addrs: array.array[int], gone: set[int], inputs: list[Segment]
+    ) -> None:
         self.keys = keys
         self.addrs = addrs
         self.pos = 0
@@ -66,7 +68,9 @@ class PendingIndex:
                     # in slices: one dict.update holds the GIL throughout, and the thread
                     # that opened the store should not wait for the whole build
                     for i in range(0, len(keys), BUILD_SLICE):
-                        index.update(zip(keys[i : i + BUILD_SLICE], addrs[i : i + BUILD_SLICE], strict=True))
+                        index.update(
+                            zip(keys[i : i + BUILD_SLICE], addrs[i : i + BUILD_SLICE], strict=True)
+                        )
                     for k in h.tombstones:
                         index.pop(k, None)
                 self._built = index

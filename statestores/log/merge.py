@@ -55,8 +55,9 @@ def merge_segments(
     segments, which have none) from reading every record of the input.
 
     Runs in a background process (``fs`` None: the real file system) or, with a test's
-    ``FaultyFS``, on a thread of this process, so an injected fault reaches it. Writes ``<out>.tmp`` and ``<out hint>.tmp`` (the store
-    renames them) and returns ``(bytes, live records, tombstones)``. The newest record of
+    ``FaultyFS``, on a thread of this process, so an injected fault reaches it. Writes
+    ``<out>.tmp`` and ``<out hint>.tmp`` (the store renames them) and returns ``(bytes,
+    live records, tombstones)``. The newest record of
     each key wins; tombstones are dropped with ``drop_tombstones``. Every copied record's
     checksum is verified; bad input raises :class:`MergeFailed` naming the file.
     """
@@ -112,14 +113,18 @@ def merge_segments(
                     pos += len(buf)
                     buf = bytearray()
                     if pos > OFFSET_MASK:  # addresses hold 36 bits of offset
-                        raise MergeFailed(out_path, "a merged segment would exceed 64 GiB; not merging")
+                        raise MergeFailed(
+                            out_path, "a merged segment would exceed 64 GiB; not merging"
+                        )
             fs.write(fd, buf)
             pos += len(buf)
             if fsync:
                 fs.fsync(fd)
         finally:
             fs.close(fd)
-        fs.write_file_atomic(out_hint + ".tmp", hints.encode(out_seq, pos, keys, addrs, tombs), sync=fsync)
+        fs.write_file_atomic(
+            out_hint + ".tmp", hints.encode(out_seq, pos, keys, addrs, tombs), sync=fsync
+        )
         return pos, len(keys), len(tombs)
     except CorruptionError as exc:
         fs.remove(out_path + ".tmp")
@@ -139,8 +144,12 @@ def _copy_record(mm: Any, off: int, key: bytes, path: str) -> bytes:
         raise CorruptionError(path, f"record offset {off} is past the end of the file")
     crc, klen, vlen, flags = _HEADER.unpack_from(mm, off)
     end = off + _HEADER_SIZE + klen + vlen
-    rec = mm[off:end]
-    if end > len(mm) or crc32c(memoryview(rec)[4:]) != crc or rec[_HEADER_SIZE : _HEADER_SIZE + klen] != key:
+    rec: bytes = mm[off:end]
+    if (
+        end > len(mm)
+        or crc32c(memoryview(rec)[4:]) != crc
+        or rec[_HEADER_SIZE : _HEADER_SIZE + klen] != key
+    ):
         raise CorruptionError(path, f"checksum mismatch in record at offset {off}")
     if flags & ~records.TOMBSTONE:
         # a batch member: outside its batch it is a plain record

@@ -74,7 +74,8 @@ class Segment:
         return self.seq << OFFSET_BITS
 
     def map(self, fs: FileSystem, fd: int) -> None:
-        """(Re)map the file behind ``fd``; publishes ``mm`` before ``mapped`` for lock-free readers."""
+        """(Re)map the file behind ``fd``; publishes ``mm`` before ``mapped`` for lock-free
+        readers."""
         mm = fs.mmap(fd)
         self.mm = mm
         self.mapped = len(mm) if mm is not None else 0
@@ -129,9 +130,13 @@ class Segment:
             key, value, _f, _end = records.decode_at(self.mm, offset, self.path)
             return key, value
         if self.sealed:
-            raise CorruptionError(self.path, f"record offset {offset} is past the end of the file ({self.size} bytes)")
+            raise CorruptionError(
+                self.path, f"record offset {offset} is past the end of the file ({self.size} bytes)"
+            )
         if offset >= self.flushed:
-            key, value, _f, _end = records.decode_at(memoryview(self.wbuf), offset - self.flushed, self.path)
+            key, value, _f, _end = records.decode_at(
+                memoryview(self.wbuf), offset - self.flushed, self.path
+            )
             return key, value
         if self.flushed - self.mapped >= _REMAP_BYTES and self.rfd is not None:
             self.map(fs, self.rfd)
@@ -153,7 +158,7 @@ _REMAP_BYTES = 1 << 20
 
 def write_records(
     fs: FileSystem, fd: int, seq: int, items: Iterable[tuple[bytes, bytes | None]]
-) -> tuple[int, list[bytes], array.array, list[bytes]]:
+) -> tuple[int, list[bytes], array.array[int], list[bytes]]:
     """Write one record per ``(key, value_or_None)`` (keys unique) to the new file ``fd``.
 
     Returns ``(size, live_keys, live_addresses, tombstone_keys)`` for the hint.
@@ -214,7 +219,9 @@ def scan_segment(
             tombs.discard(key)
     if res.torn:
         if not truncate_torn:
-            raise CorruptionError(path, f"torn record at offset {res.valid_end} of a sealed segment")
+            raise CorruptionError(
+                path, f"torn record at offset {res.valid_end} of a sealed segment"
+            )
         fs.truncate(path, res.valid_end)
     return res.valid_end, alive, tombs
 
@@ -223,8 +230,9 @@ _first = itemgetter(0)
 
 
 def write_segment(
-    fs: FileSystem | None, directory: str, name: str, seq: int, items: list[tuple[bytes, bytes | None]], fsync: bool,
-) -> tuple[int, list[bytes], array.array, list[bytes]]:
+    fs: FileSystem | None, directory: str, name: str, seq: int,
+    items: list[tuple[bytes, bytes | None]], fsync: bool,
+) -> tuple[int, list[bytes], array.array[int], list[bytes]]:
     """Write ``items`` (unique keys, any order) in key order as the new sealed segment
     ``name`` of ``directory`` plus its hint (hint keys must be sorted, see ``PendingIndex``);
     returns the segment's size, live keys, their addresses and the tombstones.
@@ -252,4 +260,7 @@ def write_hint(
     tombs: list[bytes], fsync: bool,
 ) -> None:
     """The hint of segment ``name`` (``size`` bytes; ``keys`` sorted), written atomically."""
-    fs.write_file_atomic(os.path.join(directory, hint_name(name)), hints.encode(seq, size, keys, addrs, tombs), sync=fsync)
+    fs.write_file_atomic(
+        os.path.join(directory, hint_name(name)), hints.encode(seq, size, keys, addrs, tombs),
+        sync=fsync,
+    )

@@ -1,11 +1,12 @@
 """Bloom filters for run files (``FORMAT.md`` § lsm, "Bloom block").
 
 Sizing follows the thesis: ``m = ceil(-n ln ε / (ln 2)²)`` bits and
-``k = floor(m / n · ln 2)`` probes. Probe ``i`` of a key is ``(h1 + i·h2) mod m`` (mathematical modulo, result in
-``[0, m)``) where ``(h1, h2)`` are the two halves of the 128-bit MurmurHash3 x64 of the key,
-each read as a *signed* little-endian 64-bit integer (``mmh3.hash64(key)``, seed 0):
-one hash call per key, reused across every run a lookup visits (double hashing,
-Kirsch–Mitzenmacher). Bit ``p`` is bit ``p % 8`` (least significant first) of byte ``p // 8``.
+``k = floor(m / n · ln 2)`` probes. Probe ``i`` of a key is ``(h1 + i·h2) mod m``
+(mathematical modulo, result in ``[0, m)``) where ``(h1, h2)`` are the two halves of the
+128-bit MurmurHash3 x64 of the key, each read as a *signed* little-endian 64-bit integer
+(``mmh3.hash64(key)``, seed 0): one hash call per key, reused across every run a lookup
+visits (double hashing, Kirsch–Mitzenmacher). Bit ``p`` is bit ``p % 8`` (least
+significant first) of byte ``p // 8``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ _CHUNK = 1 << 16
 
 def key_hash(key: bytes) -> tuple[int, int]:
     """The two 64-bit halves of the key's hash, as used by :meth:`Bloom.might_contain`."""
-    return _hash64(key)  # type: ignore[no-any-return]
+    return _hash64(key)
 
 
 def params(n: int, fpr: float) -> tuple[int, int]:
@@ -61,7 +62,7 @@ class Bloom:
         self.probes = range(1, k)
 
     @classmethod
-    def build(cls, hashes: array, fpr: float) -> Bloom:
+    def build(cls, hashes: array[int], fpr: float) -> Bloom:
         """A filter over keys whose :func:`key_hash` halves are flattened in ``hashes``."""
         n = len(hashes) // 2
         m, k = params(n, fpr)

@@ -111,15 +111,20 @@ def merge_runs(
     fs = fs if fs is not None else FileSystem()
     readers = [RunReader(fs, p) for p in inputs]
     writer = RunWriter(
-        fs, output, density_factor=density_factor, block_bytes=block_bytes, bloom_fpr=bloom_fpr, fsync=fsync
+        fs, output, density_factor=density_factor, block_bytes=block_bytes, bloom_fpr=bloom_fpr,
+        fsync=fsync,
     )
     try:
-        for keys, values in merge_chunks([r.chunks() for r in readers], drop_tombstones=drop_tombstones):
+        for keys, values in merge_chunks(
+            [r.chunks() for r in readers], drop_tombstones=drop_tombstones
+        ):
             writer.add_many(keys, values)
         if writer.count == 0:
             writer.abort()
             fs.remove(output)
-            return {"count": 0, "tombstones": 0, "bytes": 0, "inputs": sum(r.count for r in readers)}
+            return {
+                "count": 0, "tombstones": 0, "bytes": 0, "inputs": sum(r.count for r in readers),
+            }
         out = writer.finish()
     except BaseException:
         writer.abort()
@@ -152,7 +157,8 @@ def flush_memtable(
     if not keys:
         return {"count": 0, "tombstones": 0, "bytes": 0}
     writer = RunWriter(
-        fs if fs is not None else FileSystem(), output, density_factor=density_factor, block_bytes=block_bytes, bloom_fpr=bloom_fpr, fsync=fsync
+        fs if fs is not None else FileSystem(), output, density_factor=density_factor,
+        block_bytes=block_bytes, bloom_fpr=bloom_fpr, fsync=fsync,
     )
     try:
         writer.add_many(keys, values)

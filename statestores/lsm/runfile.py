@@ -64,7 +64,7 @@ def encode_block(keys: list[bytes], values: list[bytes | None]) -> bytes:
     n = len(keys)
     vlens = [TOMBSTONE_LEN if v is None else len(v) for v in values]
     if TOMBSTONE_LEN in vlens:
-        vbytes = b"".join([v for v in values if v is not None])  # type: ignore[misc]
+        vbytes = b"".join([v for v in values if v is not None])
     else:
         vbytes = b"".join(values)  # type: ignore[arg-type]
     body = b"".join((struct.pack(f"<{2 * n + 1}I", n, *map(len, keys), *vlens), *keys, vbytes))
@@ -195,7 +195,10 @@ class RunWriter:
         if not n:
             return
         if (keys[0] <= self._last_key and self.count) or any(map(bytes.__ge__, keys, keys[1:])):
-            raise ValueError(f"run keys must ascend strictly ({self.path}): got {keys[:3]!r:.80} after {self._last_key!r:.60}")
+            raise ValueError(
+                f"run keys must ascend strictly ({self.path}): got {keys[:3]!r:.80} after "
+                f"{self._last_key!r:.60}"
+            )
         d = self.density_factor
         limit = self.block_bytes
         hashes = self._hashes
@@ -290,7 +293,10 @@ def write_run(
     fsync: bool = False,
 ) -> dict[str, Any]:
     """Write a whole run from sorted ``keys`` and their ``values`` in one go."""
-    w = RunWriter(fs, path, density_factor=density_factor, block_bytes=block_bytes, bloom_fpr=bloom_fpr, fsync=fsync)
+    w = RunWriter(
+        fs, path, density_factor=density_factor, block_bytes=block_bytes, bloom_fpr=bloom_fpr,
+        fsync=fsync,
+    )
     try:
         w.add_many(keys, values)
     except BaseException:
@@ -302,7 +308,9 @@ def write_run(
 class RunReader:
     """An open run: footer, fence index and Bloom filter in memory, blocks on disk."""
 
-    __slots__ = ("path", "name", "level", "count", "tombstones", "size", "index", "bloom", "mm", "uid")
+    __slots__ = (
+        "path", "name", "level", "count", "tombstones", "size", "index", "bloom", "mm", "uid",
+    )
 
     def __init__(self, fs: FileSystem, path: str, name: str = "", level: int = 0) -> None:
         self.path = path
@@ -317,12 +325,17 @@ class RunReader:
             raise CorruptionError(path, "run file too short for its footer")
         self.size = len(mm)
         foot = mm[-FOOTER.size :]
-        (magic, version, _flags, count, tombs, index_off, index_len, bloom_off, bloom_len, m, k, crc) = FOOTER.unpack(foot)
+        (
+            magic, version, _flags, count, tombs, index_off, index_len, bloom_off, bloom_len, m, k,
+            crc,
+        ) = FOOTER.unpack(foot)
         if magic != MAGIC or crc32c(foot[:-4]) != crc:
             raise CorruptionError(path, "run footer has a bad magic or checksum")
         if version != VERSION:
             raise CorruptionError(path, f"run file version {version} is not supported")
-        if not (index_off + index_len == bloom_off and bloom_off + bloom_len == self.size - FOOTER.size):
+        if not (
+            index_off + index_len == bloom_off and bloom_off + bloom_len == self.size - FOOTER.size
+        ):
             raise CorruptionError(path, "run footer offsets do not match the file size")
         self.count = count
         self.tombstones = tombs
@@ -330,13 +343,21 @@ class RunReader:
         if self.index.offsets[-1] != index_off:
             raise CorruptionError(path, "run index does not end where the footer says")
         braw = mm[bloom_off : bloom_off + bloom_len]
-        if len(braw) < 4 or crc32c(memoryview(braw)[:-4]) != _U32.unpack_from(braw, len(braw) - 4)[0]:
+        if (
+            len(braw) < 4
+            or crc32c(memoryview(braw)[:-4]) != _U32.unpack_from(braw, len(braw) - 4)[0]
+        ):
             raise CorruptionError(path, "run bloom filter checksum mismatch")
         if len(braw) - 4 != (m + 7) // 8 or not 1 <= k <= MAX_PROBES:
-            raise CorruptionError(path, "run bloom filter size or probe count does not match the footer")
+            raise CorruptionError(
+                path, "run bloom filter size or probe count does not match the footer"
+            )
         if k != probes_for(m, count):  # another k would make lookups miss keys the run holds
-            raise CorruptionError(path, f"run bloom filter probe count {k} does not match its {m} bits "
-                                        f"over {count} records")
+            raise CorruptionError(
+                path,
+                f"run bloom filter probe count {k} does not match its {m} bits "
+                f"over {count} records",
+            )
         self.bloom = Bloom.from_bytes(braw[:-4], m, k)
         self.mm = mm
         self.uid = next(_uids) << 32  # block-cache ids are uid + block index

@@ -30,10 +30,11 @@ import msgpack
 
 from .. import current
 from ..base import Store
-from ..checksum import crc32c
+from ..checksum import crc32c, file_crc
+from ..engines import engine_class
 from ..errors import CorruptionError, SnapshotNotFoundError, StoreClosedError, StoreError
 from ..fs import FileSystem
-from ..snapshots import file_crc, manifest_entries
+from ..snapshots import manifest_entries
 from ..version import FileEntry, decode_entries, encode_entries, seq_of
 from .shipper import SHIPPED_KINDS
 from .source import Received, Source
@@ -76,11 +77,11 @@ class Follower:
     ``options`` are the engine's, checked now and used by :meth:`promote`.
     """
 
-    def __init__(self, engine: str, directory: str | os.PathLike[str], source: Source, *,
-                 name: str | None = None, keep_marks: int = 2, live_only: bool = False, seed: Remote | None = None,
-                 **options: Any) -> None:
-        from .. import engine_class  # the package imports this module
-
+    def __init__(
+        self, engine: str, directory: str | os.PathLike[str], source: Source, *,
+        name: str | None = None, keep_marks: int = 2, live_only: bool = False,
+        seed: Remote | None = None, **options: Any,
+    ) -> None:
         self.engine_cls = engine_class(engine)
         self.engine = engine
         self.options = options
@@ -113,7 +114,9 @@ class Follower:
         except BaseException:
             self.fs.unlock(self._lock_fd)
             raise
-        self._thread = threading.Thread(target=self._run, name=f"statestores-follow-{self.name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"statestores-follow-{self.name}", daemon=True
+        )
         self._thread.start()
 
     # ------------------------------------------------------------------ state
@@ -126,10 +129,13 @@ class Follower:
         self.seq = 0
         self.origin = ""
         self.files: dict[str, FileEntry] = {}
-        self.marks: list[tuple[int, int, tuple[FileEntry, ...]]] = []  # (snapshot_id, seq, files), oldest first
+        #: (snapshot_id, seq, files), oldest first
+        self.marks: list[tuple[int, int, tuple[FileEntry, ...]]] = []
         if not self.fs.exists(path):
             if current.exists(self.fs, self.directory):
-                raise StoreError(f"{self.directory} holds a store, not a replica: follow into an empty directory")
+                raise StoreError(
+                    f"{self.directory} holds a store, not a replica: follow into an empty directory"
+                )
         else:
             data = self.fs.read_file(path)
             magic, crc = _HEAD.unpack_from(data) if len(data) >= _HEAD.size else (b"", 0)
@@ -139,18 +145,24 @@ class Follower:
             try:
                 doc = msgpack.unpackb(body, raw=False)
                 if doc.get("engine") != self.engine:
-                    raise StoreError(f"{path}: a replica of engine {doc.get('engine')!r}, not {self.engine!r}")
+                    raise StoreError(
+                        f"{path}: a replica of engine {doc.get('engine')!r}, not {self.engine!r}"
+                    )
                 self.seq = int(doc["seq"])
                 self.origin = str(doc["origin"])
                 self.files = {e.name: e for e in decode_entries(doc["files"], path)}
-                self.marks = [(int(i), int(s), tuple(decode_entries(f, path))) for i, s, f in doc["marks"]]
+                self.marks = [
+                    (int(i), int(s), tuple(decode_entries(f, path))) for i, s, f in doc["marks"]
+                ]
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise CorruptionError(path, f"malformed replica state: {exc}") from None
             for n in self._needed():
                 if not self.fs.exists(self._path(n)):
                     raise CorruptionError(path, f"names {n!r}, which is missing")
         for n in self.fs.listdir(self.directory):  # leftovers of a crash mid-install
-            if n.endswith(_PART) or (n.startswith(self.engine_cls.PREFIX + "-") and n not in self._needed()):
+            if n.endswith(_PART) or (
+                n.startswith(self.engine_cls.PREFIX + "-") and n not in self._needed()
+            ):
                 self.fs.remove(self._path(n))
 
     def _save(self) -> None:
@@ -162,7 +174,9 @@ class Follower:
             "marks": [[i, s, encode_entries(f)] for i, s, f in self.marks],
         }
         body = msgpack.packb(doc, use_bin_type=True)
-        self.fs.write_file_atomic(self._path(STATE_NAME), _HEAD.pack(_MAGIC, crc32c(body)) + body, sync=self._sync)
+        self.fs.write_file_atomic(
+            self._path(STATE_NAME), _HEAD.pack(_MAGIC, crc32c(body)) + body, sync=self._sync
+        )
 
     def _needed(self) -> set[str]:
         """(lock held) Files the version, a retained mark or a reader still needs."""
@@ -186,7 +200,10 @@ class Follower:
     def _hello(self) -> Hello:
         with self._lock:
             mark = self.marks[-1][0] if self.marks else -1
-            return Hello(self.name, self.seq, mark, tuple(sorted(self._have_locked())), self.origin, self.live_only)
+            return Hello(
+                self.name, self.seq, mark, tuple(sorted(self._have_locked())), self.origin,
+                self.live_only,
+            )
 
     def _have_locked(self) -> set[str]:
         return set(self.files) | {e.name for _i, _s, f in self.marks for e in f} | set(self._seeded)
@@ -214,7 +231,9 @@ class Follower:
                 remote.get_file(name, part)
                 if file_crc(self.fs, part) != (info.size, info.crc):
                     os.remove(part)
-                    raise CorruptionError(f"remote:{name}", f"does not match snapshot {latest}'s checksum")
+                    raise CorruptionError(
+                        f"remote:{name}", f"does not match snapshot {latest}'s checksum"
+                    )
                 self.fs.rename(part, self._path(name))
                 with self._lock:
                     self._seeded[name] = self._checked[name] = (info.size, info.crc)
@@ -222,8 +241,11 @@ class Follower:
             log.info("replica %s: seeded with %d files (%d bytes) of snapshot %d", self.directory,
                      len(self._seeded), self._counts["seeded_bytes"], latest)
         except Exception as exc:
-            log.info("replica %s: seeding from the snapshot remote stopped (%s); the source ships the rest",
-                     self.directory, exc)
+            log.info(
+                "replica %s: seeding from the snapshot remote stopped (%s); "
+                "the source ships the rest",
+                self.directory, exc,
+            )
 
     def _drop_seeded(self, names: list[str]) -> None:
         with self._lock:
@@ -260,10 +282,18 @@ class Follower:
             except (ConnectionError, OSError, ReplicationError, CorruptionError) as exc:
                 if self._stop.is_set():
                     break
-                kind = "corrupt" if isinstance(exc, CorruptionError) else "gaps" if isinstance(exc, _Gap) else "reconnects"
+                if isinstance(exc, CorruptionError):
+                    kind = "corrupt"
+                elif isinstance(exc, _Gap):
+                    kind = "gaps"
+                else:
+                    kind = "reconnects"
                 self._counts[kind] += 1
                 self.last_error = exc
-                log.info("replica %s: %s; reopening the stream from version %d", self.directory, exc, self.seq)
+                log.info(
+                    "replica %s: %s; reopening the stream from version %d", self.directory, exc,
+                    self.seq,
+                )
             except Exception as exc:  # a bug: keep trying, loudly
                 self._counts["errors"] += 1
                 self.last_error = exc
@@ -275,7 +305,10 @@ class Follower:
         with self._lock:
             newest = self.marks[-1][0] if self.marks else -1
             if tip.seq > self.seq or tip.mark > newest:
-                raise _Gap(f"the source is at version {tip.seq}, mark {tip.mark}; this replica at {self.seq}, {newest}")
+                raise _Gap(
+                    f"the source is at version {tip.seq}, mark {tip.mark}; this replica at "
+                    f"{self.seq}, {newest}"
+                )
 
     def _receive(self, item: Received, wanted: list[tuple[str, int, int]]) -> list[str]:
         """Fetch the bodies, check each (size, crc32c); the temp names, or nothing installed."""
@@ -286,7 +319,11 @@ class Follower:
                 got = file_crc(self.fs, dests[n])
                 if got != (size, crc):
                     self._counts["bad_bodies"] += 1
-                    raise CorruptionError(f"replica:{n}", f"received {got[0]} bytes with crc {got[1]:#x}, expected {size} with {crc:#x}")
+                    raise CorruptionError(
+                        f"replica:{n}",
+                        f"received {got[0]} bytes with crc {got[1]:#x}, expected {size} with "
+                        f"{crc:#x}",
+                    )
                 self._counts["bytes"] += size
         except BaseException:
             for d in dests.values():
@@ -322,13 +359,21 @@ class Follower:
                 stale = msg.snapshot_id <= newest
                 if not stale and msg.seq > self.seq:
                     item.fetch(None)
-                    raise _Gap(f"mark of snapshot {msg.snapshot_id} (version {msg.seq}) arrived at version {self.seq}")
+                    raise _Gap(
+                        f"mark of snapshot {msg.snapshot_id} (version {msg.seq}) arrived at "
+                        f"version {self.seq}"
+                    )
         if stale:  # a duplicate: read past its bodies
             self._counts["duplicates"] += 1
             item.fetch(None)
             return
-        reseed = [f.entry.name for f in files
-                  if not f.body and f.entry.name in self._seeded and self._seeded[f.entry.name] != (f.size, f.crc)]
+        reseed = [
+            f.entry.name
+            for f in files
+            if not f.body
+            and f.entry.name in self._seeded
+            and self._seeded[f.entry.name] != (f.size, f.crc)
+        ]
         if reseed:  # not the source's file of that name: drop it, the next hello will not list it
             item.fetch(None)
             self._drop_seeded(reseed)
@@ -370,7 +415,9 @@ class Follower:
 
     # ------------------------------------------------------------------ the user's side
 
-    def wait(self, *, seq: int | None = None, snapshot_id: int | None = None, timeout: float = 30.0) -> None:
+    def wait(
+        self, *, seq: int | None = None, snapshot_id: int | None = None, timeout: float = 30.0
+    ) -> None:
         """Block until the replica holds version ``seq`` and/or snapshot ``snapshot_id``;
         :class:`TimeoutError` (with the last stream error) after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
@@ -383,11 +430,12 @@ class Follower:
             while not reached():
                 left = deadline - time.monotonic()
                 if left <= 0 or self._closed:
+                    so_far = ", ".join(f"{k} {v}" for k, v in sorted(self._counts.items()))
                     raise TimeoutError(
                         f"replica {self.directory} reached version {self.seq}, marks "
-                        f"{[i for i, _s, _f in self.marks]}, not version {seq} / snapshot {snapshot_id} "
-                        f"within {timeout} s (last stream error: {self.last_error}; so far: "
-                        f"{', '.join(f'{k} {v}' for k, v in sorted(self._counts.items())) or 'nothing received'})"
+                        f"{[i for i, _s, _f in self.marks]}, not version {seq} / snapshot "
+                        f"{snapshot_id} within {timeout} s (last stream error: "
+                        f"{self.last_error}; so far: {so_far or 'nothing received'})"
                     )
                 self._cond.wait(min(left, 0.5))
 
@@ -436,11 +484,18 @@ class Follower:
                 "snapshots": [i for i, _s, _f in self.marks],
                 "bytes_received": self._counts["bytes"],
                 "bytes_seeded": self._counts["seeded_bytes"],
-                **{k: self._counts[k] for k in ("edits", "bases", "marks", "duplicates", "gaps", "corrupt", "reconnects")},
+                **{
+                    k: self._counts[k]
+                    for k in (
+                        "edits", "bases", "marks", "duplicates", "gaps", "corrupt", "reconnects",
+                    )
+                },
             }
 
-    def promote(self, snapshot_id: int | None = None, *, directory: str | os.PathLike[str] | None = None,
-                **options: Any) -> Store:
+    def promote(
+        self, snapshot_id: int | None = None, *, directory: str | os.PathLike[str] | None = None,
+        **options: Any,
+    ) -> Store:
         """Stop following and open the engine on the replica's own files (nothing copied).
 
         ``snapshot_id``: become that retained snapshot (:class:`SnapshotNotFoundError`
@@ -462,7 +517,8 @@ class Follower:
                 found = [m for m in self.marks if m[0] == snapshot_id]
                 if not found:
                     raise SnapshotNotFoundError(
-                        f"replica {self.directory} holds snapshots {[i for i, _s, _f in self.marks]}, not {snapshot_id}"
+                        f"replica {self.directory} holds snapshots "
+                        f"{[i for i, _s, _f in self.marks]}, not {snapshot_id}"
                     )
                 _i, seq, files = found[0]
                 entries = list(files)
@@ -471,7 +527,10 @@ class Follower:
                 old_fd = self.fs.lock(os.path.join(target, _LOCK_NAME))  # nobody may be using it
             names = [e.name for e in entries]
             top = max([seq_of(n) for n in names] + [0])
-            current.write(self.fs, self.directory, {"seq": top, "version": seq, "files": encode_entries(entries)}, sync=self._sync)
+            current.write(
+                self.fs, self.directory,
+                {"seq": top, "version": seq, "files": encode_entries(entries)}, sync=self._sync,
+            )
             os.remove(self._path(STATE_NAME))
             self._closed = True
             self._cond.notify_all()
@@ -492,7 +551,9 @@ class Follower:
         self.source.close()
         self._thread.join(timeout=30)
         if self._thread.is_alive():
-            raise ReplicationError(f"replica {self.directory}: the follow thread did not stop within 30 s")
+            raise ReplicationError(
+                f"replica {self.directory}: the follow thread did not stop within 30 s"
+            )
 
     def close(self) -> None:
         """Stop following; the directory keeps the replica (a later Follower resumes it)."""

@@ -36,8 +36,9 @@ Safety. A slot is written only when no unacknowledged message names it, and at m
 ``slots`` messages are unacknowledged; the sink deletes acknowledged messages. A new
 source whose follower stands where the ack says continues the stream; any other open —
 older state (a restored replica, a crash between install and ack), or a retry after the
-follower rejected a message — writes a restart request under a fresh epoch. The sink then drops every unconsumed message (the
-follower reads only its new epoch, so their slots are free), restarts
+follower rejected a message — writes a restart request under a fresh epoch. The sink then
+drops every unconsumed message (the follower reads only its new epoch, so their slots are
+free), restarts
 :meth:`Shipper.stream` from the request's hello (a base edit if needed) and announces the
 epoch in ``tip``. A new sink on an existing directory adopts the ack's epoch and keeps
 the published messages after it, numbering on, so a follower mid-stream goes on reading
@@ -92,7 +93,7 @@ _fs = FileSystem()
 
 
 def _pack(magic: bytes, fields: list[Any]) -> bytes:
-    payload = msgpack.packb(fields, use_bin_type=True)
+    payload: bytes = msgpack.packb(fields, use_bin_type=True)
     return _HEAD.pack(magic, crc32c(payload), len(payload)) + payload
 
 
@@ -107,14 +108,24 @@ def _load(path: str, magic: bytes, shape: tuple[Any, ...]) -> list[Any] | None:
     got, crc, size = _HEAD.unpack_from(data) if len(data) >= _HEAD.size else (b"", 0, -1)
     payload = data[_HEAD.size:]
     if got != magic or size != len(payload) or crc32c(payload) != crc:
-        raise ProtocolError(f"{path}: bad magic, length or crc32c (expected a {magic.decode()} record)")
+        raise ProtocolError(
+            f"{path}: bad magic, length or crc32c (expected a {magic.decode()} record)"
+        )
     try:
         fields = msgpack.unpackb(payload, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several types for malformed input
         raise ProtocolError(f"{path}: the payload is not msgpack: {exc}") from None
-    if not isinstance(fields, list) or len(fields) != len(shape) or any(
-            not isinstance(v, t) or (isinstance(v, bool) and t is int) for v, t in zip(fields, shape, strict=False)):
-        raise ProtocolError(f"{path}: expected {len(shape)} fields of types {shape}, got {fields!r:.100}")
+    if (
+        not isinstance(fields, list)
+        or len(fields) != len(shape)
+        or any(
+            not isinstance(v, t) or (isinstance(v, bool) and t is int)
+            for v, t in zip(fields, shape, strict=False)
+        )
+    ):
+        raise ProtocolError(
+            f"{path}: expected {len(shape)} fields of types {shape}, got {fields!r:.100}"
+        )
     return fields
 
 
@@ -168,8 +179,12 @@ def _read_msg(path: str) -> _Published | None:
     where: dict[str, tuple[int, int]] = {}
     for name, _size in bodies_of(msg):
         at = slots.get(name)
-        if not (isinstance(at, list) and len(at) == 2 and all(isinstance(v, int) and v >= 0 for v in at)):
-            raise ProtocolError(f"{path}: body {name!r} needs a [slot, offset] of ints >= 0, got {at!r:.40}")
+        if not (
+            isinstance(at, list) and len(at) == 2 and all(isinstance(v, int) and v >= 0 for v in at)
+        ):
+            raise ProtocolError(
+                f"{path}: body {name!r} needs a [slot, offset] of ints >= 0, got {at!r:.40}"
+            )
         where[name] = (at[0], at[1])
     return _Published(epoch, n, msg, where)
 
@@ -187,7 +202,9 @@ def _read_ack(directory: str) -> _AckRec | None:
     epoch, n, seq, mark, origin, restart = fields
     hello = wire.decode(restart) if restart is not None else None
     if hello is not None and not isinstance(hello, Hello):
-        raise ProtocolError(f"{path}: a restart request must hold a hello, got {type(hello).__name__}")
+        raise ProtocolError(
+            f"{path}: a restart request must hold a hello, got {type(hello).__name__}"
+        )
     return _AckRec(epoch, n, seq, mark, origin, hello)
 
 
@@ -205,7 +222,9 @@ def _copy(src: str, offset: int, size: int, fd: int, at: int) -> None:
         while done < size:
             chunk = f.read(min(_CHUNK, size - done))
             if not chunk:
-                raise ProtocolError(f"{src} ends {size - done} bytes short of a {size}-byte body at {offset}")
+                raise ProtocolError(
+                    f"{src} ends {size - done} bytes short of a {size}-byte body at {offset}"
+                )
             os.pwrite(fd, chunk, at + done)
             done += len(chunk)
 
@@ -223,19 +242,29 @@ class PathSink:
     ``slot_bytes_hint``: bytes to reserve in each slot up front (and keep); ``sync``:
     fsync slots and messages before publishing (for mounts that need it)."""
 
-    def __init__(self, shipper: Shipper, directory: str | os.PathLike[str], *, slots: int = 64,
-                 slot_bytes_hint: int | None = None, sync: bool = False, idle: float = 0.05) -> None:
+    def __init__(
+        self, shipper: Shipper, directory: str | os.PathLike[str], *, slots: int = 64,
+        slot_bytes_hint: int | None = None, sync: bool = False, idle: float = 0.05,
+    ) -> None:
         if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= 9999:
             raise ValueError(f"slots must be an int in [1, 9999], got {slots!r}")
-        if slot_bytes_hint is not None and (not isinstance(slot_bytes_hint, int) or slot_bytes_hint < 0):
-            raise ValueError(f"slot_bytes_hint must be None or an int >= 0, got {slot_bytes_hint!r}")
-        self.shipper, self.slots, self.hint, self.sync, self.idle = shipper, slots, slot_bytes_hint or 0, sync, idle
+        if slot_bytes_hint is not None and (
+            not isinstance(slot_bytes_hint, int) or slot_bytes_hint < 0
+        ):
+            raise ValueError(
+                f"slot_bytes_hint must be None or an int >= 0, got {slot_bytes_hint!r}"
+            )
+        self.shipper, self.slots, self.hint, self.sync, self.idle = (
+            shipper, slots, slot_bytes_hint or 0, sync, idle,
+        )
         self.directory = os.path.abspath(os.fspath(directory))
         os.makedirs(os.path.join(self.directory, "edits"), exist_ok=True)
         try:
             self._lock_fd = _fs.lock(os.path.join(self.directory, "sink.lock"))
         except LockedError:
-            raise ReplicationError(f"{self.directory}: another PathSink is writing into it") from None
+            raise ReplicationError(
+                f"{self.directory}: another PathSink is writing into it"
+            ) from None
         for i in range(slots):  # up front, so a full disk shows now, not mid-stream
             with open(_slot_path(self.directory, i), "ab") as f:
                 if self.hint and os.fstat(f.fileno()).st_size < self.hint:
@@ -247,7 +276,9 @@ class PathSink:
         self._tip: _TipRec | None = None
         self.restarts = 0
         self.last_error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=f"statestores-pathsink-{shipper.name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"statestores-pathsink-{shipper.name}", daemon=True
+        )
         self._thread.start()
 
     # -- the loop
@@ -257,9 +288,14 @@ class PathSink:
             try:
                 self._serve()
                 return
-            except (OSError, ReplicationError) as exc:  # e.g. the mount went away: retry from the ack
+            except (
+                OSError,
+                ReplicationError,
+            ) as exc:  # e.g. the mount went away: retry from the ack
                 self.last_error = exc
-                log.warning("path sink %s: %s; restarting from the follower's ack", self.directory, exc)
+                log.warning(
+                    "path sink %s: %s; restarting from the follower's ack", self.directory, exc
+                )
                 self._stop.wait(0.5)
 
     def _serve(self) -> None:
@@ -289,7 +325,9 @@ class PathSink:
         except _Switch as sw:
             return sw.args[0]  # type: ignore[no-any-return]
         finally:
-            getattr(stream, "close", lambda: None)()  # the shipper releases the files it holds for us
+            getattr(
+                stream, "close", lambda: None
+            )()  # the shipper releases the files it holds for us
 
     # -- state
 
@@ -334,7 +372,9 @@ class PathSink:
         for n in sorted(self._published):
             pub = _read_msg(_msg_path(self.directory, n))
             if pub is None:
-                raise ReplicationError(f"message {n} vanished from {self.directory} while this sink adopted it")
+                raise ReplicationError(
+                    f"message {n} vanished from {self.directory} while this sink adopted it"
+                )
             hello = wire.after(hello, pub.msg)
         self._hello = hello
         if self._hello.store != self.shipper.name:
@@ -427,7 +467,9 @@ class PathSink:
         self._stop.set()
         self._thread.join(timeout=10)
         if self._thread.is_alive():
-            raise ReplicationError(f"path sink {self.directory}: its thread did not stop within 10 s")
+            raise ReplicationError(
+                f"path sink {self.directory}: its thread did not stop within 10 s"
+            )
         _fs.unlock(self._lock_fd)
 
     def __enter__(self) -> PathSink:
@@ -437,7 +479,10 @@ class PathSink:
         self.close()
 
     def __repr__(self) -> str:
-        return f"PathSink({self.directory!r}, epoch={self._epoch!r}, next={self._next}, acked={self._acked})"
+        return (
+            f"PathSink({self.directory!r}, epoch={self._epoch!r}, next={self._next}, "
+            f"acked={self._acked})"
+        )
 
 
 # ---------------------------------------------------------------------- the follower's side
@@ -447,7 +492,9 @@ class PathSource:
     """A follower's end: the stream a :class:`PathSink` writes into ``directory`` for
     store ``store``; polls every ``poll`` seconds while nothing is new."""
 
-    def __init__(self, directory: str | os.PathLike[str], store: str, *, poll: float = 0.03) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], store: str, *, poll: float = 0.03
+    ) -> None:
         self.directory = os.path.abspath(os.fspath(directory))
         self.store, self.poll = store, poll
         self._closed = threading.Event()
@@ -461,11 +508,17 @@ class PathSource:
         except ProtocolError as exc:  # damaged: the request below replaces it
             log.warning("path source %s: %s", self.directory, exc)
             first, ack = False, _FRESH
-        if first and ack.restart is None and (ack.seq, ack.mark, ack.origin) == (hello.have_seq, hello.have_mark, hello.origin):
+        if (
+            first
+            and ack.restart is None
+            and (ack.seq, ack.mark, ack.origin) == (hello.have_seq, hello.have_mark, hello.origin)
+        ):
             return ack.epoch, ack.n  # where the last follower left off
         # a retry (the follower rejected what came) or other state: ask for a new stream
         epoch = uuid.uuid4().hex
-        _write_ack(self.directory, _AckRec(epoch, 0, hello.have_seq, hello.have_mark, hello.origin, hello))
+        _write_ack(
+            self.directory, _AckRec(epoch, 0, hello.have_seq, hello.have_mark, hello.origin, hello)
+        )
         return epoch, None
 
     def _tip(self, epoch: str, waiting: bool) -> _TipRec | None:
@@ -476,7 +529,9 @@ class PathSource:
         if tip.store != self.store:
             raise ProtocolError(f"{self.directory} carries store {tip.store!r}, not {self.store!r}")
         if tip.epoch != epoch:
-            raise ReplicationError(f"the sink at {self.directory} serves stream {tip.epoch}, not {epoch}")
+            raise ReplicationError(
+                f"the sink at {self.directory} serves stream {tip.epoch}, not {epoch}"
+            )
         return tip
 
     def open(self, hello: Hello) -> Iterator[Received | Tip]:
@@ -485,7 +540,8 @@ class PathSource:
         if self._closed.is_set():
             return
         epoch, n = self._start(hello)
-        at = _AckRec(epoch, 0, hello.have_seq, hello.have_mark, hello.origin)  # what the follower holds
+        # what the follower holds
+        at = _AckRec(epoch, 0, hello.have_seq, hello.have_mark, hello.origin)
         while not self._closed.is_set():
             tip = self._tip(epoch, n is None)
             if tip is None:
@@ -495,7 +551,10 @@ class PathSource:
             pub = _read_msg(_msg_path(self.directory, n + 1))
             if pub is not None:
                 if (pub.epoch, pub.n) != (epoch, n + 1):
-                    raise ReplicationError(f"message {n + 1} in {self.directory} belongs to stream {pub.epoch}, not {epoch}")
+                    raise ReplicationError(
+                        f"message {n + 1} in {self.directory} belongs to stream {pub.epoch}, not "
+                        f"{epoch}"
+                    )
                 yield Received(pub.msg, functools.partial(self._fetch, pub))
                 n += 1  # the follower asks for the next: it installed this one
                 now = wire.after(Hello(self.store, at.seq, at.mark, (), at.origin), pub.msg)
@@ -503,7 +562,10 @@ class PathSource:
                 _write_ack(self.directory, at)
                 continue
             if tip.last > n:
-                raise ReplicationError(f"message {n + 1} is missing from {self.directory} (the tip says {tip.last} are published)")
+                raise ReplicationError(
+                    f"message {n + 1} is missing from {self.directory} (the tip says {tip.last} "
+                    "are published)"
+                )
             if tip.seq >= 0:
                 yield Tip(tip.seq, tip.mark)
             self._closed.wait(self.poll)

@@ -74,15 +74,21 @@ def check_device(device: str | None = None) -> str:
     except OSError:
         found = []
     if not found:
-        raise ReplicationError(f"no RDMA device: {SYSFS} is empty or missing (pyverbs, from Debian's "
-                               f"python3-pyverbs, drives one); {_TCP}")
+        raise ReplicationError(
+            f"no RDMA device: {SYSFS} is empty or missing (pyverbs, from Debian's "
+            f"python3-pyverbs, drives one); {_TCP}"
+        )
     if device is not None and device not in found:
-        raise ReplicationError(f"no RDMA device named {device!r} in {SYSFS} (found: {', '.join(found)}); {_TCP}")
+        raise ReplicationError(
+            f"no RDMA device named {device!r} in {SYSFS} (found: {', '.join(found)}); {_TCP}"
+        )
     try:
         import pyverbs.device  # noqa: F401
     except ImportError as exc:
-        raise ReplicationError(f"pyverbs cannot be imported ({exc}), so RDMA device {found[0]!r} cannot be used: "
-                               f"install Debian's python3-pyverbs (it is not on PyPI), or {_TCP}") from None
+        raise ReplicationError(
+            f"pyverbs cannot be imported ({exc}), so RDMA device {found[0]!r} cannot be used: "
+            f"install Debian's python3-pyverbs (it is not on PyPI), or {_TCP}"
+        ) from None
     return device or found[0]
 
 
@@ -104,16 +110,29 @@ def _ints(body: bytes, n: int, what: str) -> list[Any]:
         v = msgpack.unpackb(body, raw=False)
     except Exception as exc:  # msgpack raises several types for malformed input
         raise ProtocolError(f"{what} is not msgpack: {exc}") from None
-    if not isinstance(v, list) or len(v) != n or not isinstance(v[3], str) or any(
-            isinstance(x, bool) or not isinstance(x, int) or x < 0 for i, x in enumerate(v) if i != 3):
-        raise ProtocolError(f"{what} must be [qp_num, psn, lid, gid{', addr, rkey, length' if n == 7 else ''}], got {v!r:.80}")
+    if (
+        not isinstance(v, list)
+        or len(v) != n
+        or not isinstance(v[3], str)
+        or any(
+            isinstance(x, bool) or not isinstance(x, int) or x < 0
+            for i, x in enumerate(v)
+            if i != 3
+        )
+    ):
+        raise ProtocolError(
+            f"{what} must be [qp_num, psn, lid, gid{', addr, rkey, length' if n == 7 else ''}], "
+            f"got {v!r:.80}"
+        )
     return v
 
 
 class _Endpoint:
     """One connection's verbs objects: device context, PD, CQ, one MR and an RC QP."""
 
-    def __init__(self, device: str, ib_port: int, gid_index: int, mr_bytes: int, remote_write: bool) -> None:
+    def __init__(
+        self, device: str, ib_port: int, gid_index: int, mr_bytes: int, remote_write: bool
+    ) -> None:
         import pyverbs.enums as e
         from pyverbs.cq import CQ
         from pyverbs.device import Context
@@ -168,8 +187,10 @@ class _Endpoint:
         from pyverbs.wr import SGE, SendWR
 
         e = self.e
-        wr = SendWR(wr_id=1, opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[SGE(self.mr.buf, length, self.mr.lkey)],
-                    send_flags=e.IBV_SEND_SIGNALED)
+        wr = SendWR(
+            wr_id=1, opcode=e.IBV_WR_RDMA_WRITE, num_sge=1,
+            sg=[SGE(self.mr.buf, length, self.mr.lkey)], send_flags=e.IBV_SEND_SIGNALED,
+        )
         wr.set_wr_rdma(rkey, addr)
         self.qp.post_send(wr, None)
         deadline, spins = time.monotonic() + timeout, 0
@@ -177,10 +198,15 @@ class _Endpoint:
             n, wcs = self.cq.poll(1)
             if n:
                 if wcs[0].status != e.IBV_WC_SUCCESS:
-                    raise ConnectionError(f"RDMA write of {length} bytes failed with completion status {wcs[0].status}")
+                    raise ConnectionError(
+                        f"RDMA write of {length} bytes failed with completion status "
+                        f"{wcs[0].status}"
+                    )
                 return
             if time.monotonic() > deadline:
-                raise ConnectionError(f"RDMA write of {length} bytes did not complete within {timeout} s")
+                raise ConnectionError(
+                    f"RDMA write of {length} bytes did not complete within {timeout} s"
+                )
             spins += 1
             if spins > 200:  # a write takes microseconds; past that, stop spinning
                 time.sleep(0.0005)
@@ -206,12 +232,17 @@ class RdmaServer(ShipServer):
     MAGIC = _MAGIC
     THREAD = "statestores-rdma"
 
-    def __init__(self, shippers: Mapping[str, Shipper] | Callable[[str], Shipper | None], secret: bytes | str, *,
-                 device: str | None = None, host: str = "127.0.0.1", port: int = 0, ib_port: int = 1,
-                 gid_index: int = 0, handshake_timeout: float = 5.0, timeout: float = 30.0) -> None:
-        self.device = check_device(device)  # before any socket: a clear error, not a half-started server
+    def __init__(
+        self, shippers: Mapping[str, Shipper] | Callable[[str], Shipper | None],
+        secret: bytes | str, *, device: str | None = None, host: str = "127.0.0.1", port: int = 0,
+        ib_port: int = 1, gid_index: int = 0, handshake_timeout: float = 5.0, timeout: float = 30.0,
+    ) -> None:
+        # before any socket: a clear error, not a half-started server
+        self.device = check_device(device)
         self.ib_port, self.gid_index, self.timeout = ib_port, gid_index, timeout
-        super().__init__(shippers, secret, host=host, port=port, handshake_timeout=handshake_timeout)
+        super().__init__(
+            shippers, secret, host=host, port=port, handshake_timeout=handshake_timeout
+        )
 
     def _handshake(self, conn: socket.socket) -> Hello | None:
         if not self._prove(conn):
@@ -229,13 +260,20 @@ class RdmaServer(ShipServer):
                 return
             peer = _ints(_recv(conn, b"Q")[1], 7, "the follower's queue pair info")
             if not 2 <= peer[6] <= 1 << 31:
-                raise ProtocolError(f"the follower's region must hold 2 bytes to 2 GiB, got {peer[6]}")
+                raise ProtocolError(
+                    f"the follower's region must hold 2 bytes to 2 GiB, got {peer[6]}"
+                )
             shipper = self._lookup(hello.store)
             if shipper is None:
-                log.warning("an rdma follower asked for store %r, which this server does not ship", hello.store)
+                log.warning(
+                    "an rdma follower asked for store %r, which this server does not ship",
+                    hello.store,
+                )
                 return
             conn.settimeout(self.timeout)
-            ep = _Endpoint(self.device, self.ib_port, self.gid_index, max(1, peer[6] // 2), remote_write=False)
+            ep = _Endpoint(
+                self.device, self.ib_port, self.gid_index, max(1, peer[6] // 2), remote_write=False
+            )
             _send(conn, b"Q", msgpack.packb(ep.info()))
             ep.connect(*peer[:4])
             _recv(conn, b"R")
@@ -317,14 +355,18 @@ class RdmaSource:
     """A follower's end: the store ``store`` served by the :class:`RdmaServer` at
     ``host:port``; it registers ``region_bytes`` on ``device`` for the shipper to write."""
 
-    def __init__(self, host: str, port: int, store: str, secret: bytes | str, *, device: str | None = None,
-                 region_bytes: int = _REGION, ib_port: int = 1, gid_index: int = 0, timeout: float = 10.0) -> None:
+    def __init__(
+        self, host: str, port: int, store: str, secret: bytes | str, *, device: str | None = None,
+        region_bytes: int = _REGION, ib_port: int = 1, gid_index: int = 0, timeout: float = 10.0,
+    ) -> None:
         self.device = check_device(device)
         if not isinstance(region_bytes, int) or not 2 <= region_bytes <= 1 << 31:
             raise ValueError(f"region_bytes must be an int in [2, 2**31], got {region_bytes!r}")
         self.host, self.port, self.store = host, port, store
         self._secret = _check_secret(secret)
-        self.region, self.ib_port, self.gid_index, self.timeout = region_bytes, ib_port, gid_index, timeout
+        self.region, self.ib_port, self.gid_index, self.timeout = (
+            region_bytes, ib_port, gid_index, timeout,
+        )
         self._sock: socket.socket | None = None
         self._closed = False
 
@@ -339,7 +381,9 @@ class RdmaSource:
         self._sock = sock
         ep: _Endpoint | None = None
         try:
-            ep = _Endpoint(self.device, self.ib_port, self.gid_index, self.region, remote_write=True)
+            ep = _Endpoint(
+                self.device, self.ib_port, self.gid_index, self.region, remote_write=True
+            )
             _send(sock, b"W", encode(hello))
             _send(sock, b"Q", msgpack.packb([*ep.info(), ep.mr.buf, ep.mr.rkey, self.region]))
             ep.connect(*_ints(_recv(sock, b"Q")[1], 4, "the shipper's queue pair info"))
@@ -348,7 +392,9 @@ class RdmaSource:
         except (OSError, verbs_error) as exc:
             if self._closed:
                 return
-            raise ConnectionError(f"rdma replication stream from {self.host}:{self.port}: {exc}") from exc
+            raise ConnectionError(
+                f"rdma replication stream from {self.host}:{self.port}: {exc}"
+            ) from exc
         finally:
             self._sock = None
             sock.close()
@@ -365,14 +411,20 @@ class RdmaSource:
                 raise ProtocolError(f"expected an edit, mark or tip, got {type(msg).__name__}")
             fetched: list[bool] = []
 
-            def fetch(dests: dict[str, str] | None, msg: EditMsg | MarkMsg = msg, fetched: list[bool] = fetched) -> None:
+            def fetch(
+                dests: dict[str, str] | None, msg: EditMsg | MarkMsg = msg,
+                fetched: list[bool] = fetched,
+            ) -> None:
                 fetched.append(True)
                 _receive(sock, ep, self.region, msg, dests)
 
             yield Received(msg, fetch)
             if not fetched:
                 _receive(sock, ep, self.region, msg, None)  # stay in step: return the credits
-            _send(sock, b"W", encode(Ack(msg.seq, msg.snapshot_id if isinstance(msg, MarkMsg) else -1)))
+            _send(
+                sock, b"W",
+                encode(Ack(msg.seq, msg.snapshot_id if isinstance(msg, MarkMsg) else -1)),
+            )
 
     def close(self) -> None:
         self._closed = True
@@ -390,16 +442,25 @@ def _receive(sock: socket.socket, ep: _Endpoint, region: int, msg: EditMsg | Mar
     """Copy the message's bodies out of the region, chunk by chunk, returning each credit."""
     at = size = pos = 0
     for name, left in bodies_of(msg):
-        fd = os.open(dests[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if dests and name in dests else None
+        fd = (
+            os.open(dests[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            if dests and name in dests
+            else None
+        )
         try:
             while left:
                 if pos == size:
                     body = _recv(sock, b"D")[1]
                     if len(body) != _CHUNK.size:
-                        raise ProtocolError(f"a chunk frame holds {len(body)} bytes, expected {_CHUNK.size}")
+                        raise ProtocolError(
+                            f"a chunk frame holds {len(body)} bytes, expected {_CHUNK.size}"
+                        )
                     (at, size), pos = _CHUNK.unpack(body), 0
                     if size == 0 or at + size > region:
-                        raise ProtocolError(f"chunk [{at}, {at + size}) is empty or outside the {region}-byte region")
+                        raise ProtocolError(
+                            f"chunk [{at}, {at + size}) is empty or outside the "
+                            f"{region}-byte region"
+                        )
                 k = min(left, size - pos)
                 data = ep.mr.read(k, at + pos)
                 while fd is not None and data:

@@ -24,7 +24,7 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..snapshots import file_crc
+from ..checksum import file_crc
 from ..version import FileEntry, SnapshotMark, VersionEdit
 from .wire import EditMsg, Hello, MarkMsg, ShippedFile, Tip, after
 
@@ -110,7 +110,10 @@ class Shipper:
             if exc.errno != 18:  # EXDEV: staging on another file system; copy instead
                 raise
             if not self._copy_warned:
-                log.warning("staging %s is on another file system than %s: copying files", self.staging, self.store.directory)
+                log.warning(
+                    "staging %s is on another file system than %s: copying files", self.staging,
+                    self.store.directory,
+                )
                 self._copy_warned = True
             shutil.copyfile(self.store._path(name), dst)
 
@@ -188,7 +191,9 @@ class Shipper:
         event = ev.event
         if isinstance(event, VersionEdit):
             added = [e for e in event.added if e.kind in SHIPPED_KINDS]
-            msg: EditMsg | MarkMsg = EditMsg(event.seq, self._shipped(added, have), tuple(event.removed))
+            msg: EditMsg | MarkMsg = EditMsg(
+                event.seq, self._shipped(added, have), tuple(event.removed)
+            )
         else:
             msg = MarkMsg(event.snapshot_id, event.seq, self._shipped(event.files, have))
         return Delivery(msg, {n: os.path.join(self.staging, n) for n in ev.names})
@@ -197,8 +202,9 @@ class Shipper:
         """Everything a follower standing at ``hello`` lacks, then new events as they come.
 
         Yields a :class:`Tip` after ``idle`` seconds without news: the heartbeat that lets
-        a follower notice a lost message, and a transport notice it was stopped. The files of the delivery just yielded stay
-        staged until the caller asks for the next one. Ends when the shipper closes.
+        a follower notice a lost message, and a transport notice it was stopped. The files
+        of the delivery just yielded stay staged until the caller asks for the next one.
+        Ends when the shipper closes.
         """
         at = hello  # where the follower stands once it installed what this stream sent
         held: list[str] = []
@@ -244,7 +250,9 @@ class Shipper:
                 # removed is not on the follower, so a later mark naming it carries its body.
                 if base is not None:
                     seq, live, mark = base
-                    msg: EditMsg | MarkMsg = EditMsg(seq, self._shipped(live, set(at.have_files)), (), True, self.origin)
+                    msg: EditMsg | MarkMsg = EditMsg(
+                        seq, self._shipped(live, set(at.have_files)), (), True, self.origin
+                    )
                     yield Delivery(msg, {e.name: os.path.join(self.staging, e.name) for e in live})
                     at = after(at, msg)
                     if mark is not None:
@@ -285,7 +293,8 @@ class Shipper:
             return None
         if self._mark is not None and self._mark.event.snapshot_id > hello.have_mark:  # type: ignore[union-attr]
             if not self._backlog or self._mark.n < self._backlog[0].n:
-                return None  # it lacks the newest mark, which the backlog no longer holds: a base sends it
+                # it lacks the newest mark, which the backlog no longer holds: a base sends it
+                return None
         if not self._backlog:
             return self._n + 1 if hello.have_seq == self._seq else None
         first = self._backlog[0].event
@@ -296,7 +305,11 @@ class Shipper:
         # later edits arrived: the edits between are sent again and skipped as duplicates)
         for ev in self._backlog:
             e = ev.event
-            if (e.seq > hello.have_seq) if isinstance(e, VersionEdit) else e.snapshot_id > hello.have_mark:
+            if (
+                (e.seq > hello.have_seq)
+                if isinstance(e, VersionEdit)
+                else e.snapshot_id > hello.have_mark
+            ):
                 return ev.n
         return self._n + 1
 

@@ -2,11 +2,12 @@
 
 ``source.open(hello)`` starts a stream for a follower standing at ``hello`` and returns
 an iterator of :class:`Received` messages and, while nothing happens, :class:`Tip`
-heartbeats (the shipper's newest edit and mark: a follower holding less lost a message). For each message the follower calls ``received.fetch(dests)``
-exactly once, before asking for the next: it writes the bodies the message flags
-``body``, in order, to ``dests[name]`` (``dests=None``: read and discard them). A
-transport that loses its peer raises :class:`ConnectionError`; the follower then opens
-the stream again from where it stands.
+heartbeats (the shipper's newest edit and mark: a follower holding less lost a message).
+For each message the follower calls ``received.fetch(dests)`` exactly once, before asking
+for the next: it writes the bodies the message flags ``body``, in order, to
+``dests[name]`` (``dests=None``: read and discard them). A transport that loses its peer
+raises :class:`ConnectionError`; the follower then opens the stream again from where it
+stands.
 
 :class:`LocalSource` reads a :class:`~statestores.replica.Shipper` of this process (tests,
 and a replica on the same machine); ``tcp``, ``path`` and ``rdma`` reach other machines.
@@ -53,7 +54,9 @@ class LocalSource:
 
     def open(self, hello: Hello) -> Iterator[Received | Tip]:
         if hello.store != self.shipper.name:
-            raise ConnectionError(f"this source ships store {self.shipper.name!r}, not {hello.store!r}")
+            raise ConnectionError(
+                f"this source ships store {self.shipper.name!r}, not {hello.store!r}"
+            )
         for d in self.shipper.stream(hello, idle=0.05):
             if self._closed:
                 return

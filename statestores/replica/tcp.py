@@ -99,8 +99,10 @@ class ShipServer(abc.ABC):
     MAGIC = _MAGIC
     THREAD = "statestores-ship"
 
-    def __init__(self, shippers: Mapping[str, Shipper] | Callable[[str], Shipper | None], secret: bytes | str, *,
-                 host: str, port: int, handshake_timeout: float) -> None:
+    def __init__(
+        self, shippers: Mapping[str, Shipper] | Callable[[str], Shipper | None],
+        secret: bytes | str, *, host: str, port: int, handshake_timeout: float,
+    ) -> None:
         self._secret = _check_secret(secret)
         self._lookup = shippers.get if isinstance(shippers, Mapping) else shippers
         self.handshake_timeout = handshake_timeout
@@ -110,7 +112,9 @@ class ShipServer(abc.ABC):
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self.refused = 0
-        self._thread = threading.Thread(target=self._accept, name=f"{self.THREAD}-{self.address[1]}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._accept, name=f"{self.THREAD}-{self.address[1]}", daemon=True
+        )
         self._thread.start()
 
     def _accept(self) -> None:
@@ -124,7 +128,9 @@ class ShipServer(abc.ABC):
                     conn.close()
                     return
                 self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), name=f"{self.THREAD}-conn", daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(conn,), name=f"{self.THREAD}-conn", daemon=True
+            ).start()
 
     def _prove(self, conn: socket.socket) -> bool:
         """The server's half of the handshake; False (and counted) if the peer lacks the secret."""
@@ -171,14 +177,18 @@ def connect(host: str, port: int, secret: bytes, magic: bytes, timeout: float) -
     try:
         head = _recv_exact(sock, len(magic) + 1 + _NONCE)
         if head[: len(magic)] != magic or head[len(magic)] != _VERSION:
-            raise ProtocolError(f"{host}:{port} is not a {magic.decode()} replication server (version {_VERSION})")
+            raise ProtocolError(
+                f"{host}:{port} is not a {magic.decode()} replication server (version {_VERSION})"
+            )
         ns = head[len(magic) + 1:]
         nc = _secrets.token_bytes(_NONCE)
         sock.sendall(nc + _mac(secret, b"follower", ns, nc))
         try:
             proof = _recv_exact(sock, 32)
         except ConnectionError:
-            raise ConnectionError(f"{host}:{port} closed the connection in the handshake (is the secret right?)") from None
+            raise ConnectionError(
+                f"{host}:{port} closed the connection in the handshake (is the secret right?)"
+            ) from None
         if not hmac.compare_digest(proof, _mac(secret, b"shipper", nc, ns)):
             raise ConnectionError(f"{host}:{port} did not prove it knows the secret")
     except BaseException:
@@ -191,13 +201,17 @@ class TcpServer(ShipServer):
     """Serves the shippers ``shippers`` names (a mapping, or a function name → Shipper or
     None) to followers that know ``secret``. ``port=0`` picks a free port (see ``address``)."""
 
-    def __init__(self, shippers: Mapping[str, Shipper] | Callable[[str], Shipper | None], secret: bytes | str, *,
-                 host: str = "127.0.0.1", port: int = 0, window_bytes: int = DEFAULT_WINDOW,
-                 handshake_timeout: float = 5.0) -> None:
+    def __init__(
+        self, shippers: Mapping[str, Shipper] | Callable[[str], Shipper | None],
+        secret: bytes | str, *, host: str = "127.0.0.1", port: int = 0,
+        window_bytes: int = DEFAULT_WINDOW, handshake_timeout: float = 5.0,
+    ) -> None:
         if window_bytes < 1:
             raise ValueError(f"window_bytes must be >= 1, got {window_bytes}")
         self.window = window_bytes
-        super().__init__(shippers, secret, host=host, port=port, handshake_timeout=handshake_timeout)
+        super().__init__(
+            shippers, secret, host=host, port=port, handshake_timeout=handshake_timeout
+        )
 
     def _handshake(self, conn: socket.socket) -> Hello | None:
         if not self._prove(conn):
@@ -214,7 +228,9 @@ class TcpServer(ShipServer):
                 return
             shipper = self._lookup(hello.store)
             if shipper is None:
-                log.warning("a follower asked for store %r, which this server does not ship", hello.store)
+                log.warning(
+                    "a follower asked for store %r, which this server does not ship", hello.store
+                )
                 return
             conn.settimeout(30.0)  # a follower silent this long (no ack, window full) is gone
             self._stream(conn, shipper, hello)
@@ -252,7 +268,9 @@ class TcpServer(ShipServer):
             else:
                 pending -= self._read_acks(conn, inflight, shipper, block=False)
 
-    def _read_acks(self, conn: socket.socket, inflight: deque[int], shipper: Shipper, *, block: bool) -> int:
+    def _read_acks(
+        self, conn: socket.socket, inflight: deque[int], shipper: Shipper, *, block: bool
+    ) -> int:
         """Consume the acks that arrived (at least one if ``block``); the bytes they free."""
         freed = 0
         while inflight:
@@ -290,13 +308,17 @@ def _send_bodies(conn: socket.socket, d: Delivery) -> None:
             if size:
                 sent = conn.sendfile(f, 0, size)
                 if sent != size:
-                    raise ConnectionError(f"sent {sent} of {size} bytes of {name}: the staged file is shorter")
+                    raise ConnectionError(
+                        f"sent {sent} of {size} bytes of {name}: the staged file is shorter"
+                    )
 
 
 class TcpSource:
     """A follower's end: the store ``store`` served by the :class:`TcpServer` at ``host:port``."""
 
-    def __init__(self, host: str, port: int, store: str, secret: bytes | str, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self, host: str, port: int, store: str, secret: bytes | str, *, timeout: float = 10.0
+    ) -> None:
         self.host = host
         self.port = port
         self.store = store
@@ -324,18 +346,25 @@ class TcpSource:
                     raise ProtocolError(f"expected an edit, mark or tip, got {type(msg).__name__}")
                 fetched: list[bool] = []
 
-                def fetch(dests: dict[str, str] | None, msg: EditMsg | MarkMsg = msg, fetched: list[bool] = fetched) -> None:
+                def fetch(
+                    dests: dict[str, str] | None, msg: EditMsg | MarkMsg = msg,
+                    fetched: list[bool] = fetched,
+                ) -> None:
                     fetched.append(True)
                     _receive_bodies(sock, msg, dests)
 
                 yield Received(msg, fetch)
                 if not fetched:
                     _receive_bodies(sock, msg, None)  # stay in step with the byte stream
-                _send_frame(sock, encode(Ack(msg.seq, msg.snapshot_id if isinstance(msg, MarkMsg) else -1)))
+                _send_frame(
+                    sock, encode(Ack(msg.seq, msg.snapshot_id if isinstance(msg, MarkMsg) else -1))
+                )
         except OSError as exc:
             if self._closed:
                 return
-            raise ConnectionError(f"replication stream from {self.host}:{self.port}: {exc}") from exc
+            raise ConnectionError(
+                f"replication stream from {self.host}:{self.port}: {exc}"
+            ) from exc
         finally:
             self._sock = None
             sock.close()
@@ -351,11 +380,17 @@ class TcpSource:
         return f"TcpSource({self.host}:{self.port}, store={self.store!r})"
 
 
-def _receive_bodies(sock: socket.socket, msg: EditMsg | MarkMsg, dests: dict[str, str] | None) -> None:
+def _receive_bodies(
+    sock: socket.socket, msg: EditMsg | MarkMsg, dests: dict[str, str] | None
+) -> None:
     buf = bytearray(_CHUNK)
     view = memoryview(buf)
     for name, size in bodies_of(msg):
-        fd = os.open(dests[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if dests and name in dests else None
+        fd = (
+            os.open(dests[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            if dests and name in dests
+            else None
+        )
         try:
             left = size
             while left:

@@ -153,7 +153,9 @@ def _file(f: ShippedFile) -> list[Any]:
 def encode(msg: Message) -> bytes:
     """``msg`` as bytes (a msgpack list: type tag, then the fields in declaration order)."""
     if isinstance(msg, Hello):
-        body: list[Any] = [msg.store, msg.have_seq, msg.have_mark, list(msg.have_files), msg.origin, msg.live_only]
+        body: list[Any] = [
+            msg.store, msg.have_seq, msg.have_mark, list(msg.have_files), msg.origin, msg.live_only,
+        ]
     elif isinstance(msg, EditMsg):
         body = [msg.seq, [_file(f) for f in msg.added], list(msg.removed), msg.base, msg.origin]
     elif isinstance(msg, MarkMsg):
@@ -172,7 +174,15 @@ def _int(v: Any, what: str, lo: int = 0) -> int:
 
 
 def _name(v: Any, what: str) -> str:
-    if not isinstance(v, str) or not v or "/" in v or "\\" in v or v in (".", "..") or len(v) > 255 or "\0" in v:
+    if (
+        not isinstance(v, str)
+        or not v
+        or "/" in v
+        or "\\" in v
+        or v in (".", "..")
+        or len(v) > 255
+        or "\0" in v
+    ):
         raise ProtocolError(f"{what} must be a plain file name, got {v!r:.60}")
     return v
 
@@ -194,16 +204,24 @@ def _files(v: Any, what: str) -> tuple[ShippedFile, ...]:
     for i, f in enumerate(_list(v, what)):
         f = _list(f, f"{what}[{i}]")
         if len(f) != 6 or f[1] not in KINDS or not isinstance(f[5], bool):
-            raise ProtocolError(f"{what}[{i}] must be [name, kind, level, size, crc, body], got {f!r:.80}")
+            raise ProtocolError(
+                f"{what}[{i}] must be [name, kind, level, size, crc, body], got {f!r:.80}"
+            )
         entry = FileEntry(_name(f[0], f"{what}[{i}] name"), f[1], _int(f[2], f"{what}[{i}] level"))
-        out.append(ShippedFile(entry, _int(f[3], f"{what}[{i}] size"), _int(f[4], f"{what}[{i}] crc"), f[5]))
+        out.append(
+            ShippedFile(
+                entry, _int(f[3], f"{what}[{i}] size"), _int(f[4], f"{what}[{i}] crc"), f[5]
+            )
+        )
     return tuple(out)
 
 
 def decode(data: bytes) -> Message:
     """Inverse of :func:`encode`; :class:`ProtocolError` for anything else."""
     if len(data) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE_BYTES}")
+        raise ProtocolError(
+            f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE_BYTES}"
+        )
     try:
         raw = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
     except Exception as exc:  # msgpack raises several types for malformed input
@@ -225,15 +243,22 @@ def decode(data: bytes) -> Message:
         origin = _origin(body[4], "hello origin")
         if not isinstance(body[5], bool):
             raise ProtocolError(f"hello live_only must be a bool, got {body[5]!r:.20}")
-        return Hello(store, _int(body[1], "hello have_seq"), _int(body[2], "hello have_mark", -1), files, origin,
-                     body[5])
+        return Hello(
+            store, _int(body[1], "hello have_seq"), _int(body[2], "hello have_mark", -1), files,
+            origin, body[5],
+        )
     if tag == "edit":
         if not isinstance(body[3], bool):
             raise ProtocolError(f"edit base must be a bool, got {body[3]!r:.20}")
         removed = tuple(_name(n, "edit removed") for n in _list(body[2], "edit removed"))
         origin = _origin(body[4], "edit origin")
-        return EditMsg(_int(body[0], "edit seq"), _files(body[1], "edit added"), removed, body[3], origin)
+        return EditMsg(
+            _int(body[0], "edit seq"), _files(body[1], "edit added"), removed, body[3], origin
+        )
     if tag == "mark":
-        return MarkMsg(_int(body[0], "mark snapshot_id"), _int(body[1], "mark seq"), _files(body[2], "mark files"))
+        return MarkMsg(
+            _int(body[0], "mark snapshot_id"), _int(body[1], "mark seq"),
+            _files(body[2], "mark files"),
+        )
     cls = Ack if tag == "ack" else Tip
     return cls(_int(body[0], f"{tag} seq"), _int(body[1], f"{tag} mark", -1))

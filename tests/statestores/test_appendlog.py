@@ -20,9 +20,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import remotes
 import statestores
-from statestores import FaultyFS, InjectedFault, background, maintainer
+from statestores import background
 from statestores import log as logfile
+from statestores.log import sealed
 from statestores.log import store as logstore
+from statestores.maintainer import Maintainer
+from statestores.testing import FaultyFS, InjectedFault, inline_post
 
 TINY: dict[str, Any] = {"threshold": 200, "max_runs_per_level": 2}
 
@@ -40,7 +43,7 @@ def inline_merges(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         return fut
 
     monkeypatch.setattr(background, "submit", submit)
-    monkeypatch.setattr(maintainer, "INLINE", True)
+    monkeypatch.setattr(Maintainer, "post", inline_post)
     yield
 
 
@@ -605,7 +608,7 @@ def test_failed_merges_leave_the_store_intact_and_back_off(tmp_path: Path, monke
         return fut
 
     monkeypatch.setattr(background, "submit", broken)
-    monkeypatch.setattr(maintainer, "INLINE", True)
+    monkeypatch.setattr(Maintainer, "post", inline_post)
     model: dict[bytes, bytes] = {}
     with statestores.open("appendlog", tmp_path, **TINY) as s:
         apply_all(s, random_ops(4, 400), model)
@@ -629,7 +632,7 @@ def lazy_index(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every reopen/restore takes the lazy-index path, and the background build never runs
     on its own: the store must answer everything from the sorted hints (plus the writes
     since open) until something needs the full index and builds it in place."""
-    monkeypatch.setattr(logstore, "LAZY_INDEX_KEYS", 0)
+    monkeypatch.setattr(sealed, "LAZY_INDEX_KEYS", 0)
     monkeypatch.setattr(logfile.SegmentedStore, "_start_index_build", lambda self, pending: None)
     yield
 
@@ -663,7 +666,7 @@ def test_reads_writes_and_deletes_before_the_index_is_built(tmp_path: Path, lazy
 
 @pytest.mark.parametrize("engine", ["appendlog", "hybridlog"])
 def test_the_index_is_built_in_the_background(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
-    monkeypatch.setattr(logstore, "LAZY_INDEX_KEYS", 0)
+    monkeypatch.setattr(sealed, "LAZY_INDEX_KEYS", 0)
     with statestores.open(engine, tmp_path) as s:
         for i in range(2000):
             s.put(b"key%05d" % i, b"v%d" % i)
@@ -701,6 +704,6 @@ def test_appendlog_matches_a_dict_when_the_index_is_adopted_at_once(
 ) -> None:
     """The other extreme: the builder finishes before open goes on (e.g. before the
     active segment is replayed)."""
-    monkeypatch.setattr(logstore, "LAZY_INDEX_KEYS", 0)
+    monkeypatch.setattr(sealed, "LAZY_INDEX_KEYS", 0)
     monkeypatch.setattr(logfile.SegmentedStore, "_start_index_build", logfile.SegmentedStore._index_builder)
     run_machine(machine("appendlog", TINY))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from statestores import background, hints
+from statestores import background, bgworker, hints
 from statestores.errors import BackgroundBusy, BackgroundDied, CorruptionError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,7 +138,7 @@ def test_an_unpicklable_exception_becomes_a_runtime_error() -> None:
     try:
         raise _Unpicklable(1, 2)
     except _Unpicklable as e:
-        tid, ok, exc = pickle.loads(background._error_reply(7, e))
+        tid, ok, exc = pickle.loads(bgworker.error_reply(7, e))
     assert (tid, ok) == (7, False)
     assert isinstance(exc, RuntimeError) and "_Unpicklable('1/2')" in str(exc) and "Traceback" in str(exc)
 

@@ -16,7 +16,7 @@ import pytest
 
 import remotes
 import statestores
-from statestores import FaultyFS, InjectedFault
+from statestores.testing import FaultyFS, InjectedFault
 
 from .engines import TINY
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from statestores import FaultyFS, FileSystem, InjectedFault, LockedError
+from statestores import FileSystem, LockedError
+from statestores.testing import FaultyFS, InjectedFault
 
 
 def test_write_file_atomic_replaces_whole(tmp_path: Path) -> None:

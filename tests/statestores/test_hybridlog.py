@@ -11,8 +11,8 @@ import pytest
 
 import remotes
 import statestores
-from statestores import FaultyFS
 from statestores.log.store import MAX_HANDOFFS
+from statestores.testing import FaultyFS
 
 from .test_appendlog import (
     apply_all,

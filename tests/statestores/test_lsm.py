@@ -18,8 +18,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import remotes
 import statestores
 from statestores.errors import CorruptionError, RemoteError
-from statestores.fs import FaultyFS, InjectedFault
 from statestores.lsm import LSMStore
+from statestores.testing import FaultyFS, InjectedFault
 
 from .test_crash import apply as _apply
 
@@ -509,16 +509,16 @@ def test_a_snapshot_without_a_wal_hands_the_memtable_off(tmp_path: Path, monkeyp
     """With ``sync="none"`` there is no WAL to seal: the freeze hands the memtable to the
     background flush (as a full one is) and names the run being written — it writes no
     run itself — and each snapshot restores elsewhere to the state at its freeze."""
-    from statestores.lsm import engine
+    from statestores.lsm import writes
 
     foreground: list[str] = []
-    real = engine.write_run
+    real = writes.write_run
 
     def recording(fs: Any, path: str, *a: Any, **kw: Any) -> Any:
         foreground.append(path)
         return real(fs, path, *a, **kw)
 
-    monkeypatch.setattr(engine, "write_run", recording)
+    monkeypatch.setattr(writes, "write_run", recording)
     remote = remotes.PathRemote(tmp_path / "remote")
     states = {}
     model: dict[bytes, bytes] = {}

@@ -17,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import remotes
 import statestores
 from statestores import snapshots
+from statestores.testing import FaultyFS
 
 from .engines import CONFIGS, config_id
 
@@ -31,7 +32,7 @@ def make_machine(engine: str, options: dict[str, Any]) -> type[RuleBasedStateMac
         def open_store(self) -> None:
             self.tmp = Path(tempfile.mkdtemp(prefix="sfaas-model-"))
             self.remote = remotes.PathRemote(self.tmp / "remote")
-            self.fs = statestores.FaultyFS()
+            self.fs = FaultyFS()
             self.store = statestores.open(engine, self.tmp / "db", remote=self.remote, fs=self.fs, **options)
             self.model: dict[bytes, bytes] = {}
             self.snaps: dict[int, dict[bytes, bytes]] = {}
@@ -78,14 +79,14 @@ def make_machine(engine: str, options: dict[str, Any]) -> type[RuleBasedStateMac
         @rule()
         def reopen(self) -> None:
             self.store.close()
-            self._reopen(statestores.FaultyFS())
+            self._reopen(FaultyFS())
 
         @rule()
         def crash_and_reopen(self) -> None:
             # kill -9: nothing more reaches the disk, no close() runs; sync="os" loses nothing.
             self.fs.crash()
             snapshots.wait_uploads(self.store)
-            self._reopen(statestores.FaultyFS())
+            self._reopen(FaultyFS())
 
         @rule()
         def snapshot(self) -> None:
