@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import random as _random
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any, Protocol
 
 from crc32c import crc32c
@@ -37,7 +38,8 @@ class Context:
     conflicting transaction sees the same values.
     """
 
-    __slots__ = ("_engine", "_tid", "_now", "operator", "key", "_pending", "_rng", "_depth")
+    __slots__ = ("_engine", "_tid", "_now", "operator", "key", "_pending", "_rng", "_depth",
+                 "_calls")
 
     def __init__(
         self, engine: Transactions, tid: int, now: float, operator: str, key: str, depth: int
@@ -52,6 +54,8 @@ class Context:
         self.key = key
         self._pending: list[Any] | None = None
         self._rng: _random.Random | None = None
+        #: every ``call`` made, to find one never awaited (see :meth:`unawaited_call`)
+        self._calls: list[tuple[Coroutine[Any, Any, Any], str, str, str]] | None = None
 
     @property
     def tid(self) -> int:
@@ -70,16 +74,35 @@ class Context:
         """Remove this key's value."""
         self._engine.remove(self._tid, self.operator, self.key)
 
-    async def call(self, operator: str, key: str, function: str, *args: Any) -> Any:
-        """Run ``operator.function`` on ``key`` in this transaction and return its result.
+    def call(
+        self, operator: str, key: str, function: str, *args: Any
+    ) -> Coroutine[Any, Any, Any]:
+        """Run ``operator.function`` on ``key`` in this transaction; ``await`` it for the
+        result.
 
         A failure of the callee raises here (``Abort`` for a user abort, a
         ``TransactionAborted`` subclass otherwise) and aborts the whole transaction even
-        if caught.
+        if caught. A call never awaited never runs: the transaction aborts with
+        :class:`~sfaas.NotAwaited` rather than commit without it.
         """
-        return await self._engine.call(
+        coro = self._engine.call(
             self._tid, self._now, operator, key, function, args, self._depth + 1
         )
+        if self._calls is None:
+            self._calls = []
+        self._calls.append((coro, operator, key, function))
+        return coro
+
+    def unawaited_call(self) -> str | None:
+        """The first ``ctx.call(...)`` made and never started, as written (``None`` if
+        none); closes every such call, so Python does not also warn about it."""
+        first = None
+        for coro, operator, key, function in self._calls or ():
+            if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+                coro.close()
+                if first is None:
+                    first = f"ctx.call({operator!r}, {key!r}, {function!r}, ...)"
+        return first
 
     def send(self, operator: str, key: str, function: str, *args: Any) -> None:
         """Run ``operator.function`` on ``key`` in this transaction without waiting for it.

@@ -19,6 +19,7 @@ __all__ = [
     "BadKey",
     "NotSerializable",
     "BadRequest",
+    "NotAwaited",
     "ConfigError",
     "AuthenticationError",
     "ChannelClosed",
@@ -48,6 +49,10 @@ class Abort(SfaasError):
 
 class TransactionAborted(SfaasError):
     """A request's transaction rolled back; ``reason`` says why, ``error_type`` what raised it."""
+
+    #: The function's traceback text when it raised a plain exception (``LocalRunner``
+    #: always attaches it; a worker logs it where the function ran).
+    traceback: str | None = None
 
     def __init__(self, reason: str, error_type: str | None = None) -> None:
         super().__init__(reason)
@@ -80,6 +85,11 @@ class BadRequest(TransactionAborted, ValueError):
     """A request record could not be decoded."""
 
 
+class NotAwaited(TransactionAborted):
+    """A function returned without awaiting a ``ctx.call(...)`` it made: that call never ran,
+    so the transaction is aborted instead of committing half of what the function meant."""
+
+
 class ConfigError(SfaasError, ValueError):
     """A setting (flag or ``SFAAS_*`` variable) has an invalid value."""
 
@@ -102,7 +112,8 @@ class RequestTimeout(SfaasError, TimeoutError):
 
 _REPLY_ERRORS: dict[str, type[TransactionAborted]] = {
     cls.__name__: cls
-    for cls in (UnknownOperator, UnknownFunction, BadArguments, BadKey, NotSerializable, BadRequest)
+    for cls in (UnknownOperator, UnknownFunction, BadArguments, BadKey, NotSerializable, BadRequest,
+                NotAwaited)
 }
 
 

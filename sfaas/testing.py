@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sfaas.app import App
-from sfaas.errors import reply_error
+from sfaas.errors import TransactionAborted, reply_error
 from sfaas.runtime.codec import pack, unpack
 from sfaas.runtime.partitioning import owner_of_partition
 from sfaas.runtime.state import open_partition_stores
@@ -238,11 +238,23 @@ class LocalRunner:
                 else:
                     self.stats.aborted += 1
                     if not fut.done():
-                        fut.set_exception(reply_error(*f.value))
+                        fut.set_exception(self._error(f.tid, f.value))
         self.stats.reruns += sum(lp.reruns for lp in self.loops) - reruns
         if self.on_epoch_committed is not None:
             # the serial order: the epoch's commits by tid, then the fallback phase's by tid
             self.on_epoch_committed(epoch, sorted(committed) + sorted(in_fallback))
+
+    def _error(self, tid: int, value: tuple[str, str]) -> TransactionAborted:
+        """The error of an aborted transaction, with the traceback of the function that
+        raised it (the engine that ran the function kept it)."""
+        exc = reply_error(*value)
+        for eng in self.engines:
+            text = eng.tracebacks.get((tid, value[1]))
+            if text is not None:
+                exc.traceback = text
+                exc.add_note(f"raised in the transaction's function:\n{text.rstrip()}")
+                break
+        return exc
 
     # -- lifecycle -----------------------------------------------------------------------------
     def close(self) -> None:

@@ -322,3 +322,116 @@ def test_a_functions_sends_apply_in_the_order_they_were_made() -> None:
         for i in range(8):
             assert r.call("a", f"root{i}", "two_sends", f"k{i}") == "sent"
             assert r.state("c", f"k{i}") == 20  # (0 + 10) * 2, never 0 * 2 + 10
+
+
+def _forgetful_app() -> App:
+    app = App("forgetful")
+    accounts = app.operator("accounts", store="memonly")
+
+    @accounts.function
+    async def deposit(ctx: Context, amount: int) -> int:
+        ctx.put(ctx.get(default=0) + amount)
+        return int(ctx.get())
+
+    @accounts.function
+    async def pay_forgetting_await(ctx: Context, to: str, amount: int) -> int:
+        ctx.put(ctx.get(default=0) - amount)
+        ctx.call("accounts", to, "deposit", amount)  # the bug: no await
+        return int(ctx.get())
+
+    @accounts.function
+    async def relay(ctx: Context, to: str, amount: int) -> int:
+        ctx.put(ctx.get(default=0) + 1)
+        return int(await ctx.call("accounts", to, "pay_forgetting_await", ctx.key, amount))
+
+    @accounts.function
+    async def pay_both(ctx: Context, a: str, b: str, amount: int) -> list[int]:
+        ctx.put(ctx.get(default=0) - 2 * amount)
+        return list(await asyncio.gather(ctx.call("accounts", a, "deposit", amount),
+                                         ctx.call("accounts", b, "deposit", amount)))
+
+    return app
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_call_never_awaited_aborts_the_transaction_and_names_the_call(workers: int) -> None:
+    import gc
+    import warnings
+
+    from sfaas import NotAwaited
+
+    with warnings.catch_warnings(record=True) as caught, \
+            LocalRunner(_forgetful_app(), workers=workers, partitions=4) as r:
+        warnings.simplefilter("always")
+        r.call("accounts", "alice", "deposit", 100)
+        with pytest.raises(NotAwaited) as info:
+            r.call("accounts", "alice", "pay_forgetting_await", "bob", 30)
+        message = str(info.value)
+        assert "ctx.call('accounts', 'bob', 'deposit', ...)" in message, message
+        assert "pay_forgetting_await" in message and "await" in message
+        # nothing of it committed: not the debit, not the credit that never ran
+        assert r.state("accounts", "alice") == 100
+        assert r.state("accounts", "bob") is None
+        # a callee's forgotten call aborts its caller's transaction too
+        with pytest.raises(NotAwaited, match="pay_forgetting_await"):
+            r.call("accounts", "carol", "relay", "alice", 5)
+        assert r.state("accounts", "carol") is None and r.state("accounts", "alice") == 100
+        # calls handed to gather are awaited: they run and commit
+        assert r.call("accounts", "alice", "pay_both", "bob", "dave", 10) == [10, 10]
+        assert r.state("accounts", "alice") == 80
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)], \
+        [str(w.message) for w in caught]
+
+
+def _card_app() -> App:
+    app = App("cards")
+    cards = app.operator("cards", store="memonly")
+    wallets = app.operator("wallets", store="memonly")
+
+    def validate(number: str) -> None:
+        if not number.isdigit():
+            raise ValueError("card number invalid")
+
+    @wallets.function
+    async def charge(ctx: Context, number: str, amount: int) -> int:
+        if amount < 0:
+            raise Abort("negative amount")
+        ctx.put(ctx.get(default=0) + amount)
+        validate(number)
+        return int(ctx.get())
+
+    @cards.function
+    async def pay(ctx: Context, wallet: str, number: str, amount: int) -> int:
+        ctx.put(ctx.get(default=0) + 1)
+        try:
+            return int(await ctx.call("wallets", wallet, "charge", number, amount))
+        except TransactionAborted:
+            return -1  # caught: the transaction still aborts
+
+    return app
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_plain_exception_reaches_the_caller_with_the_functions_traceback(
+        workers: int, caplog: pytest.LogCaptureFixture) -> None:
+    with LocalRunner(_card_app(), workers=workers, partitions=4) as r, \
+            caplog.at_level("WARNING", logger="sfaas"):
+        with pytest.raises(TransactionAborted, match="ValueError: card number invalid") as info:
+            r.call("cards", "c1", "pay", "w1", "12ab", 5)
+        tb = info.value.traceback
+        assert tb is not None
+        # from the function down to the raise, the user's own frames
+        assert "in charge" in tb and "in validate" in tb and __file__ in tb, tb
+        assert "ValueError: card number invalid" in tb
+        assert any("in validate" in note for note in info.value.__notes__)
+        assert r.state("cards", "c1") is None and r.state("wallets", "w1") is None
+        # the engine that ran the function logged it, with operator, function and key
+        logged = [m for m in caplog.messages if "wallets.charge on key 'w1' raised" in m]
+        assert logged and "in validate" in logged[0], caplog.messages
+        # an Abort is the user's decision, not a bug: no traceback, nothing logged
+        caplog.clear()
+        with pytest.raises(TransactionAborted, match="negative amount") as aborted:
+            r.call("cards", "c2", "pay", "w2", "4242", -5)
+        assert aborted.value.traceback is None and not caplog.messages
+        assert r.call("cards", "c2", "pay", "w2", "4242", 5) == 5

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sfaas.app import App
 from sfaas.context import Context
-from sfaas.errors import Abort, BadKey, SfaasError, TransactionAborted, error_class
+from sfaas.errors import Abort, BadKey, NotAwaited, SfaasError, TransactionAborted, error_class
 from sfaas.runtime.codec import check_arguments, pack, unpack
 from sfaas.runtime.partitioning import owner_of_partition, partition_of
 from sfaas.runtime.txn.epochs import AccessLog, Key
@@ -169,6 +170,9 @@ class Engine:
         self._deviated: set[int] = set()
         #: the cross-worker fallback phase in progress (see :class:`_Fallback`), or None
         self._fb: _Fallback | None = None
+        #: ``(tid, reason) → traceback`` of the plain exceptions user functions raised here
+        #: this epoch (what :class:`sfaas.testing.LocalRunner` attaches to the error)
+        self.tracebacks: dict[tuple[int, str], str] = {}
 
     # -- placement -------------------------------------------------------------------
     @property
@@ -232,6 +236,7 @@ class Engine:
         self.epoch = epoch
         self.log = AccessLog()
         self._remote_tids = set()
+        self.tracebacks = {}
 
     async def call(
         self, tid: int, now: float, operator: str, key: str, function: str,
@@ -288,15 +293,21 @@ class Engine:
             try:
                 result = await func.fn(ctx, *args)
             finally:
+                missed = ctx.unawaited_call()
                 if ctx._pending:
                     # Sends complete within the call; their failures are recorded by
                     # Engine.call on this worker, which aborts the transaction.
                     await asyncio.gather(*ctx._pending, return_exceptions=True)
+            if missed is not None:
+                raise NotAwaited(f"{operator}.{function} on key {key!r} returned without awaiting "
+                                 f"{missed}: that call never ran (write `await {missed}`)")
             pack(result, f"result of {operator}.{function}")
             outcome: Outcome = (True, result)
         except Exception as exc:
             etype, reason = describe(exc)
             self.log.record_abort(tid, etype, reason)
+            if not isinstance(exc, SfaasError):
+                self._raised(tid, operator, key, function, reason, exc)
             outcome = (False, (etype, reason))
         if fb is not None:
             # in the fallback a deviation or an abort anywhere below reaches the root,
@@ -306,6 +317,16 @@ class Engine:
             if tid in self.log.user_aborts:
                 return False, self.log.user_aborts[tid]
         return outcome
+
+    def _raised(self, tid: int, operator: str, key: str, function: str, reason: str,
+                exc: Exception) -> None:
+        """A user function raised a plain exception (a bug, not an ``Abort``): keep its
+        traceback, from the function's frame on, and log it where the function ran."""
+        tb = exc.__traceback__
+        text = "".join(traceback.format_exception(type(exc), exc, tb.tb_next if tb else None))
+        self.tracebacks[(tid, reason)] = text
+        log.warning("%s.%s on key %r raised in transaction %d: %s\n%s", operator, function,
+                    key, tid, reason, text.rstrip(), extra={"worker": self.index})
 
     async def run_root(self, tid: int, now: float, request: Sequence[Any]) -> Outcome:
         """Run a transaction's root call ``(operator, key, function, args)``; never raises."""
