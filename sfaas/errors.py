@@ -20,6 +20,7 @@ __all__ = [
     "NotSerializable",
     "BadRequest",
     "NotAwaited",
+    "NondeterminismError",
     "ConfigError",
     "AuthenticationError",
     "ChannelClosed",
@@ -90,6 +91,13 @@ class NotAwaited(TransactionAborted):
     so the transaction is aborted instead of committing half of what the function meant."""
 
 
+class NondeterminismError(TransactionAborted):
+    """A function did not do the same thing when run twice against the same state (it read
+    the wall clock, drew from ``random``, …): re-runs and recovery could not reproduce it,
+    so its transaction is aborted. The message names the function and the first
+    difference."""
+
+
 class ConfigError(SfaasError, ValueError):
     """A setting (flag or ``SFAAS_*`` variable) has an invalid value."""
 
@@ -113,7 +121,7 @@ class RequestTimeout(SfaasError, TimeoutError):
 _REPLY_ERRORS: dict[str, type[TransactionAborted]] = {
     cls.__name__: cls
     for cls in (UnknownOperator, UnknownFunction, BadArguments, BadKey, NotSerializable, BadRequest,
-                NotAwaited)
+                NotAwaited, NondeterminismError)
 }
 
 

@@ -29,6 +29,7 @@ from sfaas.errors import TransactionAborted, reply_error
 from sfaas.runtime.codec import pack, unpack
 from sfaas.runtime.partitioning import owner_of_partition
 from sfaas.runtime.state import open_partition_stores
+from sfaas.runtime.txn.determinism import roots_to_check, second_run
 from sfaas.runtime.txn.engine import Engine, Outcome
 from sfaas.runtime.txn.epochs import Sequencer
 from sfaas.runtime.txn.loop import Participant, commit_together, merge_votes
@@ -90,6 +91,7 @@ class LocalRunner:
         directory: str | os.PathLike[str] | None = None,
         max_batch: int = 1000,
         fallback: bool = True,
+        check_determinism: bool = True,
     ) -> None:
         if not isinstance(app, App):
             raise TypeError(f"LocalRunner needs an sfaas.App, got {type(app).__name__}")
@@ -99,6 +101,9 @@ class LocalRunner:
         self.app = app
         self.max_batch = max_batch
         self.fallback = fallback
+        #: run every transaction about to commit twice and abort it with
+        #: NondeterminismError when the runs differ (``sfaas.runtime.txn.determinism``)
+        self.check_determinism = check_determinism
         self._own_dir = directory is None
         self.directory = (tempfile.mkdtemp(prefix="sfaas-local-") if directory is None
                           else os.fspath(directory))
@@ -223,6 +228,11 @@ class LocalRunner:
             (c.items(), ((t, e, r) for t, (e, r) in u.items()))
             for c, u in (lp.votes() for lp in self.loops)
         )
+        if self.check_determinism:
+            skip = set(conflicts) | set(aborts)
+            roots = [r for lp in self.loops
+                     for r in roots_to_check(lp.engine, lp.batch, lp.outcomes, lp.request_of, skip)]
+            aborts = {**aborts, **await second_run(self.engines, roots)}
         committed: list[int] = []
         in_fallback: list[int] = []
         reruns = sum(lp.reruns for lp in self.loops)

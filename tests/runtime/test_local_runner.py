@@ -435,3 +435,62 @@ def test_a_plain_exception_reaches_the_caller_with_the_functions_traceback(
             r.call("cards", "c2", "pay", "w2", "4242", -5)
         assert aborted.value.traceback is None and not caplog.messages
         assert r.call("cards", "c2", "pay", "w2", "4242", 5) == 5
+
+
+def _clock_app() -> App:
+    import itertools
+    import random as stdlib_random
+    import time
+
+    app = App("clocks")
+    stamps = app.operator("stamps", store="memonly")
+
+    @stamps.function
+    async def wall_clock(ctx: Context) -> None:
+        ctx.put(time.time())  # the bug: differs on every run
+
+    @stamps.function
+    async def draw(ctx: Context) -> float:
+        return stdlib_random.random()  # the bug, in the result only
+
+    runs = itertools.count()
+
+    @stamps.function
+    async def branch_on_outside_state(ctx: Context, other: str) -> None:
+        if next(runs) % 2 == 0:  # the bug: reads another key on every other run only
+            await ctx.call("stamps", other, "peek")
+        ctx.put(1)
+
+    @stamps.function
+    async def peek(ctx: Context) -> object:
+        return ctx.get()
+
+    @stamps.function
+    async def fine(ctx: Context) -> float:
+        ctx.put([ctx.now(), ctx.random()])
+        return ctx.random()
+
+    return app
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_determinism_check_aborts_a_function_that_differs_when_run_twice(workers: int) -> None:
+    from sfaas import NondeterminismError
+
+    with LocalRunner(_clock_app(), workers=workers, partitions=4) as r:
+        with pytest.raises(NondeterminismError) as info:
+            r.call("stamps", "a", "wall_clock")
+        message = str(info.value)
+        assert "stamps.wall_clock on key 'a' is not deterministic" in message, message
+        assert "wrote stamps/'a' = " in message and "ctx.now()" in message
+        assert r.state("stamps", "a") is None  # not committed
+        with pytest.raises(NondeterminismError, match="gave the result .* the second"):
+            r.call("stamps", "b", "draw")
+        with pytest.raises(NondeterminismError, match="read stamps/'x' only the first time"):
+            r.call("stamps", "k", "branch_on_outside_state", "x")
+        # ctx.now() and ctx.random() are the same on both runs: this commits
+        assert 0 <= r.call("stamps", "c", "fine") < 1
+        assert len(r.state("stamps", "c")) == 2
+    with LocalRunner(_clock_app(), workers=workers, partitions=4, check_determinism=False) as r:
+        r.call("stamps", "a", "wall_clock")  # the check is off: it commits
+        assert r.state("stamps", "a") > 0
