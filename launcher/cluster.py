@@ -31,8 +31,8 @@ from sfaas.runtime.settings import Settings
 
 log = logging.getLogger("sfaas.cluster")
 
-__all__ = ["ProcessInfo", "up", "ps", "down", "scale", "state_dir", "cluster_settings", "supervisor_pid",
-           "status_url"]
+__all__ = ["ProcessInfo", "up", "ps", "down", "scale", "state_dir", "cluster_settings",
+           "supervisor_pid", "status_url"]
 
 
 @dataclass
@@ -61,7 +61,8 @@ def state_dir(settings: Settings) -> Path:
 def ephemeral_ports() -> tuple[int, int]:
     """The kernel's range of local ports for outgoing connections (Linux; else its default)."""
     try:
-        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        ports = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        lo, hi = (int(x) for x in ports)
         return lo, hi
     except (OSError, ValueError):
         return 32768, 60999
@@ -139,7 +140,8 @@ def cluster_settings(settings: Settings) -> tuple[dict[str, Any], Settings]:
     try:
         info = json.loads((sd / "cluster.json").read_text())
     except FileNotFoundError:
-        raise ClusterError(f"no local cluster in {sd} (start one with 'sfaas up MODULE:APP')") from None
+        raise ClusterError(
+            f"no local cluster in {sd} (start one with 'sfaas up MODULE:APP')") from None
     secret = (sd / "secret").read_text().strip() if (sd / "secret").exists() else settings.secret
     s = Settings.load({"kafka": info["kafka"], "namespace": info["namespace"], "secret": secret,
                        "coordinator": info["coordinator"], "home": settings.home})
@@ -154,8 +156,8 @@ def _metrics_mode(base: int | None, n: int) -> str | int:
     if base == 0:
         return "off"
     if not 0 < base <= 65536 - n:
-        raise ClusterError(f"--metrics-port (SFAAS_METRICS_PORT) must leave room for {n} ports below 65536, "
-                           f"got {base}")
+        raise ClusterError(f"--metrics-port (SFAAS_METRICS_PORT) must leave room for {n} ports "
+                           f"below 65536, got {base}")
     return base
 
 
@@ -194,20 +196,25 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, s
         "SFAAS_STANDBYS": str(standbys),
         "SFAAS_APP": app_spec, "SFAAS_READY_FILE": str(ready), "SFAAS_PORT": "0",
         "SFAAS_METRICS_PORT": "0",  # each child gets its own port as a flag (see supervisor)
-        "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), _repo_root(), env.get("PYTHONPATH", "")])),
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [os.getcwd(), _repo_root(), env.get("PYTHONPATH", "")])),
     })
     info: dict[str, Any] = {"app": app.name, "app_spec": app_spec, "namespace": settings.namespace,
-            "kafka": settings.kafka, "coordinator": coord, "worker_host": settings.host, "processes": [],
-            "metrics": metrics, "standbys": standbys}
+            "kafka": settings.kafka, "coordinator": coord, "worker_host": settings.host,
+            "processes": [], "metrics": metrics, "standbys": standbys}
     (sd / "cluster.json").write_text(json.dumps(info, indent=2))
-    sup = _spawn(["supervise", "--state-dir", str(sd), "--workers", str(workers * (1 + standbys))], env,
-                 sd / "supervisor.log")
+    sup = _spawn(["supervise", "--state-dir", str(sd), "--workers", str(workers * (1 + standbys))],
+                 env, sd / "supervisor.log")
     deadline = time.monotonic() + timeout
     while not ready.exists():
         crashed = [p for p in ps(settings) if p.restarts or p.gave_up]
         if crashed or not _alive(sup) or time.monotonic() > deadline:
-            why = f"the {crashed[0].role} exited" if crashed else ("the supervisor exited" if not _alive(sup)
-                                                                   else f"not ready after {timeout:.0f} s")
+            if crashed:
+                why = f"the {crashed[0].role} exited"
+            elif not _alive(sup):
+                why = "the supervisor exited"
+            else:
+                why = f"not ready after {timeout:.0f} s"
             _signal(sup, signal.SIGTERM)
             _wait_gone([ProcessInfo("supervisor", sup, "", "")], 25.0)
             down(settings)
@@ -236,7 +243,8 @@ def ps(settings: Settings) -> list[ProcessInfo]:
         pass
     out = []
     for p in info.get("processes", []):
-        proc = ProcessInfo(p["role"], p["pid"], info.get("coordinator", "") if p["role"] == "coordinator" else "",
+        address = info.get("coordinator", "") if p["role"] == "coordinator" else ""
+        proc = ProcessInfo(p["role"], p["pid"], address,
                            p["log"], index=p.get("index", 0), restarts=p.get("restarts", 0),
                            gave_up=p.get("gave_up", ""), metrics=p.get("metrics", ""))
         proc.address = proc.address or addresses.get(proc.pid, "")
@@ -254,11 +262,13 @@ def status_url(settings: Settings, required: bool = False) -> str:
     coords = [p for p in ps(settings) if p.role == "coordinator"]
     if not coords:
         if required:
-            raise ClusterError(f"no local cluster in {state_dir(settings)} (start one with 'sfaas up MODULE:APP')")
+            raise ClusterError(f"no local cluster in {state_dir(settings)} "
+                               "(start one with 'sfaas up MODULE:APP')")
         return ""
     if not coords[0].metrics:
         if required:
-            raise ClusterError("the local cluster runs without metrics ('sfaas up --metrics-port 0'): "
+            raise ClusterError("the local cluster runs without metrics "
+                               "('sfaas up --metrics-port 0'): "
                                "the status page is served on the coordinator's metrics port")
         return ""
     return coords[0].metrics.removesuffix("metrics")
@@ -281,7 +291,9 @@ def scale(settings: Settings, workers: int, timeout: float = 600.0) -> str:
     info, s = cluster_settings(settings)
     sup = supervisor_pid(settings)
     if sup is None:
-        raise ClusterError(f"the local cluster's supervisor is not running (state in {state_dir(settings)})")
+        raise ClusterError("the local cluster's supervisor is not running "
+                           f"(state in {state_dir(settings)})")
+
     standbys = int(info.get("standbys", 0))
     sd = state_dir(settings)
 

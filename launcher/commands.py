@@ -31,8 +31,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _metrics_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", dest="metrics_port", type=int,
-                   help="serve /metrics (and, on the coordinator, the status page) on this port, 0 = off "
-                        "(SFAAS_METRICS_PORT)")
+                   help="serve /metrics (and, on the coordinator, the status page) on this port, "
+                        "0 = off (SFAAS_METRICS_PORT)")
 
 
 def _rounds_flags(p: argparse.ArgumentParser) -> None:
@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("coordinator", help="run a coordinator in the foreground")
     _common(c)
     c.add_argument("--app", help="MODULE:APP (SFAAS_APP)")
-    c.add_argument("--listen", dest="coordinator", help="host:port to listen on (SFAAS_COORDINATOR)")
+    c.add_argument("--listen", dest="coordinator",
+                   help="host:port to listen on (SFAAS_COORDINATOR)")
     c.add_argument("--workers", type=int, help="workers to wait for (SFAAS_WORKERS)")
     c.add_argument("--partitions", type=int, help="topic partitions (SFAAS_PARTITIONS)")
     _rounds_flags(c)
@@ -67,7 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--host", help="host to listen on for peers (SFAAS_HOST)")
     w.add_argument("--port", type=int, help="peer port, 0 = any (SFAAS_PORT)")
     w.add_argument("--store", help="override every operator's store engine (SFAAS_STORE)")
-    w.add_argument("--max-batch", dest="max_batch", type=int, help="requests per epoch (SFAAS_MAX_BATCH)")
+    w.add_argument("--max-batch", dest="max_batch", type=int,
+                   help="requests per epoch (SFAAS_MAX_BATCH)")
     w.add_argument("--name", help="worker name in logs")
     w.add_argument("--standby-of", dest="standby_of", type=int,
                    help="be a standby of this worker index (SFAAS_STANDBY_OF)")
@@ -78,21 +80,25 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("app", help="MODULE:APP, e.g. examples.bank:app")
     u.add_argument("--workers", type=int, default=2)
     u.add_argument("--standbys", type=int, default=0,
-                   help="standby workers per worker: each follows its primary's stores and takes over without a download")
+                   help="standby workers per worker: each follows its primary's stores and "
+                        "takes over without a download")
     u.add_argument("--partitions", type=int)
     u.add_argument("--store", help="override every operator's store engine")
     _rounds_flags(u)
     u.add_argument("--metrics-port", dest="metrics_port", type=int,
-                   help="the coordinator's /metrics and status page on this port, the workers' on the next "
-                        "ones; 0 = off (default: free ports, see 'sfaas ps'; SFAAS_METRICS_PORT)")
+                   help="the coordinator's /metrics and status page on this port, the workers' "
+                        "on the next ones; 0 = off (default: free ports, see 'sfaas ps'; "
+                        "SFAAS_METRICS_PORT)")
 
-    st = sub.add_parser("status", help="print (and open) the URL of the running cluster's status page")
+    st = sub.add_parser("status",
+                        help="print (and open) the URL of the running cluster's status page")
     st.add_argument("--namespace")
     st.add_argument("--no-browser", dest="browser", action="store_false", help="only print the URL")
 
     sn = sub.add_parser("snapshots", help="list the complete snapshot rounds in MinIO")
     _common(sn)
-    sn.add_argument("--app", dest="app_name", help="app name (default: the running local cluster's)")
+    sn.add_argument("--app", dest="app_name",
+                    help="app name (default: the running local cluster's)")
     sn.add_argument("--json", action="store_true", help="machine-readable output")
 
     sp = sub.add_parser("supervise", help=argparse.SUPPRESS)  # started by `sfaas up`
@@ -103,7 +109,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    sc = sub.add_parser("scale", help="rescale the local cluster: move partitions to M workers under load")
+    sc = sub.add_parser("scale",
+                        help="rescale the local cluster: move partitions to M workers under load")
     sc.add_argument("--workers", type=int, required=True, help="workers to run")
     sc.add_argument("--namespace")
 
@@ -112,21 +119,24 @@ def _parser() -> argparse.ArgumentParser:
 
     cl = sub.add_parser("call", help="call a function through Kafka and print the result as JSON")
     _common(cl)
-    cl.add_argument("--app", dest="app_name", help="app name (default: the running local cluster's)")
+    cl.add_argument("--app", dest="app_name",
+                    help="app name (default: the running local cluster's)")
     cl.add_argument("--timeout", type=float, default=30.0)
     cl.add_argument("operator")
     cl.add_argument("key")
     cl.add_argument("function")
     cl.add_argument("args", nargs="*", help="arguments, each as JSON (bare words are strings)")
 
-    dm = sub.add_parser("demo", help="services up, a 2-worker bank cluster under load, a summary, all stopped")
+    dm = sub.add_parser(
+        "demo", help="services up, a 2-worker bank cluster under load, a summary, all stopped")
     dm.add_argument("--seconds", type=float, default=10.0)
     dm.add_argument("--rate", type=float, default=1000.0, help="offered transactions per second")
     dm.add_argument("--accounts", type=int, default=1000)
     dm.add_argument("--store", default="hybridlog")
     dm.add_argument("--keep", action="store_true", help="leave services running afterwards")
     dm.add_argument("--no-chaos", dest="chaos", action="store_false",
-                    help="do not kill a worker midway (by default one is SIGKILLed and the cluster recovers)")
+                    help="do not kill a worker midway "
+                         "(by default one is SIGKILLed and the cluster recovers)")
     return ap
 
 
@@ -197,17 +207,21 @@ def _dispatch(ns: argparse.Namespace) -> int:
         kw = {"kafka": not ns.no_kafka, "minio": not ns.no_minio}
         if ns.action == "up":
             ep = services.up(**kw, progress=_say)
-            print(f"kafka  {ep.kafka_bootstrap}\nminio  {ep.minio_endpoint} (access key {ep.minio_access_key})")
+            print(f"kafka  {ep.kafka_bootstrap}\n"
+                  f"minio  {ep.minio_endpoint} (access key {ep.minio_access_key})")
         elif ns.action == "down":
             services.down(**kw, progress=_say)
         else:
             for name, st in services.status().items():
-                state = "running" if st.get("running") else ("reachable" if st.get("reachable") else "stopped")
+                if st.get("running"):
+                    state = "running"
+                else:
+                    state = "reachable" if st.get("reachable") else "stopped"
                 print(f"{name:6} {state:9} {st.get('endpoint')} pid={st.get('pid')}")
         return 0
     if cmd == "coordinator":
-        s = _settings(ns, "kafka", "namespace", "log_level", "app", "coordinator", "workers", "partitions",
-                      "snapshot_interval", "snapshot_retain", "metrics_port")
+        s = _settings(ns, "kafka", "namespace", "log_level", "app", "coordinator", "workers",
+                      "partitions", "snapshot_interval", "snapshot_retain", "metrics_port")
         _setup_logging(s.log_level)
         from coordinator.service import run_coordinator
         from sfaas.app import load_app
@@ -226,8 +240,8 @@ def _dispatch(ns: argparse.Namespace) -> int:
     if cmd == "up":
         from launcher import cluster
 
-        s = _settings(ns, "kafka", "namespace", "log_level", "partitions", "store", "snapshot_interval",
-                      "snapshot_retain", "metrics_port")
+        s = _settings(ns, "kafka", "namespace", "log_level", "partitions", "store",
+                      "snapshot_interval", "snapshot_retain", "metrics_port")
         chosen = ns.metrics_port is not None or bool(os.environ.get("SFAAS_METRICS_PORT"))
         procs = cluster.up(s, ns.app, ns.workers, standbys=ns.standbys,
                            metrics_port=s.metrics_port if chosen else None)
@@ -263,10 +277,12 @@ def _dispatch(ns: argparse.Namespace) -> int:
         elif not procs:
             print("no local cluster")
         else:
-            print(f"{'ROLE':12} {'INDEX':5} {'PID':8} {'ALIVE':6} {'RESTARTS':8} {'ADDRESS':22} METRICS")
+            print(f"{'ROLE':12} {'INDEX':5} {'PID':8} {'ALIVE':6} {'RESTARTS':8} {'ADDRESS':22} "
+                  "METRICS")
             for p in procs:
-                print(f"{p.role:12} {p.index:<5} {p.pid:<8} {'yes' if p.alive else 'no':6} {p.restarts:<8} "
-                      f"{p.address or '-':22} {p.metrics or '-'}" + (f"  GAVE UP: {p.gave_up}" if p.gave_up else ""))
+                gave_up = f"  GAVE UP: {p.gave_up}" if p.gave_up else ""
+                print(f"{p.role:12} {p.index:<5} {p.pid:<8} {'yes' if p.alive else 'no':6} "
+                      f"{p.restarts:<8} {p.address or '-':22} {p.metrics or '-'}" + gave_up)
         return 0
     if cmd == "down":
         from launcher import cluster
@@ -277,7 +293,8 @@ def _dispatch(ns: argparse.Namespace) -> int:
     if cmd == "scale":
         from launcher import cluster
 
-        _say(f"rescaling to {ns.workers} workers (partitions move by shipping their stores; epochs go on)")
+        _say(f"rescaling to {ns.workers} workers "
+             "(partitions move by shipping their stores; epochs go on)")
         print(cluster.scale(_settings(ns, "namespace"), ns.workers))
         return 0
     if cmd == "call":
@@ -287,8 +304,8 @@ def _dispatch(ns: argparse.Namespace) -> int:
     if cmd == "demo":
         from launcher.demo import run_demo
 
-        return run_demo(seconds=ns.seconds, rate=ns.rate, accounts=ns.accounts, store=ns.store, keep=ns.keep,
-                        chaos=ns.chaos)
+        return run_demo(seconds=ns.seconds, rate=ns.rate, accounts=ns.accounts, store=ns.store,
+                        keep=ns.keep, chaos=ns.chaos)
     raise AssertionError(cmd)
 
 
@@ -329,7 +346,8 @@ def _snapshots(ns: argparse.Namespace) -> int:
         raise SfaasError(f"cannot list the snapshot rounds of app {app_name!r}: {exc}") from None
     if ns.json:
         print(json.dumps([{
-            "round": m.round, "epoch": m.epoch, "created": m.created, "publish_seconds": m.created - m.started,
+            "round": m.round, "epoch": m.epoch, "created": m.created,
+            "publish_seconds": m.created - m.started,
             "bytes_uploaded": m.bytes_uploaded, "bytes_total": m.total_bytes, "files": m.files,
             "partitions": sorted({st.partition for st in m.stores}), "stores": len(m.stores),
             "ingress": m.ingress,
@@ -337,7 +355,9 @@ def _snapshots(ns: argparse.Namespace) -> int:
     elif not manifests:
         print(f"no complete snapshot round of app {app_name!r} in namespace {s.namespace!r}")
     else:
-        print(f"{'ROUND':>6} {'TIME (UTC)':20} {'EPOCH':>8} {'UPLOADED':>10} {'TOTAL':>10} {'FILES':>6} PARTITIONS")
+        print(f"{'ROUND':>6} {'TIME (UTC)':20} {'EPOCH':>8} {'UPLOADED':>10} {'TOTAL':>10} "
+              f"{'FILES':>6} PARTITIONS")
+
         for m in manifests:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(m.created))
             parts = sorted({st.partition for st in m.stores})

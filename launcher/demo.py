@@ -49,21 +49,26 @@ def run_demo(seconds: float = 10.0, rate: float = 1000.0, accounts: int = 1000,
         "namespace": f"demo-{uuid.uuid4().hex[:8]}",
         "home": os.path.join(tempfile.gettempdir(), "sfaas-demo"),
         "store": store,
-        "minio": ep.minio_endpoint, "minio_access_key": ep.minio_access_key, "minio_secret_key": ep.minio_secret_key,
+        "minio": ep.minio_endpoint, "minio_access_key": ep.minio_access_key,
+        "minio_secret_key": ep.minio_secret_key,
     })
     ok = False
     try:
-        print(f"starting a coordinator and 2 workers of examples.bank:app (store: {store}) ...")
+        print(f"starting a coordinator and 2 workers of examples.bank:app (store: {store}) "
+              "...")
         procs = cluster.up(s, "examples.bank:app", 2)
         for p in procs:
             print(f"  {p.role:12} pid {p.pid:<8} {p.address}")
-        print(f"  status page  {cluster.status_url(s)}  (live while the demo runs; metrics: sfaas ps)")
+        print(f"  status page  {cluster.status_url(s)}  "
+              "(live while the demo runs; metrics: sfaas ps)")
         ok = asyncio.run(_load(s, cluster.cluster_settings(s)[1], seconds, rate, accounts, chaos))
     finally:
         cluster.down(s)
         print("cluster stopped")
         if not keep:
-            started = [name for name in ("kafka", "minio") if not before.get(name, {}).get("running")]
+            started = [name for name in ("kafka", "minio")
+                       if not before.get(name, {}).get("running")]
+
             if started:
                 services.down(kafka="kafka" in started, minio="minio" in started, progress=False)
                 print(f"stopped {', '.join(started)}")
@@ -81,7 +86,8 @@ def _kill_a_worker(s: Settings, t0: float, what: dict[str, Any]) -> None:
 
 
 async def _egress_duplicates(cs: Settings, rids: list[str]) -> tuple[int, int]:
-    """``(request ids answered more than once, request ids never answered)`` in the egress topic."""
+    """``(request ids answered more than once, request ids never answered)`` in the egress
+    topic."""
     from aiokafka import TopicPartition
 
     from sfaas.runtime.kafka import read_range
@@ -97,12 +103,14 @@ async def _egress_duplicates(cs: Settings, rids: list[str]) -> tuple[int, int]:
     return sum(1 for r in rids if seen.get(r, 0) > 1), sum(1 for r in rids if r not in seen)
 
 
-async def _load(s0: Settings, s: Settings, seconds: float, rate: float, accounts: int, chaos: bool) -> bool:
+async def _load(s0: Settings, s: Settings, seconds: float, rate: float, accounts: int,
+                chaos: bool) -> bool:
     names = [f"acct{i:05d}" for i in range(accounts)]
     async with Client("bank", settings=s, timeout=120) as client:
         print(f"opening {accounts} accounts with {START_BALANCE} each ...")
         for i in range(0, accounts, 500):
-            await asyncio.gather(*(client.call("accounts", n, "deposit", START_BALANCE) for n in names[i:i + 500]))
+            await asyncio.gather(*(client.call("accounts", n, "deposit", START_BALANCE)
+                                   for n in names[i:i + 500]))
         rnd = random.Random(42)
 
         def transfer(i: int) -> tuple[str, str, str, list[object]]:
@@ -114,14 +122,17 @@ async def _load(s0: Settings, s: Settings, seconds: float, rate: float, accounts
               + (f", killing a worker at {0.6 * seconds:.1f} s" if chaos else "") + " ...")
         kill: dict[str, Any] = {}
         t0 = time.monotonic()
-        timer = asyncio.get_running_loop().call_later(0.6 * seconds, _kill_a_worker, s0, t0, kill) if chaos else None
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(0.6 * seconds, _kill_a_worker, s0, t0, kill) if chaos else None
         with tqdm(total=total, unit="txn", file=sys.stdout, dynamic_ncols=True) as bar:
-            res = await run_open_loop(client, transfer, rate, seconds, progress=bar.update, drain_timeout=60.0)
+            res = await run_open_loop(client, transfer, rate, seconds, progress=bar.update,
+                                      drain_timeout=60.0)
         if timer is not None:
             timer.cancel()
         balances: list[int] = []
         for i in range(0, accounts, 500):
-            balances += await asyncio.gather(*(client.call("accounts", n, "balance") for n in names[i:i + 500]))
+            balances += await asyncio.gather(*(client.call("accounts", n, "balance")
+                                               for n in names[i:i + 500]))
     summary = res.summary()
     conserved = sum(balances) == START_BALANCE * accounts
     nonneg = min(balances) >= 0
@@ -131,18 +142,20 @@ async def _load(s0: Settings, s: Settings, seconds: float, rate: float, accounts
     if kill:
         gap, gap_at = res.longest_gap(after=kill["at"] - 1.0)
         restarts = sum(p.restarts for p in cluster.ps(s0))
-        print(f"  worker killed    at {kill['offset']:.1f} s (pid {kill['pid']}); replies stopped for {gap:.1f} s "
-              f"(from {gap_at - t0:.1f} s); processes restarted by the supervisor: {restarts}")
+        print(f"  worker killed    at {kill['offset']:.1f} s (pid {kill['pid']}); "
+              f"replies stopped for {gap:.1f} s (from {gap_at - t0:.1f} s); "
+              f"processes restarted by the supervisor: {restarts}")
     print(f"  committed        {res.committed}")
     print(f"  aborted          {res.aborted}   (insufficient funds: the bank's rule, rolled back)")
     print(f"  lost replies     {res.lost}")
-    print(f"  throughput       {summary['committed_tps']:.0f} committed txn/s (offered {rate:.0f}/s)")
+    print(f"  throughput       {summary['committed_tps']:.0f} committed txn/s "
+          f"(offered {rate:.0f}/s)")
     print(f"  latency          p50 {summary['p50_ms']:.1f} ms   p99 {summary['p99_ms']:.1f} ms")
     print(f"  total balance    {sum(balances)} (expected {START_BALANCE * accounts}): "
           f"{'conserved' if conserved else 'NOT CONSERVED'}")
     print(f"  negative balance {'none' if nonneg else 'FOUND'}")
-    print(f"  egress topic     {len(res.rids) - dups - missing} of {len(res.rids)} request ids answered exactly once"
-          f" ({dups} duplicated, {missing} missing)")
+    print(f"  egress topic     {len(res.rids) - dups - missing} of {len(res.rids)} "
+          f"request ids answered exactly once ({dups} duplicated, {missing} missing)")
     print(f"  snapshot rounds  {rounds}")
     return conserved and nonneg and res.lost == 0 and dups == 0 and missing == 0
 
@@ -157,8 +170,9 @@ def _rounds(s: Settings) -> str:
         if not ids:
             return "none complete yet"
         last = r.read(ids[-1])
-        return (f"{ids[-1]} taken (every {s.snapshot_interval:g} s); the last at epoch {last.epoch}, "
-                f"{last.bytes_uploaded / 1e6:.2f} MB uploaded, published {last.created - last.started:.2f} s "
-                f"after its marker")
+        return (f"{ids[-1]} taken (every {s.snapshot_interval:g} s); "
+                f"the last at epoch {last.epoch}, {last.bytes_uploaded / 1e6:.2f} MB uploaded, "
+                f"published {last.created - last.started:.2f} s after its marker")
+
     except Exception as exc:
         return f"could not be listed: {exc}"

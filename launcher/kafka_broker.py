@@ -85,7 +85,8 @@ def ensure_kafka_libs(progress: Progress = True) -> Path:
         mvn = _which("mvn")
         if mvn is None:
             raise ServiceError(
-                "downloading Kafka needs Maven and a JDK: `apt-get install maven openjdk-17-jre-headless`"
+                "downloading Kafka needs Maven and a JDK: "
+                "`apt-get install maven openjdk-17-jre-headless`"
             )
         libs.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=libs.parent, prefix=".mvn-") as work:
@@ -102,7 +103,8 @@ def ensure_kafka_libs(progress: Progress = True) -> Path:
             if res.returncode != 0 or not _kafka_libs_complete(out):
                 raise ServiceError(
                     f"`mvn dependency:copy-dependencies` for Kafka {KAFKA_VERSION} failed "
-                    f"(exit {res.returncode}):\n" + "\n".join((res.stdout + res.stderr).splitlines()[-30:])
+                    f"(exit {res.returncode}):\n"
+                    + "\n".join((res.stdout + res.stderr).splitlines()[-30:])
                 )
             if libs.exists():
                 shutil.rmtree(libs)
@@ -114,7 +116,8 @@ def ensure_kafka_libs(progress: Progress = True) -> Path:
 def _java() -> str:
     java = _which("java")
     if java is None:
-        raise ServiceError("running Kafka needs Java >= 17: `apt-get install openjdk-17-jre-headless`")
+        raise ServiceError(
+            "running Kafka needs Java >= 17: `apt-get install openjdk-17-jre-headless`")
     return java
 
 
@@ -216,7 +219,8 @@ def _kafka_usable(s: ServiceSettings) -> bool:
     return result[0]
 
 
-def _up_kafka(s: ServiceSettings, say: Callable[[str], None], *, auto: bool, timeout: float = 180.0) -> None:
+def _up_kafka(s: ServiceSettings, say: Callable[[str], None], *, auto: bool,
+              timeout: float = 180.0) -> None:
     svc = _KAFKA
     with _file_lock(svc.lock_file(s)):
         if adopt_running(svc, s, s.kafka_port, lambda: _kafka_usable(s), timeout, say, "Kafka",
@@ -257,8 +261,9 @@ def _up_kafka(s: ServiceSettings, say: Callable[[str], None], *, auto: bool, tim
         argv = [
             java, f"-Xmx{s.kafka_heap}", f"-Xms{s.kafka_heap}", "-XX:+UseG1GC",
             "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true", *jvm_log,
-            # the collector's pauses, as Kafka's own start script logs them (stall every request)
-            f"-Xlog:gc:file=\"{logs / 'gc.log'}\":time:filecount=2,filesize=20M",  # (quoted: a path may hold ':')
+            # the collector's pauses, as Kafka's own start script logs them (stall every
+            # request); the path is quoted because it may hold ':'
+            f"-Xlog:gc:file=\"{logs / 'gc.log'}\":time:filecount=2,filesize=20M",
             "-cp", classpath, "kafka.Kafka", str(props),
         ]
         t0 = time.monotonic()
@@ -270,7 +275,9 @@ def _up_kafka(s: ServiceSettings, say: Callable[[str], None], *, auto: bool, tim
         except ServiceError as e:
             with contextlib.suppress(ServiceError):
                 _stop(svc, s)
-            raise ServiceError(f"{e}\nbroker log {logs / 'server.log'} ends with:\n{log_tail(logs / 'server.log')}") from None
+            raise ServiceError(f"{e}\nbroker log {logs / 'server.log'} ends with:\n"
+                               f"{log_tail(logs / 'server.log')}") from None
+
         say(f"Kafka ready at 127.0.0.1:{s.kafka_port} in {time.monotonic() - t0:.1f}s")
 
 

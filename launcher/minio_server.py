@@ -89,9 +89,11 @@ def _fetch_go_toolchain(go: str, s: ServiceSettings, say: Callable[[str], None])
     module like any other. Module zips drop file modes, so the binaries are made
     executable again after the copy into the cache.
     """
-    arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine())
+    arches = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+    arch = arches.get(platform.machine())
     if arch is None:
-        raise ServiceError(f"no Go toolchain known for machine {platform.machine()!r}; install Go >= 1.24")
+        raise ServiceError(f"no Go toolchain known for machine {platform.machine()!r}; "
+                           "install Go >= 1.24")
     dest = s.cache_dir / "go" / GO_TOOLCHAIN
     gobin = dest / "bin" / "go"
     if os.access(gobin, os.X_OK):
@@ -129,7 +131,8 @@ def _fetch_go_toolchain(go: str, s: ServiceSettings, say: Callable[[str], None])
 
 def _go_version(go: str) -> tuple[int, ...]:
     """``(major, minor)`` of the Go toolchain at ``go`` ((0,) if it cannot be told)."""
-    res = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    res = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL)
     raw = res.stdout.strip().removeprefix("go")
     try:
         return tuple(int(p) for p in raw.split(".")[:2])
@@ -167,12 +170,14 @@ def _minio_usable(s: ServiceSettings) -> bool:
         http.clear()
 
 
-def _up_minio(s: ServiceSettings, say: Callable[[str], None], *, auto: bool, timeout: float = 90.0) -> None:
+def _up_minio(s: ServiceSettings, say: Callable[[str], None], *, auto: bool,
+              timeout: float = 90.0) -> None:
     svc = _MINIO
     with _file_lock(svc.lock_file(s)):
         if adopt_running(svc, s, s.minio_port, lambda: _minio_usable(s), timeout, say, "MinIO",
-                         f"http://127.0.0.1:{s.minio_port}", "a MinIO accepting the sfaas credentials",
-                         "SFAAS_MINIO_PORT"):
+                         f"http://127.0.0.1:{s.minio_port}",
+                         "a MinIO accepting the sfaas credentials", "SFAAS_MINIO_PORT"):
+
             return
         binary = ensure_minio_binary(say)
         data = svc.pid_file(s).parent / "data"

@@ -1,5 +1,6 @@
 """What the local services share: their settings and endpoints, and starting, stopping and
-waiting for a service process (its pid file, its own session, leases of :func:`~launcher.services.using`).
+waiting for a service process (its pid file, its own session, leases of
+:func:`~launcher.services.using`).
 
 The services themselves: :mod:`launcher.minio_server`, :mod:`launcher.kafka_broker`;
 the public API (``up``, ``down``, ``status``, ``using``): :mod:`launcher.services`.
@@ -71,8 +72,10 @@ class ServiceSettings:
     @classmethod
     def from_env(cls) -> ServiceSettings:
         """Settings from ``SFAAS_*`` environment variables, defaults for the rest."""
-        cache = Path(os.environ.get("SFAAS_CACHE") or Path.home() / ".cache" / "sfaas").expanduser()
-        state = Path(os.environ.get("SFAAS_HOME") or Path.home() / ".local" / "state" / "sfaas").expanduser()
+        cache = Path(os.environ.get("SFAAS_CACHE")
+                     or Path.home() / ".cache" / "sfaas").expanduser()
+        state = Path(os.environ.get("SFAAS_HOME")
+                     or Path.home() / ".local" / "state" / "sfaas").expanduser()
         return cls(
             cache_dir=cache,
             state_dir=state,
@@ -339,8 +342,10 @@ def _live_leases(s: ServiceSettings, svc: _Service) -> list[int]:
     return live
 
 
-def adopt_running(svc: _Service, s: ServiceSettings, port: int, usable: Callable[[], bool], timeout: float,
-                  say: Callable[[str], None], what: str, where: str, not_usable: str, port_env: str) -> bool:
+def adopt_running(svc: _Service, s: ServiceSettings, port: int, usable: Callable[[], bool],
+                  timeout: float, say: Callable[[str], None], what: str, where: str,
+                  not_usable: str, port_env: str) -> bool:
+
     """(lock held) True if ``svc`` already serves: started by us (waited until ready) or by
     someone else on its port (and ``usable``); raises when the port is taken by anything
     else, naming ``port_env``; False: the caller starts it."""

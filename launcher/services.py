@@ -135,7 +135,8 @@ def status() -> dict[str, dict[str, object]]:
 
 
 @contextlib.contextmanager
-def using(*, kafka: bool = False, minio: bool = False, progress: Progress = True) -> Iterator[Endpoints]:
+def using(*, kafka: bool = False, minio: bool = False,
+          progress: Progress = True) -> Iterator[Endpoints]:
     """Make the services run while the block runs, shared safely between processes.
 
     Each user (e.g. a pytest session) takes a lease; a service this mechanism started is
@@ -162,7 +163,8 @@ def using(*, kafka: bool = False, minio: bool = False, progress: Progress = True
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m launcher.services {up,down,status} [--kafka-only|--minio-only]`` (for scripts)."""
+    """``python -m launcher.services {up,down,status} [--kafka-only|--minio-only]``
+    (for scripts)."""
     import argparse
     import sys
 
@@ -180,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "up":
             ep = up(progress=say, **which)
-            print(f"kafka: {ep.kafka_bootstrap}\nminio: http://{ep.minio_endpoint} (access key {ep.minio_access_key})")
+            print(f"kafka: {ep.kafka_bootstrap}\n"
+                  f"minio: http://{ep.minio_endpoint} (access key {ep.minio_access_key})")
+
         elif args.command == "down":
             down(progress=say, **which)
         else:

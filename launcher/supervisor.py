@@ -1,4 +1,5 @@
-"""The local cluster's supervisor: starts the coordinator and the workers, restarts the ones that die.
+"""The local cluster's supervisor: starts the coordinator and the workers, restarts the ones
+that die.
 
 ``sfaas up`` starts this as one background process (``python -m sfaas supervise``); it
 starts every role as its own child (own session, own log), polls them, and restarts a child
@@ -71,7 +72,8 @@ class Child:
     metrics: str = ""
 
     def public(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("role", "index", "pid", "log", "restarts", "alive", "gave_up", "metrics")}
+        return {k: getattr(self, k) for k in ("role", "index", "pid", "log", "restarts", "alive",
+                                              "gave_up", "metrics")}
 
 
 class Supervisor:
@@ -138,15 +140,16 @@ class Supervisor:
                 if self.stopping:
                     continue
                 if code == EXIT_RETIRED and c.role == "worker":
-                    log.info("worker %d (pid %d) retired by a rescale; not restarted", c.index, c.pid)
+                    log.info("worker %d (pid %d) retired by a rescale; not restarted",
+                             c.index, c.pid)
                     c.retired = True
                     continue
                 c.exits.append(now)
                 while c.exits and now - c.exits[0] > CRASH_WINDOW:
                     c.exits.popleft()
                 if len(c.exits) >= MAX_CRASHES:
-                    c.gave_up = (f"exited {len(c.exits)} times within {CRASH_WINDOW:.0f} s (last exit code {code}); "
-                                 f"not restarted again — see {c.log}")
+                    c.gave_up = (f"exited {len(c.exits)} times within {CRASH_WINDOW:.0f} s "
+                                 f"(last exit code {code}); not restarted again — see {c.log}")
                     log.error("%s %d %s", c.role, c.index, c.gave_up)
                     continue
                 delay = c.backoff
@@ -177,7 +180,8 @@ class Supervisor:
         have = [c for c in self.children if c.role == "worker"]
         top = max((c.index for c in have), default=-1)
         for i in range(top + 1, top + 1 + max(0, want - len(have))):
-            c = Child("worker", i, ["worker", "--name", f"worker-{i}"], str(self.state_dir / f"worker-{i}.log"))
+            c = Child("worker", i, ["worker", "--name", f"worker-{i}"],
+                      str(self.state_dir / f"worker-{i}.log"))
             self.metrics(c)
             self.children.append(c)
             self._start(c)
@@ -212,8 +216,10 @@ def supervise(state_dir: str, workers: int) -> int:
     sd = Path(state_dir)
     info = json.loads((sd / "cluster.json").read_text())
     children = [Child("coordinator", 0, ["coordinator"], str(sd / "coordinator.log"))]
-    children += [Child("worker", i, ["worker", "--name", f"worker-{i}"], str(sd / f"worker-{i}.log"))
+    children += [Child("worker", i, ["worker", "--name", f"worker-{i}"],
+                       str(sd / f"worker-{i}.log"))
                  for i in range(workers)]
+
     sup = Supervisor(sd, info, children)
     for c in children:
         sup.metrics(c)
