@@ -149,7 +149,6 @@ class Engine:
             raise ValueError(f"no store for operator(s) {sorted(missing)}")
         self.app = app
         self.index = index
-        self.n_workers = n_workers
         self.partitions = partitions
         #: the partition map (``owners[p]``: the worker index owning partition ``p``): a
         #: callable reads it from its one owner (a worker's state, which recoveries and
