@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from sfaas.app import App, Operator
-from sfaas.context import Context
+from sfaas.context import Context, effect_key
 from sfaas.errors import (
     Abort,
     AuthenticationError,
@@ -24,6 +24,7 @@ from sfaas.errors import (
     BadKey,
     BadRequest,
     ConfigError,
+    EffectFailed,
     NondeterminismError,
     NotAwaited,
     NotSerializable,
@@ -51,6 +52,8 @@ __all__ = [
     "NotSerializable",
     "NotAwaited",
     "NondeterminismError",
+    "EffectFailed",
+    "effect_key",
     "ConfigError",
     "AuthenticationError",
     "RequestTimeout",

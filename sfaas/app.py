@@ -172,6 +172,9 @@ class App:
         func = self.resolve(operator, function)
         if not isinstance(key, str) or not key:
             raise BadKey(f"key for operator {operator!r} must be a non-empty str, got {key!r:.80}")
+        if key[0] == "\x00":
+            raise BadKey(f"key for operator {operator!r} must not start with '\\x00' (reserved "
+                         f"for the runtime's timers and actions), got {key!r:.80}")
         func.check_args(str(operator), tuple(args))
         check_arguments(list(args), f"arguments of {operator}.{function}")
         return func

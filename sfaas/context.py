@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import random as _random
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
 from crc32c import crc32c
 
-__all__ = ["Context", "Transactions"]
+__all__ = ["Context", "Transactions", "effect_key", "EFFECT_KEY"]
+
+#: The key of the effect or post-commit action running now (see :func:`effect_key`).
+EFFECT_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("sfaas_effect_key",
+                                                                        default=None)
+
+
+def effect_key() -> str:
+    """Inside a ``ctx.run`` effect or a ``ctx.after_commit`` action: its idempotency key,
+    the same on every try (pass it to the external system so it can drop a repeat).
+    Raises ``RuntimeError`` anywhere else."""
+    key = EFFECT_KEY.get()
+    if key is None:
+        raise RuntimeError("sfaas.effect_key() is only known inside a ctx.run effect or a "
+                           "ctx.after_commit action")
+    return key
 
 
 class Transactions(Protocol):
@@ -26,6 +42,22 @@ class Transactions(Protocol):
         self, tid: int, now: float, operator: str, key: str, function: str,
         args: Sequence[Any], depth: int = 0,
     ) -> Any: ...
+
+    def next_seq(self, tid: int, operator: str, key: str) -> int:
+        """The number of the transaction's next effect, action or timer on this key."""
+        ...
+
+    async def run_effect(self, tid: int, operator: str, key: str, n: int,
+                         fn: Callable[..., Any], args: Sequence[Any]) -> Any: ...
+
+    def after_commit(self, tid: int, operator: str, key: str, n: int,
+                     fn: Callable[..., Any], args: Sequence[Any]) -> None: ...
+
+    def set_timer(self, tid: int, now: float, operator: str, key: str, n: int, delay: float,
+                  target: tuple[str, str, str], args: Sequence[Any]) -> str: ...
+
+    def cancel_timer(self, tid: int, now: float, operator: str, key: str, timer_id: str,
+                     depth: int) -> Coroutine[Any, Any, Any] | None: ...
 
 
 class Context:
@@ -54,8 +86,9 @@ class Context:
         self.key = key
         self._pending: list[Any] | None = None
         self._rng: _random.Random | None = None
-        #: every ``call`` made, to find one never awaited (see :meth:`unawaited_call`)
-        self._calls: list[tuple[Coroutine[Any, Any, Any], str, str, str]] | None = None
+        #: every ``call``/``run`` made, as written, to find one never awaited (see
+        #: :meth:`unawaited_call`)
+        self._calls: list[tuple[Coroutine[Any, Any, Any], str]] | None = None
 
     @property
     def tid(self) -> int:
@@ -88,21 +121,69 @@ class Context:
         coro = self._engine.call(
             self._tid, self._now, operator, key, function, args, self._depth + 1
         )
+        return self._track(coro, f"ctx.call({operator!r}, {key!r}, {function!r}, ...)")
+
+    def _track(self, coro: Coroutine[Any, Any, Any], written: str) -> Coroutine[Any, Any, Any]:
         if self._calls is None:
             self._calls = []
-        self._calls.append((coro, operator, key, function))
+        self._calls.append((coro, written))
         return coro
 
     def unawaited_call(self) -> str | None:
-        """The first ``ctx.call(...)`` made and never started, as written (``None`` if
-        none); closes every such call, so Python does not also warn about it."""
+        """The first ``ctx.call(...)``/``ctx.run(...)`` made and never started, as written
+        (``None`` if none); closes every such call, so Python does not also warn about it."""
         first = None
-        for coro, operator, key, function in self._calls or ():
+        for coro, written in self._calls or ():
             if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
                 coro.close()
                 if first is None:
-                    first = f"ctx.call({operator!r}, {key!r}, {function!r}, ...)"
+                    first = written
         return first
+
+    # -- the outside world ----------------------------------------------------------------
+    def run(self, fn: Callable[..., Any], *args: Any) -> Coroutine[Any, Any, Any]:
+        """Run the side effect ``fn(*args)`` (sync or async, any Python) once for this
+        request; ``await`` it for its result, which must be msgpack-able.
+
+        The outcome — the result, or the exception, raised again here — is journaled: every
+        later run of the transaction (a re-run after a conflict, the fallback phase, a
+        replay after a crash) gets it without calling ``fn`` again. The first run to reach
+        it leaves the epoch while ``fn`` runs, so nobody waits for it; the transaction then
+        runs again from its start with the outcome. Inside ``fn``,
+        :func:`sfaas.effect_key` is the effect's idempotency key.
+        """
+        if not callable(fn):
+            raise TypeError(f"ctx.run needs a callable, got {fn!r:.80}")
+        n = self._engine.next_seq(self._tid, self.operator, self.key)
+        coro = self._engine.run_effect(self._tid, self.operator, self.key, n, fn, args)
+        return self._track(coro, f"ctx.run({getattr(fn, '__qualname__', fn)!s}, ...)")
+
+    def after_commit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` after this transaction commits — only then, once (retried with
+        backoff until it returns, with the same :func:`sfaas.effect_key`), never for an
+        aborted or re-run attempt. ``fn`` must be a module-level function (it is stored by
+        name with its msgpack-able ``args`` and may run after a restart)."""
+        n = self._engine.next_seq(self._tid, self.operator, self.key)
+        self._engine.after_commit(self._tid, self.operator, self.key, n, fn, args)
+
+    def send_after(self, delay_s: float, operator: str, key: str, function: str,
+                   *args: Any) -> str:
+        """Call ``operator.function(key, *args)`` as its own transaction ``delay_s`` seconds
+        from ``ctx.now()``: exactly once, in the first epoch whose ``now`` is at or past
+        that time, never before — if this transaction commits. Returns the timer's id
+        (for :meth:`cancel_timer`)."""
+        n = self._engine.next_seq(self._tid, self.operator, self.key)
+        return self._engine.set_timer(self._tid, self._now, self.operator, self.key, n,
+                                      delay_s, (operator, key, function), args)
+
+    def cancel_timer(self, timer_id: str) -> None:
+        """Cancel the timer ``timer_id`` (from :meth:`send_after`), in this transaction: if
+        it commits, the timer never fires. Cancelling one that fired or was cancelled
+        already does nothing."""
+        coro = self._engine.cancel_timer(self._tid, self._now, self.operator, self.key,
+                                         timer_id, self._depth + 1)
+        if coro is not None:  # the timer lives on another key: delete it there, like a send
+            self._send_coro(coro)
 
     def send(self, operator: str, key: str, function: str, *args: Any) -> None:
         """Run ``operator.function`` on ``key`` in this transaction without waiting for it.
@@ -112,15 +193,18 @@ class Context:
         they were made (overlapping what the function does meanwhile): two sends writing the
         same key must leave the same value when the transaction is replayed after a recovery.
         """
+        self._send_coro(self._engine.call(self._tid, self._now, operator, key, function, args,
+                                          self._depth + 1))
+
+    def _send_coro(self, coro: Coroutine[Any, Any, Any]) -> None:
         import asyncio
 
-        engine, args_, depth = self._engine, args, self._depth + 1
         previous = self._pending[-1] if self._pending else None
 
         async def in_order() -> Any:
             if previous is not None:
                 await asyncio.wait([previous])  # its failure is reported by its own task
-            return await engine.call(self._tid, self._now, operator, key, function, args_, depth)
+            return await coro
 
         task = asyncio.ensure_future(in_order())
         if self._pending is None:

@@ -98,6 +98,12 @@ class NondeterminismError(TransactionAborted):
     difference."""
 
 
+class EffectFailed(TransactionAborted):
+    """The journaled exception of a ``ctx.run`` effect whose class is not a built-in one
+    (``error_type`` names it; the message is its message). Raised in the function; like
+    any exception it aborts the transaction only if the function lets it through."""
+
+
 class ConfigError(SfaasError, ValueError):
     """A setting (flag or ``SFAAS_*`` variable) has an invalid value."""
 
@@ -121,7 +127,7 @@ class RequestTimeout(SfaasError, TimeoutError):
 _REPLY_ERRORS: dict[str, type[TransactionAborted]] = {
     cls.__name__: cls
     for cls in (UnknownOperator, UnknownFunction, BadArguments, BadKey, NotSerializable, BadRequest,
-                NotAwaited, NondeterminismError)
+                NotAwaited, NondeterminismError, EffectFailed)
 }
 
 

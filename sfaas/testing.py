@@ -20,8 +20,9 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sfaas.app import App
@@ -29,10 +30,14 @@ from sfaas.errors import TransactionAborted, reply_error
 from sfaas.runtime.codec import pack, unpack
 from sfaas.runtime.partitioning import owner_of_partition
 from sfaas.runtime.state import open_partition_stores
+from sfaas.runtime.txn import internal
+from sfaas.runtime.txn.actions import Actions
 from sfaas.runtime.txn.determinism import roots_to_check, second_run
+from sfaas.runtime.txn.effects import Effects
 from sfaas.runtime.txn.engine import Engine, Outcome
 from sfaas.runtime.txn.epochs import Sequencer
-from sfaas.runtime.txn.loop import Participant, commit_together, merge_votes
+from sfaas.runtime.txn.loop import Fate, Participant, commit_together, merge_votes
+from sfaas.runtime.txn.timers import TimerIndex
 
 log = logging.getLogger("sfaas.testing")
 
@@ -47,14 +52,25 @@ class RunnerStats:
     committed: int = 0
     aborted: int = 0
     reruns: int = 0
+    #: runs suspended at a ``ctx.run`` until its effect finished
+    suspended: int = 0
+    #: ``ctx.run`` effects started, and post-commit actions that returned
+    effects: int = 0
+    actions: int = 0
+    #: timers delivered (their transactions committed or aborted)
+    timers: int = 0
 
 
 @dataclass
 class _Item:
     request: tuple[str, str, str, list[Any]]
-    future: asyncio.Future[Any]
+    #: the caller's future (None for the runtime's own requests: timers, action cleanups)
+    future: asyncio.Future[Any] | None
+    rid: str = ""
     now: float = 0.0
     attempts: int = 0
+    #: the outcomes of its ``ctx.run`` effects so far (``sfaas.runtime.txn.effects``)
+    journal: dict[str, Any] = field(default_factory=dict)
 
 
 def _request_of(item: _Item) -> tuple[str, str, str, Any]:
@@ -92,6 +108,8 @@ class LocalRunner:
         max_batch: int = 1000,
         fallback: bool = True,
         check_determinism: bool = True,
+        effect_timeout: float = 30.0,
+        max_effects: int = 1000,
     ) -> None:
         if not isinstance(app, App):
             raise TypeError(f"LocalRunner needs an sfaas.App, got {type(app).__name__}")
@@ -115,6 +133,18 @@ class LocalRunner:
                                            store=store, store_options=store_options)
             self.engines.append(Engine(app, i, workers, partitions, stores, self._router))
         self._router.engines = self.engines
+        #: ``ctx.run`` journals; post-commit actions; one timer index per simulated worker
+        self.effects = Effects(self._effect_done, max_effects, effect_timeout)
+        self.actions = Actions(self._action_done)
+        self.timers = [TimerIndex() for _ in self.engines]
+        for eng, timers in zip(self.engines, self.timers, strict=True):
+            eng.effects = self.effects
+            eng.on_record = self._follower(timers)
+            timers.load(eng.stores)
+        #: seconds ``advance`` moved the clock ahead of the wall clock
+        self._offset = 0.0
+        self._timer_wake: asyncio.TimerHandle | None = None
+        self._idle: asyncio.Event | None = None
         #: one participant of the epoch loop per simulated worker (``sfaas.runtime.txn.loop``)
         self.loops: list[Participant[_Item]] = [
             Participant(eng, Sequencer(i), _request_of, max_batch, fallback=fallback)
@@ -137,9 +167,45 @@ class LocalRunner:
             raise ValueError(f"a map needs one owner in [0, {len(self.engines)}) per partition, "
                              f"got {owners}")
         stores = {k: st for eng in self.engines for k, st in eng.stores.items()}
-        for eng in self.engines:
+        for eng, timers in zip(self.engines, self.timers, strict=True):
             eng.stores = {k: st for k, st in stores.items() if owners[k[1]] == eng.index}
             eng.owners = list(owners)
+            timers.load(eng.stores)
+
+    # -- the runtime's hooks -------------------------------------------------------------
+    def _follower(self, timers: TimerIndex) -> Any:
+        def on_record(operator: str, key: str, value: bytes | None) -> None:
+            timers.on_record(operator, key, value)
+            self.actions.on_record(operator, key, value)
+        return on_record
+
+    def _effect_done(self, tid: int, key: str, outcome: Outcome) -> None:
+        """An effect finished: journal it; the run it suspended goes on in a coming epoch."""
+        for lp in self.loops:
+            item = lp.find(tid)
+            if item is not None:
+                item.journal[key] = outcome
+                if lp.resume(tid):
+                    assert self._wake is not None
+                    self._wake.set()
+
+    def _action_done(self, operator: str, key: str) -> None:
+        """A post-commit action returned: delete its record, in a transaction."""
+        self.stats.actions += 1
+        self._internal(operator, key, internal.ACTION_DONE)
+
+    def _internal(self, operator: str, key: str, function: str) -> None:
+        """Queue the runtime's own request ``function(key)`` on the owner of ``key``."""
+        owner = internal.owner_key(key)
+        item = _Item((internal.RuntimeCall(operator), owner, function, [key]), None,
+                     rid=f"{function[1:]}:{key[1:]}")
+        self.loops[self.engines[0].owner(operator, owner)].queue.append(item)
+        if self._wake is not None:
+            self._wake.set()
+
+    def now(self) -> float:
+        """The runner's clock: the wall clock plus what :meth:`advance` added."""
+        return time.time() + self._offset
 
     # -- calling -----------------------------------------------------------------------
     def call(self, operator: str, key: str, function: str, *args: Any) -> Any:
@@ -148,13 +214,7 @@ class LocalRunner:
         Inside a running event loop this returns an awaitable; outside one it blocks.
         Raises :class:`~sfaas.errors.TransactionAborted` (or a subclass) if it aborted.
         """
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            if self._own_loop is None:
-                self._own_loop = asyncio.new_event_loop()
-            return self._own_loop.run_until_complete(self.acall(operator, key, function, *args))
-        return self.acall(operator, key, function, *args)
+        return self._blocking(self.acall(operator, key, function, *args))
 
     async def acall(self, operator: str, key: str, function: str, *args: Any) -> Any:
         """Like :meth:`call`, always a coroutine."""
@@ -162,19 +222,83 @@ class LocalRunner:
             raise RuntimeError("LocalRunner is closed")
         self.app.validate(operator, key, function, args)
         loop = asyncio.get_running_loop()
-        if self._loop is None:
-            self._loop = loop
-            self._wake = asyncio.Event()
-            self._driver = loop.create_task(self._drive())
-        elif self._loop is not loop:
-            raise RuntimeError("a LocalRunner is bound to the event loop it was first used in")
+        self._start(loop)
         fut: asyncio.Future[Any] = loop.create_future()
-        item = _Item((operator, key, function, unpack(pack(list(args)))), fut)
+        item = _Item((operator, key, function, unpack(pack(list(args)))), fut,
+                     rid=uuid.uuid4().hex)
         owner = self.engines[0].owner(operator, key)
         self.loops[owner].queue.append(item)
         assert self._wake is not None
         self._wake.set()
         return await fut
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Bind to ``loop`` and start the epoch driver (the first call); the actions whose
+        records a reopened directory holds start too."""
+        if self._loop is None:
+            self._loop = loop
+            self._wake = asyncio.Event()
+            self._idle = asyncio.Event()
+            self._driver = loop.create_task(self._drive())
+            for eng in self.engines:
+                self.actions.load(eng.stores)
+            self._wake.set()  # (timers a reopened directory holds may be due)
+        elif self._loop is not loop:
+            raise RuntimeError("a LocalRunner is bound to the event loop it was first used in")
+
+    def _blocking(self, coro: Any) -> Any:
+        """``coro``'s result: awaitable inside a running loop, run to the end outside one."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            if self._own_loop is None:
+                self._own_loop = asyncio.new_event_loop()
+            return self._own_loop.run_until_complete(coro)
+        return coro
+
+    # -- time ------------------------------------------------------------------------------
+    def advance(self, seconds: float) -> Any:
+        """Move the clock ``seconds`` ahead (``ctx.now()`` included) and run every timer due
+        by then, and whatever they call, to the end — tests of timeouts need not sleep.
+        Awaitable inside a running event loop, blocking outside one."""
+        if not isinstance(seconds, (int, float)) or not seconds >= 0:
+            raise ValueError(f"advance needs seconds >= 0, got {seconds!r}")
+        return self._blocking(self._advance(float(seconds)))
+
+    async def _advance(self, seconds: float) -> None:
+        self._start(asyncio.get_running_loop())
+        self._offset += seconds
+        await self._settle()
+
+    def drain(self) -> Any:
+        """Wait until nothing is left to do now: no request, effect, post-commit action or
+        due timer (awaitable in a running loop, blocking outside one)."""
+        return self._blocking(self._drain())
+
+    async def _drain(self) -> None:
+        self._start(asyncio.get_running_loop())
+        while True:
+            await self._settle()
+            busy = list(self.effects.running.values()) + list(self.actions.running.values())
+            if busy:
+                await asyncio.gather(*busy, return_exceptions=True)
+            elif not self.actions.finishing:
+                await self._settle()
+                return
+
+    async def _settle(self) -> None:
+        """Until the epoch driver is idle with nothing due."""
+        assert self._wake is not None and self._idle is not None
+        while True:
+            self._idle.clear()
+            self._wake.set()
+            await self._idle.wait()
+            if not self._busy():
+                return
+
+    def _busy(self) -> bool:
+        now = self.now()
+        return any(lp.pending for lp in self.loops) or any(t.due(now) for t in self.timers)
 
     async def gather(self, *requests: Sequence[Any], return_exceptions: bool = False) -> list[Any]:
         """Run several ``(operator, key, function, *args)`` requests concurrently."""
@@ -197,32 +321,53 @@ class LocalRunner:
         for eng in self.engines:
             for store in eng.operator_stores(operator):
                 for k, v in store.items():
-                    out[k.decode()] = unpack(v)
+                    if k[:1] != b"\x00":  # (the runtime's timers and actions)
+                        out[k.decode()] = unpack(v)
         return out
 
     # -- epochs ----------------------------------------------------------------------------
     async def _drive(self) -> None:
-        assert self._wake is not None
+        assert self._wake is not None and self._idle is not None
         while True:
             await self._wake.wait()
             self._wake.clear()
             # let requests submitted in the same tick join this epoch
             await asyncio.sleep(0)
-            while any(lp.pending for lp in self.loops):
+            while self._busy():
                 try:
                     await self._run_epoch()
                 except Exception:  # a bug in the runtime: fail loudly, but fail the waiters too
                     log.exception("epoch failed")
                     raise
+            self._wake_for_timers()
+            self._idle.set()
+
+    def _wake_for_timers(self) -> None:
+        """Wake the driver when the next timer is due on the wall clock."""
+        if self._timer_wake is not None:
+            self._timer_wake.cancel()
+            self._timer_wake = None
+        dues = [d for d in (t.next_due() for t in self.timers) if d is not None]
+        if dues and self._loop is not None and self._wake is not None:
+            self._timer_wake = self._loop.call_later(max(0.0, min(dues) - self.now()),
+                                                     self._wake.set)
 
     async def _run_epoch(self) -> None:
         """One epoch exactly as the cluster runs it: every participant begins and executes
         concurrently, the votes are merged, every participant commits."""
         self.stats.epochs += 1
         epoch = self.stats.epochs
-        now = time.time()
+        now = self.now()
+        for lp, timers in zip(self.loops, self.timers, strict=True):
+            room = self.max_batch - len(lp.queue)
+            for operator, key in timers.take_due(now, max(room, 0)):
+                lp.queue.append(_Item(
+                    (internal.RuntimeCall(operator), internal.owner_key(key), internal.FIRE_TIMER,
+                     [key]), None, rid=f"timer:{key[1:]}"))
+        self.effects.begin_epoch()
         for lp in self.loops:
-            lp.begin(epoch, now)
+            for tid, item in lp.begin(epoch, now):
+                self.effects.begin(tid, item.rid, dict(item.journal))
         await asyncio.gather(*(lp.execute() for lp in self.loops))
         conflicts, aborts = merge_votes(
             (c.items(), ((t, e, r) for t, (e, r) in u.items()))
@@ -237,22 +382,41 @@ class LocalRunner:
         in_fallback: list[int] = []
         reruns = sum(lp.reruns for lp in self.loops)
         all_fates = await commit_together(self.loops, conflicts, aborts, self.fallback)
+        self.stats.suspended += sum(len(lp.just_parked) for lp in self.loops)
+        self.effects.launch()
+        self.stats.effects = self.effects.started
         for fates in all_fates:
             for f in fates:
-                fut = f.item.future
                 if f.committed:
                     self.stats.committed += 1
                     (in_fallback if f.fallback else committed).append(f.tid)
-                    if not fut.done():
-                        fut.set_result(f.value)
                 else:
                     self.stats.aborted += 1
-                    if not fut.done():
-                        fut.set_exception(self._error(f.tid, f.value))
+                fut = f.item.future
+                if fut is None:
+                    self._runtime_fate(f)
+                elif fut.done():
+                    pass
+                elif f.committed:
+                    fut.set_result(f.value)
+                else:
+                    fut.set_exception(self._error(f.tid, f.value))
         self.stats.reruns += sum(lp.reruns for lp in self.loops) - reruns
         if self.on_epoch_committed is not None:
             # the serial order: the epoch's commits by tid, then the fallback phase's by tid
             self.on_epoch_committed(epoch, sorted(committed) + sorted(in_fallback))
+
+    def _runtime_fate(self, f: Fate[_Item]) -> None:
+        """The fate of a request the runtime made: a timer whose call aborted is delivered
+        all the same (its record is dropped, so it never fires again)."""
+        operator, _, function, (key,) = f.item.request
+        if function != internal.FIRE_TIMER:
+            return
+        self.stats.timers += 1
+        if not f.committed:
+            log.warning("timer %s: its call aborted: %s", internal.timer_id(operator, key),
+                        f.value[1])
+            self._internal(operator, key, internal.DROP_TIMER)
 
     def _error(self, tid: int, value: tuple[str, str]) -> TransactionAborted:
         """The error of an aborted transaction, with the traceback of the function that
@@ -272,12 +436,15 @@ class LocalRunner:
         if self._closed:
             return
         self._closed = True
+        if self._timer_wake is not None:
+            self._timer_wake.cancel()
         if self._driver is not None:
             self._driver.cancel()
             if self._own_loop is not None and not self._own_loop.is_closed():
                 try:
-                    self._own_loop.run_until_complete(
-                        asyncio.gather(self._driver, return_exceptions=True))
+                    self._own_loop.run_until_complete(asyncio.gather(
+                        self._driver, self.effects.close(), self.actions.close(),
+                        return_exceptions=True))
                 except RuntimeError:
                     pass
         if self._own_loop is not None:
@@ -299,6 +466,7 @@ class LocalRunner:
     async def __aexit__(self, *exc: object) -> None:
         if self._driver is not None:
             self._driver.cancel()
-            await asyncio.gather(self._driver, return_exceptions=True)
+            await asyncio.gather(self._driver, self.effects.close(), self.actions.close(),
+                                 return_exceptions=True)
             self._driver = None
         self.close()

@@ -17,7 +17,10 @@ __all__ = ["partition_of", "owner_of_partition", "default_owners", "rebalance", 
 
 
 def partition_of(operator: str, key: str, partitions: int) -> int:
-    """The partition (0 ≤ p < ``partitions``) of ``key`` in ``operator``."""
+    """The partition (0 ≤ p < ``partitions``) of ``key`` in ``operator``; a runtime record's
+    key (``"\\x00…\\x00owner"``, see ``sfaas.runtime.txn.internal``) is its owner key's."""
+    if key[:1] == "\x00":
+        key = key[key.index("\x00", 1) + 1:]
     return crc32c(f"{operator}\x00{key}".encode()) % partitions
 
 

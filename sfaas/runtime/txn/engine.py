@@ -17,9 +17,19 @@ from typing import Any, Protocol
 
 from sfaas.app import App
 from sfaas.context import Context
-from sfaas.errors import Abort, BadKey, NotAwaited, SfaasError, TransactionAborted, error_class
+from sfaas.errors import (
+    Abort,
+    BadArguments,
+    BadKey,
+    NotAwaited,
+    SfaasError,
+    TransactionAborted,
+    error_class,
+)
 from sfaas.runtime.codec import check_arguments, pack, unpack
 from sfaas.runtime.partitioning import owner_of_partition, partition_of
+from sfaas.runtime.txn import internal
+from sfaas.runtime.txn.effects import SUSPENDED, Effects, raise_outcome
 from sfaas.runtime.txn.epochs import AccessLog, Key
 from statestores import Store
 
@@ -117,6 +127,9 @@ def check_key(key: object, operator: object = "?") -> str:
     """Return ``key`` if it is a non-empty ``str``, else raise :class:`BadKey`."""
     if not isinstance(key, str) or not key:
         raise BadKey(f"key for operator {operator!r} must be a non-empty str, got {key!r:.80}")
+    if key[0] == "\x00":
+        raise BadKey(f"key for operator {operator!r} must not start with '\\x00' (reserved for "
+                     f"the runtime's timers and actions), got {key!r:.80}")
     return key
 
 
@@ -172,6 +185,12 @@ class Engine:
         #: ``(tid, reason) → traceback`` of the plain exceptions user functions raised here
         #: this epoch (what :class:`sfaas.testing.LocalRunner` attaches to the error)
         self.tracebacks: dict[tuple[int, str], str] = {}
+        #: the journals of ``ctx.run`` effects (set by whoever runs the epochs; without one
+        #: a ``ctx.run`` aborts the transaction)
+        self.effects: Effects | None = None
+        #: told ``(operator, key, value or None)`` of each runtime record (timer, action)
+        #: applied to a store here
+        self.on_record: Callable[[str, str, bytes | None], None] | None = None
 
     # -- placement -------------------------------------------------------------------
     @property
@@ -229,6 +248,57 @@ class Engine:
             raise Abort(f"the fallback run of {tid} used {key[0]}/{key[1]!r}, which its first "
                         "run did not")
 
+    # -- the outside world: effects, actions, timers (see ``effects`` and ``internal``) -------
+    def next_seq(self, tid: int, operator: str, key: str) -> int:
+        return self.log.next_seq(tid, (operator, key))
+
+    async def run_effect(self, tid: int, operator: str, key: str, n: int,
+                         fn: Callable[..., Any], args: Sequence[Any]) -> Any:
+        """``ctx.run``: the journaled outcome, or suspend the transaction until it is."""
+        fx = self.effects
+        if fx is None:
+            raise Abort("ctx.run is not available here (no effect journal)")
+        ekey = f"{fx.rid(tid)}:{operator}:{key}:{n}"
+        outcome = fx.outcome(tid, ekey)
+        if outcome is not None:
+            return raise_outcome(outcome)
+        self.log.record_abort(tid, SUSPENDED, ekey)
+        fx.want(tid, ekey, fn, args)
+        raise TransactionAborted(f"suspended at effect {ekey}", SUSPENDED)
+
+    def after_commit(self, tid: int, operator: str, key: str, n: int,
+                     fn: Callable[..., Any], args: Sequence[Any]) -> None:
+        """``ctx.after_commit``: store the action with the transaction's writes."""
+        name = internal.function_name(fn)
+        rid = self.effects.rid(tid) if self.effects is not None else f"t{tid:x}"
+        record = internal.action_record(name, args, f"{rid}:{operator}:{key}:{n}")
+        self.write(tid, operator, internal.action_key(key, tid, n), record)
+
+    def set_timer(self, tid: int, now: float, operator: str, key: str, n: int, delay: float,
+                  target: tuple[str, str, str], args: Sequence[Any]) -> str:
+        """``ctx.send_after``: store the timer with the transaction's writes; its id."""
+        if not isinstance(delay, (int, float)) or isinstance(delay, bool) or not delay >= 0:
+            raise BadArguments(f"ctx.send_after: delay_s must be a number >= 0, got {delay!r:.40}")
+        t_op, t_key, t_fn = target
+        self.app.resolve(t_op, t_fn).check_args(t_op, args)
+        check_key(t_key, t_op)
+        check_arguments(list(args), f"arguments of the timer's {t_op}.{t_fn}")
+        rkey = internal.timer_key(key, now + delay, tid, n)
+        self.write(tid, operator, rkey, [t_op, t_key, t_fn, list(args), now + delay])
+        return internal.timer_id(operator, rkey)
+
+    def cancel_timer(self, tid: int, now: float, operator: str, key: str, timer_id: str,
+                     depth: int) -> Any:
+        """``ctx.cancel_timer``: delete the timer here, or return the call deleting it on
+        the key that made it."""
+        t_op, rkey = internal.parse_timer_id(timer_id)
+        owner = internal.owner_key(rkey)
+        if (t_op, owner) == (operator, key):
+            if self.read(tid, operator, rkey, None) is not None:
+                self.remove(tid, operator, rkey)
+            return None
+        return self.call(tid, now, t_op, owner, internal.CANCEL_TIMER, [rkey], depth)
+
     # -- execution -----------------------------------------------------------------------
     def begin(self, epoch: int) -> None:
         """Start epoch ``epoch``: a fresh access log over the (committed) store state."""
@@ -247,9 +317,12 @@ class Engine:
         also recorded as an abort of ``tid`` on this worker.
         """
         try:
-            func = self.app.resolve(operator, function)
-            check_key(key, operator)
-            func.check_args(operator, args)
+            if function[:1] == "\x00":  # the runtime's own (see ``internal``)
+                if function not in internal.IMPLEMENTATIONS:
+                    raise Abort(f"no internal function {function!r}")
+            else:
+                self.app.resolve(operator, function).check_args(operator, args)
+                check_key(key, operator)
             if depth > MAX_CALL_DEPTH:
                 raise Abort(f"call depth exceeded {MAX_CALL_DEPTH} at {operator}.{function}")
             dest = self.owner(operator, key)
@@ -287,10 +360,11 @@ class Engine:
         if fb is not None and tid in fb.declared.get((operator, key), ()):
             await fb.turn(tid, (operator, key))
         try:
-            func = self.app.resolve(operator, function)
+            fn = (internal.IMPLEMENTATIONS[function] if function[:1] == "\x00"
+                  else self.app.resolve(operator, function).fn)
             ctx = Context(self, tid, now, operator, key, depth)
             try:
-                result = await func.fn(ctx, *args)
+                result = await fn(ctx, *args)
             finally:
                 missed = ctx.unawaited_call()
                 if ctx._pending:
@@ -328,8 +402,15 @@ class Engine:
                     key, tid, reason, text.rstrip(), extra={"worker": self.index})
 
     async def run_root(self, tid: int, now: float, request: Sequence[Any]) -> Outcome:
-        """Run a transaction's root call ``(operator, key, function, args)``; never raises."""
+        """Run a transaction's root call ``(operator, key, function, args)``; never raises.
+        A root naming an internal function must come from the runtime: a ``RuntimeCall``
+        operator (see ``internal``), never a client's string."""
         operator, key, function, args = request
+        if not isinstance(operator, internal.RuntimeCall) and (
+                function[:1] == "\x00" or key[:1] == "\x00"):
+            return False, ("UnknownFunction", f"no function {function!r} on key {key!r:.40} "
+                                              "(names and keys starting with \\x00 are the "
+                                              "runtime's)")
         try:
             return True, await self.call(tid, now, operator, key, function, args, 0)
         except Exception as exc:
@@ -447,6 +528,10 @@ class Engine:
         store."""
         for where, ops in self.log.commit_batches(tids, self.partitions).items():
             self.stores[where].write_batch(ops)
+            if self.on_record is not None:
+                for k, v in ops:
+                    if k[:1] == b"\x00":
+                        self.on_record(where[0], k.decode(), v)
 
     def close(self) -> None:
         """Close every store."""

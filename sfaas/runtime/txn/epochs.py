@@ -149,13 +149,22 @@ def decide(
 class AccessLog:
     """One worker's record of one epoch: who read/wrote which of its keys, who failed."""
 
-    __slots__ = ("reads", "writes", "user_aborts")
+    __slots__ = ("reads", "writes", "user_aborts", "seqs")
 
     def __init__(self) -> None:
         self.reads: dict[int, set[Key]] = {}
         #: tid → {key: encoded value, or None for a delete}
         self.writes: dict[int, dict[Key, bytes | None]] = {}
         self.user_aborts: dict[int, tuple[str, str]] = {}
+        #: (tid, key) → effects, actions and timers numbered so far in this run
+        self.seqs: dict[tuple[int, Key], int] = {}
+
+    def next_seq(self, tid: int, key: Key) -> int:
+        """The number of ``tid``'s next effect, action or timer on ``key`` in this run (the
+        same on every run that does the same thing: they count in the order made)."""
+        n = self.seqs.get((tid, key), 0)
+        self.seqs[(tid, key)] = n + 1
+        return n
 
     def record_read(self, tid: int, key: Key) -> None:
         """``tid`` read ``key`` from the epoch-start state."""

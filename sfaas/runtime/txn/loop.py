@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from sfaas.runtime.txn.effects import SUSPENDED
 from sfaas.runtime.txn.engine import Engine, Outcome
 from sfaas.runtime.txn.epochs import Sequencer
 
@@ -74,12 +75,45 @@ class Participant(Generic[T]):
         self.outcomes: list[Outcome] = []
         #: the conflicting tids of the last commit (their re-runs wait for their blockers)
         self.last_conflicts: set[int] = set()
+        #: runs suspended at a ``ctx.run`` whose outcome is not journaled yet: tid → item,
+        #: until :meth:`resume` (``sfaas.runtime.txn.effects``)
+        self.parked: dict[int, T] = {}
+        #: the tids parked by the last commit
+        self.just_parked: list[int] = []
         self.committed = self.aborted = self.reruns = self.fallbacks = self.epochs = 0
+        self.suspended = 0
 
     @property
     def pending(self) -> int:
         """Requests waiting for a later epoch (new and re-runs)."""
         return len(self.queue) + self.sequencer.pending_retries
+
+    def resume(self, tid: int) -> bool:
+        """The effects parked ``tid`` waited for are journaled: it runs again (keeping its
+        tid) in a coming epoch. False if it is not parked here."""
+        item = self.parked.pop(tid, None)
+        if item is None:
+            return False
+        self.sequencer.requeue(tid, item, -1)
+        return True
+
+    def find(self, tid: int) -> T | None:
+        """The item of ``tid`` if it waits here (parked, re-running or in the batch)."""
+        item = self.parked.get(tid)
+        if item is not None:
+            return item
+        for t, it in self.sequencer.retries():
+            if t == tid:
+                return it  # type: ignore[no-any-return]
+        for t, it in self.batch:
+            if t == tid:
+                return it
+        return None
+
+    def _park(self, tid: int, item: T) -> None:
+        self.parked[tid] = item
+        self.just_parked.append(tid)
+        self.suspended += 1
 
     def begin(self, epoch: int, now: float, blocked: Iterable[int] = ()) -> list[tuple[int, T]]:
         """Start ``epoch``: take re-runs whose blocker is not pending (here, in ``blocked``
@@ -171,8 +205,12 @@ class Participant(Generic[T]):
         — final already, their replies need not wait for the fallback phase. A later
         :meth:`settle` with ``decided_done`` leaves them out."""
         fates: list[Fate[T]] = []
+        self.just_parked = []
         for (tid, item), (ok, value) in zip(self.batch, self.outcomes, strict=True):
             if tid in conflicts:
+                continue
+            if tid in aborts and aborts[tid][0] == SUSPENDED:
+                self._park(tid, item)
                 continue
             if tid in aborts:
                 fates.append(Fate(tid, item, False, tuple(value) if not ok else aborts[tid]))
@@ -197,6 +235,9 @@ class Participant(Generic[T]):
                 self._requeue(tid, item, conflicts[tid])
                 continue
             kind, detail = fate
+            if kind != "committed" and detail[0] == SUSPENDED:
+                self._park(tid, item)
+                continue
             if kind == "committed":
                 fates.append(Fate(tid, item, True, detail[1], fallback=True))
             else:

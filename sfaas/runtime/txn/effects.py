@@ -1,0 +1,191 @@
+"""Journaled side effects (``await ctx.run(fn, *args)``), run outside the epochs.
+
+A transaction may run many times — conflict re-runs, the fallback phase, the determinism
+check, a recovery's replay — but its effects must happen once. Each ``ctx.run`` gets an
+*effect key*, ``"{request id}:{operator}:{key}:{n}"`` (``n``: the n-th effect, action or
+timer of the transaction on that key, in the order the function makes them), the same on
+every run. Its outcome — the result, or the exception's type and message — is kept in the
+transaction's *journal*, which every later run reads instead of running ``fn``.
+
+An effect never runs inside an epoch: a run that reaches a ``ctx.run`` whose outcome is
+not journaled yet *suspends* — it aborts with the internal error type ``Suspended``, its
+reads and writes discarded, so it holds nothing while ``fn`` runs — and the runtime starts
+``fn`` once that epoch is committed (never during a replay). When every effect the run
+waited for is journaled, the transaction runs again, from its start, in a later epoch,
+reading the state of then and the journaled outcomes. Other transactions never wait for an
+effect.
+
+At most ``limit`` effects run at once (the rest wait their turn); one that does not finish
+within ``timeout`` seconds is journaled as a ``TimeoutError``. ``fn`` learns its effect key
+from :func:`sfaas.effect_key` (also on the second run described in the README: a crash
+after ``fn`` started and before its outcome was journaled durably runs it again, with the
+same key).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import collections
+import inspect
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sfaas.context import EFFECT_KEY
+from sfaas.errors import EffectFailed, NotSerializable
+from sfaas.runtime.codec import pack, unpack
+
+log = logging.getLogger("sfaas.effects")
+
+__all__ = ["Effects", "SUSPENDED", "raise_outcome", "DONE_CACHE"]
+
+#: The error type of a run that stopped at an effect not journaled yet (never reported).
+SUSPENDED = "Suspended"
+
+#: Outcomes of finished effects a worker remembers after their transaction moved on (so a
+#: replay after a recovery does not run them again).
+DONE_CACHE = 100_000
+
+#: ``(True, result)`` or ``(False, (error type, message))``
+Outcome = tuple[bool, Any]
+
+
+def raise_outcome(outcome: Outcome) -> Any:
+    """The journaled outcome as the function sees it: the result, or the exception raised
+    again (the same built-in class when it is one, else :class:`sfaas.EffectFailed`)."""
+    ok, value = outcome
+    if ok:
+        return value
+    etype, message = value
+    cls = getattr(builtins, etype, None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            exc = cls(message)
+        except Exception:
+            exc = EffectFailed(f"{etype}: {message}", etype)
+        raise exc
+    raise EffectFailed(f"{etype}: {message}", etype)
+
+
+class Effects:
+    """The effects of one process's transactions (see the module docstring).
+
+    A transaction's *journal* travels with it: the host (the worker, ``LocalRunner``)
+    keeps it on the queued request, logs it with the epoch's batch, and installs it here
+    when a run begins (:meth:`begin`; a peer's call carries it to the other workers), so
+    every run — and a replay — sees exactly the outcomes journaled before its epoch began.
+    ``deliver(tid, key, outcome)`` hands a finished effect's outcome to the host, which
+    adds it to the journal and lets a parked run go on; it may be called again for the
+    same effect (it is idempotent there).
+    """
+
+    def __init__(self, deliver: Callable[[int, str, Outcome], None], limit: int = 1000,
+                 timeout: float = 30.0) -> None:
+        if limit < 1 or timeout <= 0:
+            raise ValueError(f"effects need limit >= 1 and timeout > 0, got {limit}, {timeout}")
+        self._deliver = deliver
+        self.limit = limit
+        self.timeout = timeout
+        self._slots: asyncio.Semaphore | None = None
+        #: tid → its request id (effect keys start with it), for the current epoch
+        self.rids: dict[int, str] = {}
+        #: tid → effect key → outcome: the journals installed for the current epoch
+        self.journals: dict[int, dict[str, Outcome]] = {}
+        #: effects a run asked for this epoch, started once it commits: (tid, key, fn, args)
+        self._wanted: list[tuple[int, str, Callable[..., Any], Sequence[Any]]] = []
+        self.running: dict[str, asyncio.Task[None]] = {}
+        #: finished outcomes by effect key, the newest ``DONE_CACHE`` (never run twice here)
+        self._done: collections.OrderedDict[str, Outcome] = collections.OrderedDict()
+        self.started = self.finished = self.failed = 0
+
+    # -- what the engine asks ---------------------------------------------------------------
+    def rid(self, tid: int) -> str:
+        """The request id of transaction ``tid`` (its tid when none is known)."""
+        return self.rids.get(tid) or f"t{tid:x}"
+
+    def outcome(self, tid: int, key: str) -> Outcome | None:
+        """The outcome of effect ``key`` in ``tid``'s journal, if it has one."""
+        j = self.journals.get(tid)
+        return None if j is None else j.get(key)
+
+    def want(self, tid: int, key: str, fn: Callable[..., Any], args: Sequence[Any]) -> None:
+        """A run of ``tid`` suspended at effect ``key``: run it once the epoch commits."""
+        self._wanted.append((tid, key, fn, args))
+
+    # -- the epoch ----------------------------------------------------------------------------
+    def begin_epoch(self) -> None:
+        """A new epoch: the journals installed for the last one go."""
+        self.rids, self.journals = {}, {}
+
+    def begin(self, tid: int, rid: str, journal: dict[str, Outcome] | None = None) -> None:
+        """``tid`` (request ``rid``) runs in the current epoch with ``journal``."""
+        self.rids[tid] = rid
+        if journal:
+            self.journals[tid] = journal
+
+    def launch(self, live: bool = True) -> None:
+        """The epoch committed: start the effects its runs suspended at (``live``; a replay
+        starts none) — each at most once per process: one that finished here already is
+        delivered again instead."""
+        wanted, self._wanted = self._wanted, []
+        if not live:
+            return
+        for tid, key, fn, args in wanted:
+            done = self._done.get(key)
+            if done is not None:
+                self._deliver(tid, key, done)
+            elif key not in self.running:
+                self.running[key] = asyncio.get_running_loop().create_task(
+                    self._run(tid, key, fn, args))
+                self.started += 1
+
+    # -- running ------------------------------------------------------------------------------
+    async def _run(self, tid: int, key: str, fn: Callable[..., Any], args: Sequence[Any]) -> None:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.limit)
+        try:
+            async with self._slots:
+                outcome = await self._call(key, fn, args)
+        finally:
+            self.running.pop(key, None)
+        self.finished += 1
+        self._done[key] = outcome
+        if len(self._done) > DONE_CACHE:
+            self._done.popitem(last=False)
+        self._deliver(tid, key, outcome)
+
+    async def _call(self, key: str, fn: Callable[..., Any], args: Sequence[Any]) -> Outcome:
+        token = EFFECT_KEY.set(key)
+        try:
+            if inspect.iscoroutinefunction(fn):
+                result = await asyncio.wait_for(fn(*args), self.timeout)
+            else:
+                result = await asyncio.wait_for(asyncio.to_thread(fn, *args), self.timeout)
+                if inspect.isawaitable(result):
+                    result = await asyncio.wait_for(result, self.timeout)
+            try:
+                return True, unpack(pack(result, f"result of effect {key}"))
+            except NotSerializable as exc:
+                return False, ("NotSerializable", exc.reason)
+        except TimeoutError:
+            self.failed += 1
+            return False, ("TimeoutError", f"effect {key} ({_name(fn)}) did not finish within "
+                                           f"{self.timeout:g} s (the effect_timeout setting)")
+        except Exception as exc:
+            self.failed += 1
+            log.info("effect %s (%s) raised %s: %s", key, _name(fn), type(exc).__name__, exc)
+            return False, (type(exc).__name__, str(exc))
+        finally:
+            EFFECT_KEY.reset(token)
+
+    async def close(self) -> None:
+        """Cancel the effects still running."""
+        tasks = list(self.running.values())
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _name(fn: Any) -> str:
+    return str(getattr(fn, "__qualname__", None) or fn)
