@@ -66,7 +66,8 @@ class Membership:
                  heartbeat: Callable[[Member, wire.Heartbeat], None],
                  snapshotted: Callable[[wire.Snapshotted], None],
                  wake: Callable[[], None], abort_round: Callable[[str], None],
-                 changed: Callable[[], None]) -> None:
+                 changed: Callable[[], None],
+                 diverged: Callable[[wire.Diverged], None] = lambda msg: None) -> None:
         self._state = state
         self._inbox = inbox
         self._standbys = standbys
@@ -78,6 +79,7 @@ class Membership:
         self._wake = wake
         self._abort_round = abort_round
         self._changed = changed
+        self._diverged = diverged
         self._watchdog: asyncio.Task[None] | None = None
 
     # -- the workers' channels -----------------------------------------------------------------
@@ -146,6 +148,8 @@ class Membership:
                     self._heartbeat(member, beat)
                 elif isinstance(msg, wire.Snapshotted):
                     self._snapshotted(msg)
+                elif isinstance(msg, wire.Diverged):
+                    self._diverged(msg)
                 elif isinstance(msg, (wire.Shipped, wire.Following, wire.Released)):
                     self._rescale.on_message(msg)
                 elif isinstance(msg, wire.Ready):

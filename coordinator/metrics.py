@@ -94,6 +94,9 @@ class CoordinatorMetrics:
         self.recovery_phases = {label: Buckets(PHASE_BOUNDS) for label in RECOVERY_PHASES.values()}
         self.recoveries: collections.deque[dict[str, Any]] = collections.deque(maxlen=20)
         self.recovered_total = 0
+        #: replayed requests answered otherwise than before a crash (``wire.Diverged``)
+        self.divergences: collections.deque[dict[str, Any]] = collections.deque(maxlen=20)
+        self.diverged_total = 0
         self.replayed_epochs_total = 0
         self.round_seconds = Buckets(PHASE_BOUNDS)
         self.uploaded_bytes_total = 0
@@ -121,6 +124,16 @@ class CoordinatorMetrics:
                 log.debug("worker %d sent malformed latency counts; ignored", m.index)
             return
         self.latency.setdefault(m.index, _Latency()).update(m.pid, counts)
+
+    def diverged(self, msg: wire.Diverged) -> None:
+        """A worker's replay answered a request otherwise than before the crash."""
+        self.diverged_total += 1
+        self.divergences.append({"time": time.time(), "worker": msg.index, "rid": msg.rid,
+                                 "function": f"{msg.operator}.{msg.function}", "key": msg.key,
+                                 "before": msg.before, "after": msg.after})
+        log.error("worker %d's replay diverged: %s.%s on key %r (request %s) replied %s before "
+                  "the crash and %s in the replay: the function is not deterministic",
+                  msg.index, msg.operator, msg.function, msg.key, msg.rid, msg.before, msg.after)
 
     def recovered(self, info: dict[str, Any]) -> None:
         """A recovery finished (``ClusterState.last_recovery``)."""
@@ -203,6 +216,10 @@ class CoordinatorMetrics:
         yield from self._rounds(c.rounds)
         yield CounterMetricFamily("sfaas_recoveries", "Recoveries completed",
                                   value=self.recovered_total)
+        yield CounterMetricFamily("sfaas_replay_divergences",
+                                  "Requests a recovery's replay answered otherwise than before "
+                                  "the crash (a function that is not deterministic)",
+                                  value=self.diverged_total)
         yield CounterMetricFamily("sfaas_recovery_attempts",
                                   "Recovery attempts (a loss during one starts another)",
                                   value=c.recoveries)

@@ -70,7 +70,8 @@ class Coordinator:
             heartbeat_timeout=s.heartbeat_timeout,
             topics=(ingress, egress, consumer_group(s, app_name)),
             heartbeat=self.metrics.heartbeat, snapshotted=self.rounds.on_report,
-            wake=self.inbox.wake, abort_round=self.rounds.abort, changed=self.ready_file.write)
+            wake=self.inbox.wake, abort_round=self.rounds.abort, changed=self.ready_file.write,
+            diverged=self.metrics.diverged)
         self.barrier = Barrier(self.inbox, lambda: len(self.state.members), self.membership)
         self.epochs: EagerEpochs | LeasedEpochs = (
             LeasedEpochs(s.epoch_lease, self.state, self.inbox, self.membership, self.rounds,

@@ -149,6 +149,9 @@ def data(c: ClusterSnapshot, m: CoordinatorMetrics) -> dict[str, Any]:
                       _ms(r.get("restore")), _ms(r.get("replay")), _ms(r.get("seconds"))]
                      for r in reversed(m.recoveries)]
 
+    diverged_rows = [[_ago(d["time"], now), str(d["worker"]), d["function"], repr(d["key"]),
+                      d["rid"], d["before"], d["after"]] for d in reversed(m.divergences)]
+
     series: dict[str, list[Any]] = {"t": [], "throughput": [], "p50_ms": [], "p99_ms": []}
     points = [*samples, cur]
     k = max(1, round(SMOOTH_SECONDS / 2.0))
@@ -177,6 +180,7 @@ def data(c: ClusterSnapshot, m: CoordinatorMetrics) -> dict[str, Any]:
         ["round", "newest snapshot round",
          "none yet" if last is None else f"#{last.round}, {_ago(last.created, now)}"],
         ["recoveries", "recoveries", str(m.recovered_total)],
+        ["diverged", "replies a replay changed (not deterministic)", str(m.diverged_total)],
         ["rescale", "rescaling", rescaling],
     ]
     return {
@@ -195,6 +199,10 @@ def data(c: ClusterSnapshot, m: CoordinatorMetrics) -> dict[str, Any]:
             {"id": "recoveries", "title": "Recoveries", "empty": "none",
              "columns": ["finished", "attempt", "round", "epochs replayed", "detect + restart",
                          "restore", "replay", "total"], "rows": recovery_rows},
+            {"id": "divergences", "title": "Replays that diverged (functions not deterministic)",
+             "empty": "none",
+             "columns": ["when", "worker", "function", "key", "request", "reply before the crash",
+                         "reply in the replay"], "rows": diverged_rows},
             {"id": "stores", "title": "State per operator (newest round)",
              "empty": "no complete round yet",
              "columns": ["operator", "partitions", "state", "files", "uploaded in the round"],
@@ -203,7 +211,8 @@ def data(c: ClusterSnapshot, m: CoordinatorMetrics) -> dict[str, Any]:
         "series": series,
         "raw": {"answered": answered, "epochs": c.stats.epochs, "workers": raw_workers,
                 "rate": rate, "p50_seconds": p50, "p99_seconds": p99,
-                "rounds_completed": rounds.completed, "recoveries": m.recovered_total},
+                "rounds_completed": rounds.completed, "recoveries": m.recovered_total,
+                "replay_divergences": m.diverged_total},
     }
 
 

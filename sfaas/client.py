@@ -213,7 +213,11 @@ class Client:
             ) from None
         if reply.ok:
             return reply.value
-        raise reply_error(reply.error_type or "TransactionAborted", reply.reason or "aborted")
+        exc = reply_error(reply.error_type or "TransactionAborted", reply.reason or "aborted")
+        if reply.traceback:
+            exc.traceback = reply.traceback
+            exc.add_note(f"raised in the transaction's function:\n{reply.traceback.rstrip()}")
+        raise exc
 
 
 class SyncClient:

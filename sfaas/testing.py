@@ -198,7 +198,7 @@ class LocalRunner:
         """Queue the runtime's own request ``function(key)`` on the owner of ``key``."""
         owner = internal.owner_key(key)
         item = _Item((internal.RuntimeCall(operator), owner, function, [key]), None,
-                     rid=f"{function[1:]}:{key[1:]}")
+                     rid=internal.runtime_rid(function, key))
         self.loops[self.engines[0].owner(operator, owner)].queue.append(item)
         if self._wake is not None:
             self._wake.set()
@@ -363,7 +363,7 @@ class LocalRunner:
             for operator, key in timers.take_due(now, max(room, 0)):
                 lp.queue.append(_Item(
                     (internal.RuntimeCall(operator), internal.owner_key(key), internal.FIRE_TIMER,
-                     [key]), None, rid=f"timer:{key[1:]}"))
+                     [key]), None, rid=internal.runtime_rid(internal.FIRE_TIMER, key)))
         self.effects.begin_epoch()
         for lp in self.loops:
             for tid, item in lp.begin(epoch, now):

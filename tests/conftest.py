@@ -9,6 +9,7 @@ need it, with the log tail; nothing is skipped.
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from collections.abc import Iterator
 
@@ -21,6 +22,10 @@ from sfaas.runtime.settings import Settings
 from tests.namespaces import NAMESPACES, drop_objects, drop_topics, fresh_namespace
 
 TEST_BUCKET = "sfaas-tests"
+
+# The cluster's determinism check is on in the test suite (README, "Mistakes the runtime
+# catches"): every cluster a test starts runs it, unless the test turns it off.
+os.environ.setdefault("SFAAS_CHECK_DETERMINISM", "1")
 
 
 @contextlib.contextmanager

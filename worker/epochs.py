@@ -21,6 +21,7 @@ report (hence every reply of the epoch, anywhere) waits until the record is dura
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -30,6 +31,7 @@ from sfaas.errors import ClusterError
 from sfaas.runtime import wire
 from sfaas.runtime.epochlog import EpochRecord
 from sfaas.runtime.settings import Settings
+from sfaas.runtime.txn.determinism import check_local
 from sfaas.runtime.txn.loop import Fate
 from worker.clients import KafkaClients
 from worker.egress import Egress
@@ -42,10 +44,16 @@ from worker.protocols.lease import Lease
 from worker.protocols.rounds import RoundTaker
 from worker.state import Pending, WorkerState
 from worker.tasks import Tasks
+from worker.world import World
 
 log = logging.getLogger("sfaas.worker")
 
 __all__ = ["EpochRunner", "fallback_mode"]
+
+
+def astuple_head(r: wire.Reply) -> tuple[str, bool, Any, str | None, str | None]:
+    """A reply without its traceback (what a replay must reproduce)."""
+    return r.rid, r.ok, r.value, r.error_type, r.reason
 
 
 def fallback_mode() -> str:
@@ -68,6 +76,7 @@ class EpochRunner:
         self, settings: Settings, state: WorkerState, mode: str, *, uplink: CoordinatorLink,
         links: PeerLinks, calls: Peers, fallback: CrossFallback, ingress: Ingress, egress: Egress,
         metrics: WorkerMetrics, rounds: RoundTaker, kafka: KafkaClients, tasks: Tasks,
+        world: World,
     ) -> None:
         self._settings = settings
         self._state = state
@@ -82,6 +91,9 @@ class EpochRunner:
         self._rounds = rounds
         self._kafka = kafka
         self._tasks = tasks
+        self._world = world
+        #: the epoch running now is a recovery's replay
+        self._replay = False
         #: epochs this worker begins and commits itself, under the coordinator's lease
         self.lease = Lease(self)
         # the coordinator starts idle: the first records must wake it up
@@ -137,10 +149,13 @@ class EpochRunner:
                         st.engine.epoch, extra={"worker": st.index})
             return None
         t0 = time.perf_counter()
+        self._replay = begin.replay
         if begin.replay:  # the batch as logged, each item with the now it ran with (recovery)
-            st.loop.begin_replay(begin.epoch, st.replay_batches.pop(begin.epoch, []))
+            batch = st.loop.begin_replay(begin.epoch, st.take_replay(begin.epoch))
         else:
-            st.loop.begin(begin.epoch, begin.now)
+            self._world.before_begin(begin.now)  # (the timers due join the batch)
+            batch = st.loop.begin(begin.epoch, begin.now)
+        self._world.install(batch)
         self.lease.began(begin.epoch)
         self._calls.begin(begin.epoch, st.n_workers)
         return t0
@@ -158,8 +173,15 @@ class EpochRunner:
             # the epoch-log write overlaps execution; the report (hence every reply of
             # this epoch, anywhere) waits for it to be durable
             rec = EpochRecord.of(begin.epoch, st.index, begin.now, st.loop.batch)
+            if rec.journals:  # (what the runs see: the journals as installed at the Begin)
+                seen = self._world.effects.journals
+                rec = dataclasses.replace(rec, journals=tuple(
+                    (tid, seen[tid]) for tid, _ in rec.journals if seen.get(tid)))
             ack = await self._kafka.producer.send(st.log_topic, rec.encode(), partition=0)
         await st.loop.execute()
+        if self._settings.check_determinism and not begin.replay:
+            assert st.engine is not None
+            await check_local(st.engine, st.loop.batch, st.loop.outcomes, st.loop.request_of)
         if ack is not None:
             try:
                 md = await ack
@@ -223,6 +245,7 @@ class EpochRunner:
             fates = await loop.commit(conflicts, aborts)
             self._reply(fates)
         self._metrics.committed(fates, self._state.answered, t0)
+        self._world.committed(fates, self._replay)
         if marker is not None:
             self._snapshot(epoch, marker)
 
@@ -231,17 +254,40 @@ class EpochRunner:
         st = self._state
         for f in fates:
             req = f.item.request
-            if req.rid in st.answered:  # a replay: this reply is already in the egress topic
-                st.applied_item(f.item)
-                if f.item.offset >= 0:
-                    self._ingress.complete(f.item.partition, f.item.offset)
+            if f.item.partition < 0:  # a request the runtime made: nobody waits for a reply
                 continue
             if f.committed:
                 reply = wire.Reply(req.rid, True, f.value)
             else:
                 reply = wire.Reply(req.rid, False, None, str(f.value[0]), str(f.value[1]))
+                if self._settings.reply_tracebacks and st.engine is not None:
+                    reply.traceback = st.engine.tracebacks.get((f.tid, str(f.value[1])))
+            before = st.answered.get(req.rid)
+            if before is not None:  # a replay: this reply is already in the egress topic
+                if wire.Reply(*astuple_head(before)).encode() \
+                        != wire.Reply(*astuple_head(reply)).encode():
+                    self._diverged(req, before, reply)
+                st.applied_item(f.item)
+                if f.item.offset >= 0:
+                    self._ingress.complete(f.item.partition, f.item.offset)
+                continue
             self._egress.add(req.reply_partition, reply.encode(), f.item.partition, f.item.offset)
             st.applied_item(f.item)
+
+    def _diverged(self, req: wire.Request, before: wire.Reply, after: wire.Reply) -> None:
+        """A replayed request answered otherwise than before the crash: say so, loudly."""
+        def brief(r: wire.Reply) -> str:
+            return f"{r.value!r:.120}" if r.ok else f"{r.error_type}: {r.reason!r:.120}"
+
+        b, a = brief(before), brief(after)
+        self._metrics.divergences_total += 1
+        log.error("replay diverged: %s.%s on key %r (request %s) replied %s before the crash "
+                  "and %s in the replay: it is not deterministic (use ctx.now(), ctx.random() "
+                  "or ctx.run for what may differ between runs)", req.operator, req.function,
+                  req.key, req.rid, b, a, extra={"worker": self._state.index})
+        if not self._uplink.closed:
+            self._uplink.send(wire.Diverged(self._state.index, req.rid, req.operator,
+                                            req.function, req.key[:200], b, a))
 
     def _snapshot(self, epoch: int, marker: int) -> None:
         """Epoch ``epoch`` committed carrying round ``marker``: no transaction is in flight

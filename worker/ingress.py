@@ -170,7 +170,7 @@ class Ingress:
                     if retry is None:
                         loop.queue.append(item)
                     else:  # a re-run waiting at the rescale's round: it keeps its tid and now
-                        tid, item.now = retry
+                        tid, item.now, item.journal = retry
                         loop.sequencer.requeue(tid, item)
                     got = True
             if got:

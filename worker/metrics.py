@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -47,6 +47,21 @@ log = logging.getLogger("sfaas.worker.metrics")
 __all__ = ["WorkerMetrics", "store_metrics"]
 
 
+_WORLD_GAUGES = (
+    ("effects_running", "ctx.run effects running on this worker now"),
+    ("parked", "Transactions parked here until their ctx.run effect finishes"),
+    ("actions_pending", "Post-commit actions committed here and not done yet"),
+    ("timers", "Durable timers of this worker's partitions not delivered yet"),
+)
+_WORLD_COUNTERS = (
+    ("effects_started", "ctx.run effects this worker started"),
+    ("effects_failed", "ctx.run effects that raised or timed out (journaled as exceptions)"),
+    ("actions_ran", "Post-commit actions that ran to the end on this worker"),
+    ("action_tries_failed", "Tries of post-commit actions that raised (retried with backoff)"),
+    ("timers_fired", "Durable timers this worker took to deliver"),
+)
+
+
 class WorkerMetrics:
     """The metrics of one worker (see module docstring): counted as epochs go, and read
     from its ``state`` and parts when scraped."""
@@ -55,6 +70,7 @@ class WorkerMetrics:
         self, settings: Settings, app_name: str, name: str, state: WorkerState, *, ingress: Ingress,
         egress: Egress, calls: Peers, links: PeerLinks, uplink: CoordinatorLink,
         kafka: KafkaClients, rounds: RoundTaker,
+        world: Callable[[], dict[str, float]] = dict,
     ) -> None:
         self._settings = settings
         self._app_name = app_name
@@ -67,6 +83,7 @@ class WorkerMetrics:
         self._uplink = uplink
         self._kafka = kafka
         self._rounds = rounds
+        self._world = world
         self.latency = Buckets(LATENCY_BOUNDS)
         self.phases = {"execute": Buckets(PHASE_BOUNDS), "commit": Buckets(PHASE_BOUNDS)}
         self.committed_total = 0
@@ -75,6 +92,8 @@ class WorkerMetrics:
         # loop, so they are summed here epoch by epoch
         self.reruns_total = 0
         self.fallbacks_total = 0
+        #: replayed requests whose reply differed from the one already out (``Diverged``)
+        self.divergences_total = 0
         self._loop: Any = None  # the loop last counted (a reference: ids are reused) and its counts
         self._loop_counts = (0, 0)
         self.server: HttpServer | None = None
@@ -84,7 +103,8 @@ class WorkerMetrics:
         """This worker's roots of an epoch finished (``started``: ``perf_counter`` at Begin)."""
         self.phases["execute"].observe(time.perf_counter() - started)
 
-    def committed(self, fates: Iterable[Fate[Any]], answered: set[str], started: float) -> None:
+    def committed(self, fates: Iterable[Fate[Any]], answered: Container[str],
+                  started: float) -> None:
         """An epoch's ``fates`` are decided and their replies queued (``started``:
         ``perf_counter`` when its Commit arrived). Replays of requests whose replies are
         already out (``answered``) are not counted again."""
@@ -145,6 +165,9 @@ class WorkerMetrics:
              "Transactions re-run in a later epoch after a conflict"),
             ("sfaas_transactions_fallback", self.fallbacks_total,
              "Conflicting transactions re-run in the epoch's fallback phase"),
+            ("sfaas_replay_divergences", self.divergences_total,
+             "Requests a recovery's replay answered otherwise than before the crash (a "
+             "function that is not deterministic)"),
         ):
             yield CounterMetricFamily(name, doc, value=value)
         lat = HistogramMetricFamily("sfaas_request_latency_seconds",
@@ -158,6 +181,7 @@ class WorkerMetrics:
             b.add_to(ph, [phase])
         yield ph
         yield from self._queues()
+        yield from self._world_metrics()
         yield from self._ingress_lag()
         yield from store_metrics(st.engine.stores if st.engine is not None else {})
         if st.engine is not None:  # (the rounds begin with the engine)
@@ -170,6 +194,16 @@ class WorkerMetrics:
         yield CounterMetricFamily("sfaas_worker_recoveries",
                                   "Recoveries this worker rolled back for", value=st.recovery)
         yield from channel_traffic()
+
+    def _world_metrics(self) -> Iterator[Any]:
+        """Effects, post-commit actions and timers (``worker.world``)."""
+        w = self._world()
+        if not w:
+            return
+        for name, doc in _WORLD_GAUGES:
+            yield GaugeMetricFamily(f"sfaas_{name}", doc, value=w[name])
+        for name, doc in _WORLD_COUNTERS:
+            yield CounterMetricFamily(f"sfaas_{name}", doc, value=w[name])
 
     def _queues(self) -> Iterator[Any]:
         st = self._state

@@ -50,6 +50,17 @@ class FallbackInbox(Protocol):
     def on_finished(self, msg: wire.Finished) -> None: ...
 
 
+class PeersWorld(Protocol):
+    """What calls need of ``worker.world.World``: the journals calls carry, and where
+    finished effects go."""
+
+    def for_call(self, tid: int) -> tuple[str, dict[str, Any]]: ...
+
+    def on_call(self, msg: wire.Call) -> None: ...
+
+    def on_effect_done(self, msg: wire.EffectDone) -> None: ...
+
+
 class Peers:
     """One worker's calls to and from its peers (see the module docstring).
 
@@ -61,6 +72,7 @@ class Peers:
         self, settings: Settings, state: WorkerState, links: PeerLinks, fallback: FallbackInbox,
         spawn: Callable[[Coroutine[Any, Any, Any]], object], report: Callable[[], None],
         leased: Callable[[wire.Report | wire.Wake], None],
+        world: PeersWorld | None = None,
     ) -> None:
         self._settings = settings
         self._state = state
@@ -69,6 +81,7 @@ class Peers:
         self._spawn = spawn
         self._report = report
         self._leased = leased
+        self._world = world
         self._calls: dict[int, asyncio.Future[Outcome]] = {}
         self._call_ids = 0
         self._deferred: dict[int, list[wire.Call]] = {}
@@ -124,8 +137,9 @@ class Peers:
         if not fallback:
             self.sent[dest] += 1
         chan = self._links.channels[dest]
+        rid, journal = self._world.for_call(tid) if self._world is not None else ("", {})
         chan.send(wire.Call(eng.epoch, st.index, cid, tid, now, operator, key, function, argv,
-                            depth, st.recovery, fallback))
+                            depth, st.recovery, fallback, rid, journal))
         try:
             await chan.wait_room()  # a peer reading slower than we call: wait (channels.HIGH_WATER)
             return await fut
@@ -172,6 +186,11 @@ class Peers:
                 self._fallback.on_call(msg)
             else:
                 self.on_call(msg)
+        elif isinstance(msg, wire.EffectDone):
+            if msg.src != src:
+                raise wire.ProtocolError(f"worker {src} sent an EffectDone as worker {msg.src}")
+            if self._world is not None:
+                self._world.on_effect_done(msg)
         elif isinstance(msg, (wire.Report, wire.Wake)):  # leased epochs (protocols.lease)
             if msg.index != src:
                 raise wire.ProtocolError(f"worker {src} sent a {type(msg).__name__} as worker "
@@ -218,6 +237,8 @@ class Peers:
             self._links.channels[msg.src].send(stale)
 
     async def _serve_call(self, msg: wire.Call) -> None:
+        if self._world is not None:
+            self._world.on_call(msg)
         ok, value = await self._engine().serve(msg.tid, msg.now, msg.operator, msg.key,
                                                msg.function, msg.args, msg.depth)
         self.served[msg.src] += 1

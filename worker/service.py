@@ -43,6 +43,7 @@ from worker.protocols.rounds import RoundTaker
 from worker.replication import Shipping
 from worker.state import WorkerState
 from worker.tasks import Tasks
+from worker.world import World
 
 log = logging.getLogger("sfaas.worker")
 
@@ -73,28 +74,33 @@ class Worker:
                              completed=lambda p, o: self.ingress.complete(p, o))
         self.ingress = Ingress(s, st, self.kafka, self.egress,
                                arrived=lambda: self.epochs.work_arrived())
+        #: effects, post-commit actions, timers
+        self.world = World(s, st, self.links.send_all, arrived=lambda: self.epochs.work_arrived())
         self.fallback = CrossFallback(lambda: st.index, lambda: st.engine, self.links.send_all,
                                       self.links.send_to, self.tasks.spawn, lambda: st.recovery,
-                                      lambda: self.calls.room())
+                                      lambda: self.calls.room(), self.world.on_call)
         #: calls to and from peers within an epoch (the engine's router)
         self.calls = Peers(s, st, self.links, self.fallback, self.tasks.spawn,
                            report=lambda: self.epochs.report(),
-                           leased=lambda m: self.epochs.lease.receive(m))
+                           leased=lambda m: self.epochs.lease.receive(m), world=self.world)
         self.rounds = RoundTaker(st.index, self.uplink.send, self._held_by_standbys,
                                  s.snapshot_interval)
         self.metrics = WorkerMetrics(s, app.name, self.name, st, ingress=self.ingress,
                                      egress=self.egress, calls=self.calls, links=self.links,
-                                     uplink=self.uplink, kafka=self.kafka, rounds=self.rounds)
+                                     uplink=self.uplink, kafka=self.kafka, rounds=self.rounds,
+                                     world=self.world.gauges)
         self.epochs = EpochRunner(s, st, self.mode, uplink=self.uplink, links=self.links,
                                   calls=self.calls, fallback=self.fallback, ingress=self.ingress,
                                   egress=self.egress, metrics=self.metrics, rounds=self.rounds,
-                                  kafka=self.kafka, tasks=self.tasks)
+                                  kafka=self.kafka, tasks=self.tasks, world=self.world)
         #: rescaling: stores moving in and out
         self.moving = Moving(s, app, self.name, secret, st, uplink=self.uplink, links=self.links,
                              ingress=self.ingress, shipping=lambda: self.shipping,
-                             end_lease=self.epochs.lease.reset)
+                             end_lease=self.epochs.lease.reset, moved=self.world.moved)
         self.recovery = Recovery(s, app, st, uplink=self.uplink, links=self.links, kafka=self.kafka,
-                                 ingress=self.ingress, moving=self.moving, quiesce=self.quiesce)
+                                 ingress=self.ingress, moving=self.moving, quiesce=self.quiesce,
+                                 rolling_back=self.world.recovering,
+                                 restored=lambda: self.world.restored(self._stores()))
         self.membership = Membership(s, app, self.name, secret, st, uplink=self.uplink,
                                      links=self.links, kafka=self.kafka, moving=self.moving,
                                      egress=self.egress)
@@ -119,8 +125,13 @@ class Worker:
         engine = Engine(self.app, st.index, st.n_workers, st.partitions, stores, self.calls,
                         lambda: st.owners)
         st.attach(engine)
+        self.world.attach(engine)
         self.rounds.index = st.index
         return engine
+
+    def _stores(self) -> dict[tuple[str, int], object]:
+        assert self.state.engine is not None
+        return dict(self.state.engine.stores)
 
     # -- running ----------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -173,6 +184,8 @@ class Worker:
             asyncio.create_task(self.egress.commit_loop(), name="offsets"),
         ]
         parts.started("tasks", lambda: self._stop_tasks(background))
+        self.world.start()
+        parts.started("world", self.world.close)
         self.uplink.send(wire.Ready(st.index))
 
     async def _follow(self) -> None:

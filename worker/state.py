@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sfaas.runtime import wire
 from sfaas.runtime.partitioning import owned
 from sfaas.runtime.txn.engine import Engine
 from sfaas.runtime.txn.epochs import Sequencer
+from sfaas.runtime.txn.internal import RuntimeCall
 from sfaas.runtime.txn.loop import Participant
 from sfaas.runtime.txn.offsets import OffsetTracker
 
@@ -40,6 +41,25 @@ class Pending:
     offset: int = -1
     now: float = 0.0
     attempts: int = 0
+    #: the outcomes of its ``ctx.run`` effects so far (``sfaas.runtime.txn.effects``)
+    journal: dict[str, Any] = field(default_factory=dict)
+
+    def runtime_request(self) -> tuple[str, str, str, list[Any]] | None:
+        """``(operator, key, function, args)`` of a request the runtime made (a timer
+        firing, an action's cleanup: no ingress position), else None."""
+        r = self.request
+        if not isinstance(r.operator, RuntimeCall):
+            return None
+        return str(r.operator), r.key, r.function, r.args
+
+    @classmethod
+    def runtime(cls, operator: str, key: str, function: str, args: list[Any]) -> Pending:
+        """A request the runtime makes (``sfaas.runtime.txn.internal``): no reply, no
+        ingress position; its id derives from what it does, the same after a replay."""
+        from sfaas.runtime.txn.internal import runtime_rid
+
+        rid = runtime_rid(function, args[0] if args else key)
+        return cls(wire.Request(rid, RuntimeCall(operator), key, function, args, -1, 0.0))
 
 
 def request_of(item: Pending) -> tuple[str, str, str, Any]:
@@ -80,13 +100,15 @@ class WorkerState:
         #: per owned ingress partition, where this worker started reading it
         self.start_offsets: dict[int, int] = {}
         #: gained partitions: offsets a snapshot round holds (skipped when read again) and
-        #: the round's waiting re-runs, ``(partition, offset) → (tid, now)``
+        #: the round's waiting re-runs, ``(partition, offset) → (tid, now, journal)``
         self.skip: dict[int, set[int]] = {}
-        self.retry_at: dict[tuple[int, int], tuple[int, float]] = {}
+        self.retry_at: dict[tuple[int, int], tuple[int, float, dict[str, Any]]] = {}
         #: recovery: request ids whose replies are already in the egress topic, and the
         #: logged batches waiting for their replay epochs
-        self.answered: set[str] = set()
+        self.answered: dict[str, wire.Reply] = {}
         self.replay_batches: dict[int, list[tuple[int, Pending]]] = {}
+        #: per replayed epoch, the journals its roots ran with (tid → effect key → outcome)
+        self.replay_journals: dict[int, dict[int, dict[str, Any]]] = {}
         #: the last recovery this worker rolled back for (see ``wire.Call.recovery``)
         self.recovery = 0
         #: the epoch log (on with snapshot rounds): its topic, and one past this worker's
@@ -138,21 +160,33 @@ class WorkerState:
         return Participant(self.engine, Sequencer(self.index), request_of, self.max_batch,
                            fallback=self.local_fallback)
 
-    def restart(self, answered: set[str]) -> None:
+    def restart(self, answered: dict[str, wire.Reply]) -> None:
         """A recovery: forget every request taken — new trackers, a new epoch loop;
-        ``answered``: the request ids whose replies are already out."""
+        ``answered``: the replies already out, by request id."""
         self.offsets, self.applied = OffsetTracker(), OffsetTracker()
         self.loop = self._new_loop()
         self.answered = answered
-        self.replay_batches = {}
+        self.replay_batches, self.replay_journals = {}, {}
 
-    def plan_replays(self, batches: dict[int, list[tuple[int, Pending]]]) -> None:
-        """The logged batches a recovery replays, by epoch (each taken at its Begin)."""
+    def plan_replays(self, batches: dict[int, list[tuple[int, Pending]]],
+                     journals: dict[int, dict[int, dict[str, Any]]] | None = None) -> None:
+        """The logged batches a recovery replays, by epoch (each taken at its Begin), and
+        the journals their roots ran with."""
         self.replay_batches = batches
+        self.replay_journals = journals or {}
+
+    def take_replay(self, epoch: int) -> list[tuple[int, Pending]]:
+        """The logged batch of replayed epoch ``epoch``, each root holding the journal it
+        ran with then (a run that went on after an effect holds more than it did before)."""
+        batch = self.replay_batches.pop(epoch, [])
+        journals = self.replay_journals.pop(epoch, {})
+        for tid, item in batch:
+            item.journal = dict(journals.get(tid, {}))
+        return batch
 
     def drop_replays(self) -> None:
         """Forget the replays planned (a recovery starts over)."""
-        self.replay_batches = {}
+        self.replay_batches, self.replay_journals = {}, {}
 
     def applied_item(self, item: Pending) -> None:
         """``item``'s fate is in the state."""
@@ -163,11 +197,12 @@ class WorkerState:
     def expect(self, skip: dict[int, list[int]] | None,
                retries: Iterable[Sequence[Any]] | None) -> None:
         """Gained partitions resume at a round: ``skip`` offsets the round holds,
-        ``retries`` ``[tid, partition, offset, now]`` re-runs keeping tids and ``now``."""
+        ``retries`` ``[tid, partition, offset, now, journal]`` re-runs keeping tids, ``now``
+        and journals."""
         for p, offs in (skip or {}).items():
             self.skip.setdefault(p, set()).update(offs)
-        for tid, p, off, now in retries or []:
-            self.retry_at[(p, off)] = (tid, now)
+        for tid, p, off, now, *journal in retries or []:
+            self.retry_at[(p, off)] = (tid, now, dict(journal[0]) if journal else {})
 
     def drop_expected(self) -> None:
         """Forget what :meth:`expect` said (a recovery: the rescale is abandoned)."""
@@ -189,6 +224,9 @@ class WorkerState:
         q.extend(kept)
         seq = self.loop.sequencer
         seq.discard([tid for tid, item in seq.retries() if item.partition in partitions])
+        parked = self.loop.parked
+        for tid in [t for t, item in parked.items() if item.partition in partitions]:
+            del parked[tid]
 
     # -- a snapshot round's cut ------------------------------------------------------------------
     def cut(self) -> tuple[dict[int, int], dict[int, list[int]], list[wire.Retry]]:
@@ -197,6 +235,9 @@ class WorkerState:
         assert self.loop is not None
         ingress = dict(self.start_offsets)
         ingress.update(self.applied.watermarks())
-        retries = [wire.Retry(tid, item.partition, item.offset, item.now)
-                   for tid, item in self.loop.sequencer.retries()]
+        # (runs parked at an effect wait like re-runs; the runtime's own requests are not
+        # kept: their records are in the stores, which redo them)
+        waiting = [*self.loop.sequencer.retries(), *sorted(self.loop.parked.items())]
+        retries = [wire.Retry(tid, item.partition, item.offset, item.now, dict(item.journal))
+                   for tid, item in waiting if item.partition >= 0]
         return ingress, self.applied.completed_above(), retries

@@ -245,7 +245,7 @@ class RoundKeeper:
         skip: dict[int, list[int]] = {}
         egress: dict[int, int] = {}
         stores: list[StoreCut] = []
-        retries: list[tuple[int, int, int, float]] = []
+        retries: list[tuple[int, int, int, float, dict[str, Any]]] = []
         for r in f.reports.values():
             ingress.update(r.ingress)
             skip.update(r.skip)
@@ -253,7 +253,7 @@ class RoundKeeper:
                 egress[p] = min(o, egress.get(p, o))
             stores += [StoreCut(str(op), int(p), int(b), int(n), int(t))
                        for op, p, b, n, t in r.stores]
-            retries += [(t, p, o, float(now)) for t, p, o, now in r.retries]
+            retries += [(t, p, o, float(now), dict(j)) for t, p, o, now, j in r.retries]
         # an egress partition some worker did not report has no safe scan start: omit it
         egress = {p: o for p, o in egress.items()
                   if all(p in r.egress for r in f.reports.values())}

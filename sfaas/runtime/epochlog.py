@@ -16,9 +16,16 @@ An epoch in which a worker ran nothing has no record from it. Ordering: every re
 epoch ``e + 1`` follows every record of epoch ``e`` in the log (``Begin e+1`` comes after
 ``Commit e``, which comes after every worker's acknowledged record of ``e``).
 
+Two kinds of roots need more than their ingress position: a root whose request carries a
+journal of ``ctx.run`` outcomes (``sfaas.runtime.txn.effects``) has it logged, so a replay
+sees exactly the outcomes its first execution saw; and a request the runtime made itself
+(a timer firing, a post-commit action's cleanup: ``sfaas.runtime.txn.internal``), which
+no ingress partition holds, is logged whole, at partition ``-1``.
+
 Encoding (``sfaas/runtime/FORMAT.md`` § "Epoch log"): ``b"SFEL" | version:u8 | msgpack([epoch,
-worker, now, [[tid, partition, offset], ...], [[tid, now], ...]])``; version 1 (no last
-element) still decodes. Kafka checksums the record.
+worker, now, [[tid, partition, offset], ...], [[tid, now], ...], [[tid, {effect key: [ok,
+value]}], ...], [[tid, operator, key, function, args], ...]])``; versions 1 (no last three
+elements) and 2 (no last two) still decode. Kafka checksums the record.
 """
 
 from __future__ import annotations
@@ -34,8 +41,8 @@ __all__ = ["EpochRecord", "EpochLogError", "Logged"]
 
 _HEAD = struct.Struct("<4sB")
 _MAGIC = b"SFEL"
-_VERSION = 2
-_VERSIONS = (1, 2)  # 1: no re-runs' nows (written before they were logged)
+_VERSION = 3
+_VERSIONS = (1, 2, 3)  # 1: no re-runs' nows; 2: no journals and runtime requests
 
 
 class EpochLogError(ValueError):
@@ -43,11 +50,16 @@ class EpochLogError(ValueError):
 
 
 class Logged(Protocol):
-    """What the log needs of a batch's item: where it came from and the ``now`` it runs with."""
+    """What the log needs of a batch's item: where it came from, the ``now`` it runs with,
+    its journal of effect outcomes, and — for a request the runtime made (``partition``
+    -1) — the request: ``(operator, key, function, args)``."""
 
     partition: int
     offset: int
     now: float
+    journal: dict[str, Any]
+
+    def runtime_request(self) -> tuple[str, str, str, list[Any]] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +74,10 @@ class EpochRecord:
     #: ``(tid, now)`` of the batch's roots whose ``now`` is not the epoch's: re-runs, which
     #: keep their first run's
     kept_now: tuple[tuple[int, float], ...] = ()
+    #: ``(tid, journal)`` of the roots that ran with effect outcomes
+    journals: tuple[tuple[int, dict[str, Any]], ...] = ()
+    #: ``(tid, operator, key, function, args)`` of the requests the runtime made
+    runtime: tuple[tuple[int, str, str, str, list[Any]], ...] = ()
 
     @classmethod
     def of(
@@ -69,8 +85,16 @@ class EpochRecord:
     ) -> EpochRecord:
         """The record of ``batch`` (``(tid, item)``), begun at ``now``: re-runs keep their
         first run's ``now``, so theirs is recorded too."""
+        runtime = []
+        for tid, it in batch:
+            if it.partition < 0:
+                req = it.runtime_request()
+                assert req is not None, "an item without an ingress position is the runtime's"
+                runtime.append((tid, *req))
         return cls(epoch, worker, now, tuple((tid, it.partition, it.offset) for tid, it in batch),
-                   tuple((tid, it.now) for tid, it in batch if it.now != now))
+                   tuple((tid, it.now) for tid, it in batch if it.now != now),
+                   tuple((tid, dict(it.journal)) for tid, it in batch if it.journal),
+                   tuple(runtime))
 
     def nows(self) -> list[float]:
         """The ``now`` each root of the batch ran with, in batch order: a re-run's its first
@@ -81,7 +105,8 @@ class EpochRecord:
     def encode(self) -> bytes:
         body: bytes = msgpack.packb(
             [self.epoch, self.worker, self.now, [list(b) for b in self.batch],
-             [list(k) for k in self.kept_now]], use_bin_type=True)
+             [list(k) for k in self.kept_now], [list(j) for j in self.journals],
+             [list(r) for r in self.runtime]], use_bin_type=True)
         return _HEAD.pack(_MAGIC, _VERSION) + body
 
     @classmethod
@@ -93,15 +118,36 @@ class EpochRecord:
             raise EpochLogError(f"{source}: header {magic!r} v{version}, "
                                 f"expected {_MAGIC!r} v1 or v{_VERSION}")
         try:
-            d: Any = msgpack.unpackb(data[_HEAD.size:], raw=False)
-            epoch, worker, now, batch, kept = d if version == 2 else (*d, [])
+            d: Any = msgpack.unpackb(data[_HEAD.size:], raw=False, strict_map_key=False)
+            d = list(d) + [[]] * (7 - len(d)) if version < 3 else d
+            epoch, worker, now, batch, kept, journals, runtime = d
             rec = cls(int(epoch), int(worker), float(now),
                       tuple((int(t), int(p), int(o)) for t, p, o in batch),
-                      tuple((int(t), float(n)) for t, n in kept))
+                      tuple((int(t), float(n)) for t, n in kept),
+                      tuple((int(t), _journal(j)) for t, j in journals),
+                      tuple((int(t), str(op), str(k), str(f), list(a))
+                            for t, op, k, f, a in runtime))
         except Exception as exc:
             raise EpochLogError(f"{source}: malformed body ({type(exc).__name__}: {exc})") from None
         if rec.epoch < 1 or rec.worker < 0:
             raise EpochLogError(f"{source}: epoch {rec.epoch} / worker {rec.worker} out of range")
-        if not {t for t, _ in rec.kept_now} <= {t for t, _, _ in rec.batch}:
+        tids = {t for t, _, _ in rec.batch}
+        if not {t for t, _ in rec.kept_now} <= tids:
             raise EpochLogError(f"{source}: a re-run's now names a tid not in the batch")
+        if not {t for t, _ in rec.journals} <= tids:
+            raise EpochLogError(f"{source}: a journal names a tid not in the batch")
+        if {t for t, *_ in rec.runtime} != {t for t, p, _ in rec.batch if p < 0}:
+            raise EpochLogError(f"{source}: the runtime's requests do not match the batch's "
+                                "entries at partition -1")
         return rec
+
+    def runtime_requests(self) -> dict[int, tuple[str, str, str, list[Any]]]:
+        """tid → the request the runtime made, for the batch's entries at partition -1."""
+        return {t: (op, k, f, a) for t, op, k, f, a in self.runtime}
+
+
+def _journal(j: Any) -> dict[str, Any]:
+    if type(j) is not dict or not all(type(k) is str and type(v) is list and len(v) == 2
+                                      and type(v[0]) is bool for k, v in j.items()):
+        raise ValueError(f"a journal must map effect keys to [ok, value], got {j!r:.80}")
+    return j

@@ -102,6 +102,19 @@ class Settings:
     #: (workers send a heartbeat every ``heartbeat_timeout / 4``; a closed channel is
     #: detected at once).
     heartbeat_timeout: float = 2.0
+    #: Run each transaction whose calls stayed on its worker a second time against the same
+    #: state before it commits, and abort it with ``NondeterminismError`` when the runs
+    #: differ (``sfaas.runtime.txn.determinism``). Costs CPU; on in the test suite.
+    check_determinism: bool = False
+    #: Put the traceback of an exception a function raised into the client's reply (it shows
+    #: the app's code to whoever calls it: for development). The worker always logs it.
+    reply_tracebacks: bool = False
+    #: Seconds a ``ctx.run`` effect may take; one that takes longer is journaled as a
+    #: ``TimeoutError`` (raised in the function).
+    effect_timeout: float = 30.0
+    #: ``ctx.run`` effects running at once per worker; more wait their turn (their
+    #: transactions stay parked, holding nothing).
+    max_effects: int = 1000
     #: Port of this process's ``/metrics`` (Prometheus) on its listening host — the
     #: coordinator also serves its status page there (``/``, ``/status.json``); 0: off.
     #: ``sfaas up`` gives each of its processes a port of its own (``--metrics-port``).
@@ -187,6 +200,11 @@ class Settings:
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError("metrics_port (SFAAS_METRICS_PORT) must be a TCP port 1..65535, "
                               f"or 0 for no metrics, got {self.metrics_port}")
+        if not 0 < self.effect_timeout <= 86400:
+            raise ConfigError("effect_timeout must be between 0 and 86400 seconds, "
+                              f"got {self.effect_timeout}")
+        if self.max_effects < 1:
+            raise ConfigError(f"max_effects must be >= 1, got {self.max_effects}")
         if self.snapshot_retain < 1:
             raise ConfigError(f"snapshot_retain must be >= 1, got {self.snapshot_retain}")
         if self.snapshot_interval:
@@ -280,9 +298,9 @@ def _typed(f: dataclasses.Field[Any], value: Any, name: str) -> Any:
     if isinstance(value, str) and kind != "str":
         return _convert(f, value, name)
     ok = {"int": type(value) is int, "float": type(value) in (int, float),
-          "str": type(value) is str}.get(kind, True)
+          "str": type(value) is str, "bool": type(value) is bool}.get(kind, True)
     if not ok:
-        wanted = "a number" if kind == "float" else "an " + kind if kind == "int" else "a str"
+        wanted = {"float": "a number", "int": "an int", "bool": "a bool"}.get(kind, "a str")
         raise ConfigError(f"setting {name} must be {wanted}, got {type(value).__name__}")
     if kind == "float" and not math.isfinite(value) and name != "snapshot_interval":
         raise ConfigError(f"setting {name} must be a finite number, got {value}")
@@ -301,4 +319,10 @@ def _convert(f: dataclasses.Field[Any], raw: str, name: str) -> Any:
             return float(raw)
         except ValueError:
             raise ConfigError(f"{name} must be a number, got {raw!r:.60}") from None
+    if kind == "bool":
+        value = {"1": True, "true": True, "yes": True, "on": True,
+                 "0": False, "false": False, "no": False, "off": False, "": False}.get(raw.lower())
+        if value is None:
+            raise ConfigError(f"{name} must be 1/true/yes/on or 0/false/no/off, got {raw!r:.60}")
+        return value
     return raw

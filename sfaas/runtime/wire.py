@@ -32,11 +32,11 @@ import msgpack
 from sfaas.errors import BadRequest, SfaasError
 from sfaas.runtime.codec import MAX_ARGS, MAX_NESTING, too_deep
 from sfaas.runtime.protocols.base import Message
-from sfaas.runtime.protocols.calls import Call, Finished, Hello, Result
+from sfaas.runtime.protocols.calls import Call, EffectDone, Finished, Hello, Result
 from sfaas.runtime.protocols.epochs import Aborted, Begin, Commit, Conflict, Report, Wakeup
 from sfaas.runtime.protocols.lease import Lease, Wake
 from sfaas.runtime.protocols.membership import Assign, Heartbeat, Peer, Ready, Register, Stop
-from sfaas.runtime.protocols.recovery import LoggedEpoch, Recover, Recovered
+from sfaas.runtime.protocols.recovery import Diverged, LoggedEpoch, Recover, Recovered
 from sfaas.runtime.protocols.rescale import (
     Following,
     Hold,
@@ -61,13 +61,13 @@ __all__ = [
     # epochs, and leased epochs
     "Begin", "Report", "Commit", "Wakeup", "Conflict", "Aborted", "Lease", "Wake",
     # snapshot rounds, recovery, standbys
-    "Snapshotted", "StoreCut", "Retry", "Recover", "Recovered", "LoggedEpoch", "Follow",
+    "Snapshotted", "StoreCut", "Retry", "Recover", "Recovered", "LoggedEpoch", "Diverged", "Follow",
     "Promote",
     # rescaling
     "Scale", "Scaled", "Ship", "Shipped", "Move", "Following", "Release", "Released",
     "Reassign", "Hold", "StoreVersion", "Source",
     # worker <-> worker
-    "Hello", "Call", "Finished", "Result",
+    "Hello", "Call", "Finished", "Result", "EffectDone",
     # the codec
     "encode_frame", "encode_message", "join_frame", "decode_frame", "Request", "Reply",
     "reply_address", "MAX_RID",
@@ -77,9 +77,9 @@ __all__ = [
 MESSAGES: tuple[type[Message], ...] = (
     Register, Assign, Ready, Heartbeat, Stop,
     Begin, Report, Commit, Wakeup, Lease, Wake,
-    Snapshotted, Recover, Recovered, Follow, Promote,
+    Snapshotted, Recover, Recovered, Diverged, Follow, Promote,
     Scale, Scaled, Ship, Shipped, Move, Following, Release, Released, Reassign, Hold,
-    Hello, Call, Finished, Result,
+    Hello, Call, Finished, Result, EffectDone,
 )
 
 #: Longest request id a request record may carry (clients use ~40 characters).
@@ -351,12 +351,15 @@ class Reply:
     value: Any
     error_type: str | None = None
     reason: str | None = None
+    #: the traceback of the exception a function raised (setting ``reply_tracebacks``)
+    traceback: str | None = None
 
     def encode(self) -> bytes:
-        """The record value."""
-        return msgpack.packb(  # type: ignore[no-any-return]
-            [self.rid, self.ok, self.value, self.error_type, self.reason], use_bin_type=True
-        )
+        """The record value (a sixth element only when there is a traceback)."""
+        fields = [self.rid, self.ok, self.value, self.error_type, self.reason]
+        if self.traceback is not None:
+            fields.append(self.traceback)
+        return msgpack.packb(fields, use_bin_type=True)  # type: ignore[no-any-return]
 
     @classmethod
     def decode(cls, data: bytes) -> Reply:
@@ -365,9 +368,12 @@ class Reply:
             fields = msgpack.unpackb(data, raw=False, strict_map_key=False)
         except Exception as exc:
             raise ProtocolError(f"reply record is not msgpack: {exc}") from None
-        if not isinstance(fields, list) or len(fields) != 5:
-            raise ProtocolError(f"reply record must be a 5-element list, got {_brief(fields)}")
-        rid, ok, value, error_type, reason = fields
+        if not isinstance(fields, list) or len(fields) not in (5, 6):
+            raise ProtocolError(f"reply record must be a 5- or 6-element list, got "
+                                f"{_brief(fields)}")
+        rid, ok, value, error_type, reason, tb = fields if len(fields) == 6 else (*fields, None)
+        if not (tb is None or type(tb) is str):
+            raise ProtocolError(f"reply {rid}: traceback must be str or nil, got {_brief(tb)}")
         if type(rid) is not str or type(ok) is not bool:
             raise ProtocolError(f"reply id/ok malformed: {_brief(rid)} {_brief(ok)}")
         if not (error_type is None or type(error_type) is str) \
@@ -376,7 +382,7 @@ class Reply:
                                 f"{_brief(error_type)} {_brief(reason)}")
         if too_deep(value, MAX_NESTING):
             raise ProtocolError(f"reply {rid}: value nests more than {MAX_NESTING} levels deep")
-        return cls(rid, ok, value, error_type, reason)
+        return cls(rid, ok, value, error_type, reason, tb)
 
 
 def reply_address(data: bytes) -> tuple[str, int] | None:

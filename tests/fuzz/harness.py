@@ -125,6 +125,8 @@ _BY_ANNOTATION: dict[str, st.SearchStrategy[Any]] = {
     "list[list[Any]]": st.lists(st.lists(values(4), max_size=3), max_size=3),
     "dict[int, int]": st.dictionaries(_small, _int, max_size=3),
     "dict[int, list[int]]": st.dictionaries(_small, st.lists(_int, max_size=3), max_size=3),
+    "dict[str, Any]": st.dictionaries(_str, st.tuples(st.booleans(), values(3)).map(list),
+                                      max_size=3),
 }
 # fields of rows (``list[Row]``): the rows of the fields without an entry in _ROWS below
 _BY_ANNOTATION.update({
@@ -138,8 +140,8 @@ _ROWS: dict[tuple[str, str], st.SearchStrategy[Any]] = {
     ("Commit", "conflicts"): st.lists(st.tuples(_int, _int).map(list), max_size=3),
     ("Commit", "aborts"): st.lists(st.tuples(_int, _str, _str).map(list), max_size=3),
     ("Snapshotted", "stores"): st.lists(st.tuples(_str, _int, _int, _int, _int).map(list), max_size=3),
-    ("Snapshotted", "retries"): st.lists(st.tuples(_int, _int, _int, _float).map(list), max_size=3),
-    ("Reassign", "retries"): st.lists(st.tuples(_int, _int, _int, _float).map(list), max_size=3),
+    ("Snapshotted", "retries"): st.lists(st.tuples(_int, _int, _int, _float, st.just({})).map(list), max_size=3),
+    ("Reassign", "retries"): st.lists(st.tuples(_int, _int, _int, _float, st.just({})).map(list), max_size=3),
     ("Recovered", "epochs"): st.lists(st.tuples(_int, _float).map(list), max_size=3),
     ("Call", "args"): st.lists(values(4), max_size=3),
     ("Call", "operator"): st.sampled_from(OPERATORS),

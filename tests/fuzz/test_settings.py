@@ -54,7 +54,7 @@ def test_settings_load_or_raise_config_error(env: dict[str, str], over: dict[str
         outcomes.error(exc)
         return
     outcomes.add("settings")
-    types = {"int": int, "float": float, "str": str}
+    types = {"int": int, "float": float, "str": str, "bool": bool}
     for f in dataclasses.fields(s):
         assert type(getattr(s, f.name)) is types[str(f.type)], (f.name, getattr(s, f.name))
     assert 0 <= s.port <= 65535 and 0 <= s.coordinator_address()[1] <= 65535

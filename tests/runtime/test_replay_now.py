@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import hypothesis.strategies as st
@@ -37,6 +37,10 @@ class _Req:
     offset: int
     now: float = 0.0
     attempts: int = 0
+    journal: dict[str, Any] = field(default_factory=dict)
+
+    def runtime_request(self) -> None:
+        return None
 
 
 async def _run(runner: LocalRunner) -> dict[int, tuple[bool, Any]]:

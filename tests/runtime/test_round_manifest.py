@@ -45,7 +45,9 @@ manifests = st.builds(
     ingress=st.dictionaries(_ints, _ints, max_size=8),
     skip=st.dictionaries(_ints, st.lists(_ints, max_size=5), max_size=4),
     egress=st.dictionaries(_ints, _ints, max_size=8),
-    retries=st.lists(st.tuples(_ints, _ints, _ints, st.floats(min_value=0, max_value=2e9)), max_size=5).map(tuple),
+    retries=st.lists(st.tuples(_ints, _ints, _ints, st.floats(min_value=0, max_value=2e9),
+                               st.dictionaries(st.text(max_size=8), st.tuples(st.booleans(), _ints).map(list),
+                                               max_size=2)), max_size=5).map(tuple),
     epoch_log=_ints,
     started=st.floats(min_value=0, max_value=2e9),
     created=st.floats(min_value=0, max_value=2e9),
@@ -80,7 +82,7 @@ def test_formats_written_before_re_runs_kept_their_now_still_decode() -> None:
     body = _decode(b"SFRM", m.encode(), "new", "round manifest")
     assert body["retries"] == [[9, 0, 7, 123.5]]
     body["retries"] = [[9, 0, 7]]
-    assert RoundManifest.decode(_encode(b"SFRM", body)).retries == ((9, 0, 7, 100.25),)
+    assert RoundManifest.decode(_encode(b"SFRM", body)).retries == ((9, 0, 7, 100.25, {}),)
     body["retries"] = [[9, 0]]
     with pytest.raises(RoundError, match="old: a retries row is not"):
         RoundManifest.decode(_encode(b"SFRM", body), "old")

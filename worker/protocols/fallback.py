@@ -44,6 +44,7 @@ class CrossFallback:
         send_peers: Callable[[wire.Message], None], reply: Callable[[int, wire.Result], None],
         spawn: Callable[[Coroutine[Any, Any, Any]], object], recovery: Callable[[], int],
         room: Callable[[], None] = lambda: None,
+        on_call: Callable[[wire.Call], None] = lambda msg: None,
     ) -> None:
         self.index = index
         self._engine = engine
@@ -52,6 +53,7 @@ class CrossFallback:
         self._spawn = spawn
         self._recovery = recovery
         self._room = room
+        self._on_call = on_call
         #: the epoch whose phase runs here now (None: none)
         self.epoch: int | None = None
         self._remaining: set[int] = set()
@@ -136,6 +138,7 @@ class CrossFallback:
     async def _serve(self, msg: wire.Call) -> None:
         eng = self._engine()
         assert eng is not None
+        self._on_call(msg)  # (the transaction's journal)
         ok, value = await eng.serve(msg.tid, msg.now, msg.operator, msg.key, msg.function,
                                     msg.args, msg.depth)
         self._reply(msg.src, wire.Result(msg.call_id, ok, value if ok else list(value)))

@@ -66,7 +66,8 @@ def replay_batch(rec: EpochRecord, items: Mapping[tuple[int, int], T],
     one's its epoch's (this worker's: under a lease each worker's epoch has its own)."""
     batch = []
     for (tid, p, off), now in zip(rec.batch, rec.nows(), strict=True):
-        item = items.get((p, off))
+        # (a request the runtime made is found as (-1, -1 - tid))
+        item = items.get((p, off) if p >= 0 else (-1, -1 - tid))
         if item is None:
             raise RuntimeError(f"epoch {rec.epoch} logged ingress {p}:{off}, which is not after "
                                f"round {round_id}")
@@ -86,6 +87,8 @@ class Recovery:
         self, settings: Settings, app: App, state: WorkerState, *, uplink: CoordinatorLink,
         links: PeerLinks, kafka: KafkaClients, ingress: Ingress, moving: Moving,
         quiesce: Callable[[], Awaitable[None]],
+        rolling_back: Callable[[], None] = lambda: None,
+        restored: Callable[[], None] = lambda: None,
     ) -> None:
         self._settings = settings
         self._app = app
@@ -96,6 +99,8 @@ class Recovery:
         self._ingress = ingress
         self._moving = moving
         self._quiesce = quiesce
+        self._rolling_back = rolling_back
+        self._restored = restored
 
     async def run(self, msg: wire.Recover) -> None:
         """Recover for ``msg``; answer ``Recovered`` (with the error, if it failed)."""
@@ -132,6 +137,7 @@ class Recovery:
         me = st.index
         # 1. stop
         await self._quiesce()
+        self._rolling_back()
         self._moving.stop()  # a rescale in progress is abandoned (the coordinator starts it over)
         self._moving.resume_merges()
         st.drop_expected()
@@ -177,11 +183,12 @@ class Recovery:
         raw_log, raw_in, raw_out = cast("list[dict[int, list[tuple[int, bytes]]]]", got[1:])
         records = [EpochRecord.decode(v, f"{log_topic}@{o}") for o, v in raw_log[0]]
         later = [r for r in records if r.epoch > m.epoch]
-        answered: set[str] = set()
+        answered: dict[str, wire.Reply] = {}
         for recs in raw_out.values():
             for _, v in recs:
                 try:
-                    answered.add(wire.Reply.decode(v).rid)
+                    reply = wire.Reply.decode(v)
+                    answered[reply.rid] = reply
                 except Exception as exc:  # not ours to judge: a foreign record in the topic
                     log.warning("skipping an undecodable egress record: %s", exc)
         # 5. the epoch loop, rebuilt: every request after the round taken as ingest takes it
@@ -197,16 +204,23 @@ class Recovery:
                     items[(p, off)] = item
         in_log: set[tuple[int, int]] = set()
         replays = {}
+        journals: dict[int, dict[int, dict[str, object]]] = {}
         for r in later:
             if r.worker != me:
                 continue
-            replays[r.epoch] = replay_batch(r, items, m.round)
+            runtime = {(-1, -1 - tid): Pending.runtime(*req)
+                       for tid, req in r.runtime_requests().items()}
+            replays[r.epoch] = replay_batch(r, {**items, **runtime} if runtime else items,
+                                            m.round)
+            journals[r.epoch] = dict(r.journals)
             in_log.update((p, off) for _, p, off in r.batch)
-        st.plan_replays(replays)
-        waiting = {(p, off): (tid, now) for tid, p, off, now in m.retries if p in mine}
+        st.plan_replays(replays, journals)
+        waiting = {(p, off): (tid, now, j) for tid, p, off, now, j in m.retries if p in mine}
         for key, item in sorted(items.items()):
             if key in waiting:
-                tid, item.now = waiting[key]  # (a logged re-run's record says the same now)
+                # (a logged re-run's record says the same now; its journal as of the cut)
+                tid, item.now, item.journal = waiting[key]
+                item.journal = dict(item.journal)
                 loop.sequencer.requeue(tid, item)
             elif key not in in_log:
                 loop.queue.append(item)
@@ -216,6 +230,7 @@ class Recovery:
             recs = raw_in.get(p, [])
             at[p] = recs[-1][0] + 1 if recs else m.ingress.get(p, 0)
         st.engine.begin(m.epoch)  # a peer's replay call for epoch > m.epoch waits for its Begin
+        self._restored()
         self._ingress.restart_at(at)
         epochs = sorted({(r.epoch, r.now) for r in later})
         log.info("recovery %d: rolled back to round %d (epoch %d); %d logged epochs to replay, %d "

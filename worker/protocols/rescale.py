@@ -65,6 +65,7 @@ class Moving:
         self, settings: Settings, app: App, name: str, secret: str, state: WorkerState, *,
         uplink: CoordinatorLink, links: PeerLinks, ingress: Ingress,
         shipping: Callable[[], Shipping | None], end_lease: Callable[[], None],
+        moved: Callable[[], None] = lambda: None,
     ) -> None:
         self._settings = settings
         self._app = app
@@ -75,6 +76,7 @@ class Moving:
         self._ingress = ingress
         self._shipping = shipping
         self._end_lease = end_lease
+        self._moved = moved
         self.root = os.path.join(settings.home, "moving", settings.namespace, app.name, name)
         self.followers: dict[StoreKey, Follower] = {}
         self._task: asyncio.Task[None] | None = None
@@ -117,6 +119,7 @@ class Moving:
         self.resume_merges()  # (the stores leaving close next; the others were never held)
         await asyncio.to_thread(self.detach(drop, len(msg.owners)).close)
         st.set_owners(msg.owners)
+        self._moved()
         if keep:
             await self._ingress.resume({})
         else:
@@ -240,6 +243,7 @@ class Moving:
         gained = await asyncio.to_thread(self.take_over, msg.round, msg.index, len(msg.owners))
         st.engine.stores.update(gained.items())
         st.set_owners(msg.owners, msg.n_workers, msg.peers)
+        self._moved()
         self._links.drop_from(msg.n_workers)
         await self._links.connect(msg.peers, st.index)
         await self._ingress.pause()

@@ -3,12 +3,12 @@ phase's notices (``worker.peers``, ``worker.protocols.fallback``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from sfaas.runtime.protocols.base import Message
 
-__all__ = ["Hello", "Call", "Finished", "Result"]
+__all__ = ["Hello", "Call", "Finished", "Result", "EffectDone"]
 
 
 @dataclass(slots=True)
@@ -43,6 +43,25 @@ class Call(Message):
     #: a call of the cross-worker fallback phase (``worker.protocols.fallback``), not of the
     #: epoch's execution: served once the receiver's phase began, outside the counters
     fallback: bool = False
+    #: the transaction's request id and its journal of ``ctx.run`` outcomes (effect key →
+    #: ``[ok, value]``; ``sfaas.runtime.txn.effects``): a function here sees the same ones
+    rid: str = ""
+    journal: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class EffectDone(Message):
+    """Worker → every worker: effect ``key`` of transaction ``tid``, which a run on ``src``
+    suspended at, finished with ``[ok, value]`` (``value``: the result, or ``[error type,
+    message]``). The worker whose request it is adds it to the request's journal and lets
+    the parked run go on; the others ignore it."""
+
+    TAG: ClassVar[int] = 31
+    src: int
+    tid: int
+    key: str
+    ok: bool
+    value: Any
 
 
 @dataclass(slots=True)

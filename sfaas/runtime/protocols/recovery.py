@@ -9,7 +9,7 @@ from typing import ClassVar, NamedTuple
 from sfaas.runtime.protocols.base import Message
 from sfaas.runtime.protocols.membership import Peer
 
-__all__ = ["LoggedEpoch", "Recover", "Recovered"]
+__all__ = ["Diverged", "LoggedEpoch", "Recover", "Recovered"]
 
 
 class LoggedEpoch(NamedTuple):
@@ -47,3 +47,20 @@ class Recovered(Message):
     index: int
     epochs: list[LoggedEpoch]
     error: str
+
+
+@dataclass(slots=True)
+class Diverged(Message):
+    """Worker → coordinator: replaying a logged epoch after a recovery gave request ``rid``
+    (``operator.function`` on ``key``) another reply than the one already in the egress
+    topic (``before``, ``after``: short descriptions) — the function is not deterministic.
+    Shown on the status page, counted on /metrics."""
+
+    TAG: ClassVar[int] = 32
+    index: int
+    rid: str
+    operator: str
+    function: str
+    key: str
+    before: str
+    after: str

@@ -80,12 +80,14 @@ class StoreCut(NamedTuple):
 
 class Retry(NamedTuple):
     """A request waiting to re-run at a round's cut: the tid it keeps, where it came from,
-    and its first run's ``ctx.now()``, which every re-run keeps."""
+    its first run's ``ctx.now()``, which every re-run keeps, and its journal of ``ctx.run``
+    outcomes (effect key → ``[ok, value]``; ``sfaas.runtime.txn.effects``)."""
 
     tid: int
     partition: int
     offset: int
     now: float
+    journal: dict[str, Any] = {}  # noqa: RUF012 (a NamedTuple default, never mutated)
 
 
 @dataclass(slots=True)
@@ -142,7 +144,7 @@ class RoundManifest:
     ingress: dict[int, int]
     skip: dict[int, list[int]]
     egress: dict[int, int]
-    retries: tuple[tuple[int, int, int, float], ...] = ()
+    retries: tuple[tuple[int, int, int, float, dict[str, Any]], ...] = ()
     epoch_log: int = 0
     started: float = 0.0
     created: float = field(default_factory=time.time)
@@ -178,12 +180,13 @@ class RoundManifest:
             stores = tuple(StoreCut(str(o), int(p), int(b), int(f), int(t))
                            for o, p, b, f, t in d["stores"])
             # (a manifest written before re-runs kept their now has rows of three: the
-            # round's start is the closest now it knows of)
+            # round's start is the closest now it knows of; before journals, of four)
             retries = tuple(
-                (int(r[0]), int(r[1]), int(r[2]), float(r[3] if len(r) == 4 else d["started"]))
-                for r in d["retries"] if len(r) in (3, 4))
+                (int(r[0]), int(r[1]), int(r[2]), float(r[3] if len(r) >= 4 else d["started"]),
+                 _journal(r[4] if len(r) == 5 else {}))
+                for r in d["retries"] if len(r) in (3, 4, 5))
             if len(retries) != len(d["retries"]):
-                raise RoundError("a retries row is not [tid, partition, offset, now]")
+                raise RoundError("a retries row is not [tid, partition, offset, now, journal]")
             m = cls(int(d["round"]), int(d["epoch"]), int(d["workers"]), int(d["partitions"]),
                     stores, _int_map(d["ingress"], "ingress"), _skip_map(d["skip"]),
                     _int_map(d["egress"], "egress"), retries,
@@ -325,3 +328,10 @@ def collect_store_garbage(
     process (``statestores.background``, lane ``upload``)."""
     by_store = {(op, p): r for op, p, r in remotes}
     return collect_garbage(list(by_store), lambda op, p: by_store[(op, p)], retained, pause)
+
+
+def _journal(j: Any) -> dict[str, Any]:
+    if type(j) is not dict or not all(type(k) is str and type(v) is list and len(v) == 2
+                                      for k, v in j.items()):
+        raise RoundError(f"a journal must map effect keys to [ok, value], got {j!r:.80}")
+    return j

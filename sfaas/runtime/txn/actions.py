@@ -13,6 +13,7 @@ runs twice only when the process stops between its return and that commit.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import logging
 from collections.abc import Callable, Mapping
@@ -20,6 +21,7 @@ from typing import Any
 
 from sfaas.context import EFFECT_KEY
 from sfaas.runtime.codec import unpack
+from sfaas.runtime.txn.effects import MAX_THREADS, in_thread
 from sfaas.runtime.txn.internal import ACTION, ACTION_B, resolve_function
 
 log = logging.getLogger("sfaas.actions")
@@ -41,6 +43,8 @@ class Actions:
         self.limit = limit
         self.backoff = backoff
         self._slots: asyncio.Semaphore | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            min(limit, MAX_THREADS), thread_name_prefix="sfaas-action")
         #: record → its task, from its record's commit until its deletion commits
         self.running: dict[tuple[str, str], asyncio.Task[None]] = {}
         #: records whose action returned, waiting for their deletion to commit
@@ -86,30 +90,30 @@ class Actions:
             self._slots = asyncio.Semaphore(self.limit)
         delay = self.backoff[0]
         tries = 0
-        async with self._slots:
-            while True:
-                tries += 1
-                token = EFFECT_KEY.set(akey)
-                try:
+        while True:
+            tries += 1
+            token = EFFECT_KEY.set(akey)
+            try:
+                async with self._slots:  # (held for a try, not while backing off)
                     fn = resolve_function(name)
                     if inspect.iscoroutinefunction(fn):
                         await fn(*args)
                     else:
-                        result = await asyncio.to_thread(fn, *args)
+                        result = await in_thread(self._pool, fn, *args)
                         if inspect.isawaitable(result):
                             await result
-                    break
-                except asyncio.CancelledError:
-                    self.running.pop((operator, key), None)
-                    raise
-                except Exception as exc:
-                    self.tries_failed += 1
-                    log.warning("post-commit action %s (%s) failed on try %d: %s: %s; again in "
-                                "%.1f s", akey, name, tries, type(exc).__name__, exc, delay)
-                finally:
-                    EFFECT_KEY.reset(token)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.backoff[1])
+                break
+            except asyncio.CancelledError:
+                self.running.pop((operator, key), None)
+                raise
+            except Exception as exc:
+                self.tries_failed += 1
+                log.warning("post-commit action %s (%s) failed on try %d: %s: %s; again in "
+                            "%.1f s", akey, name, tries, type(exc).__name__, exc, delay)
+            finally:
+                EFFECT_KEY.reset(token)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.backoff[1])
         self.ran += 1
         self.running.pop((operator, key), None)
         self.finishing.add((operator, key))
@@ -126,3 +130,4 @@ class Actions:
 
     async def close(self) -> None:
         await asyncio.gather(*self.stop_all(), return_exceptions=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)

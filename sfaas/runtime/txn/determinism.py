@@ -13,6 +13,11 @@ differ is aborted with :class:`~sfaas.errors.NondeterminismError` instead of com
 
 Only roots that commit in the epoch that ran them are checked; those decided in the
 fallback phase ran against another state and are not run a third time.
+
+On a cluster (setting ``check_determinism``) each worker checks, before it reports, the
+roots of its batch whose calls stayed on it (:func:`check_local`), on a *shadow* engine —
+the same stores and journals, its own access log, no router — so the calls peers make
+meanwhile are not disturbed. Roots reaching other workers are not checked there.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from sfaas.runtime.codec import unpack
 from sfaas.runtime.txn.engine import Engine, Outcome
 from sfaas.runtime.txn.epochs import AccessLog, Key
 
-__all__ = ["second_run", "roots_to_check", "HINT"]
+__all__ = ["second_run", "roots_to_check", "check_local", "HINT"]
 
 #: What the error suggests.
 HINT = ("values that may differ between runs must come from ctx.now() and ctx.random() "
@@ -38,22 +43,26 @@ Root = tuple[Engine, int, float, tuple[str, str, str, Any], Outcome]
 
 
 async def second_run(engines: Sequence[Engine], roots: Sequence[Root],
+                     first_logs: Sequence[AccessLog] | None = None,
                      ) -> dict[int, tuple[str, str]]:
     """Run ``roots`` again on ``engines`` (all of the cluster's: calls cross between them)
     and return ``tid → ("NondeterminismError", reason)`` for each root whose second run
-    differs from its first."""
+    differs from its first. ``first_logs``: the first run's access logs when ``engines``
+    are shadows (their own logs are then the second run's)."""
     if not roots:
         return {}
-    first = [e.log for e in engines]
-    again = [AccessLog() for _ in engines]
+    shadows = first_logs is not None
+    first = list(first_logs) if first_logs is not None else [e.log for e in engines]
+    again = [e.log for e in engines] if shadows else [AccessLog() for _ in engines]
     for e, log in zip(engines, again, strict=True):
         e.log = log
     try:
         outcomes = await asyncio.gather(*(
             engine.run_root(tid, now, request) for engine, tid, now, request, _ in roots))
     finally:
-        for e, log in zip(engines, first, strict=True):
-            e.log = log
+        if not shadows:
+            for e, log in zip(engines, first, strict=True):
+                e.log = log
     bad: dict[int, tuple[str, str]] = {}
     for (_, tid, _, request, outcome), outcome2 in zip(roots, outcomes, strict=True):
         diff = _difference(outcome, outcome2, [(a.reads.get(tid, set()), b.reads.get(tid, set()))
@@ -106,6 +115,24 @@ def _name(key: Key) -> str:
 def _outcome(outcome: Outcome) -> str:
     ok, value = outcome
     return f"the result {value!r:.80}" if ok else f"the error {value[1]!r:.80}"
+
+
+async def check_local(engine: Engine, batch: Sequence[tuple[int, Any]],
+                      outcomes: Sequence[Outcome],
+                      request_of: Callable[[Any], tuple[str, str, str, Any]]) -> int:
+    """(a worker, before it reports) Run the roots of ``batch`` that stayed on ``engine``
+    and did not fail again on a shadow of it; record each that differs as aborted with
+    :class:`~sfaas.errors.NondeterminismError`. Returns how many were checked."""
+    skip = set(engine.log.user_aborts)
+    roots = [r for r in roots_to_check(engine, batch, outcomes, request_of, skip)
+             if engine.local_only(r[1])]
+    if not roots:
+        return 0
+    shadow = engine.shadow()
+    bad = await second_run([shadow], [(shadow, *r[1:]) for r in roots], [engine.log])
+    for tid, (etype, reason) in bad.items():
+        engine.log.record_abort(tid, etype, reason)
+    return len(roots)
 
 
 def roots_to_check(engine: Engine, batch: Sequence[tuple[int, Any]],

@@ -27,6 +27,9 @@ from __future__ import annotations
 import asyncio
 import builtins
 import collections
+import concurrent.futures
+import contextvars
+import functools
 import inspect
 import logging
 from collections.abc import Callable, Sequence
@@ -38,7 +41,18 @@ from sfaas.runtime.codec import pack, unpack
 
 log = logging.getLogger("sfaas.effects")
 
-__all__ = ["Effects", "SUSPENDED", "raise_outcome", "DONE_CACHE"]
+__all__ = ["Effects", "SUSPENDED", "raise_outcome", "DONE_CACHE", "MAX_THREADS", "in_thread"]
+
+#: Threads running sync effects (and, separately, sync post-commit actions) at once per
+#: process: a sync ``fn`` needs one while it runs; ``async def`` ones need none.
+MAX_THREADS = 64
+
+
+async def in_thread(pool: concurrent.futures.ThreadPoolExecutor, fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` in a thread of ``pool``, seeing this task's context variables."""
+    ctx = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(
+        pool, functools.partial(ctx.run, fn, *args))
 
 #: The error type of a run that stopped at an effect not journaled yet (never reported).
 SUSPENDED = "Suspended"
@@ -88,6 +102,8 @@ class Effects:
         self.limit = limit
         self.timeout = timeout
         self._slots: asyncio.Semaphore | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            min(limit, MAX_THREADS), thread_name_prefix="sfaas-effect")
         #: tid → its request id (effect keys start with it), for the current epoch
         self.rids: dict[int, str] = {}
         #: tid → effect key → outcome: the journals installed for the current epoch
@@ -161,7 +177,7 @@ class Effects:
             if inspect.iscoroutinefunction(fn):
                 result = await asyncio.wait_for(fn(*args), self.timeout)
             else:
-                result = await asyncio.wait_for(asyncio.to_thread(fn, *args), self.timeout)
+                result = await asyncio.wait_for(in_thread(self._pool, fn, *args), self.timeout)
                 if inspect.isawaitable(result):
                     result = await asyncio.wait_for(result, self.timeout)
             try:
@@ -185,6 +201,7 @@ class Effects:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _name(fn: Any) -> str:

@@ -192,6 +192,16 @@ class Engine:
         #: applied to a store here
         self.on_record: Callable[[str, str, bytes | None], None] | None = None
 
+    def shadow(self) -> Engine:
+        """An engine over the same stores, partition map and effect journals, with its own
+        access log and no router (a call leaving this worker fails in it): for running
+        transactions again without touching this one's epoch (the determinism check)."""
+        n = max(max(self.owners) + 1, self.index + 1)
+        twin = Engine(self.app, self.index, n, self.partitions, self.stores, None, self._owners)
+        twin.epoch = self.epoch
+        twin.effects = self.effects
+        return twin
+
     # -- placement -------------------------------------------------------------------
     @property
     def owners(self) -> Sequence[int]:
@@ -398,8 +408,9 @@ class Engine:
         tb = exc.__traceback__
         text = "".join(traceback.format_exception(type(exc), exc, tb.tb_next if tb else None))
         self.tracebacks[(tid, reason)] = text
-        log.warning("%s.%s on key %r raised in transaction %d: %s\n%s", operator, function,
-                    key, tid, reason, text.rstrip(), extra={"worker": self.index})
+        rid = self.effects.rids.get(tid, "?") if self.effects is not None else "?"
+        log.warning("%s.%s on key %r raised in request %s (transaction %d): %s\n%s", operator,
+                    function, key, rid, tid, reason, text.rstrip(), extra={"worker": self.index})
 
     async def run_root(self, tid: int, now: float, request: Sequence[Any]) -> Outcome:
         """Run a transaction's root call ``(operator, key, function, args)``; never raises.

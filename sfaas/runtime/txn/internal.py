@@ -33,7 +33,7 @@ from sfaas.errors import BadArguments
 __all__ = [
     "TIMER", "ACTION", "FIRE_TIMER", "CANCEL_TIMER", "DROP_TIMER", "ACTION_DONE",
     "timer_key", "action_key", "owner_key", "due_of", "timer_id", "parse_timer_id",
-    "is_internal", "INTERNAL_FUNCTIONS", "RuntimeCall",
+    "is_internal", "INTERNAL_FUNCTIONS", "RuntimeCall", "runtime_rid",
 ]
 
 TIMER = "\x00t"
@@ -54,6 +54,12 @@ class RuntimeCall(str):
     the only roots that may name an internal function (no decoded string is one)."""
 
     __slots__ = ()
+
+
+def runtime_rid(function: str, key: str) -> str:
+    """The request id of the runtime's request ``function(key)``: what it does, readable
+    (no ``\\x00``: effect and action keys start with it), the same after a replay."""
+    return f"{function[1:]}:{key[1:].replace(chr(0), '/')}"
 
 
 def is_internal(name: str) -> bool:

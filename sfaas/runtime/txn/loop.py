@@ -135,6 +135,8 @@ class Participant(Generic[T]):
         the sequencer; execution, votes and commit then go as in a live epoch."""
         self.engine.begin(epoch)
         self.sequencer.discard(tid for tid, _ in batch)
+        for tid, _ in batch:  # (a run parked at an effect went on in this epoch)
+            self.parked.pop(tid, None)
         self.batch = list(batch)
         return self.batch
 

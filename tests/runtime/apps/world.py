@@ -117,8 +117,34 @@ async def ring(ctx: Context, name: str, due: float) -> float:
 
 
 @alarms.function
+async def noisy(ctx: Context) -> float:
+    """Not deterministic: the determinism check must refuse it."""
+    import random
+
+    value = random.random()
+    ctx.put(value)
+    return value
+
+
+@alarms.function
+async def rung(ctx: Context) -> dict[str, list[float]]:
+    """(on a ``rung:`` key) name → [times rung, seconds late]."""
+    return {k: list(v) for k, v in dict(ctx.get({})).items()}
+
+
+@alarms.function
 async def log(ctx: Context, name: str, late: float) -> None:
     rung = dict(ctx.get({}))
     count, _ = rung.get(name, (0, 0.0))
     rung[name] = (count + 1, late)
     ctx.put(rung)
+
+
+@alarms.function
+async def broken(ctx: Context, card: str) -> None:
+    """A bug: a plain exception (its traceback reaches the log, and the reply when asked)."""
+    _check_card(card)
+
+
+def _check_card(card: str) -> None:
+    raise ValueError(f"card number invalid: {card}")
