@@ -26,6 +26,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from launcher import cluster
 from remotes.errors import SnapshotNotFoundError
+from sfaas.app import App
 from sfaas.client import Client
 from sfaas.runtime import wire
 from sfaas.runtime.epochlog import EpochRecord
@@ -33,6 +34,7 @@ from sfaas.runtime.partitioning import default_owners, partition_of
 from sfaas.runtime.protocols.rounds import RoundManifest, Rounds
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import open_partition_stores, rounds_remote, store_remote
+from sfaas.runtime.txn.internal import RuntimeCall, runtime_rid
 from sfaas.runtime.txn.loop import commit_together, merge_votes
 from sfaas.testing import LocalRunner
 from tests.conftest import TEST_BUCKET
@@ -98,9 +100,9 @@ async def _read_topic(s: Settings, topic: str, partitions: int) -> dict[int, lis
         await consumer.stop()
 
 
-async def _ingress_requests(s: Settings) -> dict[int, list[tuple[int, wire.Request]]]:
+async def _ingress_requests(s: Settings, app: str = "ledger") -> dict[int, list[tuple[int, wire.Request]]]:
     """Every request in the ingress topic: partition → [(offset, request)]."""
-    raw = await _read_topic(s, s.topics("ledger")[0], PARTITIONS)
+    raw = await _read_topic(s, s.topics(app)[0], PARTITIONS)
     return {p: [(o, wire.Request.decode(v)) for o, v in recs] for p, recs in raw.items()}
 
 
@@ -119,13 +121,26 @@ async def _replay(m: RoundManifest, records: list[tuple[int, EpochRecord]],
     """Re-execute the logged epochs after round ``m`` on its restored stores (in
     ``directory``) with the shared epoch loop; the fates by request id, then the state.
     ``maps``: ``(epoch, owners)`` — the partition map epochs after ``epoch`` ran under (rescales)."""
+    fates, items = await replay_log(ledger.app, m, records, requests, directory, maps)
+    return fates, items["accounts"], items["counters"]
+
+
+async def replay_log(app: App, m: RoundManifest, records: list[tuple[int, EpochRecord]],
+                     requests: dict[int, list[tuple[int, wire.Request]]], directory: Path,
+                     maps: Sequence[tuple[int, list[int]]] = (), store: str = "lsm",
+                     ) -> tuple[dict[str, tuple[bool, Any]], dict[str, dict[str, Any]]]:
+    """:func:`_replay` of any app: the fates by request id, and every operator's state. The
+    runtime's own requests (timers, action cleanups) replay from the record, every root
+    with the journal of ``ctx.run`` outcomes it ran with; no effect or action runs."""
     by_pos = {(p, o): req for p, reqs in requests.items() for o, req in reqs}
     later = [rec for off, rec in records if rec.epoch > m.epoch]
     # every record of a later epoch is at or after the round's epoch-log position
     assert all(off >= m.epoch_log for off, rec in records if rec.epoch > m.epoch)
     fates: dict[str, tuple[bool, Any]] = {}
     most = max([m.workers] + [max(owners) + 1 for _, owners in maps])
-    runner = LocalRunner(ledger.app, workers=most, partitions=m.partitions, store="lsm", directory=directory)
+    runner = LocalRunner(app, workers=most, partitions=m.partitions, store=store, directory=directory,
+                         check_determinism=False)
+    runner.actions.live = False  # (a replay runs no post-commit action)
     pending = sorted(maps)
     if most > m.workers:
         runner.remap(default_owners(m.partitions, m.workers))
@@ -134,12 +149,21 @@ async def _replay(m: RoundManifest, records: list[tuple[int, EpochRecord]],
             while pending and pending[0][0] < epoch:
                 runner.remap(pending.pop(0)[1])
             mine = {rec.worker: rec for rec in later if rec.epoch == epoch}
+            runner.effects.begin_epoch()
             for i, lp in enumerate(runner.loops):
                 rec = mine.get(i)
                 batch = []
+                runtime = rec.runtime_requests() if rec else {}
+                journals = dict(rec.journals) if rec else {}
                 for (tid, p, o), now in zip(rec.batch, rec.nows(), strict=True) if rec else ():
-                    req = by_pos[(p, o)]
-                    batch.append((tid, _Replayed(req.rid, (req.operator, req.key, req.function, req.args), now)))
+                    if p < 0:
+                        op, key, fn, args = runtime[tid]
+                        item = _Replayed(runtime_rid(fn, args[0]), (RuntimeCall(op), key, fn, args), now)
+                    else:
+                        req = by_pos[(p, o)]
+                        item = _Replayed(req.rid, (req.operator, req.key, req.function, req.args), now)
+                    runner.effects.begin(tid, item.rid, journals.get(tid))
+                    batch.append((tid, item))
                 lp.begin_replay(epoch, batch)
             await asyncio.gather(*(lp.execute() for lp in runner.loops))
             conflicts, aborts = merge_votes(
@@ -149,7 +173,7 @@ async def _replay(m: RoundManifest, records: list[tuple[int, EpochRecord]],
             for fs in await commit_together(runner.loops, conflicts, aborts):
                 for f in fs:
                     fates[f.item.rid] = (f.committed, f.value)
-        return fates, runner.items("accounts"), runner.items("counters")
+        return fates, {op: runner.items(op) for op in app.operators}
     finally:
         runner.close()
 

@@ -9,6 +9,7 @@ import json
 import os
 import random
 import re
+import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -19,8 +20,11 @@ import pytest
 from launcher import cluster
 from sfaas import NondeterminismError, TransactionAborted
 from sfaas.client import Client
+from sfaas.runtime.epochlog import EpochRecord
+from sfaas.runtime.protocols.rounds import RoundManifest
 from tests.runtime.apps import world
-from tests.runtime.test_recovery import _kill, chaos_settings, log_tails
+from tests.runtime.test_recovery import PARTITIONS, _kill, chaos_settings, log_tails
+from tests.runtime.test_rounds import _ingress_requests, _read_topic, replay_log
 
 SEED = int(os.environ.get("SFAAS_CHAOS_SEED") or random.SystemRandom().randrange(1 << 32))
 
@@ -83,10 +87,14 @@ def test_hot_key_orders_charge_once_and_email_once_per_commit(
 
 @pytest.mark.timeout(300)
 def test_a_replay_that_diverges_is_reported_on_the_status_page(
-        kafka: Any, minio: Any, tmp_path: Path, world_dir: str) -> None:
-    """Without the determinism check, a function drawing from ``random`` commits; after a
-    worker's SIGKILL the replay answers its requests otherwise than before: the coordinator's
-    log, /metrics and status page say so, naming the function."""
+        kafka: Any, minio: Any, tmp_path: Path, world_dir: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the determinism check, a function drawing from ``random``, and one taking the
+    first of a set of strings (its order depends on the process's hash seed: the check
+    cannot see that in one process), commit; after a worker's SIGKILL the replay — on a new
+    process for the killed worker's keys — answers their requests otherwise than before:
+    the coordinator's log, /metrics and status page say so, naming the functions."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)  # (a seed per process)
     s = _up(kafka, minio, tmp_path, check_determinism=False, snapshot_interval=120.0)
     try:
         cs = cluster.cluster_settings(s)[1]
@@ -94,6 +102,9 @@ def test_a_replay_that_diverges_is_reported_on_the_status_page(
         async def go() -> None:
             async with Client("world", settings=cs, timeout=60) as c:
                 await asyncio.gather(*(c.call("alarms", f"n{i}", "noisy") for i in range(10)))
+                names = [f"name-{j}" for j in range(20)]
+                await asyncio.gather(*(c.call("alarms", f"f{i}", "first_of", names)
+                                       for i in range(10)))
         asyncio.run(go())
         assert _kill(s, "worker", random.Random(SEED)) is not None
         url = cluster.status_url(s)
@@ -111,8 +122,22 @@ def test_a_replay_that_diverges_is_reported_on_the_status_page(
         assert re.search(r"^sfaas_replay_divergences_total [1-9]", metrics, re.M), metrics[-2000:]
         log = (cluster.state_dir(s) / "coordinator.log").read_text()
         assert "replay diverged: alarms.noisy on key 'n" in log
+        assert asyncio.run(_until(lambda: "replay diverged: alarms.first_of on key 'f" in (
+            cluster.state_dir(s) / "coordinator.log").read_text(), 30)), log[-3000:]
     finally:
         cluster.down(s)
+
+
+async def _history(cs: Any, directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    raw_log = await _read_topic(cs, cs.epoch_log_topic("world"), 1)
+    records = [(off, EpochRecord.decode(v)) for off, v in raw_log[0]]
+    assert [r.epoch for _, r in records] == sorted(r.epoch for _, r in records)
+    assert any(r.runtime for _, r in records) and any(r.journals for _, r in records), \
+        "the log holds no timer or journal: the check would check nothing"
+    empty = RoundManifest(0, 0, 2, PARTITIONS, (), {p: 0 for p in range(PARTITIONS)}, {}, {},
+                          (), 0)
+    requests = await _ingress_requests(cs, "world")
+    return await replay_log(world.app, empty, records, requests, directory, store="memonly")
 
 
 async def _until(cond: Any, seconds: float) -> bool:
@@ -126,9 +151,11 @@ async def _until(cond: Any, seconds: float) -> bool:
 @pytest.mark.timeout(900)
 def test_effects_actions_and_timers_survive_kills(
         kafka: Any, minio: Any, tmp_path: Path, world_dir: str) -> None:
-    """Orders (an effect and an action each) and timers under load while two workers and
-    the coordinator are SIGKILLed: every committed order's email went out, every timer
-    fired exactly once and never early; effects ran once per order except at a crash."""
+    """Orders (an effect and an action each) and timers — a quarter of them cancelled —
+    under load while two workers and the coordinator are SIGKILLed: every committed order's
+    email went out, every timer fired exactly once and never early, a timer cancelled
+    before it was due never; effects ran once per order except at a crash; and the whole
+    epoch log re-executes to the replies the clients got."""
     rnd = random.Random(SEED)
     s = _up(kafka, minio, tmp_path)
     report: dict[str, Any] = {"seed": SEED}
@@ -144,7 +171,9 @@ def test_effects_actions_and_timers_survive_kills(
                 report["schedule"] = [(round(t, 2), r) for t, r in faults]
                 loop = asyncio.get_running_loop()
                 t0 = loop.time()
-                orders, arms = [], []
+                orders, arms, disarms = [], [], []
+                #: a cancelled timer's name → (earliest due time, when the cancel's reply came)
+                cancelled: dict[str, list[float]] = {}
                 i = 0
                 while (now := loop.time() - t0) < seconds:
                     while faults and faults[0][0] <= now:
@@ -154,28 +183,49 @@ def test_effects_actions_and_timers_survive_kills(
                         faults.pop(0)
                     orders.append(await c.submit("orders", f"o{i}", "order", "apple", 1))
                     if i < n_timers:
-                        arms.append(await c.submit("alarms", f"k{i % 7}", "arm",
-                                                   rnd.uniform(0.5, seconds), f"t{i}"))
+                        delay = rnd.uniform(0.5, seconds) if i % 4 else rnd.uniform(3, seconds)
+                        due = time.time() + delay
+                        arms.append(await c.submit("alarms", f"k{i % 7}", "arm", delay, f"t{i}"))
+                        if i % 4 == 0:  # cancelled right away (it is due in 3 s at least)
+                            f = await c.submit("alarms", f"k{i % 7}", "disarm", f"t{i}")
+                            cancelled[f"t{i}"] = [due, 0.0]
+                            f.add_done_callback(
+                                lambda _f, name=f"t{i}": cancelled[name].__setitem__(
+                                    1, time.time()))
+                            disarms.append(f)
                     i += 1
                     await asyncio.sleep(0.02)
                 order_replies = list(await asyncio.wait_for(asyncio.gather(*orders), 240))
                 arm_replies = list(await asyncio.wait_for(asyncio.gather(*arms), 240))
+                assert all(r.ok and r.value is True
+                           for r in await asyncio.wait_for(asyncio.gather(*disarms), 240))
                 rung: dict[str, dict[str, list[float]]] = {}
                 for _ in range(300):  # every timer armed is due by now or soon
                     rung = {f"k{k}": await c.call("alarms", f"rung:k{k}", "rung")
                             for k in range(7)}
-                    if sum(len(v) for v in rung.values()) >= len(arm_replies):
+                    if sum(len(v) for v in rung.values()) >= len(arm_replies) - len(cancelled):
+                        await asyncio.sleep(2)  # (a cancelled timer firing late would show)
+                        rung = {f"k{k}": await c.call("alarms", f"rung:k{k}", "rung")
+                                for k in range(7)}
                         break
                     await asyncio.sleep(0.1)
-                return order_replies, arm_replies, rung
-        orders, arms, rung = asyncio.run(go())
+                return order_replies, arm_replies, rung, cancelled
+        orders, arms, rung, cancelled = asyncio.run(go())
         assert all(r.ok for r in orders + arms), [r for r in orders + arms if not r.ok][:3]
         names = {f"k{i % 7}": set() for i in range(7)}
         for i in range(len(arms)):
             names[f"k{i % 7}"].add(f"t{i}")
         late = []
+        fired_anyway = 0
         for key, want in names.items():
             got = rung[key]
+            for name in sorted(want & set(cancelled)):
+                due, cancel_done = cancelled[name]
+                if name in got:  # fired: only allowed if it was due before the cancel committed
+                    assert due - 0.5 < cancel_done, (key, name, due, cancel_done)
+                    fired_anyway += 1
+                want.discard(name)
+                got = {n: v for n, v in got.items() if n != name}
             assert set(got) == want, (key, sorted(want - set(got))[:5], sorted(set(got) - want)[:5])
             for name, (count, seconds_late) in got.items():
                 assert count == 1, (key, name, count)  # exactly once
@@ -183,6 +233,8 @@ def test_effects_actions_and_timers_survive_kills(
                 late.append(seconds_late)
         late.sort()
         report["timers"] = len(late)
+        report["cancelled"] = len(cancelled)
+        report["cancelled_but_due_first"] = fired_anyway
         report["lateness_p50_ms"] = round(1000 * late[len(late) // 2], 1)
         report["lateness_p99_ms"] = round(1000 * late[int(len(late) * 0.99)], 1)
         # every committed order's email went out; twice only for one running at a crash
@@ -195,6 +247,20 @@ def test_effects_actions_and_timers_survive_kills(
         report["orders"] = len(orders)
         report["email_duplicates"] = sum(n - 1 for n in emails.values())
         report["charge_duplicates"] = sum(n - 1 for n in charges.values())
+        # the history is the one the clients saw: re-executing the whole epoch log from the
+        # empty state — timers and action cleanups from their records, every run with the
+        # journal it ran with, no effect run — gives every request its reply and the same
+        # timers' state
+        fates, state = asyncio.run(_history(cs, tmp_path / "replay"))
+        for reply in orders + arms:
+            assert reply.rid in fates, f"request {reply.rid} answered but never in a logged epoch"
+            ok, value = fates[reply.rid]
+            assert (ok, value if ok else list(value)) == (
+                reply.ok, reply.value if reply.ok else [reply.error_type, reply.reason]), reply
+        assert {k: {n: v[0] for n, v in got.items()} for k, got in rung.items()} == {
+            k[len("rung:"):]: {n: v[0] for n, v in got.items()}
+            for k, got in state["alarms"].items() if k.startswith("rung:")}
+        report["replayed_requests"] = len(fates)
         print(f"world chaos report: {report}")
     except BaseException:
         print(f"world chaos seed {SEED} failed (rerun: SFAAS_CHAOS_SEED={SEED}); {report}\n"

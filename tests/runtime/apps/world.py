@@ -127,6 +127,14 @@ async def noisy(ctx: Context) -> float:
 
 
 @alarms.function
+async def first_of(ctx: Context, names: list[str]) -> str:
+    """Not deterministic across processes: a set's order depends on the hash seed."""
+    pick = next(iter(set(names)))
+    ctx.put(pick)
+    return pick
+
+
+@alarms.function
 async def rung(ctx: Context) -> dict[str, list[float]]:
     """(on a ``rung:`` key) name → [times rung, seconds late]."""
     return {k: list(v) for k, v in dict(ctx.get({})).items()}
