@@ -13,9 +13,9 @@ actions and durable timers (``sfaas.runtime.txn.effects``, ``…actions``, ``…
 
 A recovery stops the actions and forgets nothing else: the stores restored, the timer
 index is read again; the replay follows the records without running anything; once it is
-over the actions still recorded start again and the parked runs go on (they suspend
-again if their effect has not finished: a worker that ran it already delivers it again
-from memory instead of running it twice).
+over (the first live epoch begins) the actions still recorded start again and the parked
+runs go on (they suspend again if their effect has not finished: a worker that ran it
+already delivers it again from memory instead of running it twice).
 """
 
 from __future__ import annotations
@@ -96,10 +96,14 @@ class World:
 
     # -- an epoch ---------------------------------------------------------------------------
     def before_begin(self, now: float) -> None:
-        """A live epoch begins at ``now``: queue the timers due by then."""
+        """A live epoch begins at ``now``: queue the timers due by then. The first after a
+        recovery ends its replay (every worker's: a replayed epoch of another worker may
+        still write records here until then)."""
         loop = self._state.loop
         assert loop is not None
-        if self.replaying or not self.timers.due(now):
+        if self.replaying:
+            self.replay_over()
+        if not self.timers.due(now):
             return
         room = max(0, self._state.max_batch - len(loop.queue))
         for operator, key in self.timers.take_due(now, room):
@@ -136,8 +140,6 @@ class World:
                 log.warning("timer %s: its call aborted: %s", internal.timer_id(req.operator, key),
                             f.value[1], extra={"worker": self._state.index})
                 self._queue(str(req.operator), key, internal.DROP_TIMER)
-        if self.replaying and not self._state.replay_batches:
-            self.replay_over()
         self.wake_for_timers()
 
     # -- effects -----------------------------------------------------------------------------
@@ -186,13 +188,12 @@ class World:
         self.effects.begin_epoch()
 
     def restored(self, stores: Mapping[tuple[str, int], Any]) -> None:
-        """The stores are back at the round: index their timers."""
+        """The stores are back at the round: index their timers (the replay follows)."""
         self.timers.load(stores)
-        if not self._state.replay_batches:
-            self.replay_over()
 
     def replay_over(self) -> None:
-        """Live again: start the recorded actions, let the parked runs go on."""
+        """Live again (the first live Begin): start the recorded actions, let the parked
+        runs go on."""
         self.replaying = False
         self.actions.live = True
         self._load_actions()

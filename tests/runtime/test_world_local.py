@@ -359,3 +359,18 @@ class TimerMachine(RuleBasedStateMachine):
 
 TestTimerMachine = TimerMachine.TestCase
 TestTimerMachine.settings = settings(max_examples=25, stateful_step_count=20, deadline=None)
+
+
+def test_timers_and_actions_move_with_their_partitions(world_dir: str) -> None:
+    """A rescale moves a partition's stores — its timers and pending actions with them:
+    each timer still fires once, from its new owner."""
+    with LocalRunner(world.app, workers=2, partitions=4) as r:
+        for i in range(12):
+            r.call("alarms", f"k{i}", "arm", 10, "a")
+        r.remap([1, 1, 0, 0])  # every partition changes hands
+        assert sum(len(t) for t in r.timers) == 12
+        r.advance(11)
+        for i in range(12):
+            assert r.state("alarms", f"rung:k{i}")["a"][0] == 1
+        r.advance(60)
+        assert r.stats.timers == 12 and sum(len(t) for t in r.timers) == 0
