@@ -9,6 +9,7 @@ import json
 import os
 import random
 import re
+import signal
 import time
 import urllib.request
 from collections import Counter
@@ -265,6 +266,69 @@ def test_effects_actions_and_timers_survive_kills(
     except BaseException:
         print(f"world chaos seed {SEED} failed (rerun: SFAAS_CHAOS_SEED={SEED}); {report}\n"
               f"{log_tails(s, 15000, 6000)}")
+        raise
+    finally:
+        cluster.down(s)
+
+
+async def _arm(cs: Any, n: int, rnd: random.Random, low: float, high: float) -> None:
+    async with Client("world", settings=cs, timeout=120) as c:
+        await asyncio.gather(*(c.call("alarms", f"m{i % 20}", "arm", rnd.uniform(low, high),
+                                      f"t{i}") for i in range(n)))
+
+
+async def _rung(cs: Any, n: int, seconds: float) -> dict[str, dict[str, list[float]]]:
+    """Every ``rung:m*`` key's timers, once ``n`` fired (or ``seconds`` passed)."""
+    async with Client("world", settings=cs, timeout=120) as c:
+        for _ in range(int(seconds * 5)):
+            got = {f"m{k}": await c.call("alarms", f"rung:m{k}", "rung") for k in range(20)}
+            if sum(len(v) for v in got.values()) >= n:
+                await asyncio.sleep(1.0)  # (one firing twice would show now)
+                return {f"m{k}": await c.call("alarms", f"rung:m{k}", "rung") for k in range(20)}
+            await asyncio.sleep(0.2)
+    return got
+
+
+def _each_once(rung: dict[str, dict[str, list[float]]], n: int) -> None:
+    fired = {name: v for got in rung.values() for name, v in got.items()}
+    assert set(fired) == {f"t{i}" for i in range(n)}, sorted({f"t{i}" for i in range(n)} - set(fired))
+    assert all(v[0] == 1 for v in fired.values()), {k: v for k, v in fired.items() if v[0] != 1}
+    assert all(v[1] >= 0 for v in fired.values())  # never early
+
+
+@pytest.mark.timeout(600)
+def test_timers_follow_a_standby_promotion_and_a_rescale(
+        kafka: Any, minio: Any, tmp_path: Path, world_dir: str) -> None:
+    """Timers are state: a standby promoted in a SIGKILLed worker's place fires that
+    worker's timers, and a rescale 2 → 3 moves timers with their partitions — each fires
+    exactly once, never early."""
+    rnd = random.Random(SEED)
+    s = chaos_settings(kafka, minio, tmp_path, store="lsm", check_determinism=True)
+    cluster.up(s, "tests.runtime.apps.world:app", 2, timeout=90, standbys=1)
+    try:
+        cs = cluster.cluster_settings(s)[1]
+        asyncio.run(_arm(cs, 60, rnd, 4, 8))
+        time.sleep(1.5)  # (a round holds the timers)
+        (victim,) = [p for p in cluster.ps(s) if p.role == "worker" and p.index == 0]
+        os.kill(victim.pid, signal.SIGKILL)
+        _each_once(asyncio.run(_rung(cs, 60, 60)), 60)
+        log = (cluster.state_dir(s) / "coordinator.log").read_text()
+        assert "promoting standby" in log, log[-3000:]
+    except BaseException:
+        print(f"seed {SEED}\n{log_tails(s)}")
+        raise
+    finally:
+        cluster.down(s)
+    s = chaos_settings(kafka, minio, tmp_path / "rescale", store="lsm", check_determinism=True)
+    cluster.up(s, "tests.runtime.apps.world:app", 2, timeout=90)
+    try:
+        cs = cluster.cluster_settings(s)[1]
+        asyncio.run(_arm(cs, 60, rnd, 5, 9))
+        summary = cluster.scale(s, 3, timeout=120)
+        assert "3 workers" in summary, summary
+        _each_once(asyncio.run(_rung(cs, 60, 60)), 60)
+    except BaseException:
+        print(f"seed {SEED}\n{log_tails(s)}")
         raise
     finally:
         cluster.down(s)
