@@ -122,6 +122,8 @@ def _parser() -> argparse.ArgumentParser:
     cl.add_argument("--app", dest="app_name",
                     help="app name (default: the running local cluster's)")
     cl.add_argument("--timeout", type=float, default=30.0)
+    cl.add_argument("--idempotency-key", dest="idempotency_key",
+                    help="a retry with the same key gets the first outcome without running again")
     cl.add_argument("operator")
     cl.add_argument("key")
     cl.add_argument("function")
@@ -322,7 +324,8 @@ def _call(ns: argparse.Namespace) -> int:
 
     async def go() -> Any:
         async with Client(app_name, settings=s, timeout=ns.timeout) as client:
-            return await client.call(ns.operator, ns.key, ns.function, *map(_parse_arg, ns.args))
+            return await client.call(ns.operator, ns.key, ns.function, *map(_parse_arg, ns.args),
+                                     idempotency_key=ns.idempotency_key)
 
     print(json.dumps(asyncio.run(go())))
     return 0

@@ -36,7 +36,7 @@ from sfaas.runtime.codec import check_arguments
 from sfaas.runtime.kafka import make_consumer, make_producer, partition_count
 from sfaas.runtime.partitioning import partition_of
 from sfaas.runtime.settings import Settings
-from sfaas.runtime.wire import ProtocolError, Reply, Request
+from sfaas.runtime.wire import MAX_RID, ProtocolError, Reply, Request
 
 log = logging.getLogger("sfaas.client")
 
@@ -157,16 +157,18 @@ class Client:
         check_arguments(list(args), f"arguments of {operator}.{function}")
 
     async def submit(
-        self, operator: str, key: str, function: str, *args: Any
+        self, operator: str, key: str, function: str, *args: Any,
+        idempotency_key: str | None = None,
     ) -> asyncio.Future[Reply]:
         """Send a request; the returned future resolves to its raw :class:`Reply`."""
-        return (await self._submit(operator, key, function, args))[1]
+        return (await self._submit(operator, key, function, args, idempotency_key))[1]
 
-    async def _submit(self, operator: str, key: str, function: str,
-                      args: tuple[Any, ...]) -> tuple[str, asyncio.Future[Reply]]:
+    async def _submit(self, operator: str, key: str, function: str, args: tuple[Any, ...],
+                      idempotency_key: str | None = None) -> tuple[str, asyncio.Future[Reply]]:
         if not self._started:
             await self.start()
         self._validate(operator, key, function, args)
+        check_idempotency_key(idempotency_key)
         while len(self._waiting) >= self.max_in_flight:
             self._room.clear()
             await self._room.wait()
@@ -177,7 +179,8 @@ class Client:
         rid = self.last_rid = f"{self.client_id}-{self._seq}"
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = fut
-        req = Request(rid, operator, key, function, list(args), self.reply_partition, time.time())
+        req = Request(rid, operator, key, function, list(args), self.reply_partition, time.time(),
+                      idempotency_key)
         delivery = await self._producer.send(
             self.ingress, req.encode(), partition=partition_of(operator, key, self.partitions)
         )
@@ -200,9 +203,16 @@ class Client:
         if self._waiting.pop(rid, None) is not None and len(self._waiting) < self.max_in_flight:
             self._room.set()
 
-    async def call(self, operator: str, key: str, function: str, *args: Any) -> Any:
-        """Run one transaction and return its result; raises ``TransactionAborted(reason)``."""
-        rid, fut = await self._submit(operator, key, function, args)
+    async def call(self, operator: str, key: str, function: str, *args: Any,
+                   idempotency_key: str | None = None) -> Any:
+        """Run one transaction and return its result; raises ``TransactionAborted(reason)``.
+
+        With ``idempotency_key``, a retry is safe: every request with the same operator,
+        key, function and idempotency key within the retention window (setting
+        ``idempotency_retention``, 24 h) gets the first one's outcome — its result or its
+        abort — and only the first runs, also across a recovery, a rescale or a failover.
+        """
+        rid, fut = await self._submit(operator, key, function, args, idempotency_key)
         try:
             reply = await asyncio.wait_for(fut, self.timeout)
         except TimeoutError:
@@ -220,6 +230,16 @@ class Client:
         raise exc
 
 
+def check_idempotency_key(key: object) -> None:
+    """Raise :class:`~sfaas.errors.BadRequest` unless ``key`` is None or a str of 1 to
+    256 characters."""
+    from sfaas.errors import BadRequest
+
+    if key is not None and (not isinstance(key, str) or not 0 < len(key) <= MAX_RID):
+        raise BadRequest(f"an idempotency key must be a str of 1 to {MAX_RID} characters, "
+                         f"got {key!r:.80}")
+
+
 class SyncClient:
     """A blocking :class:`Client`: runs one on a private event loop in a background thread."""
 
@@ -233,9 +253,11 @@ class SyncClient:
     def _run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def call(self, operator: str, key: str, function: str, *args: Any) -> Any:
+    def call(self, operator: str, key: str, function: str, *args: Any,
+             idempotency_key: str | None = None) -> Any:
         """Like :meth:`Client.call`, blocking."""
-        return self._run(self._client.call(operator, key, function, *args))
+        return self._run(self._client.call(operator, key, function, *args,
+                                           idempotency_key=idempotency_key))
 
     def close(self) -> None:
         """Stop the client and its thread."""

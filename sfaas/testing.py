@@ -71,6 +71,8 @@ class _Item:
     attempts: int = 0
     #: the outcomes of its ``ctx.run`` effects so far (``sfaas.runtime.txn.effects``)
     journal: dict[str, Any] = field(default_factory=dict)
+    #: the caller's idempotency key (``call(..., idempotency_key=…)``)
+    idem: str | None = None
 
 
 def _request_of(item: _Item) -> tuple[str, str, str, Any]:
@@ -110,6 +112,7 @@ class LocalRunner:
         check_determinism: bool = True,
         effect_timeout: float = 30.0,
         max_effects: int = 1000,
+        idempotency_retention: float = 86400.0,
     ) -> None:
         if not isinstance(app, App):
             raise TypeError(f"LocalRunner needs an sfaas.App, got {type(app).__name__}")
@@ -139,6 +142,7 @@ class LocalRunner:
         self.timers = [TimerIndex() for _ in self.engines]
         for eng, timers in zip(self.engines, self.timers, strict=True):
             eng.effects = self.effects
+            eng.idempotency_retention = idempotency_retention
             eng.on_record = self._follower(timers)
             timers.load(eng.stores)
         #: seconds ``advance`` moved the clock ahead of the wall clock
@@ -194,10 +198,11 @@ class LocalRunner:
         self.stats.actions += 1
         self._internal(operator, key, internal.ACTION_DONE)
 
-    def _internal(self, operator: str, key: str, function: str) -> None:
-        """Queue the runtime's own request ``function(key)`` on the owner of ``key``."""
+    def _internal(self, operator: str, key: str, function: str,
+                  more: Sequence[Any] = ()) -> None:
+        """Queue the runtime's own request ``function(key, *more)`` on the owner of ``key``."""
         owner = internal.owner_key(key)
-        item = _Item((internal.RuntimeCall(operator), owner, function, [key]), None,
+        item = _Item((internal.RuntimeCall(operator), owner, function, [key, *more]), None,
                      rid=internal.runtime_rid(function, key))
         self.loops[self.engines[0].owner(operator, owner)].queue.append(item)
         if self._wake is not None:
@@ -208,24 +213,31 @@ class LocalRunner:
         return time.time() + self._offset
 
     # -- calling -----------------------------------------------------------------------
-    def call(self, operator: str, key: str, function: str, *args: Any) -> Any:
+    def call(self, operator: str, key: str, function: str, *args: Any,
+             idempotency_key: str | None = None) -> Any:
         """Run one request as a transaction and return its result.
 
         Inside a running event loop this returns an awaitable; outside one it blocks.
         Raises :class:`~sfaas.errors.TransactionAborted` (or a subclass) if it aborted.
+        ``idempotency_key``: as :meth:`sfaas.Client.call`'s.
         """
-        return self._blocking(self.acall(operator, key, function, *args))
+        return self._blocking(self.acall(operator, key, function, *args,
+                                         idempotency_key=idempotency_key))
 
-    async def acall(self, operator: str, key: str, function: str, *args: Any) -> Any:
+    async def acall(self, operator: str, key: str, function: str, *args: Any,
+                    idempotency_key: str | None = None) -> Any:
         """Like :meth:`call`, always a coroutine."""
         if self._closed:
             raise RuntimeError("LocalRunner is closed")
         self.app.validate(operator, key, function, args)
+        from sfaas.client import check_idempotency_key
+
+        check_idempotency_key(idempotency_key)
         loop = asyncio.get_running_loop()
         self._start(loop)
         fut: asyncio.Future[Any] = loop.create_future()
         item = _Item((operator, key, function, unpack(pack(list(args)))), fut,
-                     rid=uuid.uuid4().hex)
+                     rid=uuid.uuid4().hex, idem=idempotency_key)
         owner = self.engines[0].owner(operator, key)
         self.loops[owner].queue.append(item)
         assert self._wake is not None
@@ -367,7 +379,7 @@ class LocalRunner:
         self.effects.begin_epoch()
         for lp in self.loops:
             for tid, item in lp.begin(epoch, now):
-                self.effects.begin(tid, item.rid, dict(item.journal))
+                self.effects.begin(tid, item.rid, dict(item.journal), item.idem)
         await asyncio.gather(*(lp.execute() for lp in self.loops))
         conflicts, aborts = merge_votes(
             (c.items(), ((t, e, r) for t, (e, r) in u.items()))
@@ -392,6 +404,8 @@ class LocalRunner:
                     (in_fallback if f.fallback else committed).append(f.tid)
                 else:
                     self.stats.aborted += 1
+                if not f.committed and f.item.idem is not None:
+                    self._keep_abort(f)
                 fut = f.item.future
                 if fut is None:
                     self._runtime_fate(f)
@@ -406,12 +420,20 @@ class LocalRunner:
             # the serial order: the epoch's commits by tid, then the fallback phase's by tid
             self.on_epoch_committed(epoch, sorted(committed) + sorted(in_fallback))
 
+    def _keep_abort(self, f: Fate[_Item]) -> None:
+        """An idempotent request aborted: keep its abort as its outcome (a transaction)."""
+        operator, key, function, _ = f.item.request
+        assert f.item.idem is not None
+        rkey = internal.idem_key(key, function, f.item.idem)
+        self._internal(operator, rkey, internal.IDEM_ABORT, [*f.value, f.item.now])
+
     def _runtime_fate(self, f: Fate[_Item]) -> None:
         """The fate of a request the runtime made: a timer whose call aborted is delivered
         all the same (its record is dropped, so it never fires again)."""
-        operator, _, function, (key,) = f.item.request
+        operator, _, function, args = f.item.request
         if function != internal.FIRE_TIMER:
             return
+        key = args[0]
         self.stats.timers += 1
         if not f.committed:
             log.warning("timer %s: its call aborted: %s", internal.timer_id(operator, key),

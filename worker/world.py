@@ -53,6 +53,7 @@ class World:
         self._send_all = send_all
         self._arrived = arrived
         self.effects = Effects(self._deliver, settings.max_effects, settings.effect_timeout)
+        self._retention = settings.idempotency_retention
         self.actions = Actions(self._action_done)
         self.timers = TimerIndex()
         #: between a recovery's rollback and the end of its replay
@@ -63,6 +64,7 @@ class World:
         """The engine is open: follow its records."""
         engine.effects = self.effects
         engine.on_record = self._on_record
+        engine.idempotency_retention = self._retention
         self.timers.load(engine.stores)
 
     def start(self) -> None:
@@ -115,7 +117,7 @@ class World:
         fx = self.effects
         fx.begin_epoch()
         for tid, item in batch:
-            fx.begin(tid, item.request.rid, item.journal)
+            fx.begin(tid, item.request.rid, item.journal, item.request.idempotency_key)
 
     def for_call(self, tid: int) -> tuple[str, dict[str, Any]]:
         """What a call of ``tid`` to a peer carries: its request id and journal."""
@@ -133,10 +135,15 @@ class World:
         self.effects.launch(live=not replay)
         for f in fates:
             req = f.item.request
+            if not f.committed and req.idempotency_key is not None:
+                # an idempotent request aborted: its abort is its outcome from now on
+                rkey = internal.idem_key(req.key, req.function, req.idempotency_key)
+                self._queue(req.operator, rkey, internal.IDEM_ABORT,
+                            [str(f.value[0]), str(f.value[1]), f.item.now])
             if f.committed or not isinstance(req.operator, internal.RuntimeCall):
                 continue
             if req.function == internal.FIRE_TIMER:
-                (key,) = req.args
+                key = req.args[0]
                 log.warning("timer %s: its call aborted: %s", internal.timer_id(req.operator, key),
                             f.value[1], extra={"worker": self._state.index})
                 self._queue(str(req.operator), key, internal.DROP_TIMER)
@@ -167,10 +174,12 @@ class World:
     def _action_done(self, operator: str, key: str) -> None:
         self._queue(operator, key, internal.ACTION_DONE)
 
-    def _queue(self, operator: str, key: str, function: str) -> None:
+    def _queue(self, operator: str, key: str, function: str, more: list[Any] | None = None,
+               ) -> None:
         loop = self._state.loop
         assert loop is not None
-        loop.queue.append(Pending.runtime(operator, internal.owner_key(key), function, [key]))
+        loop.queue.append(Pending.runtime(operator, internal.owner_key(key), function,
+                                          [key, *(more or [])]))
         self._arrived()
 
     def _load_actions(self) -> None:

@@ -109,6 +109,9 @@ class Settings:
     #: Put the traceback of an exception a function raised into the client's reply (it shows
     #: the app's code to whoever calls it: for development). The worker always logs it.
     reply_tracebacks: bool = False
+    #: Seconds a request's outcome is kept for its idempotency key (``Client.call(...,
+    #: idempotency_key=…)``): a retry within it gets the first outcome without running.
+    idempotency_retention: float = 86400.0
     #: Seconds a ``ctx.run`` effect may take; one that takes longer is journaled as a
     #: ``TimeoutError`` (raised in the function).
     effect_timeout: float = 30.0
@@ -203,6 +206,9 @@ class Settings:
         if not 0 < self.effect_timeout <= 86400:
             raise ConfigError("effect_timeout must be between 0 and 86400 seconds, "
                               f"got {self.effect_timeout}")
+        if not 1 <= self.idempotency_retention <= 366 * 86400:
+            raise ConfigError("idempotency_retention must be between 1 s and 366 days, "
+                              f"got {self.idempotency_retention}")
         if self.max_effects < 1:
             raise ConfigError(f"max_effects must be >= 1, got {self.max_effects}")
         if self.snapshot_retain < 1:

@@ -300,14 +300,18 @@ class Request:
     args: list[Any]
     reply_partition: int
     sent_at: float
+    #: the caller's idempotency key (``Client.call(..., idempotency_key=…)``): a second
+    #: request with the same (operator, key, function, idempotency key) gets the first's
+    #: outcome without running (``sfaas.runtime.txn.internal``)
+    idempotency_key: str | None = None
 
     def encode(self) -> bytes:
-        """The record value."""
-        return msgpack.packb(  # type: ignore[no-any-return]
-            [self.rid, self.operator, self.key, self.function, self.args, self.reply_partition,
-             self.sent_at],
-            use_bin_type=True,
-        )
+        """The record value (an eighth element only with an idempotency key)."""
+        fields = [self.rid, self.operator, self.key, self.function, self.args,
+                  self.reply_partition, self.sent_at]
+        if self.idempotency_key is not None:
+            fields.append(self.idempotency_key)
+        return msgpack.packb(fields, use_bin_type=True)  # type: ignore[no-any-return]
 
     @classmethod
     def decode(cls, data: bytes) -> Request:
@@ -317,9 +321,10 @@ class Request:
         except Exception as exc:
             raise BadRequest(
                 f"request record is not msgpack: {type(exc).__name__}: {exc}") from None
-        if not isinstance(fields, list) or len(fields) != 7:
-            raise BadRequest(f"request record must be a 7-element list, got {_brief(fields)}")
-        rid, op, key, fn, args, part, sent = fields
+        if not isinstance(fields, list) or len(fields) not in (7, 8):
+            raise BadRequest(f"request record must be a 7- or 8-element list, got "
+                             f"{_brief(fields)}")
+        rid, op, key, fn, args, part, sent, idem = fields if len(fields) == 8 else (*fields, None)
         if type(rid) is not str or not 0 < len(rid) <= MAX_RID:
             raise BadRequest(
                 f"request id must be a str of 1 to {MAX_RID} characters, got {_brief(rid)}")
@@ -339,7 +344,10 @@ class Request:
                              "(MAX_NESTING)")
         if sent is not None and not _is_float(sent):
             raise BadRequest(f"request {rid}: sent_at must be a number, got {_brief(sent)}")
-        return cls(rid, op, key, fn, args, part, float(sent or 0.0))
+        if idem is not None and (type(idem) is not str or not 0 < len(idem) <= MAX_RID):
+            raise BadRequest(f"request {rid}: the idempotency key must be a str of 1 to "
+                             f"{MAX_RID} characters, got {_brief(idem)}")
+        return cls(rid, op, key, fn, args, part, float(sent or 0.0), idem)
 
 
 @dataclass(slots=True)

@@ -140,6 +140,11 @@ def test_cli_ps_json_and_call(bank_cluster: Settings, monkeypatch, capsys) -> No
     assert json.loads(capsys.readouterr().out) == 12
     assert main(["call", *args, "accounts", "cli-acct", "withdraw", "50"]) == 1
     assert "insufficient funds" in capsys.readouterr().err
+    # a retry with the same idempotency key gets the first outcome: one deposit
+    for _ in range(2):
+        assert main(["call", *args, "--idempotency-key", "cli-dep-1", "accounts", "cli-acct",
+                     "deposit", "5"]) == 0
+        assert json.loads(capsys.readouterr().out) == 17
 
 
 async def test_malformed_ingress_records_get_error_replies_and_the_cluster_keeps_serving(bank_cluster: Settings) -> None:
@@ -169,7 +174,8 @@ async def test_malformed_ingress_records_get_error_replies_and_the_cluster_keeps
             bad(2, "accounts", "k", "deposit", [nested], part, 0.0),           # nested too deep
             bad(3, "accounts", "k", "deposit", list(range(MAX_ARGS + 1)), part, 0.0),  # too many args
             bad(4, "accounts", "k", "deposit", [1], part, "yesterday"),        # sent_at not a number
-            bad(5, "accounts", "k", "deposit", [1], part, 0.0, "extra"),       # 8 fields
+            bad(5, "accounts", "k", "deposit", [1], part, 0.0, "idem", "x"),  # 9 fields
+            bad(6, "accounts", "k", "deposit", [1], part, 0.0, 17),            # idempotency key not a str
         ]
         dropped = [b"\xc1garbage", msgpack.packb(42), msgpack.packb([1, 2, 3]), None,
                    msgpack.packb(["no-partition", "accounts", "k", "deposit", [1], 999, 0.0])]

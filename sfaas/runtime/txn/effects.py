@@ -108,6 +108,8 @@ class Effects:
         self.rids: dict[int, str] = {}
         #: tid → effect key → outcome: the journals installed for the current epoch
         self.journals: dict[int, dict[str, Outcome]] = {}
+        #: tid → its request's idempotency key, for the current epoch (roots only)
+        self.idem: dict[int, str] = {}
         #: effects a run asked for this epoch, started once it commits: (tid, key, fn, args)
         self._wanted: list[tuple[int, str, Callable[..., Any], Sequence[Any]]] = []
         self.running: dict[str, asyncio.Task[None]] = {}
@@ -132,13 +134,16 @@ class Effects:
     # -- the epoch ----------------------------------------------------------------------------
     def begin_epoch(self) -> None:
         """A new epoch: the journals installed for the last one go."""
-        self.rids, self.journals = {}, {}
+        self.rids, self.journals, self.idem = {}, {}, {}
 
-    def begin(self, tid: int, rid: str, journal: dict[str, Outcome] | None = None) -> None:
+    def begin(self, tid: int, rid: str, journal: dict[str, Outcome] | None = None,
+              idempotency_key: str | None = None) -> None:
         """``tid`` (request ``rid``) runs in the current epoch with ``journal``."""
         self.rids[tid] = rid
         if journal:
             self.journals[tid] = journal
+        if idempotency_key is not None:
+            self.idem[tid] = idempotency_key
 
     def launch(self, live: bool = True) -> None:
         """The epoch committed: start the effects its runs suspended at (``live``; a replay

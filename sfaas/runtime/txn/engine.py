@@ -191,6 +191,8 @@ class Engine:
         #: told ``(operator, key, value or None)`` of each runtime record (timer, action)
         #: applied to a store here
         self.on_record: Callable[[str, str, bytes | None], None] | None = None
+        #: seconds an idempotent request's outcome is kept (setting ``idempotency_retention``)
+        self.idempotency_retention = 86400.0
 
     def shadow(self) -> Engine:
         """An engine over the same stores, partition map and effect journals, with its own
@@ -290,8 +292,9 @@ class Engine:
         if not isinstance(delay, (int, float)) or isinstance(delay, bool) or not delay >= 0:
             raise BadArguments(f"ctx.send_after: delay_s must be a number >= 0, got {delay!r:.40}")
         t_op, t_key, t_fn = target
-        self.app.resolve(t_op, t_fn).check_args(t_op, args)
-        check_key(t_key, t_op)
+        if t_fn[:1] != "\x00":  # (the runtime's own timers name internal functions)
+            self.app.resolve(t_op, t_fn).check_args(t_op, args)
+            check_key(t_key, t_op)
         check_arguments(list(args), f"arguments of the timer's {t_op}.{t_fn}")
         rkey = internal.timer_key(key, now + delay, tid, n)
         self.write(tid, operator, rkey, [t_op, t_key, t_fn, list(args), now + delay])
@@ -422,10 +425,42 @@ class Engine:
             return False, ("UnknownFunction", f"no function {function!r} on key {key!r:.40} "
                                               "(names and keys starting with \\x00 are the "
                                               "runtime's)")
+        idem = self.effects.idem.get(tid) if self.effects is not None else None
+        if idem is not None and not isinstance(operator, internal.RuntimeCall):
+            return await self._run_idempotent(tid, now, operator, key, function, args, idem)
         try:
             return True, await self.call(tid, now, operator, key, function, args, 0)
         except Exception as exc:
             return False, describe(exc)
+
+    async def _run_idempotent(self, tid: int, now: float, operator: str, key: str,
+                              function: str, args: Sequence[Any], idem: str) -> Outcome:
+        """A root with an idempotency key: the outcome kept for it within the retention
+        window, or run it and keep its result with its writes (an abort is kept by the
+        runtime's request that follows it: ``internal.record_abort``), with a timer that
+        drops it when the window ends."""
+        rkey = internal.idem_key(key, function, idem)
+        try:
+            check_key(key, operator)
+            kept = self.read(tid, operator, rkey, None)
+        except Exception as exc:
+            return False, describe(exc)
+        if kept is not None and now - float(kept[2]) <= self.idempotency_retention:
+            ok, value = bool(kept[0]), kept[1]
+            if not ok:
+                self.log.record_abort(tid, str(value[0]), str(value[1]))
+                return False, (str(value[0]), str(value[1]))
+            return True, value
+        try:
+            value = await self.call(tid, now, operator, key, function, args, 0)
+        except Exception as exc:
+            return False, describe(exc)
+        if tid not in self.log.user_aborts:
+            self.write(tid, operator, rkey, [True, value, now])
+            n = self.next_seq(tid, operator, key)
+            self.set_timer(tid, now, operator, key, n, self.idempotency_retention,
+                           (operator, key, internal.IDEM_EXPIRE), [rkey])
+        return True, value
 
     def local_only(self, tid: int) -> bool:
         """Whether root ``tid`` (run here this epoch) touched only this worker's keys.

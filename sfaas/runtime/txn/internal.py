@@ -9,10 +9,13 @@ partition they share (:func:`sfaas.runtime.partitioning.partition_of`)::
 
     "\\x00t" + due (16 hex digits, µs) + "." + tid (hex) + "." + n + "\\x00" + owner key   a timer
     "\\x00a" + tid (hex) + "." + n + "\\x00" + owner key                                  an action
+    "\\x00i" + sha256(function, idempotency key) (32 hex) + "\\x00" + owner key          an outcome
 
 A timer's value is ``[operator, key, function, args, due]`` (the call it makes); an
 action's ``[function name, args, action key]`` (``module:qualname`` of a module-level
-function, so it can run again after a restart). Keys sort by due time within a store.
+function, so it can run again after a restart); an idempotent request's outcome
+``[ok, result or [error type, reason], time]``. Timer keys sort by due time within a
+store.
 
 The runtime changes them through *internal functions* — names starting with ``"\\x00"``,
 which no client request can reach (:meth:`Engine.run_root` refuses them unless the
@@ -32,12 +35,13 @@ from sfaas.errors import BadArguments
 
 __all__ = [
     "TIMER", "ACTION", "FIRE_TIMER", "CANCEL_TIMER", "DROP_TIMER", "ACTION_DONE",
-    "timer_key", "action_key", "owner_key", "due_of", "timer_id", "parse_timer_id",
+    "timer_key", "action_key", "idem_key", "IDEM", "IDEM_ABORT", "IDEM_EXPIRE", "owner_key", "due_of", "timer_id", "parse_timer_id",
     "is_internal", "INTERNAL_FUNCTIONS", "RuntimeCall", "runtime_rid",
 ]
 
 TIMER = "\x00t"
 ACTION = "\x00a"
+IDEM = "\x00i"
 TIMER_B = TIMER.encode()
 ACTION_B = ACTION.encode()
 
@@ -46,7 +50,9 @@ FIRE_TIMER = "\x00fire_timer"
 CANCEL_TIMER = "\x00cancel_timer"
 DROP_TIMER = "\x00drop_timer"
 ACTION_DONE = "\x00action_done"
-INTERNAL_FUNCTIONS = (FIRE_TIMER, CANCEL_TIMER, DROP_TIMER, ACTION_DONE)
+IDEM_ABORT = "\x00idem_abort"
+IDEM_EXPIRE = "\x00idem_expire"
+INTERNAL_FUNCTIONS = (FIRE_TIMER, CANCEL_TIMER, DROP_TIMER, ACTION_DONE, IDEM_ABORT, IDEM_EXPIRE)
 
 
 class RuntimeCall(str):
@@ -76,6 +82,14 @@ def timer_key(owner: str, due: float, tid: int, n: int) -> str:
 def action_key(owner: str, tid: int, n: int) -> str:
     """The key of the post-commit action ``tid`` registered ``n``-th on key ``owner``."""
     return f"{ACTION}{tid:x}.{n}\x00{owner}"
+
+
+def idem_key(owner: str, function: str, idempotency_key: str) -> str:
+    """The key of the outcome of ``function`` on ``owner`` for an idempotency key."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{function}\x00{idempotency_key}".encode()).hexdigest()[:32]
+    return f"{IDEM}{digest}\x00{owner}"
 
 
 def owner_key(key: str) -> str:
@@ -130,10 +144,20 @@ async def remove_record(ctx: Any, key: str) -> bool:
     return found
 
 
+async def record_abort(ctx: Any, key: str, error_type: str, reason: str, now: float) -> bool:
+    """Keep the abort of an idempotent request as its outcome (unless one is kept already:
+    a duplicate that got it)."""
+    eng, tid, op = ctx._engine, ctx.tid, ctx.operator
+    if eng.read(tid, op, key, None) is not None:
+        return False
+    eng.write(tid, op, key, [False, [error_type, reason], now])
+    return True
+
+
 #: name → the coroutine function (each takes the context and the record's key)
 IMPLEMENTATIONS: dict[str, Any] = {
     FIRE_TIMER: fire_timer, CANCEL_TIMER: remove_record, DROP_TIMER: remove_record,
-    ACTION_DONE: remove_record,
+    ACTION_DONE: remove_record, IDEM_ABORT: record_abort, IDEM_EXPIRE: remove_record,
 }
 
 

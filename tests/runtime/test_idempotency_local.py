@@ -1,0 +1,78 @@
+"""Idempotent requests in LocalRunner: a retry with the same idempotency key gets the
+first outcome — its result or its abort — and never runs again."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sfaas import Abort, App, BadRequest, Context, TransactionAborted
+from sfaas.testing import LocalRunner
+
+app = App("idem")
+wallets = app.operator("wallets", store="lsm")
+
+
+@wallets.function
+async def deposit(ctx: Context, amount: int) -> int:
+    new = int(ctx.get(0)) + amount
+    ctx.put(new)
+    return new
+
+
+@wallets.function
+async def withdraw(ctx: Context, amount: int) -> int:
+    have = int(ctx.get(0))
+    if have < amount:
+        raise Abort(f"insufficient funds ({have})")
+    ctx.put(have - amount)
+    return have - amount
+
+
+def test_a_retry_gets_the_first_result_and_deposits_once() -> None:
+    with LocalRunner(app) as r:
+        assert r.call("wallets", "a", "deposit", 50, idempotency_key="dep-1") == 50
+        assert r.call("wallets", "a", "deposit", 50, idempotency_key="dep-1") == 50
+        assert r.state("wallets", "a") == 50
+        # another key, another function, or none: runs
+        assert r.call("wallets", "a", "deposit", 50, idempotency_key="dep-2") == 100
+        assert r.call("wallets", "a", "withdraw", 10, idempotency_key="dep-1") == 90
+        assert r.call("wallets", "a", "deposit", 1) == 91
+        assert r.items("wallets") == {"a": 91}  # (the kept outcomes are not values)
+
+
+def test_concurrent_duplicates_run_once_and_all_get_the_first_outcome() -> None:
+    async def go() -> None:
+        async with LocalRunner(app, workers=2) as r:
+            calls = [r.call("wallets", f"w{i % 10}", "deposit", 5, idempotency_key=f"k{i % 30}")
+                     for i in range(90)]  # 30 requests, each sent 3 times at once
+            results = await asyncio.gather(*calls)
+            by_key: dict[int, set[int]] = {}
+            for i, res in enumerate(results):
+                by_key.setdefault(i % 30, set()).add(res)
+            assert all(len(v) == 1 for v in by_key.values()), by_key
+            assert r.items("wallets") == {f"w{i}": 15 for i in range(10)}  # 3 deposits each
+    asyncio.run(go())
+
+
+def test_an_abort_is_the_outcome_too_and_retention_ends() -> None:
+    with LocalRunner(app, idempotency_retention=60) as r:
+        with pytest.raises(TransactionAborted, match=r"insufficient funds \(0\)"):
+            r.call("wallets", "b", "withdraw", 10, idempotency_key="w-1")
+        r.call("wallets", "b", "deposit", 100)
+        with pytest.raises(TransactionAborted, match=r"insufficient funds \(0\)"):
+            r.call("wallets", "b", "withdraw", 10, idempotency_key="w-1")  # the first outcome
+        assert r.state("wallets", "b") == 100
+        r.advance(61)  # the window ended: the key is new again, and its record is gone
+        assert r.call("wallets", "b", "withdraw", 10, idempotency_key="w-1") == 90
+        r.advance(61)
+        assert [k for eng in r.engines for s in eng.stores.values() for k, _ in s.items()
+                if k.startswith(b"\x00")] == []
+
+
+def test_bad_idempotency_keys_are_refused() -> None:
+    with LocalRunner(app) as r:
+        for bad in ("", "x" * 257, 7):
+            with pytest.raises(BadRequest, match="idempotency key must be a str"):
+                r.call("wallets", "a", "deposit", 1, idempotency_key=bad)  # type: ignore[arg-type]
