@@ -35,7 +35,8 @@ from sfaas.errors import BadArguments
 
 __all__ = [
     "TIMER", "ACTION", "FIRE_TIMER", "CANCEL_TIMER", "DROP_TIMER", "ACTION_DONE",
-    "timer_key", "action_key", "idem_key", "IDEM", "IDEM_ABORT", "IDEM_EXPIRE", "owner_key", "due_of", "timer_id", "parse_timer_id",
+    "timer_key", "action_key", "idem_key", "IDEM", "IDEM_ABORT", "IDEM_EXPIRE", "owner_key",
+    "due_of", "timer_id", "parse_timer_id",
     "is_internal", "INTERNAL_FUNCTIONS", "RuntimeCall", "runtime_rid",
 ]
 
