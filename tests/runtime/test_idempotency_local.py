@@ -65,6 +65,8 @@ def test_an_abort_is_the_outcome_too_and_retention_ends() -> None:
             r.call("wallets", "b", "withdraw", 10, idempotency_key="w-1")  # the first outcome
         assert r.state("wallets", "b") == 100
         r.advance(61)  # the window ended: the key is new again, and its record is gone
+        assert [k for eng in r.engines for s in eng.stores.values() for k, _ in s.items()
+                if k.startswith(b"\x00")] == []
         assert r.call("wallets", "b", "withdraw", 10, idempotency_key="w-1") == 90
         r.advance(61)
         assert [k for eng in r.engines for s in eng.stores.values() for k, _ in s.items()

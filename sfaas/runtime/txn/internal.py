@@ -147,18 +147,33 @@ async def remove_record(ctx: Any, key: str) -> bool:
 
 async def record_abort(ctx: Any, key: str, error_type: str, reason: str, now: float) -> bool:
     """Keep the abort of an idempotent request as its outcome (unless one is kept already:
-    a duplicate that got it)."""
+    a duplicate that got it), with a timer that drops it when its window ends."""
     eng, tid, op = ctx._engine, ctx.tid, ctx.operator
     if eng.read(tid, op, key, None) is not None:
         return False
     eng.write(tid, op, key, [False, [error_type, reason], now])
+    owner = owner_key(key)
+    eng.set_timer(tid, ctx.now(), op, owner, eng.next_seq(tid, op, owner),
+                  max(0.0, now + eng.idempotency_retention - ctx.now()),
+                  (op, owner, IDEM_EXPIRE), [key])
+    return True
+
+
+async def expire_outcome(ctx: Any, key: str) -> bool:
+    """Drop an idempotent request's kept outcome whose window ended (not one a later request
+    wrote since, whose own timer drops it)."""
+    eng, tid, op = ctx._engine, ctx.tid, ctx.operator
+    kept = eng.read(tid, op, key, None)
+    if kept is None or ctx.now() - float(kept[2]) < eng.idempotency_retention:
+        return False
+    eng.remove(tid, op, key)
     return True
 
 
 #: name → the coroutine function (each takes the context and the record's key)
 IMPLEMENTATIONS: dict[str, Any] = {
     FIRE_TIMER: fire_timer, CANCEL_TIMER: remove_record, DROP_TIMER: remove_record,
-    ACTION_DONE: remove_record, IDEM_ABORT: record_abort, IDEM_EXPIRE: remove_record,
+    ACTION_DONE: remove_record, IDEM_ABORT: record_abort, IDEM_EXPIRE: expire_outcome,
 }
 
 
