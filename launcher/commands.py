@@ -129,6 +129,20 @@ def _parser() -> argparse.ArgumentParser:
     cl.add_argument("function")
     cl.add_argument("args", nargs="*", help="arguments, each as JSON (bare words are strings)")
 
+    sr = sub.add_parser("state", help="read committed state without a transaction, as JSON")
+    _common(sr)
+    sr.add_argument("--app", dest="app_name",
+                    help="app name (default: the running local cluster's)")
+    sr.add_argument("--timeout", type=float, default=30.0)
+    srs = sr.add_subparsers(dest="read", required=True)
+    g = srs.add_parser("get", help="one key's value (null: none)")
+    g.add_argument("operator")
+    g.add_argument("key")
+    sc = srs.add_parser("scan", help="[key, value] pairs in key order")
+    sc.add_argument("operator")
+    sc.add_argument("--prefix", default="")
+    sc.add_argument("--limit", type=int, default=100)
+
     dm = sub.add_parser(
         "demo", help="services up, a 2-worker bank cluster under load, a summary, all stopped")
     dm.add_argument("--seconds", type=float, default=10.0)
@@ -299,6 +313,8 @@ def _dispatch(ns: argparse.Namespace) -> int:
              "(partitions move by shipping their stores; epochs go on)")
         print(cluster.scale(_settings(ns, "namespace"), ns.workers))
         return 0
+    if cmd == "state":
+        return _state(ns)
     if cmd == "call":
         return _call(ns)
     if cmd == "snapshots":
@@ -311,9 +327,9 @@ def _dispatch(ns: argparse.Namespace) -> int:
     raise AssertionError(cmd)
 
 
-def _call(ns: argparse.Namespace) -> int:
+def _client_target(ns: argparse.Namespace) -> tuple[str, Settings]:
+    """The app name and settings a ``call``/``state`` command talks to."""
     from launcher import cluster
-    from sfaas.client import Client
 
     s = _settings(ns, "kafka", "namespace", "log_level")
     app_name = ns.app_name
@@ -321,6 +337,28 @@ def _call(ns: argparse.Namespace) -> int:
         info, _ = cluster.cluster_settings(s)
         app_name = info["app"]
         s = Settings.load({"kafka": ns.kafka or info["kafka"], "namespace": info["namespace"]})
+    return app_name, s
+
+
+def _state(ns: argparse.Namespace) -> int:
+    from sfaas.client import Client
+
+    app_name, s = _client_target(ns)
+
+    async def go() -> Any:
+        async with Client(app_name, settings=s, timeout=ns.timeout) as client:
+            if ns.read == "get":
+                return await client.get(ns.operator, ns.key)
+            return [list(kv) for kv in await client.scan(ns.operator, ns.prefix, ns.limit)]
+
+    print(json.dumps(asyncio.run(go())))
+    return 0
+
+
+def _call(ns: argparse.Namespace) -> int:
+    from sfaas.client import Client
+
+    app_name, s = _client_target(ns)
 
     async def go() -> Any:
         async with Client(app_name, settings=s, timeout=ns.timeout) as client:

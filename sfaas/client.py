@@ -203,6 +203,58 @@ class Client:
         if self._waiting.pop(rid, None) is not None and len(self._waiting) < self.max_in_flight:
             self._room.set()
 
+    async def _read(self, operator: str, key: str, function: str, args: list[Any],
+                    partition: int) -> Any:
+        """Send a read (``sfaas.runtime.txn.reads``) to ingress ``partition``; its value."""
+        if not self._started:
+            await self.start()
+        if self.app is not None:
+            self.app.get_operator(operator)
+        self._seq += 1
+        rid = self.last_rid = f"{self.client_id}-{self._seq}"
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = fut
+        req = Request(rid, operator, key, function, args, self.reply_partition, time.time())
+        delivery = await self._producer.send(self.ingress, req.encode(), partition=partition)
+        delivery.add_done_callback(functools.partial(self._delivered, rid))
+        try:
+            reply = await asyncio.wait_for(fut, self.timeout)
+        except TimeoutError:
+            self._forget(rid)
+            raise RequestTimeout(f"no answer to a read of {operator} within {self.timeout} s "
+                                 f"(is the cluster for app {self.app_name!r} running?)") from None
+        if not reply.ok:
+            raise reply_error(reply.error_type or "BadRequest", reply.reason or "read failed")
+        return reply.value
+
+    async def get(self, operator: str, key: str, default: Any = None) -> Any:
+        """The committed value of ``key`` in ``operator`` (``default`` if it has none), read
+        without a transaction: the key's worker answers from its state as of an epoch
+        boundary (``sfaas.runtime.txn.reads``)."""
+        if not isinstance(key, str) or not key or key[0] == "\x00":
+            raise BadKey(f"key for operator {operator!r} must be a non-empty str not starting "
+                         f"with \\x00, got {key!r:.80}")
+        from sfaas.runtime.txn.reads import GET
+
+        value = await self._read(operator, key, GET, [],
+                                 partition_of(operator, key, self.partitions))
+        return default if value is None else value
+
+    async def scan(self, operator: str, prefix: str = "", limit: int = 1000) -> list[
+            tuple[str, Any]]:
+        """``(key, value)`` of ``operator``'s keys starting with ``prefix``, in key order, at
+        most ``limit`` (≤ 10,000), read without a transaction: each partition's worker
+        answers from its state as of an epoch boundary (not one boundary for all)."""
+        from sfaas.runtime.txn.reads import SCAN, check_scan
+
+        check_scan(prefix, limit)
+        if not self._started:
+            await self.start()
+        parts = await asyncio.gather(*(self._read(operator, "*", SCAN, [p, prefix, limit], p)
+                                       for p in range(self.partitions)))
+        merged = sorted((str(k), v) for part in parts for k, v in part)
+        return merged[:limit]
+
     async def call(self, operator: str, key: str, function: str, *args: Any,
                    idempotency_key: str | None = None) -> Any:
         """Run one transaction and return its result; raises ``TransactionAborted(reason)``.
@@ -258,6 +310,14 @@ class SyncClient:
         """Like :meth:`Client.call`, blocking."""
         return self._run(self._client.call(operator, key, function, *args,
                                            idempotency_key=idempotency_key))
+
+    def get(self, operator: str, key: str, default: Any = None) -> Any:
+        """Like :meth:`Client.get`, blocking."""
+        return self._run(self._client.get(operator, key, default))
+
+    def scan(self, operator: str, prefix: str = "", limit: int = 1000) -> list[tuple[str, Any]]:
+        """Like :meth:`Client.scan`, blocking."""
+        return self._run(self._client.scan(operator, prefix, limit))  # type: ignore[no-any-return]
 
     def close(self) -> None:
         """Stop the client and its thread."""

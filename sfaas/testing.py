@@ -326,6 +326,23 @@ class LocalRunner:
         raw = eng.store_of(operator, key).get(key.encode())
         return default if raw is None else unpack(raw)
 
+    def get(self, operator: str, key: str, default: Any = None) -> Any:
+        """Like :meth:`sfaas.Client.get`: the committed value, without a transaction."""
+        from sfaas.runtime.txn.engine import check_key
+
+        return self.state(operator, check_key(key, operator), default)
+
+    def scan(self, operator: str, prefix: str = "", limit: int = 1000) -> list[tuple[str, Any]]:
+        """Like :meth:`sfaas.Client.scan`: ``(key, value)`` starting with ``prefix``, in key
+        order, at most ``limit``, without a transaction."""
+        from sfaas.runtime.txn.reads import check_scan, scan_partition
+
+        check_scan(prefix, limit)
+        self.app.get_operator(operator)
+        found = [(str(k), v) for eng in self.engines for store in eng.operator_stores(operator)
+                 for k, v in scan_partition(store, prefix, limit)]
+        return sorted(found)[:limit]
+
     def items(self, operator: str) -> dict[str, Any]:
         """Every committed ``key → value`` of ``operator``."""
         self.app.get_operator(operator)

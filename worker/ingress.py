@@ -28,9 +28,12 @@ from typing import Any, Protocol
 
 from aiokafka import TopicPartition
 
-from sfaas.errors import BadRequest
+from sfaas.errors import BadRequest, SfaasError
 from sfaas.runtime import wire
+from sfaas.runtime.partitioning import partition_of
 from sfaas.runtime.settings import Settings
+from sfaas.runtime.txn.engine import describe
+from sfaas.runtime.txn.reads import READS, read
 from worker.state import Pending, WorkerState
 
 log = logging.getLogger("sfaas.worker")
@@ -72,6 +75,8 @@ class Ingress:
         self.stalls = 0
         #: malformed ingress records, ``"answered"`` (with an error reply) or ``"dropped"``
         self.rejected: collections.Counter[str] = collections.Counter()
+        #: state reads answered (``sfaas.runtime.txn.reads``)
+        self.reads = 0
         self._task: asyncio.Task[None] | None = None
 
     # -- the ingest task --------------------------------------------------------------------------
@@ -190,7 +195,29 @@ class Ingress:
             st.applied.complete(partition, offset)
             return None
         req = self.admit(partition, offset, value)
+        if req is not None and req.function in READS:
+            self._read(partition, offset, req)
+            return None
         return None if req is None else Pending(req, partition, offset)
+
+    def _read(self, partition: int, offset: int, req: wire.Request) -> None:
+        """A state read (``sfaas.runtime.txn.reads``): answered now, from the committed
+        state, outside any epoch."""
+        st = self._state
+        st.applied.complete(partition, offset)
+        if req.rid in st.answered or st.engine is None:  # (a recovery reading it again)
+            self.complete(partition, offset)
+            return
+        eng = st.engine
+        try:
+            value = read(eng.app, eng.stores, lambda op, k: partition_of(op, k, eng.partitions),
+                         req.operator, req.key, req.function, req.args)
+            reply = wire.Reply(req.rid, True, value)
+        except SfaasError as exc:
+            etype, reason = describe(exc)
+            reply = wire.Reply(req.rid, False, None, etype, reason)
+        self.reads += 1
+        self._replies.add(req.reply_partition, reply.encode(), partition, offset)
 
     def admit(self, partition: int, offset: int, value: bytes | None) -> wire.Request | None:
         """The request in ingress record ``partition:offset``, or None when it was rejected."""

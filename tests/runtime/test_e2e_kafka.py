@@ -237,3 +237,34 @@ async def test_transfers_out_of_one_hot_account_commit_in_their_epochs(bank_clus
     await asyncio.sleep(1.5)  # the workers' counters reach /metrics with their next heartbeat
     reruns2, fallbacks2 = counts()
     assert fallbacks2 - fallbacks > 0 and reruns2 == reruns, (reruns, reruns2, fallbacks, fallbacks2)
+
+
+async def test_state_reads_answer_without_a_transaction(bank_cluster: Settings, monkeypatch,
+                                                        capsys) -> None:
+    """``Client.get``/``scan`` and ``sfaas state get|scan`` read committed state from the
+    workers between epochs; bad reads get named errors."""
+    import json
+
+    from launcher import main
+    from sfaas.errors import BadArguments, UnknownOperator
+
+    async with Client("bank", settings=bank_cluster) as c:
+        for i in range(12):
+            await c.call("accounts", f"reader-{i:02d}", "deposit", 10 + i)
+        assert await c.get("accounts", "reader-03") == 13
+        assert await c.get("accounts", "reader-none", "absent") == "absent"
+        got = await c.scan("accounts", "reader-", limit=5)
+        assert got == [(f"reader-{i:02d}", 10 + i) for i in range(5)]
+        assert len(await c.scan("accounts", "reader-")) == 12
+        with pytest.raises(UnknownOperator):
+            await c.get("nope", "x")
+        with pytest.raises(BadArguments, match="limit must be an int"):
+            await c.scan("accounts", limit=10**6)
+    monkeypatch.setenv("SFAAS_HOME", bank_cluster.home)
+    args = ["--namespace", bank_cluster.namespace, "--kafka", bank_cluster.kafka]
+    # (the command runs its own event loop: in a thread here)
+    assert await asyncio.to_thread(main, ["state", *args, "get", "accounts", "reader-04"]) == 0
+    assert json.loads(capsys.readouterr().out) == 14
+    assert await asyncio.to_thread(
+        main, ["state", *args, "scan", "accounts", "--prefix", "reader-1", "--limit", "2"]) == 0
+    assert json.loads(capsys.readouterr().out) == [["reader-10", 20], ["reader-11", 21]]

@@ -78,3 +78,23 @@ def test_bad_idempotency_keys_are_refused() -> None:
         for bad in ("", "x" * 257, 7):
             with pytest.raises(BadRequest, match="idempotency key must be a str"):
                 r.call("wallets", "a", "deposit", 1, idempotency_key=bad)  # type: ignore[arg-type]
+
+
+def test_state_reads_get_and_scan_without_a_transaction() -> None:
+    from sfaas import BadArguments, BadKey, UnknownOperator
+
+    with LocalRunner(app, workers=2) as r:
+        for i in range(30):
+            r.call("wallets", f"user-{i:02d}", "deposit", i, idempotency_key=f"d{i}")
+        r.call("wallets", "other", "deposit", 1)
+        epochs = r.stats.epochs
+        assert r.get("wallets", "user-07") == 7 and r.get("wallets", "nobody", 0) == 0
+        assert r.scan("wallets", "user-", limit=5) == [(f"user-{i:02d}", i) for i in range(5)]
+        assert len(r.scan("wallets")) == 31  # (the kept outcomes and their timers never show)
+        assert r.stats.epochs == epochs  # no transaction ran
+        with pytest.raises(BadArguments, match="limit must be an int"):
+            r.scan("wallets", limit=0)
+        with pytest.raises(BadKey, match="must not start"):
+            r.get("wallets", "\x00t")
+        with pytest.raises(UnknownOperator):
+            r.get("nope", "x")

@@ -1,0 +1,91 @@
+"""State reads under load: ``Client.get`` latency while the cluster runs 1,000 TPS.
+
+    python -m benchmarks.runtime.reads [--seconds 15] [--rate 1000] [--reads-per-s 50]
+
+One 2-worker cluster (memonly, rounds every 5 s): ``kv.put`` on 10K keys at ``--rate`` from
+one client while another client reads random keys with ``Client.get`` at ``--reads-per-s``
+(each read waits for the previous one); prints the reads' and the writes' p50/p99 (the
+target: read p50 <= 2 ms) and appends a JSON point to ``--out``.
+Needs Kafka and MinIO (``sfaas services up``; started here when down).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.runtime.bench import cleanup, machine_probe  # noqa: E402
+from launcher import cluster, services  # noqa: E402
+from launcher.loadgen import percentile, run_open_loop  # noqa: E402
+from sfaas.client import Client  # noqa: E402
+from sfaas.runtime.settings import Settings  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+async def _run(s: Settings, a: argparse.Namespace) -> dict[str, object]:
+    rnd = random.Random(3)
+    async with Client("worldbench", settings=s, timeout=60, max_in_flight=20_000) as writer, \
+            Client("worldbench", settings=s, timeout=60) as reader:
+        await run_open_loop(writer, lambda i: ("kv", f"k{i % 10_000}", "put", [i]), a.rate, 5.0)
+
+        async def reads() -> list[float]:
+            out = []
+            t_end = time.monotonic() + a.seconds
+            while time.monotonic() < t_end:
+                t0 = time.perf_counter()
+                await reader.get("kv", f"k{rnd.randrange(10_000)}")
+                out.append((time.perf_counter() - t0) * 1000)
+                await asyncio.sleep(max(0.0, 1 / a.reads_per_s - out[-1] / 1000))
+            return out
+
+        load = asyncio.create_task(run_open_loop(
+            writer, lambda i: ("kv", f"k{rnd.randrange(10_000)}", "put", [i]), a.rate, a.seconds))
+        lat = sorted(await reads())
+        res = await load
+    w = sorted(res.latencies_ms)
+    return {"benchmark": "reads", "rate": a.rate, "seconds": a.seconds, "reads": len(lat),
+            "read_p50_ms": round(percentile(lat, 0.5), 2),
+            "read_p99_ms": round(percentile(lat, 0.99), 2),
+            "write_p50_ms": round(percentile(w, 0.5), 2),
+            "write_p99_ms": round(percentile(w, 0.99), 2), "writes_committed": res.committed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--rate", type=float, default=1000.0)
+    ap.add_argument("--reads-per-s", type=float, default=50.0)
+    ap.add_argument("--kafka", default=os.environ.get("SFAAS_KAFKA", "127.0.0.1:9092"))
+    ap.add_argument("--out", default=str(HERE / "reads.jsonl"))
+    a = ap.parse_args(argv)
+    if a.seconds <= 0 or a.rate <= 0 or a.reads_per_s <= 0:
+        ap.error("--seconds, --rate and --reads-per-s must be positive")
+    services.up(progress=False)
+    s = Settings.load({"namespace": f"rd{uuid.uuid4().hex[:8]}", "partitions": 8,
+                       "store": "memonly", "kafka": a.kafka, "snapshot_interval": 5.0})
+    probe = machine_probe()
+    cluster.up(s, "benchmarks.runtime.world_app:app", 2, timeout=120)
+    try:
+        point = asyncio.run(_run(cluster.cluster_settings(s)[1], a))
+    finally:
+        cluster.down(s)
+        cleanup(s, app="worldbench")
+    point.update({**probe, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    print(json.dumps(point), flush=True)
+    with open(a.out, "a") as f:
+        f.write(json.dumps(point) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""State reads without a transaction: ``Client.get`` / ``Client.scan`` (and ``LocalRunner``'s).
+
+A read names an internal function (``GET``, ``SCAN``) that no app can register. A worker
+answers it as soon as it takes the request from its ingress partition, outside any epoch:
+its stores then hold the committed state as of the last commit — an epoch boundary (or,
+during a fallback phase, a point between two of its serial commits) — because an epoch's
+writes stay buffered until its commit. The request never enters an epoch or the epoch
+log; its reply goes out like any other. Values are decoded as functions see them; the
+runtime's own records (timers, actions, kept outcomes) are never shown.
+
+A get goes to its key's partition; a scan to every partition (one request each, the
+client merges them): each answers ``[[key, value], ...]`` of its partition in key order,
+at most ``limit`` (≤ :data:`MAX_SCAN`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sfaas.app import App
+from sfaas.errors import BadArguments, BadRequest
+from sfaas.runtime.codec import unpack
+
+__all__ = ["GET", "SCAN", "READS", "MAX_SCAN", "read", "scan_partition", "check_scan"]
+
+GET = "\x00get"
+SCAN = "\x00scan"
+READS = (GET, SCAN)
+
+#: Most entries one scan returns.
+MAX_SCAN = 10_000
+
+
+def check_scan(prefix: object, limit: object) -> None:
+    """Raise :class:`BadArguments` unless ``prefix`` is a str and ``limit`` an int in
+    1..MAX_SCAN."""
+    if not isinstance(prefix, str):
+        raise BadArguments(f"a scan's prefix must be a str, got {prefix!r:.80}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SCAN:
+        raise BadArguments(f"a scan's limit must be an int from 1 to {MAX_SCAN}, got "
+                           f"{limit!r:.40}")
+
+
+def scan_partition(store: Any, prefix: str, limit: int) -> list[list[Any]]:
+    """``[[key, value], ...]`` of ``store`` with keys starting with ``prefix``, in key order,
+    at most ``limit``; the runtime's records left out."""
+    want = prefix.encode()
+    found = sorted((k, v) for k, v in store.items() if k[:1] != b"\x00" and k.startswith(want))
+    return [[k.decode(), unpack(v)] for k, v in found[:limit]]
+
+
+def read(app: App, stores: Mapping[tuple[str, int], Any], partition_of_key: Any,
+         operator: str, key: str, function: str, args: Sequence[Any]) -> Any:
+    """Answer a read (see the module docstring) from ``stores`` (``(operator, partition) →
+    Store``; ``partition_of_key(operator, key)`` places a key). Raises an ``SfaasError``
+    naming what is wrong (unknown operator, bad key or arguments, a partition not here)."""
+    app.get_operator(operator)
+    if function == GET:
+        if not isinstance(key, str) or not key or key[0] == "\x00":
+            raise BadRequest(f"a get needs a non-empty key not starting with \\x00, got "
+                             f"{key!r:.80}")
+        where = (operator, partition_of_key(operator, key))
+        store = stores.get(where)
+        if store is None:
+            raise BadRequest(f"partition {where[1]} of {operator!r} is not on this worker "
+                             "(a rescale moved it): retry")
+        raw = store.get(key.encode())
+        return None if raw is None else unpack(raw)
+    if function == SCAN:
+        if len(args) != 3:
+            raise BadArguments(f"a scan takes [partition, prefix, limit], got {list(args)!r:.80}")
+        partition, prefix, limit = args
+        check_scan(prefix, limit)
+        store = stores.get((operator, partition))
+        if store is None:
+            raise BadRequest(f"partition {partition!r:.20} of {operator!r} is not on this "
+                             "worker (a rescale moved it): retry")
+        return scan_partition(store, prefix, limit)
+    raise BadRequest(f"not a read: {function!r:.40}")
