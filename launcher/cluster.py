@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sfaas.app import load_app
-from sfaas.errors import ClusterError
+from sfaas.errors import ClusterError, ConfigError
 from sfaas.runtime.settings import Settings
 
 log = logging.getLogger("sfaas.cluster")
@@ -176,6 +176,14 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, s
         raise ClusterError("standbys need snapshot rounds: set snapshot_interval > 0")
     metrics = _metrics_mode(metrics_port, 1 + workers * (1 + standbys))
     app = load_app(app_spec)
+    # stores written with another engine or partition count: say so now, start nothing
+    from sfaas.runtime.state import check_layout, stores_root
+
+    try:
+        check_layout(app, stores_root(settings, app.name), settings.partitions,
+                     settings.store or None, write=False)
+    except ConfigError as exc:
+        raise ClusterError(str(exc)) from None
     sd = state_dir(settings)
     sd.mkdir(parents=True, exist_ok=True)
     current = ps(settings)

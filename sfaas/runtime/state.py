@@ -97,6 +97,47 @@ class PartitionStores(Mapping[StoreKey, Store]):
                 log.exception("closing the store of %s/p%d failed", *key)
 
 
+#: The file in each operator's directory naming how its stores were laid out.
+LAYOUT_FILE = "LAYOUT.json"
+
+
+def check_layout(app: App, root: str, n_partitions: int, store: str | None = None,
+                 store_options: Mapping[str, Any] | None = None, *, write: bool = True) -> None:
+    """Refuse to open ``root``'s stores with another engine or partition count than they
+    were written with, naming both (a store of one engine opened as another, or a key
+    looked up in another partition, would read as absent: data silently gone); record the
+    layout when there is none yet (``write``). A directory of ``memonly`` stores holds
+    nothing to lose: it takes the new layout."""
+    import json
+
+    for name, op in app.operators.items():
+        engine = store or op.store
+        path = os.path.join(root, name, LAYOUT_FILE)
+        want = {"app": app.name, "operator": name, "engine": engine, "partitions": n_partitions}
+        try:
+            with open(path) as f:
+                have = json.load(f)
+        except FileNotFoundError:
+            have = None
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path} cannot be read ({exc}): it says how the stores of "
+                              f"{name!r} were written; restore it or use a fresh "
+                              "directory") from None
+        if have is not None and have.get("engine") != "memonly" and (
+                have.get("engine") != engine or have.get("partitions") != n_partitions):
+            raise ConfigError(
+                f"the stores of operator {name!r} in {os.path.join(root, name)} were written "
+                f"by app {have.get('app')!r} with engine {have.get('engine')!r} in "
+                f"{have.get('partitions')} partitions; this run asks for engine {engine!r} in "
+                f"{n_partitions} partitions. Opening them so would read their keys as absent: "
+                "use the same engine and partition count, or a fresh directory (namespace)")
+        if write and have != want:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path + ".tmp", "w") as f:
+                json.dump(want, f)
+            os.replace(path + ".tmp", path)
+
+
 def open_partition_stores(
     app: App, root: str, partitions: Iterable[int], n_partitions: int, *,
     store: str | None = None, store_options: Mapping[str, Any] | None = None,
@@ -112,6 +153,7 @@ def open_partition_stores(
     if ROUNDS_DIR in app.operators:
         raise ConfigError(
             f"operator name {ROUNDS_DIR!r} is reserved (it names the snapshot rounds)")
+    check_layout(app, root, n_partitions, store, store_options)
     stores: dict[StoreKey, Store] = {}
     try:
         for p in sorted(set(partitions)):

@@ -98,3 +98,23 @@ def test_state_reads_get_and_scan_without_a_transaction() -> None:
             r.get("wallets", "\x00t")
         with pytest.raises(UnknownOperator):
             r.get("nope", "x")
+
+
+def test_a_directory_reopened_with_another_engine_or_partition_count_is_refused(
+        tmp_path) -> None:
+    """Reopening stores with another engine or partition count would read keys as absent:
+    refused, naming both layouts; the data is intact for the right one."""
+    from sfaas import ConfigError
+
+    d = tmp_path / "data"
+    with LocalRunner(app, directory=d, store="lsm", partitions=8) as r:
+        for i in range(50):
+            r.call("wallets", f"k{i}", "deposit", 1)
+    with pytest.raises(ConfigError, match=r"engine 'lsm' in 8 partitions; this run asks for "
+                                          r"engine 'lsm' in 4 partitions"):
+        LocalRunner(app, directory=d, store="lsm", partitions=4)
+    with pytest.raises(ConfigError, match=r"engine 'lsm' in 8 partitions; this run asks for "
+                                          r"engine 'hybridlog' in 8"):
+        LocalRunner(app, directory=d, store="hybridlog", partitions=8)
+    with LocalRunner(app, directory=d, store="lsm", partitions=8) as r:
+        assert len(r.items("wallets")) == 50
