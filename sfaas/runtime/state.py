@@ -132,10 +132,13 @@ def check_layout(app: App, root: str, n_partitions: int, store: str | None = Non
                 f"{n_partitions} partitions. Opening them so would read their keys as absent: "
                 "use the same engine and partition count, or a fresh directory (namespace)")
         if write and have != want:
+            # (every worker process of a host may write it at once: each its own temporary
+            # file, the same content)
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path + ".tmp", "w") as f:
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
                 json.dump(want, f)
-            os.replace(path + ".tmp", path)
+            os.replace(tmp, path)
 
 
 def open_partition_stores(
