@@ -103,6 +103,8 @@ def _kill_worker(settings: Settings, t0: float, kill: dict, lose_machine: bool =
         root = stores_root(settings, "ycsbt")
         for op in os.listdir(root):
             for d in os.listdir(os.path.join(root, op)):  # p{partition} and its p{partition}.ship
+                if d[:1] != "p":  # (LAYOUT.json: how the stores were written)
+                    continue
                 if int(d[1:].split(".")[0]) % 2 == victim.index:
                     shutil.rmtree(os.path.join(root, op, d), ignore_errors=True)
                     deleted += 1

@@ -64,6 +64,8 @@ def _lose_machine(s: Settings, victims: list[tuple[int, int, str]], slot: int | 
         root = stores_root(s, "ledger")
         for op in os.listdir(root):
             for d in os.listdir(os.path.join(root, op)):
+                if not d[:1] == "p":  # (LAYOUT.json: how the stores were written)
+                    continue
                 if int(d[1:].split(".")[0]) % 2 == victim.index:
                     shutil.rmtree(os.path.join(root, op, d), ignore_errors=True)
         os.kill(victim.pid, signal.SIGKILL)
