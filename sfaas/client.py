@@ -175,17 +175,33 @@ class Client:
             if not self._started:
                 raise RuntimeError(f"client of app {self.app_name!r} closed while a request "
                                    "waited to be sent")
+        return await self._send(operator, key, function, list(args),
+                                partition_of(operator, key, self.partitions), idempotency_key)
+
+    async def _send(self, operator: str, key: str, function: str, args: list[Any],
+                    partition: int, idempotency_key: str | None = None,
+                    ) -> tuple[str, asyncio.Future[Reply]]:
+        """Produce one request to ingress ``partition``; its id and reply future."""
         self._seq += 1
         rid = self.last_rid = f"{self.client_id}-{self._seq}"
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = fut
-        req = Request(rid, operator, key, function, list(args), self.reply_partition, time.time(),
+        req = Request(rid, operator, key, function, args, self.reply_partition, time.time(),
                       idempotency_key)
-        delivery = await self._producer.send(
-            self.ingress, req.encode(), partition=partition_of(operator, key, self.partitions)
-        )
+        delivery = await self._producer.send(self.ingress, req.encode(), partition=partition)
         delivery.add_done_callback(functools.partial(self._delivered, rid))
         return rid, fut
+
+    async def _reply(self, rid: str, fut: asyncio.Future[Reply], what: str) -> Reply:
+        """The reply of request ``rid`` (``what`` names it in the timeout's message)."""
+        try:
+            return await asyncio.wait_for(fut, self.timeout)
+        except TimeoutError:
+            self._forget(rid)
+            raise RequestTimeout(
+                f"no reply to {what} within {self.timeout} s "
+                f"(is the cluster for app {self.app_name!r} running?)"
+            ) from None
 
     def _delivered(self, rid: str, delivery: asyncio.Future[Any]) -> None:
         """The request's delivery ended; if Kafka did not take it, its call fails now
@@ -210,19 +226,8 @@ class Client:
             await self.start()
         if self.app is not None:
             self.app.get_operator(operator)
-        self._seq += 1
-        rid = self.last_rid = f"{self.client_id}-{self._seq}"
-        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self._waiting[rid] = fut
-        req = Request(rid, operator, key, function, args, self.reply_partition, time.time())
-        delivery = await self._producer.send(self.ingress, req.encode(), partition=partition)
-        delivery.add_done_callback(functools.partial(self._delivered, rid))
-        try:
-            reply = await asyncio.wait_for(fut, self.timeout)
-        except TimeoutError:
-            self._forget(rid)
-            raise RequestTimeout(f"no answer to a read of {operator} within {self.timeout} s "
-                                 f"(is the cluster for app {self.app_name!r} running?)") from None
+        rid, fut = await self._send(operator, key, function, args, partition)
+        reply = await self._reply(rid, fut, f"a read of {operator}")
         if not reply.ok:
             raise reply_error(reply.error_type or "BadRequest", reply.reason or "read failed")
         return reply.value
@@ -265,14 +270,7 @@ class Client:
         abort — and only the first runs, also across a recovery, a rescale or a failover.
         """
         rid, fut = await self._submit(operator, key, function, args, idempotency_key)
-        try:
-            reply = await asyncio.wait_for(fut, self.timeout)
-        except TimeoutError:
-            self._forget(rid)
-            raise RequestTimeout(
-                f"no reply to {operator}/{key}.{function} within {self.timeout} s "
-                f"(is the cluster for app {self.app_name!r} running?)"
-            ) from None
+        reply = await self._reply(rid, fut, f"{operator}/{key}.{function}")
         if reply.ok:
             return reply.value
         exc = reply_error(reply.error_type or "TransactionAborted", reply.reason or "aborted")

@@ -27,8 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.runtime.bench import cleanup, machine_probe  # noqa: E402
-from launcher import cluster, services  # noqa: E402
+from benchmarks.runtime.world_app import on_cluster  # noqa: E402
 from launcher.loadgen import percentile, run_open_loop  # noqa: E402
 from sfaas.client import Client  # noqa: E402
 from sfaas.runtime.settings import Settings  # noqa: E402
@@ -83,16 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.pairs < 1 or a.seconds <= 0 or a.rate <= 0 or a.slow_rate <= 0:
         ap.error("--pairs, --seconds, --rate and --slow-rate must be positive")
-    services.up(progress=False)
-    s = Settings.load({"namespace": f"fx{uuid.uuid4().hex[:8]}", "partitions": 8,
-                       "store": "memonly", "kafka": a.kafka, "snapshot_interval": 5.0})
-    probe = machine_probe()
-    cluster.up(s, "benchmarks.runtime.world_app:app", 2, timeout=120)
-    try:
-        points = asyncio.run(_run(cluster.cluster_settings(s)[1], a))
-    finally:
-        cluster.down(s)
-        cleanup(s, app="worldbench")
+    points, probe = on_cluster("fx", a.kafka, lambda s: _run(s, a))
     diffs = [float(w["p99_ms"]) - float(wo["p99_ms"])  # type: ignore[arg-type]
              for wo, w in zip(points[::2], points[1::2], strict=True)]
     summary = {"benchmark": "effect_stall", "pairs": a.pairs, "seconds": a.seconds,

@@ -18,13 +18,11 @@ import os
 import random
 import sys
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.runtime.bench import cleanup, machine_probe  # noqa: E402
-from launcher import cluster, services  # noqa: E402
+from benchmarks.runtime.world_app import on_cluster  # noqa: E402
 from launcher.loadgen import percentile, run_open_loop  # noqa: E402
 from sfaas.client import Client  # noqa: E402
 from sfaas.runtime.settings import Settings  # noqa: E402
@@ -70,16 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.seconds <= 0 or a.rate <= 0 or a.reads_per_s <= 0:
         ap.error("--seconds, --rate and --reads-per-s must be positive")
-    services.up(progress=False)
-    s = Settings.load({"namespace": f"rd{uuid.uuid4().hex[:8]}", "partitions": 8,
-                       "store": "memonly", "kafka": a.kafka, "snapshot_interval": 5.0})
-    probe = machine_probe()
-    cluster.up(s, "benchmarks.runtime.world_app:app", 2, timeout=120)
-    try:
-        point = asyncio.run(_run(cluster.cluster_settings(s)[1], a))
-    finally:
-        cluster.down(s)
-        cleanup(s, app="worldbench")
+    point, probe = on_cluster("rd", a.kafka, lambda s: _run(s, a))
     point.update({**probe, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     print(json.dumps(point), flush=True)
     with open(a.out, "a") as f:

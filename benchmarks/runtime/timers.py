@@ -58,29 +58,29 @@ async def _run(s: Settings, a: argparse.Namespace, rnd: random.Random,
                            for _ in range(a.coordinator_kills)])
         report["schedule"] = [(round(t, 2), r) for t, r in faults]
         kills: list[tuple[float, str]] = []
+
+        def due_faults(now: float) -> None:
+            """SIGKILL what the schedule says is due by ``now`` (a role with no live
+            process yet — restarting — waits for the next look)."""
+            while faults and faults[0][0] <= now:
+                if not _kill(s, faults[0][1], rnd):
+                    break
+                kills.append((time.time(), faults.pop(0)[1]))
+
         t0 = loop.time()
         wall0 = time.time()
         arms = []
         per_s = a.timers / max(1.0, a.seconds / 3)  # armed in the first third
         for i in range(a.timers):
             now = loop.time() - t0
-            while faults and faults[0][0] <= now:
-                if _kill(s, faults[0][1], rnd):
-                    kills.append((time.time(), faults.pop(0)[1]))
-                else:
-                    break
+            due_faults(now)
             due_at = rnd.uniform(1.0, a.seconds)  # after the start of arming
             delay = max(0.2, due_at - now)
             arms.append(await c.submit("alarms", f"k{i % KEYS}", "arm", delay, f"t{i}"))
             if i % 100 == 99:
                 await asyncio.sleep(max(0.0, (i + 1) / per_s - (loop.time() - t0)))
         while faults or loop.time() - t0 < a.seconds:
-            now = loop.time() - t0
-            while faults and faults[0][0] <= now:
-                if _kill(s, faults[0][1], rnd):
-                    kills.append((time.time(), faults.pop(0)[1]))
-                else:
-                    break
+            due_faults(loop.time() - t0)
             await asyncio.sleep(0.05)
         replies = await asyncio.wait_for(asyncio.gather(*arms), 300)
         report["armed"] = sum(1 for r in replies if r.ok)

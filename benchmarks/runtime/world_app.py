@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from sfaas import App, Context
+from sfaas.runtime.settings import Settings
+
+T = TypeVar("T")
 
 app = App("worldbench")
 _store = os.environ.get("SFAAS_STORE", "memonly")
@@ -20,6 +26,27 @@ slow = app.operator("slow", store=_store)
 alarms = app.operator("alarms", store=_store)
 
 SLOW_S = float(os.environ.get("SFAAS_SLOW_EFFECT_S", "3"))
+
+
+def on_cluster(prefix: str, kafka: str, run: Callable[[Settings], Coroutine[Any, Any, T]],
+               snapshot_interval: float = 5.0) -> tuple[T, dict[str, float]]:
+    """Start the services if down, run ``run(settings)`` against a fresh 2-worker cluster
+    of this app (memonly, 8 partitions, namespace ``prefix`` + random), stop it and clean
+    up; ``run``'s result and the machine probe taken before it."""
+    from benchmarks.runtime.bench import cleanup, machine_probe
+    from launcher import cluster, services
+
+    services.up(progress=False)
+    s = Settings.load({"namespace": f"{prefix}{uuid.uuid4().hex[:8]}", "partitions": 8,
+                       "store": "memonly", "kafka": kafka,
+                       "snapshot_interval": snapshot_interval})
+    probe = machine_probe()
+    cluster.up(s, "benchmarks.runtime.world_app:app", 2, timeout=120)
+    try:
+        return asyncio.run(run(cluster.cluster_settings(s)[1])), probe
+    finally:
+        cluster.down(s)
+        cleanup(s, app="worldbench")
 
 
 async def slow_call(order: str) -> str:

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import inspect
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from sfaas.context import EFFECT_KEY
 from sfaas.runtime.codec import unpack
-from sfaas.runtime.txn.effects import MAX_THREADS, in_thread
+from sfaas.runtime.txn.effects import MAX_THREADS, call_any
 from sfaas.runtime.txn.internal import ACTION, ACTION_B, resolve_function
 
 log = logging.getLogger("sfaas.actions")
@@ -95,13 +94,7 @@ class Actions:
             token = EFFECT_KEY.set(akey)
             try:
                 async with self._slots:  # (held for a try, not while backing off)
-                    fn = resolve_function(name)
-                    if inspect.iscoroutinefunction(fn):
-                        await fn(*args)
-                    else:
-                        result = await in_thread(self._pool, fn, *args)
-                        if inspect.isawaitable(result):
-                            await result
+                    await call_any(self._pool, resolve_function(name), args)
                 break
             except asyncio.CancelledError:
                 self.running.pop((operator, key), None)

@@ -41,18 +41,25 @@ from sfaas.runtime.codec import pack, unpack
 
 log = logging.getLogger("sfaas.effects")
 
-__all__ = ["Effects", "SUSPENDED", "raise_outcome", "DONE_CACHE", "MAX_THREADS", "in_thread"]
+__all__ = ["Effects", "SUSPENDED", "raise_outcome", "DONE_CACHE", "MAX_THREADS", "call_any"]
 
 #: Threads running sync effects (and, separately, sync post-commit actions) at once per
 #: process: a sync ``fn`` needs one while it runs; ``async def`` ones need none.
 MAX_THREADS = 64
 
 
-async def in_thread(pool: concurrent.futures.ThreadPoolExecutor, fn: Any, *args: Any) -> Any:
-    """``fn(*args)`` in a thread of ``pool``, seeing this task's context variables."""
+async def call_any(pool: concurrent.futures.ThreadPoolExecutor, fn: Any,
+                   args: Sequence[Any]) -> Any:
+    """``fn(*args)``, awaited if it is a coroutine function, else in a thread of ``pool``
+    (seeing this task's context variables; an awaitable it returns is awaited too)."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
     ctx = contextvars.copy_context()
-    return await asyncio.get_running_loop().run_in_executor(
+    result = await asyncio.get_running_loop().run_in_executor(
         pool, functools.partial(ctx.run, fn, *args))
+    if inspect.isawaitable(result):
+        result = await result
+    return result
 
 #: The error type of a run that stopped at an effect not journaled yet (never reported).
 SUSPENDED = "Suspended"
@@ -179,12 +186,7 @@ class Effects:
     async def _call(self, key: str, fn: Callable[..., Any], args: Sequence[Any]) -> Outcome:
         token = EFFECT_KEY.set(key)
         try:
-            if inspect.iscoroutinefunction(fn):
-                result = await asyncio.wait_for(fn(*args), self.timeout)
-            else:
-                result = await asyncio.wait_for(in_thread(self._pool, fn, *args), self.timeout)
-                if inspect.isawaitable(result):
-                    result = await asyncio.wait_for(result, self.timeout)
+            result = await asyncio.wait_for(call_any(self._pool, fn, args), self.timeout)
             try:
                 return True, unpack(pack(result, f"result of effect {key}"))
             except NotSerializable as exc:
