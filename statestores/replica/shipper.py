@@ -3,7 +3,10 @@
 A :class:`Shipper` subscribes to a store. On the store's maintainer thread it only
 hard-links each new immutable file into its staging directory (a link, not a copy: the
 store may delete its name as soon as a merge replaces it, the link keeps the bytes) and
-queues the event; followers read the queue through :meth:`Shipper.stream`, each from
+queues the event. A store can write a file of a name it used before (a restore re-hints
+a WAL, downloads a file again): each staged link is therefore named by the file and a
+generation (``al-0-0000000179.hint.12``), so an older event still delivers the bytes it
+named and a newer one its own; followers read the queue through :meth:`Shipper.stream`, each from
 where it stands. The queue (the *backlog*) is bounded: a follower too far behind — or
 new — gets one *base* edit (the whole live file set) and continues from there.
 
@@ -55,7 +58,11 @@ class Delivery:
 class _Event:
     n: int  # position in this shipper's stream
     event: VersionEdit | SnapshotMark
-    names: tuple[str, ...]  # staged files it references
+    staged: dict[str, str]  # file name → its staged link (the name of a generation)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(self.staged.values())
 
 
 class Shipper:
@@ -78,8 +85,10 @@ class Shipper:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._closed = False
-        self._refs: Counter[str] = Counter()
-        self._crcs: dict[str, tuple[int, int]] = {}
+        self._refs: Counter[str] = Counter()  # staged link → references
+        self._crcs: dict[str, tuple[int, int]] = {}  # staged link → (size, crc)
+        self._current: dict[str, tuple[str, tuple[int, ...]]] = {}  # name → newest link, stat
+        self._gen = 0
         self._backlog: deque[_Event] = deque()
         self._n = 0  # events so far
         self._mark: _Event | None = None  # the newest snapshot mark (its files stay staged)
@@ -88,24 +97,33 @@ class Shipper:
         self.followers = 0  # streams open now
         #: This shipper's lineage: followers resume only a stream of the same origin.
         self.origin = uuid.uuid4().hex
-        with store._lock:  # no edit between reading the version and subscribing
+        with store._lock, self._lock:  # no edit between reading the version and subscribing
             seq, files = store.version()
-            self._live = {e.name: e for e in files if e.kind in SHIPPED_KINDS}
-            for e in self._live.values():
-                self._stage(e.name)
-            self._ref(self._live)
+            #: the live version's shipped files: name → (entry, its staged link)
+            self._live = {
+                e.name: (e, self._stage(e.name)) for e in files if e.kind in SHIPPED_KINDS
+            }
+            self._ref(k for _, k in self._live.values())
             self._seq = seq
             self._unsubscribe = store.subscribe(self._on_event)
 
     # ------------------------------------------------------------------ the store's side
 
-    def _stage(self, name: str) -> None:
-        """Link ``name`` into staging (the store keeps it on disk while we are called)."""
-        dst = os.path.join(self.staging, name)
+    def _stage(self, name: str) -> str:
+        """(lock held) The staged link of the store's file ``name`` as it is now: the one
+        staged before if it is still referenced and the same file, else a new generation
+        (the store keeps the file on disk while we are called)."""
+        src = self.store._path(name)
+        st = os.stat(src)
+        stat = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        cur = self._current.get(name)
+        if cur is not None and cur[1] == stat and self._refs[cur[0]] > 0:
+            return cur[0]
+        self._gen += 1
+        key = f"{name}.{self._gen}"
+        dst = os.path.join(self.staging, key)
         try:
-            os.link(self.store._path(name), dst)
-        except FileExistsError:
-            pass
+            os.link(src, dst)
         except OSError as exc:
             if exc.errno != 18:  # EXDEV: staging on another file system; copy instead
                 raise
@@ -115,88 +133,96 @@ class Shipper:
                     self.store.directory,
                 )
                 self._copy_warned = True
-            shutil.copyfile(self.store._path(name), dst)
+            shutil.copyfile(src, dst)
+        self._current[name] = (key, stat)
+        return key
 
-    def _ref(self, names: Iterable[str]) -> None:
-        for n in names:
-            self._refs[n] += 1
+    def _ref(self, keys: Iterable[str]) -> None:
+        for k in keys:
+            self._refs[k] += 1
 
-    def _release(self, names: Iterable[str]) -> None:
-        """(lock held) Drop references; unlink staged files nothing references."""
-        for n in names:
-            self._refs[n] -= 1
-            if self._refs[n] <= 0:
-                del self._refs[n]
-                self._crcs.pop(n, None)
+    def _release(self, keys: Iterable[str]) -> None:
+        """(lock held) Drop references; unlink staged links nothing references."""
+        for k in keys:
+            self._refs[k] -= 1
+            if self._refs[k] <= 0:
+                del self._refs[k]
+                self._crcs.pop(k, None)
+                name = k.rsplit(".", 1)[0]
+                if self._current.get(name, ("",))[0] == k:
+                    del self._current[name]
                 try:
-                    os.remove(os.path.join(self.staging, n))
+                    os.remove(os.path.join(self.staging, k))
                 except FileNotFoundError:
                     pass
 
     def _on_event(self, event: VersionEdit | SnapshotMark) -> None:
-        """(the store's maintainer thread) Stage the event's files and queue it; never blocks."""
-        if self._closed:
-            return
-        if isinstance(event, VersionEdit):
-            if event.seq <= self._seq:
-                return
-            names = tuple(e.name for e in event.added if e.kind in SHIPPED_KINDS)
-        else:
-            names = tuple(e.name for e in event.files)
-        try:
-            for n in names:
-                self._stage(n)
-        except OSError:
-            if self._closed:
-                return  # close() ran meanwhile and removed the staging directory
-            raise
+        """(the store's maintainer thread) Stage the event's files and queue it; never
+        blocks (the lock is held by streams only for bookkeeping, never across I/O but a
+        link). Staging and referencing happen under one lock: a stream dropping the last
+        reference to a link cannot unlink it between the two."""
         with self._lock:
-            self._n += 1
-            ev = _Event(self._n, event, names)
-            self._ref(names)
+            if self._closed:
+                return
             if isinstance(event, VersionEdit):
-                gone = [n for n in event.removed if n in self._live and n not in names]
-                for n in event.removed:
-                    self._live.pop(n, None)
-                for e in event.added:
-                    if e.kind in SHIPPED_KINDS:
-                        if e.name not in self._live:
-                            self._ref([e.name])
-                        self._live[e.name] = e
+                if event.seq <= self._seq:
+                    return
+                entries = [e for e in event.added if e.kind in SHIPPED_KINDS]
+            else:
+                entries = list(event.files)
+            staged = {e.name: self._stage(e.name) for e in entries}
+            self._n += 1
+            ev = _Event(self._n, event, staged)
+            self._ref(ev.keys)
+            if isinstance(event, VersionEdit):
+                # references are taken before any is dropped: a file removed and added
+                # back by one edit keeps its link
+                gone = [old[1] for n in event.removed if (old := self._live.pop(n, None))]
+                for e in entries:
+                    self._ref([staged[e.name]])
+                    old = self._live.get(e.name)
+                    if old is not None:
+                        gone.append(old[1])
+                    self._live[e.name] = (e, staged[e.name])
                 self._release(gone)
                 self._seq = event.seq
             else:
                 if self._mark is not None:
-                    self._release(self._mark.names)
-                self._ref(names)
+                    self._release(self._mark.keys)
+                self._ref(ev.keys)
                 self._mark = ev
             self._backlog.append(ev)
             while len(self._backlog) > self._limit:
-                self._release(self._backlog.popleft().names)
+                self._release(self._backlog.popleft().keys)
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ the followers' side
 
-    def _shipped(self, entries: Iterable[FileEntry], have: set[str]) -> tuple[ShippedFile, ...]:
+    def _shipped(self, entries: Iterable[FileEntry], staged: dict[str, str],
+                 have: set[str]) -> tuple[ShippedFile, ...]:
         out = []
         for e in entries:
-            info = self._crcs.get(e.name)
+            key = staged[e.name]
+            info = self._crcs.get(key)
             if info is None:
-                info = file_crc(self.store.fs, os.path.join(self.staging, e.name))
-                self._crcs[e.name] = info
+                info = file_crc(self.store.fs, os.path.join(self.staging, key))
+                self._crcs[key] = info
             out.append(ShippedFile(e, info[0], info[1], e.name not in have))
         return tuple(out)
+
+    def _paths(self, staged: dict[str, str]) -> dict[str, str]:
+        return {n: os.path.join(self.staging, k) for n, k in staged.items()}
 
     def _delivery(self, ev: _Event, have: set[str]) -> Delivery:
         event = ev.event
         if isinstance(event, VersionEdit):
             added = [e for e in event.added if e.kind in SHIPPED_KINDS]
             msg: EditMsg | MarkMsg = EditMsg(
-                event.seq, self._shipped(added, have), tuple(event.removed)
+                event.seq, self._shipped(added, ev.staged, have), tuple(event.removed)
             )
         else:
-            msg = MarkMsg(event.snapshot_id, event.seq, self._shipped(event.files, have))
-        return Delivery(msg, {n: os.path.join(self.staging, n) for n in ev.names})
+            msg = MarkMsg(event.snapshot_id, event.seq, self._shipped(event.files, ev.staged, have))
+        return Delivery(msg, self._paths(ev.staged))
 
     def stream(self, hello: Hello, *, idle: float = 0.2) -> Generator[Delivery | Tip, None, None]:
         """Everything a follower standing at ``hello`` lacks, then new events as they come.
@@ -214,7 +240,7 @@ class Shipper:
             with self._lock:
                 nxt = self._resume_point(hello)
             while True:
-                base: tuple[int, list[FileEntry], _Event | None] | None = None
+                base: tuple[int, dict[str, tuple[FileEntry, str]], _Event | None] | None = None
                 ev: _Event | None = None
                 tip: Tip | None = None
                 with self._lock:
@@ -225,9 +251,9 @@ class Shipper:
                     if nxt is None or (self._backlog and nxt < self._backlog[0].n):
                         # new, another lineage, or fell behind the backlog: the whole live
                         # version (and the newest mark), then on from here
-                        live = list(self._live.values())
+                        live = dict(self._live)
                         mark = None if hello.live_only else self._mark
-                        held = [e.name for e in live] + list(mark.names if mark else ())
+                        held = [k for _, k in live.values()] + list(mark.keys if mark else ())
                         base = (self._seq, live, mark)
                         nxt = self._n + 1
                     else:
@@ -237,7 +263,7 @@ class Shipper:
                             ev = self._next(nxt)
                         if ev is not None:
                             nxt = ev.n + 1
-                            held = list(ev.names)
+                            held = list(ev.keys)
                         else:
                             tip = Tip(self._seq, self._mark.event.snapshot_id if self._mark else -1)  # type: ignore[union-attr]
                     self._ref(held)
@@ -250,10 +276,11 @@ class Shipper:
                 # removed is not on the follower, so a later mark naming it carries its body.
                 if base is not None:
                     seq, live, mark = base
-                    msg: EditMsg | MarkMsg = EditMsg(
-                        seq, self._shipped(live, set(at.have_files)), (), True, self.origin
-                    )
-                    yield Delivery(msg, {e.name: os.path.join(self.staging, e.name) for e in live})
+                    staged = {n: k for n, (_, k) in live.items()}
+                    entries = [e for e, _ in live.values()]
+                    shipped = self._shipped(entries, staged, set(at.have_files))
+                    msg: EditMsg | MarkMsg = EditMsg(seq, shipped, (), True, self.origin)
+                    yield Delivery(msg, self._paths(staged))
                     at = after(at, msg)
                     if mark is not None:
                         d = self._delivery(mark, set(at.have_files))
