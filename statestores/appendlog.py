@@ -370,6 +370,10 @@ class AppendLogStore(SegmentedStore):
             for b in batch:
                 b.seg.hint_future = fut
 
+    def _compact_prepare(self) -> None:
+        """(lock held) Before a compaction: seal the folded segments and the active one."""
+        self._roll()
+
     def _rolling(self) -> bool:
         seg = self._active
         return bool(self._folded) or (seg is not None and seg.size > 0)

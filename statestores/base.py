@@ -17,7 +17,7 @@ from typing import Any
 
 from remotes.base import Remote
 
-from . import current, snapshots
+from . import current, expiry, snapshots
 from .checks import (
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
@@ -146,6 +146,53 @@ class Store(StoreCore):
     def flush(self) -> None:
         """Push buffered writes to files (durability per ``sync``)."""
 
+    def _compact(self) -> None:
+        """Engine hook (lock held, called by :meth:`compact`): merge every file once into
+        the fewest the engine keeps, dropping overwritten values, tombstones and values
+        expired at the horizon; wait for it (releasing the lock). Default: nothing (an
+        engine without merges)."""
+
+    # ------------------------------------------------------------------ expiry
+
+    def set_expiry_horizon(self, t_ms: int) -> None:
+        """Values whose expiry time (:mod:`statestores.expiry`) is at or before ``t_ms``
+        (ms since the Unix epoch, an int >= 0) are *expired* from now on.
+
+        The horizon never moves backwards: a value lower than the current one is ignored
+        (so callers on several threads, or a restarted runtime catching up, need not
+        order their calls). Reads do not hide expired values — a read returns an expired
+        value or nothing, never an older value of its key; merges, flushes that rewrite
+        and :meth:`compact` drop them, leaving a tombstone where an older version of the
+        key may still live outside what they rewrite. The horizon is not persisted: a
+        reopened store has none until it is set again, and :meth:`restore` clears it.
+        """
+        t = expiry.check_horizon(t_ms)
+        with self._lock:
+            if self._horizon is None or t > self._horizon:
+                self._horizon = t
+
+    @property
+    def expiry_horizon(self) -> int | None:
+        """The current expiry horizon (ms since the Unix epoch), None if never set."""
+        return self._horizon
+
+    def compact(self) -> None:
+        """Run one merge cycle now and wait for it: every file of the store merged once
+        (memtables and in-memory regions written first), overwritten values, tombstones
+        and values expired at the horizon dropped. Writes and reads go on meanwhile; a
+        merge already running finishes first. Raises :class:`StoreError` if the merge
+        failed (the store stays as it was), or if merges are paused (:meth:`pause_merges`:
+        the store's files are being shipped elsewhere)."""
+        self._check_open()
+        with self._lock:
+            self._check_open()
+            if self._paused:
+                raise StoreError(
+                    f"compact() of {self.directory}: merges are paused (pause_merges() or a "
+                    "restore in progress); call it again once they are resumed"
+                )
+            self._compact()
+
     # ------------------------------------------------------------------ mapping protocol
 
     def __contains__(self, key: object) -> bool:
@@ -220,10 +267,17 @@ class Store(StoreCore):
 
         Downloads only files the directory lacks or holds corrupt; everything written
         since that snapshot is discarded. Raises :class:`SnapshotNotFoundError` for an
-        unknown id, leaving the store as it was.
+        unknown id, leaving the store as it was (but for the expiry horizon, below).
+
+        The expiry horizon is cleared (:attr:`expiry_horizon` None): the restored state is
+        older, and a caller replaying what followed it may read values as live that the
+        old horizon had expired — it sets the horizon again when it knows.
         """
         self._check_open()
-        return snapshots.restore(self, self._require_remote("restore"), snapshot_id)
+        remote = self._require_remote("restore")
+        with self._lock:
+            self._horizon = None  # before the restore's merges may start
+        return snapshots.restore(self, remote, snapshot_id)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -100,6 +100,9 @@ class StoreCore(abc.ABC):
         #: name → (size, crc32c) of files checked against their crc when they arrived here
         #: (a promoted replica's): a restore trusts them instead of reading them again
         self._verified: dict[str, tuple[int, int]] = {}
+        #: Values expiring at or before this time (ms) are dropped by merges; None: none
+        #: set yet (``Store.set_expiry_horizon``, :mod:`statestores.expiry`).
+        self._horizon: int | None = None
 
     # ------------------------------------------------------------------ options
 

@@ -416,8 +416,7 @@ class HybridLogStore(SegmentedStore):
             merged.update(d)
         index = self._index
         exact = self._pending is None
-        # a tombstone is needed only where a log file still holds the key
-        items = [(k, v) for k, v in merged.items() if v is not None or not exact or k in index]
+        items = self._region_items(merged, index, exact)  # expired values dropped there
         try:
             size, keys, addrs, tombs = self._write_segment(
                 region.name, region.seq, items, in_background=in_background

@@ -19,11 +19,12 @@ records; ``mem-<seq>.wal`` — writes since that dump (only with ``sync`` ≠ ``
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from . import records
+from . import expiry, records
 from .base import MAX_KEY_BYTES, MAX_VALUE_BYTES, Frozen, Store, check_key, check_ops, check_value
 from .errors import CorruptionError
 from .version import FileEntry
@@ -47,6 +48,11 @@ class MemOnlyStore(Store):
         self._enc: dict[bytes, bytes] = {}
         #: keys written since then; None: every key (after an open or a restore)
         self._dirty: set[bytes] | None = None
+        #: expiring keys → expiry time, and a heap of (time, key) over it (stale entries
+        #: skipped), as of the last dump; None: not kept (no horizon was set then)
+        self._expiring: dict[bytes, int] | None = None
+        self._exp_heap: list[tuple[int, bytes]] = []
+        self._expired_dropped = 0
         self._wal_fd: int | None = None
         self._wal_name: str | None = None
         self._wal_bytes = 0
@@ -212,8 +218,50 @@ class MemOnlyStore(Store):
         self._dirty = set()
         return enc
 
+    def _drop_expired(self) -> None:
+        """(lock held, before a dump) Drop the values expired at the horizon from memory,
+        and so from the dump. Expiry times are learnt from the keys written since the last
+        dump (all keys after an open, a restore or the first horizon), so a dump pays for
+        the change, not the state; nothing at all while no horizon is set."""
+        horizon = self._horizon
+        if horizon is None:
+            self._expiring = None
+            return
+        data, dirty, expiring = self._data, self._dirty, self._expiring
+        heap = self._exp_heap
+        if expiring is None or dirty is None:
+            expiring = self._expiring = {}
+            for k, v in data.items():
+                if v and v[0] == expiry.MARKER and (t := expiry.expiry_ms(v)) is not None:
+                    expiring[k] = t
+            heap = self._exp_heap = [(t, k) for k, t in expiring.items()]
+            heapq.heapify(heap)
+        else:
+            marker = expiry.MARKER
+            for k in dirty:
+                cur = data.get(k)
+                if cur and cur[0] == marker and (t := expiry.expiry_ms(cur)) is not None:
+                    if expiring.get(k) != t:
+                        expiring[k] = t
+                        heapq.heappush(heap, (t, k))
+                elif expiring:
+                    expiring.pop(k, None)
+            if len(heap) > 2 * len(expiring) + 1024:  # stale entries of rewritten keys
+                heap = self._exp_heap = [(t, k) for k, t in expiring.items()]
+                heapq.heapify(heap)
+        while heap and heap[0][0] <= horizon:
+            t, k = heapq.heappop(heap)
+            if expiring.get(k) == t:
+                del expiring[k]
+                del data[k]
+                if dirty is not None:
+                    dirty.add(k)  # _encoded drops its record
+                self._expired_dropped += 1
+
     def _dump(self) -> str:
-        """Write the whole state to a new dump file and make it (and a fresh WAL) current."""
+        """Write the whole state but expired values to a new dump file and make it (and a
+        fresh WAL) current."""
+        self._drop_expired()
         name = self._next_name("dump")
         path = self._path(name)
         tmp = path + ".tmp"
@@ -239,6 +287,10 @@ class MemOnlyStore(Store):
         self._edit(added, old)
         self._dumps += 1
         return name
+
+    def _compact(self) -> None:
+        """(lock held) One merge cycle: a dump, without the expired values."""
+        self._dump()
 
     def _freeze(self) -> Frozen:
         return Frozen([FileEntry(self._dump(), "dump")])
@@ -283,5 +335,6 @@ class MemOnlyStore(Store):
             "data_bytes": self._data_bytes(),
             "wal_bytes": self._wal_bytes,
             "dumps": self._dumps,
+            "expired_dropped": self._expired_dropped,
             "files": self._version.names(),
         }

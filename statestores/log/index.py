@@ -20,14 +20,17 @@ __all__ = ["PendingIndex", "Redirect", "BUILD_SLICE"]
 BUILD_SLICE = 1 << 12
 
 class Redirect:
-    """An index redirect in progress after a merge: the output's keys and addresses, and
-    how far the redirect got."""
+    """An index redirect in progress after a merge: the output's live keys and addresses,
+    the keys it holds no live record of (tombstones, values it dropped as expired), and
+    how far the redirect got (``pos`` counts live keys, then those)."""
 
     def __init__(
-        self, keys: list[bytes], addrs: array.array[int], gone: set[int], inputs: list[Segment]
+        self, keys: list[bytes], addrs: array.array[int], gone: set[int], inputs: list[Segment],
+        drop: list[bytes] | None = None,
     ) -> None:
         self.keys = keys
         self.addrs = addrs
+        self.drop: list[bytes] = drop if drop is not None else []
         self.pos = 0
         self.gone = gone
         self.inputs = inputs

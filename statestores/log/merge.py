@@ -18,6 +18,7 @@ from crc32c import crc32c
 
 from .. import hints, records
 from ..errors import CorruptionError, StoreError
+from ..expiry import MARKER, expired
 from ..fs import FileSystem
 from ..hints import OFFSET_BITS, OFFSET_MASK
 from .segment import _HEADER, _HEADER_SIZE, _WRITE_CHUNK, hint_name, scan_segment
@@ -48,7 +49,8 @@ def merge_segments(
     drop_tombstones: bool,
     fsync: bool,
     scan: bool = False,
-) -> tuple[int, int, int]:
+    horizon: int | None = None,
+) -> tuple[int, int, int, list[bytes], int]:
     """Merge segments ``inputs`` (``(log name, seq)``, oldest first) into ``out_name``.
 
     The inputs' keys come from their hint files, or with ``scan`` (an AppendLog's folded
@@ -57,8 +59,11 @@ def merge_segments(
     Runs in a background process (``fs`` None: the real file system) or, with a test's
     ``FaultyFS``, on a thread of this process, so an injected fault reaches it. Writes
     ``<out>.tmp`` and ``<out hint>.tmp`` (the store renames them) and returns ``(bytes,
-    live records, tombstones)``. The newest record of
-    each key wins; tombstones are dropped with ``drop_tombstones``. Every copied record's
+    live records, tombstones, dropped, expired)``. The newest record of
+    each key wins; tombstones are dropped with ``drop_tombstones``. A winning value
+    expired at ``horizon`` (:mod:`statestores.expiry`) is written as a tombstone, or with
+    ``drop_tombstones`` not at all — its key is then in ``dropped`` (the store's index must
+    forget it; the hint names the others); ``expired`` counts both kinds. Every copied record's
     checksum is verified; bad input raises :class:`MergeFailed` naming the file.
     """
     fs = fs if fs is not None else FileSystem()
@@ -92,6 +97,8 @@ def merge_segments(
         keys: list[bytes] = []
         addrs = array.array("Q")
         tombs: list[bytes] = []
+        dropped: list[bytes] = []
+        n_expired = 0
         base = out_seq << OFFSET_BITS
         fd = fs.open_new(out_path + ".tmp")
         try:
@@ -105,9 +112,26 @@ def merge_segments(
                     buf += records.encode(k, None)
                 else:
                     mm, path = maps[a >> OFFSET_BITS]
-                    keys.append(k)
-                    addrs.append(base + pos + len(buf))
-                    buf += _copy_record(mm, a & OFFSET_MASK, k, path)
+                    rec = _copy_record(mm, a & OFFSET_MASK, k, path)
+                    # the value starts after the header and the key; one byte compare
+                    # tells a value without an expiry header
+                    vpos = _HEADER_SIZE + len(k)
+                    if (
+                        horizon is not None
+                        and len(rec) > vpos
+                        and rec[vpos] == MARKER
+                        and expired(rec[vpos:], horizon)
+                    ):
+                        n_expired += 1
+                        if drop_tombstones:
+                            dropped.append(k)
+                        else:
+                            tombs.append(k)
+                            buf += records.encode(k, None)
+                    else:
+                        keys.append(k)
+                        addrs.append(base + pos + len(buf))
+                        buf += rec
                 if len(buf) >= _WRITE_CHUNK:
                     fs.write(fd, buf)
                     pos += len(buf)
@@ -125,7 +149,7 @@ def merge_segments(
         fs.write_file_atomic(
             out_hint + ".tmp", hints.encode(out_seq, pos, keys, addrs, tombs), sync=fsync
         )
-        return pos, len(keys), len(tombs)
+        return pos, len(keys), len(tombs), dropped, n_expired
     except CorruptionError as exc:
         fs.remove(out_path + ".tmp")
         raise MergeFailed(exc.path, exc.detail) from None

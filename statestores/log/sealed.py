@@ -42,7 +42,7 @@ class MergeJob:
     out_name: str
     out_seq: int
     level: int
-    future: concurrent.futures.Future[tuple[int, int, int]]
+    future: concurrent.futures.Future[tuple[int, int, int, list[bytes], int]]
     #: The inputs are ``wal`` entries, not sealed segments: an AppendLog's folded segments
     #: merged straight into one level-0 segment (``AppendLogStore._merge_folded``).
     wals: bool = False
@@ -79,6 +79,7 @@ class SealedSegments(Store):
         self._merge_failures = 0
         self._merge_retry_at = 0  # no merge starts while fewer segments exist (after a failure)
         self._merged_bytes = 0
+        self._expired_dropped = 0  # values merges and region writes found expired
 
     def _open_segments(self, *, seal_older_wals: bool = False) -> list[FileEntry]:
         """Reset, read the version, load its sealed segments; return its ``wal`` entries.

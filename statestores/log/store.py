@@ -33,6 +33,7 @@ from crc32c import crc32c
 
 from .. import background, hints
 from ..errors import BackgroundBusy, CorruptionError, StoreError
+from ..expiry import MARKER, expired
 from ..hints import OFFSET_BITS, OFFSET_MASK
 from ..version import FileEntry
 from .index import Redirect
@@ -232,6 +233,7 @@ class SegmentedStore(SealedSegments):
                 drop_tombstones,
                 self.sync == "fsync",
                 wals,
+                self._horizon,
                 lane="merge",
                 local=self._local_background,
             )
@@ -290,7 +292,7 @@ class SegmentedStore(SealedSegments):
         out_path = self._path(job.out_name)
         out_hint = self._path(hint_name(job.out_name))
         try:
-            size, _live, _tombs = job.future.result()
+            size, _live, _tombs, dropped, n_expired = job.future.result()
             if self._closed:
                 raise StoreError("the store closed before the merge was installed")
         except Exception as exc:
@@ -339,7 +341,14 @@ class SegmentedStore(SealedSegments):
         self._sealed = sealed
         self._segs[seg.seq] = seg
         self._merged_bytes += size
-        self._redirect = Redirect(h.keys, h.addresses, {s.seq for s in job.inputs}, job.inputs)
+        self._expired_dropped += n_expired
+        # a key the output holds no live record of (a tombstone — perhaps a value found
+        # expired — or a value dropped as expired) leaves the index if it pointed into an
+        # input: the output's verdict is its newest
+        self._redirect = Redirect(
+            h.keys, h.addresses, {s.seq for s in job.inputs}, job.inputs,
+            list(h.tombstones) + dropped if h.tombstones else dropped,
+        )
 
     def _redirect_step(self, r: Redirect, limit: int | None) -> bool:
         """(lock held) Redirect up to ``limit`` index entries from the merge inputs to the
@@ -348,13 +357,21 @@ class SegmentedStore(SealedSegments):
         get = index.get
         gone = r.gone
         n = len(r.keys)
-        end = n if limit is None else min(n, r.pos + limit)
-        for k, a in zip(r.keys[r.pos : end], r.addrs[r.pos : end], strict=True):
-            cur = get(k)
-            if cur is not None and (cur >> OFFSET_BITS) in gone:
-                index[k] = a
+        total = n + len(r.drop)
+        end = total if limit is None else min(total, r.pos + limit)
+        if r.pos < n:
+            stop = min(end, n)
+            for k, a in zip(r.keys[r.pos : stop], r.addrs[r.pos : stop], strict=True):
+                cur = get(k)
+                if cur is not None and (cur >> OFFSET_BITS) in gone:
+                    index[k] = a
+        if end > n:
+            for k in r.drop[max(r.pos, n) - n : end - n]:
+                cur = get(k)
+                if cur is not None and (cur >> OFFSET_BITS) in gone:
+                    del index[k]
         r.pos = end
-        if end < n:
+        if end < total:
             return False
         self._redirect = None
         for s in r.inputs:
@@ -362,6 +379,69 @@ class SegmentedStore(SealedSegments):
         self._merges_done += 1
         self._kick()
         return True
+
+    # ------------------------------------------------------------------ one merge cycle
+
+    def _compact_prepare(self) -> None:
+        """(lock held) Before a compaction: put what memory holds into sealed segments
+        (HybridLog: both regions into a log file, as :meth:`flush` does)."""
+        self.flush()
+
+    def _compact(self) -> None:
+        """(lock held) One merge cycle: everything written so far sealed, then every
+        sealed segment merged into one — the oldest data, so tombstones and expired values
+        vanish. Waits (releasing the lock) for hand-offs and a running merge first, then
+        for this one and its index redirect."""
+        self._compact_prepare()
+        self._paused += 1  # no level merge starts in between
+        try:
+            self._drain_handoffs()
+            self._wait(lambda: (self._merge is None and self._redirect is None) or self._closed)
+            self._check_open()
+            self._await_index()  # the redirect after the merge needs the whole index
+            n = next((i for i, s in enumerate(self._sealed) if not s.hinted), len(self._sealed))
+            inputs = self._sealed[:n]  # oldest first; a segment sealed meanwhile stays newer
+            if not inputs:
+                return
+            # alone at its level, older than any level-0 segment sealed from now on
+            level = max(1, max(s.level for s in inputs))
+            while not self._start_merge(inputs, self._next_seq(), level, drop_tombstones=True):
+                self._cond.wait(0.05)  # the merge lane is full: try again shortly
+                self._check_open()
+            job = self._merge
+            assert job is not None
+            self._wait(
+                lambda: (self._merge is not job and self._redirect is None) or self._closed
+            )
+            self._check_open()
+            exc = job.future.exception()
+            if exc is not None:
+                raise StoreError(f"compaction of {self.directory} failed: {exc}") from exc
+        finally:
+            self._paused -= 1
+            if not self._paused and not self._closed:
+                self._kick()
+
+    def _region_items(
+        self, merged: dict[bytes, bytes | None], index: dict[bytes, int], exact: bool
+    ) -> list[tuple[bytes, bytes | None]]:
+        """The records a log file written from in-memory records (HybridLog's regions,
+        last record per key) needs: a tombstone only where a log file may still hold the
+        key (``index`` has it, or is not ``exact`` — still being built); a value expired
+        at the horizon is such a tombstone, or nothing."""
+        horizon = self._horizon
+        if horizon is None:
+            return [(k, v) for k, v in merged.items() if v is not None or not exact or k in index]
+        out: list[tuple[bytes, bytes | None]] = []
+        n_expired = 0
+        for k, v in merged.items():
+            if v and v[0] == MARKER and expired(v, horizon):
+                v = None
+                n_expired += 1
+            if v is not None or not exact or k in index:
+                out.append((k, v))
+        self._expired_dropped += n_expired
+        return out
 
     # ------------------------------------------------------------------ stats
 
@@ -381,5 +461,6 @@ class SegmentedStore(SealedSegments):
             "merges_running": 0 if self._merge is None else 1,
             "merge_failures": self._merge_failures,
             "merged_bytes": self._merged_bytes,
+            "expired_dropped": self._expired_dropped,
             "handoffs_pending": self._handoffs,
         }

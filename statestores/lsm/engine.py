@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import background
 from ..base import Option
-from ..errors import BackgroundBusy, CorruptionError
+from ..errors import BackgroundBusy, CorruptionError, StoreError
 from ..version import FileEntry
 from . import merge as merge_mod
 from .reads import LSMReads
@@ -118,30 +118,64 @@ class LSMStore(LSMReads, LSMWrites):
             return
         for i, level in enumerate(self._levels):
             if len(level) >= self._max_runs:
-                inputs = list(level)
-                target = i + 1
-                drop = not any(self._levels[target:])
-                name = f"lsm-L{target}-{self._next_seq():010d}.run"
-                try:
-                    fut = background.submit(
-                        merge_mod.merge_runs,
-                        self._bg_fs,
-                        [r.path for r in reversed(inputs)],
-                        self._path(name) + ".tmp",
-                        drop,
-                        self._run_opts["density_factor"],
-                        self._run_opts["block_bytes"],
-                        self._run_opts["bloom_fpr"],
-                        self._run_opts["fsync"],
-                        lane="merge",
-                        local=self._local_background,
-                    )
-                except BackgroundBusy as exc:
-                    log.debug("merge of %s postponed: %s", self.directory, exc)
-                    return
-                self._merge = (fut, i, inputs, name)
-                fut.add_done_callback(self._on_done(self._finish_merge))
+                self._start_merge(list(level), i + 1, drop=not any(self._levels[i + 1 :]))
                 return
+
+    def _start_merge(self, inputs: list[RunReader], target: int, *, drop: bool) -> bool:
+        """(lock held, no merge running) Merge ``inputs`` (oldest first) into one run
+        appended to level ``target`` in the background; False if the lane is full.
+        ``drop``: nothing older than the inputs exists, so tombstones — and values expired
+        at the horizon — vanish instead of shadowing older versions."""
+        name = f"lsm-L{target}-{self._next_seq():010d}.run"
+        try:
+            fut = background.submit(
+                merge_mod.merge_runs,
+                self._bg_fs,
+                [r.path for r in reversed(inputs)],
+                self._path(name) + ".tmp",
+                drop,
+                self._run_opts["density_factor"],
+                self._run_opts["block_bytes"],
+                self._run_opts["bloom_fpr"],
+                self._run_opts["fsync"],
+                self._horizon,
+                lane="merge",
+                local=self._local_background,
+            )
+        except BackgroundBusy as exc:
+            log.debug("merge of %s postponed: %s", self.directory, exc)
+            return False
+        self._merge = (fut, target, inputs, name)
+        fut.add_done_callback(self._on_done(self._finish_merge))
+        return True
+
+    def _compact(self) -> None:
+        """(lock held) One merge cycle: the memtable flushed, then every run merged into
+        one at the deepest level (at least 1), nothing older left: tombstones and expired
+        values vanish. Waits (releasing the lock) for a running merge, then for this one."""
+        self._flush_locked()
+        self._paused += 1  # no level merge starts in between
+        try:
+            self._wait(lambda: self._merge is None or self._closed)
+            self._check_open()
+            inputs = [r for lv in reversed(self._levels) for r in lv]  # oldest first
+            if not inputs:
+                return
+            target = max(1, len(self._levels) - 1)
+            while not self._start_merge(inputs, target, drop=True):
+                self._cond.wait(0.05)  # the merge lane is full: try again shortly
+                self._check_open()
+            m = self._merge
+            assert m is not None
+            self._wait(lambda: self._merge is not m or self._closed)
+            self._check_open()
+            exc = m[0].exception()
+            if exc is not None:
+                raise StoreError(f"compaction of {self.directory} failed: {exc}") from exc
+        finally:
+            self._paused -= 1
+            if not self._paused and not self._closed:
+                self._kick()
 
     def _finish_merge(self, fut: concurrent.futures.Future[dict[str, Any]]) -> None:
         """(maintainer) Install a finished merge: one edit adds the output, removes the inputs."""
@@ -156,7 +190,7 @@ class LSMStore(LSMReads, LSMWrites):
         if m is None or m[0] is not fut:
             return
         self._merge = None
-        _fut, level, inputs, name = m
+        _fut, target, inputs, name = m
         path = self._path(name)
         try:
             result = fut.result()
@@ -171,21 +205,22 @@ class LSMStore(LSMReads, LSMWrites):
         added: list[FileEntry] = []
         if result["count"]:
             self.fs.rename(path + ".tmp", path)
-            reader = RunReader(self.fs, path, name, level + 1)
-            while len(self._levels) <= level + 1:
+            reader = RunReader(self.fs, path, name, target)
+            while len(self._levels) <= target:
                 self._levels.append([])
-            self._levels[level + 1].append(reader)
-            added.append(FileEntry(name, "run", level + 1))
+            self._levels[target].append(reader)
+            added.append(FileEntry(name, "run", target))
         gone = {id(r) for r in inputs}
-        self._levels[level] = [r for r in self._levels[level] if id(r) not in gone]
+        self._levels = [[r for r in lv if id(r) not in gone] for lv in self._levels]
         self._rebuild_runs()
+        self._expired_dropped += result.get("expired", 0)
         self._edit(added, [r.name for r in inputs])
         self._drop_cached(inputs)
         self._merges_done += 1
         log.debug(
             "merge installed",
             extra={
-                "store": self.directory, "level": level + 1, "run": name,
+                "store": self.directory, "level": target, "run": name,
                 "inputs": result.get("inputs"),
             },
         )
@@ -293,4 +328,5 @@ class LSMStore(LSMReads, LSMWrites):
             "merges_done": self._merges_done,
             "merges_running": int(self._merge is not None),
             "merge_errors": self._merge_errors,
+            "expired_dropped": self._expired_dropped,
         }

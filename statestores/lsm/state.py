@@ -78,6 +78,7 @@ class LSMState(Store):
         self._flushes = 0
         self._merges_done = 0
         self._merge_errors = 0
+        self._expired_dropped = 0  # values merges found expired (dropped or made tombstones)
         self._fsync = self.sync == "fsync"
         # The plain FileSystem's write is os.write plus a short-write loop; calling
         # os.write directly on the put path saves a call and a memoryview. Any other

@@ -19,6 +19,7 @@ import logging
 import os
 import random
 import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -58,6 +59,27 @@ def options(engine: str, sync: str, sizes: dict[str, dict[str, Any]] = TINY) -> 
     return {**sizes[engine], "sync": sync}
 
 
+#: Expiry times and horizons (ms) share a small range, so values expire during a history.
+EXPIRY_RANGE = 40
+
+
+def expiring(t: int, tail: bytes = b"") -> bytes:
+    """A value in ``statestores.expiry``'s format that expires at ``t``."""
+    return b"\xc1\x01" + struct.pack(">Q", t) + tail
+
+
+def acceptable(want: bytes | None, got: bytes | None, horizon: int | None) -> bool:
+    """``got`` is a correct read of a key whose newest value is ``want``: exactly it, or —
+    when it is expired at ``horizon`` (merges may have dropped it) — it or nothing, never
+    an older value."""
+    if want is None:
+        return got is None
+    if horizon is not None and len(want) >= 10 and want[:2] == b"\xc1\x01":
+        if struct.unpack(">Q", want[2:10])[0] <= horizon:
+            return got in (want, None)
+    return got == want
+
+
 class _Errors(logging.Handler):
     """Collects the stores' ERROR records: a background task or a version subscriber
     (the shipper) that failed is logged, not raised, and must fail the model too."""
@@ -85,6 +107,7 @@ class Harness:
         self.model: dict[bytes, bytes] = {}
         self.snaps: dict[int, dict[bytes, bytes]] = {}
         self.next_id = 1
+        self.horizon: int | None = None  # the highest expiry horizon any store object was given
         self.n = 0  # scratch directories handed out
         self.shipper: Shipper | None = None
         self.follower: Any = None
@@ -137,6 +160,14 @@ class Harness:
     def flush(self) -> None:
         self.store.flush()
 
+    def set_horizon(self, t: int) -> None:
+        self.store.set_expiry_horizon(t)
+        self.horizon = t if self.horizon is None else max(self.horizon, t)
+
+    def compact(self) -> None:
+        """One merge cycle (expired values dropped from the files a snapshot ships)."""
+        self.store.compact()
+
     def stall(self, seconds: float = 0.05) -> None:
         """Keep the store's maintainer thread busy for ``seconds``: the flushes and merges
         handed off meanwhile stay in flight across the next steps (microseconds each), so
@@ -183,7 +214,7 @@ class Harness:
             other.restore(sid)
             got = dict(other.items())
         shutil.rmtree(where, ignore_errors=True)
-        assert got == self.snaps[sid], self._diff(f"restore({sid}) into an empty directory", got, self.snaps[sid])
+        assert self._matches(got, self.snaps[sid]), self._diff(f"restore({sid}) into an empty directory", got, self.snaps[sid])
 
     def promote(self, pick: int) -> None:
         """Let the follower catch up, promote it at one of the snapshots it retains, compare,
@@ -201,36 +232,45 @@ class Harness:
         finally:
             promoted.close()
             shutil.rmtree(promoted.directory, ignore_errors=True)
-        assert got == self.snaps[sid], self._diff(f"a follower promoted at snapshot {sid}", got, self.snaps[sid])
-        # follow again through a new shipper: a second follower started on a shipper whose
-        # first one was promoted can stall (a staged file gone; rare, cause not found yet —
-        # see the closing note of this change), which this model does not cover
-        self.follower = None
-        self._unfollow()
-        self._follow()
+        assert self._matches(got, self.snaps[sid]), self._diff(f"a follower promoted at snapshot {sid}", got, self.snaps[sid])
+        # follow again, from a new directory, through the same shipper: it serves a second
+        # follower after the first one was promoted (its staged links — one per file
+        # generation, a restore can write a file of a reused name — must all still be there)
+        self.follower = statestores.follow(self.engine, self._scratch("replica"),
+                                           LocalSource(self.shipper), **self.opts)
+        self.followed_from = self.next_id
 
     # ------------------------------------------------------------------ checks
 
     def get(self, key: bytes) -> None:
-        assert self.store.get(key) == self.model.get(key), (key, self.store.get(key), self.model.get(key))
-        assert (key in self.store) == (key in self.model)
+        want, got = self.model.get(key), self.store.get(key)
+        assert acceptable(want, got, self.horizon), (key, got, want, self.horizon)
+        present = key in self.store  # a background merge may drop an expired value meanwhile
+        assert acceptable(want, want if present else None, self.horizon), (key, present, want)
 
     def check(self, when: str = "") -> None:
         assert not self.errors.seen, f"{when or 'the live store'}: errors logged: {self.errors.seen}"
-        got = dict(self.store.items())
-        assert got == self.model, self._diff(when or "the live store", got, self.model)
+        items = list(self.store.items())
+        got = dict(items)
+        assert len(got) == len(items), f"{when or 'the live store'}: a key listed twice"
+        assert self._matches(got, self.model), self._diff(when or "the live store", got, self.model)
 
-    @staticmethod
-    def _diff(when: str, got: dict[bytes, bytes], want: dict[bytes, bytes]) -> str:
-        wrong = sorted(k for k in got.keys() & want.keys() if got[k] != want[k])
-        return (f"{when}: {len(wrong)} wrong values {[(k, got[k], want[k]) for k in wrong[:3]]}, "
+    def _matches(self, got: dict[bytes, bytes], want: dict[bytes, bytes]) -> bool:
+        return all(acceptable(want.get(k), got.get(k), self.horizon) for k in got.keys() | want.keys())
+
+    def _diff(self, when: str, got: dict[bytes, bytes], want: dict[bytes, bytes]) -> str:
+        wrong = sorted(k for k in got.keys() | want.keys() if not acceptable(want.get(k), got.get(k), self.horizon))
+        return (f"{when}: {len(wrong)} wrong values {[(k, got.get(k), want.get(k)) for k in wrong[:3]]}, "
                 f"missing {sorted(want.keys() - got.keys())[:5]}, extra {sorted(got.keys() - want.keys())[:5]}")
 
 
 # ---------------------------------------------------------------------- hypothesis
 
 KEYS = st.sampled_from([b"k%02d" % i for i in range(12)])
-VALUES = st.one_of(st.just(b""), st.just(b""), st.binary(max_size=10), st.binary(min_size=100, max_size=300))
+VALUES = st.one_of(
+    st.just(b""), st.just(b""), st.binary(max_size=10), st.binary(min_size=100, max_size=300),
+    st.builds(expiring, st.integers(0, EXPIRY_RANGE), st.binary(max_size=20)),
+)
 OPS = st.lists(st.tuples(KEYS, st.one_of(st.none(), VALUES)), min_size=1, max_size=6)
 
 
@@ -269,6 +309,14 @@ def make_machine(engine: str, opts: dict[str, Any]) -> type[RuleBasedStateMachin
         @rule()
         def stall(self) -> None:
             self.h.stall()
+
+        @rule(t=st.integers(0, EXPIRY_RANGE))
+        def set_horizon(self, t: int) -> None:
+            self.h.set_horizon(t)
+
+        @rule()
+        def compact(self) -> None:
+            self.h.compact()
 
         @rule()
         def snapshot(self) -> None:
@@ -323,13 +371,18 @@ def test_restores_match_the_model(engine: str, sync: str) -> None:
 
 def run_history(engine: str, opts: dict[str, Any], seed: int, steps: int = 1500) -> None:
     """One random history of ``steps`` operations over 150 keys, values of 0-40 bytes
-    (empty ones included); ~5% snapshots, ~2.5% restores in place to any earlier
-    snapshot, ~1% restores elsewhere, ~0.5% promotions, ~2% reopens."""
+    (empty ones included, ~20% expiring); ~5% snapshots, ~2.5% restores in place to any
+    earlier snapshot, ~1% restores elsewhere, ~0.5% promotions, ~2% reopens, ~1% expiry
+    horizon moves, ~0.3% merge cycles."""
     rng = random.Random(seed)
     keys = [b"key%03d" % i for i in range(150)]
+    clock = 0  # the expiry horizon walks up through the histories' expiry times
 
     def value() -> bytes:
-        return b"" if rng.random() < 0.15 else rng.randbytes(rng.randint(1, 40))
+        r = rng.random()
+        if r < 0.2:
+            return expiring(max(0, clock + rng.randint(-10, 60)), rng.randbytes(rng.randint(0, 20)))
+        return b"" if r < 0.35 else rng.randbytes(rng.randint(1, 40))
 
     h = Harness(engine, opts)
     step = 0
@@ -358,6 +411,11 @@ def run_history(engine: str, opts: dict[str, Any], seed: int, steps: int = 1500)
                 h.promote(rng.randrange(2))
             elif r < 0.91:
                 h.reopen()
+            elif r < 0.92:
+                clock += rng.randint(0, 20)
+                h.set_horizon(clock)
+            elif r < 0.923:
+                h.compact()
             else:
                 h.get(rng.choice(keys))
         h.check("at the end")
