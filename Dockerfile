@@ -8,6 +8,8 @@ COPY statestores ./statestores
 COPY remotes ./remotes
 COPY coordinator ./coordinator
 COPY worker ./worker
+COPY launcher ./launcher
+COPY gateway ./gateway
 COPY examples ./examples
 RUN pip install --no-cache-dir .
 ENV PYTHONUNBUFFERED=1

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.settings import GatewaySettings
 from launcher import cluster
 from launcher.commands import _parser
 from sfaas.runtime.settings import Settings
@@ -53,7 +54,8 @@ def test_every_service_command_parses_with_the_cli(service: str) -> None:
 
 
 def test_every_sfaas_variable_is_a_setting_and_the_settings_load() -> None:
-    known = {f"SFAAS_{f.name.upper()}" for f in dataclasses.fields(Settings)}
+    known = {f"SFAAS_{f.name.upper()}" for f in dataclasses.fields(Settings)} \
+        | {f"SFAAS_GATEWAY_{f.name.upper()}" for f in dataclasses.fields(GatewaySettings)}
     for name, svc in _ours(_compose()).items():
         env = {k: _resolve(v) for k, v in svc["environment"].items()}
         unknown = sorted(k for k in env if k.startswith("SFAAS_") and k not in known)
