@@ -29,10 +29,12 @@ from sfaas.errors import (
     NotAwaited,
     NotSerializable,
     RequestTimeout,
+    SchemaTooNew,
     SfaasError,
     TransactionAborted,
     UnknownFunction,
     UnknownOperator,
+    UpcastFailed,
 )
 
 __all__ = [
@@ -53,6 +55,8 @@ __all__ = [
     "NotAwaited",
     "NondeterminismError",
     "EffectFailed",
+    "SchemaTooNew",
+    "UpcastFailed",
     "effect_key",
     "ConfigError",
     "AuthenticationError",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import os
 import re
 import sys
@@ -91,6 +92,12 @@ class Operator:
     store: str = "memonly"
     store_options: dict[str, Any] = field(default_factory=dict)
     functions: dict[str, Function] = field(default_factory=dict)
+    #: the schema version of the values this code writes (see :mod:`sfaas.runtime.values`)
+    version: int = 1
+    #: ``upcast[v]`` turns a value of schema version ``v`` into one of version ``v + 1``
+    upcast: dict[int, Callable[[Any], Any]] = field(default_factory=dict)
+    #: seconds a value lives after its last write (None: for ever)
+    ttl: float | None = None
 
     def function(self, fn: UserFunction | None = None, *, name: str | None = None) -> Any:
         """Decorator registering an ``async def f(ctx, *args)`` as a function of this operator."""
@@ -132,9 +139,19 @@ class App:
         self.operators: dict[str, Operator] = {}
 
     def operator(
-        self, name: str, store: str = "memonly", store_options: dict[str, Any] | None = None
+        self, name: str, store: str = "memonly", store_options: dict[str, Any] | None = None,
+        *, version: int = 1, upcast: dict[int, Callable[[Any], Any]] | None = None,
+        ttl: float | None = None,
     ) -> Operator:
-        """Declare an operator whose state lives in a ``statestores`` engine ``store``."""
+        """Declare an operator whose state lives in a ``statestores`` engine ``store``.
+
+        ``version``: the schema version of the values this code writes (1, the default,
+        for code that never changed their shape); ``upcast``: for each older version ``v``
+        (exactly ``1 .. version-1``) a plain, pure function turning a value of version ``v``
+        into one of version ``v + 1`` — a read passes an older value through them before the
+        function sees it. ``ttl``: seconds a value lives after its last write; an expired
+        value reads as absent everywhere and merges drop it.
+        """
         import statestores
 
         _check_name("operator", name)
@@ -147,7 +164,13 @@ class App:
         if store_options is not None and not isinstance(store_options, dict):
             raise ConfigError(
                 f"operator {name!r}: store_options must be a dict, got {store_options!r}")
-        op = Operator(self, name, store, dict(store_options or {}))
+        _check_schema(name, version, upcast)
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float))
+                                or not math.isfinite(ttl) or not 0 < ttl <= MAX_TTL):
+            raise ConfigError(f"operator {name!r}: ttl must be None or a number of seconds > 0 "
+                              f"(at most {MAX_TTL:g}), got {ttl!r:.40}")
+        op = Operator(self, name, store, dict(store_options or {}), version=version,
+                      upcast=dict(upcast or {}), ttl=None if ttl is None else float(ttl))
         self.operators[name] = op
         return op
 
@@ -181,6 +204,38 @@ class App:
 
     def __repr__(self) -> str:
         return f"App({self.name!r}, operators={sorted(self.operators)})"
+
+
+#: Longest ``ttl`` (seconds): about 1,000 years.
+MAX_TTL = 3.2e10
+
+
+def _check_schema(name: str, version: object, upcast: object) -> None:
+    """Raise :class:`ConfigError` unless ``version`` is an int in 1..MAX_VERSION and ``upcast``
+    maps exactly ``1 .. version-1`` to plain (not async) callables."""
+    from sfaas.runtime.codec import MAX_VERSION
+
+    if isinstance(version, bool) or not isinstance(version, int) \
+            or not 1 <= version <= MAX_VERSION:
+        raise ConfigError(f"operator {name!r}: version must be an int from 1 to {MAX_VERSION}, "
+                          f"got {version!r:.40}")
+    if upcast is None:
+        upcast = {}
+    if not isinstance(upcast, dict):
+        raise ConfigError(f"operator {name!r}: upcast must be a dict {{old version: function}}, "
+                          f"got {upcast!r:.80}")
+    want = set(range(1, version))
+    if set(upcast) != want:
+        missing = sorted(want - set(upcast), key=repr)
+        extra = sorted(set(upcast) - want, key=repr)
+        raise ConfigError(
+            f"operator {name!r}: version={version} needs upcast keys exactly "
+            f"{sorted(want)} (one function per older version v, turning a value of v into "
+            f"one of v+1); missing {missing}, unexpected {extra}")
+    for v, fn in upcast.items():
+        if not callable(fn) or inspect.iscoroutinefunction(fn):
+            raise ConfigError(f"operator {name!r}: upcast[{v}] must be a plain function "
+                              f"(value -> value, not async), got {fn!r:.80}")
 
 
 def load_app(spec: str) -> App:

@@ -32,9 +32,11 @@ class Transactions(Protocol):
     """What a :class:`Context` asks of whoever runs its transaction (the runtime's engine):
     the transaction's reads and writes of one key, and its calls of other functions."""
 
-    def read(self, tid: int, operator: str, key: str, default: Any) -> Any: ...
+    def read(self, tid: int, operator: str, key: str, default: Any,
+             now: float | None = None) -> Any: ...
 
-    def write(self, tid: int, operator: str, key: str, value: Any) -> None: ...
+    def write(self, tid: int, operator: str, key: str, value: Any,
+              now: float | None = None) -> None: ...
 
     def remove(self, tid: int, operator: str, key: str) -> None: ...
 
@@ -96,12 +98,16 @@ class Context:
         return self._tid
 
     def get(self, default: Any = None) -> Any:
-        """This key's value as of the transaction (``default`` when it has none)."""
-        return self._engine.read(self._tid, self.operator, self.key, default)
+        """This key's value as of the transaction (``default`` when it has none, or when it
+        expired by :meth:`now` under the operator's ``ttl``), brought to the code's schema
+        version by the operator's upcasters. A value stored by newer code (a higher schema
+        version) raises :class:`~sfaas.errors.SchemaTooNew` and aborts the transaction."""
+        return self._engine.read(self._tid, self.operator, self.key, default, self._now)
 
     def put(self, value: Any) -> None:
-        """Set this key's value (must be msgpack-able: raises NotSerializable otherwise)."""
-        self._engine.write(self._tid, self.operator, self.key, value)
+        """Set this key's value (must be msgpack-able: raises NotSerializable otherwise);
+        under the operator's ``ttl`` it expires ``ttl`` seconds after :meth:`now`."""
+        self._engine.write(self._tid, self.operator, self.key, value, self._now)
 
     def delete(self) -> None:
         """Remove this key's value."""

@@ -21,6 +21,9 @@ __all__ = [
     "BadRequest",
     "NotAwaited",
     "NondeterminismError",
+    "SchemaTooNew",
+    "UpcastFailed",
+    "BadStoredValue",
     "ConfigError",
     "AuthenticationError",
     "ChannelClosed",
@@ -29,10 +32,15 @@ __all__ = [
     "error_class",
     "reply_error",
     "EXIT_RETIRED",
+    "EXIT_RECOVERY_STOPPED",
+    "RecoveryStopped",
 ]
 
 #: Exit code of a worker a rescale retired (its supervisor does not restart it).
 EXIT_RETIRED = 75
+#: Exit code of a coordinator whose recovery failed the same way three times in a row (its
+#: supervisor does not restart it: a restart would fail the same way).
+EXIT_RECOVERY_STOPPED = 76
 
 
 class SfaasError(Exception):
@@ -104,6 +112,23 @@ class EffectFailed(TransactionAborted):
     any exception it aborts the transaction only if the function lets it through."""
 
 
+class SchemaTooNew(TransactionAborted):
+    """A stored value has a newer schema version than the operator's code declares (code
+    older than the data, e.g. after a downgrade): it is refused, never misread. The message
+    names the operator, the key, the stored version and the code's."""
+
+
+class UpcastFailed(TransactionAborted):
+    """An operator's upcaster raised, or returned a value that is not msgpack-able, while
+    bringing a stored value to the code's schema version (the message names the operator,
+    the key and the upcaster)."""
+
+
+class BadStoredValue(TransactionAborted):
+    """A stored value's envelope is malformed (truncated, or flags this version does not
+    know): see "Stored values" in ``sfaas/runtime/FORMAT.md``."""
+
+
 class ConfigError(SfaasError, ValueError):
     """A setting (flag or ``SFAAS_*`` variable) has an invalid value."""
 
@@ -120,6 +145,12 @@ class ClusterError(SfaasError):
     """The local cluster could not be started, found or stopped."""
 
 
+class RecoveryStopped(ClusterError):
+    """A recovery failed the same way three times in a row (a cause retrying cannot cure:
+    the state was written with another engine or partition count, a file is corrupt); the
+    coordinator stopped retrying."""
+
+
 class RequestTimeout(SfaasError, TimeoutError):
     """No reply arrived for a request within the client's timeout."""
 
@@ -127,7 +158,8 @@ class RequestTimeout(SfaasError, TimeoutError):
 _REPLY_ERRORS: dict[str, type[TransactionAborted]] = {
     cls.__name__: cls
     for cls in (UnknownOperator, UnknownFunction, BadArguments, BadKey, NotSerializable, BadRequest,
-                NotAwaited, NondeterminismError, EffectFailed)
+                NotAwaited, NondeterminismError, EffectFailed, SchemaTooNew, UpcastFailed,
+                BadStoredValue)
 }
 
 

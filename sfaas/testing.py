@@ -271,7 +271,8 @@ class LocalRunner:
     # -- time ------------------------------------------------------------------------------
     def advance(self, seconds: float) -> Any:
         """Move the clock ``seconds`` ahead (``ctx.now()`` included) and run every timer due
-        by then, and whatever they call, to the end — tests of timeouts need not sleep.
+        by then, and whatever they call, to the end — tests of timeouts need not sleep;
+        values of operators with a ``ttl`` expire by this clock too.
         Awaitable inside a running event loop, blocking outside one."""
         if not isinstance(seconds, (int, float)) or not seconds >= 0:
             raise ValueError(f"advance needs seconds >= 0, got {seconds!r}")
@@ -320,11 +321,12 @@ class LocalRunner:
 
     # -- inspection ----------------------------------------------------------------------
     def state(self, operator: str, key: str, default: Any = None) -> Any:
-        """The committed value of ``key`` in ``operator`` (``default`` if none)."""
+        """The committed value of ``key`` in ``operator`` as functions would see it now
+        (``default`` if none, or expired by :meth:`now`)."""
         self.app.get_operator(operator)
         eng = self.engines[self.engines[0].owner(operator, key)]
         raw = eng.store_of(operator, key).get(key.encode())
-        return default if raw is None else unpack(raw)
+        return eng.values.decode(operator, key, raw, self.now(), default)
 
     def get(self, operator: str, key: str, default: Any = None) -> Any:
         """Like :meth:`sfaas.Client.get`: the committed value, without a transaction."""
@@ -339,19 +341,22 @@ class LocalRunner:
 
         check_scan(prefix, limit)
         self.app.get_operator(operator)
+        now = self.now()
         found = [(str(k), v) for eng in self.engines for store in eng.operator_stores(operator)
-                 for k, v in scan_partition(store, prefix, limit)]
+                 for k, v in scan_partition(store, prefix, limit, eng.values[operator], now)]
         return sorted(found)[:limit]
 
     def items(self, operator: str) -> dict[str, Any]:
-        """Every committed ``key → value`` of ``operator``."""
+        """Every committed ``key → value`` of ``operator`` (expired ones left out)."""
         self.app.get_operator(operator)
         out: dict[str, Any] = {}
+        now = self.now()
         for eng in self.engines:
+            codec = eng.values[operator]
             for store in eng.operator_stores(operator):
                 for k, v in store.items():
-                    if k[:1] != b"\x00":  # (the runtime's timers and actions)
-                        out[k.decode()] = unpack(v)
+                    if k[:1] != b"\x00" and codec.live(v, now):  # (not timers, actions)
+                        out[k.decode()] = codec.decode(v, now, k.decode())
         return out
 
     # -- epochs ----------------------------------------------------------------------------

@@ -276,9 +276,11 @@ class Settings:
         return f"{self.namespace}.{app}.epochs"
 
     def as_env(self) -> dict[str, str]:
-        """These settings as ``SFAAS_*`` variables (to pass to child processes)."""
-        return {f"SFAAS_{f.name.upper()}": str(getattr(self, f.name))
-                for f in dataclasses.fields(self)}
+        """These settings as ``SFAAS_*`` variables (to pass to child processes); unset
+        ones (empty, None) are left out, so an app reading ``os.environ.get("SFAAS_STORE",
+        default)`` gets its default, not an empty string."""
+        return {f"SFAAS_{f.name.upper()}": str(value) for f in dataclasses.fields(self)
+                if (value := getattr(self, f.name)) not in ("", None)}
 
 
 def is_loopback(host: str) -> bool:

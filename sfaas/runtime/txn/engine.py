@@ -26,11 +26,12 @@ from sfaas.errors import (
     TransactionAborted,
     error_class,
 )
-from sfaas.runtime.codec import check_arguments, pack, unpack
+from sfaas.runtime.codec import check_arguments, pack
 from sfaas.runtime.partitioning import owner_of_partition, partition_of
 from sfaas.runtime.txn import internal
 from sfaas.runtime.txn.effects import SUSPENDED, Effects, raise_outcome
 from sfaas.runtime.txn.epochs import AccessLog, Key
+from sfaas.runtime.values import Values
 from statestores import Store
 
 log = logging.getLogger("sfaas.engine")
@@ -172,6 +173,7 @@ class Engine:
         else:
             self.owners = owners or [owner_of_partition(p, n_workers) for p in range(partitions)]
         self.stores = dict(stores)
+        self.values = Values(app)  # each operator's stored-value codec (version, ttl)
         self.router = router
         self.epoch = 0
         self.log = AccessLog()
@@ -200,8 +202,7 @@ class Engine:
         transactions again without touching this one's epoch (the determinism check)."""
         n = max(max(self.owners) + 1, self.index + 1)
         twin = Engine(self.app, self.index, n, self.partitions, self.stores, None, self._owners)
-        twin.epoch = self.epoch
-        twin.effects = self.effects
+        twin.epoch, twin.effects, twin.values = self.epoch, self.effects, self.values
         return twin
 
     # -- placement -------------------------------------------------------------------
@@ -228,8 +229,10 @@ class Engine:
         return [s for (op, _), s in self.stores.items() if op == operator]
 
     # -- state access (used by Context) ------------------------------------------------
-    def read(self, tid: int, operator: str, key: str, default: Any) -> Any:
-        """``key``'s value for ``tid``: its own buffered write, else the epoch-start value."""
+    def read(self, tid: int, operator: str, key: str, default: Any,
+             now: float | None = None) -> Any:
+        """``key``'s value for ``tid``: its own buffered write, else the epoch-start value;
+        as of the transaction's ``now`` (expired: ``default``; see ``runtime.values``)."""
         k = (operator, key)
         if self._fb is not None:
             self._check_declared(tid, k)
@@ -237,13 +240,18 @@ class Engine:
         if not found:
             self.log.record_read(tid, k)
             raw = self.store_of(operator, key).get(key.encode())
-        return default if raw is None else unpack(raw)
+        try:
+            return self.values.decode(operator, key, raw, now, default)
+        except TransactionAborted as exc:  # (SchemaTooNew…: aborts even if the function catches)
+            self.log.record_abort(tid, *describe(exc))
+            raise
 
-    def write(self, tid: int, operator: str, key: str, value: Any) -> None:
-        """Buffer ``tid``'s write of ``value`` to ``key``."""
+    def write(self, tid: int, operator: str, key: str, value: Any, now: float | None = None
+              ) -> None:
+        """Buffer ``tid``'s write of ``value`` to ``key`` (``now``: the transaction's)."""
         if self._fb is not None:
             self._check_declared(tid, (operator, key))
-        self.log.record_write(tid, (operator, key), pack(value, f"value for {operator}/{key!r}"))
+        self.log.record_write(tid, (operator, key), self.values.encode(operator, key, value, now))
 
     def remove(self, tid: int, operator: str, key: str) -> None:
         """Buffer ``tid``'s delete of ``key``."""

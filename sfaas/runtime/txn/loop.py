@@ -26,6 +26,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from sfaas.runtime.txn.effects import SUSPENDED
 from sfaas.runtime.txn.engine import Engine, Outcome
 from sfaas.runtime.txn.epochs import Sequencer
+from sfaas.runtime.values import set_horizon
 
 __all__ = ["Item", "Fate", "Participant", "merge_votes", "idle_after", "commit_together"]
 
@@ -82,6 +83,10 @@ class Participant(Generic[T]):
         self.just_parked: list[int] = []
         self.committed = self.aborted = self.reruns = self.fallbacks = self.epochs = 0
         self.suspended = 0
+        #: the current epoch's ``now`` (what its new requests got)
+        self.now = 0.0
+        #: the expiry horizon (ms) last given to the stores of the ttl operators, if any
+        self.horizon: int | None = None
 
     @property
     def pending(self) -> int:
@@ -120,6 +125,7 @@ class Participant(Generic[T]):
         or conflicting last epoch), then new requests, up to ``max_batch``; new ones get
         ``now`` and fresh tids."""
         self.engine.begin(epoch)
+        self.now = now
         block = self.last_conflicts | self.sequencer.pending_tids() | set(blocked)
         retries = self.sequencer.take_retries(self.max_batch, block)
         q = self.queue
@@ -138,6 +144,7 @@ class Participant(Generic[T]):
         for tid, _ in batch:  # (a run parked at an effect went on in this epoch)
             self.parked.pop(tid, None)
         self.batch = list(batch)
+        self.now = max((item.now for _, item in batch), default=self.now)
         return self.batch
 
     async def execute(self) -> list[Outcome]:
@@ -178,8 +185,20 @@ class Participant(Generic[T]):
         return the conflicting ones (the fallback phase's candidates), in tid order."""
         self.last_conflicts = set(conflicts)
         self.engine.commit(conflicts, aborts)
+        self._expire()
         items = dict(self.batch)
         return [(t, items[t]) for t in sorted(items) if t in self.last_conflicts]
+
+    def _expire(self) -> None:
+        """After a commit: let the stores of ttl operators drop what expired before the
+        oldest ``now`` any transaction held here may still read with (the epoch's, or an
+        older one a re-run or a parked run keeps; ``runtime.values.set_horizon``)."""
+        ttl = self.engine.values.ttl_operators
+        if ttl:
+            held = [it.now for _, it in self.batch] + [it.now for _, it in
+                                                       self.sequencer.retries()]
+            oldest = min([self.now, *held, *(it.now for it in self.parked.values())])
+            self.horizon = set_horizon(self.engine.stores, ttl, oldest)
 
     async def run_fallback(
         self, candidates: Sequence[tuple[int, T]], finish: Callable[[int, bool], Awaitable[None]],
