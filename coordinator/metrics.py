@@ -132,7 +132,8 @@ class CoordinatorMetrics:
                                  "function": f"{msg.operator}.{msg.function}", "key": msg.key,
                                  "before": msg.before, "after": msg.after})
         log.error("worker %d's replay diverged: %s.%s on key %r (request %s) replied %s before "
-                  "the crash and %s in the replay: the function is not deterministic",
+                  "the crash and %s in the replay: the function is not deterministic (or the "
+                  "app's code changed since the epoch was logged)",
                   msg.index, msg.operator, msg.function, msg.key, msg.rid, msg.before, msg.after)
 
     def recovered(self, info: dict[str, Any]) -> None:
@@ -220,6 +221,10 @@ class CoordinatorMetrics:
                                   "Requests a recovery's replay answered otherwise than before "
                                   "the crash (a function that is not deterministic)",
                                   value=self.diverged_total)
+        yield GaugeMetricFamily("sfaas_recovery_stopped",
+                                "1: recovery failed the same way 3 times in a row and stopped "
+                                "retrying (the status page says why)",
+                                value=1 if c.recovery_stopped else 0)
         yield CounterMetricFamily("sfaas_recovery_attempts",
                                   "Recovery attempts (a loss during one starts another)",
                                   value=c.recoveries)

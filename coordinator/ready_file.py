@@ -1,7 +1,9 @@
 """The ready file: the membership and the standbys, for ``sfaas ps`` and ``sfaas up``.
 
 It is written once every worker is ready (its appearing tells ``sfaas up`` the cluster
-runs), and again at every change of the membership or the standbys after that.
+runs), and again at every change of the membership or the standbys after that, and when
+a recovery begins, ends or stops retrying (``recovering``, ``recovery_stopped``: ``sfaas
+up`` waits for a restarted cluster's recovery, ``sfaas ps`` shows why one stopped).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ class ReadyFile:
         standbys = [{"of": sb.of, "name": sb.name, "pid": sb.pid, "following": sb.following}
                     for sb in c.standbys]
         doc = {"coordinator": self._address, "workers": members, "standbys": standbys,
-               "promotions": c.promotions}
+               "promotions": c.promotions, "recovering": c.recovering,
+               "recovery_stopped": c.recovery_stopped}
         tmp = self._path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(doc, f)

@@ -95,6 +95,9 @@ class ClusterSnapshot:
     last_rescale: dict[str, Any] = field(default_factory=dict)
     stats: EpochStats = field(default_factory=EpochStats)
     recoveries: int = 0
+    #: a recovery under way; why recovery stopped retrying ("" : it did not)
+    recovering: bool = False
+    recovery_stopped: str = ""
     inbox: int = 0
     rounds: RoundsView = field(default_factory=RoundsView)
 
@@ -129,7 +132,8 @@ def take(app: str, namespace: str, heartbeat_timeout: float, secrets: tuple[str,
                       for j in rescale.joiners),
         rescale_target=rescale.target, last_rescale=dict(rescale.last),
         stats=EpochStats(s.epochs, s.txns, s.conflicts), recoveries=state.recoveries,
-        inbox=inbox,
+        recovering=state.recovering,
+        recovery_stopped=redact(state.recovery_stopped, secrets), inbox=inbox,
         rounds=RoundsView(rounds.completed, rounds.failed, tuple(rounds.history),
                           tuple((t, r, redact(why, secrets)) for t, r, why in rounds.failures),
                           rounds.last_complete),

@@ -85,6 +85,10 @@ class ClusterView(Protocol):
     def stats(self) -> EpochStats: ...
     @property
     def recoveries(self) -> int: ...
+    @property
+    def recovering(self) -> bool: ...
+    @property
+    def recovery_stopped(self) -> str: ...
     def member(self, index: int) -> Member | None: ...
 
 
@@ -106,6 +110,10 @@ class ClusterState:
         #: ``sfaas ps`` and benchmarks)
         self.recoveries = 0
         self.last_recovery: dict[str, Any] = {}
+        #: a recovery is under way
+        self.recovering = False
+        #: why recovery stopped retrying ("" : it did not)
+        self.recovery_stopped = ""
         self._all_joined = asyncio.Event()
         self._changed = asyncio.Event()  # membership changed (a loss, a replacement ready)
 
@@ -235,7 +243,14 @@ class ClusterState:
     def begin_recovery(self) -> int:
         """A new recovery attempt; its number."""
         self.recoveries += 1
+        self.recovering = True
         return self.recoveries
 
     def recovered(self, info: dict[str, Any]) -> None:
+        self.recovering = False
         self.last_recovery = info
+
+    def stop_recovering(self, why: str) -> None:
+        """Recovery gave up: nothing will run until an operator intervenes."""
+        self.recovering = False
+        self.recovery_stopped = why

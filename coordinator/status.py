@@ -183,8 +183,11 @@ def data(c: ClusterSnapshot, m: CoordinatorMetrics) -> dict[str, Any]:
         ["diverged", "replies a replay changed (not deterministic)", str(m.diverged_total)],
         ["rescale", "rescaling", rescaling],
     ]
+    if c.recovery_stopped:
+        summary.insert(0, ["stopped", "RECOVERY STOPPED", c.recovery_stopped])
     return {
         "app": c.app, "namespace": c.namespace, "time": now, "poll_seconds": POLL_SECONDS,
+        "recovery_stopped": c.recovery_stopped,
         "summary": summary,
         "tables": [
             {"id": "workers", "title": "Workers", "empty": "no worker registered yet",
@@ -320,7 +323,8 @@ function chart(s) {
 function render(d) {
   for (const [key, , value] of d.summary) {
     const card = document.querySelector('.card[data-key="' + key + '"] .value');
-    if (card) card.textContent = value;
+    if (!card) { location.reload(); return; }  // a new card (recovery stopped): render anew
+    card.textContent = value;
   }
   for (const t of d.tables) {
     const table = document.getElementById(t.id);

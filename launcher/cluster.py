@@ -214,7 +214,7 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, s
     sup = _spawn(["supervise", "--state-dir", str(sd), "--workers", str(workers * (1 + standbys))],
                  env, sd / "supervisor.log")
     deadline = time.monotonic() + timeout
-    while not ready.exists():
+    while not _ready(ready):
         crashed = [p for p in ps(settings) if p.restarts or p.gave_up]
         if crashed or not _alive(sup) or time.monotonic() > deadline:
             if crashed:
@@ -233,6 +233,21 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, s
     return ps(settings)
 
 
+def _ready(path: Path) -> bool:
+    """Whether the coordinator's ready file says every worker is ready and no recovery is
+    under way (a restarted cluster first recovers); :class:`ClusterError` if its recovery
+    stopped retrying (the cluster stays up for its status page; 'sfaas down' stops it)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    if doc.get("recovery_stopped"):
+        raise ClusterError(f"{doc['recovery_stopped']}. The cluster is still running so its "
+                           f"status page and logs ({path.parent}) show it; stop it with "
+                           "'sfaas down'")
+    return not doc.get("recovering")
+
+
 def ps(settings: Settings) -> list[ProcessInfo]:
     """The local cluster's processes and whether each is alive."""
     sd = state_dir(settings)
@@ -242,8 +257,10 @@ def ps(settings: Settings) -> list[ProcessInfo]:
         return []
     addresses: dict[int, str] = {}
     slots: dict[int, tuple[str, int]] = {}  # pid → (role, index) as the coordinator sees it now
+    stopped = ""
     try:
         members = json.loads((sd / "ready").read_text())
+        stopped = str(members.get("recovery_stopped") or "")
         addresses = {w["pid"]: w["address"] for w in members.get("workers", [])}
         slots = {w["pid"]: ("worker", w["index"]) for w in members.get("workers", [])}
         slots.update({sb["pid"]: ("standby", sb["of"]) for sb in members.get("standbys", [])})
@@ -255,6 +272,8 @@ def ps(settings: Settings) -> list[ProcessInfo]:
         proc = ProcessInfo(p["role"], p["pid"], address,
                            p["log"], index=p.get("index", 0), restarts=p.get("restarts", 0),
                            gave_up=p.get("gave_up", ""), metrics=p.get("metrics", ""))
+        if proc.role == "coordinator" and stopped and not proc.gave_up:
+            proc.gave_up = stopped
         proc.address = proc.address or addresses.get(proc.pid, "")
         if proc.role == "worker" and proc.pid in slots:
             proc.role, proc.index = slots[proc.pid]

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from sfaas.errors import SfaasError, TransactionAborted
+from sfaas.errors import EXIT_RECOVERY_STOPPED, RecoveryStopped, SfaasError, TransactionAborted
 from sfaas.runtime.settings import Settings
 
 __all__ = ["main"]
@@ -129,6 +129,22 @@ def _parser() -> argparse.ArgumentParser:
     cl.add_argument("function")
     cl.add_argument("args", nargs="*", help="arguments, each as JSON (bare words are strings)")
 
+    gw = sub.add_parser("gateway", help="serve the app over HTTP/JSON (calls, state reads, "
+                                         "/openapi.json) through one Kafka client")
+    _common(gw)
+    gw.add_argument("--app", help="MODULE:APP (SFAAS_APP)")
+    gw.add_argument("--listen", help="host:port to serve HTTP on; beyond loopback it needs "
+                                     "SFAAS_GATEWAY_TOKEN (SFAAS_GATEWAY_LISTEN)")
+    gw.add_argument("--bootstrap", dest="kafka",
+                    help="Kafka bootstrap servers, like --kafka (SFAAS_KAFKA)")
+    gw.add_argument("--max-in-flight", dest="max_in_flight", type=int,
+                    help="requests at once; one more gets 429 (SFAAS_GATEWAY_MAX_IN_FLIGHT)")
+    gw.add_argument("--timeout", type=float,
+                    help="seconds to wait for a reply before 504 (SFAAS_GATEWAY_TIMEOUT)")
+    gw.add_argument("--metrics-port", dest="metrics_port", type=int,
+                    help="also serve /metrics on this port (it is always on the HTTP port; "
+                         "0 or the HTTP port: nothing more) (SFAAS_METRICS_PORT)")
+
     sr = sub.add_parser("state", help="read committed state without a transaction, as JSON")
     _common(sr)
     sr.add_argument("--app", dest="app_name",
@@ -205,6 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TransactionAborted as exc:
         print(f"aborted ({exc.error_type}): {exc.reason}", file=sys.stderr)
         return 1
+    except RecoveryStopped as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_RECOVERY_STOPPED
     except SfaasError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -313,6 +332,16 @@ def _dispatch(ns: argparse.Namespace) -> int:
              "(partitions move by shipping their stores; epochs go on)")
         print(cluster.scale(_settings(ns, "namespace"), ns.workers))
         return 0
+    if cmd == "gateway":
+        from gateway.service import run_gateway
+        from gateway.settings import GatewaySettings
+        from sfaas.app import load_app
+
+        s = _settings(ns, "kafka", "namespace", "log_level", "app", "metrics_port")
+        gws = GatewaySettings.load({"listen": ns.listen, "max_in_flight": ns.max_in_flight,
+                                    "timeout": ns.timeout})
+        _setup_logging(s.log_level)
+        return run_gateway(load_app(s.app), s, gws)
     if cmd == "state":
         return _state(ns)
     if cmd == "call":

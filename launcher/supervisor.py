@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.cluster import free_port
-from sfaas.errors import EXIT_RETIRED
+from sfaas.errors import EXIT_RECOVERY_STOPPED, EXIT_RETIRED
 from sfaas.runtime.metrics import local_url
 
 log = logging.getLogger("sfaas.supervisor")
@@ -138,6 +138,11 @@ class Supervisor:
                 c.proc, c.alive = None, False
                 changed = True
                 if self.stopping:
+                    continue
+                if code == EXIT_RECOVERY_STOPPED and c.role == "coordinator":
+                    c.gave_up = (f"its recovery stopped retrying (exit code {code}): a restart "
+                                 f"would fail the same way — see {c.log}")
+                    log.error("coordinator %s", c.gave_up)
                     continue
                 if code == EXIT_RETIRED and c.role == "worker":
                     log.info("worker %d (pid %d) retired by a rescale; not restarted",

@@ -283,7 +283,8 @@ class EpochRunner:
         self._metrics.divergences_total += 1
         log.error("replay diverged: %s.%s on key %r (request %s) replied %s before the crash "
                   "and %s in the replay: it is not deterministic (use ctx.now(), ctx.random() "
-                  "or ctx.run for what may differ between runs)", req.operator, req.function,
+                  "or ctx.run for what may differ between runs) — or the app's code changed "
+                  "since the epoch was logged", req.operator, req.function,
                   req.key, req.rid, b, a, extra={"worker": self._state.index})
         if not self._uplink.closed:
             self._uplink.send(wire.Diverged(self._state.index, req.rid, req.operator,

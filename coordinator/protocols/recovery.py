@@ -15,13 +15,19 @@ After a lost worker (a closed channel at once, silence after ``heartbeat_timeout
 5. resume live epochs above every epoch used before.
 
 A loss during any step, a worker that fails to roll back, or MinIO unreachable restarts
-the recovery (after a short pause); the cluster keeps trying and says why in its log.
+the recovery (after a short pause); the cluster keeps trying and says why in its log —
+except when a worker's rollback fails *the same way* ``SAME_FAILURES`` times in a row
+with an error it calls permanent (``Recovered.permanent``: the state was written with
+another engine or partition count, a file is corrupt): retrying cannot cure that, so
+:class:`~sfaas.errors.RecoveryStopped` ends the recovery, and the coordinator says why
+(``coordinator.service``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,21 +36,28 @@ from coordinator.barrier import Barrier
 from coordinator.inbox import Inbox, Interrupted, Lost
 from coordinator.state import ClusterState
 from remotes import Remote
-from sfaas.errors import ChannelClosed
+from sfaas.errors import ChannelClosed, RecoveryStopped
 from sfaas.runtime import wire
 from sfaas.runtime.protocols.rounds import Rounds
 from sfaas.runtime.txn.loop import merge_votes
 
 log = logging.getLogger("sfaas.coordinator.recovery")
 
-__all__ = ["Recovery", "RETRY_PAUSE"]
+__all__ = ["Recovery", "RETRY_PAUSE", "SAME_FAILURES"]
 
 #: Seconds between recovery attempts that failed.
 RETRY_PAUSE = 0.5
+#: Identical permanent failures in a row after which recovery stops retrying.
+SAME_FAILURES = 3
 
 
 class _Retry(Exception):
-    """This attempt cannot finish; start over."""
+    """This attempt cannot finish; start over (``permanent``: nor can any other)."""
+
+    def __init__(self, why: str, permanent: bool = False, error: str = "") -> None:
+        super().__init__(why)
+        self.permanent = permanent
+        self.error = error or why
 
 
 class Recovery:
@@ -64,6 +77,7 @@ class Recovery:
         """Recover; returns once live epochs may run."""
         state = self._state
         t0 = time.monotonic()
+        last, same = "", 0  # the last permanent failure, and how often in a row
         while True:
             attempt = state.begin_recovery()
             self._inbox.rearm()
@@ -79,6 +93,16 @@ class Recovery:
                 await self._replay(epochs)
                 phases["replay"] = time.monotonic() - t
             except (_Retry, Interrupted) as exc:
+                if isinstance(exc, _Retry) and exc.permanent:
+                    # "the same way": the same error but for the numbers in it (which
+                    # worker answered first, which partition it names)
+                    shape = re.sub(r"\d+", "#", exc.error)
+                    same = same + 1 if shape == last else 1
+                    last = shape
+                    if same >= SAME_FAILURES:
+                        why = f"recovery failed {same} times in a row the same way: {exc}"
+                        state.stop_recovering(why)
+                        raise RecoveryStopped(why) from None
                 log.warning("recovery %d did not finish (%s); trying again", attempt, exc)
                 await asyncio.sleep(RETRY_PAUSE)
                 continue
@@ -134,7 +158,8 @@ class Recovery:
                 raise _Retry("a worker was lost while rolling back")
             if isinstance(msg, wire.Recovered) and msg.attempt == attempt:
                 if msg.error:
-                    raise _Retry(f"worker {msg.index} could not roll back: {msg.error}")
+                    raise _Retry(f"worker {msg.index} could not roll back: {msg.error}",
+                                 msg.permanent, msg.error)
                 got[msg.index] = msg
             # anything else is from before the rollback (stale reports of the lost epoch)
         epochs: dict[int, float] = {}

@@ -251,8 +251,8 @@ class RoundKeeper:
             skip.update(r.skip)
             for p, o in r.egress.items():
                 egress[p] = min(o, egress.get(p, o))
-            stores += [StoreCut(str(op), int(p), int(b), int(n), int(t))
-                       for op, p, b, n, t in r.stores]
+            stores += [StoreCut(str(op), int(p), int(b), int(n), int(t), str(e))
+                       for op, p, b, n, t, e in r.stores]
             retries += [(t, p, o, float(now), dict(j)) for t, p, o, now, j in r.retries]
         # an egress partition some worker did not report has no safe scan start: omit it
         egress = {p: o for p, o in egress.items()

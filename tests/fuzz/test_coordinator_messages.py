@@ -57,7 +57,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def test_coordinator_handles_or_refuses_worker_messages(frames: list[bytes], home: Path,
                                                               outcomes: Outcomes) -> None:
     c = bare_coordinator(str(home))
-    c.rounds.on_report(wire.Snapshotted(1, 0, 3, [["kv", 0, 1, 1, 1]], {0: 1}, {}, {0: 0}, [], 0, ""))
+    c.rounds.on_report(wire.Snapshotted(1, 0, 3, [["kv", 0, 1, 1, 1, "memonly"]], {0: 1}, {}, {0: 0}, [], 0, ""))
     chan = FakeChannel(frames, peer="fuzz-worker")
     try:
         await asyncio.wait_for(c.membership.on_connection(chan), 10)  # type: ignore[arg-type]

@@ -40,7 +40,8 @@ manifests = st.builds(
     epoch=_ints,
     workers=st.integers(min_value=1, max_value=64),
     partitions=st.integers(min_value=1, max_value=512),
-    stores=st.lists(st.builds(StoreCut, st.text(min_size=1, max_size=20), _ints, _ints, _ints, _ints),
+    stores=st.lists(st.builds(StoreCut, st.text(min_size=1, max_size=20), _ints, _ints, _ints, _ints,
+                               st.sampled_from(["", "lsm", "hybridlog"])),
                     max_size=8).map(tuple),
     ingress=st.dictionaries(_ints, _ints, max_size=8),
     skip=st.dictionaries(_ints, st.lists(_ints, max_size=5), max_size=4),
@@ -238,7 +239,7 @@ async def test_the_coordinator_publishes_and_collects_rounds_in_its_background_p
         for s in stores.values():
             s.put(f"k{round_id}".encode(), b"v")
             s.snapshot(round_id)
-        keeper.on_report(wire.Snapshotted(round_id, 0, txns, [["op", p, 1, 1, 1] for p in stores],
+        keeper.on_report(wire.Snapshotted(round_id, 0, txns, [["op", p, 1, 1, 1, "lsm"] for p in stores],
                                           {}, {}, {}, [], 0, ""))
         assert keeper._publishing is not None
         await keeper._publishing

@@ -31,14 +31,23 @@ from typing import TYPE_CHECKING, TypeVar, cast
 
 from aiokafka import TopicPartition
 
+from remotes.manifest import ManifestError
 from sfaas.app import App
+from sfaas.errors import ConfigError
 from sfaas.runtime import wire
 from sfaas.runtime.epochlog import EpochRecord, Logged
 from sfaas.runtime.kafka import read_range
 from sfaas.runtime.partitioning import owned
-from sfaas.runtime.protocols.rounds import RoundManifest, Rounds
+from sfaas.runtime.protocols.rounds import RoundError, RoundManifest, Rounds
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import open_stores, rounds_remote
+from statestores.errors import (
+    BackgroundBusy,
+    BackgroundDied,
+    LockedError,
+    StoreClosedError,
+    StoreError,
+)
 from worker.clients import KafkaClients
 from worker.ingress import Ingress
 from worker.links import CoordinatorLink, PeerLinks
@@ -52,7 +61,7 @@ log = logging.getLogger("sfaas.worker.recovery")
 
 T = TypeVar("T", bound=Logged)
 
-__all__ = ["Recovery", "replay_batch"]
+__all__ = ["Recovery", "check_round_layout", "permanent", "replay_batch"]
 
 
 def _empty_round(partitions: int) -> RoundManifest:
@@ -111,9 +120,9 @@ class Recovery:
         except Exception as exc:
             log.exception("recovery %d failed", msg.attempt, extra={"worker": st.index})
             error = f"{type(exc).__name__}: {exc}"[:2000]
-            self._uplink.send(wire.Recovered(msg.attempt, st.index, [], error))
+            self._uplink.send(wire.Recovered(msg.attempt, st.index, [], error, permanent(exc)))
             return
-        self._uplink.send(wire.Recovered(msg.attempt, st.index, epochs, ""))
+        self._uplink.send(wire.Recovered(msg.attempt, st.index, epochs, "", False))
 
     def _adopt_map(self, owners: list[int]) -> None:
         """(a thread) Close the stores of partitions ``owners`` no longer gives this worker,
@@ -151,6 +160,8 @@ class Recovery:
             m = await asyncio.to_thread(Rounds(rounds_remote(s, self._app.name)).read, msg.round)
         else:
             m = _empty_round(st.partitions)
+        check_round_layout(m, {k: store.engine for k, store in st.engine.stores.items()},
+                           st.partitions)
         # the stores' restores (threads: file moves, MinIO) overlap the three Kafka reads
         def restore(op: str, p: int, store: Store) -> None:
             if m.round > 0:
@@ -193,6 +204,7 @@ class Recovery:
                     log.warning("skipping an undecodable egress record: %s", exc)
         # 5. the epoch loop, rebuilt: every request after the round taken as ingest takes it
         st.restart(answered)
+        self._ingress.forget_held_reads()  # (taken again below)
         loop = st.loop
         assert loop is not None
         items: dict[tuple[int, int], Pending] = {}
@@ -237,3 +249,32 @@ class Recovery:
                  "requests queued, %d replies already out", msg.attempt, m.round, m.epoch,
                  len(epochs), len(loop.queue), len(answered), extra={"worker": me})
         return [wire.LoggedEpoch(e, now) for e, now in epochs]
+
+
+def permanent(exc: BaseException) -> bool:
+    """Whether a failed rollback cannot succeed by trying again: the round or the stores
+    disagree with this run's configuration, or a file or manifest is corrupt. A lost
+    connection, an unreachable MinIO or a busy background process can."""
+    if isinstance(exc, (BackgroundBusy, BackgroundDied, LockedError, StoreClosedError)):
+        return False
+    return isinstance(exc, (ConfigError, StoreError, ManifestError, RoundError))
+
+
+def check_round_layout(m: RoundManifest, engines: Mapping[tuple[str, int], str],
+                       partitions: int) -> None:
+    """Refuse to roll back to round ``m`` when it was taken in another partition count or
+    with another engine than this worker's stores (``engines``) — its keys would read as
+    absent — naming both."""
+    if m.round > 0 and m.partitions != partitions:
+        raise ConfigError(
+            f"round {m.round} was taken in {m.partitions} partitions; this cluster runs "
+            f"{partitions}: its keys would be looked up in the wrong partitions. Use the "
+            "partition count the state was written with, or a fresh namespace")
+    for cut in m.stores:
+        have = engines.get((cut.operator, cut.partition))
+        if cut.engine and have is not None and have != cut.engine:
+            raise ConfigError(
+                f"round {m.round} holds operator {cut.operator!r} (partition "
+                f"{cut.partition}) written by engine {cut.engine!r}; this run opens it with "
+                f"engine {have!r}. Use the engine the state was written with, or a fresh "
+                "namespace")

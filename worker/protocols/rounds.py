@@ -59,12 +59,13 @@ class RoundTaker:
         """Freeze every store for round ``round_id`` now; report when the uploads ended and
         ``durable()`` (the replies of what the cut holds are acknowledged) returned."""
         t0 = time.perf_counter()
-        futures: list[tuple[StoreKey, concurrent.futures.Future[SnapshotInfo]]] = []
+        futures: list[tuple[StoreKey, str, concurrent.futures.Future[SnapshotInfo]]] = []
         errors: list[str] = []
         spacing = min(UPLOAD_SPACING, self.interval / 2 / max(1, len(stores)))
         for i, (key, store) in enumerate(stores.items()):
             try:
-                futures.append((key, store.snapshot_async(round_id, delay=i * spacing)))
+                futures.append((key, store.engine,
+                                store.snapshot_async(round_id, delay=i * spacing)))
             except Exception as exc:  # e.g. an id not above the store's last snapshot
                 errors.append(f"{key[0]}/p{key[1]}: {type(exc).__name__}: {exc}")
         freeze_ms = 1000 * (time.perf_counter() - t0)
@@ -79,7 +80,8 @@ class RoundTaker:
 
     async def _report(
         self, round_id: int, epoch: int,
-        futures: list[tuple[StoreKey, concurrent.futures.Future[SnapshotInfo]]], errors: list[str],
+        futures: list[tuple[StoreKey, str, concurrent.futures.Future[SnapshotInfo]]],
+        errors: list[str],
         ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int],
         retries: list[wire.Retry], epoch_log: int, durable: Awaitable[None],
     ) -> None:
@@ -88,14 +90,15 @@ class RoundTaker:
             await durable
         except Exception as exc:
             errors.append(f"replies not acknowledged: {type(exc).__name__}: {exc}")
-        for (op, p), fut in futures:
+        engines = {key: engine for key, engine, _ in futures}
+        for (op, p), _, fut in futures:
             try:
                 info = await asyncio.wrap_future(fut)
             except Exception as exc:
                 errors.append(f"{op}/p{p}: {type(exc).__name__}: {exc}")
                 continue
             cuts.append(wire.StoreCut(op, p, info.bytes_uploaded, info.files_total,
-                                      info.bytes_total))
+                                      info.bytes_total, engines[(op, p)]))
         if self._held is not None and not errors:
             await self._held(round_id)
         self.taken += 1

@@ -40,13 +40,16 @@ class Recover(Message):
 class Recovered(Message):
     """Worker → coordinator: rolled back for recovery ``attempt``; ``epochs``: the logged
     epochs after the round (to replay in order); ``error``: empty or why this worker could
-    not recover (the coordinator then retries)."""
+    not recover (the coordinator then retries); ``permanent``: the error is one a retry
+    cannot cure (the stores or the round disagree with this run's configuration, a file is
+    corrupt) — the coordinator stops after three identical ones."""
 
     TAG: ClassVar[int] = 14
     attempt: int
     index: int
     epochs: list[LoggedEpoch]
     error: str
+    permanent: bool
 
 
 @dataclass(slots=True)

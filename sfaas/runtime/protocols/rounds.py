@@ -76,6 +76,8 @@ class StoreCut(NamedTuple):
     bytes_uploaded: int
     files: int
     total_bytes: int
+    #: the engine that wrote it (empty in rounds written before it was recorded)
+    engine: str = ""
 
 
 class Retry(NamedTuple):
@@ -166,8 +168,8 @@ class RoundManifest:
         return _encode(b"SFRM", {
             "round": self.round, "epoch": self.epoch, "workers": self.workers,
             "partitions": self.partitions,
-            "stores": [[s.operator, s.partition, s.bytes_uploaded, s.files, s.total_bytes]
-                       for s in self.stores],
+            "stores": [[s.operator, s.partition, s.bytes_uploaded, s.files, s.total_bytes,
+                        s.engine] for s in self.stores],
             "ingress": self.ingress, "skip": self.skip, "egress": self.egress,
             "retries": [list(r) for r in self.retries], "epoch_log": self.epoch_log,
             "started": self.started, "created": self.created, "owners": list(self.owners),
@@ -177,8 +179,9 @@ class RoundManifest:
     def decode(cls, data: bytes, source: str = "round manifest") -> RoundManifest:
         d = _decode(b"SFRM", data, source, "round manifest")
         try:
-            stores = tuple(StoreCut(str(o), int(p), int(b), int(f), int(t))
-                           for o, p, b, f, t in d["stores"])
+            # (rows of five: a round written before the engine was recorded)
+            stores = tuple(StoreCut(str(o), int(p), int(b), int(f), int(t), str(e[0] if e else ""))
+                           for o, p, b, f, t, *e in d["stores"])
             # (a manifest written before re-runs kept their now has rows of three: the
             # round's start is the closest now it knows of; before journals, of four)
             retries = tuple(
