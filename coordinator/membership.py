@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from coordinator.inbound import check
@@ -67,7 +67,9 @@ class Membership:
                  snapshotted: Callable[[wire.Snapshotted], None],
                  wake: Callable[[], None], abort_round: Callable[[str], None],
                  changed: Callable[[], None],
-                 diverged: Callable[[wire.Diverged], None] = lambda msg: None) -> None:
+                 diverged: Callable[[wire.Diverged], None] = lambda msg: None,
+                 where: Callable[[channels.Channel, list[wire.Message]], Awaitable[None]]
+                 | None = None) -> None:
         self._state = state
         self._inbox = inbox
         self._standbys = standbys
@@ -80,6 +82,7 @@ class Membership:
         self._abort_round = abort_round
         self._changed = changed
         self._diverged = diverged
+        self._where = where
         self._watchdog: asyncio.Task[None] | None = None
 
     # -- the workers' channels -----------------------------------------------------------------
@@ -90,6 +93,9 @@ class Membership:
         reg = msgs[0] if msgs else None
         if isinstance(reg, wire.Scale):
             await self._rescale.request(reg, chan)
+            return
+        if isinstance(reg, wire.Where) and self._where is not None:  # a client's direct reads
+            await self._where(chan, msgs)
             return
         if not isinstance(reg, wire.Register):
             log.warning("peer %s did not register; dropping", chan.peer)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from coordinator import status
 from coordinator.barrier import Barrier
@@ -24,6 +25,7 @@ from coordinator.inbox import Inbox
 from coordinator.membership import Membership
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.protocols.lease import LeasedEpochs
+from coordinator.protocols.reads import Placements
 from coordinator.protocols.recovery import Recovery
 from coordinator.protocols.rescale import Rescaler
 from coordinator.protocols.rounds import RoundKeeper
@@ -33,7 +35,7 @@ from coordinator.snapshot import ClusterSnapshot, take
 from coordinator.startup import create_topics, epoch_log_used, resumed_map
 from coordinator.state import ClusterState
 from remotes import Remote
-from sfaas.errors import ClusterError
+from sfaas.errors import ClusterError, RecoveryStopped
 from sfaas.runtime import channels
 from sfaas.runtime.kafka import consumer_group
 from sfaas.runtime.lifecycle import Step, run_steps
@@ -65,13 +67,14 @@ class Coordinator:
                                 standbys=s.standbys, wake=self.wake,
                                 force_recovery=self.force_recovery, changed=self.ready_file.write)
         ingress, egress = s.topics(app_name)
+        self.placements = Placements(self.state, app_name, lambda: self.rescale.target is not None)
         self.membership = Membership(
             self.state, self.inbox, self.standbys, self.rescale,
             heartbeat_timeout=s.heartbeat_timeout,
             topics=(ingress, egress, consumer_group(s, app_name)),
             heartbeat=self.metrics.heartbeat, snapshotted=self.rounds.on_report,
             wake=self.inbox.wake, abort_round=self.rounds.abort, changed=self.ready_file.write,
-            diverged=self.metrics.diverged)
+            diverged=self.metrics.diverged, where=self.placements.serve)
         self.barrier = Barrier(self.inbox, lambda: len(self.state.members), self.membership)
         self.epochs: EagerEpochs | LeasedEpochs = (
             LeasedEpochs(s.epoch_lease, self.state, self.inbox, self.membership, self.rounds,
@@ -79,7 +82,7 @@ class Coordinator:
             EagerEpochs(self.state, self.inbox, self.barrier, self.membership, self.rounds,
                         self.rescale, self.metrics.epoch))
         self.recovery = Recovery(self.state, self.inbox, self.barrier, self._rounds_remote,
-                                 self.metrics.recovered)
+                                 self._recovered)
         #: set by the first start step: a restarted coordinator recovers before any epoch
         self._resumed = False
         self._server: asyncio.Server | None = None
@@ -112,6 +115,7 @@ class Coordinator:
         self._resumed = s.snapshot_interval > 0 and await epoch_log_used(
             s.kafka, s.epoch_log_topic(app))
         if self._resumed:
+            self.state.recovering = True  # (the ready file says so from its first writing)
             resumed = await resumed_map(self._rounds_remote, partitions, s.workers)
             if resumed is not None:
                 self.state.configure(partitions, *resumed)
@@ -148,19 +152,44 @@ class Coordinator:
         self.ready_file.open(bound[0], bound[1])
 
     async def _serve(self) -> None:
+        try:
+            await self._epochs_and_recoveries()
+        except RecoveryStopped as stop:
+            await self._stay_stopped(stop)
+
+    async def _epochs_and_recoveries(self) -> None:
         idle = True
         if self._resumed:
             # a restarted coordinator: every worker rolls back to the newest round and the
             # epoch log after it is replayed (with an empty log nothing ever ran here, so a
             # new cluster starts at once, even while MinIO is down)
-            await self.recovery.run()
+            await self._recover()
         while True:
             await until_interrupted(self.epochs.run(idle), self.inbox)
             if self.settings.snapshot_interval <= 0:
                 raise ClusterError("lost a worker and snapshot rounds are off "
                                    "(snapshot_interval=0): recovery needs them; stopping")
-            await self.recovery.run()
+            await self._recover()
             idle = False  # recovered work may be waiting: begin at once
+
+    async def _recover(self) -> None:
+        self.ready_file.write()  # (``recovering``: ``sfaas up`` waits for it to end)
+        await self.recovery.run()
+
+    def _recovered(self, info: dict[str, Any]) -> None:
+        self.metrics.recovered(info)
+        self.ready_file.write()
+
+    async def _stay_stopped(self, stop: RecoveryStopped) -> None:
+        """Recovery gave up: say why in the log, the ready file (``sfaas up``, ``sfaas ps``)
+        and on the status page, which stays served; run no epoch; exit with the reason
+        (and :data:`~sfaas.errors.EXIT_RECOVERY_STOPPED`) when stopped."""
+        log.critical("%s — not retrying: fix the cause, then restart the cluster", stop)
+        self.ready_file.write()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise stop from None
 
     # -- what the parts are given --------------------------------------------------------------
     def snapshot(self) -> ClusterSnapshot:

@@ -32,6 +32,7 @@ from crc32c import crc32c
 
 from sfaas.app import App
 from sfaas.errors import BadKey, ClusterError, RequestTimeout, reply_error
+from sfaas.reads import DirectReads
 from sfaas.runtime.codec import check_arguments
 from sfaas.runtime.kafka import make_consumer, make_producer, partition_count
 from sfaas.runtime.partitioning import partition_of
@@ -58,6 +59,7 @@ class Client:
         timeout: float = 60.0,
         settings: Settings | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
+        direct_reads: bool = True,
     ) -> None:
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) \
                 or max_in_flight < 1:
@@ -78,6 +80,9 @@ class Client:
         self._started = False
         #: egress records on this client's partition that were not replies (logged, skipped)
         self.rejected = 0
+        #: reads sent straight to the owning worker when it can answer (``sfaas.reads``)
+        self.direct: DirectReads | None = (
+            DirectReads(self.settings, self.app_name) if direct_reads else None)
 
     async def start(self) -> None:
         """Connect to Kafka and start listening for replies (called by ``async with``)."""
@@ -121,6 +126,8 @@ class Client:
                 fut.cancel()
         self._waiting.clear()
         self._room.set()  # a submit waiting for room fails now
+        if self.direct is not None:
+            await self.direct.close()
         await self._producer.stop()
         await self._consumer.stop()
 
@@ -184,11 +191,18 @@ class Client:
         """Produce one request to ingress ``partition``; its id and reply future."""
         self._seq += 1
         rid = self.last_rid = f"{self.client_id}-{self._seq}"
+        record = Request(rid, operator, key, function, args, self.reply_partition, time.time(),
+                         idempotency_key).encode()  # (raises before anything is registered)
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = fut
-        req = Request(rid, operator, key, function, args, self.reply_partition, time.time(),
-                      idempotency_key)
-        delivery = await self._producer.send(self.ingress, req.encode(), partition=partition)
+        try:
+            delivery = await self._producer.send(self.ingress, record, partition=partition)
+        except KafkaError as exc:  # e.g. a record larger than the producer takes
+            self._forget(rid)
+            raise ClusterError(f"request {rid} was not sent to {self.ingress}: {exc}") from None
+        except BaseException:
+            self._forget(rid)
+            raise
         delivery.add_done_callback(functools.partial(self._delivered, rid))
         return rid, fut
 
@@ -241,8 +255,16 @@ class Client:
                          f"with \\x00, got {key!r:.80}")
         from sfaas.runtime.txn.reads import GET
 
-        value = await self._read(operator, key, GET, [],
-                                 partition_of(operator, key, self.partitions))
+        if not self._started:
+            await self.start()
+        partition = partition_of(operator, key, self.partitions)
+        answered, value = False, None
+        if self.direct is not None:
+            if self.app is not None:
+                self.app.get_operator(operator)
+            answered, value = await self.direct.read(operator, partition, key)
+        if not answered:
+            value = await self._read(operator, key, GET, [], partition)
         return default if value is None else value
 
     async def scan(self, operator: str, prefix: str = "", limit: int = 1000) -> list[
@@ -255,8 +277,14 @@ class Client:
         check_scan(prefix, limit)
         if not self._started:
             await self.start()
-        parts = await asyncio.gather(*(self._read(operator, "*", SCAN, [p, prefix, limit], p)
-                                       for p in range(self.partitions)))
+        async def part(p: int) -> Any:
+            if self.direct is not None:
+                answered, value = await self.direct.read(operator, p, "", prefix, limit)
+                if answered:
+                    return value
+            return await self._read(operator, "*", SCAN, [p, prefix, limit], p)
+
+        parts = await asyncio.gather(*(part(p) for p in range(self.partitions)))
         merged = sorted((str(k), v) for part in parts for k, v in part)
         return merged[:limit]
 

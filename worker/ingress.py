@@ -75,8 +75,10 @@ class Ingress:
         self.stalls = 0
         #: malformed ingress records, ``"answered"`` (with an error reply) or ``"dropped"``
         self.rejected: collections.Counter[str] = collections.Counter()
-        #: state reads answered (``sfaas.runtime.txn.reads``)
+        #: state reads answered (``sfaas.runtime.txn.reads``), and those taken while the
+        #: stores may be behind the replies (a recovery), answered once they are not
         self.reads = 0
+        self._held_reads: list[tuple[int, int, wire.Request]] = []
         self._task: asyncio.Task[None] | None = None
 
     # -- the ingest task --------------------------------------------------------------------------
@@ -204,6 +206,11 @@ class Ingress:
         """A state read (``sfaas.runtime.txn.reads``): answered now, from the committed
         state, outside any epoch."""
         st = self._state
+        if not st.reads_open:
+            # a recovery rolled the stores back (its replay is not over) or none began yet:
+            # answering now could show state older than replies already sent
+            self._held_reads.append((partition, offset, req))
+            return
         st.applied.complete(partition, offset)
         if req.rid in st.answered or st.engine is None:  # (a recovery reading it again)
             self.complete(partition, offset)
@@ -218,6 +225,17 @@ class Ingress:
             reply = wire.Reply(req.rid, False, None, etype, reason)
         self.reads += 1
         self._replies.add(req.reply_partition, reply.encode(), partition, offset)
+
+    def answer_held_reads(self) -> None:
+        """Reads may be answered again: answer those taken meanwhile."""
+        held, self._held_reads = self._held_reads, []
+        for partition, offset, req in held:
+            self._read(partition, offset, req)
+
+    def forget_held_reads(self) -> None:
+        """A recovery: the reads held are taken again from Kafka (their offsets are after
+        the round), so they are dropped here."""
+        self._held_reads = []
 
     def admit(self, partition: int, offset: int, value: bytes | None) -> wire.Request | None:
         """The request in ingress record ``partition:offset``, or None when it was rejected."""

@@ -147,10 +147,12 @@ class Peers:
             self._calls.pop(cid, None)
 
     # -- peers' calls ----------------------------------------------------------------------------
-    async def serve(self, chan: channels.Channel) -> None:
-        """Read one peer's channel (the peer server's handler) until it closes."""
+    async def serve(self, chan: channels.Channel, first: list[wire.Message] | None = None) -> None:
+        """Read one peer's channel (``first``: its first frame, if read already) until it
+        closes."""
         st = self._state
-        first = await chan.recv()
+        if first is None:
+            first = await chan.recv()
         if not first or not isinstance(first[0], wire.Hello):
             log.warning("peer %s did not say hello; dropping", chan.peer)
             return

@@ -37,6 +37,7 @@ from worker.membership import Membership
 from worker.metrics import WorkerMetrics
 from worker.peers import Peers
 from worker.protocols.fallback import CrossFallback
+from worker.protocols.reads import ReadServer
 from worker.protocols.recovery import Recovery
 from worker.protocols.rescale import Moving
 from worker.protocols.rounds import RoundTaker
@@ -75,7 +76,8 @@ class Worker:
         self.ingress = Ingress(s, st, self.kafka, self.egress,
                                arrived=lambda: self.epochs.work_arrived())
         #: effects, post-commit actions, timers
-        self.world = World(s, st, self.links.send_all, arrived=lambda: self.epochs.work_arrived())
+        self.world = World(s, st, self.links.send_all, arrived=lambda: self.epochs.work_arrived(),
+                           reads_open=lambda: self.ingress.answer_held_reads())
         self.fallback = CrossFallback(lambda: st.index, lambda: st.engine, self.links.send_all,
                                       self.links.send_to, self.tasks.spawn, lambda: st.recovery,
                                       lambda: self.calls.room(), self.world.on_call)
@@ -83,6 +85,8 @@ class Worker:
         self.calls = Peers(s, st, self.links, self.fallback, self.tasks.spawn,
                            report=lambda: self.epochs.report(),
                            leased=lambda m: self.epochs.lease.receive(m), world=self.world)
+        #: clients' direct state reads
+        self.reads = ReadServer(st)
         self.rounds = RoundTaker(st.index, self.uplink.send, self._held_by_standbys,
                                  s.snapshot_interval)
         self.metrics = WorkerMetrics(s, app.name, self.name, st, ingress=self.ingress,
@@ -129,6 +133,14 @@ class Worker:
         self.rounds.index = st.index
         return engine
 
+    async def _on_peer(self, chan: channels.Channel) -> None:
+        """One channel to the peer server: a peer's calls, or a client's direct reads."""
+        first = await chan.recv()
+        if first and isinstance(first[0], wire.Read):
+            await self.reads.serve(chan, first)
+        else:
+            await self.calls.serve(chan, first)
+
     def _stores(self) -> dict[tuple[str, int], object]:
         assert self.state.engine is not None
         return dict(self.state.engine.stores)
@@ -146,7 +158,7 @@ class Worker:
         s, st, parts = self.settings, self.state, self.parts
         await self.metrics.start()
         parts.started("metrics", self.metrics.close)
-        server = await channels.serve(s.host, s.port, self.secret, self.calls.serve)
+        server = await channels.serve(s.host, s.port, self.secret, self._on_peer)
         self._port = server.sockets[0].getsockname()[1]
         if s.standbys > 0 or s.snapshot_interval > 0:
             self.shipping = Shipping(s, self.secret)

@@ -111,6 +111,10 @@ class WorkerState:
         self.replay_journals: dict[int, dict[int, dict[str, Any]]] = {}
         #: the last recovery this worker rolled back for (see ``wire.Call.recovery``)
         self.recovery = 0
+        #: state reads may be answered: the stores hold what the replies sent so far agree
+        #: with — from this process's first live Begin until a recovery rolls them back
+        #: (written by ``World``; read by the reads through Kafka and the direct ones)
+        self.reads_open = False
         #: the epoch log (on with snapshot rounds): its topic, and one past this worker's
         #: newest acknowledged record (where a replay after the current cut may start)
         self.log_topic = log_topic

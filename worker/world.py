@@ -48,8 +48,10 @@ class World:
     """
 
     def __init__(self, settings: Settings, state: WorkerState,
-                 send_all: Callable[[wire.Message], None], arrived: Callable[[], None]) -> None:
+                 send_all: Callable[[wire.Message], None], arrived: Callable[[], None],
+                 reads_open: Callable[[], None] = lambda: None) -> None:
         self._state = state
+        self._reads_open = reads_open
         self._send_all = send_all
         self._arrived = arrived
         self.effects = Effects(self._deliver, settings.max_effects, settings.effect_timeout)
@@ -105,6 +107,9 @@ class World:
         assert loop is not None
         if self.replaying:
             self.replay_over()
+        if not self._state.reads_open:
+            self._state.reads_open = True
+            self._reads_open()
         if not self.timers.due(now):
             return
         room = max(0, self._state.max_batch - len(loop.queue))
@@ -192,6 +197,7 @@ class World:
     def recovering(self) -> None:
         """A recovery rolls back: stop the actions, follow the replay without acting."""
         self.replaying = True
+        self._state.reads_open = False  # the stores go back to the round: behind the replies
         self.actions.live = False
         self.actions.stop_all()
         self.effects.begin_epoch()

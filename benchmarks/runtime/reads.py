@@ -3,9 +3,11 @@
     python -m benchmarks.runtime.reads [--seconds 15] [--rate 1000] [--reads-per-s 50]
 
 One 2-worker cluster (memonly, rounds every 5 s): ``kv.put`` on 10K keys at ``--rate`` from
-one client while another client reads random keys with ``Client.get`` at ``--reads-per-s``
-(each read waits for the previous one); prints the reads' and the writes' p50/p99 (the
-target: read p50 <= 2 ms) and appends a JSON point to ``--out``.
+one client while two other clients read random keys with ``Client.get`` at ``--reads-per-s``
+(each read waits for the previous one), taking turns: one reads straight from the owning
+worker (``sfaas.reads``, the default), one through Kafka (``direct_reads=False``) — an A/B
+pair in one run. Prints the reads' (both paths) and the writes' p50/p99 (the target: read
+p50 <= 2 ms) and appends a JSON point to ``--out``.
 Needs Kafka and MinIO (``sfaas services up``; started here when down).
 """
 
@@ -33,27 +35,36 @@ HERE = Path(__file__).resolve().parent
 async def _run(s: Settings, a: argparse.Namespace) -> dict[str, object]:
     rnd = random.Random(3)
     async with Client("worldbench", settings=s, timeout=60, max_in_flight=20_000) as writer, \
-            Client("worldbench", settings=s, timeout=60) as reader:
+            Client("worldbench", settings=s, timeout=60) as reader, \
+            Client("worldbench", settings=s, timeout=60, direct_reads=False) as kafka_reader:
         await run_open_loop(writer, lambda i: ("kv", f"k{i % 10_000}", "put", [i]), a.rate, 5.0)
 
-        async def reads() -> list[float]:
-            out = []
+        async def reads() -> tuple[list[float], list[float]]:
+            out: tuple[list[float], list[float]] = ([], [])
             t_end = time.monotonic() + a.seconds
+            turn = 0
             while time.monotonic() < t_end:
                 t0 = time.perf_counter()
-                await reader.get("kv", f"k{rnd.randrange(10_000)}")
-                out.append((time.perf_counter() - t0) * 1000)
-                await asyncio.sleep(max(0.0, 1 / a.reads_per_s - out[-1] / 1000))
+                await (reader, kafka_reader)[turn].get("kv", f"k{rnd.randrange(10_000)}")
+                took = time.perf_counter() - t0
+                out[turn].append(took * 1000)
+                turn ^= 1
+                await asyncio.sleep(max(0.0, 1 / a.reads_per_s - took))
             return out
 
         load = asyncio.create_task(run_open_loop(
             writer, lambda i: ("kv", f"k{rnd.randrange(10_000)}", "put", [i]), a.rate, a.seconds))
-        lat = sorted(await reads())
+        direct, through_kafka = map(sorted, await reads())
         res = await load
+        assert reader.direct is not None
+        answered_directly = reader.direct.direct
     w = sorted(res.latencies_ms)
-    return {"benchmark": "reads", "rate": a.rate, "seconds": a.seconds, "reads": len(lat),
-            "read_p50_ms": round(percentile(lat, 0.5), 2),
-            "read_p99_ms": round(percentile(lat, 0.99), 2),
+    return {"benchmark": "reads", "rate": a.rate, "seconds": a.seconds, "reads": len(direct),
+            "answered_directly": answered_directly,
+            "read_p50_ms": round(percentile(direct, 0.5), 2),
+            "read_p99_ms": round(percentile(direct, 0.99), 2),
+            "kafka_read_p50_ms": round(percentile(through_kafka, 0.5), 2),
+            "kafka_read_p99_ms": round(percentile(through_kafka, 0.99), 2),
             "write_p50_ms": round(percentile(w, 0.5), 2),
             "write_p99_ms": round(percentile(w, 0.99), 2), "writes_committed": res.committed}
 

@@ -36,6 +36,7 @@ from sfaas.runtime.protocols.calls import Call, EffectDone, Finished, Hello, Res
 from sfaas.runtime.protocols.epochs import Aborted, Begin, Commit, Conflict, Report, Wakeup
 from sfaas.runtime.protocols.lease import Lease, Wake
 from sfaas.runtime.protocols.membership import Assign, Heartbeat, Peer, Ready, Register, Stop
+from sfaas.runtime.protocols.reads import Placement, Read, ReadReply, Where
 from sfaas.runtime.protocols.recovery import Diverged, LoggedEpoch, Recover, Recovered
 from sfaas.runtime.protocols.rescale import (
     Following,
@@ -68,6 +69,8 @@ __all__ = [
     "Reassign", "Hold", "StoreVersion", "Source",
     # worker <-> worker
     "Hello", "Call", "Finished", "Result", "EffectDone",
+    # direct state reads
+    "Where", "Placement", "Read", "ReadReply",
     # the codec
     "encode_frame", "encode_message", "join_frame", "decode_frame", "Request", "Reply",
     "reply_address", "MAX_RID",
@@ -80,6 +83,7 @@ MESSAGES: tuple[type[Message], ...] = (
     Snapshotted, Recover, Recovered, Diverged, Follow, Promote,
     Scale, Scaled, Ship, Shipped, Move, Following, Release, Released, Reassign, Hold,
     Hello, Call, Finished, Result, EffectDone,
+    Where, Placement, Read, ReadReply,
 )
 
 #: Longest request id a request record may carry (clients use ~40 characters).

@@ -251,15 +251,29 @@ async def test_state_reads_answer_without_a_transaction(bank_cluster: Settings, 
     async with Client("bank", settings=bank_cluster) as c:
         for i in range(12):
             await c.call("accounts", f"reader-{i:02d}", "deposit", 10 + i)
-        assert await c.get("accounts", "reader-03") == 13
-        assert await c.get("accounts", "reader-none", "absent") == "absent"
-        got = await c.scan("accounts", "reader-", limit=5)
-        assert got == [(f"reader-{i:02d}", 10 + i) for i in range(5)]
-        assert len(await c.scan("accounts", "reader-")) == 12
-        with pytest.raises(UnknownOperator):
-            await c.get("nope", "x")
-        with pytest.raises(BadArguments, match="limit must be an int"):
-            await c.scan("accounts", limit=10**6)
+    # straight to the owning worker (the client knows the secret and the coordinator), and
+    # through Kafka (a client without them, or told not to): the same answers
+    for direct in (True, False):
+        async with Client("bank", settings=bank_cluster, direct_reads=direct) as c:
+            assert await c.get("accounts", "reader-03") == 13
+            assert await c.get("accounts", "reader-none", "absent") == "absent"
+            got = await c.scan("accounts", "reader-", limit=5)
+            assert got == [(f"reader-{i:02d}", 10 + i) for i in range(5)]
+            assert len(await c.scan("accounts", "reader-")) == 12
+            with pytest.raises(UnknownOperator):
+                await c.get("nope", "x")
+            with pytest.raises(BadArguments, match="limit must be an int"):
+                await c.scan("accounts", limit=10**6)
+            if direct:
+                assert c.direct is not None
+                # 2 gets, 2 scans of 4 partitions, one unknown operator
+                assert (c.direct.direct, c.direct.fell_back) == (10, 0)
+            else:
+                assert c.direct is None
+    wrong = dataclasses.replace(bank_cluster, secret="not-the-cluster-secret")
+    async with Client("bank", settings=wrong) as c:  # the direct path refuses it: Kafka answers
+        assert await c.get("accounts", "reader-05") == 15
+        assert c.direct is not None and (c.direct.direct, c.direct.fell_back) == (0, 1)
     monkeypatch.setenv("SFAAS_HOME", bank_cluster.home)
     args = ["--namespace", bank_cluster.namespace, "--kafka", bank_cluster.kafka]
     # (the command runs its own event loop: in a thread here)
