@@ -16,6 +16,8 @@ from worker.protocols.rounds import UPLOAD_SPACING, RoundTaker
 class _Store:
     """Records what a round asks of it; its upload ends when the test says so."""
 
+    engine = "memonly"  # (a round records each store's engine)
+
     def __init__(self) -> None:
         self.calls: list[tuple[int, float]] = []
         self.upload: concurrent.futures.Future[SnapshotInfo] = concurrent.futures.Future()
@@ -56,4 +58,5 @@ async def test_a_rounds_uploads_start_spread_over_at_most_half_an_interval(inter
     assert len(sent) == 1
     report = sent[0]
     assert isinstance(report, wire.Snapshotted) and report.round == 7 and report.error == ""
-    assert [(c.operator, c.partition) for c in report.stores] == [("op", p) for p in range(n)]
+    assert [(c.operator, c.partition, c.engine) for c in report.stores] == [
+        ("op", p, "memonly") for p in range(n)]
