@@ -9,7 +9,9 @@ the worker owning its partition over an authenticated channel (``Read`` →
 ``worker.protocols.reads`` — without the broker. Whenever that path cannot answer (no
 coordinator there, a wrong secret, a recovery or a rescale under way, a worker gone),
 :meth:`DirectReads.read` says so and the client reads through Kafka; after a failure
-to connect it does not try again for :data:`RETRY_AFTER` seconds.
+to connect it does not try again for :data:`RETRY_AFTER` seconds, and never after its
+secret was refused (a wrong secret does not fix itself, and each try is logged by the
+server).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import logging
 import time
 from typing import Any
 
-from sfaas.errors import ChannelClosed, reply_error
+from sfaas.errors import AuthenticationError, ChannelClosed, reply_error
 from sfaas.runtime import channels, wire
 from sfaas.runtime.protocols.reads import NOT_HERE
 from sfaas.runtime.settings import DEV_SECRET, Settings
@@ -111,6 +113,10 @@ class DirectReads:
                 return self._placement
             if self._coordinator is None or self._coordinator.closed:
                 host, _, port = self._settings.coordinator.rpartition(":")
+                if not port.isdigit():
+                    self._off_until = float("inf")  # (no coordinator to ask: Kafka only)
+                    raise _Unavailable(f"coordinator address {self._settings.coordinator!r} "
+                                       "has no port")
                 self._coordinator = await self._connect(host, int(port))
             chan = self._coordinator
             chan.send(wire.Where(self._app))
@@ -130,7 +136,10 @@ class DirectReads:
     async def _connect(self, host: str, port: int) -> channels.Channel:
         try:
             return await channels.connect(host, port, self._secret, timeout=CONNECT_TIMEOUT)
-        except Exception as exc:  # refused, unreachable, another secret: Kafka it is
+        except AuthenticationError as exc:  # another secret: it will not change, Kafka it is
+            self._off_until = float("inf")
+            raise _Unavailable(f"{host}:{port} refused this client's secret: {exc}") from None
+        except Exception as exc:  # refused, unreachable: Kafka for a while
             self._off_until = time.monotonic() + RETRY_AFTER
             raise _Unavailable(f"cannot connect to {host}:{port}: {exc}") from None
 
