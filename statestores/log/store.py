@@ -426,9 +426,14 @@ class SegmentedStore(SealedSegments):
         self, merged: dict[bytes, bytes | None], index: dict[bytes, int], exact: bool
     ) -> list[tuple[bytes, bytes | None]]:
         """The records a log file written from in-memory records (HybridLog's regions,
-        last record per key) needs: a tombstone only where a log file may still hold the
-        key (``index`` has it, or is not ``exact`` — still being built); a value expired
-        at the horizon is such a tombstone, or nothing."""
+        last record per key) needs: without an expiry horizon, a tombstone only where a log
+        file may still hold the key (``index`` has it, or is not ``exact`` — still being
+        built). With one, every tombstone, and a value expired at the horizon becomes one:
+        a merge then forgets keys whose newest record it found expired, while a snapshot
+        frozen before that merge was installed holds its inputs — the key's old value —
+        and this file (a region being written is part of the snapshot), so the index
+        cannot tell that no file holds the key any more (a delete left out here let a
+        snapshot show the old value: the restore model's seed 192915291)."""
         horizon = self._horizon
         if horizon is None:
             return [(k, v) for k, v in merged.items() if v is not None or not exact or k in index]
@@ -438,8 +443,7 @@ class SegmentedStore(SealedSegments):
             if v and v[0] == MARKER and expired(v, horizon):
                 v = None
                 n_expired += 1
-            if v is not None or not exact or k in index:
-                out.append((k, v))
+            out.append((k, v))
         self._expired_dropped += n_expired
         return out
 
