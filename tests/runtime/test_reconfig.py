@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +22,7 @@ from tests.runtime.test_recovery import chaos_settings
 def test_up_with_another_engine_or_partition_count_is_refused_before_anything_starts(
         kafka: Any, minio: Any, tmp_path: Path) -> None:
     s = chaos_settings(kafka, minio, tmp_path, store="lsm")
-    cluster.up(s, "tests.runtime.apps.ledger:app", 2, timeout=90)
-    try:
-        cs = cluster.cluster_settings(s)[1]
-
-        async def go() -> None:
-            async with Client("ledger", settings=cs) as c:
-                await c.call("accounts", "kept", "deposit", 42)
-        asyncio.run(go())
-    finally:
-        cluster.down(s)
+    _first_run(s)
     for store, partitions, want in (("hybridlog", 4, "engine 'hybridlog' in 4 partitions"),
                                     ("lsm", 8, "engine 'lsm' in 8 partitions")):
         other = s.__class__.load({**{k: getattr(s, k) for k in ("kafka", "namespace", "home",
@@ -52,27 +44,10 @@ def test_a_recovery_that_fails_the_same_way_three_times_stops_and_says_why(
     after three identical failures and says why on its status page, in /metrics, in
     ``sfaas ps`` and in its exit message."""
     import json
-    import time
     import urllib.request
 
-    from sfaas.runtime.protocols.rounds import Rounds
-    from sfaas.runtime.state import rounds_remote
-
     s = chaos_settings(kafka, minio, tmp_path / "first-host", store="lsm")
-    cluster.up(s, "tests.runtime.apps.ledger:app", 2, timeout=90)
-    try:
-        cs = cluster.cluster_settings(s)[1]
-
-        async def go() -> None:
-            async with Client("ledger", settings=cs) as c:
-                await c.call("accounts", "kept", "deposit", 42)
-        asyncio.run(go())
-        deadline = time.monotonic() + 30
-        while not Rounds(rounds_remote(s, "ledger")).ids():
-            assert time.monotonic() < deadline, "no snapshot round within 30 s"
-            time.sleep(0.2)
-    finally:
-        cluster.down(s)
+    _first_run(s, until_a_round=True)
     other = s.__class__.load({**{k: getattr(s, k) for k in ("kafka", "namespace", "minio",
                                                              "minio_access_key", "minio_secret_key",
                                                              "bucket", "partitions")},
@@ -108,3 +83,25 @@ def test_a_recovery_that_fails_the_same_way_three_times_stops_and_says_why(
         cluster.down(other)
     log = (cluster.state_dir(other) / "coordinator.log").read_text()
     assert re.search("error: " + why, log), log[-3000:]
+
+
+def _first_run(s: Any, until_a_round: bool = False) -> None:
+    """The app's first run in ``s``'s namespace: a ledger cluster that commits one deposit
+    (and, ``until_a_round``, publishes a snapshot round holding it), then stops."""
+    from sfaas.runtime.protocols.rounds import Rounds
+    from sfaas.runtime.state import rounds_remote
+
+    cluster.up(s, "tests.runtime.apps.ledger:app", 2, timeout=90)
+    try:
+        cs = cluster.cluster_settings(s)[1]
+
+        async def go() -> None:
+            async with Client("ledger", settings=cs) as c:
+                await c.call("accounts", "kept", "deposit", 42)
+        asyncio.run(go())
+        deadline = time.monotonic() + 30
+        while until_a_round and not Rounds(rounds_remote(s, "ledger")).ids():
+            assert time.monotonic() < deadline, "no snapshot round within 30 s"
+            time.sleep(0.2)
+    finally:
+        cluster.down(s)
