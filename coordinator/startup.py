@@ -20,13 +20,14 @@ __all__ = ["create_topics", "epoch_log_used", "resumed_map"]
 PATIENCE = 120.0
 
 
-async def create_topics(kafka: str, topics: dict[str, int]) -> dict[str, int]:
+async def create_topics(kafka: str, topics: dict[str, int], replication: int = 1,
+                        ) -> dict[str, int]:
     """Create ``topics`` (name → partitions) if missing; their partition counts. A broker
     that is restarting must not make the supervisor give up on us: retried for a while."""
     deadline = time.monotonic() + PATIENCE
     while True:
         try:
-            return await ensure_topics(kafka, topics)
+            return await ensure_topics(kafka, topics, replication)
         except Exception as exc:
             if time.monotonic() > deadline:
                 raise

@@ -1,4 +1,5 @@
-"""The local MinIO server: its pinned binary (built with ``go install``) and starting it."""
+"""The local MinIO server: its pinned binary (built with ``go install``) and starting it;
+and a distributed MinIO of local nodes for failover tests (:func:`start_distributed`)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.procs import (
@@ -32,6 +36,7 @@ from launcher.procs import (
     _wait_ready,
     _which,
     adopt_running,
+    log_tail,
 )
 
 log = logging.getLogger("launcher.services")
@@ -205,6 +210,165 @@ def _up_minio(s: ServiceSettings, say: Callable[[str], None], *, auto: bool,
                 _stop(svc, s)
             raise
         say(f"MinIO ready at http://127.0.0.1:{s.minio_port} in {time.monotonic() - t0:.1f}s")
+
+
+# ----------------------------------------------------------------------------- distributed
+
+
+@dataclass
+class DistributedMinio:
+    """A distributed MinIO of ``len(endpoints)`` local nodes (see :func:`start_distributed`).
+
+    ``endpoints[i]`` is node *i*'s ``127.0.0.1:port``; ``",".join(endpoints)`` is what
+    ``SFAAS_MINIO``/``MinioRemote`` take. :meth:`kill` and :meth:`start` take single nodes
+    down and up (failover tests); :meth:`stop` ends them all (the drives stay).
+    """
+
+    endpoints: list[str]
+    access_key: str
+    secret_key: str = field(repr=False)
+    base_dir: Path
+    _argv: list[list[str]] = field(repr=False)
+    _env: list[dict[str, str]] = field(repr=False)
+    _procs: list[subprocess.Popen[bytes] | None] = field(repr=False)
+
+    def kill(self, i: int) -> None:
+        """SIGKILL node ``i`` (no shutdown: like a lost machine) and reap it."""
+        proc = self._procs[i]
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+            self._procs[i] = None
+
+    def start(self, i: int) -> None:
+        """Start node ``i`` again (after :meth:`kill`) on its port and drive."""
+        if self._procs[i] is None:
+            with open(self.base_dir / f"node{i}.log", "ab") as out:
+                self._procs[i] = subprocess.Popen(
+                    self._argv[i], env=self._env[i], stdin=subprocess.DEVNULL, stdout=out,
+                    stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+
+    def alive(self, i: int) -> bool:
+        """Whether node ``i``'s process runs."""
+        proc = self._procs[i]
+        return proc is not None and proc.poll() is None
+
+    def healthy(self, i: int) -> bool:
+        """Whether node ``i`` says the cluster has write quorum (``/minio/health/cluster``)."""
+        try:
+            url = f"http://{self.endpoints[i]}/minio/health/cluster"
+            with urllib.request.urlopen(url, timeout=1.0) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        """Wait until every running node reports a healthy cluster; ``ServiceError`` (with
+        the logs' tails) after ``timeout`` seconds or when a node exits."""
+        deadline = time.monotonic() + timeout
+        while True:
+            running = [i for i, p in enumerate(self._procs) if p is not None]
+            for i in running:
+                if not self.alive(i):
+                    raise ServiceError(f"MinIO node {i} ({self.endpoints[i]}) exited:\n"
+                                       + log_tail(self.base_dir / f"node{i}.log"))
+            if all(self.healthy(i) for i in running):
+                return
+            if time.monotonic() > deadline:
+                tails = "\n".join(f"node {i}:\n{log_tail(self.base_dir / f'node{i}.log', 10)}"
+                                  for i in running)
+                raise ServiceError(f"distributed MinIO {self.endpoints} not healthy after "
+                                   f"{timeout:.0f}s:\n{tails}")
+            time.sleep(0.2)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every node (SIGTERM, then SIGKILL after ``timeout`` seconds)."""
+        for proc in self._procs:
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+        for i, proc in enumerate(self._procs):
+            if proc is not None:
+                try:
+                    proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                self._procs[i] = None
+
+    def __enter__(self) -> DistributedMinio:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _die_with_parent() -> None:
+    # A test run that is killed must not leave its nodes running (Linux: PR_SET_PDEATHSIG,
+    # SIGKILL when the thread that started the node ends — start nodes from a thread that
+    # outlives them, like the main one).
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def start_distributed(n: int, base_dir: str | os.PathLike[str], *, timeout: float = 60.0,
+                      access_key: str | None = None, secret_key: str | None = None) \
+        -> DistributedMinio:
+    """Start a distributed (erasure-coded) MinIO of ``n`` (2-16) ``minio server`` processes
+    on 127.0.0.1, each on a free port with one drive ``base_dir/node<i>/drive``, and wait
+    until every node reports the cluster healthy. With 4 nodes MinIO picks EC:2 parity:
+    reads survive 2 lost nodes, writes 1. Credentials: the local services' (``SFAAS_MINIO_*``
+    or their defaults) unless given. Call :meth:`DistributedMinio.stop` (or use ``with``).
+
+    Every node gets the same explicit list of ``http://127.0.0.1:<port>/<drive>`` URLs:
+    MinIO's ``{a...b}`` expansion makes the cross product of ports and paths, so on one
+    host it cannot give each node a drive of its own.
+    """
+    if not 2 <= n <= 16:
+        raise ValueError(f"n must be 2-16 nodes (one erasure set), got {n}")
+    from launcher.cluster import free_port
+
+    s = ServiceSettings.from_env()
+    binary = ensure_minio_binary(False)
+    base = Path(base_dir).resolve()
+    ports: list[int] = []
+    for _ in range(2 * n):  # S3 and console port of each node
+        ports.append(free_port("127.0.0.1", avoid=ports))
+    endpoints = [f"127.0.0.1:{p}" for p in ports[:n]]
+    drives = [base / f"node{i}" / "drive" for i in range(n)]
+    for d in drives:
+        d.mkdir(parents=True, exist_ok=True)
+    urls = [f"http://{ep}{d}" for ep, d in zip(endpoints, drives, strict=True)]
+    common = dict(
+        os.environ,
+        MINIO_ROOT_USER=access_key or s.minio_access_key,
+        MINIO_ROOT_PASSWORD=secret_key or s.minio_secret_key,
+        MINIO_UPDATE="off",
+        # The drives are directories on the root file system, which distributed MinIO
+        # refuses ("drive is part of root drive") unless told this is a test setup.
+        MINIO_CI_CD="1",
+    )
+    envs = [
+        # In a container (/.dockerenv) MinIO waits for 127.0.0.1 to resolve to a non-loopback
+        # address before it believes an endpoint is its own; this names the node's own one.
+        dict(common, _MINIO_SERVER_LOCAL=endpoints[i]) for i in range(n)
+    ]
+    argv = [[str(binary), "server", "--quiet", "--address", endpoints[i],
+             "--console-address", f"127.0.0.1:{ports[n + i]}", *urls] for i in range(n)]
+    cluster = DistributedMinio(endpoints, common["MINIO_ROOT_USER"], common["MINIO_ROOT_PASSWORD"],
+                               base, argv, envs, [None] * n)
+    try:
+        for i in range(n):
+            cluster.start(i)
+        t0 = time.monotonic()
+        cluster.wait_healthy(timeout)
+        log.info("distributed MinIO of %d nodes healthy in %.1fs: %s", n,
+                 time.monotonic() - t0, ",".join(endpoints))
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
 
 
 # ----------------------------------------------------------------------------- Kafka

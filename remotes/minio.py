@@ -8,6 +8,10 @@ Transient failures (connection errors, timeouts, HTTP 5xx/429, ``SlowDown`` and 
 are retried with exponential backoff and jitter (:class:`remotes._retry.RetryPolicy`);
 then, and for every other failure, :class:`~remotes.errors.RemoteError` is raised with a
 message that names the endpoint, bucket and object — never the secret key.
+
+Several endpoints (the nodes of a distributed MinIO, which all serve every object) fail
+over: a try that fails at the connection level moves on to the next endpoint at once
+(:mod:`remotes._endpoints`), and the retry policy applies to whole rounds of them.
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import certifi
 import urllib3
@@ -30,6 +34,7 @@ from minio.error import InvalidResponseError, S3Error, ServerError
 from minio.helpers import check_bucket_name
 
 from . import credentials
+from ._endpoints import EndpointsFailed, Rotation, on_some_endpoint, parse_endpoints
 from ._gc import plan_gc
 from ._layout import (
     BLOBS,
@@ -50,6 +55,7 @@ __all__ = ["MinioRemote", "RetryPolicy"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 _TRANSIENT_CODES = frozenset(
     {
@@ -68,6 +74,12 @@ _TRANSIENT_CODES = frozenset(
         "XMinioWriteQuorum",
     }
 )
+#: Seconds to wait for a TCP connection to the one endpoint there is.
+CONNECT_TIMEOUT = 3.0
+#: ... when there are others to move on to: a node that does not take a connection within
+#: a second (its host gone: no answer at all) counts as down. On a LAN a connect takes well
+#: under a millisecond, and a refusing node (its process gone) answers at once.
+FAILOVER_CONNECT_TIMEOUT = 1.0
 _MISSING_CODES = frozenset({"NoSuchKey", "NoSuchObject"})
 _CHUNK = 1 << 20
 
@@ -90,6 +102,17 @@ def is_transient(e: BaseException) -> bool:
     )
 
 
+class _OnClient(Protocol[T_co]):
+    """An operation on one endpoint's client; called without one, on the first endpoint."""
+
+    def __call__(self, client: Minio = ...) -> T_co: ...
+
+
+def _transient_or_swept(e: BaseException) -> bool:
+    # a round in which every endpoint failed is retried like one endpoint's transient error
+    return isinstance(e, EndpointsFailed) or is_transient(e)
+
+
 def _normalize_prefix(prefix: str) -> str:
     if not isinstance(prefix, str):
         raise TypeError(f"prefix must be a str, got {type(prefix).__name__}: {prefix!r}")
@@ -108,16 +131,22 @@ class MinioRemote(Remote):
     """A remote in ``bucket`` (created on first use if missing) under ``prefix``.
 
     ``endpoint`` is ``host:port`` (an ``http://``/``https://`` scheme is accepted and sets
-    ``secure``). Thread-safe: one connection pool of ``pool_size`` connections is shared by
+    ``secure``), or several of them — a comma-separated str or a list — that serve the same
+    objects (the nodes of one distributed MinIO): the remote uses one at a time and moves
+    to the next when a request to it fails at the connection level (refused, reset, timed
+    out, 502/503/504), trying each endpoint once per try of an operation.
+    Thread-safe: one connection pool of ``pool_size`` connections per endpoint is shared by
     all threads. ``retry`` bounds how long transient errors are retried; ``connect_timeout``
-    and ``read_timeout`` bound each request.
+    (default :data:`CONNECT_TIMEOUT`, or :data:`FAILOVER_CONNECT_TIMEOUT` with several
+    endpoints) and ``read_timeout`` bound each request (so a node that accepts connections
+    but never answers costs ``read_timeout`` before the next endpoint is tried).
     """
 
     shareable = True
 
     def __init__(
         self,
-        endpoint: str,
+        endpoint: str | list[str] | tuple[str, ...],
         access_key: str,
         secret_key: str,
         bucket: str,
@@ -127,18 +156,12 @@ class MinioRemote(Remote):
         region: str = "us-east-1",
         retry: RetryPolicy | None = None,
         pool_size: int = 16,
-        connect_timeout: float = 3.0,
+        connect_timeout: float | None = None,
         read_timeout: float = 30.0,
     ) -> None:
-        if not isinstance(endpoint, str) or not endpoint:
-            raise ValueError(f"endpoint must be a non-empty 'host:port' str, got {endpoint!r}")
-        if endpoint.startswith("https://"):
-            endpoint, secure = endpoint[len("https://"):], True
-        elif endpoint.startswith("http://"):
-            endpoint, secure = endpoint[len("http://"):], False
-        endpoint = endpoint.rstrip("/")
-        if "/" in endpoint or not endpoint:
-            raise ValueError(f"endpoint must be 'host:port' without a path, got {endpoint!r}")
+        endpoints, secure = parse_endpoints(endpoint, secure)
+        if connect_timeout is None:
+            connect_timeout = CONNECT_TIMEOUT if len(endpoints) == 1 else FAILOVER_CONNECT_TIMEOUT
         for label, value in (("access_key", access_key), ("secret_key", secret_key)):
             if not isinstance(value, str) or not value:
                 # Never echo the value: it may be a credential.
@@ -155,14 +178,16 @@ class MinioRemote(Remote):
         # What pickling needs to rebuild this remote in another process (pools and locks
         # cannot travel): every argument but the secret key, which the receiving process
         # resolves from the reference (remotes.credentials), so no pickle ever holds it.
-        full_endpoint = ("https://" if secure else "http://") + endpoint
+        urls = tuple(("https://" if secure else "http://") + e for e in endpoints)
+        full_endpoint = ",".join(urls)
         self._init_args: dict[str, Any] = dict(
             endpoint=full_endpoint, access_key=access_key,
             credential=credentials.register(full_endpoint, access_key, secret_key), bucket=bucket,
             prefix=prefix, region=region, retry=retry, pool_size=pool_size,
             connect_timeout=connect_timeout, read_timeout=read_timeout,
         )
-        self.endpoint = endpoint
+        #: Every endpoint, ``host:port``; :attr:`endpoint` is the one in use.
+        self.endpoints = endpoints
         self.bucket = bucket
         self.secure = bool(secure)
         self.prefix = _normalize_prefix(prefix)
@@ -177,14 +202,15 @@ class MinioRemote(Remote):
             # Our own retry loop decides; urllib3 must not retry (or sleep) underneath it.
             retries=False,
         )
-        self._client = Minio(
-            endpoint,
-            access_key=access_key,
-            secret_key=secret_key,
-            secure=self.secure,
-            region=region,
-            http_client=self._http,
+        self._clients = tuple(
+            Minio(e, access_key=access_key, secret_key=secret_key, secure=self.secure,
+                  region=region, http_client=self._http)
+            for e in endpoints
         )
+        self._client = self._clients[0]
+        #: One endpoint: no failover bookkeeping at all on the request path.
+        self._rotation = Rotation(urls) if len(urls) > 1 else None
+        self._label = ", ".join(urls)
         self._bucket_lock = threading.Lock()
         self._bucket_ready = False
         self._gc_lock = threading.Lock()
@@ -192,8 +218,14 @@ class MinioRemote(Remote):
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (self._init_args,))
 
+    @property
+    def endpoint(self) -> str:
+        """The endpoint (``host:port``) requests go to now."""
+        return self.endpoints[self._rotation.current if self._rotation else 0]
+
     def __repr__(self) -> str:
-        return f"MinioRemote({self.endpoint!r}, bucket={self.bucket!r}, prefix={self.prefix!r})"
+        where = ",".join(self.endpoints)
+        return f"MinioRemote({where!r}, bucket={self.bucket!r}, prefix={self.prefix!r})"
 
     # -- plumbing --
     def _scrub(self, text: str) -> str:
@@ -202,17 +234,19 @@ class MinioRemote(Remote):
         return text.replace(self._secret, "***") if len(self._secret) >= 4 else text
 
     def _where(self, key: str | None) -> str:
-        scheme = "https" if self.secure else "http"
         obj = f", object {key!r}" if key is not None else f", prefix {self.prefix!r}"
-        return f"MinIO at {scheme}://{self.endpoint}, bucket {self.bucket!r}{obj}"
+        return f"MinIO at {self._label}, bucket {self.bucket!r}{obj}"
 
-    def _call(self, op: str, key: str | None, fn: Callable[[], T], *, recreated: bool = False) -> T:
-        """Run ``fn`` with retries; turn client errors into ``RemoteError``."""
+    def _call(self, op: str, key: str | None, fn: _OnClient[T], *, recreated: bool = False) -> T:
+        """Run ``fn`` with retries (and failover between endpoints); turn client errors into
+        ``RemoteError``. ``fn(client)`` runs on ``client``; ``fn()`` on the first endpoint's,
+        which ``fn`` has as its default (so one endpoint costs no wrapper per call)."""
         what = f"{op} ({self._where(key)})"
         try:
-            return retry_call(
-                fn, policy=self.retry, is_transient=is_transient, what=what, scrub=self._scrub
-            )
+            if self._rotation is None:
+                return retry_call(fn, policy=self.retry, is_transient=is_transient, what=what,
+                                  scrub=self._scrub)
+            return self._failover_call(self._rotation, fn, what)
         except S3Error as e:
             if e.code != "NoSuchBucket" or recreated or not self._bucket_ready:
                 raise self._error(op, key, e) from e
@@ -225,14 +259,25 @@ class MinioRemote(Remote):
             self._ensure_bucket()
             return self._call(op, key, fn, recreated=True)
         except RetriesExhausted as e:
+            last = f"on every endpoint: {e.last}" if isinstance(e.last, EndpointsFailed) \
+                else f"{type(e.last).__name__}: {e.last}"
             raise RemoteError(
                 self._scrub(
                     f"{self._where(key)}: {op} failed after {e.attempts} tries in "
-                    f"{e.elapsed:.1f}s: {type(e.last).__name__}: {e.last}"
+                    f"{e.elapsed:.1f}s: {last}"
                 )
             ) from e.last
         except (ServerError, InvalidResponseError) as e:
             raise self._error(op, key, e) from e
+
+    def _failover_call(self, rotation: Rotation, fn: _OnClient[T], what: str) -> T:
+        # (not inlined in _call: its closure would turn _call's locals into cells, which
+        # slows the one-endpoint path down)
+        clients = self._clients
+        return retry_call(
+            lambda: on_some_endpoint(rotation, clients, fn, what=what, scrub=self._scrub),
+            policy=self.retry, is_transient=_transient_or_swept, what=what, scrub=self._scrub,
+        )
 
     def _error(self, op: str, key: str | None, e: Exception) -> RemoteError:
         detail = f"{e.code}: {e.message}" if isinstance(e, S3Error) else f"{type(e).__name__}: {e}"
@@ -245,11 +290,11 @@ class MinioRemote(Remote):
             if self._bucket_ready:
                 return
 
-            def make() -> None:
-                if self._client.bucket_exists(self.bucket):
+            def make(client: Minio = self._client) -> None:
+                if client.bucket_exists(self.bucket):
                     return
                 try:
-                    self._client.make_bucket(self.bucket)
+                    client.make_bucket(self.bucket)
                     log.info(
                         "created bucket", extra={"endpoint": self.endpoint, "bucket": self.bucket}
                     )
@@ -268,9 +313,9 @@ class MinioRemote(Remote):
         self._ensure_bucket()
         base = f"{self.prefix}{kind}/"
 
-        def listing() -> list[tuple[str, int, float]]:
+        def listing(client: Minio = self._client) -> list[tuple[str, int, float]]:
             out = []
-            for obj in self._client.list_objects(self.bucket, prefix=base, recursive=True):
+            for obj in client.list_objects(self.bucket, prefix=base, recursive=True):
                 name = obj.object_name or ""
                 # names never contain '/': deeper keys belong to a nested prefix, not to us
                 if obj.is_dir or not name.startswith(base) or "/" in name[len(base):]:
@@ -285,9 +330,9 @@ class MinioRemote(Remote):
         """Object ``key``'s bytes, or ``None`` if it does not exist."""
         self._ensure_bucket()
 
-        def get() -> bytes | None:
+        def get(client: Minio = self._client) -> bytes | None:
             try:
-                resp = self._client.get_object(self.bucket, key)
+                resp = client.get_object(self.bucket, key)
             except S3Error as e:
                 if e.code in _MISSING_CODES:
                     return None
@@ -303,14 +348,14 @@ class MinioRemote(Remote):
     def _put_bytes(self, key: str, data: bytes, op: str) -> None:
         self._ensure_bucket()
 
-        def put() -> None:
-            self._client.put_object(self.bucket, key, io.BytesIO(data), len(data))
+        def put(client: Minio = self._client) -> None:
+            client.put_object(self.bucket, key, io.BytesIO(data), len(data))
 
         self._call(op, key, put)
 
     def _delete(self, key: str, op: str) -> None:
         self._ensure_bucket()
-        self._call(op, key, lambda: self._client.remove_object(self.bucket, key))
+        self._call(op, key, lambda client=self._client: client.remove_object(self.bucket, key))
 
     # -- files --
     def put_file(self, name: str, path: str | os.PathLike[str]) -> int:
@@ -319,9 +364,10 @@ class MinioRemote(Remote):
         size = os.path.getsize(path)  # a missing local file is the caller's error, not ours
         key = self._key(FILES, name)
         self._ensure_bucket()
-        self._call(
-            "put file", key, lambda: self._client.fput_object(self.bucket, key, os.fspath(path))
-        )
+        def put(client: Minio = self._client) -> None:
+            client.fput_object(self.bucket, key, os.fspath(path))
+
+        self._call("put file", key, put)
         log.debug("put file", extra={"bucket": self.bucket, "key": key, "bytes": size})
         return size
 
@@ -333,9 +379,9 @@ class MinioRemote(Remote):
         tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex}.part")
         self._ensure_bucket()
 
-        def get() -> int | None:
+        def get(client: Minio = self._client) -> int | None:
             try:
-                resp = self._client.get_object(self.bucket, key)
+                resp = client.get_object(self.bucket, key)
             except S3Error as e:
                 if e.code in _MISSING_CODES:
                     return None
@@ -469,10 +515,10 @@ class MinioRemote(Remote):
             return
         self._ensure_bucket()
 
-        def delete() -> None:
+        def delete(client: Minio = self._client) -> None:
             for i in range(0, len(keys), 1000):  # S3 DeleteObjects takes <= 1000 keys
                 batch = [DeleteObject(k) for k in keys[i : i + 1000]]
-                errors = list(self._client.remove_objects(self.bucket, batch))
+                errors = list(client.remove_objects(self.bucket, batch))
                 if errors:
                     first = errors[0]
                     raise RemoteError(

@@ -89,7 +89,9 @@ class Client:
         if self._started:
             return
         s = self.settings
-        self._producer = make_producer(s.kafka, s.linger_ms)
+        # replicated topics (a cluster of brokers): a request the broker acknowledged must
+        # survive its leader's loss, so wait for the in-sync replicas too
+        self._producer = make_producer(s.kafka, s.linger_ms, durable=s.replication > 1)
         try:
             await self._producer.start()
             self.partitions = await partition_count(self._producer, self.ingress)

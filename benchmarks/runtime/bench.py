@@ -293,7 +293,10 @@ def cleanup(settings: Settings, app: str = "ycsbt") -> None:
             from minio import Minio
             from minio.deleteobjects import DeleteObject
 
-            mc = Minio(settings.minio, settings.minio_access_key, settings.minio_secret_key, secure=False)
+            # SFAAS_MINIO may list the nodes of one distributed MinIO: any of them serves all
+            first = settings.minio_endpoints()[0]
+            mc = Minio(first.partition("://")[2] or first, settings.minio_access_key,
+                       settings.minio_secret_key, secure=first.startswith("https://"))
             objs = [DeleteObject(o.object_name) for o in
                     mc.list_objects(settings.bucket, prefix=f"{settings.namespace}/", recursive=True)]
             for err in mc.remove_objects(settings.bucket, objs):

@@ -20,13 +20,15 @@ __all__ = [
 ]
 
 
-async def ensure_topics(bootstrap: str, topics: dict[str, int]) -> dict[str, int]:
-    """Create the ``topic → partitions`` that do not exist; return the actual partition counts."""
+async def ensure_topics(bootstrap: str, topics: dict[str, int], replication: int = 1,
+                        ) -> dict[str, int]:
+    """Create the ``topic → partitions`` that do not exist (each partition on
+    ``replication`` brokers); return the actual partition counts."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        new = [NewTopic(t, n, 1) for t, n in topics.items() if t not in existing]
+        new = [NewTopic(t, n, replication) for t, n in topics.items() if t not in existing]
         if new:
             try:
                 await admin.create_topics(new)

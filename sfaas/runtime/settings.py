@@ -41,10 +41,14 @@ class Settings:
 
     #: The app as ``package.module:attr`` (workers, ``sfaas up``).
     app: str = ""
-    #: Kafka bootstrap servers.
+    #: Kafka bootstrap servers: ``host:port``, or several separated by commas (no blanks),
+    #: e.g. ``k1:9092,k2:9092,k3:9092`` — clients reach the cluster through any that answers.
     kafka: str = "127.0.0.1:9092"
     #: Prefix of topic and consumer-group names (separates clusters sharing one Kafka).
     namespace: str = "sfaas"
+    #: Replication factor of the topics the coordinator creates (3 on a 3-broker cluster,
+    #: with the brokers' ``min.insync.replicas`` 2: every write survives a lost broker).
+    replication: int = 1
     #: Shared secret of the coordinator/worker channels.
     secret: str = field(default="", repr=False)
     #: Where the coordinator listens / workers find it.
@@ -91,7 +95,9 @@ class Settings:
     snapshot_interval: float = 5.0
     #: Complete snapshot rounds kept in MinIO (≥ 1); files only older rounds need are deleted.
     snapshot_retain: int = 3
-    #: MinIO (S3) endpoint ``host:port`` (``https://`` for TLS) holding the snapshots.
+    #: MinIO (S3) endpoint ``host:port`` (``https://`` for TLS) holding the snapshots, or the
+    #: nodes of one distributed MinIO separated by commas (no blanks), e.g.
+    #: ``m1:9000,m2:9000,m3:9000,m4:9000``: one is used at a time, the next when it fails.
     minio: str = "127.0.0.1:9000"
     #: MinIO credentials (the local services' defaults; never logged).
     minio_access_key: str = field(default="sfaas", repr=False)
@@ -155,7 +161,7 @@ class Settings:
             if not _NAME_RE.match(getattr(self, name)):
                 raise ConfigError(f"{name} must be 1-100 letters, digits, '.', '_' or '-' "
                                   f"(it names Kafka topics), got {getattr(self, name)!r:.60}")
-        for name in ("kafka", "minio", "home", "coordinator", "host"):
+        for name in ("home", "coordinator", "host"):
             value = getattr(self, name)
             if not value or "\0" in value or value != value.strip():
                 raise ConfigError(f"{name} must be a non-empty value without NUL or surrounding "
@@ -164,6 +170,8 @@ class Settings:
             if not getattr(self, name):
                 raise ConfigError(f"{name} must not be empty (SFAAS_{name.upper()} unset gives the "
                                   "local default)")
+        self.kafka_servers()
+        self.minio_endpoints()
         if "\0" in self.ready_file or "\0" in self.app:
             raise ConfigError("app and ready_file must not contain NUL")
         if not 0 <= self.port <= 65535:
@@ -191,6 +199,9 @@ class Settings:
                               f"got {self.standby_of}")
         if self.max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
+        if not 1 <= self.replication <= 16:
+            raise ConfigError("replication (SFAAS_REPLICATION) must be a topic replication "
+                              f"factor between 1 and 16, got {self.replication}")
         if not 0 <= self.epoch_lease <= 10_000:
             raise ConfigError(
                 f"epoch_lease must be between 0 and 10000 epochs, got {self.epoch_lease}")
@@ -237,6 +248,23 @@ class Settings:
             raise ConfigError(
                 f"coordinator must be host:port (port 0-65535), got {self.coordinator!r:.80}")
         return host, int(port)
+
+    def kafka_servers(self) -> list[str]:
+        """The ``host:port`` entries of ``kafka`` (see :func:`split_endpoints`); aiokafka
+        takes the comma-separated ``kafka`` as it is."""
+        return split_endpoints("kafka", self.kafka)
+
+    def minio_endpoints(self) -> list[str]:
+        """The entries of ``minio`` (``host:port`` — or a host alone: port 80/443 —, each
+        with the same optional ``http://`` or ``https://``; see :func:`split_endpoints`);
+        ``remotes.minio.MinioRemote`` takes the comma-separated ``minio`` as it is."""
+        entries = split_endpoints("minio", self.minio, schemes=("http://", "https://"),
+                                  port_optional=True)
+        used = {e.partition("://")[0] if "://" in e else "" for e in entries}
+        if len(used) > 1:
+            raise ConfigError(f"minio entries must all use the same scheme (all http://, all "
+                              f"https:// or none), got {self.minio!r:.200}")
+        return entries
 
     def shared_secret(self) -> str:
         """The channel secret. Unset, the development default is used — with a warning, and
@@ -292,6 +320,40 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def split_endpoints(name: str, value: str, schemes: tuple[str, ...] = (), *,
+                    port_optional: bool = False) -> list[str]:
+    """The entries of the comma-separated ``host:port`` list ``value`` of setting ``name``;
+    :class:`ConfigError` names the first bad entry (empty, blanks, no port unless
+    ``port_optional``, a port outside 1-65535, a path, listed twice). An entry may start
+    with one of ``schemes``."""
+    entries = value.split(",")
+    seen: set[str] = set()
+    for i, entry in enumerate(entries, 1):
+        where = (f"{name} entry {i} of {len(entries)} ({entry!r:.80})" if len(entries) > 1
+                 else f"{name} ({entry!r:.80})")
+        hint = f"{name} must be host:port, or several separated by commas without blanks " \
+               f"(h1:1234,h2:1234), got {value!r:.200}"
+        if not entry:
+            raise ConfigError(f"{where} is empty: {hint}")
+        if entry != entry.strip() or any(c.isspace() or c == "\0" for c in entry):
+            raise ConfigError(f"{where} has blanks or NUL: {hint}")
+        address = entry
+        for scheme in schemes:
+            if address.startswith(scheme):
+                address = address[len(scheme):]
+                break
+        host, sep, port = address.rpartition(":")
+        if port_optional and ":" not in address.rpartition("]")[2]:
+            host, sep, port = address, ":", "1"  # a host alone: the scheme's port
+        if not sep or not host or "/" in address or not port.isascii() or not port.isdigit() \
+                or len(port) > 5 or not 1 <= int(port) <= 65535:
+            raise ConfigError(f"{where} is not host:port with a port 1-65535: {hint}")
+        if entry in seen:
+            raise ConfigError(f"{where} is listed twice: {hint}")
+        seen.add(entry)
+    return entries
 
 
 def _field_default(name: str) -> Any:

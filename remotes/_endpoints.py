@@ -1,0 +1,137 @@
+"""The endpoints of one S3 service (e.g. the nodes of a distributed MinIO) and failover
+between them.
+
+Every endpoint serves the same objects, so an operation may run on any of them. A remote
+uses one endpoint at a time (:class:`Rotation`); when a try fails at the connection level
+(:func:`fails_over`), :func:`on_some_endpoint` runs the operation on the next endpoint,
+each endpoint at most once per try, and raises :class:`EndpointsFailed` naming every
+endpoint and its error when none of them answered.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import urllib3
+from minio.error import InvalidResponseError, S3Error, ServerError
+
+__all__ = ["parse_endpoints", "fails_over", "EndpointsFailed", "Rotation", "on_some_endpoint"]
+
+log = logging.getLogger("remotes.minio")
+
+T = TypeVar("T")
+C = TypeVar("C")
+
+#: S3 codes of a node that cannot serve now while others may ("not initialized" while it
+#: starts, its drives unreachable).
+_NODE_CODES = frozenset({"XMinioServerNotInitialized", "ServiceUnavailable",
+                         "XMinioBackendDown"})
+
+
+def parse_endpoints(endpoint: str | Sequence[str], secure: bool) -> tuple[tuple[str, ...], bool]:
+    """``(host:port entries, secure)`` of ``endpoint``: one ``host:port``, several separated
+    by commas, or a sequence of them. An ``http://``/``https://`` scheme sets ``secure``;
+    every entry must use the same one. Raises ``ValueError`` naming a bad entry."""
+    if isinstance(endpoint, str):
+        entries = endpoint.split(",")
+    elif isinstance(endpoint, Sequence) and all(isinstance(e, str) for e in endpoint):
+        entries = list(endpoint)
+    else:
+        raise ValueError(f"endpoint must be a non-empty 'host:port' str or a list of them, "
+                         f"got {endpoint!r}")
+    if not entries or entries == [""]:
+        raise ValueError(f"endpoint must be a non-empty 'host:port' str, got {endpoint!r}")
+    hosts: list[str] = []
+    schemes: set[str] = set()
+    for i, raw in enumerate(entries, 1):
+        entry = raw
+        for scheme in ("https://", "http://"):
+            if entry.startswith(scheme):
+                entry = entry[len(scheme):]
+                schemes.add(scheme)
+        entry = entry.rstrip("/")
+        where = f"endpoint entry {i} ({raw!r}) of {endpoint!r}" if len(entries) > 1 \
+            else f"endpoint {raw!r}"
+        if not entry or "/" in entry or entry != entry.strip() or any(c.isspace() for c in entry):
+            raise ValueError(f"{where} must be 'host:port' (an optional http:// or https://), "
+                             "without a path or blanks")
+        if entry in hosts:
+            raise ValueError(f"{where} is listed twice")
+        hosts.append(entry)
+    if len(schemes) > 1:
+        raise ValueError(f"endpoints {endpoint!r} mix http:// and https://; use one scheme")
+    if schemes:
+        secure = schemes == {"https://"}
+    return tuple(hosts), bool(secure)
+
+
+def fails_over(e: BaseException) -> bool:
+    """Whether ``e`` says the endpoint (not the request, nor the whole service) failed:
+    refused, reset or timed-out connections, and 502/503/504 or "not initialized" answers —
+    but not ``SlowDown*`` (a 503 too), which asks to back off, not to move."""
+    if isinstance(e, S3Error):
+        if (e.code or "").startswith("SlowDown"):
+            return False
+        status = e.response.status if e.response is not None else 0
+        return e.code in _NODE_CODES or status in (502, 503, 504)
+    if isinstance(e, ServerError):
+        return e.status_code in (502, 503, 504)
+    if isinstance(e, InvalidResponseError):
+        return int(getattr(e, "_code", 0) or 0) in (502, 503, 504)
+    return isinstance(
+        e, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, http.client.HTTPException)
+    )
+
+
+class EndpointsFailed(Exception):
+    """Every endpoint failed one try of an operation; ``failures`` holds
+    ``(endpoint URL, error)`` in the order tried."""
+
+    def __init__(self, failures: list[tuple[str, BaseException]], scrub: Callable[[str], str]):
+        self.failures = failures
+        super().__init__("; ".join(f"{url}: {type(e).__name__}: {scrub(str(e))}"
+                                   for url, e in failures))
+
+
+class Rotation:
+    """Which endpoint (an index into ``urls``) operations start on; shared by threads."""
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        self.urls = tuple(urls)
+        self.current = 0
+        self._lock = threading.Lock()
+
+    def leave(self, i: int) -> None:
+        """Endpoint ``i`` failed: the next operation starts on the one after it — unless
+        another thread moved on already (so threads failing together skip one endpoint,
+        not several)."""
+        with self._lock:
+            if self.current == i:
+                self.current = (i + 1) % len(self.urls)
+
+
+def on_some_endpoint(rotation: Rotation, clients: Sequence[C], fn: Callable[[C], T], *,
+                     what: str, scrub: Callable[[str], str]) -> T:
+    """``fn(client)`` on the current endpoint; on an error that :func:`fails_over`, on each
+    following endpoint in turn (each once). Other errors propagate at once; when every
+    endpoint failed, :class:`EndpointsFailed` names them all."""
+    start = rotation.current
+    n = len(clients)
+    failures: list[tuple[str, BaseException]] = []
+    for k in range(n):
+        i = (start + k) % n
+        try:
+            return fn(clients[i])
+        except Exception as e:
+            if not fails_over(e):
+                raise
+            failures.append((rotation.urls[i], e))
+            rotation.leave(i)
+            if k + 1 < n:
+                log.warning("%s: MinIO at %s failed (%s: %s); trying %s", what, rotation.urls[i],
+                            type(e).__name__, scrub(str(e)), rotation.urls[(i + 1) % n])
+    raise EndpointsFailed(failures, scrub)
