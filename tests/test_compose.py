@@ -1,5 +1,5 @@
-"""docker-compose.yml stays true to the code: no Docker engine runs here, so the file is
-checked statically — every sfaas service's command parses with our CLI, every ``SFAAS_*``
+"""docker-compose.yml and docker-compose.ha.yml stay true to the code, checked statically
+(tests/cluster runs them for real) — every sfaas service's command parses with our CLI, every ``SFAAS_*``
 variable is a real setting, and the settings it describes load and validate; Prometheus
 scrapes exactly the sfaas services at their metrics ports, Grafana is provisioned with
 that Prometheus and the dashboard, and the dashboard's queries name only metrics (and
@@ -28,8 +28,11 @@ COMPOSE = ROOT / "docker-compose.yml"
 DASHBOARD = ROOT / "monitoring" / "grafana" / "dashboards" / "sfaas.json"
 
 
-def _compose() -> dict[str, Any]:
-    return yaml.safe_load(COMPOSE.read_text())  # type: ignore[no-any-return]
+FILES = ["docker-compose.yml", "docker-compose.ha.yml"]
+
+
+def _compose(file: str = "docker-compose.yml") -> dict[str, Any]:
+    return yaml.safe_load((ROOT / file).read_text())  # type: ignore[no-any-return]
 
 
 def _ours(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -41,27 +44,31 @@ def _resolve(value: object) -> str:
     return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(value))
 
 
-def test_the_compose_file_runs_a_coordinator_workers_and_standbys() -> None:
-    commands = [svc["command"][0] for svc in _ours(_compose()).values()]
+@pytest.mark.parametrize("file", FILES)
+def test_the_compose_file_runs_a_coordinator_workers_and_standbys(file: str) -> None:
+    commands = [svc["command"][0] for svc in _ours(_compose(file)).values()]
     assert commands.count("coordinator") == 1 and commands.count("worker") >= 2
 
 
-@pytest.mark.parametrize("service", sorted(_ours(_compose())))
-def test_every_service_command_parses_with_the_cli(service: str) -> None:
-    svc = _ours(_compose())[service]
+@pytest.mark.parametrize(("file", "service"), [(f, s) for f in FILES for s in sorted(_ours(_compose(f)))])
+def test_every_service_command_parses_with_the_cli(file: str, service: str) -> None:
+    svc = _ours(_compose(file))[service]
     ns = _parser().parse_args(svc["command"])  # exits (fails the test) on an unknown flag
     assert ns.command == svc["command"][0]
 
 
-def test_every_sfaas_variable_is_a_setting_and_the_settings_load() -> None:
+@pytest.mark.parametrize("file", FILES)
+def test_every_sfaas_variable_is_a_setting_and_the_settings_load(file: str) -> None:
     known = {f"SFAAS_{f.name.upper()}" for f in dataclasses.fields(Settings)} \
         | {f"SFAAS_GATEWAY_{f.name.upper()}" for f in dataclasses.fields(GatewaySettings)}
-    for name, svc in _ours(_compose()).items():
+    workers = 3 if "ha" in file else 2
+    for name, svc in _ours(_compose(file)).items():
         env = {k: _resolve(v) for k, v in svc["environment"].items()}
         unknown = sorted(k for k in env if k.startswith("SFAAS_") and k not in known)
         assert not unknown, f"{name}: {unknown} are not settings (known: SFAAS_ + a field of sfaas.runtime.settings.Settings)"
         s = Settings.load(env=env)  # raises ConfigError naming a bad value
-        assert s.workers == 2 and s.standbys == 1 and s.snapshot_interval > 0
+        assert s.workers == workers and s.standbys == 1 and s.snapshot_interval > 0
+        assert s.replication == (3 if workers == 3 else 1)
         standby_of = [svc["command"][i + 1] for i, a in enumerate(svc["command"]) if a == "--standby-of"]
         if standby_of:
             assert 0 <= int(standby_of[0]) < s.workers, f"{name} stands by for a worker that does not exist"
@@ -91,8 +98,9 @@ def _in_container(mounts: dict[str, Path], path: str) -> Path:
     raise AssertionError(f"{path} is not mounted from the repository ({mounts})")
 
 
-def test_prometheus_scrapes_every_sfaas_process_at_its_metrics_port() -> None:
-    doc = _compose()
+@pytest.mark.parametrize("file", FILES)
+def test_prometheus_scrapes_every_sfaas_process_at_its_metrics_port(file: str) -> None:
+    doc = _compose(file)
     prom = doc["services"]["prometheus"]
     config = yaml.safe_load(_in_container(_mounts(prom), "/etc/prometheus/prometheus.yml").read_text())
     targets = {t for job in config["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
@@ -103,9 +111,11 @@ def test_prometheus_scrapes_every_sfaas_process_at_its_metrics_port() -> None:
         expected.add(f"{name}:{port}")
         cmd = svc["command"]
         if cmd[0] == "worker":  # it serves on its --host, which must be the name Prometheus scrapes
-            assert cmd[cmd.index("--host") + 1] == name, f"{name} listens on another host than its name"
+            assert cmd[cmd.index("--host") + 1] in (name, f"ctl-{name}"), \
+                f"{name} listens on another host than its name"
         else:  # the status page reaches the user's browser
-            assert f"{port}:{port}" in svc.get("ports", []), f"{name}: the status page port is not published"
+            assert any(_resolve(p).endswith(f":{port}:{port}") for p in svc.get("ports", [])), \
+                f"{name}: the status page port is not published"
     assert targets == expected
 
 
@@ -115,7 +125,7 @@ def test_grafana_is_provisioned_with_prometheus_and_the_dashboard() -> None:
     mounts = _mounts(graf)
     (ds,) = yaml.safe_load(_in_container(mounts, "/etc/grafana/provisioning/datasources/prometheus.yml")
                            .read_text())["datasources"]
-    prom_port = doc["services"]["prometheus"]["ports"][0].split(":")[1]
+    prom_port = _resolve(doc["services"]["prometheus"]["ports"][0]).split(":")[-1]  # (in-network)
     assert ds["type"] == "prometheus" and ds["url"] == f"http://prometheus:{prom_port}"
     (provider,) = yaml.safe_load(_in_container(mounts, "/etc/grafana/provisioning/dashboards/sfaas.yml")
                                  .read_text())["providers"]

@@ -93,29 +93,47 @@ def _kill(s: Settings, role: str, rnd: random.Random) -> int | None:
     return victim.pid
 
 
+#: A fault of a schedule: seconds into the load, and what (a role to kill, a service's outage, ...).
+Fault = tuple[float, str]
+#: Injects a fault: what it did (e.g. a pid), or None when it cannot yet (tried again soon);
+#: a fault that lasts (an outage) is a task of the list it is given, awaited after the load.
+Fire = Callable[[str, list["asyncio.Task[str]"]], Any]
+
+
 async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[str, object], replay_dir: Path,
-                    maps: Callable[[], list[tuple[int, list[int]]]] = list) -> None:
+                    maps: Callable[[], list[tuple[int, list[int]]]] = list, *,
+                    faults: list[Fault] | None = None, fire: Fire | None = None,
+                    seconds: float = SECONDS, workers: int = 2) -> None:
     """The load, the fault schedule and the invariants; ``maps()`` gives the partition maps
-    the epochs ran under after rescales (see ``test_rounds._replay``)."""
+    the epochs ran under after rescales (see ``test_rounds._replay``). ``faults`` and
+    ``fire``: another schedule and how to inject it (by default: kills of the local
+    cluster's processes and outages of its services); ``workers``: the cluster's size."""
+
+    async def fire_local(role: str, outages: list[asyncio.Task[str]]) -> object | None:
+        if role in dict(OUTAGES):
+            outages.append(asyncio.create_task(_outage(role, dict(OUTAGES)[role])))
+            return 0
+        return _kill(s, role, rnd)
+
+    fire = fire or fire_local
     async with Client("ledger", settings=cs, timeout=120) as c:
         await asyncio.gather(*(c.call("accounts", a, "deposit", START) for a in ACCOUNTS))
         futs: list[tuple[str, str, asyncio.Future[wire.Reply]]] = []
         arrivals: list[float] = []
-        faults = sorted([(rnd.uniform(1.5, SECONDS - 2), "worker") for _ in range(KILLS)]
-                        + [(rnd.uniform(1.5, SECONDS - 2), "coordinator") for _ in range(COORDINATOR_KILLS)]
-                        + [(rnd.uniform(1.5, SECONDS - 15), name) for name, _ in OUTAGES])
+        if faults is None:
+            faults = sorted([(rnd.uniform(1.5, seconds - 2), "worker") for _ in range(KILLS)]
+                            + [(rnd.uniform(1.5, seconds - 2), "coordinator") for _ in range(COORDINATOR_KILLS)]
+                            + [(rnd.uniform(1.5, seconds - 15), name) for name, _ in OUTAGES])
+        faults = sorted(faults)
         outages: list[asyncio.Task[str]] = []
         report["schedule"] = [(round(t, 2), role) for t, role in faults]
         t0 = time.monotonic()
         killed = []
-        while (now := time.monotonic() - t0) < SECONDS:
+        while (now := time.monotonic() - t0) < seconds:
             while faults and faults[0][0] <= now:
                 _, role = faults.pop(0)
-                if role in dict(OUTAGES):
-                    outages.append(asyncio.create_task(_outage(role, dict(OUTAGES)[role])))
-                    killed.append((round(now, 2), role, 0))
-                elif (pid := _kill(s, role, rnd)) is not None:
-                    killed.append((round(now, 2), role, pid))
+                if (what := await fire(role, outages)) is not None:
+                    killed.append((round(now, 2), role, what))
                 else:  # nobody to kill yet: try again in half a second
                     faults.append((now + 0.5, role))
                     faults.sort()
@@ -137,7 +155,14 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
             await asyncio.sleep(0.02)
         report["killed"] = killed
         report["outages"] = await asyncio.gather(*outages)
-        replies = await asyncio.wait_for(asyncio.gather(*(f for _, _, f in futs)), 180)
+        _, pending = await asyncio.wait([f for _, _, f in futs], timeout=180)
+        if pending:
+            stuck = [(kind, key) for kind, key, f in futs if f in pending]
+            waiting = {rid: fut for rid, fut in c._waiting.items() if fut in pending}
+            report["unanswered"] = {"n": len(pending), "first": stuck[:5], "rids": sorted(waiting)[:10]}
+            raise AssertionError(f"{len(pending)} of {len(futs)} requests unanswered 180 s after the load: "
+                                 f"{report['unanswered']}")
+        replies = [f.result() for _, _, f in futs]
         assert not c._waiting, f"{len(c._waiting)} requests never answered"
         arrivals.sort()
         report["longest_gap_s"] = round(max((b - a for a, b in zip(arrivals, arrivals[1:], strict=False)),
@@ -168,7 +193,7 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
     epochs = [rec.epoch for _, rec in records]
     assert epochs == sorted(epochs), "the epoch log is out of epoch order"
     assert len({(rec.epoch, rec.worker) for _, rec in records}) == len(records), "an epoch logged twice by a worker"
-    empty = RoundManifest(0, 0, 2, PARTITIONS, (), {p: 0 for p in range(PARTITIONS)}, {}, {}, (), 0)
+    empty = RoundManifest(0, 0, workers, PARTITIONS, (), {p: 0 for p in range(PARTITIONS)}, {}, {}, (), 0)
     requests = await _ingress_requests(cs)
     fates, accounts, counters = await _replay(empty, records, requests, replay_dir, maps())
     by_pos = {(p, o): req for p, reqs in requests.items() for o, req in reqs}

@@ -1,0 +1,145 @@
+"""Reply gaps of the HA compose cluster, one fault at a time (issue 33's targets).
+
+    python -m benchmarks.cluster.failover [--rate 200] [--repeats 2] [--window 20] [--faults ...]
+
+Starts docker-compose.ha.yml (3 brokers at RF 3 / min ISR 2, MinIO on 4 nodes, a
+coordinator, 3 workers with a standby each; images from ``./run images``) on free host ports,
+runs deposits of the bank example at ``--rate`` requests/s from the host, and injects one
+fault at a time, ``--repeats`` times each, with quiet time between:
+
+- ``broker``       a Kafka broker stopped (``docker stop -t 0``), started again 10 s later
+- ``minio``        a MinIO node stopped, started again 10 s later
+- ``pause``        a primary worker paused (``docker pause``) for 6 s (3× the heartbeat timeout)
+- ``cut-control``  a primary worker cut from the coordinator and its peers for 6 s
+- ``cut-data``     a primary worker cut from Kafka and MinIO for 6 s
+- ``kill``         a primary worker's process SIGKILLed
+
+For each, the largest gap between consecutive replies from 1 s before the fault to
+``--window`` s after it (the targets: ≤ 2 s for a broker or a MinIO node, ≤ 3 s for a paused or
+partitioned worker). Prints a table and writes it as JSON to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from launcher import containers  # noqa: E402
+from launcher.compose_project import ROOT, Compose, compose, wait_ready  # noqa: E402
+from launcher.procs import ServiceSettings  # noqa: E402
+from sfaas.client import Client  # noqa: E402
+
+FAULTS = ["broker", "minio", "pause", "cut-control", "cut-data", "kill"]
+
+
+def primaries(c: Compose) -> dict[int, str]:
+    """slot → the service now serving it (from the coordinator's log)."""
+    out: dict[int, str] = {}
+    for line in c.run("logs", "--no-color", "coordinator").splitlines():
+        m = re.search(r"worker (\S+) \(pid \d+\) (?:registered as|replaces lost worker) (\d+)", line)
+        if m:
+            out[int(m.group(2))] = m.group(1)
+    return out
+
+
+async def inject(c: Compose, fault: str, rnd: random.Random) -> str:
+    def docker(*args: str) -> str:
+        return c.docker(*args)
+
+    if fault in ("broker", "minio"):
+        svc = rnd.choice(["kafka-1", "kafka-2", "kafka-3"] if fault == "broker"
+                         else [f"minio-{i}" for i in range(1, 5)])
+        cid = c.container(svc)
+        await asyncio.to_thread(docker, "stop", "-t", "0", cid)
+        await asyncio.sleep(10)
+        await asyncio.to_thread(docker, "start", cid)
+        return svc
+    svc = rnd.choice(sorted(primaries(c).values()))
+    cid = c.container(svc)
+    if fault == "kill":
+        pid = int(docker("inspect", "-f", "{{.State.Pid}}", cid).strip())
+        os.kill(pid, signal.SIGKILL)
+    elif fault == "pause":
+        await asyncio.to_thread(docker, "pause", cid)
+        await asyncio.sleep(6)
+        await asyncio.to_thread(docker, "unpause", cid)
+    else:
+        net = c.network("control" if fault == "cut-control" else "data")
+        await asyncio.to_thread(docker, "network", "disconnect", net, cid)
+        await asyncio.sleep(6)
+        again = ["network", "connect", net, cid]
+        if fault == "cut-control":
+            again[2:2] = ["--alias", f"ctl-{svc}"]
+        await asyncio.to_thread(docker, *again)
+    return svc
+
+
+async def run(c: Compose, a: argparse.Namespace) -> list[dict[str, object]]:
+    rnd = random.Random(a.seed)
+    arrivals: list[float] = []
+    rows: list[dict[str, object]] = []
+    async with Client("bank", settings=c.client_settings(), timeout=120,
+                      max_in_flight=100_000) as cl:
+        stop = asyncio.Event()
+
+        async def load() -> None:
+            i = 0
+            t0 = time.monotonic()
+            while not stop.is_set():
+                i += 1
+                f = await cl.submit("accounts", f"a{i % 1000}", "deposit", 1)
+                f.add_done_callback(lambda _f: arrivals.append(time.monotonic()))
+                await asyncio.sleep(max(0.0, t0 + i / a.rate - time.monotonic()))
+
+        loader = asyncio.create_task(load())
+        await asyncio.sleep(10)  # warm
+        for fault in [f for f in a.faults for _ in range(a.repeats)]:
+            t = time.monotonic()
+            what = await inject(c, fault, rnd)
+            await asyncio.sleep(max(0.0, t + a.window - time.monotonic()))
+            seen = sorted(x for x in arrivals if t - 1 <= x <= t + a.window)
+            gap = max((y - x for x, y in zip(seen, seen[1:], strict=False)), default=a.window)
+            rows.append({"fault": fault, "target": what, "gap_s": round(gap, 2),
+                         "replies": len(seen)})
+            print(f"{fault:12} {what:18} largest reply gap {gap:6.2f} s "
+                  f"({len(seen)} replies in the window)", flush=True)
+            await asyncio.sleep(a.quiet)
+        stop.set()
+        await loader
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", type=float, default=200.0, help="requests/s (default 200)")
+    p.add_argument("--repeats", type=int, default=2, help="times each fault runs (default 2)")
+    p.add_argument("--window", type=float, default=20.0, help="seconds measured after a fault")
+    p.add_argument("--quiet", type=float, default=8.0, help="seconds between faults")
+    p.add_argument("--faults", nargs="*", default=FAULTS, choices=FAULTS)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "failover.json")
+    a = p.parse_args()
+    cache = ServiceSettings.from_env().cache_dir
+    cache.mkdir(parents=True, exist_ok=True)
+    containers.build_images(cache)
+    with compose([ROOT / "docker-compose.ha.yml"], kafka_brokers=3) as c:
+        print(f"HA cluster ready in {wait_ready(c, workers=3, standbys=1):.1f} s", flush=True)
+        rows = asyncio.run(run(c, a))
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M"), "rate": a.rate,
+                                 "rows": rows}, indent=1))
+    print(f"written to {a.out}")
+
+
+if __name__ == "__main__":
+    main()
