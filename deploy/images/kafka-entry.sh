@@ -51,6 +51,12 @@ group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 delete.topic.enable=true
 unclean.leader.election.enable=false
+# a lost broker is fenced (and dropped from every ISR, its partitions led elsewhere) after
+# 2 s without a heartbeat to the controller, not the default 9 s: the reply gap of a broker
+# loss is about this long
+broker.session.timeout.ms=2000
+broker.heartbeat.interval.ms=500
+replica.lag.time.max.ms=5000
 num.network.threads=2
 num.io.threads=4
 log.retention.hours=24

@@ -42,7 +42,7 @@ from tests.runtime.test_recovery import PARTITIONS, _scenario
 
 SEED = int(os.environ.get("SFAAS_NEMESIS_SEED") or random.SystemRandom().randrange(1 << 32))
 SECONDS = float(os.environ.get("SFAAS_NEMESIS_SECONDS") or 90)
-HEARTBEAT_TIMEOUT = 2.0
+HEARTBEAT_TIMEOUT = 1.0  # (the HA profile's)
 WORKERS = [f"worker-{i}{s}" for i in range(3) for s in ("", "-standby")]
 BROKERS = ["kafka-1", "kafka-2", "kafka-3"]
 MINIOS = [f"minio-{i}" for i in range(1, 5)]
