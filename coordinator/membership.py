@@ -110,6 +110,7 @@ class Membership:
                 if not m.alive and self._standbys.reserved_for(m.index) in (None, reg.name)]
         if joins and not dead:
             member = Member.of(-1, reg, chan)
+            member.generation = state.new_generation()
             self._rescale.add_joiner(member)
         elif not state.joined:
             member = Member.of(state.free_slot(reg.index), reg, chan)
@@ -151,6 +152,9 @@ class Membership:
                 if isinstance(msg, wire.Wakeup):
                     self._wake()
                 elif beat is not None:
+                    # answered at once: the worker's lease runs from the beat's send time
+                    # (worker.fence); a lost member's channel is closed, it gets none
+                    chan.send(wire.Alive(member.index, member.generation, beat.sent))
                     self._heartbeat(member, beat)
                 elif isinstance(msg, wire.Snapshotted):
                     self._snapshotted(msg)
@@ -169,7 +173,8 @@ class Membership:
         sb = self._standbys.add(reg, chan, slot)
         try:
             while True:
-                await chan.recv()  # a standby only listens; its closed channel says it is gone
+                await chan.recv()  # heartbeats; its closed channel says it is gone
+                sb.last_seen = time.monotonic()
         except ChannelClosed:
             self._standbys.remove(sb)
             raise
@@ -184,7 +189,7 @@ class Membership:
         state = self._state
         ingress, egress, group = self._topics
         m.channel.send(wire.Assign(m.index, len(state.members), state.peers(), state.partitions,
-                                   ingress, egress, group, list(state.owners)))
+                                   ingress, egress, group, list(state.owners), m.generation))
 
     async def gather(self) -> None:
         """Once every slot is taken, assign them; returns when all are ready."""

@@ -62,10 +62,11 @@ class Coordinator:
                                   self._rounds_remote, self._store_remote)
         self.metrics = CoordinatorMetrics(self.snapshot)
         self.standbys = Standbys(self.state, s.workers, s.standbys, self.rounds.newest_complete,
-                                 self.ready_file.write)
+                                 self.ready_file.write, silent_after=s.heartbeat_timeout)
         self.rescale = Rescaler(self.state, self.rounds, rounds_on=s.snapshot_interval > 0,
                                 standbys=s.standbys, wake=self.wake,
-                                force_recovery=self.force_recovery, changed=self.ready_file.write)
+                                force_recovery=self.force_recovery, changed=self.ready_file.write,
+                                followers=self.standbys)
         ingress, egress = s.topics(app_name)
         self.placements = Placements(self.state, app_name, lambda: self.rescale.target is not None)
         self.membership = Membership(
@@ -108,7 +109,7 @@ class Coordinator:
         topics = {ingress: s.partitions, egress: s.partitions}
         if s.snapshot_interval > 0:
             topics[s.epoch_log_topic(app)] = 1
-        partitions = (await create_topics(s.kafka, topics))[ingress]
+        partitions = (await create_topics(s.kafka, topics, s.replication))[ingress]
         if partitions < s.workers:
             raise ClusterError(f"topic {ingress} has {partitions} partitions < {s.workers} workers")
         self.state.configure(partitions, s.workers, default_owners(partitions, s.workers))

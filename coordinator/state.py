@@ -18,7 +18,19 @@ from typing import Any, Protocol
 
 from sfaas.runtime import channels, wire
 
-__all__ = ["ClusterState", "ClusterView", "EpochStats", "Layout", "Member"]
+__all__ = ["ClusterState", "ClusterView", "EpochStats", "Layout", "Member", "next_generation"]
+
+
+def next_generation(last: int) -> int:
+    """The generation of a new assignment of a slot: the wall clock in microseconds, and
+    above ``last`` (the newest this process gave). Strictly increasing per slot, also across
+    coordinator restarts: a restarted coordinator starts later, so its clock reads higher
+    than any generation its predecessor gave — as long as the clock is not set back by more
+    than the restart takes (NTP slews, it does not jump; a counter restored from the newest
+    round would survive a jump, but the round is written after the assignment it would
+    have to cover). Peers refuse a process whose generation is older than the one their
+    membership names (``worker.peers``), so a higher one never locks anyone out."""
+    return max(last + 1, time.time_ns() // 1000)
 
 
 @dataclass
@@ -38,6 +50,8 @@ class Member:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     #: where its standbys follow its stores (0: it ships nothing)
     repl_port: int = 0
+    #: this assignment of the slot (:func:`next_generation`; ``wire.Assign.generation``)
+    generation: int = 0
 
     @classmethod
     def of(cls, index: int, reg: wire.Register, chan: channels.Channel) -> Member:
@@ -45,8 +59,8 @@ class Member:
 
     @property
     def peer(self) -> wire.Peer:
-        """Where the other workers reach it."""
-        return wire.Peer(self.host, self.port)
+        """Where the other workers reach it, and its generation."""
+        return wire.Peer(self.host, self.port, self.generation)
 
 
 @dataclass(frozen=True)
@@ -114,6 +128,8 @@ class ClusterState:
         self.recovering = False
         #: why recovery stopped retrying ("" : it did not)
         self.recovery_stopped = ""
+        #: the newest generation given (:func:`next_generation`)
+        self.generation = 0
         self._all_joined = asyncio.Event()
         self._changed = asyncio.Event()  # membership changed (a loss, a replacement ready)
 
@@ -155,7 +171,13 @@ class ClusterState:
         free = sorted(set(range(self.workers)) - {m.index for m in self.members})
         return wanted if wanted in free else free[0]
 
+    def new_generation(self) -> int:
+        """A generation for a new assignment of a slot."""
+        self.generation = next_generation(self.generation)
+        return self.generation
+
     def add_member(self, m: Member) -> None:
+        m.generation = self.new_generation()
         self.members.append(m)
         if len(self.members) == self.workers:
             self.members.sort(key=lambda x: x.index)
@@ -180,6 +202,7 @@ class ClusterState:
         """A new process takes lost slot ``m``."""
         m.name, m.host, m.port, m.pid, m.channel = reg.name, reg.host, reg.port, reg.pid, chan
         m.alive, m.last_seen, m.repl_port = True, time.monotonic(), reg.repl_port
+        m.generation = self.new_generation()
 
     def heard(self, m: Member, committed: int | None = None) -> None:
         """``m`` sent something (a heartbeat says its newest committed epoch)."""

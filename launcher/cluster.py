@@ -307,7 +307,9 @@ def scale(settings: Settings, workers: int, timeout: float = 600.0) -> str:
     The supervisor starts the missing worker processes (a scale-up); the coordinator moves
     partitions by shipping their stores and switches at an epoch boundary
     (``coordinator.protocols.rescale``), retiring surplus workers (a scale-down). Epochs go on
-    meanwhile; they pause only for the switch.
+    meanwhile; they pause only for the switch. A cluster started with ``standbys`` R runs
+    ``workers × (1 + R)`` worker processes: a new worker comes with R standbys, and a
+    retired one's standbys retire with it.
     """
     import asyncio
 
@@ -325,6 +327,7 @@ def scale(settings: Settings, workers: int, timeout: float = 600.0) -> str:
     sd = state_dir(settings)
 
     def tell_supervisor() -> None:
+        # (the supervisor counts processes: each worker's standbys are worker processes too)
         (sd / "workers.tmp").write_text(str(workers * (1 + standbys)))
         os.replace(sd / "workers.tmp", sd / "workers")
         _signal(sup, signal.SIGHUP)

@@ -101,6 +101,13 @@ def _parser() -> argparse.ArgumentParser:
                     help="app name (default: the running local cluster's)")
     sn.add_argument("--json", action="store_true", help="machine-readable output")
 
+    al = sub.add_parser("alive", help="is this host's sfaas process alive? exit 0 if its "
+                                      "liveness file is fresh, 1 if not (a liveness probe)")
+    al.add_argument("--max-age", dest="max_age", type=float, required=True,
+                    help="seconds the liveness file may be old, e.g. 2 x heartbeat timeout + 1")
+    al.add_argument("--file", dest="alive_file",
+                    help="the liveness file (default: $SFAAS_ALIVE_FILE, else $SFAAS_HOME/alive)")
+
     sp = sub.add_parser("supervise", help=argparse.SUPPRESS)  # started by `sfaas up`
     sp.add_argument("--state-dir", dest="state_dir", required=True)
     sp.add_argument("--workers", type=int, required=True)
@@ -183,7 +190,9 @@ def _setup_logging(level: str) -> None:
     )
 
 
-def _run_service(coro_factory: Any) -> int:
+def _run_service(coro_factory: Any, settings: Settings | None = None) -> int:
+    """Run a service's coroutine until it ends or a signal stops it; with ``settings``,
+    touch the process's liveness file from its loop meanwhile (``sfaas.runtime.liveness``)."""
     try:
         import uvloop
 
@@ -197,12 +206,43 @@ def _run_service(coro_factory: Any) -> int:
         assert task is not None
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
+        beat = None
+        if settings is not None:
+            from sfaas.runtime import liveness
+
+            beat = loop.create_task(liveness.touch_forever(
+                liveness.alive_path(settings.home), settings.heartbeat_timeout / 4),
+                name="liveness")
         try:
             await coro_factory()
         except asyncio.CancelledError:
             log.info("stopped by signal")
+        finally:
+            if beat is not None:
+                beat.cancel()
 
     runner(main())
+    return 0
+
+
+def _alive(path: str | None, limit: float) -> int:
+    """``sfaas alive``: 0 if the liveness file is at most ``limit`` seconds old, else 1."""
+    from sfaas.runtime import liveness
+
+    if not limit > 0:
+        print(f"error: --max-age must be a positive number of seconds, got {limit}",
+              file=sys.stderr)
+        return 2
+    path = path or liveness.alive_path(Settings.load().home)
+    age = liveness.age(path)
+    if age is None:
+        print(f"not alive: no liveness file {path}", file=sys.stderr)
+        return 1
+    if age > limit:
+        print(f"not alive: {path} was last touched {age:.1f} s ago (more than {limit:g} s)",
+              file=sys.stderr)
+        return 1
+    print(f"alive: {path} touched {age:.1f} s ago")
     return 0
 
 
@@ -254,6 +294,8 @@ def _dispatch(ns: argparse.Namespace) -> int:
                     state = "reachable" if st.get("reachable") else "stopped"
                 print(f"{name:6} {state:9} {st.get('endpoint')} pid={st.get('pid')}")
         return 0
+    if cmd == "alive":
+        return _alive(ns.alive_file, ns.max_age)
     if cmd == "coordinator":
         s = _settings(ns, "kafka", "namespace", "log_level", "app", "coordinator", "workers",
                       "partitions", "snapshot_interval", "snapshot_retain", "metrics_port")
@@ -262,7 +304,7 @@ def _dispatch(ns: argparse.Namespace) -> int:
         from sfaas.app import load_app
 
         app = load_app(s.app)
-        return _run_service(lambda: run_coordinator(s, app.name))
+        return _run_service(lambda: run_coordinator(s, app.name), s)
     if cmd == "worker":
         s = _settings(ns, "kafka", "namespace", "log_level", "app", "coordinator", "host", "port",
                       "store", "max_batch", "standby_of", "metrics_port")
@@ -271,7 +313,7 @@ def _dispatch(ns: argparse.Namespace) -> int:
         from worker.service import run_worker
 
         app = load_app(s.app)
-        return _run_service(lambda: run_worker(s, app, ns.name))
+        return _run_service(lambda: run_worker(s, app, ns.name), s)
     if cmd == "up":
         from launcher import cluster
 

@@ -13,6 +13,14 @@ first (which stops the workers cleanly), then whatever is left, and exits.
 The workers of a cluster take their index from the coordinator, so a restarted worker
 simply registers again and takes the slot of the lost one (``coordinator.protocols.recovery``).
 
+A child that stays silent is treated as one that died: each child touches its liveness file
+(``sfaas.runtime.liveness``; the supervisor names it ``{role}-{index}.alive`` in the state
+directory) from its event loop every quarter of ``heartbeat_timeout``; one whose file grew
+older than ``2 × heartbeat_timeout + 1`` s (``$SFAAS_SUPERVISOR_MAX_AGE`` overrides it, 0
+turns it off) — after ``START_GRACE`` seconds of starting — is SIGKILLed, logged with its
+file's age, counted (``stalls`` in ``cluster.json``) and restarted like a crash. A stopped
+(SIGSTOP) or wedged process is replaced instead of holding its slot.
+
 Rescaling (``sfaas scale``): on SIGHUP the supervisor reads the wanted number of worker
 processes from ``workers`` in its state directory and starts the missing ones (they join
 the cluster); a worker a scale-down retired exits with ``EXIT_RETIRED`` and is not
@@ -34,12 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from launcher.cluster import free_port
-from sfaas.errors import EXIT_RECOVERY_STOPPED, EXIT_RETIRED
+from sfaas.errors import EXIT_FENCED, EXIT_RECOVERY_STOPPED, EXIT_RETIRED
+from sfaas.runtime import liveness
 from sfaas.runtime.metrics import local_url
+from sfaas.runtime.settings import Settings
 
 log = logging.getLogger("sfaas.supervisor")
 
-__all__ = ["supervise", "MAX_CRASHES", "CRASH_WINDOW", "STANDBY_RESTART_DELAY"]
+__all__ = ["supervise", "MAX_CRASHES", "CRASH_WINDOW", "STANDBY_RESTART_DELAY", "START_GRACE",
+           "stalled"]
 
 #: A role that exits this often within ``CRASH_WINDOW`` seconds is not restarted again.
 MAX_CRASHES = 5
@@ -49,6 +60,36 @@ CRASH_WINDOW = 60.0
 #: of imports and connections) would otherwise compete for the CPU with the promoted
 #: standby's recovery.
 STANDBY_RESTART_DELAY = 1.0
+#: Seconds after a child starts before its liveness file is watched (imports, first touch).
+START_GRACE = 15.0
+
+
+def stalled(started: float, age: float | None, now: float, limit: float,
+            grace: float = START_GRACE) -> str:
+    """Why a child started at ``started`` (monotonic) whose liveness file is ``age``
+    seconds old (None: missing) is stuck at ``now`` — "" if it is not (or ``limit`` ≤ 0)."""
+    if limit <= 0 or now - started < grace:
+        return ""
+    if age is None:
+        return f"it never touched its liveness file in {now - started:.1f} s"
+    if age > limit:
+        return f"its liveness file is {age:.1f} s old (limit {limit:g} s): stopped or stuck"
+    return ""
+
+
+def _max_age() -> float:
+    raw = os.environ.get("SFAAS_SUPERVISOR_MAX_AGE", "")
+    if raw:
+        try:
+            return float(raw)
+        except ValueError:
+            log.error("SFAAS_SUPERVISOR_MAX_AGE must be seconds, got %r; using the default", raw)
+    try:
+        return liveness.max_age(Settings.load().heartbeat_timeout)
+    except Exception as exc:  # (the children fail loudly on bad settings themselves)
+        log.warning("settings unreadable (%s): the liveness limit is %.0f s", exc,
+                    liveness.max_age(2.0))
+        return liveness.max_age(2.0)
 
 
 @dataclass
@@ -70,10 +111,15 @@ class Child:
     proc: subprocess.Popen[bytes] | None = None
     #: its ``/metrics`` URL (empty: off)
     metrics: str = ""
+    #: its liveness file (``sfaas.runtime.liveness``), and when it last started (monotonic)
+    alive_file: str = ""
+    started: float = 0.0
+    #: how often it was killed for silence (each also counts as a crash)
+    stalls: int = 0
 
     def public(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("role", "index", "pid", "log", "restarts", "alive",
-                                              "gave_up", "metrics")}
+                                              "gave_up", "metrics", "stalls")}
 
 
 class Supervisor:
@@ -87,6 +133,8 @@ class Supervisor:
         control = str(info.get("coordinator", "")).rpartition(":")[2]
         if control.isdigit():
             self.ports.add(int(control))
+        #: seconds a child's liveness file may be old (0: not watched)
+        self.max_age = _max_age()
 
     def metrics(self, c: Child) -> None:
         """Give ``c`` its metrics port (kept across its restarts): as ``cluster.json``'s
@@ -111,15 +159,21 @@ class Supervisor:
         c.metrics = local_url(host, port, "/metrics")
 
     def _start(self, c: Child) -> None:
+        c.alive_file = str(self.state_dir / f"{c.role}-{c.index}.alive")
+        try:
+            os.unlink(c.alive_file)  # (a previous process's file says nothing of this one)
+        except FileNotFoundError:
+            pass
         out = open(c.log, "ab")  # noqa: SIM115 - handed to the child
         try:
             c.proc = subprocess.Popen(
                 [sys.executable, "-m", "sfaas", *c.args], stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
+                env=dict(os.environ, **{liveness.ENV: c.alive_file}),
             )
         finally:
             out.close()
-        c.pid, c.alive = c.proc.pid, True
+        c.pid, c.alive, c.started = c.proc.pid, True, time.monotonic()
         log.info("started %s %d (pid %d)", c.role, c.index, c.pid)
 
     def write(self) -> None:
@@ -128,10 +182,24 @@ class Supervisor:
         tmp.write_text(json.dumps(doc, indent=2))
         os.replace(tmp, self.state_dir / "cluster.json")
 
+    def watch(self, now: float) -> None:
+        """SIGKILL every child that stayed silent (see the module docstring); :meth:`poll`
+        then reaps and restarts it like one that died."""
+        for c in self.children:
+            if c.proc is None or self.stopping or c.proc.poll() is not None:
+                continue
+            why = stalled(c.started, liveness.age(c.alive_file), now, self.max_age, START_GRACE)
+            if why:
+                log.error("killing %s %d (pid %d): %s", c.role, c.index, c.pid, why)
+                c.stalls += 1
+                c.proc.kill()
+                c.proc.wait()
+
     def poll(self) -> bool:
         """Reap exited children, restart due ones; True if anything changed."""
         changed = False
         now = time.monotonic()
+        self.watch(now)
         for c in self.children:
             if c.proc is not None and c.proc.poll() is not None:
                 code = c.proc.returncode
@@ -144,6 +212,9 @@ class Supervisor:
                                  f"would fail the same way — see {c.log}")
                     log.error("coordinator %s", c.gave_up)
                     continue
+                if code == EXIT_FENCED:
+                    log.warning("%s %d (pid %d) fenced itself (its lease ran out): restarting",
+                                c.role, c.index, c.pid)
                 if code == EXIT_RETIRED and c.role == "worker":
                     log.info("worker %d (pid %d) retired by a rescale; not restarted",
                              c.index, c.pid)

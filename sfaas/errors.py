@@ -33,6 +33,7 @@ __all__ = [
     "reply_error",
     "EXIT_RETIRED",
     "EXIT_RECOVERY_STOPPED",
+    "EXIT_FENCED",
     "RecoveryStopped",
 ]
 
@@ -41,6 +42,10 @@ EXIT_RETIRED = 75
 #: Exit code of a coordinator whose recovery failed the same way three times in a row (its
 #: supervisor does not restart it: a restart would fail the same way).
 EXIT_RECOVERY_STOPPED = 76
+#: Exit code of a worker that fenced itself: its lease from the coordinator ran out (a
+#: paused or cut-off process the cluster has replaced, ``worker.fence``). Its supervisor
+#: restarts it; the new process registers as a new member.
+EXIT_FENCED = 77
 
 
 class SfaasError(Exception):

@@ -24,11 +24,15 @@ from typing import Any, Protocol
 from aiokafka import TopicPartition
 
 from sfaas.runtime.settings import Settings
+from worker.fence import Lease
 from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker")
 
-__all__ = ["Egress", "Uplink", "Clients"]
+__all__ = ["Egress", "Uplink", "Clients", "GEN_HEADER"]
+
+#: The Kafka header on every reply: ``b"<slot>.<generation>"`` of the process that made it.
+GEN_HEADER = "sfaas-gen"
 
 
 class Uplink(Protocol):
@@ -55,8 +59,10 @@ class Egress:
     """
 
     def __init__(self, settings: Settings, state: WorkerState, kafka: Clients, uplink: Uplink,
-                 completed: Callable[[int, int], None]) -> None:
+                 completed: Callable[[int, int], None], lease: Lease | None = None) -> None:
         self._rounds_on = settings.snapshot_interval > 0
+        #: replies leave, and offsets are committed, only under the lease (``worker.fence``)
+        self._lease = lease
         self._state = state
         self._kafka = kafka
         self._uplink = uplink
@@ -80,14 +86,20 @@ class Egress:
             await self.flush()
 
     async def flush(self) -> None:
-        """Hand every queued reply to the producer (its delivery completes later)."""
-        replies, self.replies = self.replies, []
-        if not replies:
+        """Hand every queued reply to the producer (its delivery completes later), each
+        stamped with this process's slot and generation (the ``sfaas-gen`` header)."""
+        if not self.replies:
             return
-        topic = self._state.egress_topic
+        lease = self._lease
+        if lease is not None and not lease.valid():
+            await lease.held()
+        replies, self.replies = self.replies, []
+        st = self._state
+        topic = st.egress_topic
         producer = self._kafka.producer
+        headers = [(GEN_HEADER, f"{st.index}.{st.generation}".encode())]
         for p, value, in_part, in_offset in replies:
-            fut = await producer.send(topic, value, partition=p)
+            fut = await producer.send(topic, value, partition=p, headers=headers)
             fut.add_done_callback(functools.partial(self._sent, in_part, in_offset))
 
     async def durable(self) -> None:
@@ -127,6 +139,8 @@ class Egress:
         offsets = st.offsets.to_commit()
         if not offsets:
             return
+        if self._lease is not None and not self._lease.check():
+            return  # (committed by the next try under a lease, or by the slot's next process)
         try:
             await self._kafka.consumer.commit(
                 {TopicPartition(st.ingress_topic, p): o for p, o in offsets.items()})

@@ -35,6 +35,7 @@ from sfaas.runtime.txn.determinism import check_local
 from sfaas.runtime.txn.loop import Fate
 from worker.clients import KafkaClients
 from worker.egress import Egress
+from worker.fence import Lease as Fence
 from worker.ingress import Ingress
 from worker.links import CoordinatorLink, PeerLinks
 from worker.metrics import WorkerMetrics
@@ -76,9 +77,12 @@ class EpochRunner:
         self, settings: Settings, state: WorkerState, mode: str, *, uplink: CoordinatorLink,
         links: PeerLinks, calls: Peers, fallback: CrossFallback, ingress: Ingress, egress: Egress,
         metrics: WorkerMetrics, rounds: RoundTaker, kafka: KafkaClients, tasks: Tasks,
-        world: World,
+        world: World, fence: Fence | None = None,
     ) -> None:
         self._settings = settings
+        #: the coordinator's lease on this process (``worker.fence``): the epoch log is
+        #: written, and heartbeats' answers renew it, only under it
+        self._fence = fence
         self._state = state
         self.mode = mode
         self._uplink = uplink
@@ -172,11 +176,15 @@ class EpochRunner:
         if st.log_topic and st.loop.batch and not begin.replay:
             # the epoch-log write overlaps execution; the report (hence every reply of
             # this epoch, anywhere) waits for it to be durable
-            rec = EpochRecord.of(begin.epoch, st.index, begin.now, st.loop.batch)
+            rec = EpochRecord.of(begin.epoch, st.index, begin.now, st.loop.batch,
+                                 st.generation)
             if rec.journals:  # (what the runs see: the journals as installed at the Begin)
                 seen = self._world.effects.journals
                 rec = dataclasses.replace(rec, journals=tuple(
                     (tid, seen[tid]) for tid, _ in rec.journals if seen.get(tid)))
+            fence = self._fence
+            if fence is not None and not fence.valid():
+                await fence.held()
             ack = await self._kafka.producer.send(st.log_topic, rec.encode(), partition=0)
         await st.loop.execute()
         if self._settings.check_determinism and not begin.replay:
@@ -309,17 +317,27 @@ class EpochRunner:
 
     # -- liveness ---------------------------------------------------------------------------------
     async def heartbeat(self) -> None:
-        """Tell the coordinator this worker lives, every quarter of its timeout; log the
-        epochs' counters now and then."""
+        """Tell the coordinator this worker lives, every quarter of its timeout (the first
+        at once: its answer starts the lease); leave when the lease is past saving
+        (``worker.fence``); log the epochs' counters now and then."""
         beat = self._settings.heartbeat_timeout / 4
         last_log = time.monotonic()
+        fence = self._fence
+        if fence is not None:
+            # assigned and not yet ready: the coordinator loses it only with its channel
+            # (or after STARTUP_TIMEOUT), so the lease starts now
+            fence.grant(time.monotonic())
         while True:
-            await asyncio.sleep(beat)
             lp = self._state.loop
             assert lp is not None
             if not self._uplink.closed:  # (while the coordinator restarts, nobody listens)
                 self._uplink.send(wire.Heartbeat(self._state.index, lp.committed,
-                                                 self._metrics.heartbeat_latency()))
+                                                 self._metrics.heartbeat_latency(),
+                                                 time.monotonic()))
+            await asyncio.sleep(beat)
+            if fence is not None and not fence.valid():
+                await asyncio.sleep(0.05)  # (answers waiting in the socket are read first)
+                fence.check()
             if self._age_n and time.monotonic() - last_log >= 5.0:
                 last_log = time.monotonic()
                 log.info("epochs=%d committed=%d reruns=%d fallbacks=%d mean request age at epoch "

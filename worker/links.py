@@ -4,6 +4,13 @@ Both outlive what travels over them: the coordinator's channel is replaced when 
 registers again (a standby's promotion, a restarted coordinator), a peer's when the peer
 moved (a replaced worker) or the membership changed (a rescale). The parts that send hold
 these holders, never a channel, so they always reach the current one.
+
+Once the worker serves (:meth:`CoordinatorLink.listen`), a task of its own reads the
+coordinator's channel: each ``Alive`` renews the worker's lease (``worker.fence``) the
+moment it arrives — never behind a recovery or a commit the worker is acting on — and the
+other messages wait, at most :data:`INBOX_FRAMES` frames, for :meth:`CoordinatorLink.recv`
+(a full queue stops the reading: the coordinator's messages then wait in TCP). Every peer
+channel is gated by the lease: what is queued on it leaves only while the lease holds.
 """
 
 from __future__ import annotations
@@ -11,15 +18,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sfaas.errors import AuthenticationError, ChannelClosed, ClusterError
 from sfaas.runtime import channels, wire
+from worker.fence import Lease
 
 log = logging.getLogger("sfaas.worker")
 
-__all__ = ["CoordinatorLink", "PeerLinks", "connect_retry"]
+__all__ = ["CoordinatorLink", "PeerLinks", "connect_retry", "INBOX_FRAMES"]
+
+#: Frames of the coordinator read ahead of the worker acting on them (see the docstring).
+INBOX_FRAMES = 256
 
 
 async def connect_retry(host: str, port: int, secret: str,
@@ -46,9 +57,58 @@ class CoordinatorLink:
     def __init__(self, secret: str) -> None:
         self._secret = secret
         self.channel: Any = None  # a ``channels.Channel`` (a fake one in the tests)
+        self._on_alive: Callable[[wire.Alive], None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._frames: asyncio.Queue[list[wire.Message] | None] = asyncio.Queue(INBOX_FRAMES)
+        self._error: BaseException | None = None
+        #: the worker's lease (``worker.fence``), renewed by the ``Alive`` read here
+        self.lease: Lease | None = None
+
+    async def held(self) -> None:
+        """Return once the worker may act on the coordinator's behalf (see
+        :meth:`worker.fence.Lease.held`)."""
+        if self.lease is not None and not self.lease.valid():
+            await self.lease.held()
 
     async def connect(self, host: str, port: int, timeout: float = 30.0) -> None:
         self.channel = await connect_retry(host, port, self._secret, timeout)
+        if self._on_alive is not None:
+            self._read()
+
+    def listen(self, on_alive: Callable[[wire.Alive], None]) -> None:
+        """From now on a task reads the channel (this one and every later one): ``Alive``
+        goes to ``on_alive`` at once, the rest waits for :meth:`recv`."""
+        self._on_alive = on_alive
+        self._read()
+
+    def _read(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        self._frames = asyncio.Queue(INBOX_FRAMES)
+        self._error = None
+        self._reader = asyncio.get_running_loop().create_task(
+            self._reading(self.channel, self._frames), name="coordinator-reader")
+
+    async def _reading(self, chan: Any,
+                       frames: asyncio.Queue[list[wire.Message] | None]) -> None:
+        on_alive = self._on_alive
+        assert on_alive is not None
+        try:
+            while True:
+                msgs = await chan.recv()
+                rest = [m for m in msgs if not isinstance(m, wire.Alive)]
+                if len(rest) < len(msgs):
+                    for m in msgs:
+                        if isinstance(m, wire.Alive):
+                            on_alive(m)
+                if rest:
+                    await frames.put(rest)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # ChannelClosed, ProtocolError: recv() raises it
+            if frames is self._frames:
+                self._error = exc
+            await frames.put(None)
 
     @property
     def closed(self) -> bool:
@@ -62,8 +122,15 @@ class CoordinatorLink:
     async def recv(self) -> list[wire.Message]:
         if self.channel is None:
             raise ChannelClosed("not connected to the coordinator")
-        got: list[wire.Message] = await self.channel.recv()
-        return got
+        if self._reader is None:
+            got: list[wire.Message] = await self.channel.recv()
+            return got
+        frames = self._frames
+        item = await frames.get()
+        if item is None:
+            frames.put_nowait(None)  # (every later recv of this channel fails the same way)
+            raise self._error or ChannelClosed("coordinator channel closed")
+        return item
 
     def close(self) -> None:
         if self.channel is not None:
@@ -77,12 +144,18 @@ class CoordinatorLink:
 class PeerLinks:
     """The channels to this worker's peers, by worker index."""
 
-    def __init__(self, secret: str, connect_timeout: float) -> None:
+    def __init__(self, secret: str, connect_timeout: float,
+                 gate: Callable[[], bool] | None = None) -> None:
         self._secret = secret
         #: a peer that stays unreachable was lost too: fail soon, the coordinator recovers
         self._timeout = connect_timeout
         self.channels: dict[int, Any] = {}  # ``channels.Channel``s (fake ones in the tests)
-        self._addrs: dict[int, tuple[str, int]] = {}
+        self._addrs: dict[int, tuple[Any, ...]] = {}
+        #: the lease's check (``worker.fence.Lease.check``): what a channel queued leaves
+        #: only while it holds (``channels.Channel.gate``)
+        self.gate = gate
+        #: this worker's generation, said in each ``Hello``
+        self.generation = 0
 
     def send_all(self, msg: wire.Message) -> None:
         """``msg`` to every peer (a closed channel is a loss the coordinator handles)."""
@@ -103,18 +176,20 @@ class PeerLinks:
 
     async def connect(self, peers: Sequence[Sequence[Any]], me: int) -> None:
         """Connect to every peer whose channel is missing, closed or at a new address."""
-        for j, (host, port) in enumerate(peers):
+        for j, peer in enumerate(peers):
+            host, port = peer[0], peer[1]
             if j == me:
                 continue
             old = self.channels.get(j)
-            if old is not None and not old.closed and self._addrs.get(j) == (host, port):
+            if old is not None and not old.closed and self._addrs.get(j) == tuple(peer):
                 continue
             if old is not None:
                 old.close()
             ch = await connect_retry(host, port, self._secret, timeout=self._timeout)
-            ch.send(wire.Hello(me))
+            ch.gate = self.gate
+            ch.send(wire.Hello(me, self.generation))
             self.channels[j] = ch
-            self._addrs[j] = (host, port)
+            self._addrs[j] = tuple(peer)
 
     def drop_from(self, n_workers: int) -> None:
         """Close the channels to workers ``n_workers`` and above (the membership shrank)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 from aiokafka import TopicPartition
 
@@ -87,8 +88,9 @@ class Membership:
     def _take_slot(self, msg: wire.Reassign) -> wire.Assign:
         """A receiver's slot, from its ``Reassign``."""
         ingress, egress = self._settings.topics(self._app.name)
+        me = msg.peers[msg.index] if 0 <= msg.index < len(msg.peers) else ()
         assign = wire.Assign(msg.index, msg.n_workers, msg.peers, len(msg.owners), ingress, egress,
-                             self._kafka.group, list(msg.owners))
+                             self._kafka.group, list(msg.owners), int(me[2]) if len(me) > 2 else 0)
         self._state.adopt(assign)
         return assign
 
@@ -145,6 +147,7 @@ class Membership:
                     extra={"worker": st.index})
         try:
             await up.connect(*s.coordinator_address(), timeout=120.0)
+            sent = time.monotonic()
             up.send(wire.Register(self._name, s.host, my_port, os.getpid(), st.index, -1,
                                   repl_port))
             msgs = await up.recv()
@@ -154,6 +157,9 @@ class Membership:
                           a, st.index, st.n_workers, extra={"worker": st.index})
                 return False
             st.adopt(a)
+            if up.lease is not None:  # (the Assign answers the Register: a new lease)
+                up.lease.grant(sent)
+            self._links.generation = st.generation
             await self._links.connect(a.peers, st.index)
             up.send(wire.Ready(st.index))
         except (ClusterError, ChannelClosed, OSError) as exc:

@@ -14,6 +14,11 @@ not read is held until its fallback phase begins (``worker.protocols.fallback``)
 reading its peers' channels (their messages wait in TCP) until the Begin or the phase
 takes them. Nothing a peer needs to finish the current epoch comes after such a call on its
 channel, so the wait cannot block an epoch.
+
+A channel's ``Hello`` names the sender's generation (``wire.Assign.generation``); a channel
+whose generation is older than the one this worker's membership names for that index —
+checked at the hello and again before each frame, since a recovery's membership may name a
+newer one later — is a fenced process's (``worker.fence``): it is refused and closed.
 """
 
 from __future__ import annotations
@@ -32,11 +37,23 @@ from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker")
 
-__all__ = ["Peers", "DEFERRED_BATCHES", "FallbackInbox"]
+__all__ = ["Peers", "DEFERRED_BATCHES", "FallbackInbox", "stale_generation"]
 
 #: Calls from peers for an epoch not begun yet, held until its Begin: at most this many ×
 #: ``max_batch`` (see the module docstring).
 DEFERRED_BATCHES = 16
+
+
+def stale_generation(state: WorkerState, src: int, gen: int, peer: str) -> bool:
+    """Is a channel of worker ``src`` at generation ``gen`` a fenced process's (older than
+    the one the membership names)? Logs the refusal."""
+    known = state.peer_generation(src)
+    if gen >= known:
+        return False
+    log.warning("refusing the channel of worker %d at %s: its generation %d is older than %d, "
+                "the membership's (a fenced process)", src, peer, gen, known,
+                extra={"worker": state.index})
+    return True
 
 
 class FallbackInbox(Protocol):
@@ -156,15 +173,19 @@ class Peers:
         if not first or not isinstance(first[0], wire.Hello):
             log.warning("peer %s did not say hello; dropping", chan.peer)
             return
-        src = first[0].index
+        src, gen = first[0].index, first[0].generation
         # a worker joining a rescale: running peers may connect while it reads its Reassign
         await asyncio.wait_for(st.assigned.wait(), 2 * self._settings.heartbeat_timeout + 10.0)
         if not 0 <= src < st.n_workers or src == st.index:
             raise wire.ProtocolError(f"peer {chan.peer} says it is worker {src} (of "
                                      f"{st.n_workers}; this is worker {st.index})")
+        chan.gate = self._links.gate  # (results leave under this worker's lease)
         rest = first[1:]
         limit = DEFERRED_BATCHES * self._settings.max_batch
         while True:
+            if stale_generation(st, src, gen, chan.peer):
+                chan.close()
+                return
             for msg in rest:
                 self._take(src, msg)
             while self.deferred_n + self._fallback.held >= limit:

@@ -30,6 +30,7 @@ from sfaas.runtime.txn.engine import Engine
 from worker.clients import KafkaClients
 from worker.egress import Egress
 from worker.epochs import EpochRunner, fallback_mode
+from worker.fence import Lease
 from worker.inbox import CoordinatorInbox
 from worker.ingress import Ingress
 from worker.links import CoordinatorLink, PeerLinks
@@ -66,13 +67,15 @@ class Worker:
         self.tasks = Tasks()
         self.parts = Lifecycle(log)
         self.uplink = CoordinatorLink(secret)
-        self.links = PeerLinks(secret, 2 * s.heartbeat_timeout + 2.0)
+        #: the coordinator's lease on this process: nothing acts without it (``worker.fence``)
+        self.lease = self.uplink.lease = Lease(s.heartbeat_timeout, lambda: self.uplink.closed)
+        self.links = PeerLinks(secret, 2 * s.heartbeat_timeout + 2.0, gate=self.lease.check)
         self.kafka = KafkaClients(s)
         #: the replication server (rescales ship stores too: on with rounds or standbys)
         self.shipping: Shipping | None = None
         # (the lambdas close the loops between parts built one after the other)
         self.egress = Egress(s, st, self.kafka, self.uplink,
-                             completed=lambda p, o: self.ingress.complete(p, o))
+                             completed=lambda p, o: self.ingress.complete(p, o), lease=self.lease)
         self.ingress = Ingress(s, st, self.kafka, self.egress,
                                arrived=lambda: self.epochs.work_arrived())
         #: effects, post-commit actions, timers
@@ -96,7 +99,8 @@ class Worker:
         self.epochs = EpochRunner(s, st, self.mode, uplink=self.uplink, links=self.links,
                                   calls=self.calls, fallback=self.fallback, ingress=self.ingress,
                                   egress=self.egress, metrics=self.metrics, rounds=self.rounds,
-                                  kafka=self.kafka, tasks=self.tasks, world=self.world)
+                                  kafka=self.kafka, tasks=self.tasks, world=self.world,
+                                  fence=self.lease)
         #: rescaling: stores moving in and out
         self.moving = Moving(s, app, self.name, secret, st, uplink=self.uplink, links=self.links,
                              ingress=self.ingress, shipping=lambda: self.shipping,
@@ -118,9 +122,9 @@ class Worker:
     async def _held_by_standbys(self, round_id: int) -> object:
         """A round's report waits until the standbys hold the round (``Shipping.wait_marks``)."""
         shipping = self.shipping
-        if shipping is None:
-            return None
-        return await asyncio.to_thread(shipping.wait_marks, round_id)
+        held = None if shipping is None else await asyncio.to_thread(shipping.wait_marks, round_id)
+        await self.uplink.held()  # (a fenced worker reports no round: worker.fence)
+        return held
 
     def start_engine(self, stores: PartitionStores) -> Engine:
         """The slot is known and its stores are open: execution can start."""
@@ -165,7 +169,9 @@ class Worker:
         assign, promoted, takeover = await self.membership.join(self._port, self._repl_port())
         parts.started("coordinator", self.uplink.close)
         st.adopt(assign)
-        log.info("joined as worker %d of %d", st.index, st.n_workers, extra={"worker": st.index})
+        self.links.generation = st.generation
+        log.info("joined as worker %d of %d (generation %d)", st.index, st.n_workers,
+                 st.generation, extra={"worker": st.index})
         mine = st.mine()
         slot_stores = {(op, p) for op in self.app.operators for p in mine}
         if promoted is not None and set(promoted) != slot_stores:
@@ -196,6 +202,7 @@ class Worker:
             asyncio.create_task(self.egress.commit_loop(), name="offsets"),
         ]
         parts.started("tasks", lambda: self._stop_tasks(background))
+        self.uplink.listen(lambda m: self.lease.on_alive(m.index, m.generation, m.sent))
         self.world.start()
         parts.started("world", self.world.close)
         self.uplink.send(wire.Ready(st.index))
@@ -205,10 +212,16 @@ class Worker:
             self.lost_coordinator = await self.inbox.follow()
             if not self.lost_coordinator or self.settings.snapshot_interval <= 0:
                 break
+            # the coordinator closed the channel of a worker it declared lost: such a
+            # worker's lease has run out (worker.fence), so it leaves here
+            self.lease.check()
             # with rounds on, a restarted coordinator rolls everyone back to the newest
             # round: keep the stores and wait for it instead of restarting this process
             await self.quiesce()
+            self.lease.suspend()
             if not await self.membership.rejoin(self._port, self._repl_port()):
+                # (nothing may act without a coordinator: leave now, no clean stop)
+                self.lease.fence("could not rejoin the coordinator")
                 break
             self.lost_coordinator = False
             if not self.ingress.started:  # no recovery follows when nothing ever ran

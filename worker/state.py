@@ -81,8 +81,10 @@ class WorkerState:
         self.partitions = 0
         #: the partition map: ``owners[p]`` is the worker owning partition ``p``
         self.owners: list[int] = []
-        #: the peers' ``[host, port]``, by worker index
+        #: the peers' ``[host, port, generation]``, by worker index
         self.peers: Sequence[Sequence[Any]] = []
+        #: this process's assignment of its slot (``wire.Assign.generation``)
+        self.generation = 0
         self.ingress_topic = ""
         self.egress_topic = ""
         self.group = ""
@@ -129,6 +131,7 @@ class WorkerState:
         self.n_workers = assign.n_workers
         self.partitions = assign.partitions
         self.peers = assign.peers
+        self.generation = assign.generation
         self.ingress_topic = assign.ingress_topic
         self.egress_topic = assign.egress_topic
         self.group = assign.group
@@ -143,6 +146,13 @@ class WorkerState:
             self.n_workers = n_workers
         if peers is not None:
             self.peers = peers
+
+    def peer_generation(self, index: int) -> int:
+        """The generation the membership names for worker ``index`` (0: unknown)."""
+        if not 0 <= index < len(self.peers):
+            return 0
+        row = self.peers[index]
+        return int(row[2]) if len(row) > 2 else 0
 
     def mine(self) -> list[int]:
         """The partitions the map gives this worker."""

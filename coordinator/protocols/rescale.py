@@ -24,8 +24,16 @@ M workers run. In between, with epochs going on until the very end:
 
 A lost worker cancels whatever step runs (the recovery that follows uses the map in force:
 the new one once ``Release`` went out); the target stays, and the rescale starts over
-after the recovery. Rescaling needs snapshot rounds and, for now, a cluster without
-standbys.
+after the recovery. Rescaling needs snapshot rounds.
+
+With standbys (``coordinator.protocols.standby``) the rescale tells them what changes
+(:class:`RescaledStandbys`): while a scale-up is under way, registrants beyond its joiners
+stand by for the slots it adds (the supervisor starts ``1 + standbys`` processes per new
+worker) and follow their primary once it took over at the switch. After the switch every
+standby of a slot whose partitions changed is told to follow the new ones (``Follow``
+names them): it drops the followers of the partitions its primary lost and follows the
+gained ones from the primary's current files; the standbys of the slots a scale-down
+retires are retired with them (exit code ``EXIT_RETIRED``).
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from sfaas.runtime.protocols.rounds import RoundManifest
 
 log = logging.getLogger("sfaas.coordinator.rescale")
 
-__all__ = ["Rescaler", "SwitchRounds", "STEP_TIMEOUT", "RESCALE_INBOX"]
+__all__ = ["Rescaler", "RescaledStandbys", "SwitchRounds", "STEP_TIMEOUT", "RESCALE_INBOX"]
 
 #: a worker's answer to a rescale step
 A = TypeVar("A", wire.Shipped, wire.Following, wire.Released)
@@ -60,6 +68,13 @@ STEP_TIMEOUT = 300.0
 
 class _Abandon(Exception):
     """This attempt cannot finish; the target stays and a later attempt starts over."""
+
+
+class RescaledStandbys(Protocol):
+    """The standbys, as a rescale changes the slots they stand by for."""
+
+    def expect(self, slots: int | None) -> None: ...
+    def rescaled(self) -> None: ...
 
 
 class SwitchRounds(Protocol):
@@ -90,17 +105,20 @@ class _Plan:
 
 class Rescaler:
     """The coordinator's side of a rescale (see the module docstring); owned by its event
-    loop. ``rounds_on``, ``standbys``: the settings a rescale needs (snapshot rounds, no
-    standbys); ``wake``: begin an epoch soon (the switch waits for an epoch boundary);
-    ``force_recovery``: stop the epochs and recover; ``changed``: the membership changed."""
+    loop. ``rounds_on``: a rescale needs snapshot rounds; ``standbys``: the standbys per
+    slot, and ``followers`` the coordinator's standbys (told what a rescale changes; needed
+    when ``standbys`` > 0); ``wake``: begin an epoch soon (the switch waits for an epoch
+    boundary); ``force_recovery``: stop the epochs and recover; ``changed``: the
+    membership changed."""
 
     def __init__(self, state: ClusterState, rounds: SwitchRounds, *, rounds_on: bool,
                  standbys: int, wake: Callable[[], None], force_recovery: Callable[[str], None],
-                 changed: Callable[[], None]) -> None:
+                 changed: Callable[[], None], followers: RescaledStandbys | None = None) -> None:
         self._state = state
         self._rounds = rounds
         self._rounds_on = rounds_on
         self._standbys = standbys
+        self._followers = followers
         self._wake = wake
         self._force_recovery = force_recovery
         self._changed = changed
@@ -121,8 +139,8 @@ class Rescaler:
             return f"workers must be in [1, {partitions}] (the app's partitions), got {workers}"
         if not self._rounds_on:
             return "rescaling needs snapshot rounds (snapshot_interval > 0)"
-        if self._standbys > 0:
-            return "rescaling a cluster with standbys is not supported yet (standbys > 0)"
+        if self._standbys > 0 and self._followers is None:
+            return "this coordinator cannot rescale a cluster with standbys (standbys > 0)"
         return ""
 
     async def request(self, msg: wire.Scale, chan: channels.Channel) -> None:
@@ -133,6 +151,8 @@ class Rescaler:
             await chan.drain()
             return
         self.target = msg.workers
+        if self._followers is not None:
+            self._followers.expect(msg.workers)
         log.warning("rescale requested: %d → %d workers", len(self._state.members), msg.workers)
         if msg.workers == len(self._state.members) and self._plan is None:
             chan.send(wire.Scaled(True, f"already {msg.workers} workers"))
@@ -189,6 +209,8 @@ class Rescaler:
             log.warning("rescale to %d workers interrupted after its round (%s); "
                         "recovering under the new map", self._plan.target, why)
             self._plan = None
+            if self._followers is not None:
+                self._followers.rescaled()
             if self.target == len(self._state.members):
                 self._finish(f"{self.target} workers (after a recovery)")
         if self._plan is not None:
@@ -345,6 +367,8 @@ class Rescaler:
             self._force_recovery(f"the rescale's switch failed ({exc}); the new map is in force")
             raise
         t_end = time.monotonic()
+        if self._followers is not None:  # (each primary's Ready already re-fed its standbys)
+            self._followers.rescaled()
         plan.phases.update({"round": t_round - t0, "release": t_release - t_round,
                             "takeover": t_end - t_release})
         self.last = {"workers": plan.target, "round": round_id, "moved": sorted(plan.moves),
@@ -374,6 +398,8 @@ class Rescaler:
 
     def _finish(self, detail: str) -> None:
         self.target = None
+        if self._followers is not None:
+            self._followers.expect(None)
         for chan in self._waiters:
             try:
                 chan.send(wire.Scaled(True, detail))

@@ -4,22 +4,41 @@ With ``standbys`` = R > 0, registrants beyond the ``workers`` primaries become s
 (a worker may also ask for the role with ``--standby-of``): each slot gets up to R,
 fewest first. A standby is told ``Follow`` once its primary is ready (and again when the
 primary was replaced: a new address). When a primary is lost and the slot has a
-standby, the coordinator sends it ``Promote(slot, newest complete round)`` and reserves
-the slot for it for :data:`RESERVE_SECONDS`, so the dead primary's restarted process
-does not take the slot first: that process becomes the slot's new standby instead.
+standby, the coordinator sends it ``Promote(slot, newest complete round, its partitions)``
+and reserves the slot for it for :data:`RESERVE_SECONDS`, so the dead primary's restarted process
+does not take the slot first: that process becomes the slot's new standby instead. A
+promoted standby whose channel closed, or that has been silent past the heartbeat timeout
+(standbys send heartbeats), and that has not registered :data:`GONE_SECONDS` later will
+not come (it was cut off with the primary, or died): the reservation ends early; nor is
+a silent standby promoted. A lost slot with no standby holding its state, but with
+standbys that never followed anything (the restarted primary of a slot whose promotion
+failed), recruits one of them: it is told to stop and register again, and then takes the
+slot as a replacement (``slot_for``) instead of waiting for a primary that never comes.
+
+``Follow`` names the primary's partitions by the partition map in force, so after a
+rescale (``coordinator.protocols.rescale``) a standby follows what its primary owns: it
+is told again whenever its primary's address or partitions change (:meth:`Standbys.feed`,
+on every Ready — a rescale's ``Reassign`` ends in one — and on :meth:`Standbys.rescaled`).
+While a scale-up is under way registrants beyond its joiners stand by for the slots it
+adds (:meth:`Standbys.expect`; they are told to follow once the new primary is ready), and
+the standbys of the slots a scale-down retires are retired with them: a ``Follow`` that
+names no partition (the process exits with ``EXIT_RETIRED``; its supervisor does not
+restart it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from coordinator.state import ClusterView
 from sfaas.errors import ChannelClosed
 from sfaas.runtime import channels, wire
+from sfaas.runtime.partitioning import owned
 
 log = logging.getLogger("sfaas.coordinator.standbys")
 
@@ -27,6 +46,8 @@ __all__ = ["Standby", "Standbys", "RESERVE_SECONDS"]
 
 #: How long a slot waits for its promoted standby before any worker may take it.
 RESERVE_SECONDS = 30.0
+#: How long after its channel closed a promoted standby may take to register again.
+GONE_SECONDS = 3.0
 
 
 @dataclass
@@ -38,6 +59,10 @@ class Standby:
     of: int
     #: the primary address it was last told to follow
     following: tuple[str, int] | None = None
+    #: the partitions it was last told to follow (its primary's, by the map then)
+    partitions: tuple[int, ...] = ()
+    #: when it was last heard from (a following standby sends heartbeats)
+    last_seen: float = field(default_factory=time.monotonic)
 
     @property
     def followed(self) -> str:
@@ -47,19 +72,25 @@ class Standby:
 
 class Standbys:
     """See the module docstring; owned by the coordinator's event loop. ``workers``: the
-    primaries configured, ``per_slot``: the standbys wanted for each; ``newest_round``: the
-    newest complete round once one being published landed; ``changed``: told whenever the
-    standbys change."""
+    primaries configured (the slots are the cluster state's: a rescale changes them),
+    ``per_slot``: the standbys wanted for each; ``newest_round``: the newest complete round
+    once one being published landed; ``changed``: told whenever the standbys change."""
 
     def __init__(self, state: ClusterView, workers: int, per_slot: int,
-                 newest_round: Callable[[], Awaitable[int]], changed: Callable[[], None]) -> None:
+                 newest_round: Callable[[], Awaitable[int]], changed: Callable[[], None],
+                 silent_after: float = float("inf")) -> None:
         self._state = state
-        self._workers = workers
+        self._silent_after = silent_after
+        del workers  # (the slots are ``state.slots``: a rescale changes them)
+        #: the slots a rescale under way heads for (0: none)
+        self._expected = 0
         self._per_slot = per_slot
         self._newest_round = newest_round
         self._changed = changed
         self.by_slot: dict[int, list[Standby]] = {}
-        self._reserved: dict[int, tuple[str, float]] = {}  # slot → (standby name, until)
+        # slot → (standby name, until, the standby promoted)
+        self._reserved: dict[int, tuple[str, float, Standby]] = {}
+        self._gone: dict[int, float] = {}  # slot → when its promoted standby's channel closed
         self.promotions = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -67,17 +98,41 @@ class Standbys:
         """The standby a lost slot waits for, if its reservation has not run out."""
         r = self._reserved.get(slot)
         if r is None:
+            self._recruit(slot)
             return None
-        if time.monotonic() > r[1]:
+        now = time.monotonic()
+        if r[2].channel.closed or now - r[2].last_seen > self._silent_after:
+            gone = self._gone.setdefault(slot, now)  # (closed or silent: it may come back)
+        if now > r[1] or (slot in self._gone and now - gone > GONE_SECONDS):
             del self._reserved[slot]
+            self._gone.pop(slot, None)
             if self.promote(slot):  # another standby of the slot gets its chance
                 log.warning("slot %d: promoted standby %s did not register within %.0f s; "
                             "promoting another", slot, r[0], RESERVE_SECONDS)
                 return self._reserved[slot][0]
             log.warning("slot %d: promoted standby %s did not register within %.0f s; "
-                        "any worker may take it", slot, r[0], RESERVE_SECONDS)
+                        "any worker may take it", slot, r[0], now - r[1] + RESERVE_SECONDS)
+            self._recruit(slot)
             return None
         return r[0]
+
+    def _recruit(self, slot: int) -> None:
+        """Lost ``slot`` has no promotion coming: a standby of it that holds nothing is told
+        to register again, as the slot's replacement (see the module docstring)."""
+        m = self._state.member(slot)
+        if m is None or m.alive:
+            return
+        for sb in list(self.by_slot.get(slot, [])):
+            if sb.following is not None:
+                continue  # (holds state: ``promote`` would have taken it)
+            self.by_slot[slot].remove(sb)
+            log.warning("slot %d is lost with no standby holding its state: standby %s (pid %d) "
+                        "registers again to take it", slot, sb.name, sb.pid)
+            with contextlib.suppress(ChannelClosed):
+                sb.channel.send(wire.Stop(f"worker {slot} is lost: register again to take it"))
+                sb.channel.close()
+            self._changed()
+            return
 
     def reservation(self, slot: int) -> str:
         """The standby a lost slot was promoted to ("" if none), without running out the
@@ -88,19 +143,23 @@ class Standbys:
     def slot_for(self, reg: wire.Register) -> int | None:
         """The slot ``reg`` should stand by for, or None: it takes a primary slot (or is
         refused)."""
-        n = self._workers
+        n = max(self._state.slots, self._expected)
         if reg.index >= 0:
             return None  # re-registering for a slot it holds or was promoted to
-        if reg.standby_of >= 0:
+        # a lost slot with no standby coming: this worker replaces it, even one that asked
+        # to stand by (a promoted standby restarted while its slot had no other would
+        # otherwise wait for a primary that never comes)
+        orphaned = self._state.joined and any(
+            not m.alive and self.reserved_for(m.index) in (None, reg.name)
+            for m in self._state.members)
+        if reg.standby_of >= 0 and not orphaned:
             if reg.standby_of >= n:
                 log.warning("worker %s asked to stand by for worker %d; there are %d: any role",
                             reg.name, reg.standby_of, n)
             else:
                 return reg.standby_of
-        if not self._state.joined:
+        if not self._state.joined or orphaned:
             return None
-        if any(not m.alive and self.reserved_for(m.index) is None for m in self._state.members):
-            return None  # a lost slot with no standby coming: this worker replaces it
         want = self._per_slot
         counts = {i: len(self.by_slot.get(i, [])) for i in range(n)}
         slot = min(counts, key=lambda i: (counts[i], i))
@@ -122,27 +181,62 @@ class Standbys:
             self._changed()
 
     def feed(self, slot: int) -> None:
-        """Tell the slot's standbys where its primary ships from (once it is ready)."""
+        """Tell the slot's standbys where its primary ships from and which partitions it
+        owns (once it is ready; again when either changed)."""
         state = self._state
         m = state.member(slot)
         if m is None or not m.alive or not m.ready.is_set() or not m.repl_port:
             return
         addr = (m.host, m.repl_port)
+        parts = tuple(owned(list(state.owners), slot))
         for sb in self.by_slot.get(slot, []):
-            if sb.following != addr:
+            if (sb.following, sb.partitions) != (addr, parts):
                 try:
-                    sb.channel.send(wire.Follow(slot, len(state.members), state.partitions, *addr))
-                    sb.following = addr
+                    sb.channel.send(wire.Follow(slot, len(state.members), state.partitions,
+                                                list(parts), *addr))
                 except ChannelClosed:
                     continue
+                if sb.following is not None and sb.partitions != parts:
+                    log.info("standby %s of worker %d: follows partitions %s (were %s)",
+                             sb.name, slot, list(parts), list(sb.partitions))
+                sb.following, sb.partitions = addr, parts
+
+    # -- rescales ------------------------------------------------------------------------------
+    def expect(self, slots: int | None) -> None:
+        """A rescale heads for ``slots`` slots (None: none is under way). Registrants may
+        stand by for the slots a scale-up adds; standbys of slots beyond both the membership
+        and ``slots`` (a scale-up given up) are retired."""
+        self._expected = slots or 0
+        self._retire_beyond(max(self._state.slots, self._expected))
+
+    def rescaled(self) -> None:
+        """A rescale's new membership and map are in force: the standbys of the slots it
+        retired are retired too, the others follow their primary's partitions now."""
+        self._retire_beyond(max(self._state.slots, self._expected))
+        for slot in range(self._state.slots):
+            self.feed(slot)
+
+    def _retire_beyond(self, slots: int) -> None:
+        for slot in [i for i in self.by_slot if i >= slots]:
+            for sb in self.by_slot.pop(slot):
+                log.warning("standby %s (pid %d) of worker %d retires: the cluster has %d "
+                            "workers", sb.name, sb.pid, slot, self._state.slots)
+                with contextlib.suppress(ChannelClosed):
+                    sb.channel.send(wire.Follow(slot, self._state.slots, self._state.partitions,
+                                                [], "", 0))
+                self._changed()
 
     def promote(self, slot: int) -> bool:
         """Primary ``slot`` was lost: promote one of its standbys; False if it has none."""
         for sb in list(self.by_slot.get(slot, [])):
             if sb.following is None:
                 continue  # never followed anything: it holds nothing
+            if time.monotonic() - sb.last_seen > self._silent_after:
+                log.warning("standby %s of worker %d is silent for %.1f s: not promoted",
+                            sb.name, slot, time.monotonic() - sb.last_seen)
+                continue
             self.by_slot[slot].remove(sb)
-            self._reserved[slot] = (sb.name, time.monotonic() + RESERVE_SECONDS)
+            self._reserved[slot] = (sb.name, time.monotonic() + RESERVE_SECONDS, sb)
             self.promotions += 1
             task = asyncio.get_running_loop().create_task(self._promote(sb, slot),
                                                           name=f"promote-{slot}")
@@ -157,7 +251,7 @@ class Standbys:
         follows rolls back to the round MinIO then has, which must be the one promoted to."""
         rnd = await self._newest_round()
         try:
-            sb.channel.send(wire.Promote(slot, rnd))
+            sb.channel.send(wire.Promote(slot, rnd, owned(list(self._state.owners), slot)))
         except ChannelClosed:
             log.warning("standby %s of worker %d is gone; not promoted", sb.name, slot)
             return
@@ -169,6 +263,7 @@ class Standbys:
         r = self._reserved.get(slot)
         if r is not None and r[0] == name:
             del self._reserved[slot]
+            self._gone.pop(slot, None)
 
     def all(self) -> list[Standby]:
         """Every standby, slot by slot."""

@@ -52,6 +52,8 @@ MAX_FRAME = 64 << 20
 #: Unsent bytes in a channel's transport above which :meth:`Channel.wait_room` waits, and
 #: queued bytes above which a tick's messages are written out at once.
 HIGH_WATER = 1 << 20
+#: Seconds between tries of a gated channel's flush (:attr:`Channel.gate`).
+GATE_RETRY = 0.02
 _HEADER = struct.Struct(">I")
 HANDSHAKE_TIMEOUT = 5.0
 #: Peers this process refused, by why: ``"unauthenticated"`` (failed the handshake) and
@@ -90,6 +92,10 @@ class Channel:
         self._queued = 0  # their bytes
         self._scheduled = False
         self.closed = False
+        #: when set, what is queued leaves only while ``gate()`` is true (a worker's lease,
+        #: ``worker.fence``); meanwhile it waits here, tried again every :data:`GATE_RETRY` s
+        self.gate: Callable[[], bool] | None = None
+        self._retrying = False
         self.frames_sent = 0
         #: how often a writer waited in :meth:`wait_room`
         self.waits = 0
@@ -102,7 +108,7 @@ class Channel:
         part = encode_message(msg)
         self._queue.append(part)
         self._queued += len(part)
-        if self._queued >= HIGH_WATER:
+        if self._queued >= HIGH_WATER and not self._retrying:
             self._flush()
         elif not self._scheduled:
             self._scheduled = True
@@ -112,12 +118,22 @@ class Channel:
         self._scheduled = False
         if not self._queue or self.closed:
             return
+        if self.gate is not None and not self.gate():
+            self._scheduled = True  # (sends only queue meanwhile)
+            if not self._retrying:
+                self._retrying = True
+                asyncio.get_running_loop().call_later(GATE_RETRY, self._retry)
+            return
         parts, self._queue, self._queued = self._queue, [], 0
         payload = join_frame(parts)
         self._writer.write(_HEADER.pack(len(payload)) + payload)
         self.frames_sent += 1
         TRAFFIC.sent_frames += 1
         TRAFFIC.sent_bytes += 4 + len(payload)
+
+    def _retry(self) -> None:
+        self._retrying = False
+        self._flush()
 
     async def drain(self) -> None:
         """Flush queued messages and wait until the OS took them (backpressure point)."""

@@ -24,8 +24,9 @@ no ingress partition holds, is logged whole, at partition ``-1``.
 
 Encoding (``sfaas/runtime/FORMAT.md`` § "Epoch log"): ``b"SFEL" | version:u8 | msgpack([epoch,
 worker, now, [[tid, partition, offset], ...], [[tid, now], ...], [[tid, {effect key: [ok,
-value]}], ...], [[tid, operator, key, function, args], ...]])``; versions 1 (no last three
-elements) and 2 (no last two) still decode. Kafka checksums the record.
+value]}], ...], [[tid, operator, key, function, args], ...], generation])``; versions 1
+(no last four elements), 2 (no last three) and 3 (no generation) still decode. Kafka
+checksums the record.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ __all__ = ["EpochRecord", "EpochLogError", "Logged"]
 
 _HEAD = struct.Struct("<4sB")
 _MAGIC = b"SFEL"
-_VERSION = 3
-_VERSIONS = (1, 2, 3)  # 1: no re-runs' nows; 2: no journals and runtime requests
+_VERSION = 4
+# 1: no re-runs' nows; 2: no journals and runtime requests; 3: no generation
+_VERSIONS = (1, 2, 3, 4)
 
 
 class EpochLogError(ValueError):
@@ -78,10 +80,14 @@ class EpochRecord:
     journals: tuple[tuple[int, dict[str, Any]], ...] = ()
     #: ``(tid, operator, key, function, args)`` of the requests the runtime made
     runtime: tuple[tuple[int, str, str, str, list[Any]], ...] = ()
+    #: the generation of the process that wrote it (``wire.Assign.generation``; 0: a record
+    #: of version 3 or older)
+    generation: int = 0
 
     @classmethod
     def of(
-        cls, epoch: int, worker: int, now: float, batch: Sequence[tuple[int, Logged]]
+        cls, epoch: int, worker: int, now: float, batch: Sequence[tuple[int, Logged]],
+        generation: int = 0,
     ) -> EpochRecord:
         """The record of ``batch`` (``(tid, item)``), begun at ``now``: re-runs keep their
         first run's ``now``, so theirs is recorded too."""
@@ -94,7 +100,7 @@ class EpochRecord:
         return cls(epoch, worker, now, tuple((tid, it.partition, it.offset) for tid, it in batch),
                    tuple((tid, it.now) for tid, it in batch if it.now != now),
                    tuple((tid, dict(it.journal)) for tid, it in batch if it.journal),
-                   tuple(runtime))
+                   tuple(runtime), generation)
 
     def nows(self) -> list[float]:
         """The ``now`` each root of the batch ran with, in batch order: a re-run's its first
@@ -106,7 +112,7 @@ class EpochRecord:
         body: bytes = msgpack.packb(
             [self.epoch, self.worker, self.now, [list(b) for b in self.batch],
              [list(k) for k in self.kept_now], [list(j) for j in self.journals],
-             [list(r) for r in self.runtime]], use_bin_type=True)
+             [list(r) for r in self.runtime], self.generation], use_bin_type=True)
         return _HEAD.pack(_MAGIC, _VERSION) + body
 
     @classmethod
@@ -119,14 +125,17 @@ class EpochRecord:
                                 f"expected {_MAGIC!r} v1 or v{_VERSION}")
         try:
             d: Any = msgpack.unpackb(data[_HEAD.size:], raw=False, strict_map_key=False)
-            d = list(d) + [[]] * (7 - len(d)) if version < 3 else d
-            epoch, worker, now, batch, kept, journals, runtime = d
+            d = list(d) + [[]] * (7 - len(d)) if version < 3 else list(d)
+            d = d + [0] if version < 4 else d
+            epoch, worker, now, batch, kept, journals, runtime, generation = d
+            if type(generation) is not int or generation < 0:
+                raise ValueError(f"the generation must be an int >= 0, got {generation!r:.40}")
             rec = cls(int(epoch), int(worker), float(now),
                       tuple((int(t), int(p), int(o)) for t, p, o in batch),
                       tuple((int(t), float(n)) for t, n in kept),
                       tuple((int(t), _journal(j)) for t, j in journals),
                       tuple((int(t), str(op), str(k), str(f), list(a))
-                            for t, op, k, f, a in runtime))
+                            for t, op, k, f, a in runtime), generation)
         except Exception as exc:
             raise EpochLogError(f"{source}: malformed body ({type(exc).__name__}: {exc})") from None
         if rec.epoch < 1 or rec.worker < 0:

@@ -35,7 +35,15 @@ from sfaas.runtime.protocols.base import Message
 from sfaas.runtime.protocols.calls import Call, EffectDone, Finished, Hello, Result
 from sfaas.runtime.protocols.epochs import Aborted, Begin, Commit, Conflict, Report, Wakeup
 from sfaas.runtime.protocols.lease import Lease, Wake
-from sfaas.runtime.protocols.membership import Assign, Heartbeat, Peer, Ready, Register, Stop
+from sfaas.runtime.protocols.membership import (
+    Alive,
+    Assign,
+    Heartbeat,
+    Peer,
+    Ready,
+    Register,
+    Stop,
+)
 from sfaas.runtime.protocols.reads import Placement, Read, ReadReply, Where
 from sfaas.runtime.protocols.recovery import Diverged, LoggedEpoch, Recover, Recovered
 from sfaas.runtime.protocols.rescale import (
@@ -58,7 +66,7 @@ from sfaas.runtime.protocols.standby import Follow, Promote
 __all__ = [
     "ProtocolError", "Message", "MESSAGES",
     # membership
-    "Register", "Assign", "Ready", "Heartbeat", "Stop", "Peer",
+    "Register", "Assign", "Ready", "Heartbeat", "Alive", "Stop", "Peer",
     # epochs, and leased epochs
     "Begin", "Report", "Commit", "Wakeup", "Conflict", "Aborted", "Lease", "Wake",
     # snapshot rounds, recovery, standbys
@@ -78,7 +86,7 @@ __all__ = [
 
 #: Every message class, by protocol (each ``TAG`` unique).
 MESSAGES: tuple[type[Message], ...] = (
-    Register, Assign, Ready, Heartbeat, Stop,
+    Register, Assign, Ready, Heartbeat, Alive, Stop,
     Begin, Report, Commit, Wakeup, Lease, Wake,
     Snapshotted, Recover, Recovered, Diverged, Follow, Promote,
     Scale, Scaled, Ship, Shipped, Move, Following, Release, Released, Reassign, Hold,

@@ -133,8 +133,8 @@ _BY_ANNOTATION.update({
     f"list[{row}]": _BY_ANNOTATION["list[list[Any]]"] for row in ("Peer", "StoreVersion", "Source")
 })
 _ROWS: dict[tuple[str, str], st.SearchStrategy[Any]] = {
-    ("Assign", "peers"): st.lists(st.tuples(_str, _int).map(list), max_size=3),
-    ("Recover", "peers"): st.lists(st.tuples(_str, _int).map(list), max_size=3),
+    ("Assign", "peers"): st.lists(st.tuples(_str, _int, _int).map(list), max_size=3),
+    ("Recover", "peers"): st.lists(st.tuples(_str, _int, _int).map(list), max_size=3),
     ("Report", "conflicts"): st.lists(st.tuples(_int, _int).map(list), max_size=3),
     ("Report", "aborts"): st.lists(st.tuples(_int, _str, _str).map(list), max_size=3),
     ("Commit", "conflicts"): st.lists(st.tuples(_int, _int).map(list), max_size=3),

@@ -102,7 +102,8 @@ class _FakeProducer:
     def __init__(self) -> None:
         self.futs: list[asyncio.Future[Any]] = []
 
-    async def send(self, topic: str, value: bytes, partition: int) -> asyncio.Future[Any]:
+    async def send(self, topic: str, value: bytes, partition: int,
+                   headers: Any = None) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.futs.append(fut)
         return fut

@@ -122,6 +122,7 @@ class Recovery:
             error = f"{type(exc).__name__}: {exc}"[:2000]
             self._uplink.send(wire.Recovered(msg.attempt, st.index, [], error, permanent(exc)))
             return
+        await self._uplink.held()  # (a fenced worker answers nothing: worker.fence)
         self._uplink.send(wire.Recovered(msg.attempt, st.index, epochs, "", False))
 
     def _adopt_map(self, owners: list[int]) -> None:
@@ -136,6 +137,7 @@ class Recovery:
         if mine - have:
             opened = open_stores(self._settings, self._app, sorted(mine - have), len(owners))
             st.engine.stores.update(opened.items())
+            self._moving.ship_to_standbys(opened)  # (the coordinator tells them to follow)
             log.warning("recovery under a new partition map: opened partitions %s, closed %s",
                         sorted(mine - have), sorted(gone), extra={"worker": st.index})
 
@@ -154,7 +156,7 @@ class Recovery:
         self._links.drop_from(len(msg.peers))
         await self._links.connect(msg.peers, me)
         await asyncio.to_thread(self._adopt_map, msg.owners)
-        st.set_owners(msg.owners, len(msg.peers))
+        st.set_owners(msg.owners, len(msg.peers), msg.peers)
         # 3. the round, and every store back to it
         if msg.round > 0:
             m = await asyncio.to_thread(Rounds(rounds_remote(s, self._app.name)).read, msg.round)

@@ -15,7 +15,8 @@ away and in.
 * ``Reassign(round, …)``: promote each replica at the round's snapshot into the
   partition's directory (a rename; only what a replica lacks is downloaded), add the stores,
   and resume each gained partition's ingress at the round's watermark — offsets the round
-  holds are skipped, its waiting re-runs keep their tids; answer ``Ready``.
+  holds are skipped, its waiting re-runs keep their tids; answer ``Ready``. With standbys
+  the gained stores are shipped to them too (the coordinator tells them to follow).
 
 A joining worker (scale-up) gets ``Move`` as the coordinator's first answer, follows, and
 becomes a worker at ``Reassign`` (:func:`join_as_receiver`).
@@ -28,7 +29,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import statestores
@@ -242,6 +243,7 @@ class Moving:
         self._end_lease()  # the next run begins under the new membership
         gained = await asyncio.to_thread(self.take_over, msg.round, msg.index, len(msg.owners))
         st.engine.stores.update(gained.items())
+        self.ship_to_standbys(gained)
         st.set_owners(msg.owners, msg.n_workers, msg.peers)
         self._moved()
         self._links.drop_from(msg.n_workers)
@@ -249,6 +251,13 @@ class Moving:
         await self._ingress.pause()
         await self._ingress.resume(msg.ingress, msg.skip, msg.retries)
         self._uplink.send(wire.Ready(st.index))
+
+    def ship_to_standbys(self, stores: Mapping[StoreKey, statestores.Store]) -> None:
+        """Stores this worker gained under a new map: with standbys, ship them too (the
+        coordinator tells the standbys to follow them: a new ``Follow``)."""
+        shipping = self._shipping()
+        if shipping is not None and self._settings.standbys > 0 and stores:
+            shipping.attach(stores)
 
     def abandon(self) -> None:
         """Stop following and forget the followers (a join that failed)."""

@@ -8,12 +8,28 @@ files — no flush, merge or index build here — and hold each snapshot round's
 new standby first downloads the newest round's files of each store from MinIO (``seed``),
 so its catch-up costs the primary only what changed since that round.
 
-On ``wire.Promote(index, round)`` (the primary died) every follower is promoted to that
-round's files and moved (a rename) into the directory the primary's stores use, and the
-worker registers for the primary's slot; the recovery that follows restores the round
-from those local files — nothing is downloaded — and replays the epoch log. A new
+On ``wire.Promote(index, round, owned)`` (the primary died) every follower of the slot's
+partitions ``owned`` is promoted to that round's files and moved (a rename) into the
+directory the primary's stores use, and the worker registers for the primary's slot;
+the recovery that follows restores the round from those local files — nothing is
+downloaded — and replays the epoch log. A new
 ``Follow`` (the primary was replaced, at another address) re-points the followers; they
 resume where they stand and receive only the files they lack.
+
+``Follow`` names the primary's partitions (the coordinator's map: after a rescale it is
+not round robin). A rescale that changes them sends it again: the followers of the
+partitions the primary lost are closed and their replicas deleted, those of partitions it
+kept go on untouched (same address) and each gained partition gets a new follower, which
+seeds from MinIO and then receives the rest from the primary. A ``Follow`` naming no
+partition retires the standby (its slot left in a scale-down): it exits with
+``EXIT_RETIRED``, which its supervisor does not restart.
+
+A lost primary is not always dead: a paused process (SIGSTOP, a frozen VM) still holds its
+store directories' locks, on a machine both share. The promotion does not wait for it —
+it would wait as long as the pause lasts: a store whose directory is locked is promoted
+where its replica lies, under this standby's directory, which this process then keeps
+(the zombie fences itself on waking, ``worker.fence``; the slot's next process restores
+the round into the slot's own directory as usual).
 """
 
 from __future__ import annotations
@@ -22,13 +38,21 @@ import asyncio
 import logging
 import os
 import shutil
+import time
 
 import statestores
 from sfaas.app import App
-from sfaas.errors import ChannelClosed, ClusterError
+from sfaas.errors import EXIT_RETIRED, ChannelClosed, ClusterError
 from sfaas.runtime import wire
 from sfaas.runtime.settings import Settings
-from sfaas.runtime.state import PartitionStores, StoreKey, store_engine, store_remote, stores_root
+from sfaas.runtime.state import (
+    PartitionStores,
+    StoreKey,
+    open_stores,
+    store_engine,
+    store_remote,
+    stores_root,
+)
 from statestores.replica import Follower, TcpSource
 from worker.links import CoordinatorLink
 from worker.replication import store_name
@@ -36,6 +60,15 @@ from worker.replication import store_name
 log = logging.getLogger("sfaas.worker.standby")
 
 __all__ = ["run_standby"]
+
+
+def _partitions(owned: list[int], partitions: int, what: str) -> list[int]:
+    """``owned`` (of a ``Follow`` or ``Promote``, ``what``), checked against the topics'
+    ``partitions``."""
+    if any(not 0 <= p < partitions for p in owned) or len(set(owned)) != len(owned):
+        raise ClusterError(f"{what}: owned partitions {owned} must be distinct and in "
+                           f"[0, {partitions})")
+    return sorted(owned)
 
 
 class _Standby:
@@ -46,20 +79,35 @@ class _Standby:
         self.root = os.path.join(settings.home, "standby", settings.namespace, app.name, name)
         self.followers: dict[StoreKey, Follower] = {}
         self.follow: wire.Follow | None = None
+        #: stores were promoted in place: this process keeps ``root``
+        self.kept = False
 
-    def _mine(self, f: wire.Follow) -> list[int]:
-        return [p for p in range(f.partitions) if p % f.n_workers == f.index]
+    @staticmethod
+    def _mine(f: wire.Follow) -> list[int]:
+        """The partitions ``f`` names (the primary's, by the coordinator's map)."""
+        return _partitions(f.owned, f.partitions, f"Follow of worker {f.index}")
 
     def start(self, f: wire.Follow) -> None:
-        """(Re)follow the stores of ``f.index`` at ``f.host:f.port``."""
-        self.stop()
+        """(Re)follow the stores of ``f.index``'s partitions at ``f.host:f.port``: followers
+        of partitions it keeps at the same address go on, the others are (re)opened."""
+        mine = set(self._mine(f))
         old = self.follow
-        if old is not None and (old.index, old.n_workers) != (f.index, f.n_workers):
+        if old is not None and old.index != f.index:
+            self.stop()
             shutil.rmtree(self.root, ignore_errors=True)  # another primary's stores: start clean
-        self.follow = f
+        moved = old is None or (old.host, old.port) != (f.host, f.port)
         s, app = self._settings, self._app
-        for p in self._mine(f):
+        for (op, p), fol in list(self.followers.items()):
+            if moved or p not in mine:
+                fol.close()
+                del self.followers[(op, p)]
+            if p not in mine:  # the primary lost it (a rescale): its replica is of no use
+                shutil.rmtree(os.path.join(self.root, op, f"p{p}"), ignore_errors=True)
+        self.follow = f
+        for p in sorted(mine):
             for op in app.operators:
+                if (op, p) in self.followers:
+                    continue
                 engine, opts = store_engine(app, op, s.store)
                 source = TcpSource(f.host, f.port, store_name(op, p), self._secret)
                 # a new standby downloads the newest round's files from MinIO first: the
@@ -67,8 +115,8 @@ class _Standby:
                 self.followers[(op, p)] = statestores.follow(
                     engine, os.path.join(self.root, op, f"p{p}"), source,
                     seed=store_remote(s, app.name, op, p), **opts)
-        log.info("standby of worker %d: following %d stores at %s:%d", f.index, len(self.followers),
-                 f.host, f.port, extra={"worker": f.index})
+        log.info("standby of worker %d: following %d stores of partitions %s at %s:%d", f.index,
+                 len(self.followers), sorted(mine), f.host, f.port, extra={"worker": f.index})
 
     def stop(self) -> None:
         for fol in self.followers.values():
@@ -76,32 +124,73 @@ class _Standby:
         self.followers.clear()
 
     def promote(self, msg: wire.Promote) -> PartitionStores:
-        """(a thread) Every follower becomes its store in the primary's directory."""
+        """(a thread) Every follower of the slot's partitions (``msg.owned``) becomes its
+        store in the primary's directory. Were the partitions followed not the slot's (its
+        primary died before this standby was told a rescale's), the others are dropped and
+        the missing ones opened in the slot's directory (the recovery restores them)."""
         s, app = self._settings, self._app
         assert self.follow is not None
+        wanted = set(_partitions(msg.owned, self.follow.partitions,
+                                 f"Promote to worker {msg.index}"))
         stores: dict[StoreKey, statestores.Store] = {}
         try:
             for (op, p), fol in list(self.followers.items()):
+                if p not in wanted:
+                    fol.close()
+                    del self.followers[(op, p)]
+                    continue
                 held = fol.snapshots()
                 at = msg.round if msg.round in held else (held[-1] if held else None)
                 target = os.path.join(stores_root(s, app.name), op, f"p{p}")
-                store = fol.promote(at, directory=target)
+                try:
+                    store = fol.promote(at, directory=target)
+                except statestores.LockedError as exc:
+                    log.warning("%s; its lost primary may be paused, not dead: promoting %s/p%d "
+                                "where its replica lies", exc, op, p, extra={"worker": msg.index})
+                    store = fol.promote(at)
+                    self.kept = True
                 store.remote = store_remote(s, app.name, op, p)
                 stores[(op, p)] = store
                 del self.followers[(op, p)]
                 log.info("promoted %s/p%d to snapshot %s (round %d asked), %d files local", op, p,
                          at, msg.round, len(store.version()[1]), extra={"worker": msg.index})
+            missing = sorted(wanted - {p for _op, p in stores})
+            if missing:
+                log.warning("promoted to worker %d without following its partitions %s (the map "
+                            "changed just before its primary died): opening them to restore",
+                            msg.index, missing, extra={"worker": msg.index})
+                stores.update(open_stores(s, app, missing, self.follow.partitions).items())
         except BaseException:
             PartitionStores(stores, self.follow.partitions).close()
             raise
         return PartitionStores(stores, self.follow.partitions)
 
 
+def _retire_if_gone(f: wire.Follow) -> None:
+    """A ``Follow`` naming no partition: this standby's slot left the cluster (a scale-down);
+    the process exits with ``EXIT_RETIRED`` (its supervisor does not restart it)."""
+    if not f.owned:
+        log.info("the slot this standby followed (worker %d) was retired by a rescale to %d "
+                 "workers; exiting with code %d", f.index, f.n_workers, EXIT_RETIRED,
+                 extra={"worker": f.index})
+        raise SystemExit(EXIT_RETIRED)
+
+
 async def run_standby(settings: Settings, app: App, name: str, secret: str, uplink: CoordinatorLink,
                       first: wire.Follow) -> tuple[PartitionStores, int]:
     """Be a standby (``name``) until promoted; returns the promoted stores and the slot to take."""
     sb = _Standby(settings, app, name, secret)
+    _retire_if_gone(first)
     sb.start(first)
+
+    async def beat() -> None:
+        # the coordinator promotes only a standby it heard from lately (a standby cut off
+        # with its primary could not take over)
+        while not uplink.closed:
+            await asyncio.sleep(settings.heartbeat_timeout / 4)
+            uplink.send(wire.Heartbeat(-1, 0, [], time.monotonic()))
+
+    beats = asyncio.get_running_loop().create_task(beat(), name="standby-heartbeat")
     try:
         while True:
             try:
@@ -110,6 +199,7 @@ async def run_standby(settings: Settings, app: App, name: str, secret: str, upli
                 raise ClusterError("lost the coordinator while standing by") from None
             for msg in msgs:
                 if isinstance(msg, wire.Follow):
+                    _retire_if_gone(msg)
                     await asyncio.to_thread(sb.start, msg)
                 elif isinstance(msg, wire.Promote):
                     stores = await asyncio.to_thread(sb.promote, msg)
@@ -117,5 +207,7 @@ async def run_standby(settings: Settings, app: App, name: str, secret: str, upli
                 elif isinstance(msg, wire.Stop):
                     raise ClusterError(f"coordinator stopped this standby: {msg.reason}")
     finally:
+        beats.cancel()
         sb.stop()
-        shutil.rmtree(sb.root, ignore_errors=True)
+        if not sb.kept:
+            shutil.rmtree(sb.root, ignore_errors=True)

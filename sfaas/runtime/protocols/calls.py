@@ -13,10 +13,13 @@ __all__ = ["Hello", "Call", "Finished", "Result", "EffectDone"]
 
 @dataclass(slots=True)
 class Hello(Message):
-    """First message on a peer channel: the sender's worker index."""
+    """First message on a peer channel: the sender's worker index and the generation of
+    its assignment (``wire.Assign.generation``); a peer whose membership names a newer
+    generation for that index refuses the channel (the sender was fenced)."""
 
     TAG: ClassVar[int] = 20
     index: int
+    generation: int = 0
 
 
 @dataclass(slots=True)

@@ -9,14 +9,17 @@ from typing import ClassVar, NamedTuple
 
 from sfaas.runtime.protocols.base import Message
 
-__all__ = ["Peer", "Register", "Assign", "Ready", "Heartbeat", "Stop"]
+__all__ = ["Peer", "Register", "Assign", "Ready", "Heartbeat", "Alive", "Stop"]
 
 
 class Peer(NamedTuple):
-    """Where the workers reach worker ``i`` (row ``i`` of a membership)."""
+    """Where the workers reach worker ``i`` (row ``i`` of a membership), and the
+    generation of the process in that slot: a peer refuses a channel whose ``Hello``
+    carries an older one (a fenced process, ``worker.fence``)."""
 
     host: str
     port: int
+    generation: int = 0
 
 
 @dataclass(slots=True)
@@ -51,6 +54,10 @@ class Assign(Message):
     egress_topic: str
     group: str
     owners: list[int]
+    #: this assignment of the slot: strictly increasing per slot, also across coordinator
+    #: restarts (``coordinator.state.next_generation``); the worker says it in its ``Hello``
+    #: to peers and stamps its replies with it (the ``sfaas-gen`` Kafka header)
+    generation: int = 0
 
 
 @dataclass(slots=True)
@@ -72,6 +79,21 @@ class Heartbeat(Message):
     index: int
     committed: int
     latency: list[int] = dataclasses.field(default_factory=list)
+    #: the worker's monotonic clock when it sent this beat (its ``Alive`` echoes it back)
+    sent: float = 0.0
+
+
+@dataclass(slots=True)
+class Alive(Message):
+    """Coordinator → worker: the answer to each ``Heartbeat`` — the worker is still the
+    slot's member, ``generation`` its current assignment. ``sent`` echoes the beat's send
+    time: the worker's lease runs from there (``worker.fence``), never from when the
+    answer arrived (answers that waited in a paused process's socket are old)."""
+
+    TAG: ClassVar[int] = 37
+    index: int
+    generation: int
+    sent: float
 
 
 @dataclass(slots=True)

@@ -1,0 +1,73 @@
+"""The liveness file: a process proves its event loop turns by touching a file.
+
+A coordinator or worker process touches its liveness file every quarter of
+``heartbeat_timeout``, from a task of its event loop — so a loop blocked for long, or a
+process stopped (SIGSTOP), leaves the file growing old while the process still exists.
+Its supervisor (``launcher.supervisor``) kills a child whose file grew older than
+:func:`max_age` and restarts it; ``sfaas alive --max-age S`` reads the file for a container
+healthcheck or a Kubernetes liveness probe (exit 0: fresh, 1: stale or missing).
+
+The file is ``$SFAAS_ALIVE_FILE`` if set (``sfaas up`` gives each child its own), else
+``{home}/alive`` — one process per container, or per home. Its content is the pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+log = logging.getLogger("sfaas.runtime.liveness")
+
+__all__ = ["ENV", "alive_path", "touch", "touch_forever", "age", "max_age"]
+
+#: The environment variable naming a process's liveness file.
+ENV = "SFAAS_ALIVE_FILE"
+
+
+def alive_path(home: str) -> str:
+    """This process's liveness file."""
+    return os.environ.get(ENV) or os.path.join(home, "alive")
+
+
+def max_age(heartbeat_timeout: float) -> float:
+    """Seconds after which a silent process is declared stuck: twice the heartbeat
+    timeout and a second (a loop slower than that is lost to the cluster anyway)."""
+    return 2 * heartbeat_timeout + 1.0
+
+
+def touch(path: str) -> None:
+    """Mark the process alive now (the file's modification time)."""
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        os.replace(tmp, path)
+
+
+async def touch_forever(path: str, every: float) -> None:
+    """Touch ``path`` every ``every`` seconds until cancelled (a failure is logged once and
+    retried: a full disk must not take the process down)."""
+    failing = False
+    while True:
+        try:
+            touch(path)
+            failing = False
+        except OSError as exc:
+            if not failing:
+                log.warning("cannot touch the liveness file %s: %s", path, exc)
+            failing = True
+        await asyncio.sleep(every)
+
+
+def age(path: str, now: float | None = None) -> float | None:
+    """Seconds since ``path`` was last touched (None: no such file)."""
+    try:
+        mtime = os.stat(path).st_mtime
+    except FileNotFoundError:
+        return None
+    return (time.time() if now is None else now) - mtime

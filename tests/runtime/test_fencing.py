@@ -1,0 +1,389 @@
+"""Fencing a zombie worker, without a cluster: the lease's arithmetic on a fake clock, the
+generation checks of peer channels, a lease-gated channel and egress, the epoch log's
+generation, and the supervisor's decision to kill a silent child (``worker/fence.py``,
+``worker/peers.py``, ``launcher/supervisor.py``, ``sfaas/runtime/liveness.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher import supervisor
+from launcher.supervisor import Child, Supervisor, stalled
+from sfaas.errors import EXIT_FENCED, ChannelClosed
+from sfaas.runtime import channels, liveness, wire
+from sfaas.runtime.epochlog import EpochRecord
+from tests.fuzz.harness import FakeChannel, bare_worker
+from worker.fence import LEASE_FRACTION, Fenced, Lease
+from worker.links import CoordinatorLink
+from worker.peers import stale_generation
+
+T = 2.0  # heartbeat_timeout
+
+
+class Clock:
+    def __init__(self, t: float = 100.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _lease(clock: Clock, closed: list[bool] | None = None) -> Lease:
+    flag = closed if closed is not None else [False]
+    return Lease(T, lambda: flag[0], clock=clock, exit=None)
+
+
+# -- the lease's arithmetic --------------------------------------------------------------------
+
+def test_the_lease_runs_from_the_answered_beats_send_time_not_the_answers_arrival() -> None:
+    clock = Clock()
+    lease = _lease(clock)
+    lease.grant(100.0)
+    assert lease.until == 100.0 + T * LEASE_FRACTION
+    clock.t = 100.99
+    assert lease.valid()
+    clock.t = 101.0
+    assert not lease.valid()
+    # a paused process reads an old answer late: it does not extend the lease past its beat
+    clock.t = 106.0
+    lease.on_alive(0, 7, 100.5)
+    assert not lease.valid() and lease.until == 101.5
+    # an answer older than the newest one never shortens it
+    lease.grant(100.2)
+    assert lease.until == 101.5
+
+
+def test_a_busy_loop_waits_for_the_next_answer_and_only_a_long_silence_fences() -> None:
+    clock = Clock()
+    lease = _lease(clock)
+    lease.grant(100.0)
+    clock.t = 101.0 + T  # expired by exactly T, the channel open: wait, do not leave
+    assert lease.check() is False and not lease.fenced
+    clock.t = 101.0 + T + 0.01
+    with pytest.raises(Fenced, match=r"fenced: no word from the coordinator for 3\.0 s "
+                                     r"\(lease expired\), leaving"):
+        lease.check()
+
+
+def test_an_expired_lease_with_a_closed_channel_fences_at_once() -> None:
+    clock, closed = Clock(), [False]
+    lease = _lease(clock, closed)
+    lease.grant(100.0)
+    clock.t = 101.2
+    closed[0] = True
+    with pytest.raises(Fenced, match="its channel is closed"):
+        lease.check()
+    # ... but a lease that holds lets the worker act (and quiesce) even so
+    lease2 = _lease(Clock(100.5), closed)
+    lease2.grant(100.0)
+    assert lease2.check()
+
+
+def test_waiting_to_rejoin_acts_on_nothing_and_is_not_fenced() -> None:
+    clock, closed = Clock(), [True]
+    lease = _lease(clock, closed)
+    lease.grant(100.0)
+    lease.suspend()
+    clock.t = 200.0
+    assert lease.check() is False and not lease.fenced
+    lease.grant(199.9)  # the restarted coordinator's Assign answered the Register
+    assert lease.check()
+    lease.suspend()  # ... and when the coordinator cannot be rejoined, the worker leaves
+    with pytest.raises(Fenced, match="fenced: could not rejoin the coordinator, leaving"):
+        lease.fence("could not rejoin the coordinator")
+
+
+def test_answers_renew_the_lease_while_the_worker_acts_on_something_else() -> None:
+    """The coordinator's channel is read by a task of its own: an ``Alive`` renews the lease
+    although nobody asks for the next message (the worker is busy with a recovery)."""
+    async def main() -> tuple[list[wire.Alive], list[wire.Message]]:
+        link = CoordinatorLink("s" * 16)
+        begin = wire.Begin(3, 1.0, None, False)
+        link.channel = FakeChannel([wire.encode_frame([wire.Alive(0, 9, 1.5), begin]),
+                                    wire.encode_frame([wire.Alive(0, 9, 2.0)])])
+        alive: list[wire.Alive] = []
+        link.listen(alive.append)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        got = await link.recv()
+        with pytest.raises(ChannelClosed):
+            await link.recv()
+        with pytest.raises(ChannelClosed):  # (and so does every later one)
+            await link.recv()
+        return alive, got
+
+    alive, got = asyncio.run(main())
+    assert [a.sent for a in alive] == [1.5, 2.0]
+    assert got == [wire.Begin(3, 1.0, None, False)]
+
+
+def test_held_returns_once_an_answer_renews_the_lease() -> None:
+    async def main() -> float:
+        lease = Lease(T, lambda: False, exit=None)
+        lease.grant(time.monotonic() - T * LEASE_FRACTION - 0.01)  # just expired
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.1, lambda: lease.on_alive(0, 1, time.monotonic()))
+        t0 = time.monotonic()
+        await lease.held()
+        assert lease.valid()
+        return time.monotonic() - t0
+
+    waited = asyncio.run(main())
+    assert 0.05 < waited < 1.0, waited
+
+
+def test_held_fences_when_no_answer_comes() -> None:
+    async def main() -> None:
+        lease = Lease(0.4, lambda: False, exit=None)
+        lease.grant(time.monotonic() - 0.3)
+        await lease.held()
+
+    with pytest.raises(Fenced):
+        asyncio.run(main())
+
+
+def test_a_worker_the_coordinator_declares_lost_always_holds_an_expired_lease() -> None:
+    """Seeded schedules of beats, network delays, and pauses of either process: at every
+    moment the coordinator's watchdog would declare the worker lost, the worker's lease —
+    from the answers it received by then — has expired."""
+    seed = random.SystemRandom().randrange(1 << 32)
+    rnd = random.Random(seed)
+    for _ in range(200):
+        beats = []  # (sent, arrived at the coordinator, answer arrived at the worker)
+        t = 0.0
+        while t < 30:
+            t += T / 4 + (rnd.expovariate(1.0) if rnd.random() < 0.1 else 0.0)  # worker pauses
+            there = t + rnd.uniform(0, 0.3) + (rnd.uniform(0, 5) if rnd.random() < 0.05 else 0)
+            back = there + rnd.uniform(0, 0.3) + (rnd.uniform(0, 5) if rnd.random() < 0.05 else 0)
+            beats.append((t, there, back))
+        for now in [x / 10 for x in range(5, 320)]:
+            heard = [there for _, there, _ in beats if there <= now]
+            lost = now - (max(heard) if heard else 0.0) > T
+            acked = [sent for sent, there, back in beats if back <= now]
+            until = max(acked) + T * LEASE_FRACTION if acked else -1.0
+            if lost:
+                assert now >= until, f"seed {seed}: lost at {now} but leased until {until}"
+
+
+# -- generations on peer channels ----------------------------------------------------------------
+
+def test_a_hello_with_a_stale_generation_is_refused_naming_index_and_generations(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> tuple[FakeChannel, FakeChannel, FakeChannel]:
+        w = bare_worker(str(tmp_path))
+        w.state.peers = [["127.0.0.1", 1, 50], ["127.0.0.1", 2, 70]]
+        stale = FakeChannel([wire.encode_frame([wire.Result(1, True, 1)])], peer="zombie")
+        await w.calls.serve(stale, [wire.Hello(1, 60)])
+        fresh = FakeChannel([], peer="replacement")
+        with pytest.raises(ChannelClosed):  # served until its input ends
+            await w.calls.serve(fresh, [wire.Hello(1, 70)])
+        # a newer membership (a recovery's) makes an accepted channel stale at its next frame
+        later = FakeChannel([wire.encode_frame([wire.Result(1, True, 1)])] * 3, peer="older")
+        w.state.set_owners(w.state.owners, 2, [["127.0.0.1", 1, 50], ["127.0.0.1", 3, 80]])
+        await w.calls.serve(later, [wire.Hello(1, 70)])
+        return stale, fresh, later
+
+    with caplog.at_level(logging.WARNING, logger="sfaas.worker"):
+        stale, fresh, later = asyncio.run(main())
+    assert stale.closed and len(stale.frames) == 1, "the stale channel was read"
+    assert later.closed and len(later.frames) == 3
+    refusals = [r.getMessage() for r in caplog.records if "refusing the channel" in r.getMessage()]
+    assert refusals == [
+        "refusing the channel of worker 1 at zombie: its generation 60 is older than 70, the "
+        "membership's (a fenced process)",
+        "refusing the channel of worker 1 at older: its generation 70 is older than 80, the "
+        "membership's (a fenced process)",
+    ]
+
+
+def test_a_membership_without_generations_refuses_nobody(tmp_path: Path) -> None:
+    w = bare_worker(str(tmp_path))
+    assert not stale_generation(w.state, 1, 0, "p")  # (rows of two: generation unknown)
+    w.state.peers = [["h", 1, 5], ["h", 2, 9]]
+    assert stale_generation(w.state, 1, 8, "p") and not stale_generation(w.state, 1, 9, "p")
+    assert not stale_generation(w.state, 7, 0, "p")  # an index beyond the membership: checked elsewhere
+
+
+# -- a lease-gated channel ---------------------------------------------------------------------------
+
+def test_a_gated_channel_holds_its_messages_until_the_gate_opens() -> None:
+    async def main() -> tuple[list[wire.Message], float]:
+        got: asyncio.Queue[tuple[list[wire.Message], float]] = asyncio.Queue()
+
+        async def on_conn(ch: channels.Channel) -> None:
+            while True:
+                got.put_nowait((await ch.recv(), time.monotonic()))
+
+        server = await channels.serve("127.0.0.1", 0, "s" * 16, on_conn)
+        port = server.sockets[0].getsockname()[1]
+        ch = await channels.connect("127.0.0.1", port, "s" * 16)
+        open_ = [False]
+        ch.gate = lambda: open_[0]
+        ch.send(wire.Hello(3, 9))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(got.get(), 0.3)
+        t_open = time.monotonic()
+        open_[0] = True
+        msgs, at = await asyncio.wait_for(got.get(), 2.0)
+        ch.close()
+        server.close()
+        return msgs, at - t_open
+
+    msgs, delay = asyncio.run(main())
+    assert msgs == [wire.Hello(3, 9)] and delay < 0.5
+
+
+class _Producer:
+    """Records what the egress hands to Kafka (the gate is what is tested, not Kafka)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, int, Any]] = []
+
+    async def send(self, topic: str, value: bytes, partition: int, headers: Any = None) -> Any:
+        self.sent.append((topic, value, partition, headers))
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        return fut
+
+
+def test_egress_stamps_replies_with_the_generation_and_a_fenced_worker_produces_nothing(
+        tmp_path: Path) -> None:
+    exits: list[int] = []
+
+    async def main() -> _Producer:
+        w = bare_worker(str(tmp_path), snapshot_interval=1.0)
+        w.state.generation = 1234
+        prod = _Producer()
+        w.kafka.producer = prod
+        clock = Clock(10.0)
+        lease = Lease(T, lambda: w.uplink.closed, clock=clock, exit=exits.append)
+        w.egress._lease = lease
+        lease.grant(10.0)
+        w.egress.add(0, b"one", 0, 1)
+        await w.egress.flush()
+        clock.t = 11.0 + T + 0.5  # the lease ran out long ago (a pause): fenced at the next reply
+        w.egress.add(0, b"two", 0, 2)
+        with pytest.raises(Fenced):
+            await w.egress.flush()
+        return prod
+
+    prod = asyncio.run(main())
+    assert [(v, h) for _, v, _, h in prod.sent] == [(b"one", [("sfaas-gen", b"0.1234")])]
+    assert exits[:1] == [EXIT_FENCED]
+
+
+# -- the epoch log's generation -----------------------------------------------------------------------
+
+def test_epoch_log_records_carry_the_generation_and_version_3_still_decodes() -> None:
+    rec = EpochRecord(5, 1, 12.5, ((7, 0, 3),), generation=1_700_000_000_000_000)
+    data = rec.encode()
+    assert data[4] == 4 and EpochRecord.decode(data) == rec
+    import msgpack
+
+    v3 = b"SFEL\x03" + msgpack.packb([5, 1, 12.5, [[7, 0, 3]], [], [], []])
+    assert EpochRecord.decode(v3).generation == 0
+    bad = b"SFEL\x04" + msgpack.packb([5, 1, 12.5, [[7, 0, 3]], [], [], [], "x"])
+    with pytest.raises(ValueError, match="the generation must be an int >= 0, got 'x'"):
+        EpochRecord.decode(bad)
+
+
+# -- liveness and the supervisor's watchdog ---------------------------------------------------------
+
+def test_the_watchdog_decides_from_the_files_age_after_a_grace() -> None:
+    assert stalled(100.0, None, 105.0, 5.0, grace=15.0) == ""  # starting
+    assert "never touched its liveness file" in stalled(100.0, None, 116.0, 5.0, grace=15.0)
+    assert stalled(100.0, 4.9, 130.0, 5.0, grace=15.0) == ""
+    why = stalled(100.0, 5.2, 130.0, 5.0, grace=15.0)
+    assert why == "its liveness file is 5.2 s old (limit 5 s): stopped or stuck"
+    assert stalled(100.0, 500.0, 130.0, 0.0, grace=15.0) == ""  # off
+
+
+def test_sfaas_alive_reads_the_liveness_file(tmp_path: Path) -> None:
+    f = tmp_path / "alive"
+
+    def alive(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "sfaas", "alive", *args], capture_output=True,
+                              text=True, timeout=60, env=dict(os.environ, SFAAS_HOME=str(tmp_path)))
+
+    missing = alive("--max-age", "5")
+    assert missing.returncode == 1 and f"no liveness file {f}" in missing.stderr
+    liveness.touch(str(f))
+    assert alive("--max-age", "5").returncode == 0
+    old = time.time() - 60
+    os.utime(f, (old, old))
+    stale = alive("--max-age", "5", "--file", str(f))
+    assert stale.returncode == 1 and "last touched 60" in stale.stderr
+    bad = alive("--max-age", "-1")
+    assert bad.returncode == 2 and "--max-age must be a positive number of seconds, got -1" in bad.stderr
+
+
+@pytest.mark.timeout(120)
+def test_the_supervisor_kills_and_restarts_a_stopped_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """A real worker process (waiting for a coordinator that never answers) touches its file;
+    SIGSTOPped, it is SIGKILLed once the file is 2 × timeout + 1 s old, and restarted."""
+    with socket_closed() as port:
+        monkeypatch.setenv("SFAAS_HEARTBEAT_TIMEOUT", "0.5")
+        monkeypatch.setenv("SFAAS_COORDINATOR", f"127.0.0.1:{port}")
+        monkeypatch.setenv("SFAAS_HOME", str(tmp_path))
+        monkeypatch.setenv("SFAAS_SECRET", "fencing-test-secret-0123")
+        monkeypatch.setenv("SFAAS_APP", "tests.runtime.apps.ledger:app")
+        monkeypatch.setenv("SFAAS_SNAPSHOT_INTERVAL", "0")
+        monkeypatch.setattr(supervisor, "START_GRACE", 4.0)
+        (tmp_path / "cluster.json").write_text("{}")
+        child = Child("worker", 0, ["worker", "--name", "w0"], str(tmp_path / "w.log"))
+        sup = Supervisor(tmp_path, {"app": "ledger"}, [child])
+        assert sup.max_age == 2.0
+        sup._start(child)
+        first = child.pid
+        try:
+            deadline = time.monotonic() + 30
+            while liveness.age(child.alive_file) is None:
+                assert time.monotonic() < deadline, (tmp_path / "w.log").read_text()[-2000:]
+                time.sleep(0.1)
+            time.sleep(0.5)
+            assert liveness.age(child.alive_file) < 1.0  # touched every 0.125 s
+            os.kill(first, signal.SIGSTOP)
+            stopped = time.monotonic()
+            with caplog.at_level(logging.INFO, logger="sfaas.supervisor"):
+                while child.pid == first and time.monotonic() < stopped + 30:
+                    if sup.poll():
+                        sup.write()
+                    time.sleep(0.05)
+            took = time.monotonic() - stopped
+            assert child.pid != first and child.alive and child.stalls == 1, child.public()
+            assert 2.0 < took < 10.0, took
+            assert any(f"killing worker 0 (pid {first}): its liveness file is" in r.getMessage()
+                       for r in caplog.records)
+            import json
+
+            listed = json.loads((tmp_path / "cluster.json").read_text())["processes"][0]
+            assert listed["stalls"] == 1 and listed["restarts"] == 1
+        finally:
+            sup.stop()
+
+
+class socket_closed:
+    """A local port nothing listens on."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.port = int(s.getsockname()[1])
+        s.close()
+        return self.port
+
+    def __exit__(self, *exc: object) -> None:
+        pass

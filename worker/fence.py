@@ -1,0 +1,173 @@
+"""Self-fencing: a worker acts only while it holds a lease from the coordinator.
+
+The coordinator answers every ``Heartbeat`` with ``Alive`` (echoing the beat's send time).
+The worker's lease runs until ``sent + heartbeat_timeout × LEASE_FRACTION``, ``sent`` the
+*send* time (its own monotonic clock) of the newest beat an ``Alive`` answered — not when
+the answer arrived: after a pause the answers that waited in the socket are old.
+
+Why a lost worker always holds an expired lease: the coordinator declares a worker lost
+after ``heartbeat_timeout`` (T) without hearing from it. Every ``Alive`` it sent answered a
+beat it heard, so at the loss it heard nothing for T since the newest acknowledged beat
+arrived, and that beat was sent before it arrived: the loss comes later than ``sent + T``,
+while the lease ended at ``sent + T/2``. Only the worker's own clock is compared with
+itself (monotonic), and the coordinator's timer measures a span at least as long; clock
+rates of two processes on any real machine differ by far less than the T/2 of margin.
+
+Before every externally visible action — producing replies (``worker.egress``), writing an
+epoch-log record, committing ingress offsets, reporting a round, answering a recovery,
+sending a ``Call``/``Result`` to peers — the worker checks its lease (:meth:`Lease.valid`:
+one clock read and a compare). With an expired lease it acts on nothing, and:
+
+* if the lease expired by more than T, or the coordinator's channel is closed, it is
+  fenced: one clear log line, then ``os._exit(EXIT_FENCED)`` at once — no flush of the
+  producer, no offset commit, no clean stop that would act — and its supervisor starts
+  a fresh process, which registers as a new member;
+* otherwise it waits for the next ``Alive`` (:meth:`Lease.held`). A worker whose event loop
+  was merely busy for longer than T/2 (a long merge, a GC pause) is in this case: its
+  beats went out late, but the coordinator heard them, and the answers renew the lease
+  within a round trip. Exiting then would turn every hiccup into a recovery.
+
+Normal load never trips it: beats leave every T/4, so the lease (T/2) spans two beats of
+slack, and the coordinator answers each beat as it reads it (the same step of its loop
+that records the beat; it never blocks its loop for long — slow work, MinIO and file I/O,
+runs in threads). The worker reads the answers on a task of their own
+(``worker.links.CoordinatorLink``), never behind a slow message it is acting on. A
+worker whose loop is blocked past ``1.5 × T`` after its last acknowledged beat is fenced on
+waking: the coordinator heard nothing for at least T by then and declared it lost (a
+worker of a silent coordinator, paused or gone, is fenced the same way — the resumed or
+restarted coordinator recovers with fresh processes). The heartbeat task checks this every
+T/4, so an idle zombie leaves too.
+
+What the lease cannot stop: bytes handed to the OS or to the Kafka producer before the
+pause (aiokafka's sender may deliver its buffered batch on resume, before any of this
+code runs). ``tests/runtime/test_fencing_cluster.py`` measures it; a transactional
+producer per slot (fenced by the broker through its epoch) would close it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+
+from sfaas.errors import EXIT_FENCED
+
+log = logging.getLogger("sfaas.worker")
+
+__all__ = ["Lease", "LEASE_FRACTION", "Fenced"]
+
+#: The lease: this fraction of ``heartbeat_timeout`` from the send time of an answered beat.
+LEASE_FRACTION = 0.5
+
+
+class Fenced(Exception):
+    """Raised (in tests, with ``exit=None``) where a fenced worker would exit."""
+
+
+def _exit_now(code: int) -> None:
+    """Leave at once: no clean stop (it would flush replies and commit offsets)."""
+    for h in logging.getLogger().handlers + log.handlers:
+        try:
+            h.flush()
+        except Exception:  # noqa: S110 - leaving anyway
+            pass
+    sys.stderr.flush()
+    os._exit(code)
+
+
+class Lease:
+    """A worker's lease (see the module docstring).
+
+    ``closed()``: the coordinator's channel is closed; ``clock``: a monotonic clock (a fake
+    one in tests); ``exit``: how a fenced worker leaves (default: ``os._exit``; ``None``
+    raises :class:`Fenced` instead).
+    """
+
+    def __init__(self, timeout: float, closed: Callable[[], bool], *,
+                 clock: Callable[[], float] = time.monotonic,
+                 exit: Callable[[int], None] | None = _exit_now) -> None:
+        self._timeout = timeout
+        self._closed = closed
+        self._clock = clock
+        self._exit = exit
+        #: the lease runs until this time (``clock``); -inf: none yet, +inf: not enforced
+        self.until = math.inf
+        self._renewed = asyncio.Event()
+        #: why the worker was fenced ("" : it was not)
+        self.fenced = ""
+        #: the index and generation the coordinator confirmed last
+        self.index = -1
+        self.generation = 0
+        #: while rejoining a restarted coordinator nothing may act, but nothing fences
+        self._waiting = False
+
+    # -- granting -----------------------------------------------------------------------------
+    def grant(self, sent: float) -> None:
+        """An answer to the beat (or registration) sent at ``sent`` arrived."""
+        until = sent + self._timeout * LEASE_FRACTION
+        if until > self.until or self.until == math.inf:
+            self.until = until
+        self._waiting = False
+        self._renewed.set()
+        self._renewed = asyncio.Event()
+
+    def on_alive(self, index: int, generation: int, sent: float) -> None:
+        """The coordinator's ``Alive``."""
+        self.index, self.generation = index, generation
+        self.grant(sent)
+
+    def suspend(self) -> None:
+        """The coordinator is gone and the worker waits to rejoin: act on nothing until a
+        new registration is answered (:meth:`grant`), without fencing."""
+        self._waiting = True
+        self.until = -math.inf
+
+    # -- checking -----------------------------------------------------------------------------
+    def valid(self) -> bool:
+        """May the worker act now? (the hot-path check: one clock read)"""
+        return self._clock() < self.until
+
+    def expired_for(self) -> float:
+        """Seconds since the lease ended (≤ 0: it holds)."""
+        return self._clock() - self.until
+
+    def check(self) -> bool:
+        """True: the lease holds. False: it does not — and if it is past saving the worker
+        is fenced (it leaves; see the module docstring)."""
+        if self.valid():
+            return True
+        if not self._waiting and (self._closed() or self.expired_for() > self._timeout):
+            self.fence()
+        return False
+
+    async def held(self) -> None:
+        """Return once the worker may act: at once while the lease holds, else after the
+        next answer renews it. A worker past saving is fenced (leaves) instead."""
+        while not self.check():
+            if self.fenced:  # (only with an ``exit`` that returns: tests)
+                raise Fenced(self.fenced)
+            left = self._timeout - self.expired_for()
+            try:
+                await asyncio.wait_for(self._renewed.wait(), max(0.01, left) if
+                                       not self._waiting else None)
+            except TimeoutError:
+                pass
+
+    def fence(self, why: str = "") -> None:
+        """Leave: no word from the coordinator for too long (or its channel closed; or
+        ``why``: it could not be rejoined)."""
+        if why:
+            self.fenced = f"fenced: {why}, leaving (worker {self.index})"
+        else:
+            gone = self._clock() - (self.until - self._timeout * LEASE_FRACTION)
+            why = "its channel is closed" if self._closed() else "lease expired"
+            self.fenced = (f"fenced: no word from the coordinator for {gone:.1f} s ({why}), "
+                           f"leaving (worker {self.index}, generation {self.generation})")
+        log.error("%s", self.fenced)
+        if self._exit is None:
+            raise Fenced(self.fenced)
+        self._exit(EXIT_FENCED)
