@@ -62,7 +62,7 @@ class Standby:
     #: the partitions it was last told to follow (its primary's, by the map then)
     partitions: tuple[int, ...] = ()
     #: when it was last heard from (a following standby sends heartbeats)
-    last_seen: float = field(default_factory=time.monotonic)
+    last_seen: float = field(default_factory=lambda: time.monotonic())
 
     @property
     def followed(self) -> str:
@@ -102,8 +102,10 @@ class Standbys:
             return None
         now = time.monotonic()
         if r[2].channel.closed or now - r[2].last_seen > self._silent_after:
-            gone = self._gone.setdefault(slot, now)  # (closed or silent: it may come back)
-        if now > r[1] or (slot in self._gone and now - gone > GONE_SECONDS):
+            self._gone.setdefault(slot, now)  # (closed or silent: it may still come back)
+        else:
+            self._gone.pop(slot, None)  # (heard from again)
+        if now > r[1] or now - self._gone.get(slot, now) > GONE_SECONDS:
             del self._reserved[slot]
             self._gone.pop(slot, None)
             if self.promote(slot):  # another standby of the slot gets its chance

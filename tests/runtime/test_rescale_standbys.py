@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+import types
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -318,3 +319,54 @@ def test_a_follow_naming_partitions_outside_the_topic_is_refused() -> None:
     with pytest.raises(ClusterError, match=r"owned partitions \[1, 7\] must be distinct and in \[0, 4\)"):
         _Standby._mine(f)
     assert _Standby._mine(wire.Follow(1, 3, 4, [3, 1], "127.0.0.1", 1)) == [1, 3]
+
+
+def test_a_promotion_that_never_comes_back_frees_the_slot_and_recruits_an_idle_standby(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slot lost while its promoted standby was cut off too (the nemesis: the coordinator
+    partitioned from everyone): the reservation ends GONE_SECONDS after the standby went
+    silent, not after RESERVE_SECONDS; the restarted primary, standing by without holding
+    anything, is told to register again; a registrant asking to stand by for a lost slot
+    nobody is coming for takes it instead; a silent standby is never promoted."""
+    from coordinator.protocols import standby as sbmod
+
+    now = [1000.0]
+    # (the module's clock only: the event loop keeps the real one)
+    monkeypatch.setattr(sbmod, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    state = ClusterState(2)
+    state.configure(4, 2, [0, 1, 0, 1])
+    for i in range(2):
+        m = Member.of(i, wire.Register(f"w{i}", "127.0.0.1", 7000 + i, 100 + i, repl_port=8000 + i),
+                      _Chan())  # type: ignore[arg-type]
+        m.ready.set()
+        state.add_member(m)
+
+    async def newest() -> int:
+        return 0
+
+    async def scenario() -> None:
+        sbs = Standbys(state, 2, 1, newest, lambda: None, silent_after=1.0)
+        chans = {i: _Chan() for i in range(2)}
+        for i in range(2):
+            sbs.add(wire.Register(f"sb{i}", "127.0.0.1", 7100 + i, 200 + i), chans[i], i)  # type: ignore[arg-type]
+        state.mark_lost(state.members[0])
+        now[0] += 0.5  # sb0 heard from 0.5 s ago: promoted
+        assert sbs.promote(0) and sbs.reserved_for(0) == "sb0"
+        await asyncio.sleep(0.01)
+        # the restarted primary stands by for its lost slot, holding nothing
+        idle = _Chan()
+        sbs.add(wire.Register("w0", "127.0.0.1", 7000, 300, standby_of=0), idle, 0)  # type: ignore[arg-type]
+        now[0] += 1.2  # sb0 silent past the timeout: gone, but it may still register...
+        assert sbs.reserved_for(0) == "sb0"
+        now[0] += sbmod.GONE_SECONDS + 0.1  # ...not any more: the slot is free
+        assert sbs.reserved_for(0) is None
+        assert [m for m in idle.sent if isinstance(m, wire.Stop)], "the idle standby is recruited"
+        assert idle.closed and not sbs.by_slot[0]
+        # the recruit registers again asking to stand by: it takes the orphaned slot
+        assert sbs.slot_for(wire.Register("w0", "127.0.0.1", 7000, 301, standby_of=0)) is None
+        # slot 1 lost while its standby is silent: no promotion
+        state.mark_lost(state.members[1])
+        assert not sbs.promote(1)
+        assert not [m for m in chans[1].sent if isinstance(m, wire.Promote)]
+
+    asyncio.run(scenario())
