@@ -60,6 +60,16 @@ def test_the_compose_cluster_serves_the_host_and_survives_a_killed_worker(images
             time.sleep(2)
         assert len(health) == 6 and set(health.values()) == {"up"}, health
         assert "sfaas_worker_up" in c.metrics()
+        # every coordinator, worker and standby touches its liveness file: healthy
+        names = ["coordinator", "worker-0", "worker-1", "worker-0-standby", "worker-1-standby"]
+        deadline, states = time.monotonic() + 90, {}
+        while time.monotonic() < deadline:
+            states = {n: c.docker("inspect", "-f", "{{.State.Health.Status}}", c.container(n)).strip()
+                      for n in names}
+            if set(states.values()) == {"healthy"}:
+                break
+            time.sleep(2)
+        assert set(states.values()) == {"healthy"}, states
         # a round holds the deposits; then worker-0's container dies: its standby takes over
         time.sleep(6)
         c.docker("kill", c.container("worker-0"))
