@@ -103,7 +103,7 @@ Fire = Callable[[str, list["asyncio.Task[str]"]], Any]
 async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[str, object], replay_dir: Path,
                     maps: Callable[[], list[tuple[int, list[int]]]] = list, *,
                     faults: list[Fault] | None = None, fire: Fire | None = None,
-                    seconds: float = SECONDS, workers: int = 2) -> None:
+                    seconds: float | None = None, workers: int = 2) -> None:
     """The load, the fault schedule and the invariants; ``maps()`` gives the partition maps
     the epochs ran under after rescales (see ``test_rounds._replay``). ``faults`` and
     ``fire``: another schedule and how to inject it (by default: kills of the local
@@ -116,6 +116,7 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
         return _kill(s, role, rnd)
 
     fire = fire or fire_local
+    seconds = SECONDS if seconds is None else seconds  # (read now: tests patch SECONDS)
     async with Client("ledger", settings=cs, timeout=120) as c:
         await asyncio.gather(*(c.call("accounts", a, "deposit", START) for a in ACCOUNTS))
         futs: list[tuple[str, str, asyncio.Future[wire.Reply]]] = []
