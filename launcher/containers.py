@@ -58,10 +58,12 @@ def _say(msg: str) -> None:
     print(f"[containers] {msg}", file=sys.stderr, flush=True)
 
 
-def _run(argv: Sequence[str], *, what: str, quiet: bool = True, **kw: object) -> None:
-    """Run ``argv``; on failure raise naming ``what`` with the end of its output."""
-    res = subprocess.run(list(argv), stdin=subprocess.DEVNULL, text=True,
-                         capture_output=quiet, **kw)  # type: ignore[call-overload]
+def _run(argv: Sequence[str], *, what: str, quiet: bool = True, stdin: object = None,
+         **kw: object) -> None:
+    """Run ``argv`` (its input ``stdin``, else none); on failure raise naming ``what`` with
+    the end of its output."""
+    res = subprocess.run(list(argv), stdin=subprocess.DEVNULL if stdin is None else stdin,
+                         text=True, capture_output=quiet, **kw)  # type: ignore[call-overload]
     if res.returncode != 0:
         tail = "\n".join(((res.stdout or "") + (res.stderr or "")).splitlines()[-30:])
         raise ServiceError(f"{what} failed (exit {res.returncode})"

@@ -44,3 +44,14 @@ def test_bad_input_is_refused_naming_it(tmp_path: Path, capsys: pytest.CaptureFi
     with pytest.raises(SystemExit):
         containers.main(["cluster", "restart"])
     assert "invalid choice: 'restart'" in capsys.readouterr().err
+
+
+def test_a_step_can_read_another_process_output_and_a_failure_names_the_step() -> None:
+    """(``docker import`` reads ``tar``'s output: a cold ``./run images`` failed on it once.)"""
+    import subprocess
+
+    src = subprocess.Popen(["printf", "abc"], stdout=subprocess.PIPE)
+    containers._run(["grep", "-q", "abc"], what="grep", stdin=src.stdout)
+    src.wait()
+    with pytest.raises(ServiceError, match=r"the step failed \(exit 1\)"):
+        containers._run(["false"], what="the step")
