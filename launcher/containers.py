@@ -34,7 +34,7 @@ from pathlib import Path
 
 from launcher.procs import ServiceError, ServiceSettings
 
-__all__ = ["IMAGES", "ensure_docker", "build_images", "cluster", "compose", "main"]
+__all__ = ["IMAGES", "ensure_docker", "stop_docker", "build_images", "cluster", "compose", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = ROOT / "deploy" / "images"
@@ -75,8 +75,9 @@ def _docker_up() -> bool:
                           capture_output=True).returncode == 0
 
 
-def ensure_docker(cache: Path) -> None:
-    """Docker and compose installed and the daemon running, or a clear error."""
+def ensure_docker(cache: Path) -> subprocess.Popen[bytes] | None:
+    """Docker and compose installed and the daemon running, or a clear error; the daemon
+    if this call started it (its caller may stop it: :func:`stop_docker`)."""
     # (the engine, not just a client: some machines have a docker CLI and no dockerd)
     missing = [pkg for cmd, pkg in (("dockerd", "docker.io"), ("docker-compose", "docker-compose"),
                                     ("debootstrap", "debootstrap")) if shutil.which(cmd) is None]
@@ -91,20 +92,32 @@ def ensure_docker(cache: Path) -> None:
              env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
         _say(f"installed in {time.monotonic() - t:.0f} s")
     if _docker_up():
-        return
+        return None
     if os.geteuid() != 0 or shutil.which("dockerd") is None:
         raise ServiceError("the Docker daemon is not running (`docker info` fails); start it "
                            "(e.g. `systemctl start docker`, or `dockerd &` as root)")
     log = cache / "dockerd.log"
     _say(f"starting dockerd (log {log})")
     with open(log, "ab") as out:
-        subprocess.Popen(["dockerd"], stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                         start_new_session=True)
+        daemon = subprocess.Popen(["dockerd"], stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                  start_new_session=True)
     deadline = time.monotonic() + 60
     while not _docker_up():
         if time.monotonic() > deadline:
+            stop_docker(daemon)
             raise ServiceError(f"dockerd did not come up within 60 s; see {log}")
         time.sleep(0.5)
+    return daemon
+
+
+def stop_docker(daemon: subprocess.Popen[bytes]) -> None:
+    """Stop a daemon :func:`ensure_docker` started (SIGTERM, then SIGKILL after 30 s)."""
+    daemon.terminate()
+    try:
+        daemon.wait(30)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait()
 
 
 def _have(image: str) -> bool:

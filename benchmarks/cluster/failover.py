@@ -131,10 +131,15 @@ def main() -> None:
     a = p.parse_args()
     cache = ServiceSettings.from_env().cache_dir
     cache.mkdir(parents=True, exist_ok=True)
-    containers.build_images(cache)
-    with compose([ROOT / "docker-compose.ha.yml"], kafka_brokers=3) as c:
-        print(f"HA cluster ready in {wait_ready(c, workers=3, standbys=1):.1f} s", flush=True)
-        rows = asyncio.run(run(c, a))
+    daemon = containers.ensure_docker(cache)  # (one this run started is stopped at its end)
+    try:
+        containers.build_images(cache)
+        with compose([ROOT / "docker-compose.ha.yml"], kafka_brokers=3) as c:
+            print(f"HA cluster ready in {wait_ready(c, workers=3, standbys=1):.1f} s", flush=True)
+            rows = asyncio.run(run(c, a))
+    finally:
+        if daemon is not None:
+            containers.stop_docker(daemon)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M"), "rate": a.rate,
                                  "rows": rows}, indent=1))

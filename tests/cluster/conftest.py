@@ -9,6 +9,8 @@ when the test failed. Docker is installed and started when missing (root, apt), 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from launcher import containers
@@ -19,13 +21,21 @@ __all__ = ["ROOT", "Compose", "compose", "override", "wait_ready", "images"]
 
 
 @pytest.fixture(scope="session")
-def images() -> None:
-    """The images (built once per machine; a rebuild with nothing changed takes seconds)."""
+def images() -> Iterator[None]:
+    """The images (built once per machine; a rebuild with nothing changed takes seconds).
+    A Docker daemon this session had to start is stopped at its end."""
     cache = ServiceSettings.from_env().cache_dir
     cache.mkdir(parents=True, exist_ok=True)
+    daemon = None
     try:
+        daemon = containers.ensure_docker(cache)
         containers.build_images(cache)
     except ServiceError as e:
+        if daemon is not None:
+            containers.stop_docker(daemon)
         pytest.fail(f"could not build the images: {e}", pytrace=False)
+    yield
+    if daemon is not None:
+        containers.stop_docker(daemon)
 
 
