@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -63,6 +65,25 @@ class Compose:
     def network(self, name: str) -> str:
         return f"{self.project}_{name}"
 
+    def cut(self, service: str, net: str) -> list[str]:
+        """Cut ``service`` from network ``net`` (``docker network disconnect``); returns the
+        ``docker`` arguments that heal the cut: reconnecting with the same address and the
+        same names. A plain ``docker network connect`` would hand the container a new
+        address and drop its names (the service name, the ``ctl-*`` aliases) — a fault no
+        real partition has: the brokers' KRaft quorum and the JVM's DNS cache keep the old
+        address, and nobody resolves the service's name again (seen: a cut broker left
+        partitions without a leader for good). The HA profile's networks have configured
+        subnets and fixed addresses (docker-compose.ha.yml), so the address is still free."""
+        cid, network = self.container(service), self.network(net)
+        info = json.loads(self.docker("inspect", "-f", "{{json .NetworkSettings.Networks}}",
+                                      cid))[network]
+        again = ["network", "connect", "--ip", info["IPAddress"]]
+        for alias in info.get("Aliases") or []:
+            if not cid.startswith(alias):  # (the container's short id: docker adds it)
+                again += ["--alias", alias]
+        self.docker("network", "disconnect", network, cid)
+        return [*again, network, cid]
+
     def kafka(self) -> str:
         return ",".join(f"127.0.0.1:{p}" for k, p in sorted(self.ports.items())
                         if k.startswith("SFAAS_CLUSTER_KAFKA_PORT"))
@@ -76,10 +97,11 @@ class Compose:
         return Settings.load({"kafka": self.kafka(), "namespace": "sfaas",
                               "replication": 3 if "," in self.kafka() else 1, **extra})
 
-    def logs(self, chars: int = 4000) -> str:
+    def logs(self, chars: int = 4000, tail: int = 300) -> str:
+        """The end of every service's log (``tail`` lines, at most ``chars`` characters)."""
         out = []
         for service in self.run("ps", "--services", check=False).split():
-            text = self.run("logs", "--no-color", "--tail", "300", service, check=False)
+            text = self.run("logs", "--no-color", "--tail", str(tail), service, check=False)
             text = "\n".join(line for line in text.splitlines() if " aiokafka" not in line)
             out.append(f"--- {service}\n{text[-chars:]}")
         return "\n".join(out)
@@ -121,7 +143,8 @@ def compose(files: Sequence[Path], *, kafka_brokers: int = 1, env: dict[str, str
         ports[n] = free_port("127.0.0.1", avoid=ports.values())
     secrets = {k: v for k, v in (line.split("=", 1) for line in
                containers.env_file(cache).read_text().splitlines() if "=" in line)}
-    full_env = dict(os.environ, **secrets, **{k: str(v) for k, v in ports.items()}, **(env or {}))
+    full_env = dict(os.environ, **secrets, **{k: str(v) for k, v in ports.items()},
+                    **_subnets(), **(env or {}))  # (two projects at once: other subnets)
     c = Compose(f"sfaas-t{uuid.uuid4().hex[:8]}", list(files), full_env, ports, secrets)
     ok = False
     try:
@@ -132,6 +155,26 @@ def compose(files: Sequence[Path], *, kafka_brokers: int = 1, env: dict[str, str
         if not ok:
             print(f"compose project {c.project} failed; its logs:\n{c.logs()}")
         c.run("down", "--volumes", "--remove-orphans", "-t", "5", check=False, timeout=300)
+
+
+def _subnets() -> dict[str, str]:
+    """Free /24s for a project's networks with fixed addresses (docker-compose.ha.yml; the
+    first three octets): random in 10.128–250.x, clear of the host's routes and of every
+    docker network."""
+    used = subprocess.run(["ip", "-4", "route"], capture_output=True,
+                          text=True).stdout if shutil.which("ip") else ""
+    nets = subprocess.run(["docker", "network", "ls", "-q"], capture_output=True,
+                          text=True).stdout.split()
+    if nets:
+        used += subprocess.run(["docker", "network", "inspect", "-f",
+                                "{{range .IPAM.Config}}{{.Subnet}} {{end}}", *nets],
+                               capture_output=True, text=True).stdout
+    rnd = random.SystemRandom()
+    while True:
+        a, b = rnd.randrange(128, 251), rnd.randrange(0, 254)
+        if f"10.{a}." not in used:
+            return {"SFAAS_CLUSTER_DATA_NET": f"10.{a}.{b}",
+                    "SFAAS_CLUSTER_CONTROL_NET": f"10.{a}.{b + 1}"}
 
 
 def override(tmp: Path, services: dict[str, dict[str, object]]) -> Path:

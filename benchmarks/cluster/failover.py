@@ -74,12 +74,9 @@ async def inject(c: Compose, fault: str, rnd: random.Random) -> str:
         await asyncio.sleep(6)
         await asyncio.to_thread(docker, "unpause", cid)
     else:
-        net = c.network("control" if fault == "cut-control" else "data")
-        await asyncio.to_thread(docker, "network", "disconnect", net, cid)
+        again = await asyncio.to_thread(c.cut, svc, "control" if fault == "cut-control"
+                                        else "data")
         await asyncio.sleep(6)
-        again = ["network", "connect", net, cid]
-        if fault == "cut-control":
-            again[2:2] = ["--alias", f"ctl-{svc}"]
         await asyncio.to_thread(docker, *again)
     return svc
 

@@ -166,8 +166,11 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
         replies = [f.result() for _, _, f in futs]
         assert not c._waiting, f"{len(c._waiting)} requests never answered"
         arrivals.sort()
-        report["longest_gap_s"] = round(max((b - a for a, b in zip(arrivals, arrivals[1:], strict=False)),
-                                            default=0.0), 2)
+        gaps = sorted(((b - a, a - t0) for a, b in zip(arrivals, arrivals[1:], strict=False)),
+                      reverse=True)
+        report["longest_gap_s"] = round(gaps[0][0], 2) if gaps else 0.0
+        # the three longest, each with when it began (s into the load: the schedule's time)
+        report["gaps"] = [(round(g, 2), round(at, 1)) for g, at in gaps[:3]]
         bumps: dict[str, list[int]] = {k: [] for k in COUNTERS}
         for (kind, key, _), reply in zip(futs, replies, strict=True):
             if kind == "b":
