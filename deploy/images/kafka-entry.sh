@@ -9,6 +9,8 @@
 #   KAFKA_MIN_ISR       min.insync.replicas (default 1)
 #   KAFKA_CLUSTER_ID    the cluster id every node formats its storage with (same on all nodes)
 #   KAFKA_HEAP          JVM heap (default 512m)
+#   KAFKA_SESSION_TIMEOUT_MS       a silent broker is fenced after this (default 1000)
+#   KAFKA_QUORUM_FETCH_TIMEOUT_MS  a silent active controller is replaced after this (1000)
 set -euo pipefail
 : "${KAFKA_NODE_ID:?KAFKA_NODE_ID is required (this broker's node id, e.g. 1)}"
 : "${KAFKA_VOTERS:?KAFKA_VOTERS is required (e.g. 1@kafka:9093)}"
@@ -52,10 +54,13 @@ auto.create.topics.enable=false
 delete.topic.enable=true
 unclean.leader.election.enable=false
 # a lost broker is fenced (and dropped from every ISR, its partitions led elsewhere) after
-# 2 s without a heartbeat to the controller, not the default 9 s: the reply gap of a broker
-# loss is about this long
-broker.session.timeout.ms=2000
-broker.heartbeat.interval.ms=500
+# 1 s without a heartbeat to the controller, not the default 9 s; a lost active controller is
+# replaced after 1 s without a fetch from it (default 2 s) and an election of 0.5 s: the reply
+# gap of a broker loss is about these (benchmarks/README.md, "The HA compose cluster")
+broker.session.timeout.ms=${KAFKA_SESSION_TIMEOUT_MS:-1000}
+broker.heartbeat.interval.ms=$(( ${KAFKA_SESSION_TIMEOUT_MS:-1000} / 4 ))
+controller.quorum.fetch.timeout.ms=${KAFKA_QUORUM_FETCH_TIMEOUT_MS:-1000}
+controller.quorum.election.timeout.ms=$(( ${KAFKA_QUORUM_FETCH_TIMEOUT_MS:-1000} / 2 ))
 replica.lag.time.max.ms=5000
 num.network.threads=2
 num.io.threads=4

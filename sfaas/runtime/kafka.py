@@ -63,10 +63,20 @@ PRODUCE_BATCH_BYTES = 1 << 20
 FETCH_PARTITION_BYTES = 256 << 10
 FETCH_BYTES = 1 << 20
 #: How often producers and consumers refresh the cluster's metadata. aiokafka retries a
-#: request to a broker it cannot reach without looking for the partition's new leader, so a
-#: lost broker's partitions are found elsewhere only at the next refresh: 2 s (measured: a
-#: broker stopped for 10 s held replies for 13 s with aiokafka's default of 5 minutes).
-METADATA_MAX_AGE_MS = 2000
+#: request to a broker it cannot reach without looking for the partition's new leader
+#: (``NodeNotReadyError`` is not an "invalid metadata" error), so a lost broker's partitions
+#: are found elsewhere only at the next refresh (measured: a broker stopped for 10 s held
+#: replies for 13 s with aiokafka's default of 5 minutes). With several brokers (a list of
+#: bootstrap servers) every 0.5 s: a broker loss then costs the brokers' session timeout
+#: (deploy/images/kafka-entry.sh) plus at most this; a lone broker has no other leader to
+#: find, its clients refresh every 2 s.
+METADATA_MAX_AGE_MS = 500
+METADATA_MAX_AGE_ONE_BROKER_MS = 2000
+
+
+def metadata_max_age_ms(bootstrap: str) -> int:
+    """The metadata refresh interval of clients of ``bootstrap`` (see above)."""
+    return METADATA_MAX_AGE_MS if "," in bootstrap else METADATA_MAX_AGE_ONE_BROKER_MS
 
 
 def make_producer(bootstrap: str, linger_ms: int = 0, *, durable: bool = False) -> AIOKafkaProducer:
@@ -82,7 +92,7 @@ def make_producer(bootstrap: str, linger_ms: int = 0, *, durable: bool = False) 
         enable_idempotence=durable,
         max_batch_size=PRODUCE_BATCH_BYTES,
         request_timeout_ms=30000,
-        metadata_max_age_ms=METADATA_MAX_AGE_MS,
+        metadata_max_age_ms=metadata_max_age_ms(bootstrap),
     )
 
 
@@ -101,7 +111,7 @@ def make_consumer(bootstrap: str, group: str | None, fetch_wait_ms: int) -> AIOK
         fetch_max_wait_ms=fetch_wait_ms,
         max_partition_fetch_bytes=FETCH_PARTITION_BYTES,
         fetch_max_bytes=FETCH_BYTES,
-        metadata_max_age_ms=METADATA_MAX_AGE_MS,
+        metadata_max_age_ms=metadata_max_age_ms(bootstrap),
     )
 
 
