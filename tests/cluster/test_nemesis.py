@@ -148,11 +148,6 @@ def _ledger(tmp: Path) -> Path:
 
 
 @pytest.mark.timeout(1500)
-@pytest.mark.skipif(
-    os.environ.get("SFAAS_NEMESIS") != "1",
-    reason="not in ./run test's gate yet: the nemesis found a cluster that did not converge "
-           "after a worker cut from the data network (a slot's replacement not ready, the "
-           "other registrants refused in a loop; issue 33) — ./run test-cluster runs it")
 def test_the_ha_cluster_keeps_every_invariant_under_the_nemesis(images: None, tmp_path: Path) -> None:
     rnd = random.Random(SEED)  # the load's
     faults = schedule(SEED, SECONDS)
