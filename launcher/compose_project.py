@@ -76,7 +76,9 @@ class Compose:
         subnets and fixed addresses (docker-compose.ha.yml), so the address is still free."""
         cid, network = self.container(service), self.network(net)
         info = json.loads(self.docker("inspect", "-f", "{{json .NetworkSettings.Networks}}",
-                                      cid))[network]
+                                      cid)).get(network)
+        if info is None:  # (AssertionError, like a failed docker command: nothing was cut)
+            raise AssertionError(f"{service} is not on {net} now (cut already?)")
         again = ["network", "connect", "--ip", info["IPAddress"]]
         for alias in info.get("Aliases") or []:
             if not cid.startswith(alias):  # (the container's short id: docker adds it)
