@@ -1,4 +1,4 @@
-"""Runtime benchmark: YCSB-T on a 2-worker local cluster over the real Kafka, open loop.
+"""Runtime benchmark: YCSB-T on a local cluster (2 workers; ``--workers``) over the real Kafka, open loop.
 
     python benchmarks/runtime/bench.py --store memonly --keys 10000 --dist uniform --rates 1000
     python benchmarks/runtime/bench.py --sweep --store memonly           # to saturation
@@ -9,7 +9,7 @@
 Snapshot rounds run every ``--snapshot-interval`` seconds (default 1, with the epoch log);
 MinIO must be running too for them (``sfaas services up``).
 
-Each point: start a fresh cluster (coordinator + 2 workers, own namespace), run the load
+Each point: start a fresh cluster (coordinator + ``--workers`` workers, own namespace), run the load
 generator in this process at the offered rate, measure committed TPS, abort rate,
 p50/p95/p99 latency and CPU per process (psutil), stop the cluster. Results are appended
 as JSON lines to ``results.jsonl``; ``report.py`` turns them into RESULTS.md and plots.
@@ -105,7 +105,7 @@ def _kill_worker(settings: Settings, t0: float, kill: dict, lose_machine: bool =
             for d in os.listdir(os.path.join(root, op)):  # p{partition} and its p{partition}.ship
                 if d[:1] != "p":  # (LAYOUT.json: how the stores were written)
                     continue
-                if int(d[1:].split(".")[0]) % 2 == victim.index:
+                if int(d[1:].split(".")[0]) % settings.workers == victim.index:
                     shutil.rmtree(os.path.join(root, op, d), ignore_errors=True)
                     deleted += 1
     os.kill(victim.pid, signal.SIGKILL)
@@ -378,15 +378,15 @@ def run(args: argparse.Namespace) -> list[dict]:
         os.environ.update(env)
         s = Settings.load({"namespace": ns, "partitions": args.partitions, "store": args.store,
                            "kafka": args.kafka, "max_batch": args.max_batch,
-                           "snapshot_interval": args.snapshot_interval})
+                           "snapshot_interval": args.snapshot_interval, "workers": args.workers})
         load_before = round(os.getloadavg()[0], 1)
         probe = machine_probe()
         preload_s = preload(s, args.keys) if args.preload else None
-        cluster.up(s, "examples.ycsbt:app", 2, timeout=120, standbys=args.standbys)
+        cluster.up(s, "examples.ycsbt:app", args.workers, timeout=120, standbys=args.standbys)
         try:
             if args.standbys:  # the standbys follow from the start: wait until they are there
                 deadline = time.monotonic() + 60
-                while sum(p.role == "standby" and p.alive for p in cluster.ps(s)) < 2 * args.standbys:
+                while sum(p.role == "standby" and p.alive for p in cluster.ps(s)) < args.workers * args.standbys:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"standbys not up within 60 s: {cluster.ps(s)}")
                     time.sleep(0.2)
@@ -407,7 +407,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         point.update({"phase": "sweep" if args.sweep else "fixed", "loadavg": load_before,
                       **probe,
                       "store": args.store, "keys": args.keys, "dist": args.dist, "seconds": args.seconds,
-                      "workers": 2, "standbys": args.standbys, "lose_machine": args.lose_machine,
+                      "workers": args.workers, "standbys": args.standbys, "lose_machine": args.lose_machine,
                       "fallback": "0" if args.no_fallback else args.fallback, "snapshot_interval": args.snapshot_interval,
                       "label": args.label, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         print(json.dumps(point), flush=True)
@@ -451,6 +451,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--label", default="", help="a tag stored with each point (e.g. the repeat of a series)")
     ap.add_argument("--keep", action="store_true",
                     help="keep each point's topics, MinIO objects and stores (default: delete them after the point)")
+    ap.add_argument("--workers", type=int, default=2, help="workers of the cluster (default 2)")
     ap.add_argument("--standbys", type=int, default=0, help="standby workers per worker (sfaas up --standbys)")
     ap.add_argument("--rescale", default="", help="SECONDS:WORKERS,... — sfaas scale during the measured run")
     ap.add_argument("--lose-machine", dest="lose_machine", action="store_true",
