@@ -14,6 +14,14 @@ an application sending faster than the cluster answers is slowed down instead of
 the client's memory. A :meth:`Client.call` that times out stops waiting for its reply; a
 request Kafka did not take (its delivery failed) fails its call at once with
 :class:`~sfaas.errors.ClusterError`, as does starting a client whose Kafka cannot be reached.
+
+One delivery failure is not final: with replicated topics the producer is idempotent, and
+aiokafka's idempotent producer, once a broker answered ``OutOfOrderSequenceNumber`` (seen
+after a broker restart under load: the new leader's sequence of this producer is behind
+the one the producer holds), rejects every later request to that partition — the Java
+client resets its producer epoch there, aiokafka does not. The broker appended none of the
+rejected records, so the client replaces its producer (a new producer id: sequences start
+over) and sends those requests again, each at most :data:`RESENDS` times.
 """
 
 from __future__ import annotations
@@ -27,7 +35,12 @@ import uuid
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import (
+    InvalidProducerEpoch,
+    KafkaError,
+    OutOfOrderSequenceNumber,
+    UnknownProducerId,
+)
 from crc32c import crc32c
 
 from sfaas.app import App
@@ -45,6 +58,11 @@ __all__ = ["Client", "SyncClient", "MAX_IN_FLIGHT"]
 
 #: Requests a client waits for at once, by default (see module docstring).
 MAX_IN_FLIGHT = 100_000
+#: Times one request is sent again through a new producer after the broker rejected it
+#: for a sequence desynchronization (see module docstring).
+RESENDS = 3
+#: Delivery errors after which the idempotent producer is replaced (nothing was appended).
+_DESYNCED = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch)
 
 
 class Client:
@@ -76,6 +94,15 @@ class Client:
         #: the request id of the last request submitted
         self.last_rid = ""
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
+        #: requests handed to a producer and not yet acknowledged: rid → (record,
+        #: partition, resends so far, the producer); bounded by ``max_in_flight`` too
+        self._unacked: dict[str, tuple[bytes, int, int, Any]] = {}
+        #: the producer replacing a desynchronized one (one replacement at a time)
+        self._renewing: asyncio.Task[None] | None = None
+        #: producers replaced so far (after ``OutOfOrderSequenceNumber`` and the like)
+        self.producer_renewals = 0
+        #: resends and stops of replaced producers under way (held: the loop keeps weak refs)
+        self._chores: set[asyncio.Task[None]] = set()
         self._reader: asyncio.Task[None] | None = None
         self._started = False
         #: egress records on this client's partition that were not replies (logged, skipped)
@@ -131,6 +158,7 @@ class Client:
         if self.direct is not None:
             await self.direct.close()
         await self._producer.stop()
+        await asyncio.gather(*self._chores, return_exceptions=True)
         await self._consumer.stop()
 
     async def __aenter__(self) -> Client:
@@ -198,15 +226,22 @@ class Client:
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = fut
         try:
-            delivery = await self._producer.send(self.ingress, record, partition=partition)
+            await self._hand_over(rid, record, partition, 0)
         except KafkaError as exc:  # e.g. a record larger than the producer takes
             self._forget(rid)
             raise ClusterError(f"request {rid} was not sent to {self.ingress}: {exc}") from None
         except BaseException:
             self._forget(rid)
             raise
-        delivery.add_done_callback(functools.partial(self._delivered, rid))
         return rid, fut
+
+    async def _hand_over(self, rid: str, record: bytes, partition: int, resends: int) -> None:
+        """Give the producer request ``rid``'s ``record``; its delivery ends in
+        :meth:`_delivered`."""
+        producer = self._producer
+        delivery = await producer.send(self.ingress, record, partition=partition)
+        self._unacked[rid] = (record, partition, resends, producer)
+        delivery.add_done_callback(functools.partial(self._delivered, rid))
 
     async def _reply(self, rid: str, fut: asyncio.Future[Reply], what: str) -> Reply:
         """The reply of request ``rid`` (``what`` names it in the timeout's message)."""
@@ -223,15 +258,64 @@ class Client:
         """The request's delivery ended; if Kafka did not take it, its call fails now
         (instead of waiting for a reply that cannot come)."""
         exc = None if delivery.cancelled() else delivery.exception()
+        sent = self._unacked.pop(rid, None)
         if exc is None:
             return
         fut = self._waiting.get(rid)
+        if (isinstance(exc, _DESYNCED) and sent is not None and sent[2] < RESENDS
+                and fut is not None and not fut.done() and self._started):
+            # (the callback runs on the loop: the resend is a task of its own)
+            self._chore(self._resend(rid, *sent, exc))
+            return
         if fut is not None and not fut.done():
             fut.set_exception(
                 ClusterError(f"request {rid} was not delivered to {self.ingress}: {exc}"))
         self._forget(rid)
 
+    async def _resend(self, rid: str, record: bytes, partition: int, resends: int,
+                      broken: Any, exc: BaseException) -> None:
+        """Send request ``rid`` again through a new producer (see the module docstring);
+        ``broken``: the producer whose delivery failed (replaced once, whoever asks first)."""
+        if broken is self._producer and (self._renewing is None or self._renewing.done()):
+            self._renewing = asyncio.get_running_loop().create_task(self._renew(broken, exc))
+        try:
+            if self._renewing is not None:
+                await asyncio.shield(self._renewing)
+            await self._hand_over(rid, record, partition, resends + 1)
+        except Exception as e:  # (a client closing, Kafka gone): the call fails as before
+            fut = self._waiting.get(rid)
+            if fut is not None and not fut.done():
+                fut.set_exception(ClusterError(
+                    f"request {rid} was not delivered to {self.ingress}: {exc}; sending it "
+                    f"again failed: {e}"))
+            self._forget(rid)
+
+    async def _renew(self, broken: Any, exc: BaseException) -> None:
+        """Replace the producer ``broken`` (its sequences desynchronized: ``exc``)."""
+        if broken is not self._producer:
+            return
+        s = self.settings
+        log.warning("Kafka rejected a request of this client (%s): sending it again through "
+                    "a new producer", exc)
+        fresh = make_producer(s.kafka, s.linger_ms, durable=s.replication > 1)
+        await fresh.start()
+        self._producer = fresh
+        self.producer_renewals += 1
+        # its batches still queued fail the same way and are sent again through ``fresh``
+        self._chore(broken.stop())
+
+    def _chore(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._chores.add(task)
+        task.add_done_callback(self._chore_done)
+
+    def _chore_done(self, task: asyncio.Task[None]) -> None:
+        self._chores.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("replacing the producer: %s", task.exception())
+
     def _forget(self, rid: str) -> None:
+        self._unacked.pop(rid, None)
         if self._waiting.pop(rid, None) is not None and len(self._waiting) < self.max_in_flight:
             self._room.set()
 

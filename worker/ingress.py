@@ -16,6 +16,16 @@ when it names a request id and a reply partition that exists, answered with a
 ``BadRequest`` error reply, so its client gets an error instead of a timeout. Like any
 request's, its ingress offset completes once that reply is acknowledged; its fate is in
 the state at once (it has none), so a snapshot round never replays it.
+
+**Never backwards.** Ingest reads each partition forward from where it was put (a seek of
+a recovery or a rescale, or the consumer group's position). A record *before* the next
+expected offset means the consumer jumped back: aiokafka resets a position Kafka calls out
+of range to the earliest offset (``auto_offset_reset``, which a fresh consumer group needs),
+and a broker that became leader without records it had acknowledged does that — executing
+everything since the start again would double the state (the nemesis saw a counter at twice
+its value). Ingest fails instead (:class:`IngressRewound`), and the worker leaves
+(``on_failure``; exit status 1): its replacement's recovery restores a consistent round, or
+fails the same loud way while Kafka lacks the records.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -38,10 +49,21 @@ from worker.state import Pending, WorkerState
 
 log = logging.getLogger("sfaas.worker")
 
-__all__ = ["Ingress", "IN_FLIGHT_BATCHES", "Replies", "Consumer"]
+__all__ = ["Ingress", "IN_FLIGHT_BATCHES", "Replies", "Consumer", "IngressRewound"]
 
 #: A worker's in-flight limit, in batches of ``max_batch`` requests (see module docstring).
 IN_FLIGHT_BATCHES = 20
+
+
+class IngressRewound(SfaasError):
+    """The consumer handed out a record before the position ingest had reached."""
+
+
+def _leave(exc: BaseException) -> None:
+    """A failed ingest: the worker leaves at once (see the module docstring)."""
+    for h in logging.getLogger().handlers:
+        h.flush()
+    os._exit(1)
 
 
 class Replies(Protocol):
@@ -63,8 +85,12 @@ class Ingress:
     """
 
     def __init__(self, settings: Settings, state: WorkerState, kafka: Consumer, replies: Replies,
-                 arrived: Callable[[], None]) -> None:
+                 arrived: Callable[[], None],
+                 on_failure: Callable[[BaseException], None] = _leave) -> None:
         self._max_batch = settings.max_batch
+        self._on_failure = on_failure
+        #: partition → the offset ingest reads next (unknown until a seek or a first record)
+        self._next: dict[int, int] = {}
         self._state = state
         self._kafka = kafka
         self._replies = replies
@@ -85,6 +111,15 @@ class Ingress:
     def start(self) -> None:
         """(Re)start taking requests from the ingress partitions."""
         self._task = asyncio.create_task(self.run(), name="ingest")
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        assert exc is not None
+        log.critical("ingest failed, leaving (a recovery restores a consistent round): %r", exc)
+        self._on_failure(exc)
 
     @property
     def started(self) -> bool:
@@ -105,6 +140,7 @@ class Ingress:
         tps = [TopicPartition(st.ingress_topic, p) for p in st.mine()]
         consumer = self._kafka.consumer
         consumer.assign(tps)
+        self._next.clear()  # (the group's positions: known from the first record on)
         if record_start:
             for tp in tps:
                 st.start_offsets[tp.partition] = await consumer.position(tp)
@@ -138,8 +174,10 @@ class Ingress:
         topic = self._state.ingress_topic
         consumer = self._kafka.consumer
         consumer.assign([TopicPartition(topic, p) for p in self._state.mine()])
+        self._next = {p: o for p, o in self._next.items() if p in at}
         for p, offset in at.items():
             consumer.seek(TopicPartition(topic, p), offset)
+            self._next[p] = offset
 
     def completed(self) -> None:
         """A request completed: wake ingest once a batch fits again."""
@@ -168,6 +206,14 @@ class Ingress:
             assert loop is not None
             for tp, records in data.items():
                 held = st.skip.get(tp.partition, ()) if st.skip else ()
+                expected = self._next.get(tp.partition)
+                if records and expected is not None and records[0].offset < expected:
+                    raise IngressRewound(
+                        f"ingress {tp.topic}[{tp.partition}]: the consumer went back to offset "
+                        f"{records[0].offset} from {expected} (its position was out of range "
+                        "and reset: the partition's leader lacks records it acknowledged?)")
+                if records:
+                    self._next[tp.partition] = records[-1].offset + 1
                 for rec in records:
                     item = self.take(tp.partition, rec.offset, rec.value, held)
                     if item is None:

@@ -12,16 +12,17 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaTimeoutError
+from aiokafka.errors import KafkaTimeoutError, OutOfOrderSequenceNumber
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from sfaas.client import Client
+from sfaas import client as client_module
+from sfaas.client import RESENDS, Client
 from sfaas.errors import ClusterError, RequestTimeout
 from sfaas.runtime import channels, wire
 from tests.fuzz.harness import FakeChannel, bare_coordinator, bare_worker, message_of, settings
-from worker.ingress import IN_FLIGHT_BATCHES
+from worker.ingress import IN_FLIGHT_BATCHES, IngressRewound
 from worker.peers import DEFERRED_BATCHES
 
 
@@ -85,6 +86,53 @@ async def test_ingest_stops_at_the_in_flight_limit_and_wakes_on_completions(tmp_
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        w.state.engine.close()  # type: ignore[union-attr]
+
+
+async def test_ingest_that_the_consumer_sends_backwards_fails_instead_of_executing_again(
+        tmp_path: Path) -> None:
+    """A consumer position Kafka calls out of range is reset to the earliest offset: the
+    worker must not execute everything since then again (the nemesis saw a counter at
+    twice its value); its ingest fails and the worker leaves (``on_failure``)."""
+    w = bare_worker(str(tmp_path), max_batch=10)
+    w.kafka.consumer = kafka = _Backlog()
+    failed: list[BaseException] = []
+    w.ingress._on_failure = failed.append
+    w.ingress.start()
+    try:
+        await _until(lambda: kafka.next >= IN_FLIGHT_BATCHES * 10)  # (at the in-flight limit)
+        taken = len(w.state.loop.queue)  # type: ignore[union-attr]
+        kafka.next = 0  # the reset: offsets from the start again
+        for off in range(10):  # room for one more batch: the next fetch comes back rewound
+            w.ingress.complete(0, off)
+        await _until(lambda: bool(failed))
+        assert isinstance(failed[0], IngressRewound)
+        assert "went back to offset 0 from" in str(failed[0])
+        assert len(w.state.loop.queue) <= taken + 10  # nothing from the rewind was queued  # type: ignore[union-attr]
+        assert {i.offset for i in w.state.loop.queue} == set(range(len(w.state.loop.queue)))  # type: ignore[union-attr]
+    finally:
+        await w.ingress.pause()
+        w.state.engine.close()  # type: ignore[union-attr]
+
+
+async def test_a_seek_back_is_not_a_rewind(tmp_path: Path) -> None:
+    """A recovery seeks ingest back to its round on purpose: that is read, not refused."""
+    w = bare_worker(str(tmp_path), max_batch=10)
+    w.kafka.consumer = kafka = _Backlog()
+    kafka.assign = kafka.seek = lambda *a: None  # type: ignore[attr-defined]
+    failed: list[BaseException] = []
+    w.ingress._on_failure = failed.append
+    w.ingress.start()
+    try:
+        await _until(lambda: kafka.next >= IN_FLIGHT_BATCHES * 10)
+        await w.ingress.pause()
+        w.state.restart({})  # (a recovery: new trackers, a new epoch loop)
+        w.ingress.restart_at({p: 0 for p in w.state.mine()})  # the round's positions
+        kafka.next = 0
+        await _until(lambda: len(w.state.loop.queue) >= 20)  # type: ignore[union-attr]
+        assert not failed
+    finally:
+        await w.ingress.pause()
         w.state.engine.close()  # type: ignore[union-attr]
 
 
@@ -201,6 +249,13 @@ class _Producer:
     def __init__(self) -> None:
         self.sent: list[bytes] = []
         self.fail: Exception | None = None
+        self.started = self.stopped = False
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None:
+        self.stopped = True
 
     async def send(self, topic: str, value: bytes, partition: int) -> asyncio.Future[None]:
         self.sent.append(value)
@@ -266,6 +321,49 @@ async def test_a_request_kafka_did_not_take_fails_its_call_at_once() -> None:
     c._producer.fail = None
     nxt = await c.submit("acc", "k2", "deposit", 1)  # its slot is free
     assert not nxt.done() and len(c._producer.sent) == 2
+
+
+async def test_a_request_rejected_for_its_sequence_goes_again_through_a_new_producer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """aiokafka's idempotent producer never recovers from OutOfOrderSequenceNumber (seen in
+    the nemesis after a broker restart): the broker appended nothing, so the client replaces
+    the producer and sends the same request again, once for all the requests it failed."""
+    fresh: list[_Producer] = []
+
+    def new_producer(*_: object, **__: object) -> _Producer:
+        fresh.append(_Producer())
+        return fresh[-1]
+
+    monkeypatch.setattr(client_module, "make_producer", new_producer)
+    c = _client(10)
+    broken = c._producer
+    broken.fail = OutOfOrderSequenceNumber()
+    futs = [await c.submit("acc", f"k{i}", "deposit", 1) for i in range(3)]
+    for _ in range(50):
+        if fresh and len(fresh[0].sent) == 3:
+            break
+        await asyncio.sleep(0.01)
+    assert len(fresh) == 1 and fresh[0].started and c._producer is fresh[0]
+    assert fresh[0].sent == broken.sent  # the same requests (ids), once each
+    assert not any(f.done() for f in futs)  # still waiting for their replies
+    assert c.producer_renewals == 1 and c._unacked == {}
+    await asyncio.sleep(0.05)
+    assert broken.stopped
+
+
+async def test_a_request_rejected_again_and_again_fails_its_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def always_desynced(*_: object, **__: object) -> _Producer:
+        p = _Producer()
+        p.fail = OutOfOrderSequenceNumber()
+        return p
+
+    monkeypatch.setattr(client_module, "make_producer", always_desynced)
+    c = _client(1)
+    c._producer = always_desynced()
+    with pytest.raises(ClusterError, match=r"not delivered to .*OutOfOrderSequenceNumber"):
+        await asyncio.wait_for(c.call("acc", "k1", "deposit", 1), 5)
+    assert c.producer_renewals == RESENDS and c._waiting == {}
 
 
 async def test_a_client_whose_kafka_cannot_be_reached_fails_naming_it(tmp_path: Path) -> None:
