@@ -23,9 +23,12 @@ expected offset means the consumer jumped back: aiokafka resets a position Kafka
 of range to the earliest offset (``auto_offset_reset``, which a fresh consumer group needs),
 and a broker that became leader without records it had acknowledged does that — executing
 everything since the start again would double the state (the nemesis saw a counter at twice
-its value). Ingest fails instead (:class:`IngressRewound`), and the worker leaves
-(``on_failure``; exit status 1): its replacement's recovery restores a consistent round, or
-fails the same loud way while Kafka lacks the records.
+its value). Ingest puts the consumer back where it was and fetches again: the usual cause
+is a broker back from a partition that still believes it leads (aiokafka sends no leader
+epochs, KIP-320), and the next metadata refresh names the real leader. A partition that
+keeps going back for :data:`REWOUND_FOR` seconds fails ingest (:class:`IngressRewound`), and
+any failed ingest makes the worker leave (``on_failure``; exit status 1) instead of idling:
+its replacement's recovery restores a consistent round.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import asyncio
 import collections
 import logging
 import os
+import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -53,6 +57,8 @@ __all__ = ["Ingress", "IN_FLIGHT_BATCHES", "Replies", "Consumer", "IngressRewoun
 
 #: A worker's in-flight limit, in batches of ``max_batch`` requests (see module docstring).
 IN_FLIGHT_BATCHES = 20
+#: Seconds a partition's consumer may keep going back before ingest fails (module docstring).
+REWOUND_FOR = 10.0
 
 
 class IngressRewound(SfaasError):
@@ -91,6 +97,10 @@ class Ingress:
         self._on_failure = on_failure
         #: partition → the offset ingest reads next (unknown until a seek or a first record)
         self._next: dict[int, int] = {}
+        #: partition → when its consumer first went back (since the last forward fetch)
+        self._rewound_since: dict[int, float] = {}
+        #: fetches that came back before the position ingest had reached (re-read)
+        self.rewinds = 0
         self._state = state
         self._kafka = kafka
         self._replies = replies
@@ -170,6 +180,23 @@ class Ingress:
         self._state.start_offsets.update(at)
         self.start()
 
+    def _rewound(self, tp: TopicPartition, offset: int, expected: int) -> None:
+        """The consumer went back (see the module docstring): put it where ingest was and
+        fetch again — a stale leader (aiokafka has no leader epochs, KIP-320) is replaced at
+        the next metadata refresh — or, past :data:`REWOUND_FOR` seconds, fail."""
+        now = time.monotonic()
+        since = self._rewound_since.setdefault(tp.partition, now)
+        if now - since > REWOUND_FOR:
+            raise IngressRewound(
+                f"ingress {tp.topic}[{tp.partition}]: the consumer went back to offset {offset} "
+                f"from {expected} again and again for {now - since:.0f} s (its position was out "
+                "of range and reset: the partition's leader lacks records it acknowledged?)")
+        log.warning("ingress %s[%d]: the consumer went back to offset %d from %d (a stale "
+                    "leader?); reading from %d again", tp.topic, tp.partition, offset, expected,
+                    expected)
+        self.rewinds += 1
+        self._kafka.consumer.seek(tp, expected)
+
     def _seek(self, at: Mapping[int, int]) -> None:
         topic = self._state.ingress_topic
         consumer = self._kafka.consumer
@@ -208,11 +235,10 @@ class Ingress:
                 held = st.skip.get(tp.partition, ()) if st.skip else ()
                 expected = self._next.get(tp.partition)
                 if records and expected is not None and records[0].offset < expected:
-                    raise IngressRewound(
-                        f"ingress {tp.topic}[{tp.partition}]: the consumer went back to offset "
-                        f"{records[0].offset} from {expected} (its position was out of range "
-                        "and reset: the partition's leader lacks records it acknowledged?)")
+                    self._rewound(tp, records[0].offset, expected)
+                    records = []
                 if records:
+                    self._rewound_since.pop(tp.partition, None)
                     self._next[tp.partition] = records[-1].offset + 1
                 for rec in records:
                     item = self.take(tp.partition, rec.offset, rec.value, held)
