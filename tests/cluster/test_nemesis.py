@@ -119,7 +119,10 @@ class Nemesis:
             pid = int(self.c.docker("inspect", "-f", "{{.State.Pid}}", cid).strip())
             if pid <= 0:
                 return None  # (not running right now: try again in a moment)
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # (it exited since: fenced, restarting)
+                return None
             return f"killed {target} (pid {pid})"
         if fault == "pause":
             outages.append(asyncio.create_task(self._for(
