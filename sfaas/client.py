@@ -157,6 +157,8 @@ class Client:
         self._room.set()  # a submit waiting for room fails now
         if self.direct is not None:
             await self.direct.close()
+        if self._renewing is not None:  # (its new producer is the one to stop)
+            await asyncio.gather(self._renewing, return_exceptions=True)
         await self._producer.stop()
         await asyncio.gather(*self._chores, return_exceptions=True)
         await self._consumer.stop()

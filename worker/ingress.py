@@ -97,8 +97,9 @@ class Ingress:
         self._on_failure = on_failure
         #: partition → the offset ingest reads next (unknown until a seek or a first record)
         self._next: dict[int, int] = {}
-        #: partition → when its consumer first went back (since the last forward fetch)
-        self._rewound_since: dict[int, float] = {}
+        #: partition → when its consumer first and last went back (one episode: rewinds
+        #: less than 2 s apart, ended by a forward fetch)
+        self._rewound_since: dict[int, tuple[float, float]] = {}
         #: fetches that came back before the position ingest had reached (re-read)
         self.rewinds = 0
         self._state = state
@@ -185,7 +186,10 @@ class Ingress:
         fetch again — a stale leader (aiokafka has no leader epochs, KIP-320) is replaced at
         the next metadata refresh — or, past :data:`REWOUND_FOR` seconds, fail."""
         now = time.monotonic()
-        since = self._rewound_since.setdefault(tp.partition, now)
+        since, last = self._rewound_since.get(tp.partition, (now, now))
+        if now - last > 2.0:  # (an old episode: the partition was idle since, not rewound)
+            since = now
+        self._rewound_since[tp.partition] = (since, now)
         if now - since > REWOUND_FOR:
             raise IngressRewound(
                 f"ingress {tp.topic}[{tp.partition}]: the consumer went back to offset {offset} "
