@@ -22,7 +22,7 @@ once in the egress topic, money conserved and never negative, counters exact, th
 committed history serializable and equal to what the clients saw.
 
 ``SFAAS_NEMESIS_SEED`` reproduces a schedule (the seed and the schedule are printed);
-``SFAAS_NEMESIS_SECONDS`` sizes the run (90 s in CI); ``SFAAS_NEMESIS_SCHEDULE`` replaces
+``SFAAS_NEMESIS_SECONDS`` sizes the run (90 s by default); ``SFAAS_NEMESIS_SCHEDULE`` replaces
 the drawn schedule by one written out (``"5:cut-data worker-1 5.0; 20:kill worker-0 0"``,
 to narrow a failed seed down) and ``SFAAS_NEMESIS_LOGS=1`` prints the containers' logs
 after a passing run too.
