@@ -4,9 +4,10 @@ producer waits — nothing is dropped, nothing grows (docs/LIMITS.md lists them 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import faulthandler
 import re
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -97,11 +98,9 @@ async def test_ingest_stops_at_the_in_flight_limit_and_wakes_on_completions(tmp_
         w.state.engine.close()  # type: ignore[union-attr]
 
 
-async def test_ingest_puts_a_consumer_that_went_back_where_it_was(tmp_path: Path) -> None:
-    """A consumer position Kafka calls out of range is reset to the earliest offset (a
-    stale leader: aiokafka has no leader epochs): the worker must not execute everything
-    since then again (the nemesis saw a counter at twice its value); ingest seeks back to
-    where it was and reads on from there."""
+@contextlib.asynccontextmanager
+async def _ingesting(tmp_path: Path) -> AsyncIterator[tuple[Any, _Backlog, list[BaseException]]]:
+    """A bare worker ingesting from an endless backlog; its ingest failures collected."""
     w = bare_worker(str(tmp_path), max_batch=10)
     w.kafka.consumer = kafka = _Backlog()
     failed: list[BaseException] = []
@@ -109,59 +108,53 @@ async def test_ingest_puts_a_consumer_that_went_back_where_it_was(tmp_path: Path
     w.ingress.start()
     try:
         await _until(lambda: kafka.next >= IN_FLIGHT_BATCHES * 10)  # (at the in-flight limit)
-        kafka.next = 0  # the reset: offsets from the start again
-        for off in range(20):  # room: the next fetch comes back rewound
-            w.ingress.complete(0, off)
-        await _until(lambda: w.ingress.rewinds >= 1)
-        await _until(lambda: len(w.state.loop.queue) >= IN_FLIGHT_BATCHES * 10 + 10)  # type: ignore[union-attr]
-        offsets = [i.offset for i in w.state.loop.queue]  # type: ignore[union-attr]
-        assert offsets == list(range(len(offsets)))  # each once, in order: nothing again
-        assert not failed
+        yield w, kafka, failed
     finally:
         await w.ingress.pause()
         w.state.engine.close()  # type: ignore[union-attr]
+
+
+def _rewind(w: Any, kafka: _Backlog) -> None:
+    """The consumer's reset to offset 0, and room for the fetch that brings it."""
+    kafka.next = 0
+    for off in range(20):
+        w.ingress.complete(0, off)
+
+
+async def test_ingest_puts_a_consumer_that_went_back_where_it_was(tmp_path: Path) -> None:
+    """A consumer position Kafka calls out of range is reset to the earliest offset (a
+    stale leader: aiokafka has no leader epochs): the worker must not execute everything
+    since then again (the nemesis saw a counter at twice its value); ingest seeks back to
+    where it was and reads on from there."""
+    async with _ingesting(tmp_path) as (w, kafka, failed):
+        _rewind(w, kafka)
+        await _until(lambda: w.ingress.rewinds >= 1)
+        await _until(lambda: len(w.state.loop.queue) >= IN_FLIGHT_BATCHES * 10 + 10)
+        offsets = [i.offset for i in w.state.loop.queue]
+        assert offsets == list(range(len(offsets)))  # each once, in order: nothing again
+        assert not failed
 
 
 async def test_a_consumer_that_keeps_going_back_fails_ingest(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ingress_module, "REWOUND_FOR", 0.0)
-    w = bare_worker(str(tmp_path), max_batch=10)
-    w.kafka.consumer = kafka = _Backlog()
-    kafka.seek = lambda tp, offset: None  # type: ignore[attr-defined]  # (it stays rewound)
-    failed: list[BaseException] = []
-    w.ingress._on_failure = failed.append
-    w.ingress.start()
-    try:
-        await _until(lambda: kafka.next >= IN_FLIGHT_BATCHES * 10)
-        kafka.next = 0
-        for off in range(20):
-            w.ingress.complete(0, off)
+    monkeypatch.setattr(_Backlog, "seek", lambda self, tp, offset: None)  # (it stays rewound)
+    async with _ingesting(tmp_path) as (w, kafka, failed):
+        _rewind(w, kafka)
         await _until(lambda: bool(failed))
         assert isinstance(failed[0], IngressRewound)
         assert re.search(r"went back to offset \d+ from 200 again and again", str(failed[0]))
-    finally:
-        await w.ingress.pause()
-        w.state.engine.close()  # type: ignore[union-attr]
 
 
 async def test_a_seek_back_is_not_a_rewind(tmp_path: Path) -> None:
     """A recovery seeks ingest back to its round on purpose: that is read, not refused."""
-    w = bare_worker(str(tmp_path), max_batch=10)
-    w.kafka.consumer = kafka = _Backlog()
-    failed: list[BaseException] = []
-    w.ingress._on_failure = failed.append
-    w.ingress.start()
-    try:
-        await _until(lambda: kafka.next >= IN_FLIGHT_BATCHES * 10)
+    async with _ingesting(tmp_path) as (w, kafka, failed):
         await w.ingress.pause()
         w.state.restart({})  # (a recovery: new trackers, a new epoch loop)
         w.ingress.restart_at({p: 0 for p in w.state.mine()})  # the round's positions
         kafka.next = 0
-        await _until(lambda: len(w.state.loop.queue) >= 20)  # type: ignore[union-attr]
+        await _until(lambda: len(w.state.loop.queue) >= 20)
         assert not failed
-    finally:
-        await w.ingress.pause()
-        w.state.engine.close()  # type: ignore[union-attr]
 
 
 # -- calls deferred to an epoch not begun -------------------------------------------------------
