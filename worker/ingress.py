@@ -201,6 +201,11 @@ class Ingress:
         self.rewinds += 1
         self._kafka.consumer.seek(tp, expected)
 
+    def read_to(self) -> dict[int, int]:
+        """Partition → the offset after the last record ingest took from it (where known):
+        Kafka holds at least that much."""
+        return dict(self._next)
+
     def _seek(self, at: Mapping[int, int]) -> None:
         topic = self._state.ingress_topic
         consumer = self._kafka.consumer

@@ -108,7 +108,8 @@ class Worker:
         self.recovery = Recovery(s, app, st, uplink=self.uplink, links=self.links, kafka=self.kafka,
                                  ingress=self.ingress, moving=self.moving, quiesce=self.quiesce,
                                  rolling_back=self.world.recovering,
-                                 restored=lambda: self.world.restored(self._stores()))
+                                 restored=lambda: self.world.restored(self._stores()),
+                                 replies_acked=lambda: dict(self.egress.acked))
         self.membership = Membership(s, app, self.name, secret, st, uplink=self.uplink,
                                      links=self.links, kafka=self.kafka, moving=self.moving,
                                      egress=self.egress)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import OffsetOutOfRangeError, TopicAlreadyExistsError
 
 from sfaas.errors import ClusterError
 
@@ -16,7 +17,7 @@ log = logging.getLogger("sfaas.runtime.kafka")
 
 __all__ = [
     "ensure_topics", "make_producer", "make_consumer", "consumer_group", "partition_count",
-    "read_range",
+    "read_range", "kafka_silence", "silence_limit",
 ]
 
 
@@ -79,6 +80,25 @@ def metadata_max_age_ms(bootstrap: str) -> int:
     return METADATA_MAX_AGE_MS if "," in bootstrap else METADATA_MAX_AGE_ONE_BROKER_MS
 
 
+def kafka_silence(*clients: Any) -> float:
+    """Seconds since any of ``clients`` (started aiokafka producers and consumers; None is
+    skipped) last had an answer from a broker: their metadata refresh, every
+    :func:`metadata_max_age_ms`, asks any broker it can reach. 0.0 when none has started."""
+    last = 0.0
+    for c in clients:
+        kc = getattr(c, "client", None) or getattr(c, "_client", None)
+        cluster = getattr(kc, "cluster", None)
+        last = max(last, float(getattr(cluster, "_last_successful_refresh_ms", 0) or 0))
+    return 0.0 if last <= 0 else max(0.0, time.time() - last / 1000)
+
+
+def silence_limit(bootstrap: str, heartbeat_timeout: float) -> float:
+    """How long a worker may hear nothing from Kafka before the coordinator replaces it
+    (while other workers do hear it): three metadata refreshes, and at least 1.5
+    heartbeat timeouts."""
+    return max(3 * metadata_max_age_ms(bootstrap) / 1000, 1.5 * heartbeat_timeout)
+
+
 def make_producer(bootstrap: str, linger_ms: int = 0, *, durable: bool = False) -> AIOKafkaProducer:
     """A producer tuned for low latency with batching under load.
 
@@ -130,27 +150,83 @@ async def partition_count(producer: AIOKafkaProducer, topic: str, timeout: float
         await asyncio.sleep(0.2)
 
 
+#: How long :func:`read_range` keeps asking when Kafka's answers cannot be right (an end
+#: before what is known to exist, a position "out of range"): a broker back from a
+#: partition answers as the leader it no longer is until it learns otherwise (aiokafka
+#: sends no leader epochs, KIP-320) — about a second — and a new leader needs the brokers'
+#: session timeout to be elected.
+READ_RANGE_PATIENCE = 30.0
+
+
 async def read_range(
-    bootstrap: str, starts: dict[TopicPartition, int]
+    bootstrap: str, starts: dict[TopicPartition, int],
+    at_least: dict[TopicPartition, int] | None = None,
+    patience: float = READ_RANGE_PATIENCE,
 ) -> dict[int, list[tuple[int, bytes]]]:
     """Records of each partition from its start offset to its end now:
-    partition → [(offset, value)]."""
+    partition → [(offset, value)].
+
+    Never fewer than Kafka holds without saying so. A recovery replays what this returns,
+    and a record left out is executed a second time (the nemesis saw a counter two bumps
+    over), so: a position Kafka calls out of range is fetched again after a metadata
+    refresh, never reset (aiokafka would jump to the end); an end before a partition's
+    start or before ``at_least[tp]`` (an offset the caller knows was acknowledged) is
+    asked again; past ``patience`` seconds a :class:`~sfaas.errors.ClusterError` names
+    the partition. Both are what a stale leader answers (see :data:`READ_RANGE_PATIENCE`);
+    the end is asked twice, the second time after a metadata refresh, and the larger
+    answer kept."""
     out: dict[int, list[tuple[int, bytes]]] = {tp.partition: [] for tp in starts}
     if not starts:
         return out
+    need = {tp: max(starts[tp], (at_least or {}).get(tp, 0)) for tp in starts}
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False,
-        max_partition_fetch_bytes=FETCH_PARTITION_BYTES, fetch_max_wait_ms=50)
+        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="none",
+        max_partition_fetch_bytes=FETCH_PARTITION_BYTES, fetch_max_wait_ms=50,
+        metadata_max_age_ms=metadata_max_age_ms(bootstrap))
     await consumer.start()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience
+
+    async def refresh(why: str) -> None:
+        if loop.time() > deadline:
+            raise ClusterError(f"cannot read {why} for {patience:.0f} s; Kafka's partition "
+                               "leaders keep answering as if records were missing")
+        log.warning("reading %s; asking again after a metadata refresh", why)
+        await consumer._client.force_metadata_update()  # (no public call for it)
+        await asyncio.sleep(0.2)
+
     try:
         tps = list(starts)
         consumer.assign(tps)
         ends = await consumer.end_offsets(tps)
+        while short := [tp for tp in tps if ends[tp] < need[tp]]:
+            await refresh(f"{short[0].topic}[{short[0].partition}]: its end is {ends[short[0]]}, "
+                          f"before offset {need[short[0]]}, which exists")
+            ends = await consumer.end_offsets(tps)
+        await consumer._client.force_metadata_update()
+        again = await consumer.end_offsets(tps)
+        ends = {tp: max(ends[tp], again[tp]) for tp in tps}
+        at = dict(starts)  # the next offset wanted, per partition
         for tp in tps:
-            consumer.seek(tp, starts[tp])
-        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-            for tp, records in (await consumer.getmany(timeout_ms=200)).items():
-                out[tp.partition] += [(r.offset, r.value) for r in records if r.offset < ends[tp]]
+            consumer.seek(tp, at[tp])
+        while [tp for tp in tps if at[tp] < ends[tp]]:
+            try:
+                got = await consumer.getmany(timeout_ms=200)
+            except OffsetOutOfRangeError as exc:
+                tp = next(iter(exc.args[0])) if exc.args and isinstance(exc.args[0], dict) \
+                    else tps[0]
+                await refresh(f"{tp.topic}[{tp.partition}] at offset {at.get(tp)}: out of range")
+                for t in tps:
+                    consumer.seek(t, at[t])
+                continue
+            for tp, records in got.items():
+                for r in records:
+                    if at[tp] <= r.offset < ends[tp]:
+                        out[tp.partition].append((r.offset, r.value))
+                        at[tp] = r.offset + 1
+            for tp in tps:  # (past offsets without a record to hand out: control records)
+                if at[tp] < ends[tp]:
+                    at[tp] = max(at[tp], await consumer.position(tp))
     finally:
         await consumer.stop()
     return out

@@ -98,6 +98,7 @@ class Recovery:
         quiesce: Callable[[], Awaitable[None]],
         rolling_back: Callable[[], None] = lambda: None,
         restored: Callable[[], None] = lambda: None,
+        replies_acked: Callable[[], dict[int, int]] = dict,
     ) -> None:
         self._settings = settings
         self._app = app
@@ -110,6 +111,8 @@ class Recovery:
         self._quiesce = quiesce
         self._rolling_back = rolling_back
         self._restored = restored
+        #: egress partition → the offset after this process's last acknowledged reply
+        self._replies_acked = replies_acked
 
     async def run(self, msg: wire.Recover) -> None:
         """Recover for ``msg``; answer ``Recovered`` (with the error, if it failed)."""
@@ -180,13 +183,19 @@ class Recovery:
         restores = asyncio.gather(*(asyncio.to_thread(restore, op, p, store)
                                     for (op, p), store in st.engine.stores.items()),
                                   return_exceptions=True)
+        # (each read reaches at least what this process knows was acknowledged: a stale
+        # leader's end offsets are short, and a record a recovery misses runs twice)
+        taken, acked = self._ingress.read_to(), self._replies_acked()
         got = await asyncio.gather(  # every part ends before this recovery does, failed or not
             restores,
-            read_range(s.kafka, {TopicPartition(log_topic, 0): m.epoch_log}),
+            read_range(s.kafka, {TopicPartition(log_topic, 0): m.epoch_log},
+                       {TopicPartition(log_topic, 0): st.log_pos}),
             read_range(s.kafka, {TopicPartition(st.ingress_topic, p): m.ingress.get(p, 0)
-                                 for p in mine}),
+                                 for p in mine},
+                       {TopicPartition(st.ingress_topic, p): o for p, o in taken.items()}),
             read_range(s.kafka, {TopicPartition(st.egress_topic, p): m.egress.get(p, 0)
-                                 for p in out_parts}),
+                                 for p in out_parts},
+                       {TopicPartition(st.egress_topic, p): o for p, o in acked.items()}),
             return_exceptions=True,
         )
         parts = [*(got[0] if isinstance(got[0], list) else [got[0]]), *got[1:]]
