@@ -69,7 +69,7 @@ class Membership:
                  changed: Callable[[], None],
                  diverged: Callable[[wire.Diverged], None] = lambda msg: None,
                  where: Callable[[channels.Channel, list[wire.Message]], Awaitable[None]]
-                 | None = None) -> None:
+                 | None = None, kafka_silence_limit: float = 0.0) -> None:
         self._state = state
         self._inbox = inbox
         self._standbys = standbys
@@ -83,6 +83,9 @@ class Membership:
         self._changed = changed
         self._diverged = diverged
         self._where = where
+        #: a worker hearing nothing from Kafka this long while another does is replaced
+        #: (0: never; ``sfaas.runtime.kafka.silence_limit``)
+        self._kafka_limit = kafka_silence_limit
         self._watchdog: asyncio.Task[None] | None = None
 
     # -- the workers' channels -----------------------------------------------------------------
@@ -155,6 +158,7 @@ class Membership:
                     # answered at once: the worker's lease runs from the beat's send time
                     # (worker.fence); a lost member's channel is closed, it gets none
                     chan.send(wire.Alive(member.index, member.generation, beat.sent))
+                    member.kafka_silent, member.kafka_heard = beat.kafka_silent, time.monotonic()
                     self._heartbeat(member, beat)
                 elif isinstance(msg, wire.Snapshotted):
                     self._snapshotted(msg)
@@ -267,3 +271,23 @@ class Membership:
                                  f"(heartbeat_timeout {timeout} s)")
                 elif not m.ready.is_set() and now - m.last_seen > STARTUP_TIMEOUT:
                     self.lose(m, f"not ready {STARTUP_TIMEOUT:.0f} s after it registered")
+                elif m.ready.is_set() and (why := self._cut_from_kafka(m, now)):
+                    self.lose(m, why)
+
+    def _cut_from_kafka(self, m: Member, now: float) -> str:
+        """Why ready member ``m`` counts as cut from Kafka ("" if it does not): it has heard
+        nothing from any broker for the limit while another ready member hears them (all
+        silent is Kafka's outage, and a replacement would not help). A worker cut from Kafka
+        but not from this coordinator keeps its heartbeats, and its partitions' requests
+        would wait in Kafka until the cut heals; its standby takes over instead."""
+        limit, silent = self._kafka_limit, m.kafka_silent
+        # (as its last beat said: a late beat is the heartbeat timeout's business)
+        if limit <= 0 or silent <= limit:
+            return ""
+        hearing = [o for o in self._state.members if o is not m and o.alive
+                   and o.ready.is_set() and o.kafka_heard and o.kafka_silent < limit / 2
+                   and now - o.kafka_heard < 2 * self._timeout]
+        if not hearing:
+            return ""
+        return (f"cut from Kafka: no answer from any broker for {silent:.1f} s while worker "
+                f"{hearing[0].index} has them (limit {limit:.1f} s)")

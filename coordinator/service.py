@@ -37,7 +37,7 @@ from coordinator.state import ClusterState
 from remotes import Remote
 from sfaas.errors import ClusterError, RecoveryStopped
 from sfaas.runtime import channels
-from sfaas.runtime.kafka import consumer_group
+from sfaas.runtime.kafka import consumer_group, silence_limit
 from sfaas.runtime.lifecycle import Step, run_steps
 from sfaas.runtime.partitioning import default_owners
 from sfaas.runtime.settings import Settings
@@ -72,6 +72,7 @@ class Coordinator:
         self.membership = Membership(
             self.state, self.inbox, self.standbys, self.rescale,
             heartbeat_timeout=s.heartbeat_timeout,
+            kafka_silence_limit=silence_limit(s.kafka, s.heartbeat_timeout),
             topics=(ingress, egress, consumer_group(s, app_name)),
             heartbeat=self.metrics.heartbeat, snapshotted=self.rounds.on_report,
             wake=self.inbox.wake, abort_round=self.rounds.abort, changed=self.ready_file.write,

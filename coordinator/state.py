@@ -52,6 +52,9 @@ class Member:
     repl_port: int = 0
     #: this assignment of the slot (:func:`next_generation`; ``wire.Assign.generation``)
     generation: int = 0
+    #: its last heartbeat's ``kafka_silent``, and when that beat arrived (monotonic)
+    kafka_silent: float = 0.0
+    kafka_heard: float = 0.0
 
     @classmethod
     def of(cls, index: int, reg: wire.Register, chan: channels.Channel) -> Member:

@@ -30,6 +30,7 @@ from typing import Any
 from sfaas.errors import ClusterError
 from sfaas.runtime import wire
 from sfaas.runtime.epochlog import EpochRecord
+from sfaas.runtime.kafka import kafka_silence
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.txn.determinism import check_local
 from sfaas.runtime.txn.loop import Fate
@@ -331,9 +332,9 @@ class EpochRunner:
             lp = self._state.loop
             assert lp is not None
             if not self._uplink.closed:  # (while the coordinator restarts, nobody listens)
-                self._uplink.send(wire.Heartbeat(self._state.index, lp.committed,
-                                                 self._metrics.heartbeat_latency(),
-                                                 time.monotonic()))
+                self._uplink.send(wire.Heartbeat(
+                    self._state.index, lp.committed, self._metrics.heartbeat_latency(),
+                    time.monotonic(), kafka_silence(self._kafka.producer, self._kafka.consumer)))
             await asyncio.sleep(beat)
             if fence is not None and not fence.valid():
                 await asyncio.sleep(0.05)  # (answers waiting in the socket are read first)

@@ -16,7 +16,10 @@ fault at a time, ``--repeats`` times each, with quiet time between:
 
 For each, the largest gap between consecutive replies from 1 s before the fault to
 ``--window`` s after it (the targets: ≤ 2 s for a broker or a MinIO node, ≤ 3 s for a paused or
-partitioned worker). Prints a table and writes it as JSON to ``--out``.
+partitioned worker), and the longest any request sent in that window waited for its reply:
+a fault that stalls only some partitions (a worker cut from Kafka, whose partitions' requests
+wait in Kafka while the others' replies go on) shows there, not in the gap. Prints a table
+and writes it as JSON to ``--out``.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ async def inject(c: Compose, fault: str, rnd: random.Random) -> str:
 async def run(c: Compose, a: argparse.Namespace) -> list[dict[str, object]]:
     rnd = random.Random(a.seed)
     arrivals: list[float] = []
+    waits: list[tuple[float, float]] = []  # (sent, seconds until its reply)
     rows: list[dict[str, object]] = []
     async with Client("bank", settings=c.client_settings(), timeout=120,
                       max_in_flight=100_000) as cl:
@@ -94,8 +98,14 @@ async def run(c: Compose, a: argparse.Namespace) -> list[dict[str, object]]:
             t0 = time.monotonic()
             while not stop.is_set():
                 i += 1
+                sent = time.monotonic()
                 f = await cl.submit("accounts", f"a{i % 1000}", "deposit", 1)
-                f.add_done_callback(lambda _f: arrivals.append(time.monotonic()))
+
+                def done(_f: object, sent: float = sent) -> None:
+                    now = time.monotonic()
+                    arrivals.append(now)
+                    waits.append((sent, now - sent))
+                f.add_done_callback(done)
                 await asyncio.sleep(max(0.0, t0 + i / a.rate - time.monotonic()))
 
         loader = asyncio.create_task(load())
@@ -106,10 +116,11 @@ async def run(c: Compose, a: argparse.Namespace) -> list[dict[str, object]]:
             await asyncio.sleep(max(0.0, t + a.window - time.monotonic()))
             seen = sorted(x for x in arrivals if t - 1 <= x <= t + a.window)
             gap = max((y - x for x, y in zip(seen, seen[1:], strict=False)), default=a.window)
+            wait = max((w for sent, w in waits if t - 1 <= sent <= t + a.window), default=0.0)
             rows.append({"fault": fault, "target": what, "gap_s": round(gap, 2),
-                         "replies": len(seen)})
-            print(f"{fault:12} {what:18} largest reply gap {gap:6.2f} s "
-                  f"({len(seen)} replies in the window)", flush=True)
+                         "longest_wait_s": round(wait, 2), "replies": len(seen)})
+            print(f"{fault:12} {what:18} largest reply gap {gap:6.2f} s, longest wait "
+                  f"{wait:6.2f} s ({len(seen)} replies in the window)", flush=True)
             await asyncio.sleep(a.quiet)
         stop.set()
         await loader

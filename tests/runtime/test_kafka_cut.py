@@ -1,0 +1,132 @@
+"""A worker cut from Kafka but not from the coordinator (issue 33's ``cut-data``): its
+heartbeats go on, so nothing used to replace it and its partitions' requests waited in Kafka
+for as long as the cut lasted. Each heartbeat now says how long the worker's Kafka clients
+have heard nothing from any broker; the coordinator's watchdog loses a worker silent past
+the limit while another worker hears Kafka (``coordinator.membership``), and its standby
+takes over. Without a cluster: the decision on fake members, and the silence of real
+aiokafka clients (``sfaas.runtime.kafka.kafka_silence``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from coordinator.membership import Membership
+from coordinator.state import Member
+from sfaas.runtime import wire
+from sfaas.runtime.kafka import kafka_silence, make_producer, silence_limit
+
+T = 1.0  # heartbeat_timeout
+LIMIT = 1.5
+
+
+class _State:
+    def __init__(self, members: list[Member]) -> None:
+        self.members = members
+        self.joined = False
+        self.lost: list[int] = []
+
+    def mark_lost(self, m: Member) -> None:
+        m.alive = False
+        m.ready.clear()
+        self.lost.append(m.index)
+
+
+class _Channel:
+    def close(self) -> None:
+        pass
+
+
+def _members(*silences: float | None) -> list[Member]:
+    """Ready members whose last beat (just now) said ``silences`` (None: no beat yet)."""
+    out = []
+    for i, silent in enumerate(silences):
+        m = Member(i, f"worker-{i}", "h", 1, 100 + i, _Channel())  # type: ignore[arg-type]
+        m.ready.set()
+        if silent is not None:
+            m.kafka_silent, m.kafka_heard = silent, time.monotonic()
+        out.append(m)
+    return out
+
+
+def _membership(state: _State, limit: float = LIMIT) -> Membership:
+    rescale = SimpleNamespace(is_joiner=lambda m: False, abandon=lambda why: None)
+    inbox = SimpleNamespace(interrupt=lambda: None)
+    standbys = SimpleNamespace(feed=lambda index: None)
+    return Membership(state, inbox, standbys, rescale, heartbeat_timeout=T,  # type: ignore[arg-type]
+                      topics=("in", "out", "group"), heartbeat=lambda m, b: None,
+                      snapshotted=lambda m: None, wake=lambda: None,
+                      abort_round=lambda why: None, changed=lambda: None,
+                      kafka_silence_limit=limit)
+
+
+def test_a_worker_silent_past_the_limit_while_another_hears_kafka_is_cut() -> None:
+    members = _members(2.0, 0.3, 0.2)
+    why = _membership(_State(members))._cut_from_kafka(members[0], time.monotonic())
+    assert why.startswith("cut from Kafka: no answer from any broker for 2.0 s while worker 1 "
+                          "has them (limit 1.5 s)"), why
+    # the others are not
+    assert not _membership(_State(members))._cut_from_kafka(members[1], time.monotonic())
+
+
+@pytest.mark.parametrize("silences,limit", [
+    ((1.4, 0.2), LIMIT),        # under the limit: a slow metadata refresh
+    ((5.0, 4.0, 3.0), LIMIT),   # every worker silent: Kafka is down, a replacement won't help
+    ((5.0,), LIMIT),            # alone: nobody to compare with
+    ((5.0, 0.2), 0.0),          # the check is off
+    ((5.0, None), LIMIT),       # the other one never said (an old worker's beats)
+])
+def test_no_replacement_when_kafka_itself_is_down_or_the_silence_is_short(
+        silences: tuple[float | None, ...], limit: float) -> None:
+    members = _members(*silences)
+    assert _membership(_State(members), limit)._cut_from_kafka(
+        members[0], time.monotonic()) == ""
+
+
+def test_the_watchdog_loses_the_cut_worker_and_only_it() -> None:
+    async def go() -> list[int]:
+        members = _members(0.2, 3.0, 0.1)
+        for m in members:
+            m.last_seen = time.monotonic() + 60  # (heartbeats on time)
+        state = _State(members)
+        ms = _membership(state)
+        await ms.watch()
+        await asyncio.sleep(0.6)
+        await ms.unwatch()
+        return state.lost
+    assert asyncio.run(go()) == [1]
+
+
+def test_heartbeats_carry_the_silence() -> None:
+    [back] = wire.decode_frame(wire.encode_frame([wire.Heartbeat(2, 10, [1, 2], 5.0, 1.75)]))
+    assert isinstance(back, wire.Heartbeat) and back.kafka_silent == 1.75
+    with pytest.raises(wire.ProtocolError, match="Heartbeat.kafka_silent has the wrong type"):
+        wire.decode_frame(wire.encode_frame([wire.Heartbeat(2, 10, [], 5.0, "x")]))  # type: ignore[arg-type]
+
+
+def test_the_limit_allows_three_metadata_refreshes() -> None:
+    assert silence_limit("k1:9092,k2:9092", 1.0) == 1.5   # refreshes every 0.5 s
+    assert silence_limit("k1:9092", 1.0) == 6.0           # one broker: every 2 s
+    assert silence_limit("k1:9092,k2:9092", 2.0) == 3.0   # at least 1.5 heartbeat timeouts
+
+
+def test_a_started_clients_silence_is_its_last_metadata_answer(kafka: Any) -> None:
+    async def go() -> tuple[float, float, float]:
+        producer = make_producer(kafka.kafka_bootstrap)
+        assert kafka_silence(producer, None) == 0.0  # not started: nothing to say
+        await producer.start()
+        try:
+            fresh = kafka_silence(producer, None)
+            # a client whose last answer came 5 s ago (what a cut leaves it with)
+            producer.client.cluster._last_successful_refresh_ms -= 5000
+            stale = kafka_silence(producer)
+            await producer.client.force_metadata_update()
+            return fresh, stale, kafka_silence(producer)
+        finally:
+            await producer.stop()
+    fresh, stale, again = asyncio.run(asyncio.wait_for(go(), 30))
+    assert fresh < 1.0 and 5.0 <= stale < 6.5 and again < 1.0, (fresh, stale, again)
