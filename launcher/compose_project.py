@@ -134,8 +134,9 @@ def wait_ready(c: Compose, workers: int, standbys: int, timeout: float = 180) ->
 
 @contextlib.contextmanager
 def compose(files: Sequence[Path], *, kafka_brokers: int = 1, env: dict[str, str] | None = None,
-            ) -> Iterator[Compose]:
-    """A compose project of ``files`` on free host ports; removed afterwards."""
+            services: Sequence[str] = ()) -> Iterator[Compose]:
+    """A compose project of ``files`` on free host ports (``services``: only these, with
+    what they depend on); removed afterwards."""
     cache = ServiceSettings.from_env().cache_dir
     names = ["SFAAS_CLUSTER_STATUS_PORT", "SFAAS_CLUSTER_GATEWAY_PORT",
              "SFAAS_CLUSTER_PROMETHEUS_PORT", "SFAAS_CLUSTER_MINIO_PORT",
@@ -150,7 +151,7 @@ def compose(files: Sequence[Path], *, kafka_brokers: int = 1, env: dict[str, str
     c = Compose(f"sfaas-t{uuid.uuid4().hex[:8]}", list(files), full_env, ports, secrets)
     ok = False
     try:
-        c.run("up", "-d", timeout=600)
+        c.run("up", "-d", *services, timeout=600)
         yield c
         ok = True
     finally:
