@@ -30,7 +30,7 @@ from typing import Any
 from sfaas.errors import ClusterError
 from sfaas.runtime import wire
 from sfaas.runtime.epochlog import EpochRecord
-from sfaas.runtime.kafka import kafka_silence
+from sfaas.runtime.kafka import Reachability
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.txn.determinism import check_local
 from sfaas.runtime.txn.loop import Fate
@@ -95,6 +95,9 @@ class EpochRunner:
         self._metrics = metrics
         self._rounds = rounds
         self._kafka = kafka
+        #: whether this process reaches any Kafka broker (its heartbeats say so)
+        self._reach = Reachability(settings.kafka)
+        self._probe: asyncio.Future[None] | None = None
         self._tasks = tasks
         self._world = world
         #: the epoch running now is a recovery's replay
@@ -334,7 +337,8 @@ class EpochRunner:
             if not self._uplink.closed:  # (while the coordinator restarts, nobody listens)
                 self._uplink.send(wire.Heartbeat(
                     self._state.index, lp.committed, self._metrics.heartbeat_latency(),
-                    time.monotonic(), kafka_silence(self._kafka.producer, self._kafka.consumer)))
+                    time.monotonic(), self._reach.silence()))
+            self._probe = asyncio.ensure_future(self._reach.probe())  # (one broker, in turn)
             await asyncio.sleep(beat)
             if fence is not None and not fence.valid():
                 await asyncio.sleep(0.05)  # (answers waiting in the socket are read first)

@@ -12,9 +12,10 @@ fault at a time, ``--repeats`` times each, with quiet time between:
 - ``pause``        a primary worker paused (``docker pause``) for 6 s (3× the heartbeat timeout)
 - ``cut-control``  a primary worker cut from the coordinator and its peers for 6 s
 - ``cut-data``     a primary worker cut from Kafka and MinIO for 6 s
+- ``cut-broker``   a Kafka broker cut from the other brokers and every client for 6 s
 - ``kill``         a primary worker's process SIGKILLed
 
-For each, the largest gap between consecutive replies from 1 s before the fault to
+For each, the workers the coordinator lost meanwhile and why, the largest gap between consecutive replies from 1 s before the fault to
 ``--window`` s after it (the targets: ≤ 2 s for a broker or a MinIO node, ≤ 3 s for a paused or
 partitioned worker), and the longest any request sent in that window waited for its reply:
 a fault that stalls only some partitions (a worker cut from Kafka, whose partitions' requests
@@ -42,7 +43,7 @@ from launcher.compose_project import ROOT, Compose, compose, wait_ready  # noqa:
 from launcher.procs import ServiceSettings  # noqa: E402
 from sfaas.client import Client  # noqa: E402
 
-FAULTS = ["broker", "minio", "pause", "cut-control", "cut-data", "kill"]
+FAULTS = ["broker", "minio", "pause", "cut-control", "cut-data", "cut-broker", "kill"]
 
 
 def primaries(c: Compose) -> dict[int, str]:
@@ -53,6 +54,12 @@ def primaries(c: Compose) -> dict[int, str]:
         if m:
             out[int(m.group(2))] = m.group(1)
     return out
+
+
+def lost_workers(c: Compose) -> list[str]:
+    """Why the coordinator lost each worker so far (its log's "lost worker" lines)."""
+    return [m.group(1) for line in c.run("logs", "--no-color", "coordinator").splitlines()
+            if (m := re.search(r"lost worker \d+ \((.*)", line))]
 
 
 async def inject(c: Compose, fault: str, rnd: random.Random) -> str:
@@ -66,6 +73,12 @@ async def inject(c: Compose, fault: str, rnd: random.Random) -> str:
         await asyncio.to_thread(docker, "stop", "-t", "0", cid)
         await asyncio.sleep(10)
         await asyncio.to_thread(docker, "start", cid)
+        return svc
+    if fault == "cut-broker":
+        svc = rnd.choice(["kafka-1", "kafka-2", "kafka-3"])
+        again = await asyncio.to_thread(c.cut, svc, "data")
+        await asyncio.sleep(6)
+        await asyncio.to_thread(docker, *again)
         return svc
     svc = rnd.choice(sorted(primaries(c).values()))
     cid = c.container(svc)
@@ -112,15 +125,19 @@ async def run(c: Compose, a: argparse.Namespace) -> list[dict[str, object]]:
         await asyncio.sleep(10)  # warm
         for fault in [f for f in a.faults for _ in range(a.repeats)]:
             t = time.monotonic()
+            lost_before = len(lost_workers(c))
             what = await inject(c, fault, rnd)
             await asyncio.sleep(max(0.0, t + a.window - time.monotonic()))
             seen = sorted(x for x in arrivals if t - 1 <= x <= t + a.window)
             gap = max((y - x for x, y in zip(seen, seen[1:], strict=False)), default=a.window)
             wait = max((w for sent, w in waits if t - 1 <= sent <= t + a.window), default=0.0)
+            lost = lost_workers(c)[lost_before:]
             rows.append({"fault": fault, "target": what, "gap_s": round(gap, 2),
-                         "longest_wait_s": round(wait, 2), "replies": len(seen)})
+                         "longest_wait_s": round(wait, 2), "replies": len(seen),
+                         "workers_lost": lost})
             print(f"{fault:12} {what:18} largest reply gap {gap:6.2f} s, longest wait "
-                  f"{wait:6.2f} s ({len(seen)} replies in the window)", flush=True)
+                  f"{wait:6.2f} s ({len(seen)} replies in the window); workers lost: "
+                  f"{lost or 'none'}", flush=True)
             await asyncio.sleep(a.quiet)
         stop.set()
         await loader

@@ -17,7 +17,7 @@ log = logging.getLogger("sfaas.runtime.kafka")
 
 __all__ = [
     "ensure_topics", "make_producer", "make_consumer", "consumer_group", "partition_count",
-    "read_range", "kafka_silence", "silence_limit",
+    "read_range", "Reachability", "silence_limit",
 ]
 
 
@@ -80,16 +80,50 @@ def metadata_max_age_ms(bootstrap: str) -> int:
     return METADATA_MAX_AGE_MS if "," in bootstrap else METADATA_MAX_AGE_ONE_BROKER_MS
 
 
-def kafka_silence(*clients: Any) -> float:
-    """Seconds since any of ``clients`` (started aiokafka producers and consumers; None is
-    skipped) last had an answer from a broker: their metadata refresh, every
-    :func:`metadata_max_age_ms`, asks any broker it can reach. 0.0 when none has started."""
-    last = 0.0
-    for c in clients:
-        kc = getattr(c, "client", None) or getattr(c, "_client", None)
-        cluster = getattr(kc, "cluster", None)
-        last = max(last, float(getattr(cluster, "_last_successful_refresh_ms", 0) or 0))
-    return 0.0 if last <= 0 else max(0.0, time.time() - last / 1000)
+class Reachability:
+    """Can this process reach Kafka at all? Each :meth:`probe` opens (and closes) a TCP
+    connection to the next broker of the bootstrap list, in turn; :meth:`silence` is the
+    seconds since one last answered. A broker cut off or stopped fails its turns only — the
+    others answer theirs — so only a process cut from every broker falls silent. (The
+    clients' own traffic says less: a worker whose partitions all lead on one cut broker
+    waits on it alone, and aiokafka's metadata refresh can wait behind it for its request
+    timeout.)"""
+
+    def __init__(self, bootstrap: str, timeout: float = 0.5) -> None:
+        self._hosts = [(h, int(p)) for h, p in (e.strip().rsplit(":", 1)
+                                                for e in bootstrap.split(",") if e.strip())]
+        self._timeout = timeout
+        self._turn = 0
+        self._probing = False
+        #: when a broker last answered (None: not probed yet), and the silence as of the
+        #: last probe — probes that did not run (a standby before its promotion, a busy
+        #: loop) are not silence
+        self._last_ok: float | None = None
+        self._silent = 0.0
+
+    async def probe(self) -> None:
+        """Try the next broker (nothing when the previous probe is still running)."""
+        if self._probing or not self._hosts:
+            return
+        self._probing = True
+        if self._last_ok is None:
+            self._last_ok = time.monotonic()
+        host, port = self._hosts[self._turn % len(self._hosts)]
+        self._turn += 1
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
+                                               self._timeout)
+            writer.close()
+            self._last_ok, self._silent = time.monotonic(), 0.0
+        except (OSError, TimeoutError):  # (unreachable, refused, a name that no longer resolves)
+            self._silent = time.monotonic() - self._last_ok
+        finally:
+            self._probing = False
+
+    def silence(self) -> float:
+        """Seconds from a broker's last answer to the last probe that got none (0.0 when the
+        last probe was answered, or none ran)."""
+        return self._silent
 
 
 def silence_limit(bootstrap: str, heartbeat_timeout: float) -> float:

@@ -81,8 +81,8 @@ class Heartbeat(Message):
     latency: list[int] = dataclasses.field(default_factory=list)
     #: the worker's monotonic clock when it sent this beat (its ``Alive`` echoes it back)
     sent: float = 0.0
-    #: seconds since the worker's Kafka clients last had an answer from any broker (their
-    #: metadata refresh; ``sfaas.runtime.kafka.kafka_silence``): a worker cut from Kafka
+    #: seconds since a Kafka broker last answered the worker's probes (a TCP connection to
+    #: each broker in turn; ``sfaas.runtime.kafka.Reachability``): a worker cut from Kafka
     #: and not from the coordinator is replaced (``coordinator.membership``)
     kafka_silent: float = 0.0
 
