@@ -158,9 +158,15 @@ class HybridLogStore(SegmentedStore):
                 self._mut = region
         self._wals = wals
         if self.sync == "none":
-            if wals or self._mut or self._ro:
-                # the WALs of an earlier sync="os" run become a log file
-                self._flush_all(inline=True)
+            if wals:
+                # sealed, as a restore leaves them (``_install``): a snapshot's tails (a
+                # promoted replica) or the WALs of an earlier sync="os" run stay named in
+                # the version, their records read-only, until the next flush covers them.
+                # Flushing here instead would drop the files of the snapshot this store
+                # was opened at, and a restore to it would download them again.
+                self._ro.update(self._mut)
+                self._mut = {}
+                self._fresh = {}
         elif wals:
             self._wal_fd = self.fs.open_append(self._path(wals[-1]))
             self._wal_size = self.fs.size(self._path(wals[-1]))

@@ -153,6 +153,8 @@ def main() -> None:
     p.add_argument("--faults", nargs="*", default=FAULTS, choices=FAULTS)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "failover.json")
+    p.add_argument("--logs", type=Path, default=None,
+                   help="write every service's log at the end to this file")
     a = p.parse_args()
     cache = ServiceSettings.from_env().cache_dir
     cache.mkdir(parents=True, exist_ok=True)
@@ -161,7 +163,11 @@ def main() -> None:
         containers.build_images(cache)
         with compose([ROOT / "docker-compose.ha.yml"], kafka_brokers=3) as c:
             print(f"HA cluster ready in {wait_ready(c, workers=3, standbys=1):.1f} s", flush=True)
-            rows = asyncio.run(run(c, a))
+            try:
+                rows = asyncio.run(run(c, a))
+            finally:
+                if a.logs is not None:
+                    a.logs.write_text(c.logs(10_000_000, tail=100_000))
     finally:
         if daemon is not None:
             containers.stop_docker(daemon)

@@ -128,12 +128,21 @@ def test_sync_os_replays_the_wal_and_truncates_a_torn_tail(tmp_path: Path) -> No
 
 
 def test_wal_of_a_sync_os_run_becomes_a_log_file_under_sync_none(tmp_path: Path) -> None:
+    """Opened under sync="none", the WALs stay sealed in the version (as a restore leaves a
+    snapshot's tails: a store opened at a snapshot must not lose its files) and are never
+    appended to; the flush at close makes them a log file."""
     fs = FaultyFS()
     s = statestores.open("hybridlog", tmp_path, sync="os", fs=fs)
     s.put(b"a", b"1")
     fs.crash()
+    [wal] = [p.name for p in tmp_path.glob("*.wal")]
+    size = (tmp_path / wal).stat().st_size
     with statestores.open("hybridlog", tmp_path) as r:
         assert r.get(b"a") == b"1"
+        r.put(b"b", b"2")
+        assert r.stats()["wals"] == [wal] and (tmp_path / wal).stat().st_size == size
+    with statestores.open("hybridlog", tmp_path) as r:
+        assert dict(r.items()) == {b"a": b"1", b"b": b"2"}
         assert r.stats()["wals"] == [] and r.stats()["segments"] == 1
     assert not list(tmp_path.glob("*.wal"))
 

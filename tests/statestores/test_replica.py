@@ -737,3 +737,34 @@ def test_a_seeded_file_that_is_not_the_primarys_is_fetched_from_the_primary(tmp_
     store.close()
     shipper.close()
     db.close()
+
+
+@pytest.mark.parametrize("engine", statestores.ENGINES)
+def test_a_replica_promoted_at_a_snapshot_restores_it_without_a_download(tmp_path: Path, engine: str) -> None:
+    """A promoted standby's first act in a recovery is a restore to the round it was
+    promoted at: every file of that snapshot is already local, so nothing is downloaded
+    (hybridlog used to flush the snapshot's tails into a log file when it opened, and the
+    restore fetched the tails again from the remote)."""
+    remote = remotes.PathRemote(tmp_path / "remote")
+    db = statestores.open(engine, tmp_path / "primary", remote=remote)
+    shipper = Shipper(db)
+    f = statestores.follow(engine, tmp_path / "replica", LocalSource(shipper))
+    for r in range(1, 4):
+        for i in range(300):
+            db[b"k%05d" % (i * r)] = b"v%d" % r
+        db.snapshot(r)
+        db.settle()
+    want = dict(db.items())
+    _fill(db, 300)  # after the snapshot: the replica follows these too
+    db.settle()
+    f.wait(seq=db.version()[0], snapshot_id=3)
+    store = f.promote(3, directory=tmp_path / "promoted", remote=remote)
+    try:
+        assert dict(store.items()) == want
+        info = store.restore(3)
+        assert (info.files_downloaded, info.files_total) == (0, len(remote.read_manifest(3).files))
+        assert dict(store.items()) == want
+    finally:
+        store.close()
+        shipper.close()
+        db.close()
