@@ -151,13 +151,6 @@ def _ledger(tmp: Path) -> Path:
 
 
 @pytest.mark.timeout(1500)
-@pytest.mark.skipif(
-    os.environ.get("SFAAS_NEMESIS") != "1",
-    reason="not in ./run test's gate: after a healed broker partition aiokafka (no leader "
-           "epochs, KIP-320) can read from and write to a stale leader; seeds 311, 312 and "
-           "402 broke exactly-once that way (fixed: the client's desynced producer, ingest "
-           "rewinds, recovery reads that never skip); open: seed 515's replayed history "
-           "differs from a clock's reply (issue 33's note) — ./run test-cluster runs it")
 def test_the_ha_cluster_keeps_every_invariant_under_the_nemesis(images: None, tmp_path: Path) -> None:
     rnd = random.Random(SEED)  # the load's
     faults = schedule(SEED, SECONDS)
