@@ -19,8 +19,10 @@ For each, the workers the coordinator lost meanwhile and why, the largest gap be
 ``--window`` s after it (the targets: ≤ 2 s for a broker or a MinIO node, ≤ 3 s for a paused or
 partitioned worker), and the longest any request sent in that window waited for its reply:
 a fault that stalls only some partitions (a worker cut from Kafka, whose partitions' requests
-wait in Kafka while the others' replies go on) shows there, not in the gap. Prints a table
-and writes it as JSON to ``--out``.
+wait in Kafka while the others' replies go on) shows there, not in the gap. With each gap,
+the cores the host was busy over it and the four busiest containers (``cpuacct`` of cgroup
+v1, sampled every 0.2 s): on this 2-core machine a gap can be a recovery waiting for a core.
+Prints a table and writes it as JSON to ``--out`` (``--logs FILE``: the services' logs).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import random
 import re
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -54,6 +57,52 @@ def primaries(c: Compose) -> dict[int, str]:
         if m:
             out[int(m.group(2))] = m.group(1)
     return out
+
+
+class CpuSampler:
+    """Every 0.2 s: the host's busy CPU time (``/proc/stat``) and each container's
+    (cgroup v1 ``cpuacct.usage``), so a gap can be told apart from a starved machine."""
+
+    def __init__(self, c: Compose) -> None:
+        self.ids = {svc: c.container(svc) for svc in c.run("ps", "--services").split()}
+        self.samples: list[tuple[float, float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="cpu-sampler")
+        self._thread.start()
+
+    @staticmethod
+    def _host_busy() -> float:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            per: dict[str, float] = {}
+            for svc, cid in self.ids.items():
+                try:
+                    with open(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage") as f:
+                        per[svc] = int(f.read()) / 1e9
+                except OSError:
+                    pass
+            self.samples.append((time.monotonic(), self._host_busy(), per))
+
+    def between(self, t0: float, t1: float) -> dict[str, object]:
+        """Cores busy on the host, and the 4 busiest containers' cores, from ``t0`` to ``t1``."""
+        inside = [x for x in self.samples if t0 - 0.2 <= x[0] <= t1 + 0.2]
+        if len(inside) < 2:
+            return {}
+        (a, ha, pa), (b, hb, pb) = inside[0], inside[-1]
+        wall = b - a
+        top = sorted(((svc, (pb[svc] - pa[svc]) / wall) for svc in pb if svc in pa),
+                     key=lambda x: -x[1])[:4]
+        return {"host_cores_busy": round((hb - ha) / wall, 2), "cores": os.cpu_count(),
+                "top": [(svc, round(v, 2)) for svc, v in top]}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def lost_workers(c: Compose) -> list[str]:
@@ -121,6 +170,7 @@ async def run(c: Compose, a: argparse.Namespace) -> list[dict[str, object]]:
                 f.add_done_callback(done)
                 await asyncio.sleep(max(0.0, t0 + i / a.rate - time.monotonic()))
 
+        cpu = CpuSampler(c)
         loader = asyncio.create_task(load())
         await asyncio.sleep(10)  # warm
         for fault in [f for f in a.faults for _ in range(a.repeats)]:
@@ -129,18 +179,22 @@ async def run(c: Compose, a: argparse.Namespace) -> list[dict[str, object]]:
             what = await inject(c, fault, rnd)
             await asyncio.sleep(max(0.0, t + a.window - time.monotonic()))
             seen = sorted(x for x in arrivals if t - 1 <= x <= t + a.window)
-            gap = max((y - x for x, y in zip(seen, seen[1:], strict=False)), default=a.window)
+            pairs = list(zip(seen, seen[1:], strict=False))
+            gap_at = max(pairs, key=lambda xy: xy[1] - xy[0], default=(t, t + a.window))
+            gap = gap_at[1] - gap_at[0]
+            busy = cpu.between(*gap_at)
             wait = max((w for sent, w in waits if t - 1 <= sent <= t + a.window), default=0.0)
             lost = lost_workers(c)[lost_before:]
             rows.append({"fault": fault, "target": what, "gap_s": round(gap, 2),
                          "longest_wait_s": round(wait, 2), "replies": len(seen),
-                         "workers_lost": lost})
+                         "workers_lost": lost, "cpu_in_gap": busy})
             print(f"{fault:12} {what:18} largest reply gap {gap:6.2f} s, longest wait "
                   f"{wait:6.2f} s ({len(seen)} replies in the window); workers lost: "
-                  f"{lost or 'none'}", flush=True)
+                  f"{lost or 'none'}; CPU in the gap: {busy}", flush=True)
             await asyncio.sleep(a.quiet)
         stop.set()
         await loader
+        cpu.close()
     return rows
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, TypeVar, cast
 
@@ -149,6 +150,15 @@ class Recovery:
         st, s = self._state, self._settings
         assert st.engine is not None and st.loop is not None
         me = st.index
+        steps: dict[str, float] = {}  # where this recovery's time went (logged at the end)
+        t = time.perf_counter()
+
+        def step(name: str) -> None:
+            nonlocal t
+            now = time.perf_counter()
+            steps[name] = now - t
+            t = now
+
         # 1. stop
         await self._quiesce()
         self._rolling_back()
@@ -160,6 +170,7 @@ class Recovery:
         await self._links.connect(msg.peers, me)
         await asyncio.to_thread(self._adopt_map, msg.owners)
         st.set_owners(msg.owners, len(msg.peers), msg.peers)
+        step("stop+peers")
         # 3. the round, and every store back to it
         if msg.round > 0:
             m = await asyncio.to_thread(Rounds(rounds_remote(s, self._app.name)).read, msg.round)
@@ -167,6 +178,8 @@ class Recovery:
             m = _empty_round(st.partitions)
         check_round_layout(m, {k: store.engine for k, store in st.engine.stores.items()},
                            st.partitions)
+        step("round")
+        restored = [0.0]
         # the stores' restores (threads: file moves, MinIO) overlap the three Kafka reads
         def restore(op: str, p: int, store: Store) -> None:
             if m.round > 0:
@@ -175,6 +188,7 @@ class Recovery:
                          info.files_downloaded, info.files_total, extra={"worker": me})
             else:  # no round yet: back to empty
                 store.write_batch([(k, None) for k, _ in store.items()])
+            restored[0] = max(restored[0], time.perf_counter() - t)
 
         # 4. the log after the round, my ingress, the replies already out
         mine = st.mine()
@@ -202,6 +216,8 @@ class Recovery:
         errors = [x for x in parts if isinstance(x, BaseException)]
         if errors:
             raise errors[0]
+        steps["stores"] = restored[0]  # (overlapping the Kafka reads)
+        step("stores+reads")
         raw_log, raw_in, raw_out = cast("list[dict[int, list[tuple[int, bytes]]]]", got[1:])
         records = [EpochRecord.decode(v, f"{log_topic}@{o}") for o, v in raw_log[0]]
         later = [r for r in records if r.epoch > m.epoch]
@@ -256,9 +272,11 @@ class Recovery:
         self._restored()
         self._ingress.restart_at(at)
         epochs = sorted({(r.epoch, r.now) for r in later})
+        step("rebuild")
         log.info("recovery %d: rolled back to round %d (epoch %d); %d logged epochs to replay, %d "
-                 "requests queued, %d replies already out", msg.attempt, m.round, m.epoch,
-                 len(epochs), len(loop.queue), len(answered), extra={"worker": me})
+                 "requests queued, %d replies already out (%s)", msg.attempt, m.round, m.epoch,
+                 len(epochs), len(loop.queue), len(answered),
+                 ", ".join(f"{k} {v:.2f} s" for k, v in steps.items()), extra={"worker": me})
         return [wire.LoggedEpoch(e, now) for e, now in epochs]
 
 
