@@ -1,7 +1,8 @@
 """Live epochs driven by the coordinator (``epoch_lease`` = 0): Begin, barrier, Commit.
 
 A new epoch begins as soon as the previous one committed if any worker reported waiting
-work, otherwise when a worker wakes it up (``wire.Wakeup``) or after a second. Each Commit
+work, otherwise when a worker wakes it up (``wire.Wakeup``) or after a second — but never
+less than ``gather`` seconds (``Settings.epoch_gather``) after the previous Begin. Each Commit
 carries the union of the reports' conflicts and aborts and, every ``snapshot_interval``
 seconds, a snapshot round's marker; a rescale switches in at such a Commit.
 """
@@ -33,8 +34,10 @@ class EagerEpochs:
     """See the module docstring."""
 
     def __init__(self, state: ClusterState, inbox: Inbox, barrier: Barrier, workers: Workers,
-                 rounds: Markers, rescale: Switches, observe: EpochObserver) -> None:
+                 rounds: Markers, rescale: Switches, observe: EpochObserver,
+                 gather: float = 0.0) -> None:
         self._state = state
+        self._gather = gather
         self._inbox = inbox
         self._barrier = barrier
         self._workers = workers
@@ -49,10 +52,14 @@ class EagerEpochs:
     async def run(self, idle: bool = True) -> None:
         """Run epochs until cancelled (a barrier interrupted by a loss raises)."""
         state = self._state
+        began = 0.0
         while True:
             t_idle = time.perf_counter()
             if idle:
                 await self._inbox.wait_woken(1.0)
+            if self._gather > 0 and (wait := began + self._gather - time.perf_counter()) > 0:
+                await asyncio.sleep(wait)  # requests gather: fewer, fuller epochs
+            began = time.perf_counter()
             self._inbox.take_wakeup()
             epoch = state.next_epoch()
             self._workers.broadcast(wire.Begin(epoch, time.time(), None))

@@ -82,7 +82,7 @@ class Coordinator:
             LeasedEpochs(s.epoch_lease, self.state, self.inbox, self.membership, self.rounds,
                          self.rescale, self.metrics.epoch) if s.epoch_lease > 0 else
             EagerEpochs(self.state, self.inbox, self.barrier, self.membership, self.rounds,
-                        self.rescale, self.metrics.epoch))
+                        self.rescale, self.metrics.epoch, s.epoch_gather))
         self.recovery = Recovery(self.state, self.inbox, self.barrier, self._rounds_remote,
                                  self._recovered)
         #: set by the first start step: a restarted coordinator recovers before any epoch

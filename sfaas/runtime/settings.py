@@ -75,6 +75,12 @@ class Settings:
     #: and commits every epoch itself. Leases measured lower p99 under load (5,000 and
     #: 11,000 TPS) but not lower latency at 1,000 TPS (benchmarks/README.md).
     epoch_lease: int = 0
+    #: Seconds from one epoch's Begin before the coordinator begins the next (0: at once,
+    #: the default). At low load an epoch begun at once carries one or two transactions and
+    #: every epoch costs the same messages and Kafka records; a few milliseconds of gathering
+    #: make epochs carry more (issue 34). Loaded epochs take longer than this and are not
+    #: delayed.
+    epoch_gather: float = 0.0
     #: Override every operator's store engine (benchmarks); empty: the app's choice.
     store: str = ""
     #: Cluster state (pid files, logs) and store data live under here.
@@ -205,6 +211,9 @@ class Settings:
         if not 0 <= self.epoch_lease <= 10_000:
             raise ConfigError(
                 f"epoch_lease must be between 0 and 10000 epochs, got {self.epoch_lease}")
+        if not 0 <= self.epoch_gather <= 1:
+            raise ConfigError("epoch_gather (SFAAS_EPOCH_GATHER) must be between 0 and 1 second, "
+                              f"got {self.epoch_gather}")
         if not self.snapshot_interval >= 0 or self.snapshot_interval == float("inf"):
             raise ConfigError("snapshot_interval must be a number of seconds >= 0 (0: off), "
                               f"got {self.snapshot_interval}")
