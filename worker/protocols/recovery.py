@@ -179,16 +179,17 @@ class Recovery:
         check_round_layout(m, {k: store.engine for k, store in st.engine.stores.items()},
                            st.partitions)
         step("round")
-        restored = [0.0]
         # the stores' restores (threads: file moves, MinIO) overlap the three Kafka reads
-        def restore(op: str, p: int, store: Store) -> None:
+        def restore(op: str, p: int, store: Store) -> float:
+            """(a thread) Store ``(op, p)`` back to the round; the seconds since the round
+            was read until it was done."""
             if m.round > 0:
                 info = store.restore(m.round)
                 log.info("restored %s/p%d to round %d: %d of %d files downloaded", op, p, m.round,
                          info.files_downloaded, info.files_total, extra={"worker": me})
             else:  # no round yet: back to empty
                 store.write_batch([(k, None) for k, _ in store.items()])
-            restored[0] = max(restored[0], time.perf_counter() - t)
+            return time.perf_counter() - t
 
         # 4. the log after the round, my ingress, the replies already out
         mine = st.mine()
@@ -216,7 +217,7 @@ class Recovery:
         errors = [x for x in parts if isinstance(x, BaseException)]
         if errors:
             raise errors[0]
-        steps["stores"] = restored[0]  # (overlapping the Kafka reads)
+        steps["stores"] = max(cast("list[float]", got[0]), default=0.0)  # (beside the reads)
         step("stores+reads")
         raw_log, raw_in, raw_out = cast("list[dict[int, list[tuple[int, bytes]]]]", got[1:])
         records = [EpochRecord.decode(v, f"{log_topic}@{o}") for o, v in raw_log[0]]
