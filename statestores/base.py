@@ -142,6 +142,18 @@ class Store(StoreCore):
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         """Every live pair once."""
 
+    def prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Every live pair whose key starts with ``prefix``, once, in key order.
+
+        Cheaper than filtering :meth:`items` where the engine can seek: ``lsm`` reads only
+        the blocks that can hold the prefix, the hash-indexed engines walk their in-memory
+        keys without reading a value that does not match. (The runtime finds its timer and
+        action records this way at every recovery: a whole-store scan of 10M keys held a
+        worker's event loop for 2.5 s.) Default: filter and sort :meth:`items`."""
+        if not isinstance(prefix, bytes):
+            raise TypeError(f"prefix must be bytes, got {type(prefix).__name__}")
+        return iter(sorted(kv for kv in self.items() if kv[0].startswith(prefix)))
+
     @abc.abstractmethod
     def flush(self) -> None:
         """Push buffered writes to files (durability per ``sync``)."""

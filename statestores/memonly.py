@@ -190,6 +190,16 @@ class MemOnlyStore(Store):
             snapshot = list(self._data.items())
         return iter(snapshot)
 
+    def prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        if not isinstance(prefix, bytes):
+            raise TypeError(f"prefix must be bytes, got {type(prefix).__name__}")
+        self._check_open()
+        with self._lock:
+            data = self._data
+            found = [(k, data[k]) for k in [k for k in data if k.startswith(prefix)]]
+        found.sort()
+        return iter(found)
+
     def __len__(self) -> int:
         return len(self._data)
 

@@ -157,6 +157,24 @@ class SegmentedStore(SealedSegments):
             keys = list(self._index)
             extra = [k for k in dict.fromkeys(self._memory_keys()) if k not in self._index]
         keys += extra
+        return self._pairs(keys)
+
+    def prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Every live pair whose key starts with ``prefix``, in key order: the in-memory
+        keys walked, only the matches' values read."""
+        if not isinstance(prefix, bytes):
+            raise TypeError(f"prefix must be bytes, got {type(prefix).__name__}")
+        self._check_open()
+        self._await_index()
+        with self._lock:
+            keys = [k for k in self._index if k.startswith(prefix)]
+            keys += [k for k in dict.fromkeys(self._memory_keys())
+                     if k.startswith(prefix) and k not in self._index]
+        keys.sort()
+        return self._pairs(keys)
+
+    def _pairs(self, keys: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
+        """The live pairs of ``keys``, in their order, values read 1,024 at a time."""
         for i in range(0, len(keys), 1024):
             with self._lock:
                 self._check_open()

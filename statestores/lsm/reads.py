@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
-from itertools import repeat
+from itertools import repeat, takewhile
 
 import mmh3
 
@@ -124,17 +124,29 @@ class LSMReads(LSMState):
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         """Every live pair once, in key order, as of this call (a lazy merge)."""
+        return self._merged(b"")
+
+    def prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Every live pair whose key starts with ``prefix``, in key order: each run read
+        from the block that can hold the prefix, up to the first key past it."""
+        if not isinstance(prefix, bytes):
+            raise TypeError(f"prefix must be bytes, got {type(prefix).__name__}")
+        return takewhile(lambda kv: kv[0].startswith(prefix), self._merged(prefix))
+
+    def _merged(self, start: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The live pairs from key ``start`` on, in key order, as of this call."""
         self._check_open()
         with self._lock:
             mem = self._mem
-            mkeys = sorted(mem)
+            mkeys = sorted(k for k in mem if k >= start) if start else sorted(mem)
             mvals = [mem[k] for k in mkeys]
-            imms = [sorted(imm.mem.items()) for imm in reversed(self._imms)]
+            imms = [sorted(kv for kv in imm.mem.items() if kv[0] >= start)
+                    for imm in reversed(self._imms)]
             runs = self._runs
         sources: list[Iterator[tuple[bytes, int, bytes | None]]] = [zip(mkeys, repeat(0), mvals)]
         for i, pairs in enumerate(imms):
             sources.append(
                 zip([k for k, _ in pairs], repeat(i + 1), [v for _, v in pairs], strict=False)
             )
-        sources += [r.tagged(len(imms) + i + 1) for i, r in enumerate(runs)]
+        sources += [r.tagged(len(imms) + i + 1, start) for i, r in enumerate(runs)]
         return merge_sorted(sources, drop_tombstones=True)  # type: ignore[return-value]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import struct
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from itertools import accumulate, repeat
 from typing import Any
@@ -393,10 +393,20 @@ class RunReader:
                 values += vs
             yield keys, values
 
-    def tagged(self, tag: int) -> Iterator[tuple[bytes, int, bytes | None]]:
-        """Every record as ``(key, tag, value)``, for heap merges where a lower tag wins."""
-        for i in range(self.nblocks):
+    def tagged(self, tag: int, start: bytes = b"") -> Iterator[tuple[bytes, int, bytes | None]]:
+        """Every record as ``(key, tag, value)``, for heap merges where a lower tag wins;
+        ``start``: only keys from it on (the blocks before the one that can hold it are
+        not read)."""
+        first = 0
+        if start:
+            if start > self.index.last_key:
+                return
+            first = max(0, bisect_right(self.index.fences, start) - 1)
+        for i in range(first, self.nblocks):
             keys, values = self.read_block(i)
+            if i == first and start:
+                j = bisect_left(keys, start)
+                keys, values = keys[j:], values[j:]
             yield from zip(keys, repeat(tag), values)
 
     @property

@@ -58,6 +58,60 @@ def test_lsm_items_come_in_key_order(tmp_path: Path) -> None:
     assert got == sorted(keys + [b"\x00first"])
 
 
+def test_prefixed_is_items_filtered_in_key_order(engine: str, tmp_path: Path) -> None:
+    """Across the memtable, flushed files and deletes; prefixes inside, between, before
+    and after the keys; a closed store and a prefix that is not bytes are refused."""
+    model: dict[bytes, bytes] = {}
+    with statestores.open(engine, tmp_path, **({"memtable_bytes": 2000} if engine == "lsm" else {})) as s:
+        for i in range(3000):
+            k = (b"\x00t", b"\x00a", b"user", b"u")[i % 4] + b"%05d" % (i * 7919 % 3001)
+            s.put(k, b"v%d" % i)
+            model[k] = b"v%d" % i
+            if i % 5 == 0:
+                s.delete(k)
+                del model[k]
+            if i % 700 == 699:
+                s.flush()
+        for prefix in (b"", b"\x00", b"\x00t", b"\x00a", b"u", b"user", b"user0", b"u01", b"\x00z",
+                       b"a", b"zz", b"\xff"):
+            want = sorted((k, v) for k, v in model.items() if k.startswith(prefix))
+            assert list(s.prefixed(prefix)) == want, prefix
+        with pytest.raises(TypeError, match="prefix must be bytes"):
+            s.prefixed("u")  # type: ignore[arg-type]
+    with statestores.open(engine, tmp_path) as s:  # (reopened: everything from files)
+        assert list(s.prefixed(b"\x00t")) == sorted((k, v) for k, v in model.items() if k.startswith(b"\x00t"))
+    with pytest.raises(StoreClosedError):
+        s.prefixed(b"u")
+
+
+def test_lsm_prefixed_reads_only_the_blocks_that_can_hold_the_prefix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime finds its timers this way at every recovery: at 10M keys a scan of
+    every block held a worker for seconds."""
+    from statestores.lsm.runfile import RunReader
+
+    with statestores.open("lsm", tmp_path) as s:
+        s.write_batch([(b"\x00t%03d" % i, b"t") for i in range(5)]
+                      + [(b"user%06d" % i, b"x" * 100) for i in range(20_000)])
+        s.flush()
+        reads: list[int] = []
+        real = RunReader.read_block
+
+        def counted(self: RunReader, i: int) -> tuple[list[bytes], list[bytes | None]]:
+            reads.append(i)
+            return real(self, i)
+
+        monkeypatch.setattr(RunReader, "read_block", counted)
+        assert [k for k, _ in s.prefixed(b"\x00t")] == [b"\x00t%03d" % i for i in range(5)]
+        assert 1 <= len(reads) <= 2
+        reads.clear()
+        assert [k for k, _ in s.prefixed(b"user019998")] == [b"user019998"]
+        assert 1 <= len(reads) <= 2
+        reads.clear()
+        assert len(list(s.items())) == 20_005
+        assert len(reads) > 100  # (the whole store: the count above is not a coincidence)
+
+
 @pytest.mark.parametrize(
     "key, exc, words",
     [

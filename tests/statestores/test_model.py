@@ -179,6 +179,20 @@ def make_machine(engine: str, options: dict[str, Any]) -> type[RuleBasedStateMac
             self.model = dict(self.snaps[sid])
             # snapshot ids continue above every id in the remote (older and newer restores)
 
+        @rule(prefix=st.sampled_from([b"", b"k", b"k0", b"k1", b"k2", b"k23", b"\x00", b"\xff",
+                                      b"long", b"kz"]))
+        def prefixed(self, prefix: bytes) -> None:
+            """``prefixed`` is ``items`` filtered by the prefix, in key order."""
+            got = list(self.store.prefixed(prefix))
+            keys = [k for k, _ in got]
+            assert keys == sorted(set(keys)), (prefix, keys)
+            assert all(k.startswith(prefix) for k in keys), (prefix, keys)
+            assert dict(got) == {k: v for k, v in self.store.items() if k.startswith(prefix)}
+            for k in self.model.keys() | set(keys):
+                if k.startswith(prefix):
+                    assert acceptable(self.model.get(k), dict(got).get(k), self.horizon), (
+                        prefix, k, self.model.get(k), dict(got).get(k))
+
         @invariant()
         def same_contents(self) -> None:
             if not hasattr(self, "store"):

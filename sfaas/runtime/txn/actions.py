@@ -70,8 +70,8 @@ class Actions:
         """Start the action of every record in ``stores`` not running already; how many."""
         n = 0
         for (operator, _), store in stores.items():
-            for k, v in store.items():
-                if k[:2] == ACTION_B and self.start(operator, k.decode(), v):
+            for k, v in store.prefixed(ACTION_B):
+                if self.start(operator, k.decode(), v):
                     n += 1
         return n
 

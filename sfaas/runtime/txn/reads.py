@@ -58,9 +58,13 @@ def scan_partition(store: Any, prefix: str, limit: int, codec: ValueCodec,
     at most ``limit``, decoded by ``codec`` at ``now``; the runtime's records and expired
     values left out."""
     want = prefix.encode()
-    found = sorted((k, v) for k, v in store.items() if k[:1] != b"\x00" and k.startswith(want)
-                   and codec.live(v, now))
-    return [[k.decode(), codec.decode(v, now, k.decode())] for k, v in found[:limit]]
+    found = []
+    for k, v in store.prefixed(want):  # (in key order: stops at the limit)
+        if k[:1] != b"\x00" and codec.live(v, now):
+            found.append((k, v))
+            if len(found) == limit:
+                break
+    return [[k.decode(), codec.decode(v, now, k.decode())] for k, v in found]
 
 
 def read(app: App, stores: Mapping[tuple[str, int], Any], partition_of_key: Any,
