@@ -11,7 +11,8 @@ whose names never change meaning (names carry a sequence number from
 has seen). Every change of the set is one :meth:`StoreCore._edit`: it persists
 ``CURRENT``, queues the edit for subscribers (:meth:`StoreCore.subscribe`), and is the one
 place that decides when a file is deleted — once no version names it, no snapshot, upload
-or restore pins it, and every subscriber has been handed the edit that removed it.
+or restore pins it (an upload keeps its pin while its snapshot is one of the newest
+``snapshots.KEEP_LOCAL``), and every subscriber has been handed the edit that removed it.
 
 **Threads.** One lock (``self._lock``, an ``RLock``) guards the engine's state; the
 caller's thread takes it for every operation. Background work (flushes, merges, seals)
@@ -93,6 +94,10 @@ class StoreCore(abc.ABC):
         self._maint = Maintainer(f"statestores-{self.engine}-maint")
         self._scheduled: set[str] = set()  # coalesced maintainer tasks posted, not yet started
         self._uploader: concurrent.futures.ThreadPoolExecutor | None = None
+        #: the file names of the newest uploaded snapshots, oldest first, kept pinned so a
+        #: rollback to one of them needs no download (``snapshots.KEEP_LOCAL``; the uploader
+        #: thread owns it)
+        self._kept: deque[tuple[str, ...]] = deque()
         self._pending_uploads: list[concurrent.futures.Future[SnapshotInfo]] = []
         self._last_snapshot_id: int | None = None
         self._remote_files: dict[str, int] | None = None  # cache of remote.list_files()

@@ -95,24 +95,68 @@ def test_a_subscriber_can_follow_the_file_set_edit_by_edit(tmp_path: Path, engin
         assert dict(s.items()) == model
 
 
+def _files(s: statestores.Store) -> set[str]:
+    _, files = s.version()
+    return {f.name for f in files}
+
+
+def _on_disk(s: statestores.Store, d: Path) -> set[str]:
+    return {p.name for p in d.iterdir() if p.name.startswith(s.PREFIX + "-")}
+
+
 @pytest.mark.parametrize("engine", ["lsm", "appendlog", "hybridlog"])
-def test_merged_away_files_are_deleted_once_no_snapshot_pins_them(tmp_path: Path, engine: str) -> None:
+def test_merged_away_files_are_deleted_once_no_snapshot_keeps_them(tmp_path: Path, engine: str) -> None:
+    """Files merged away stay while one of the newest KEEP_LOCAL (2) uploaded snapshots
+    names them, and go once newer snapshots take their place; no stray file is left."""
     rng = random.Random(5)
     model: dict[bytes, bytes] = {}
-    with statestores.open(engine, tmp_path / "db", remote=remotes.PathRemote(tmp_path / "r"), **TINY[engine]) as s:
+    db = tmp_path / "db"
+    remote = remotes.PathRemote(tmp_path / "r")
+    with statestores.open(engine, db, remote=remote, **TINY[engine]) as s:
         _drive(s, rng, 400, model)
         s.snapshot(1)
+        first, at_1 = set(remote.read_manifest(1).files), dict(model)
         _drive(s, rng, 400, model)
         s.flush()
         s.settle()
         assert s.stats()["merges_done"] > 0
-        _, files = s.version()
-        names = {f.name for f in files}
-        on_disk = {p.name for p in (tmp_path / "db").iterdir() if p.name.startswith(s.PREFIX + "-")}
-        assert on_disk == names, f"stray or missing files: {sorted(on_disk ^ names)}"
-        s.restore(1)  # files merged away since snapshot 1 come back from the remote
-        _, files = s.version()
-        assert all((tmp_path / "db" / f.name).exists() for f in files)
+        assert first - _files(s), "no file of snapshot 1 was merged away: the test proves nothing"
+        assert _on_disk(s, db) == _files(s) | first, "snapshot 1's files are kept, nothing else"
+        s.snapshot(2)
+        s.snapshot(3)
+        s.settle()
+        kept = set(remote.read_manifest(2).files) | set(remote.read_manifest(3).files)
+        want = _files(s) | kept
+        assert _on_disk(s, db) == want, f"stray or missing files: {sorted(_on_disk(s, db) ^ want)}"
+        assert not (first - want) & _on_disk(s, db), "snapshot 1's files went with snapshots 2 and 3"
+        # files merged away since snapshot 1 come back from the remote
+        assert s.restore(1).files_downloaded > 0  # (released: snapshots 2 and 3 are kept now)
+        assert all((db / name).exists() for name in _files(s))
+        assert dict(s.items()) == at_1
+
+
+@pytest.mark.parametrize("engine", ["lsm", "appendlog", "hybridlog"])
+def test_a_rollback_to_either_newest_snapshot_downloads_nothing(tmp_path: Path, engine: str) -> None:
+    """A survivor of a lost worker rolls back to the newest complete round: its newest
+    snapshot, or the one before when the round after it failed. Merges since then must
+    not cost a download."""
+    rng = random.Random(7)
+    model: dict[bytes, bytes] = {}
+    with statestores.open(engine, tmp_path / "db", remote=remotes.PathRemote(tmp_path / "r"), **TINY[engine]) as s:
+        _drive(s, rng, 400, model)
+        s.snapshot(1)
+        at_1 = dict(model)
+        _drive(s, rng, 400, model)
+        s.snapshot(2)
+        _drive(s, rng, 400, model)
+        s.flush()
+        s.settle()
+        assert s.stats()["merges_done"] > 0
+        assert s.remote is not None
+        assert set(s.remote.read_manifest(1).files) - _files(s), "nothing merged away: the test proves nothing"
+        info = s.restore(1)
+        assert info.files_downloaded == 0, info
+        assert dict(s.items()) == at_1
 
 
 def test_entries_are_checked_when_decoded() -> None:
