@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -64,15 +66,36 @@ def make_generator(keys: int, dist: str, seed: int):
     return make
 
 
-def preload(settings: Settings, keys: int) -> float:
+def preload(settings: Settings, keys: int, cache: str = "") -> float:
     """Write every key's initial value straight into the cluster's (not yet running) stores,
-    so the state has ``keys`` keys; returns the seconds it took."""
+    so the state has ``keys`` keys; returns the seconds it took.
+
+    ``cache``: a directory of preloaded stores, one per (engine, partitions, keys), written
+    the first time and copied from after (the stores' files are plain files: 50M keys take
+    ~11 minutes to write and ~1 to copy)."""
+    t = time.monotonic()
+    root = os.path.join(settings.home, "data", settings.namespace, "ycsbt")
+    if not cache:
+        _write_initial(settings, keys, root)
+        return time.monotonic() - t
+    kept = os.path.join(cache, f"{settings.store}-{settings.partitions}p-{keys}")
+    if not os.path.isdir(kept):
+        print(f"  preloading {keys:,} keys into {kept} (once)", file=sys.stderr, flush=True)
+        _write_initial(settings, keys, kept + ".part")
+        os.rename(kept + ".part", kept)
+    os.makedirs(os.path.dirname(root), exist_ok=True)
+    shutil.copytree(kept, root)
+    return time.monotonic() - t
+
+
+def _write_initial(settings: Settings, keys: int, root: str) -> None:
+    """Every key's initial value into the stores under ``root``."""
     from examples import ycsbt
     from sfaas.runtime.codec import pack
     from sfaas.runtime.state import open_partition_stores
 
-    t = time.monotonic()
-    root = os.path.join(settings.home, "data", settings.namespace, "ycsbt")
+    if os.path.exists(root):  # (a preload cut short)
+        shutil.rmtree(root)
     stores = open_partition_stores(ycsbt.app, root, range(settings.partitions), settings.partitions,
                                    store=settings.store)
     try:
@@ -87,14 +110,40 @@ def preload(settings: Settings, keys: int) -> float:
                 batches = {}
     finally:
         stores.close()
-    return time.monotonic() - t
+
+
+def _uvloop_run():  # noqa: ANN202 - uvloop.run
+    import uvloop
+    return uvloop.run
+
+
+def _first_round(settings: Settings, interval: float, patience: float = 3600.0) -> dict | None:
+    """Wait until the cluster's first snapshot round is complete (preloaded stores: it
+    uploads all of them; the measured run is then the steady state a cluster of that size
+    lives in, not its first backup); what it uploaded and how long it took."""
+    if interval <= 0:
+        return None
+    t0 = time.monotonic()
+    log_file = cluster.state_dir(settings) / "coordinator.log"
+    pat = re.compile(r"snapshot round (\d+) complete: epoch \d+, (\d+) stores, (\d+) files, ([\d.]+) MB uploaded")
+    said = t0
+    while True:
+        m = pat.search(log_file.read_text()) if log_file.exists() else None
+        if m:
+            return {"round": int(m[1]), "files": int(m[3]), "mb": float(m[4]),
+                    "waited_s": round(time.monotonic() - t0, 1)}
+        if time.monotonic() - t0 > patience:
+            raise RuntimeError(f"no snapshot round complete within {patience:.0f} s; see {log_file}")
+        if time.monotonic() - said > 30:
+            print(f"  waiting for the first round (uploads the preloaded stores): "
+                  f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+            said = time.monotonic()
+        time.sleep(0.5)
 
 
 def _kill_worker(settings: Settings, t0: float, kill: dict, lose_machine: bool = False) -> None:
     """SIGKILL the last worker; ``lose_machine``: delete its stores' directories first (a
     lost machine: its replacement has nothing local to restore from)."""
-    import shutil
-
     from sfaas.runtime.state import stores_root
 
     victim = [p for p in cluster.ps(settings) if p.role == "worker" and p.alive][-1]
@@ -190,6 +239,10 @@ async def one_point(settings: Settings, rate: float, seconds: float, keys: int, 
     async with Client("ycsbt", settings=settings, timeout=120) as client:
         # warm up (topics, metadata, first epochs)
         await run_open_loop(client, make_generator(keys, dist, 1), min(rate, 500), 2.0)
+        bg0 = {}
+        for pid, c in _background(procs).items():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                bg0[pid] = c.cpu_times()
         cpu0 = {p.pid: p.cpu_times() for p in procs}
         me0 = me.cpu_times()
         t0 = time.monotonic()
@@ -219,6 +272,16 @@ async def one_point(settings: Settings, rate: float, seconds: float, keys: int, 
             used = c1.user + c1.system - c0.user - c0.system
             cpu[f"{info.role}-{p.pid}"] = round(used / wall * 100, 1)
             cpu_us[info.role] = round(cpu_us.get(info.role, 0) + used * 1e6 / done)
+        bg_used = 0.0  # the stores' background processes (merges, flushes, uploads)
+        for p in _background(procs).values():
+            try:
+                c1 = p.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            c0 = bg0.get(p.pid)  # (None: started during the run)
+            bg_used += c1.user + c1.system - ((c0.user + c0.system) if c0 else 0.0)
+        cpu["background"] = round(bg_used / wall * 100, 1)
+        cpu_us["background"] = round(bg_used * 1e6 / done)
         me1 = me.cpu_times()
         cpu["loadgen"] = round((me1.user + me1.system - me0.user - me0.system) / wall * 100, 1)
     out = res.summary()
@@ -232,6 +295,17 @@ async def one_point(settings: Settings, rate: float, seconds: float, keys: int, 
         out["recovery"] = _recovery_stats(res, kill, settings)
     if steps:
         out["rescales"] = _rescale_stats(res, steps, settings)
+    return out
+
+
+def _background(procs: list[psutil.Process]) -> dict[int, psutil.Process]:
+    """The background processes (``statestores._bgmain``) of the cluster's processes."""
+    out = {}
+    for p in procs:
+        try:
+            out.update({c.pid: c for c in p.children(recursive=True)})
+        except psutil.NoSuchProcess:
+            continue
     return out
 
 
@@ -255,8 +329,6 @@ def prune_logs(home: str | os.PathLike[str], keep: int = KEEP_LOGS) -> list[Path
     """Delete the log directories of stopped benchmark clusters but the newest ``keep``
     (a running cluster's, which has a ``cluster.json``, and other namespaces' stay);
     returns those deleted."""
-    import shutil
-
     root = Path(home) / "cluster"
     stopped = [d for d in root.glob("bench*") if d.is_dir() and not (d / "cluster.json").exists()]
     stopped.sort(key=lambda d: d.stat().st_mtime, reverse=True)
@@ -270,8 +342,6 @@ def cleanup(settings: Settings, app: str = "ycsbt") -> None:
     stores — so later points do not run against a broker and a bucket that keep growing
     (hundreds of leftover partitions measurably slow the broker down); of the benchmark
     clusters' logs, only the newest :data:`KEEP_LOGS` stay."""
-    import shutil
-
     from aiokafka.admin import AIOKafkaAdminClient
 
     async def drop_topics() -> None:
@@ -381,7 +451,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                            "snapshot_interval": args.snapshot_interval, "workers": args.workers})
         load_before = round(os.getloadavg()[0], 1)
         probe = machine_probe()
-        preload_s = preload(s, args.keys) if args.preload else None
+        preload_s = preload(s, args.keys, args.preload_cache) if args.preload else None
         cluster.up(s, "examples.ycsbt:app", args.workers, timeout=120, standbys=args.standbys)
         try:
             if args.standbys:  # the standbys follow from the start: wait until they are there
@@ -390,8 +460,10 @@ def run(args: argparse.Namespace) -> list[dict]:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"standbys not up within 60 s: {cluster.ps(s)}")
                     time.sleep(0.2)
-            point = asyncio.run(one_point(s, rate, args.seconds, args.keys, args.dist, args.kill_at,
-                                          args.lose_machine, _steps(args.rescale)))
+            first_round = _first_round(s, args.snapshot_interval) if args.preload else None
+            runner = asyncio.run if args.client_loop == "asyncio" else _uvloop_run()
+            point = runner(one_point(s, rate, args.seconds, args.keys, args.dist, args.kill_at,
+                                     args.lose_machine, _steps(args.rescale)))
         finally:
             cluster.down(s)
         timeline = point.pop("_timeline")
@@ -404,6 +476,8 @@ def run(args: argparse.Namespace) -> list[dict]:
             cleanup(s)
         if preload_s is not None:
             point["preload_s"] = round(preload_s, 1)
+        if first_round is not None:
+            point["first_round"] = first_round
         point.update({"phase": "sweep" if args.sweep else "fixed", "loadavg": load_before,
                       **probe,
                       "store": args.store, "keys": args.keys, "dist": args.dist, "seconds": args.seconds,
@@ -448,6 +522,12 @@ def parser() -> argparse.ArgumentParser:
                     help="SIGKILL a worker this many seconds into the measured run; report the recovery")
     ap.add_argument("--preload", action="store_true",
                     help="write all --keys keys into the stores before the cluster starts (state of that size)")
+    ap.add_argument("--preload-cache", dest="preload_cache", default="",
+                    help="with --preload: keep the preloaded stores in this directory and copy them "
+                         "for the next point of the same engine, partitions and keys")
+    ap.add_argument("--client-loop", dest="client_loop", choices=["asyncio", "uvloop"], default="asyncio",
+                    help="the event loop the client (the load generator) runs on; the workers and the "
+                         "coordinator run on uvloop")
     ap.add_argument("--label", default="", help="a tag stored with each point (e.g. the repeat of a series)")
     ap.add_argument("--keep", action="store_true",
                     help="keep each point's topics, MinIO objects and stores (default: delete them after the point)")

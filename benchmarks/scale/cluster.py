@@ -6,15 +6,19 @@
 
 Each point is ``benchmarks/runtime/bench.py`` (YCSB-T transfers, open loop, a fresh
 cluster over the real Kafka and MinIO — ``sfaas services up`` first) with the stores
-preloaded straight from disk (``--preload``, not through transactions):
+preloaded straight from disk (``--preload``, not through transactions; written once per key
+count into ``--preload-cache`` and copied for each point):
 
 - ``keys``: at 1,000 TPS the p50 / p99 and CPU per transaction; a worker SIGKILLed 10 s
   in, without and with a standby (the reply gap, the recovery's phases, what the
-  replacement downloaded); and the saturation (the sweep, unless ``--no-sweep``).
+  replacement downloaded); a rescale 2 → 3 workers 8 s in (its pause, the bytes moved);
+  and the saturation (the sweep, unless ``--no-sweep``). A point measures once the
+  cluster's first snapshot round (which uploads the preloaded stores) is complete.
 - ``workers``: 1, 2, 4 workers at 1,000 TPS and their saturation. This machine has 2
   cores: beyond 2 workers they share them, so the curve measures the protocol's overhead
-  per worker, not added capacity — the model printed at the end (capacity of N machines
-  from the measured CPU per transaction) says what more machines would give.
+  per worker, not added capacity — the model (``_model``: capacity of N machines from the
+  CPU per transaction measured at the highest rate held) says what more machines would
+  give, and its this-machine figure is checked against the measured saturation.
 
 Every point prints as it finishes and is appended to ``--out`` (JSON lines); the tables
 go into benchmarks/README.md ("Cost curves") by hand.
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -58,8 +63,9 @@ def _row(kind: str, p: Row, **extra: object) -> Row:
            "offered_tps": p["offered_tps"], "committed_tps": p["committed_tps"],
            "p50_ms": p["p50_ms"], "p99_ms": p["p99_ms"], "cpu_us_per_txn": p["cpu_us_per_txn"],
            "preload_s": p.get("preload_s"), "time": p["time"], **extra}
-    if "recovery" in p:
-        row["recovery"] = p["recovery"]
+    for extra_key in ("recovery", "rescales", "first_round"):
+        if extra_key in p:
+            row[extra_key] = p[extra_key]
     return row
 
 
@@ -71,41 +77,71 @@ def saturation(points: list[Row]) -> float:
 
 def keys_curve(a: argparse.Namespace, emit: Emit) -> None:
     for k in [parse_count(x, "--keys") for x in a.keys.split(",")]:
-        base = ["--store", a.store, "--keys", str(k), "--preload", "--seconds", str(a.seconds)]
+        base = ["--store", a.store, "--keys", str(k), "--preload", "--preload-cache", str(a.preload_cache),
+                "--seconds", str(a.seconds)]
         p = bench(*base, "--rates", "1000")[0]
         emit(_row("keys", p, point="1000 TPS"))
         p = bench(*base, "--rates", "1000", "--kill-at", "10")[0]
         emit(_row("keys", p, point="worker killed"))
         p = bench(*base, "--rates", "1000", "--kill-at", "10", "--standbys", "1")[0]
         emit(_row("keys", p, point="worker killed, standby"))
+        p = bench(*base, "--rates", "1000", "--rescale", "8:3")[0]
+        emit(_row("keys", p, point="rescale 2 → 3"))
         if a.sweep:
             pts = bench(*base, "--sweep", "--rates", a.rates)
             emit({"curve": "keys", "keys": k, "point": "saturation", "saturation_tps": saturation(pts),
                   "sweep": [(p["offered_tps"], p["p99_ms"]) for p in pts]})
 
 
+def _cpu_per_txn(p: Row) -> dict[str, float]:
+    """A point's CPU seconds per committed transaction by role, the client included (the
+    load generator's share of a core over the run)."""
+    out = {k: v / 1e6 for k, v in p["cpu_us_per_txn"].items()}
+    loadgen = p.get("cpu_percent", {}).get("loadgen")
+    if loadgen is not None and p.get("committed_tps"):
+        out["client"] = loadgen / 100 / p["committed_tps"]
+    return out
+
+
 def workers_curve(a: argparse.Namespace, emit: Emit) -> None:
-    cpu: dict[int, dict[str, int]] = {}
     for n in [int(x) for x in a.workers.split(",")]:
         base = ["--store", a.store, "--keys", str(parse_count(a.keys.split(",")[0], "--keys")),
                 "--workers", str(n), "--partitions", str(max(8, 2 * n)), "--seconds", str(a.seconds)]
         p = bench(*base, "--rates", "1000")[0]
-        cpu[n] = p["cpu_us_per_txn"]
         emit(_row("workers", p, point="1000 TPS"))
-        if a.sweep:
-            pts = bench(*base, "--sweep", "--rates", a.rates)
-            emit({"curve": "workers", "workers": n, "point": "saturation",
-                  "saturation_tps": saturation(pts), "sweep": [(p["offered_tps"], p["p99_ms"]) for p in pts]})
-    # the model: a machine per worker, each with this machine's cores; a transaction costs
-    # the workers' and the broker's CPU measured at N workers (the coordinator's is one
-    # process, shared); capacity = machines × cores / (CPU per transaction per machine)
-    cores = 2
-    for n, c in sorted(cpu.items()):
-        per_txn = (c.get("worker", 0) + c.get("kafka", 0)) / 1e6
-        emit({"curve": "workers", "workers": n, "point": "model",
-              "cpu_s_per_txn": round(per_txn, 6),
-              "this_machine_tps": round(cores / max(per_txn, 1e-9)),
-              "n_machines_tps": round(n * cores / max(per_txn, 1e-9))})
+        if not a.sweep:
+            continue
+        pts = bench(*base, "--sweep", "--rates", a.rates)
+        sat = saturation(pts)
+        emit({"curve": "workers", "workers": n, "point": "saturation", "saturation_tps": sat,
+              "sweep": [(p["offered_tps"], p["p99_ms"]) for p in pts]})
+        held = [p for p in pts if p["offered_tps"] == sat]
+        if held:
+            emit(_model(n, held[-1], a.cores))
+
+
+def _model(n: int, p: Row, cores: int) -> Row:
+    """The capacity model, from the CPU per transaction at the highest rate ``n`` workers
+    held on this machine (batching makes it far lower than at 1,000 TPS):
+
+    - this machine: ``cores / (every process's CPU per transaction)``, the client's
+      included — against the measured saturation, it says whether the point is CPU-bound;
+    - N machines of ``cores`` cores, one worker and its share of the brokers on each, the
+      clients elsewhere: ``N × cores / (workers' + Kafka's CPU per transaction)``, and never
+      more than the coordinator's one core allows (``1 / its CPU per transaction``): the
+      protocol's cost of more workers is in the measured CPU per transaction at ``n``.
+    """
+    c = _cpu_per_txn(p)
+    total = sum(c.values())
+    spread = c.get("worker", 0) + c.get("kafka", 0) + c.get("background", 0)
+    coord = c.get("coordinator", 0)
+    n_machines = n * cores / max(spread, 1e-9)
+    return {"curve": "workers", "workers": n, "point": "model", "at_tps": p["offered_tps"],
+            "cpu_us_per_txn": {k: round(v * 1e6) for k, v in c.items()},
+            "this_machine_tps": round(cores / max(total, 1e-9)),
+            "measured_tps": p["committed_tps"],
+            "n_machines_tps": round(min(n_machines, 1 / max(coord, 1e-9))),
+            "coordinator_bound_tps": round(1 / max(coord, 1e-9))}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -115,8 +151,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--store", default="lsm")
     ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--rates", default="1000,2000,3000,4000,6000,8000", help="the sweep's rates")
+    ap.add_argument("--rates", default="1000,2000,3000,4000,6000,8000,10000,12000,14000",
+                    help="the sweep's rates")
+    ap.add_argument("--cores", type=int, default=os.cpu_count() or 2,
+                    help="cores per machine in the capacity model (default: this machine's)")
     ap.add_argument("--no-sweep", dest="sweep", action="store_false")
+    ap.add_argument("--preload-cache", dest="preload_cache", type=Path,
+                    default=Path.home() / ".cache" / "sfaas" / "preload",
+                    help="preloaded stores kept here, written once per key count and copied per point "
+                         "(50M lsm keys: ~6 GB)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "scale-cluster.jsonl")
     a = ap.parse_args(argv)
     a.keys = a.keys or ("10K,100K,1M,10M,50M" if a.curve == "keys" else "10K")
