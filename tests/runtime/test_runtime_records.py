@@ -33,7 +33,7 @@ class NoFullScans:
 
 @pytest.mark.parametrize("engine", statestores.ENGINES)
 def test_timers_are_found_by_prefix_among_many_user_keys(engine: str, tmp_path: Path) -> None:
-    timers = [timer_key("k%d" % i, 1000.0 + i, 7, i) for i in range(3)]
+    timers = [timer_key(f"k{i}", 1000.0 + i, 7, i) for i in range(3)]
     with statestores.open(engine, tmp_path) as s:
         s.write_batch([(b"k%06d" % i, b"v") for i in range(5000)]
                       + [(t.encode(), b"") for t in timers]
@@ -57,7 +57,7 @@ def test_a_scan_read_returns_its_prefix_in_key_order_up_to_the_limit(engine: str
                       + [(timer_key("user:1", 5.0, 1, 0).encode(), b"")])
         wrapped = NoFullScans(s)
         got = scan_partition(wrapped, "user:00", 5, ValueCodec("op"), 0.0)
-        assert got == [["user:%04d" % i, i] for i in range(5)]
+        assert got == [[f"user:{i:04d}", i] for i in range(5)]
         assert wrapped.prefixes == [b"user:00"]
         assert scan_partition(wrapped, "", 3, ValueCodec("op"), 0.0) == [["other:0", 0], ["other:1", -1],
                                                                     ["other:10", -10]]

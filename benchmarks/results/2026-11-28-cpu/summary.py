@@ -15,7 +15,7 @@ base = None
 for f in sorted(out.glob("*.jsonl"), key=lambda p: ["old", "new", "uv", "gather"].index(p.stem)
                 if p.stem in ("old", "new", "uv", "gather") else 9):
     pts = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
-    def med(fn):
+    def med(fn, pts=pts):
         return statistics.median(fn(p) for p in pts)
     client = med(lambda p: p["cpu_percent"]["loadgen"] / 100 * p["wall_s"] / p["committed"] * 1e6)
     workers = med(lambda p: p["cpu_us_per_txn"]["worker"])
