@@ -149,9 +149,15 @@ class Store(StoreCore):
         the blocks that can hold the prefix, the hash-indexed engines walk their in-memory
         keys without reading a value that does not match. (The runtime finds its timer and
         action records this way at every recovery: a whole-store scan of 10M keys held a
-        worker's event loop for 2.5 s.) Default: filter and sort :meth:`items`."""
+        worker's event loop for 2.5 s.) Engines implement :meth:`_prefixed`."""
         if not isinstance(prefix, bytes):
             raise TypeError(f"prefix must be bytes, got {type(prefix).__name__}")
+        self._check_open()
+        return self._prefixed(prefix)
+
+    def _prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Engine hook of :meth:`prefixed` (``prefix`` checked, the store open). Default:
+        filter and sort :meth:`items`."""
         return iter(sorted(kv for kv in self.items() if kv[0].startswith(prefix)))
 
     @abc.abstractmethod

@@ -190,13 +190,9 @@ class MemOnlyStore(Store):
             snapshot = list(self._data.items())
         return iter(snapshot)
 
-    def prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        if not isinstance(prefix, bytes):
-            raise TypeError(f"prefix must be bytes, got {type(prefix).__name__}")
-        self._check_open()
+    def _prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         with self._lock:
-            data = self._data
-            found = [(k, data[k]) for k in [k for k in data if k.startswith(prefix)]]
+            found = [(k, v) for k, v in self._data.items() if k.startswith(prefix)]
         found.sort()
         return iter(found)
 

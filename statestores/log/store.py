@@ -159,12 +159,8 @@ class SegmentedStore(SealedSegments):
         keys += extra
         return self._pairs(keys)
 
-    def prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Every live pair whose key starts with ``prefix``, in key order: the in-memory
-        keys walked, only the matches' values read."""
-        if not isinstance(prefix, bytes):
-            raise TypeError(f"prefix must be bytes, got {type(prefix).__name__}")
-        self._check_open()
+    def _prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The in-memory keys walked, only the matches' values read."""
         self._await_index()
         with self._lock:
             keys = [k for k in self._index if k.startswith(prefix)]

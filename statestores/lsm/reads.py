@@ -126,11 +126,9 @@ class LSMReads(LSMState):
         """Every live pair once, in key order, as of this call (a lazy merge)."""
         return self._merged(b"")
 
-    def prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Every live pair whose key starts with ``prefix``, in key order: each run read
-        from the block that can hold the prefix, up to the first key past it."""
-        if not isinstance(prefix, bytes):
-            raise TypeError(f"prefix must be bytes, got {type(prefix).__name__}")
+    def _prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Each run read from the block that can hold the prefix, up to the first key
+        past it."""
         return takewhile(lambda kv: kv[0].startswith(prefix), self._merged(prefix))
 
     def _merged(self, start: bytes) -> Iterator[tuple[bytes, bytes]]:

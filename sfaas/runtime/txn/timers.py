@@ -90,5 +90,4 @@ class TimerIndex:
 def _records(store: Any) -> Iterable[bytes]:
     """The timer record keys of a store (``Store.prefixed``: not a scan of every key, which
     held a worker's loop for seconds at 10M keys)."""
-    for k, _ in store.prefixed(TIMER_B):
-        yield k
+    return (k for k, _ in store.prefixed(TIMER_B))
