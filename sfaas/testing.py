@@ -414,16 +414,19 @@ class LocalRunner:
             aborts = {**aborts, **await second_run(self.engines, roots)}
         committed: list[int] = []
         in_fallback: list[int] = []
+        alone: list[int] = []  # (each participant's, in tid order: theirs commute)
         reruns = sum(lp.reruns for lp in self.loops)
         all_fates = await commit_together(self.loops, conflicts, aborts, self.fallback)
         self.stats.suspended += sum(len(lp.just_parked) for lp in self.loops)
         self.effects.launch()
         self.stats.effects = self.effects.started
         for fates in all_fates:
+            alone += sorted(f.tid for f in fates if f.committed and f.alone)
             for f in fates:
                 if f.committed:
                     self.stats.committed += 1
-                    (in_fallback if f.fallback else committed).append(f.tid)
+                    if not f.alone:
+                        (in_fallback if f.fallback else committed).append(f.tid)
                 else:
                     self.stats.aborted += 1
                 if not f.committed and f.item.idem is not None:
@@ -439,8 +442,9 @@ class LocalRunner:
                     fut.set_exception(self._error(f.tid, f.value))
         self.stats.reruns += sum(lp.reruns for lp in self.loops) - reruns
         if self.on_epoch_committed is not None:
-            # the serial order: the epoch's commits by tid, then the fallback phase's by tid
-            self.on_epoch_committed(epoch, sorted(committed) + sorted(in_fallback))
+            # the serial order: the epoch's commits by tid, the fallback phase's by tid, then
+            # each participant's deviated roots run alone (Participant.rerun_deviated)
+            self.on_epoch_committed(epoch, sorted(committed) + sorted(in_fallback) + alone)
 
     def _keep_abort(self, f: Fate[_Item]) -> None:
         """An idempotent request aborted: keep its abort as its outcome (a transaction)."""

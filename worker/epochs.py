@@ -9,8 +9,10 @@
               *fallback phase* (``worker.protocols.fallback``): every conflicting root of
               the epoch, on every worker, re-runs at once against the just-committed state
               under ordered locks — a key is used by the re-runs in tid order — so a hot-key
-              chain commits whole, also across workers; requeue the re-runs that deviated
-              (used a key their first run did not), queue the replies (``worker.egress``);
+              chain commits whole, also across workers; the re-runs that deviated (used a
+              key their first run did not) run again once the phase ended everywhere, one
+              at a time on their worker, and only those that would leave it are requeued
+              (``Participant.rerun_deviated``); queue the replies (``worker.egress``);
               when the Commit carries a snapshot round's marker, every store is frozen there
               — a consistent cut — and uploads while epochs go on (``worker.protocols.rounds``).
 
@@ -250,6 +252,7 @@ class EpochRunner:
             fates = loop.decided(conflicts, aborts)
             self._reply(fates)
             fb = await self._fallback.run(epoch, loop, candidates, set(conflicts))
+            await loop.rerun_deviated(fb)  # (the phase ended everywhere: alone, in tid order)
             late = loop.settle(conflicts, aborts, fb, decided_done=True)
             self._reply(late)
             fates += late

@@ -7,7 +7,8 @@ to other workers go as ``wire.Call`` with ``fallback`` set and wait there for th
 When a root's re-run is over, its worker applies (or drops) its writes and tells every
 peer with ``wire.Finished``, which does the same there and lets the higher tids waiting
 for it go on. A worker's phase ends when every tid of the set finished — its own and its
-peers' — and only then does it reply and take the next Begin.
+peers' — then it runs its roots that deviated once more, alone on its own keys
+(``Participant.rerun_deviated``), and only then does it reply and take the next Begin.
 
 A peer may begin the phase before this worker read its Commit: its fallback calls and
 ``Finished`` messages for the current epoch wait here until the phase begins; together

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,10 @@ __all__ = [
 #: Deepest chain of nested ``ctx.call``s before the transaction aborts (catches runaway recursion).
 MAX_CALL_DEPTH = 64
 
+#: A serial fallback (``Engine.run_fallback``) gives the event loop a turn this often: its
+#: runs never wait, and thousands of them would otherwise starve the heartbeat.
+YIELD_EVERY_S = 0.02
+
 #: ``(True, result)`` or ``(False, (error_type, reason))``.
 Outcome = tuple[bool, Any]
 
@@ -64,7 +69,9 @@ class _Fallback:
     committed re-runs are equivalent to running them one by one in tid order after the
     epoch's commits (Calvin's ordered locks over the first run's read/write sets; Styx's
     fallback). A re-run that reads or writes a key outside its first run's set could
-    race an unordered tid there: it *deviates* and re-runs next epoch, its writes dropped.
+    race an unordered tid there: it *deviates*, its writes dropped; once the phase ended
+    everywhere its worker runs it again alone (``Participant.rerun_deviated``), and it
+    re-runs next epoch only if that run would leave the worker.
     """
 
     def __init__(self, first: AccessLog, tids: set[int]) -> None:
@@ -496,8 +503,13 @@ class Engine:
         """
         results: list[tuple[str, Any]] = []
         self._in_fallback = True
+        slice_end = time.perf_counter() + YIELD_EVERY_S
         try:
             for tid, now, request in items:
+                if time.perf_counter() > slice_end:
+                    # local runs never wait: let the loop beat its heartbeat meanwhile
+                    await asyncio.sleep(0)
+                    slice_end = time.perf_counter() + YIELD_EVERY_S
                 self.log = AccessLog()
                 self._deviated.clear()
                 ok, value = await self.run_root(tid, now, request)

@@ -45,13 +45,16 @@ T = TypeVar("T", bound=Item)
 class Fate(Generic[T]):
     """A request whose fate is final this epoch: ``committed`` with ``value``, or
     ``aborted`` with ``(error type, reason)`` in ``value``. ``fallback``: decided in the
-    fallback phase (serially after the epoch's other commits, in tid order)."""
+    fallback phase (serially after the epoch's other commits, in tid order); ``alone``:
+    decided after it, by its worker's run of the roots that deviated there
+    (:meth:`Participant.rerun_deviated`)."""
 
     tid: int
     item: T
     committed: bool
     value: Any
     fallback: bool = False
+    alone: bool = False
 
 
 class Participant(Generic[T]):
@@ -81,6 +84,8 @@ class Participant(Generic[T]):
         self.parked: dict[int, T] = {}
         #: the tids parked by the last commit
         self.just_parked: list[int] = []
+        #: the tids :meth:`rerun_deviated` ran this epoch
+        self._alone: set[int] = set()
         self.committed = self.aborted = self.reruns = self.fallbacks = self.epochs = 0
         self.suspended = 0
         #: the current epoch's ``now`` (what its new requests got)
@@ -219,6 +224,34 @@ class Participant(Generic[T]):
         self.fallbacks += len(candidates)
         return out
 
+    async def rerun_deviated(self, fb_fates: dict[int, tuple[str, Any]]) -> None:
+        """After the cross-worker fallback phase ended *everywhere* (and each engine's
+        ``end_fallback``): this participant's roots that deviated in it (``"rerun"`` in
+        ``fb_fates``) run once more, one at a time in tid order, alone on this worker
+        (``Engine.run_fallback``); ``fb_fates`` takes their new fates. A run that stays on
+        this worker commits now instead of next epoch; one that would leave it still
+        re-runs next epoch.
+
+        Nothing else touches this worker's keys meanwhile: every root of the phase
+        finished on every worker, and a peer's calls of the next epoch wait until this
+        worker begins it. Another worker's such runs touch only its own keys, so they
+        commute with these. The serial order is: the epoch's commits by tid, the phase's
+        commits by tid, then each worker's runs here by tid.
+
+        Without it a hot key's deviating roots cascade: once one re-run of the phase sees
+        a state its first run did not, so does every later one on that key, and each
+        re-runs next epoch as a chain of blockers that drains one root per epoch."""
+        self._alone = set()
+        again = [t for t in sorted(fb_fates) if fb_fates[t][0] == "rerun"]
+        if not again:
+            return
+        items = dict(self.batch)
+        out = await self.engine.run_fallback(
+            [(t, items[t].now, self.request_of(items[t])) for t in again])
+        fb_fates.update(zip(again, out, strict=True))
+        self._alone = set(again)
+        self.fallbacks += len(again)
+
     def decided(
         self, conflicts: Mapping[int, int], aborts: Mapping[int, tuple[str, str]]
     ) -> list[Fate[T]]:
@@ -259,11 +292,13 @@ class Participant(Generic[T]):
             if kind != "committed" and detail[0] == SUSPENDED:
                 self._park(tid, item)
                 continue
+            alone = tid in self._alone
             if kind == "committed":
-                fates.append(Fate(tid, item, True, detail[1], fallback=True))
+                fates.append(Fate(tid, item, True, detail[1], fallback=True, alone=alone))
             else:
-                fates.append(
-                    Fate(tid, item, False, (str(detail[0]), str(detail[1])), fallback=True))
+                fates.append(Fate(tid, item, False, (str(detail[0]), str(detail[1])),
+                                  fallback=True, alone=alone))
+        self._alone = set()
         self._count([f for f in fates if f.fallback])
         order = {tid: i for i, (tid, _) in enumerate(self.batch)}
         fates.sort(key=lambda f: order[f.tid])  # batch order
@@ -314,8 +349,10 @@ async def commit_together(
     """Commit one epoch on participants sharing one process (``LocalRunner``, a test's
     replay), as the workers of a cluster do: apply, then — with ``fallback`` and any
     conflict — the cross-worker fallback phase (``worker.protocols.fallback`` across processes),
-    then settle. Returns each participant's fates; the serial order is the epoch's
-    commits by tid, then the fallback phase's commits by tid."""
+    then each participant's re-run of the roots that deviated there, then settle. Returns
+    each participant's fates; the serial order is the epoch's commits by tid, then the
+    fallback phase's commits by tid, then each participant's ``alone`` ones by tid
+    (:meth:`Participant.rerun_deviated`)."""
     candidates = [lp.apply(conflicts, aborts) for lp in loops]
     fb: list[dict[int, tuple[str, Any]]] = [{} for _ in loops]
     if fallback and any(candidates):
@@ -334,4 +371,6 @@ async def commit_together(
         finally:
             for eng in engines:
                 eng.end_fallback()
+        for lp, f in zip(loops, fb, strict=True):
+            await lp.rerun_deviated(f)
     return [lp.settle(conflicts, aborts, f) for lp, f in zip(loops, fb, strict=True)]
