@@ -5,6 +5,7 @@ this package imports the ``worker`` and ``coordinator`` services only inside the
 that run them. Its rooms:
 
 * :mod:`launcher.commands`   the argument parser and the command dispatch (``main``);
+* :mod:`launcher.alive`      ``sfaas alive``, the liveness probe (the standard library only);
 * :mod:`launcher.services`   Kafka and MinIO as local background processes;
 * :mod:`launcher.cluster`    ``sfaas up`` / ``ps`` / ``down``: a local cluster;
 * :mod:`launcher.supervisor` the process that starts and restarts the cluster's roles;
@@ -13,6 +14,20 @@ that run them. Its rooms:
 
 from __future__ import annotations
 
-from launcher.commands import main
+import sys
+from collections.abc import Sequence
 
 __all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``sfaas`` console script. ``sfaas alive`` runs before anything
+    else is imported: a probe runs it every few seconds in every container."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["alive"]:
+        from launcher.alive import main as alive
+
+        return alive(args[1:])
+    from launcher.commands import main as run
+
+    return run(argv)

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from launcher import alive
 from sfaas.errors import EXIT_RECOVERY_STOPPED, RecoveryStopped, SfaasError, TransactionAborted
 from sfaas.runtime.settings import Settings
 
@@ -101,12 +102,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="app name (default: the running local cluster's)")
     sn.add_argument("--json", action="store_true", help="machine-readable output")
 
-    al = sub.add_parser("alive", help="is this host's sfaas process alive? exit 0 if its "
-                                      "liveness file is fresh, 1 if not (a liveness probe)")
-    al.add_argument("--max-age", dest="max_age", type=float, required=True,
-                    help="seconds the liveness file may be old, e.g. 2 x heartbeat timeout + 1")
-    al.add_argument("--file", dest="alive_file",
-                    help="the liveness file (default: $SFAAS_ALIVE_FILE, else $SFAAS_HOME/alive)")
+    alive.add_arguments(sub.add_parser("alive", help=alive.HELP))
 
     sp = sub.add_parser("supervise", help=argparse.SUPPRESS)  # started by `sfaas up`
     sp.add_argument("--state-dir", dest="state_dir", required=True)
@@ -225,27 +221,6 @@ def _run_service(coro_factory: Any, settings: Settings | None = None) -> int:
     return 0
 
 
-def _alive(path: str | None, limit: float) -> int:
-    """``sfaas alive``: 0 if the liveness file is at most ``limit`` seconds old, else 1."""
-    from sfaas.runtime import liveness
-
-    if not limit > 0:
-        print(f"error: --max-age must be a positive number of seconds, got {limit}",
-              file=sys.stderr)
-        return 2
-    path = path or liveness.alive_path(Settings.load().home)
-    age = liveness.age(path)
-    if age is None:
-        print(f"not alive: no liveness file {path}", file=sys.stderr)
-        return 1
-    if age > limit:
-        print(f"not alive: {path} was last touched {age:.1f} s ago (more than {limit:g} s)",
-              file=sys.stderr)
-        return 1
-    print(f"alive: {path} touched {age:.1f} s ago")
-    return 0
-
-
 def _parse_arg(text: str) -> Any:
     try:
         return json.loads(text)
@@ -294,8 +269,8 @@ def _dispatch(ns: argparse.Namespace) -> int:
                     state = "reachable" if st.get("reachable") else "stopped"
                 print(f"{name:6} {state:9} {st.get('endpoint')} pid={st.get('pid')}")
         return 0
-    if cmd == "alive":
-        return _alive(ns.alive_file, ns.max_age)
+    if cmd == "alive":  # (launcher.main runs it before importing this module)
+        return alive.probe(ns.alive_file, ns.max_age)
     if cmd == "coordinator":
         s = _settings(ns, "kafka", "namespace", "log_level", "app", "coordinator", "workers",
                       "partitions", "snapshot_interval", "snapshot_retain", "metrics_port")
