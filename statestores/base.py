@@ -31,6 +31,7 @@ from .core import StoreCore, Subscriber
 from .errors import StoreError
 from .fs import FileSystem
 from .snapshot_info import Frozen, RestoreInfo, SnapshotInfo
+from .version import FileEntry
 
 log = logging.getLogger("statestores")
 
@@ -65,9 +66,13 @@ class Store(StoreCore):
         *,
         remote: Remote | None = None,
         fs: FileSystem | None = None,
+        _opened: dict[str, Any] | None = None,
         **options: Any,
     ) -> None:
         super().__init__(directory, remote, fs, options)
+        #: files a replica opened already (``_preopen``, by name; ``statestores.replica``):
+        #: ``_open`` takes them instead of opening those files again, the rest are dropped
+        self._opened: dict[str, Any] = dict(_opened or {})
         self.fs.makedirs(self.directory)
         self._lock_fd = self.fs.lock(os.path.join(self.directory, _LOCK_NAME))
         try:
@@ -78,7 +83,9 @@ class Store(StoreCore):
             else:
                 with self._lock:
                     self._open()
+            self._opened.clear()
         except BaseException:
+            self._opened.clear()
             self._closed = True
             self._maint.stop()
             self._abandon()
@@ -86,6 +93,13 @@ class Store(StoreCore):
             raise
 
     # ------------------------------------------------------------------ engine hooks
+
+    @classmethod
+    def _preopen(cls, fs: FileSystem, path: str, entry: FileEntry) -> Any | None:
+        """Engine hook: open the file ``entry`` at ``path`` as ``_open`` would, for a replica
+        that may be promoted (``_open`` then finds it in ``self._opened``); None: nothing
+        to open ahead (the default)."""
+        return None
 
     def _has_local_state(self) -> bool:
         """Engine hook: whether the directory holds any state of this engine."""

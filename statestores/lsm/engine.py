@@ -29,12 +29,13 @@ from typing import Any
 from .. import background
 from ..base import Option
 from ..errors import BackgroundBusy, CorruptionError, StoreError
+from ..fs import FileSystem
 from ..version import FileEntry
 from . import merge as merge_mod
 from .reads import LSMReads
 from .runfile import RunReader
 from .state import ENTRY_OVERHEAD
-from .wal import replay
+from .wal import Replayed, read_sealed, replay
 from .writes import LSMWrites
 
 __all__ = ["LSMStore"]
@@ -44,6 +45,11 @@ log = logging.getLogger("statestores.lsm")
 
 def _positive(v: int) -> bool:
     return v >= 1
+
+
+def _weight(mem: dict[bytes, bytes | None]) -> int:
+    """What ``mem``'s records weigh in the memtable (``LSMState._mem_bytes``)."""
+    return sum(len(k) + (len(v) if v else 0) + ENTRY_OVERHEAD for k, v in mem.items())
 
 
 class LSMStore(LSMReads, LSMWrites):
@@ -68,13 +74,30 @@ class LSMStore(LSMReads, LSMWrites):
 
     # ------------------------------------------------------------------ open
 
+    @classmethod
+    def _preopen(cls, fs: FileSystem, path: str, entry: FileEntry) -> RunReader | Replayed | None:
+        """A run's footer, fence index and Bloom filter, read and checked ahead; a sealed
+        WAL's records (what the memtable replays)."""
+        if entry.kind == "run":
+            return RunReader(fs, path, entry.name, entry.level)
+        if entry.kind != "wal":
+            return None
+        wal = read_sealed(fs, path)
+        wal.nbytes = _weight(wal.records)
+        return wal
+
     def _open(self) -> None:
         self._init_state()
         version = self._load_version()
         for e in version.of_kind("run"):
             while len(self._levels) <= e.level:
                 self._levels.append([])
-            self._levels[e.level].append(RunReader(self.fs, self._path(e.name), e.name, e.level))
+            run = self._opened.pop(e.name, None)
+            if run is not None and run.level == e.level:
+                run.path = self._path(e.name)  # (a promoted replica may have moved)
+            else:
+                run = RunReader(self.fs, self._path(e.name), e.name, e.level)
+            self._levels[e.level].append(run)
         self._rebuild_runs()
         wal_names = [e.name for e in version.of_kind("wal")]
         kept: list[str] = []
@@ -83,12 +106,20 @@ class LSMStore(LSMReads, LSMWrites):
         # empty spare may follow it)
         sizes = [self.fs.size(self._path(n)) for n in wal_names]
         last = max((i for i, n in enumerate(sizes) if n), default=-1)
+        weights: list[int] | None = []  # of the WALs read ahead, if all were
         for i, name in enumerate(wal_names):
-            size, _n = replay(self.fs, self._path(name), self._mem, truncate_torn=i == last)
+            ahead = self._opened.pop(name, None)
+            if isinstance(ahead, Replayed) and ahead.size == sizes[i]:
+                self._mem.update(ahead.records)
+                size = ahead.size
+                if weights is not None:
+                    weights.append(ahead.nbytes)
+            else:
+                size, _n = replay(self.fs, self._path(name), self._mem, truncate_torn=i == last)
+                weights = None if size else weights
             (kept if size else empty).append(name)
-        self._mem_bytes = sum(
-            len(k) + (len(v) if v else 0) + ENTRY_OVERHEAD for k, v in self._mem.items()
-        )
+        # (a key in two WALs counts twice in their sum: the memtable flushes no later)
+        self._mem_bytes = sum(weights) if weights is not None else _weight(self._mem)
         self._wals = kept
         added = self._switch_wal() if self.sync != "none" else []
         if added or empty:

@@ -12,7 +12,7 @@ from ..errors import CorruptionError
 from ..fs import FileSystem
 from ..records import ScanResult, scan
 
-__all__ = ["replay"]
+__all__ = ["replay", "Replayed", "read_sealed"]
 
 
 def replay(
@@ -35,3 +35,24 @@ def replay(
             raise CorruptionError(path, f"sealed WAL is incomplete after offset {res.valid_end}")
         fs.truncate(path, res.valid_end)
     return res.valid_end, n
+
+
+class Replayed:
+    """A sealed WAL read ahead (a replica's, :func:`read_sealed`): what :func:`replay`
+    would apply, the file size it was read at, and ``nbytes``, what its records weigh in a
+    memtable (set by the engine)."""
+
+    __slots__ = ("size", "records", "nbytes")
+
+    def __init__(self, size: int, records: dict[bytes, bytes | None]) -> None:
+        self.size = size
+        self.records = records
+        self.nbytes = 0
+
+
+def read_sealed(fs: FileSystem, path: str) -> Replayed:
+    """The records of the sealed WAL at ``path``, later ones winning (a torn one is a
+    :class:`CorruptionError`: a sealed WAL is whole)."""
+    records: dict[bytes, bytes | None] = {}
+    size, _n = replay(fs, path, records, truncate_torn=False)
+    return Replayed(size, records)

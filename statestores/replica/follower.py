@@ -4,7 +4,9 @@ A :class:`Follower` installs each edit's files — built by the primary, with th
 (run footers with Bloom filter and fences, hint files) — strictly in sequence order, and
 holds every file of its newest snapshot marks. It never flushes, merges or builds an
 index: :meth:`Follower.promote` writes ``CURRENT`` for the version it holds and opens the
-engine on those very files, whose open path reads the shipped hints and footers.
+engine on those very files, whose open path reads the shipped hints and footers — or takes
+what the follower read of them ahead (``Store._preopen``: an lsm run's fence index and
+Bloom filter, held in memory as the promoted store will hold them).
 
 Its own state is the ``FOLLOW`` document (``FORMAT.md`` § "FOLLOW"), rewritten atomically
 after every installed message: the version (seq and files), the origin it follows, the
@@ -106,6 +108,10 @@ class Follower:
         self._holds: Counter[str] = Counter()
         self._checked: dict[str, tuple[int, int]] = {}  # name → (size, crc32c) verified on arrival
         self._counts: Counter[str] = Counter()
+        #: the needed files the engine opens ahead (``Store._preopen``: an lsm run's index and
+        #: Bloom filter), by name, so a promotion does not read them; owned by the follow
+        #: thread until :meth:`promote` (after it stopped) hands them to the store
+        self._opened: dict[str, Any] = {}
         self.last_error: BaseException | None = None
         self.fs.makedirs(self.directory)
         self._lock_fd = self.fs.lock(os.path.join(self.directory, _LOCK_NAME))
@@ -301,6 +307,20 @@ class Follower:
             self._stop.wait(delay)
             delay = min(delay * 2, _BACKOFF[1])
 
+    def _open_ahead(self, entries: list[FileEntry]) -> None:
+        """(follow thread) Open those of a message's files the engine opens ahead."""
+        for e in entries:
+            n = e.name
+            if n in self._opened or self._stop.is_set():
+                continue
+            try:
+                opened = self.engine_cls._preopen(self.fs, self._path(n), e)
+            except (OSError, StoreError) as exc:  # the promotion opens it and says what is wrong
+                log.warning("replica %s: cannot open %s ahead: %s", self.directory, n, exc)
+                continue
+            if opened is not None:
+                self._opened[n] = opened
+
     def _check_tip(self, tip: Tip) -> None:
         with self._lock:
             newest = self.marks[-1][0] if self.marks else -1
@@ -390,6 +410,7 @@ class Follower:
         for f in files:
             if f.body:
                 self._checked[f.entry.name] = (f.size, f.crc)
+        self._open_ahead([f.entry for f in files])
         with self._lock:
             before = set(self._needed())
             if isinstance(msg, EditMsg):
@@ -411,6 +432,9 @@ class Follower:
                 self._counts["marks"] += 1
             self._save()
             self._collect(before)
+            need = self._needed()
+            for n in [n for n in self._opened if n not in need]:
+                del self._opened[n]
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ the user's side
@@ -542,7 +566,8 @@ class Follower:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             os.rename(self.directory, target)
             log.info("replica %s moved to %s", self.directory, target)
-        store = self.engine_cls(target, **{**self.options, **options})
+        opened, self._opened = {n: self._opened[n] for n in names if n in self._opened}, {}
+        store = self.engine_cls(target, _opened=opened, **{**self.options, **options})
         store._verified = {n: self._checked[n] for n in names if n in self._checked}
         return store
 
@@ -560,6 +585,7 @@ class Follower:
         if self._closed:
             return
         self._stop_following()
+        self._opened = {}
         with self._lock:
             self._closed = True
             self._cond.notify_all()

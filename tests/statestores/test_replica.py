@@ -768,3 +768,55 @@ def test_a_replica_promoted_at_a_snapshot_restores_it_without_a_download(tmp_pat
         store.close()
         shipper.close()
         db.close()
+
+
+def test_a_promoted_lsm_replica_reads_none_of_its_runs_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The follower opened each run ahead (fence index, Bloom filter) and read each sealed
+    WAL: the promotion opens no run and replays no WAL, also into another directory, and
+    the store merges those runs at their new paths."""
+    from statestores.lsm import engine as lsm_engine
+
+    db = statestores.open("lsm", tmp_path / "primary", remote=remotes.PathRemote(tmp_path / "remote"), **TINY["lsm"])
+    shipper = Shipper(db)
+    _fill(db, 300)
+    db.snapshot(1)
+    want = dict(db.items())
+    opened: list[str] = []
+
+    class Counting(lsm_engine.RunReader):
+        def __init__(self, *a: Any, **k: Any) -> None:
+            opened.append(str(a[1]))
+            super().__init__(*a, **k)
+
+    replay = lsm_engine.replay
+
+    def counting_replay(fs: Any, path: str, *a: Any, **k: Any) -> Any:
+        opened.append(path)
+        return replay(fs, path, *a, **k)
+
+    def promoted(name: str, ahead: bool) -> tuple[statestores.Store, list[str]]:
+        if not ahead:
+            monkeypatch.setattr(lsm_engine.LSMStore, "_preopen", classmethod(lambda cls, fs, path, e: None))
+        f = statestores.follow("lsm", tmp_path / name, LocalSource(shipper), **TINY["lsm"])
+        f.wait(snapshot_id=1)
+        opened.clear()
+        monkeypatch.setattr(lsm_engine, "RunReader", Counting)
+        monkeypatch.setattr(lsm_engine, "replay", counting_replay)
+        store = f.promote(1, directory=tmp_path / f"{name}-promoted")
+        monkeypatch.undo()
+        return store, list(opened)
+
+    cold, reads = promoted("cold", ahead=False)  # the control: without opening ahead
+    runs = [n for n in reads if n.endswith(".run")]
+    assert len(runs) == sum(e.kind == "run" for e in cold.version()[1]) > 0
+    assert [n for n in reads if n.endswith(".wal")], "the snapshot holds no sealed WAL to replay"
+    cold.close()
+    store, reads = promoted("warm", ahead=True)
+    assert reads == [], f"the promotion opened {reads}"
+    assert dict(store.items()) == want
+    _fill(store, 300, start=300)
+    store.compact()  # merges read the runs by path: those of the moved directory
+    assert dict(store.items()) == {**want, **{b"key%05d" % i: b"value%d" % i for i in range(300, 600)}}
+    store.close()
+    shipper.close()
+    db.close()
