@@ -380,11 +380,20 @@ class StoreCore(abc.ABC):
         results)."""
         self._cond.notify_all()
 
-    def _quiesce(self) -> None:
-        """Stop starting merges and wait, without holding the lock, until none is in flight."""
+    def _quiesce(self, *, abandon: bool = False) -> None:
+        """Stop starting merges and wait, without holding the lock, until none is in flight.
+        ``abandon``: a restore, which replaces the files a merge in flight reads — drop its
+        result instead of waiting for it (``_abandon_merge``)."""
         with self._lock:
             self._paused += 1
+            if abandon:
+                self._abandon_merge()
             self._cond.wait_for(lambda: self._idle() or self._bg_error is not None)
+
+    def _abandon_merge(self) -> None:  # noqa: B027 - optional hook
+        """Engine hook (lock held, merges paused): forget the merge in flight, if any, so
+        :meth:`_idle` need not wait for it; its output is deleted when it ends, its inputs
+        stay on disk until then. Default: nothing (the store waits for it)."""
 
     def _resume(self) -> None:
         with self._lock:

@@ -295,7 +295,7 @@ def restore(store: StoreCore, remote: Remote, snapshot_id: int | None) -> Restor
             replaced.add(name)
             downloaded += 1
         next_seq = 1 + max((seq_of(n) for n in remote_files), default=0)
-        store._quiesce()
+        store._quiesce(abandon=True)  # a merge of what is being replaced: not waited for
         try:
             with store._lock:
                 store._check_open()

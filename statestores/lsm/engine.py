@@ -216,6 +216,26 @@ class LSMStore(LSMReads, LSMWrites):
             finally:
                 self._notify()
 
+    def _abandon_merge(self) -> None:
+        """(lock held) A restore replaces the runs: the merge in flight (at 50M keys it can
+        run for tens of seconds) is not waited for. Its inputs stay pinned until it ends;
+        then its output is deleted, never installed."""
+        m = self._merge
+        if m is None:
+            return
+        self._merge = None
+        fut, _target, inputs, name = m
+        names = [r.name for r in inputs]
+        self._pin(names)
+        log.info("a restore abandons the merge into %s", name, extra={"store": self.directory})
+
+        def ended(_fut: concurrent.futures.Future[dict[str, Any]]) -> None:
+            with self._lock:
+                self.fs.remove(self._path(name) + ".tmp")
+                self._unpin(names)
+
+        fut.add_done_callback(self._on_done(ended))
+
     def _install_merge(self, fut: concurrent.futures.Future[dict[str, Any]]) -> None:
         m = self._merge
         if m is None or m[0] is not fut:

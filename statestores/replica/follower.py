@@ -6,7 +6,7 @@ holds every file of its newest snapshot marks. It never flushes, merges or build
 index: :meth:`Follower.promote` writes ``CURRENT`` for the version it holds and opens the
 engine on those very files, whose open path reads the shipped hints and footers — or takes
 what the follower read of them ahead (``Store._preopen``: an lsm run's fence index and
-Bloom filter, held in memory as the promoted store will hold them).
+Bloom filter, a sealed WAL's records — held in memory as the promoted store will hold them).
 
 Its own state is the ``FOLLOW`` document (``FORMAT.md`` § "FOLLOW"), rewritten atomically
 after every installed message: the version (seq and files), the origin it follows, the
@@ -109,8 +109,8 @@ class Follower:
         self._checked: dict[str, tuple[int, int]] = {}  # name → (size, crc32c) verified on arrival
         self._counts: Counter[str] = Counter()
         #: the needed files the engine opens ahead (``Store._preopen``: an lsm run's index and
-        #: Bloom filter), by name, so a promotion does not read them; owned by the follow
-        #: thread until :meth:`promote` (after it stopped) hands them to the store
+        #: Bloom filter, a sealed WAL's records), by name, so a promotion does not read them;
+        #: owned by the follow thread until :meth:`promote` (after it stopped) hands them over
         self._opened: dict[str, Any] = {}
         self.last_error: BaseException | None = None
         self.fs.makedirs(self.directory)

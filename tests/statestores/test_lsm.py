@@ -539,3 +539,54 @@ def test_a_snapshot_without_a_wal_hands_the_memtable_off(tmp_path: Path, monkeyp
         with statestores.open("lsm", tmp_path / f"restored{r}", remote=remote) as x:
             x.restore(r)
             assert dict(x.items()) == states[r]
+
+
+def test_a_restore_does_not_wait_for_a_merge_in_flight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 50M keys a merge runs for tens of seconds, and a recovery's restore waited for
+    it. Now the restore drops the merge's result: it returns while the merge still runs,
+    the merge's output is deleted when it ends, and nothing of it reaches the store."""
+    import threading
+
+    from statestores.lsm import merge as merge_mod
+
+    monkeypatch.setenv("SFAAS_BACKGROUND", "thread")
+    gate = threading.Event()
+    real = merge_mod.merge_runs
+
+    def held(*a: Any, **k: Any) -> Any:
+        gate.wait(20)
+        return real(*a, **k)
+
+    monkeypatch.setattr(merge_mod, "merge_runs", held)
+    db = LSMStore(tmp_path / "db", remote=remotes.PathRemote(tmp_path / "remote"), **TINY)
+    try:
+        for i in range(40):
+            db.put(b"k%03d" % i, b"v%d" % i)
+        db.flush()
+        db.snapshot(1)
+        want = dict(db.items())
+        i = 0
+        while db._merge is None and i < 5000:  # write until a merge is in flight (held)
+            db.put(b"x%05d" % i, b"w" * 20)
+            i += 1
+        assert db._merge is not None
+        held_merge, name = db._merge[0], db._merge[3]
+        t0 = time.monotonic()
+        info = db.restore(1)
+        took = time.monotonic() - t0
+        assert took < 5, f"the restore waited {took:.1f} s for the merge in flight"
+        assert not gate.is_set() and info.files_downloaded == 0
+        assert dict(db.items()) == want
+    finally:
+        gate.set()
+    held_merge.result(timeout=60)  # the abandoned merge ran to its end (its output unused)
+    deadline = time.monotonic() + 30
+    while os.path.exists(tmp_path / "db" / (name + ".tmp")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(tmp_path / "db" / (name + ".tmp")), "the abandoned merge's output stayed"
+    db.settle()
+    assert dict(db.items()) == want and not (tmp_path / "db" / name).exists()
+    db.put(b"after", b"1")
+    db.close()
+    with LSMStore(tmp_path / "db", **TINY) as again:
+        assert dict(again.items()) == {**want, b"after": b"1"}
