@@ -93,10 +93,11 @@ class LSMStore(LSMReads, LSMWrites):
             while len(self._levels) <= e.level:
                 self._levels.append([])
             run = self._opened.pop(e.name, None)
-            if run is not None and run.level == e.level:
-                run.path = self._path(e.name)  # (a promoted replica may have moved)
+            path = self._path(e.name)
+            if run is not None and run.level == e.level and run.size == self.fs.size(path):
+                run.path = path  # (a promoted replica may have moved)
             else:
-                run = RunReader(self.fs, self._path(e.name), e.name, e.level)
+                run = RunReader(self.fs, path, e.name, e.level)
             self._levels[e.level].append(run)
         self._rebuild_runs()
         wal_names = [e.name for e in version.of_kind("wal")]

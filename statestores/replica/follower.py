@@ -410,6 +410,7 @@ class Follower:
         for f in files:
             if f.body:
                 self._checked[f.entry.name] = (f.size, f.crc)
+                self._opened.pop(f.entry.name, None)  # what was read ahead is of another body
         self._open_ahead([f.entry for f in files])
         with self._lock:
             before = set(self._needed())
