@@ -44,7 +44,7 @@ from aiokafka.errors import (
 from crc32c import crc32c
 
 from sfaas.app import App
-from sfaas.errors import BadKey, ClusterError, RequestTimeout, reply_error
+from sfaas.errors import BadKey, BadRequest, ClusterError, RequestTimeout, reply_error
 from sfaas.reads import DirectReads
 from sfaas.runtime.codec import check_arguments
 from sfaas.runtime.kafka import make_consumer, make_producer, partition_count
@@ -399,8 +399,6 @@ class Client:
 def check_idempotency_key(key: object) -> None:
     """Raise :class:`~sfaas.errors.BadRequest` unless ``key`` is None or a str of 1 to
     256 characters."""
-    from sfaas.errors import BadRequest
-
     if key is not None and (not isinstance(key, str) or not 0 < len(key) <= MAX_RID):
         raise BadRequest(f"an idempotency key must be a str of 1 to {MAX_RID} characters, "
                          f"got {key!r:.80}")
