@@ -43,3 +43,27 @@ def test_the_keys_table_says_when_a_recovery_never_ended(tmp_path: Path) -> None
     f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert plot.plot_cluster(plot.load(f), tmp_path) == tmp_path / "cluster.png"
     assert (tmp_path / "cluster.png").stat().st_size > 0
+
+
+def test_a_preload_leaves_each_store_merged_into_one_run(tmp_path: Path, monkeypatch) -> None:
+    """The cost curves measure a big state in its steady state: a preload written in a minute
+    must not leave its merges (the whole state, rewritten) to run in the measured window."""
+    import statestores
+    from benchmarks.runtime import bench
+    from sfaas.runtime import state
+    from sfaas.runtime.settings import Settings
+
+    real = state.open_partition_stores
+
+    def small_memtables(*args, **kwargs):  # (many flushes: many runs to merge)
+        return real(*args, **{**kwargs, "store_options": {"memtable_bytes": 16 << 10}})
+
+    monkeypatch.setattr(state, "open_partition_stores", small_memtables)
+    root = tmp_path / "ycsbt"
+    bench._write_initial(Settings(store="lsm", partitions=2), 150_000, str(root))
+    keys = 0
+    for p in (0, 1):
+        with statestores.open("lsm", str(root / "ycsb" / f"p{p}"), memtable_bytes=16 << 10) as s:
+            assert sum(s.stats()["runs_per_level"]) == 1, s.stats()["files_per_level"]
+            keys += sum(1 for _ in s.items())
+    assert keys == 150_000
