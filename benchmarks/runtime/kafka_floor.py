@@ -6,14 +6,15 @@ records a second to a fresh one-partition topic, ``k`` at a time (one produce re
 the ``k`` records are appended in one turn of the event loop), and two readers in their
 own processes read them as they come:
 
-(A third producer, ``raw``, builds each request by hand: aiokafka's C batch builder and
-one ``ProduceRequest`` on its connection, ``acks=1``.)
-
 - ``aiokafka``: the runtime's ``make_consumer`` (as a worker's ingress and the client's
   replies), ``getmany`` in a loop;
 - ``raw``: one ``FetchRequest`` at a time on aiokafka's connection, its records read with
   aiokafka's C batch reader — what a reader costs without aiokafka's fetcher and its
   record objects.
+
+A third producer, ``raw``, builds each request by hand (aiokafka's C batch builder, one
+``ProduceRequest`` on its connection, ``acks=1``): what a producer costs without aiokafka's
+accumulator, sender and per-record futures.
 
 Each process's CPU (user and system, ``getrusage``) over the measured part is divided by
 the records it handled. This is what the runtime pays per Kafka request at low load: at
@@ -130,15 +131,17 @@ async def read_aiokafka(topic: str, n: int) -> dict:
     await c.start()
     try:
         c.assign([TopicPartition(topic, 0)])
-        got, c0 = 0, None
+        got, c0, quiet = 0, None, 0
         while got < n:
             batch = await c.getmany(timeout_ms=2000)
-            for recs in batch.values():
-                for r in recs:
-                    if r.value != b"warm":
-                        got += 1
+            quiet = 0 if batch else quiet + 1
+            if quiet > 15:
+                raise SystemExit(f"{topic}: no record for 30 s, {got} of {n} read")
             if c0 is None and batch:
-                got, c0 = 0, _cpu()
+                c0 = _cpu()  # (from the first batch: the warm-up record, then the measured ones)
+            for recs in batch.values():
+                got += sum(1 for r in recs if r.value != b"warm")
+        assert c0 is not None
         return {"role": "read aiokafka", "records": n, **_per_record(c0, n)}
     finally:
         await c.stop()
@@ -155,7 +158,7 @@ async def read_raw(topic: str, n: int) -> dict:
     try:
         await c._wait_on_metadata(topic)
         node = c.cluster.leader_for_partition(TopicPartition(topic, 0))
-        offset, got, c0, requests = 0, 0, None, 0
+        offset, got, c0, requests, quiet = 0, 0, None, 0, 0
         while got < n:
             resp = await c.send(node, FetchRequest(500, 1, 1 << 20, 0, [(topic, [(0, offset, 1 << 20)])]))
             requests += 1
@@ -169,11 +172,13 @@ async def read_raw(topic: str, n: int) -> dict:
                         for r in b:
                             offset = r.offset + 1
                             seen += 1
-            if c0 is None:
-                if seen:
-                    got, c0, requests = 0, _cpu(), 0
-                continue
-            got += seen
+                            got += r.value != b"warm"
+            quiet = 0 if seen else quiet + 1
+            if quiet > 60:
+                raise SystemExit(f"{topic}: no record for 30 s, {got} of {n} read")
+            if c0 is None and seen:
+                c0, requests = _cpu(), 0  # (from the first batch, as read_aiokafka)
+        assert c0 is not None
         return {"role": "read raw", "records": n, "requests": requests, **_per_record(c0, n)}
     finally:
         await c.close()
