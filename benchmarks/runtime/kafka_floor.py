@@ -38,6 +38,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,29 +60,39 @@ def _per_record(c0: tuple[float, float], n: int) -> dict[str, float]:
     return {"user_us": round((c1[0] - c0[0]) / n * 1e6, 1), "sys_us": round((c1[1] - c0[1]) / n * 1e6, 1)}
 
 
-async def produce(topic: str, rate: float, seconds: float, k: int, durable: bool) -> dict:
-    """Send ``rate × seconds`` records, ``k`` per request, open loop; CPU per record."""
+async def _open_loop(rate: float, n: int, k: int,
+                     send: Callable[[], Awaitable[list[Awaitable[object]]]]) -> tuple[float, float]:
+    """Call ``send`` (``k`` records) every ``k / rate`` s until ``n`` records went, then wait
+    for what each call returned; the CPU when the sending began."""
+    t0, c0 = time.perf_counter(), _cpu()
+    acks: list[Awaitable[object]] = []
+    for i in range(0, n, k):
+        wait = t0 + i / rate - time.perf_counter()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        acks += await send()
+    await asyncio.gather(*acks)
+    return c0
+
+
+async def produce(topic: str, rate: float, n: int, k: int, durable: bool) -> dict:
+    """Send ``n`` records, ``k`` per request, open loop; CPU per record."""
     p = make_producer(BOOT, durable=durable)
     await p.start()
     try:
         await p.send_and_wait(topic, b"warm", partition=0)
         await asyncio.sleep(1.0)  # the readers see the first record and start measuring
-        n = int(rate * seconds) // k * k
-        t0, c0 = time.perf_counter(), _cpu()
-        futs = []
-        for i in range(0, n, k):
-            wait = t0 + i / rate - time.perf_counter()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            for _ in range(k):
-                futs.append(await p.send(topic, VALUE, partition=0))
-        await asyncio.gather(*futs)
+
+        async def send() -> list[Awaitable[object]]:
+            return [await p.send(topic, VALUE, partition=0) for _ in range(k)]
+
+        c0 = await _open_loop(rate, n, k, send)
         return {"role": "produce", "records": n, **_per_record(c0, n)}
     finally:
         await p.stop()
 
 
-async def produce_raw(topic: str, rate: float, seconds: float, k: int) -> dict:
+async def produce_raw(topic: str, rate: float, n: int, k: int) -> dict:
     """The same sends as :func:`produce` (``acks=1``), each request built by hand: a record
     batch from aiokafka's C builder in one ``ProduceRequest`` on its connection."""
     from aiokafka.client import AIOKafkaClient
@@ -108,17 +119,11 @@ async def produce_raw(topic: str, rate: float, seconds: float, k: int) -> dict:
 
         await send([b"warm"])
         await asyncio.sleep(1.0)
-        n = int(rate * seconds) // k * k
-        t0, c0 = time.perf_counter(), _cpu()
-        pending = set()
-        for i in range(0, n, k):
-            wait = t0 + i / rate - time.perf_counter()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            t = asyncio.ensure_future(send([VALUE] * k))
-            pending.add(t)
-            t.add_done_callback(pending.discard)
-        await asyncio.gather(*pending)
+
+        async def send_k() -> list[Awaitable[object]]:
+            return [asyncio.ensure_future(send([VALUE] * k))]  # (requests in flight at once)
+
+        c0 = await _open_loop(rate, n, k, send_k)
         return {"role": "produce raw", "records": n, **_per_record(c0, n)}
     finally:
         await c.close()
@@ -192,9 +197,9 @@ def one(rate: float, seconds: float, k: int, durable: bool, raw: bool = False) -
                                 stdout=subprocess.PIPE, text=True) for kind in ("aiokafka", "raw")]
     time.sleep(3.0)  # both readers connected and polling
     if raw:
-        rows = [asyncio.run(produce_raw(topic, rate, seconds, k))]
+        rows = [asyncio.run(produce_raw(topic, rate, n, k))]
     else:
-        rows = [asyncio.run(produce(topic, rate, seconds, k, durable))]
+        rows = [asyncio.run(produce(topic, rate, n, k, durable))]
     for r in readers:
         out, _ = r.communicate(timeout=seconds + 60)
         if r.returncode != 0:
@@ -203,6 +208,10 @@ def one(rate: float, seconds: float, k: int, durable: bool, raw: bool = False) -
     for row in rows:
         row.update(k=k, rate=rate, durable=durable, raw_producer=raw, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     return rows
+
+
+def _cell(r: dict) -> str:
+    return f"{r['user_us'] + r['sys_us']:.0f} ({r['user_us']:.0f} + {r['sys_us']:.0f})"
 
 
 def main() -> None:
@@ -228,11 +237,9 @@ def main() -> None:
                 with a.out.open("a") as f:
                     f.writelines(json.dumps(r) + "\n" for r in rows)
             p, ak, rr = rows
-            def cell(r: dict) -> str:
-                return f"{r['user_us'] + r['sys_us']:.0f} ({r['user_us']:.0f} + {r['sys_us']:.0f})"
             who = "raw (acks=1)" if raw else "workers (acks=all, idempotent)" if durable else "client (acks=1)"
-            print(f"| {k} | {who} | {cell(p)} | "
-                  f"{cell(ak)} | {cell(rr)} ({rr['requests'] / rr['records']:.2f}) |", flush=True)
+            print(f"| {k} | {who} | {_cell(p)} | "
+                  f"{_cell(ak)} | {_cell(rr)} ({rr['requests'] / rr['records']:.2f}) |", flush=True)
 
 
 if __name__ == "__main__":
