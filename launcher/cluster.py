@@ -213,9 +213,23 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, s
     (sd / "cluster.json").write_text(json.dumps(info, indent=2))
     sup = _spawn(["supervise", "--state-dir", str(sd), "--workers", str(workers * (1 + standbys))],
                  env, sd / "supervisor.log")
+    _await_ready(settings, sup, timeout)
+    return ps(settings)
+
+
+def _await_ready(settings: Settings, sup: int, timeout: float) -> None:
+    """Wait until the cluster started by supervisor ``sup`` is ready; if a process exits,
+    the supervisor does or ``timeout`` passes, stop it and raise :class:`ClusterError` with
+    the log's tail. A recovery that stopped retrying raises its own reason (``_ready``)."""
+    sd = state_dir(settings)
+    ready = sd / "ready"
     deadline = time.monotonic() + timeout
     while not _ready(ready):
         crashed = [p for p in ps(settings) if p.restarts or p.gave_up]
+        if crashed:
+            # ``ps`` names a coordinator whose recovery stopped retrying "gave up" too, and
+            # it may have written so since ``_ready`` read the file: that is no crash
+            _ready(ready)
         if crashed or not _alive(sup) or time.monotonic() > deadline:
             if crashed:
                 why = f"the {crashed[0].role} exited"
@@ -230,7 +244,6 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, s
             tail = logf.read_text()[-2000:] if logf.exists() else ""
             raise ClusterError(f"cluster did not become ready ({why}); logs in {sd}\n{tail}")
         time.sleep(0.1)
-    return ps(settings)
 
 
 def _ready(path: Path) -> bool:

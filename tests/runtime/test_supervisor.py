@@ -114,3 +114,45 @@ def test_a_clusters_free_ports_are_never_handed_out_twice(tmp_path: Path, monkey
     ports = [int(c.args[c.args.index("--metrics-port") + 1]) for c in children]
     assert ports == [base + 11, base + 13, base + 17], ports
     assert [c.metrics for c in children] == [f"http://127.0.0.1:{p}/metrics" for p in ports]
+
+
+def test_up_reports_a_recovery_that_stopped_retrying_even_when_it_stops_mid_poll(
+        tmp_path: Path, monkeypatch) -> None:
+    """The coordinator may write ``recovery_stopped`` to the ready file between ``sfaas up``'s
+    two reads of it (is it ready? did anything exit?). ``ps`` then names the coordinator as
+    having given up; ``up`` must still raise the recovery's reason and leave the cluster up
+    for its status page, not take it for a crash and stop it (a CI failure of
+    test_reconfig: the cluster was gone when the test asked ``ps`` for its coordinator)."""
+    import os
+
+    import pytest
+
+    from launcher import cluster
+    from sfaas.errors import ClusterError
+    from sfaas.runtime.settings import Settings
+
+    s = Settings.load({"home": str(tmp_path), "namespace": "race"})
+    sd = cluster.state_dir(s)
+    sd.mkdir(parents=True)
+    (sd / "cluster.json").write_text(json.dumps({"processes": [
+        {"role": "coordinator", "pid": os.getpid(), "log": str(sd / "coordinator.log")}]}))
+    ready = sd / "ready"
+    ready.write_text(json.dumps({"recovering": True}))
+    why = "recovery failed 3 times in a row the same way: worker 0 could not roll back"
+    real_ready = cluster._ready
+    reads = []
+
+    def ready_then_stop(path: Path) -> bool:
+        out = real_ready(path)
+        if not reads:  # the coordinator gives up just after this read
+            ready.write_text(json.dumps({"recovering": False, "recovery_stopped": why}))
+        reads.append(out)
+        return out
+
+    stopped = []
+    monkeypatch.setattr(cluster, "_ready", ready_then_stop)
+    monkeypatch.setattr(cluster, "down", lambda settings, timeout=15.0: stopped.append("down"))
+    monkeypatch.setattr(cluster, "_signal", lambda pid, sig: stopped.append(f"signal {sig}"))
+    with pytest.raises(ClusterError, match=f"{why}. The cluster is still running"):
+        cluster._await_ready(s, os.getpid(), timeout=10)
+    assert stopped == [], "up stopped a cluster whose recovery stopped: its status page is gone"
