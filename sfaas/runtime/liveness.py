@@ -20,10 +20,32 @@ import time
 
 log = logging.getLogger("sfaas.runtime.liveness")
 
-__all__ = ["ENV", "alive_path", "touch", "touch_forever", "age", "max_age"]
+__all__ = ["ENV", "alive_path", "touch", "touch_forever", "age", "max_age", "TURN", "Turns"]
 
 #: The environment variable naming a process's liveness file.
 ENV = "SFAAS_ALIVE_FILE"
+
+
+#: The longest a long synchronous step keeps the event loop before :class:`Turns` gives it
+#: a turn (seconds).
+TURN = 0.02
+
+
+class Turns:
+    """Give the event loop a turn every :data:`TURN` seconds of a long step whose parts
+    never wait (a serial fallback's runs, a recovery's rebuild): held longer, the loop
+    would send no heartbeat and touch no liveness file, and the process would be declared
+    lost. ``await turns()`` between the parts; ``turns.given`` counts the turns."""
+
+    def __init__(self) -> None:
+        self.given = 0
+        self._until = time.perf_counter() + TURN
+
+    async def __call__(self) -> None:
+        if time.perf_counter() >= self._until:
+            await asyncio.sleep(0)
+            self.given += 1
+            self._until = time.perf_counter() + TURN
 
 
 def alive_path(home: str) -> str:

@@ -5,7 +5,7 @@ round. With 60,000 requests since the round that took 0.9–1.2 s on this machin
 go, it kept the worker's event loop from sending heartbeats for longer than the heartbeat
 timeout, so the coordinator declared the recovering worker lost and began again — reading
 the same backlog again, and a little more: the recovery never ended (a storm). The rebuild
-now gives the loop a turn every 20 ms (``worker.protocols.recovery.TURN``).
+now gives the loop a turn every 20 ms (``sfaas.runtime.liveness.Turns``).
 
 Here: a real cluster (Kafka, MinIO, ``sfaas up``) with no round yet (a recovery goes back to
 round 0 and reads everything), 60,000 deposits, then a worker SIGKILLed. The next request

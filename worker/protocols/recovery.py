@@ -38,6 +38,7 @@ from sfaas.errors import ConfigError
 from sfaas.runtime import wire
 from sfaas.runtime.epochlog import EpochRecord, Logged
 from sfaas.runtime.kafka import read_range
+from sfaas.runtime.liveness import Turns
 from sfaas.runtime.partitioning import owned
 from sfaas.runtime.protocols.rounds import RoundError, RoundManifest, Rounds
 from sfaas.runtime.settings import Settings
@@ -63,29 +64,6 @@ log = logging.getLogger("sfaas.worker.recovery")
 T = TypeVar("T", bound=Logged)
 
 __all__ = ["Recovery", "check_round_layout", "permanent", "replay_batch"]
-
-
-#: the longest a recovery's rebuild keeps the event loop before giving it a turn (seconds)
-TURN = 0.02
-
-
-class _Turns:
-    """Give the event loop a turn every :data:`TURN` seconds of a long synchronous step.
-
-    A rebuild decodes every record since the round (ingress, replies, the epoch log): 0.5–1.6
-    s for 17,000 under load, longer the more a round holds back. Held that long, the loop
-    sent no heartbeat, the coordinator declared the worker lost and began the recovery
-    again, which read as much again: a recovery storm."""
-
-    def __init__(self) -> None:
-        self.turns = 0
-        self._until = time.perf_counter() + TURN
-
-    async def __call__(self) -> None:
-        if time.perf_counter() >= self._until:
-            await asyncio.sleep(0)
-            self.turns += 1
-            self._until = time.perf_counter() + TURN
 
 
 def _empty_round(partitions: int) -> RoundManifest:
@@ -243,7 +221,10 @@ class Recovery:
         steps["stores"] = max(cast("list[float]", got[0]), default=0.0)  # (beside the reads)
         step("stores+reads")
         raw_log, raw_in, raw_out = cast("list[dict[int, list[tuple[int, bytes]]]]", got[1:])
-        turn = _Turns()  # (the heartbeats go on while the records are decoded and taken)
+        # (the heartbeats go on while the records are decoded and taken: decoding 60,000
+        # in one go held the loop past the heartbeat timeout, the coordinator declared the
+        # worker lost and started the recovery over — which read as much again, a storm)
+        turn = Turns()
         later = []
         for o, v in raw_log[0]:
             await turn()
@@ -309,7 +290,7 @@ class Recovery:
         log.info("recovery %d: rolled back to round %d (epoch %d); %d logged epochs to replay, %d "
                  "requests queued, %d replies already out, %d turns given to the loop (%s)",
                  msg.attempt, m.round, m.epoch, len(epochs), len(loop.queue), len(answered),
-                 turn.turns,
+                 turn.given,
                  ", ".join(f"{k} {v:.2f} s" for k, v in steps.items()), extra={"worker": me})
         return [wire.LoggedEpoch(e, now) for e, now in epochs]
 

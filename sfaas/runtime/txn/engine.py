@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from sfaas.errors import (
     error_class,
 )
 from sfaas.runtime.codec import check_arguments, pack
+from sfaas.runtime.liveness import Turns
 from sfaas.runtime.partitioning import owner_of_partition, partition_of
 from sfaas.runtime.txn import internal
 from sfaas.runtime.txn.effects import SUSPENDED, Effects, raise_outcome
@@ -44,10 +44,6 @@ __all__ = [
 
 #: Deepest chain of nested ``ctx.call``s before the transaction aborts (catches runaway recursion).
 MAX_CALL_DEPTH = 64
-
-#: A serial fallback (``Engine.run_fallback``) gives the event loop a turn this often: its
-#: runs never wait, and thousands of them would otherwise starve the heartbeat.
-YIELD_EVERY_S = 0.02
 
 #: ``(True, result)`` or ``(False, (error_type, reason))``.
 Outcome = tuple[bool, Any]
@@ -503,13 +499,10 @@ class Engine:
         """
         results: list[tuple[str, Any]] = []
         self._in_fallback = True
-        slice_end = time.perf_counter() + YIELD_EVERY_S
+        turn = Turns()  # (local runs never wait: the loop beats its heartbeat meanwhile)
         try:
             for tid, now, request in items:
-                if time.perf_counter() > slice_end:
-                    # local runs never wait: let the loop beat its heartbeat meanwhile
-                    await asyncio.sleep(0)
-                    slice_end = time.perf_counter() + YIELD_EVERY_S
+                await turn()
                 self.log = AccessLog()
                 self._deviated.clear()
                 ok, value = await self.run_root(tid, now, request)
