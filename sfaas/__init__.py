@@ -4,8 +4,13 @@
 >>> app = App("bank")
 >>> accounts = app.operator("accounts", store="hybridlog")
 >>> @accounts.function
-... async def deposit(ctx: Context, amount: int):
+... async def deposit(ctx: Context, amount: int) -> int:
 ...     ctx.put(ctx.get(default=0) + amount)
+...     return ctx.get()
+
+``deposit`` is a :class:`FunctionRef`, the typed handle of the function:
+``await ctx.call(deposit, "bob", 5)`` (and ``ctx.send``, ``ctx.send_after``,
+``Client.call``) are checked by mypy against its signature, like a direct call.
 
 Run it in-process with :class:`sfaas.testing.LocalRunner`, or on a cluster
 (``sfaas up module:app --workers 2``) and call it with :class:`Client`/:class:`SyncClient`.
@@ -13,9 +18,9 @@ Run it in-process with :class:`sfaas.testing.LocalRunner`, or on a cluster
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sfaas.app import App, Operator
+from sfaas.app import App, FunctionRef, Operator
 from sfaas.context import Context, effect_key
 from sfaas.errors import (
     Abort,
@@ -40,6 +45,7 @@ from sfaas.errors import (
 __all__ = [
     "App",
     "Operator",
+    "FunctionRef",
     "Context",
     "Abort",
     "Client",
@@ -62,6 +68,10 @@ __all__ = [
     "AuthenticationError",
     "RequestTimeout",
 ]
+
+
+if TYPE_CHECKING:  # (the type checker sees the clients' signatures: typed calls)
+    from sfaas.client import Client, SyncClient
 
 
 def __getattr__(name: str) -> Any:

@@ -3,8 +3,15 @@
 >>> app = App("bank")
 >>> accounts = app.operator("accounts", store="memonly")
 >>> @accounts.function
-... async def deposit(ctx, amount: int):
+... async def deposit(ctx, amount: int) -> int:
 ...     ctx.put(ctx.get(default=0) + amount)
+...     return ctx.get()
+
+The decorator returns a :class:`FunctionRef`: ``deposit`` stays callable like the function
+it wraps, and is also the typed handle of ``accounts.deposit`` —
+``await ctx.call(deposit, "bob", 5)`` is checked by mypy against ``deposit``'s signature,
+where ``await ctx.call("accounts", "bob", "deposit", 5)`` is not (both work).
+:func:`call_target` turns either form into names and arguments.
 
 The app is code deployed with the workers (``sfaas worker --app module:app``); nothing about
 it travels over the network except operator/function names.
@@ -12,19 +19,23 @@ it travels over the network except operator/function names.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import math
 import os
 import re
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from sfaas.errors import BadArguments, ConfigError, UnknownFunction, UnknownOperator
 
-__all__ = ["App", "Operator", "Function", "load_app"]
+__all__ = ["App", "Operator", "Function", "FunctionRef", "call_target", "load_app"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 
@@ -77,6 +88,32 @@ class Function:
                 f"argument(s) {list(args)!r:.120}: {exc}"
             ) from None
 
+    def positional(self, operator: str, args: Sequence[Any],
+                   kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+        """``args`` with ``kwargs`` put at their parameters' positions (a call carries
+        positional arguments only; a parameter skipped before the last one given gets its
+        default): :class:`BadArguments` for a keyword that names no positional parameter."""
+        if not kwargs:
+            return tuple(args)
+        where = f"{operator}.{self.name}{_params(self.signature)}"
+        try:
+            self.signature.bind(None, *args, **kwargs)
+        except TypeError as exc:
+            raise BadArguments(f"{where}: {exc}") from None
+        params = list(self.signature.parameters.values())[1:]
+        order = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        named = {p.name: i for i, p in enumerate(order) if p.kind is p.POSITIONAL_OR_KEYWORD}
+        stray = sorted(set(kwargs) - set(named))
+        if stray:
+            raise BadArguments(
+                f"{where}: keyword argument(s) {stray} name no positional parameter; a call "
+                "carries positional arguments only (keyword-only and **kwargs parameters "
+                "cannot be given through one)")
+        out = list(args)
+        for p in order[len(args):max(named[k] for k in kwargs) + 1]:
+            out.append(kwargs[p.name] if p.name in kwargs else p.default)
+        return tuple(out)
+
 
 def _params(sig: inspect.Signature) -> str:
     params = list(sig.parameters.values())[1:]
@@ -99,10 +136,22 @@ class Operator:
     #: seconds a value lives after its last write (None: for ever)
     ttl: float | None = None
 
-    def function(self, fn: UserFunction | None = None, *, name: str | None = None) -> Any:
-        """Decorator registering an ``async def f(ctx, *args)`` as a function of this operator."""
+    @overload
+    def function(self, fn: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]], *,
+                 name: str | None = None) -> FunctionRef[P, R]: ...
 
-        def register(f: UserFunction) -> UserFunction:
+    @overload
+    def function(self, fn: None = None, *, name: str | None = None) -> Callable[
+            [Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]], FunctionRef[P, R]]: ...
+
+    def function(self, fn: Any = None, *, name: str | None = None) -> Any:
+        """Decorator registering an ``async def f(ctx, *args)`` as a function of this
+        operator (as ``name``, by default ``f``'s); returns its :class:`FunctionRef`,
+        callable like ``f`` and the typed handle of calls to it."""
+
+        def register(f: Any) -> FunctionRef[Any, Any]:
+            if isinstance(f, FunctionRef):  # (one coroutine function in two operators)
+                f = f.fn
             if not inspect.iscoroutinefunction(f):
                 raise ConfigError(
                     f"{self.name}.{getattr(f, '__name__', f)!s} must be an 'async def' function"
@@ -113,8 +162,8 @@ class Operator:
                 raise ConfigError(f"{self.name}.{fname} must take the context as first argument")
             if fname in self.functions:
                 raise ConfigError(f"function {self.name}.{fname} is already registered")
-            self.functions[fname] = Function(fname, f, sig, _arity(sig))
-            return f
+            func = self.functions[fname] = Function(fname, f, sig, _arity(sig))
+            return FunctionRef(f, self, func)
 
         if fn is not None:
             return register(fn)
@@ -129,6 +178,93 @@ class Operator:
                 f"known: {sorted(self.functions)}"
             )
         return func
+
+
+class FunctionRef(Generic[P, R]):
+    """What ``@operator.function`` returns: the registered ``async def f(ctx, ...)``,
+    callable exactly like it (``await deposit(ctx, 5)`` runs it directly, as before), and
+    the typed handle of calls to it — ``ctx.call(deposit, key, 5)``, ``ctx.send``,
+    ``ctx.send_after``, ``Client.call``, ``SyncClient.call`` — which mypy checks against
+    ``f``'s parameters after ``ctx`` and its result type.
+
+    ``operator`` and ``name`` are the names it is registered under, ``app`` its
+    :class:`App`; ``fn`` is ``f`` itself.
+    """
+
+    __name__: str  # (``f``'s, as are ``__qualname__``, ``__doc__`` and ``__module__``)
+
+    def __init__(self, fn: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
+                 operator: Operator, function: Function) -> None:
+        self.fn = fn
+        #: the operator's and the function's registered names
+        self.operator = operator.name
+        self.name = function.name
+        self.app = operator.app
+        self._function = function
+        functools.update_wrapper(self, fn)  # __name__, __doc__, __wrapped__ (the signature)
+        mark = getattr(inspect, "markcoroutinefunction", None)  # (Python >= 3.12)
+        if mark is not None:
+            mark(self)
+
+    def __call__(self, ctx: Any, /, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
+        return self.fn(ctx, *args, **kwargs)
+
+    def check_app(self, app: str) -> None:
+        """Raise :class:`UnknownFunction` unless this is a function of the app named ``app``
+        (a call goes by names: another app's handle would reach whatever this one has
+        under the same names)."""
+        if self.app.name != app:
+            raise UnknownFunction(
+                f"{self.__name__} is the handle of {self.operator}.{self.name} of app "
+                f"{self.app.name!r}; this is app {app!r}: call functions of app {app!r} "
+                "(a handle calls a function of its own app only)")
+
+    def __repr__(self) -> str:
+        return f"<FunctionRef {self.operator}.{self.name} of app {self.app.name!r}>"
+
+
+def call_target(target: FunctionRef[..., Any] | str, /, *rest: Any,
+                **kwargs: Any) -> tuple[str, str, str, tuple[Any, ...]]:
+    """``(operator, key, function, args)`` of a call written in either form:
+
+    * by name — ``call_target("accounts", key, "deposit", *args)``: ``target`` is the
+      operator's name and ``rest`` is ``key, function, *args``; keyword arguments raise
+      (this form carries positional arguments only);
+    * by handle — ``call_target(deposit, key, *args, **kwargs)``: ``target`` is a
+      :class:`FunctionRef` and ``rest`` is ``key, *args``; ``kwargs`` are put at their
+      parameters' positions (:meth:`Function.positional`), so ``args`` is positional.
+
+    Only the shape is checked here, raising :class:`~sfaas.errors.BadArguments` (a
+    ``TypeError``): a target that is neither a str nor a handle (a plain function names
+    the fix), a key or function name missing, keyword arguments the form cannot carry.
+    The values — the key's type, the names, the arity, serializable arguments — are
+    checked where they were before (:meth:`App.validate`, the engine); that a handle
+    belongs to the app being called is :meth:`App.call_target`'s check.
+    """
+    if isinstance(target, FunctionRef):
+        if not rest:
+            raise BadArguments(f"a call of {target.operator}.{target.name} needs a key: "
+                               f"({target.__name__}, key, *args)")
+        return (target.operator, rest[0], target.name,
+                target._function.positional(target.operator, rest[1:], kwargs))
+    if isinstance(target, str):
+        if len(rest) < 2:
+            raise BadArguments(f"a call of operator {target!r:.60} by name needs "
+                               f"(operator, key, function, *args), got {1 + len(rest)} "
+                               "argument(s)")
+        if kwargs:
+            raise BadArguments(
+                f"keyword argument(s) {sorted(kwargs)} in a call of {target}.{rest[1]!s:.60} "
+                "by name: that form carries positional arguments only (a call through the "
+                "function's handle takes keywords for its positional parameters)")
+        return target, rest[0], rest[1], tuple(rest[2:])
+    if callable(target) and hasattr(target, "__qualname__"):
+        raise BadArguments(
+            f"call target {getattr(target, '__module__', '?')}.{target.__qualname__} is a "
+            "plain function, not a function handle: pass what @operator.function returned "
+            "for it (registering it by calling operator.function(f) returns the handle too)")
+    raise BadArguments(f"a call target must be an operator name (str) or a function handle "
+                       f"(what @operator.function returned), got {target!r:.80}")
 
 
 class App:
@@ -186,6 +322,14 @@ class App:
     def resolve(self, operator: object, function: object) -> Function:
         """The function ``operator.function`` (raising UnknownOperator/UnknownFunction)."""
         return self.get_operator(operator).get_function(function)
+
+    def call_target(self, target: FunctionRef[..., Any] | str, /, *rest: Any,
+                    **kwargs: Any) -> tuple[str, str, str, tuple[Any, ...]]:
+        """:func:`call_target` for a call into this app: also raises
+        :class:`UnknownFunction` for the handle of another app's function, naming both."""
+        if isinstance(target, FunctionRef):
+            target.check_app(self.name)
+        return call_target(target, *rest, **kwargs)
 
     def validate(self, operator: object, key: object, function: object, args: Any) -> Function:
         """Check a request before it is sent: names, key type, arity, serializable arguments."""

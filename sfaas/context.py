@@ -6,11 +6,19 @@ import contextvars
 import inspect
 import random as _random
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, overload
 
 from crc32c import crc32c
 
+from sfaas.app import FunctionRef
+
+if TYPE_CHECKING:
+    from sfaas.app import App
+
 __all__ = ["Context", "Transactions", "effect_key", "EFFECT_KEY"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 #: The key of the effect or post-commit action running now (see :func:`effect_key`).
 EFFECT_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("sfaas_effect_key",
@@ -31,6 +39,11 @@ def effect_key() -> str:
 class Transactions(Protocol):
     """What a :class:`Context` asks of whoever runs its transaction (the runtime's engine):
     the transaction's reads and writes of one key, and its calls of other functions."""
+
+    @property
+    def app(self) -> App:
+        """The app whose functions the calls reach."""
+        ...
 
     def read(self, tid: int, operator: str, key: str, default: Any,
              now: float | None = None) -> Any: ...
@@ -113,21 +126,33 @@ class Context:
         """Remove this key's value."""
         self._engine.remove(self._tid, self.operator, self.key)
 
-    def call(
-        self, operator: str, key: str, function: str, *args: Any
-    ) -> Coroutine[Any, Any, Any]:
-        """Run ``operator.function`` on ``key`` in this transaction; ``await`` it for the
-        result.
+    @overload
+    def call(self, target: FunctionRef[P, R], key: str, /, *args: P.args,
+             **kwargs: P.kwargs) -> Coroutine[Any, Any, R]: ...
+
+    @overload
+    def call(self, target: str, key: str, function: str, /,
+             *args: Any) -> Coroutine[Any, Any, Any]: ...
+
+    def call(self, target: FunctionRef[..., Any] | str, /, *rest: Any,
+             **kwargs: Any) -> Coroutine[Any, Any, Any]:
+        """Run a function on a key in this transaction; ``await`` it for the result.
+
+        Two forms: ``ctx.call(deposit, key, *args)`` with the handle ``@accounts.function``
+        returned (mypy checks the arguments and the result against ``deposit``; keyword
+        arguments are put at their parameters' positions), or by name,
+        ``ctx.call("accounts", key, "deposit", *args)``.
 
         A failure of the callee raises here (``Abort`` for a user abort, a
         ``TransactionAborted`` subclass otherwise) and aborts the whole transaction even
         if caught. A call never awaited never runs: the transaction aborts with
         :class:`~sfaas.NotAwaited` rather than commit without it.
         """
+        operator, key, function, args = self._engine.app.call_target(target, *rest, **kwargs)
         coro = self._engine.call(
             self._tid, self._now, operator, key, function, args, self._depth + 1
         )
-        return self._track(coro, f"ctx.call({operator!r}, {key!r}, {function!r}, ...)")
+        return self._track(coro, _written("ctx.call", target, key, function))
 
     def _track(self, coro: Coroutine[Any, Any, Any], written: str) -> Coroutine[Any, Any, Any]:
         if self._calls is None:
@@ -172,12 +197,22 @@ class Context:
         n = self._engine.next_seq(self._tid, self.operator, self.key)
         self._engine.after_commit(self._tid, self.operator, self.key, n, fn, args)
 
-    def send_after(self, delay_s: float, operator: str, key: str, function: str,
-                   *args: Any) -> str:
-        """Call ``operator.function(key, *args)`` as its own transaction ``delay_s`` seconds
+    @overload
+    def send_after(self, delay_s: float, target: FunctionRef[P, R], key: str, /,
+                   *args: P.args, **kwargs: P.kwargs) -> str: ...
+
+    @overload
+    def send_after(self, delay_s: float, target: str, key: str, function: str, /,
+                   *args: Any) -> str: ...
+
+    def send_after(self, delay_s: float, target: FunctionRef[..., Any] | str, /, *rest: Any,
+                   **kwargs: Any) -> str:
+        """Call a function on a key (either form of :meth:`call`: ``deposit, key, *args`` or
+        ``"accounts", key, "deposit", *args``) as its own transaction ``delay_s`` seconds
         from ``ctx.now()``: exactly once, in the first epoch whose ``now`` is at or past
         that time, never before — if this transaction commits. Returns the timer's id
         (for :meth:`cancel_timer`)."""
+        operator, key, function, args = self._engine.app.call_target(target, *rest, **kwargs)
         n = self._engine.next_seq(self._tid, self.operator, self.key)
         return self._engine.set_timer(self._tid, self._now, self.operator, self.key, n,
                                       delay_s, (operator, key, function), args)
@@ -191,14 +226,23 @@ class Context:
         if coro is not None:  # the timer lives on another key: delete it there, like a send
             self._send_coro(coro)
 
-    def send(self, operator: str, key: str, function: str, *args: Any) -> None:
-        """Run ``operator.function`` on ``key`` in this transaction without waiting for it.
+    @overload
+    def send(self, target: FunctionRef[P, R], key: str, /, *args: P.args,
+             **kwargs: P.kwargs) -> None: ...
+
+    @overload
+    def send(self, target: str, key: str, function: str, /, *args: Any) -> None: ...
+
+    def send(self, target: FunctionRef[..., Any] | str, /, *rest: Any, **kwargs: Any) -> None:
+        """Run a function on a key (either form of :meth:`call`) in this transaction
+        without waiting for it.
 
         It completes before the calling function's result is returned, and commits or
         aborts with the transaction. A function's sends run one after another, in the order
         they were made (overlapping what the function does meanwhile): two sends writing the
         same key must leave the same value when the transaction is replayed after a recovery.
         """
+        operator, key, function, args = self._engine.app.call_target(target, *rest, **kwargs)
         self._send_coro(self._engine.call(self._tid, self._now, operator, key, function, args,
                                           self._depth + 1))
 
@@ -231,3 +275,10 @@ class Context:
 
     def __repr__(self) -> str:
         return f"Context(operator={self.operator!r}, key={self.key!r}, tid={self._tid})"
+
+
+def _written(method: str, target: object, key: object, function: str) -> str:
+    """A call as its author wrote it (for :class:`~sfaas.NotAwaited`'s message)."""
+    if isinstance(target, FunctionRef):
+        return f"{method}({target.__name__}, {key!r}, ...)"
+    return f"{method}({target!r}, {key!r}, {function!r}, ...)"
