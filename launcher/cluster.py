@@ -168,7 +168,9 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, s
 
     ``metrics_port``: the coordinator serves ``/metrics`` and the status page there, each
     worker process on the next port (in supervisor order); None: on free ports; 0: off.
-    ``ps`` reports each process's URL.
+    ``ps`` reports each process's URL. Refused before anything starts in a namespace whose
+    data directory here holds another app's stores, or this app's written with another
+    engine or partition count (``sfaas.runtime.state``).
     """
     if standbys < 0:
         raise ClusterError(f"standbys must be >= 0 (standby workers per worker), got {standbys}")
@@ -176,10 +178,12 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, s
         raise ClusterError("standbys need snapshot rounds: set snapshot_interval > 0")
     metrics = _metrics_mode(metrics_port, 1 + workers * (1 + standbys))
     app = load_app(app_spec)
-    # stores written with another engine or partition count: say so now, start nothing
-    from sfaas.runtime.state import check_layout, stores_root
+    # a namespace holding another app's stores, or stores written with another engine or
+    # partition count: say so now, start nothing
+    from sfaas.runtime.state import check_layout, check_namespace, stores_root
 
     try:
+        check_namespace(settings, app.name)
         check_layout(app, stores_root(settings, app.name), settings.partitions,
                      settings.store or None, write=False)
     except ConfigError as exc:

@@ -10,10 +10,17 @@ rescaling and replication need. This module is the one place those stores are op
 * in MinIO under ``{bucket}/{namespace}/{app}/{operator}/p{partition}/`` (a
   :class:`remotes.MinioRemote` per store), and the snapshot rounds' global manifests
   under ``{bucket}/{namespace}/{app}/_rounds/`` (see :mod:`sfaas.runtime.protocols.rounds`).
+
+Each operator's directory records the app, engine and partition count its stores were
+written with (``LAYOUT.json``): :func:`check_layout` refuses to open them otherwise — also
+a directory that holds another app's state (:func:`check_app`), and on a host whose data
+directory of the namespace holds another app's stores, a run of this app in that namespace
+(:func:`check_namespace`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -31,7 +38,8 @@ log = logging.getLogger("sfaas.runtime.state")
 
 __all__ = [
     "StoreKey", "PartitionStores", "open_partition_stores", "open_stores", "store_remote",
-    "rounds_remote", "ROUNDS_DIR", "stores_root", "store_engine",
+    "rounds_remote", "ROUNDS_DIR", "stores_root", "store_engine", "check_layout", "check_app",
+    "check_namespace",
 ]
 
 #: ``(operator, partition)``: the unit of state that moves.
@@ -101,28 +109,91 @@ class PartitionStores(Mapping[StoreKey, Store]):
 LAYOUT_FILE = "LAYOUT.json"
 
 
+def _read_layout(path: str, operator: str) -> dict[str, Any] | None:
+    """The layout recorded at ``path`` (None: none yet); :class:`ConfigError` if unreadable."""
+    try:
+        with open(path) as f:
+            have = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} cannot be read ({exc}): it says how the stores of "
+                          f"{operator!r} were written; restore it or use a fresh "
+                          "directory") from None
+    if not isinstance(have, dict):
+        raise ConfigError(f"{path} holds {have!r:.60}, not a layout: it says how the stores of "
+                          f"{operator!r} were written; restore it or use a fresh directory")
+    return have
+
+
+def _state_of(root: str, unnamed: str | None = None) -> Iterator[tuple[str, str]]:
+    """``(operator, app)`` of every operator directory under ``root`` whose layout says it
+    holds state: an engine other than ``memonly`` (whose stores keep nothing on disk).
+    ``app`` is the layout's; one without (none was ever written without) names ``unnamed``,
+    or is skipped when that is None."""
+    try:
+        entries = sorted((e.name, e.path) for e in os.scandir(root) if e.is_dir())
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for name, path in entries:
+        have = _read_layout(os.path.join(path, LAYOUT_FILE), name)
+        if have is None or have.get("engine") == "memonly":
+            continue
+        app = have.get("app") if isinstance(have.get("app"), str) else unnamed
+        if app is not None:
+            yield name, app
+
+
+def check_app(app_name: str, root: str) -> None:
+    """Refuse to open ``root`` as the stores directory of app ``app_name`` when it holds
+    another app's state, naming both apps (it would read and overwrite that app's keys as
+    this one's)."""
+    for operator, owner in _state_of(root):
+        if owner != app_name:
+            raise ConfigError(
+                f"data directory {root} holds the state of app {owner!r} (operator "
+                f"{operator!r}); this is app {app_name!r}. Opening it would read and overwrite "
+                f"app {owner!r}'s data as app {app_name!r}'s: use a fresh directory for app "
+                f"{app_name!r}, or open this one with app {owner!r}")
+
+
+def check_namespace(settings: Settings, app_name: str) -> None:
+    """Refuse to run app ``app_name`` in ``settings.namespace`` when this host's data
+    directory of the namespace (``{home}/data/{namespace}/``) holds another app's stores,
+    naming both apps: a namespace is one app's cluster, and a renamed app would otherwise
+    start empty beside the data it means to use."""
+    base = os.path.join(settings.home, "data", settings.namespace)
+    try:
+        apps = sorted(e.name for e in os.scandir(base) if e.is_dir() and e.name != app_name)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for other in apps:
+        for operator, owner in _state_of(os.path.join(base, other), unnamed=other):
+            if owner == app_name:
+                continue
+            raise ConfigError(
+                f"namespace {settings.namespace!r} holds the state of app {owner!r} "
+                f"({os.path.join(base, other)}, operator {operator!r}); this is app "
+                f"{app_name!r}. A namespace runs one app: run app {app_name!r} in another "
+                f"namespace (--namespace, SFAAS_NAMESPACE), start app {owner!r} here, or "
+                f"delete that directory (and app {owner!r}'s topics and snapshots) to give "
+                f"the namespace to app {app_name!r}")
+
+
 def check_layout(app: App, root: str, n_partitions: int, store: str | None = None,
                  store_options: Mapping[str, Any] | None = None, *, write: bool = True) -> None:
     """Refuse to open ``root``'s stores with another engine or partition count than they
     were written with, naming both (a store of one engine opened as another, or a key
-    looked up in another partition, would read as absent: data silently gone); record the
-    layout when there is none yet (``write``). A directory of ``memonly`` stores holds
-    nothing to lose: it takes the new layout."""
-    import json
-
+    looked up in another partition, would read as absent: data silently gone), or when
+    they hold another app's state (:func:`check_app`); record the layout when there is
+    none yet (``write``). A directory of ``memonly`` stores holds nothing to lose: it takes
+    the new layout."""
+    check_app(app.name, root)
     for name, op in app.operators.items():
         engine = store or op.store
         path = os.path.join(root, name, LAYOUT_FILE)
         want = {"app": app.name, "operator": name, "engine": engine, "partitions": n_partitions}
-        try:
-            with open(path) as f:
-                have = json.load(f)
-        except FileNotFoundError:
-            have = None
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{path} cannot be read ({exc}): it says how the stores of "
-                              f"{name!r} were written; restore it or use a fresh "
-                              "directory") from None
+        have = _read_layout(path, name)
         if have is not None and have.get("engine") != "memonly" and (
                 have.get("engine") != engine or have.get("partitions") != n_partitions):
             raise ConfigError(
@@ -191,10 +262,12 @@ def open_stores(
     settings: Settings, app: App, partitions: Iterable[int], n_partitions: int
 ) -> PartitionStores:
     """A worker's stores: :func:`open_partition_stores` under ``{home}/data/{namespace}/{app}``
-    with ``settings.store`` and, when snapshot rounds are on, each store's MinIO remote."""
+    with ``settings.store`` and, when snapshot rounds are on, each store's MinIO remote;
+    refused in a namespace whose data directory holds another app's (:func:`check_namespace`)."""
     def remote_of(op: str, p: int) -> Remote:
         return store_remote(settings, app.name, op, p)
 
+    check_namespace(settings, app.name)
     if settings.snapshot_interval > 0:
         # start the uploads' background process now, not at the first round (a process
         # start is ~0.3 s of CPU on the cores the epochs run on)
