@@ -21,6 +21,7 @@ __all__ = [
     "BadRequest",
     "NotAwaited",
     "NondeterminismError",
+    "EffectThenAbortWarning",
     "SchemaTooNew",
     "UpcastFailed",
     "BadStoredValue",
@@ -109,6 +110,13 @@ class NondeterminismError(TransactionAborted):
     the wall clock, drew from ``random``, …): re-runs and recovery could not reproduce it,
     so its transaction is aborted. The message names the function and the first
     difference."""
+
+
+class EffectThenAbortWarning(UserWarning):
+    """``LocalRunner`` warns with this when a transaction aborted after one of its
+    ``ctx.run`` effects ran: the effect happened and is not undone. Commit the refusal and
+    undo the effect with ``ctx.after_commit`` instead (docs/guide, the compensation
+    pattern); the message names the effect keys."""
 
 
 class EffectFailed(TransactionAborted):

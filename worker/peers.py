@@ -154,9 +154,9 @@ class Peers:
         if not fallback:
             self.sent[dest] += 1
         chan = self._links.channels[dest]
-        rid, journal = self._world.for_call(tid) if self._world is not None else ("", {})
+        scope, journal = self._world.for_call(tid) if self._world is not None else ("", {})
         chan.send(wire.Call(eng.epoch, st.index, cid, tid, now, operator, key, function, argv,
-                            depth, st.recovery, fallback, rid, journal))
+                            depth, st.recovery, fallback, scope, journal))
         try:
             await chan.wait_room()  # a peer reading slower than we call: wait (channels.HIGH_WATER)
             return await fut

@@ -30,7 +30,7 @@ from sfaas.runtime import wire
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.txn import internal
 from sfaas.runtime.txn.actions import Actions
-from sfaas.runtime.txn.effects import Effects, Outcome
+from sfaas.runtime.txn.effects import Effects, Outcome, effect_scope
 from sfaas.runtime.txn.engine import Engine
 from sfaas.runtime.txn.loop import Fate
 from sfaas.runtime.txn.timers import TimerIndex
@@ -122,17 +122,21 @@ class World:
         fx = self.effects
         fx.begin_epoch()
         for tid, item in batch:
-            fx.begin(tid, item.request.rid, item.journal, item.request.idempotency_key)
+            req = item.request
+            fx.begin(tid, req.rid, item.journal, req.idempotency_key,
+                     effect_scope(req.rid, str(req.operator), req.key, req.function,
+                                  req.idempotency_key))
 
     def for_call(self, tid: int) -> tuple[str, dict[str, Any]]:
-        """What a call of ``tid`` to a peer carries: its request id and journal."""
+        """What a call of ``tid`` to a peer carries: the prefix of its effect keys (the
+        request id, or an idempotent request's scope: ``effects.effect_scope``) and journal."""
         fx = self.effects
-        return fx.rids.get(tid, ""), fx.journals.get(tid, {})
+        return fx.scopes.get(tid, ""), fx.journals.get(tid, {})
 
     def on_call(self, msg: wire.Call) -> None:
         """A peer's call: its function sees the transaction's journal."""
-        if msg.rid:
-            self.effects.begin(msg.tid, msg.rid, msg.journal)
+        if msg.scope:
+            self.effects.begin(msg.tid, msg.scope, msg.journal)
 
     def committed(self, fates: list[Fate[Pending]], replay: bool) -> None:
         """The epoch committed: start the effects it suspended at (not in a replay), redo

@@ -46,9 +46,10 @@ class Call(Message):
     #: a call of the cross-worker fallback phase (``worker.protocols.fallback``), not of the
     #: epoch's execution: served once the receiver's phase began, outside the counters
     fallback: bool = False
-    #: the transaction's request id and its journal of ``ctx.run`` outcomes (effect key →
-    #: ``[ok, value]``; ``sfaas.runtime.txn.effects``): a function here sees the same ones
-    rid: str = ""
+    #: the prefix of the transaction's effect keys (its request id, or an idempotent
+    #: request's scope: ``sfaas.runtime.txn.effects.effect_scope``) and its journal of
+    #: ``ctx.run`` outcomes (effect key → ``[ok, value]``): a function here sees the same ones
+    scope: str = ""
     journal: dict[str, Any] = field(default_factory=dict)
 
 

@@ -2,10 +2,19 @@
 
 A transaction may run many times — conflict re-runs, the fallback phase, the determinism
 check, a recovery's replay — but its effects must happen once. Each ``ctx.run`` gets an
-*effect key*, ``"{request id}:{operator}:{key}:{n}"`` (``n``: the n-th effect, action or
-timer of the transaction on that key, in the order the function makes them), the same on
-every run. Its outcome — the result, or the exception's type and message — is kept in the
-transaction's *journal*, which every later run reads instead of running ``fn``.
+*effect key*, ``"{scope}:{operator}:{key}:{n}"`` (``n``: the n-th effect, action or timer
+of the transaction on that key, in the order the function makes them), the same on every
+run. The *scope* is the request id, or — for a request with an idempotency key — ``"i"``
+and 32 hex digits of a hash of its operator, key, function and idempotency key
+(:func:`effect_scope`): every duplicate of one logical request, and every retry, has the
+same effect keys, so the external system can drop a repeat too. Its outcome — the result,
+or the exception's type and message — is kept in the transaction's *journal*, which every
+later run reads instead of running ``fn``.
+
+An effect key runs at most once per process: a run that wants a key already running here
+waits for that run's outcome, and a key that finished here (or whose outcome this process
+saw in any journal installed, a replay's included) is delivered from memory. So concurrent
+duplicates of an idempotent request — same worker, since their key is — share one run.
 
 An effect never runs inside an epoch: a run that reaches a ``ctx.run`` whose outcome is
 not journaled yet *suspends* — it aborts with the internal error type ``Suspended``, its
@@ -30,6 +39,7 @@ import collections
 import concurrent.futures
 import contextvars
 import functools
+import hashlib
 import inspect
 import logging
 from collections.abc import Callable, Sequence
@@ -41,7 +51,8 @@ from sfaas.runtime.codec import pack, unpack
 
 log = logging.getLogger("sfaas.effects")
 
-__all__ = ["Effects", "SUSPENDED", "raise_outcome", "DONE_CACHE", "MAX_THREADS", "call_any"]
+__all__ = ["Effects", "SUSPENDED", "raise_outcome", "DONE_CACHE", "MAX_THREADS", "call_any",
+           "effect_scope"]
 
 #: Threads running sync effects (and, separately, sync post-commit actions) at once per
 #: process: a sync ``fn`` needs one while it runs; ``async def`` ones need none.
@@ -72,6 +83,17 @@ DONE_CACHE = 100_000
 Outcome = tuple[bool, Any]
 
 
+def effect_scope(rid: str, operator: str, key: str, function: str,
+                 idempotency_key: str | None) -> str:
+    """The prefix of a root request's effect keys: ``rid``, or for an idempotent request
+    ``"i"`` + 32 hex digits of a hash of what makes duplicates one logical request (the
+    same operator, key, function and idempotency key: README, "idempotency keys")."""
+    if idempotency_key is None:
+        return rid
+    ident = "\x00".join((operator, key, function, idempotency_key))
+    return "i" + hashlib.sha256(ident.encode()).hexdigest()[:32]
+
+
 def raise_outcome(outcome: Outcome) -> Any:
     """The journaled outcome as the function sees it: the result, or the exception raised
     again (the same built-in class when it is one, else :class:`sfaas.EffectFailed`)."""
@@ -79,6 +101,8 @@ def raise_outcome(outcome: Outcome) -> Any:
     if ok:
         return value
     etype, message = value
+    if etype == "NotSerializable":  # (the effect's result: the message names it already)
+        raise NotSerializable(message, etype)
     cls = getattr(builtins, etype, None)
     if isinstance(cls, type) and issubclass(cls, Exception):
         try:
@@ -111,8 +135,10 @@ class Effects:
         self._slots: asyncio.Semaphore | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(
             min(limit, MAX_THREADS), thread_name_prefix="sfaas-effect")
-        #: tid → its request id (effect keys start with it), for the current epoch
+        #: tid → its request id (for logs), for the current epoch
         self.rids: dict[int, str] = {}
+        #: tid → the prefix of its effect keys (:func:`effect_scope`), for the current epoch
+        self.scopes: dict[int, str] = {}
         #: tid → effect key → outcome: the journals installed for the current epoch
         self.journals: dict[int, dict[str, Outcome]] = {}
         #: tid → its request's idempotency key, for the current epoch (roots only)
@@ -120,6 +146,8 @@ class Effects:
         #: effects a run asked for this epoch, started once it commits: (tid, key, fn, args)
         self._wanted: list[tuple[int, str, Callable[..., Any], Sequence[Any]]] = []
         self.running: dict[str, asyncio.Task[None]] = {}
+        #: effect key → the tids that wait for its run here (the first one started it)
+        self._waiters: dict[str, set[int]] = {}
         #: finished outcomes by effect key, the newest ``DONE_CACHE`` (never run twice here)
         self._done: collections.OrderedDict[str, Outcome] = collections.OrderedDict()
         self.started = self.finished = self.failed = 0
@@ -128,6 +156,10 @@ class Effects:
     def rid(self, tid: int) -> str:
         """The request id of transaction ``tid`` (its tid when none is known)."""
         return self.rids.get(tid) or f"t{tid:x}"
+
+    def scope(self, tid: int) -> str:
+        """The prefix of transaction ``tid``'s effect keys (:func:`effect_scope`)."""
+        return self.scopes.get(tid) or self.rid(tid)
 
     def outcome(self, tid: int, key: str) -> Outcome | None:
         """The outcome of effect ``key`` in ``tid``'s journal, if it has one."""
@@ -141,21 +173,32 @@ class Effects:
     # -- the epoch ----------------------------------------------------------------------------
     def begin_epoch(self) -> None:
         """A new epoch: the journals installed for the last one go."""
-        self.rids, self.journals, self.idem = {}, {}, {}
+        self.rids, self.scopes, self.journals, self.idem = {}, {}, {}, {}
 
     def begin(self, tid: int, rid: str, journal: dict[str, Outcome] | None = None,
-              idempotency_key: str | None = None) -> None:
-        """``tid`` (request ``rid``) runs in the current epoch with ``journal``."""
+              idempotency_key: str | None = None, scope: str | None = None) -> None:
+        """``tid`` (request ``rid``) runs in the current epoch with ``journal``; its effect
+        keys start with ``scope`` (default ``rid``; a peer's call carries its root's). The
+        journal's outcomes are remembered: a duplicate wanting one of them gets it."""
         self.rids[tid] = rid
+        self.scopes[tid] = scope or rid
         if journal:
             self.journals[tid] = journal
+            for key, outcome in journal.items():
+                self._remember(key, outcome)
         if idempotency_key is not None:
             self.idem[tid] = idempotency_key
 
+    def _remember(self, key: str, outcome: Outcome) -> None:
+        if key not in self._done:
+            self._done[key] = outcome
+            if len(self._done) > DONE_CACHE:
+                self._done.popitem(last=False)
+
     def launch(self, live: bool = True) -> None:
         """The epoch committed: start the effects its runs suspended at (``live``; a replay
-        starts none) — each at most once per process: one that finished here already is
-        delivered again instead."""
+        starts none) — each key at most once per process: one that finished here already is
+        delivered again instead, one running here delivers to every run waiting for it."""
         wanted, self._wanted = self._wanted, []
         if not live:
             return
@@ -163,13 +206,16 @@ class Effects:
             done = self._done.get(key)
             if done is not None:
                 self._deliver(tid, key, done)
-            elif key not in self.running:
+            elif key in self.running:
+                self._waiters[key].add(tid)
+            else:
+                self._waiters[key] = {tid}
                 self.running[key] = asyncio.get_running_loop().create_task(
-                    self._run(tid, key, fn, args))
+                    self._run(key, fn, args))
                 self.started += 1
 
     # -- running ------------------------------------------------------------------------------
-    async def _run(self, tid: int, key: str, fn: Callable[..., Any], args: Sequence[Any]) -> None:
+    async def _run(self, key: str, fn: Callable[..., Any], args: Sequence[Any]) -> None:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.limit)
         try:
@@ -178,19 +224,20 @@ class Effects:
         finally:
             self.running.pop(key, None)
         self.finished += 1
-        self._done[key] = outcome
-        if len(self._done) > DONE_CACHE:
-            self._done.popitem(last=False)
-        self._deliver(tid, key, outcome)
+        self._remember(key, outcome)
+        for tid in sorted(self._waiters.pop(key, ())):
+            self._deliver(tid, key, outcome)
 
     async def _call(self, key: str, fn: Callable[..., Any], args: Sequence[Any]) -> Outcome:
         token = EFFECT_KEY.set(key)
         try:
             result = await asyncio.wait_for(call_any(self._pool, fn, args), self.timeout)
             try:
-                return True, unpack(pack(result, f"result of effect {key}"))
+                return True, unpack(pack(result, f"the result of effect {key} ({_name(fn)})"))
             except NotSerializable as exc:
-                return False, ("NotSerializable", exc.reason)
+                self.failed += 1
+                return False, ("NotSerializable", f"{exc.reason}: the effect ran, return a "
+                               "msgpack-able value from it")
         except TimeoutError:
             self.failed += 1
             return False, ("TimeoutError", f"effect {key} ({_name(fn)}) did not finish within "
@@ -204,6 +251,7 @@ class Effects:
 
     async def close(self) -> None:
         """Cancel the effects still running."""
+        self._waiters.clear()
         tasks = list(self.running.values())
         for t in tasks:
             t.cancel()

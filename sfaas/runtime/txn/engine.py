@@ -20,11 +20,9 @@ from sfaas.context import Context
 from sfaas.errors import (
     Abort,
     BadArguments,
-    BadKey,
     NotAwaited,
     SfaasError,
     TransactionAborted,
-    error_class,
 )
 from sfaas.runtime.codec import check_arguments, pack
 from sfaas.runtime.liveness import Turns
@@ -32,6 +30,7 @@ from sfaas.runtime.partitioning import owner_of_partition, partition_of
 from sfaas.runtime.txn import internal
 from sfaas.runtime.txn.effects import SUSPENDED, Effects, raise_outcome
 from sfaas.runtime.txn.epochs import AccessLog, Key
+from sfaas.runtime.txn.failures import after_effects, check_key, describe, make_error
 from sfaas.runtime.values import Values
 from statestores import Store
 
@@ -107,34 +106,6 @@ class Router(Protocol):
         self, dest: int, tid: int, now: float, operator: str, key: str, function: str,
         args: Sequence[Any], depth: int,
     ) -> Outcome: ...
-
-
-def describe(exc: BaseException) -> tuple[str, str]:
-    """``(error_type, reason)`` of a failure, as it is reported to the client."""
-    if isinstance(exc, Abort):
-        return "Abort", exc.reason
-    if isinstance(exc, TransactionAborted):
-        return exc.error_type, exc.reason
-    msg = str(exc)
-    name = type(exc).__name__
-    return name, f"{name}: {msg}" if msg else name
-
-
-def make_error(error_type: str, reason: str) -> SfaasError:
-    """The exception a caller sees for a callee failure ``(error_type, reason)``."""
-    if error_type == "Abort":
-        return Abort(reason)
-    return error_class(error_type)(reason, error_type)
-
-
-def check_key(key: object, operator: object = "?") -> str:
-    """Return ``key`` if it is a non-empty ``str``, else raise :class:`BadKey`."""
-    if not isinstance(key, str) or not key:
-        raise BadKey(f"key for operator {operator!r} must be a non-empty str, got {key!r:.80}")
-    if key[0] == "\x00":
-        raise BadKey(f"key for operator {operator!r} must not start with '\\x00' (reserved for "
-                     f"the runtime's timers and actions), got {key!r:.80}")
-    return key
 
 
 @dataclass(frozen=True)
@@ -281,7 +252,7 @@ class Engine:
         fx = self.effects
         if fx is None:
             raise Abort("ctx.run is not available here (no effect journal)")
-        ekey = f"{fx.rid(tid)}:{operator}:{key}:{n}"
+        ekey = f"{fx.scope(tid)}:{operator}:{key}:{n}"
         outcome = fx.outcome(tid, ekey)
         if outcome is not None:
             return raise_outcome(outcome)
@@ -293,8 +264,8 @@ class Engine:
                      fn: Callable[..., Any], args: Sequence[Any]) -> None:
         """``ctx.after_commit``: store the action with the transaction's writes."""
         name = internal.function_name(fn)
-        rid = self.effects.rid(tid) if self.effects is not None else f"t{tid:x}"
-        record = internal.action_record(name, args, f"{rid}:{operator}:{key}:{n}")
+        scope = self.effects.scope(tid) if self.effects is not None else f"t{tid:x}"
+        record = internal.action_record(name, args, f"{scope}:{operator}:{key}:{n}")
         self.write(tid, operator, internal.action_key(key, tid, n), record)
 
     def set_timer(self, tid: int, now: float, operator: str, key: str, n: int, delay: float,
@@ -365,6 +336,7 @@ class Engine:
                 )
         except Exception as exc:
             etype, reason = describe(exc)
+            reason = self._after_effects(tid, etype, reason)
             self.log.record_abort(tid, etype, reason)
             raise make_error(etype, reason) from None
         if not ok:
@@ -402,6 +374,7 @@ class Engine:
             outcome: Outcome = (True, result)
         except Exception as exc:
             etype, reason = describe(exc)
+            reason = self._after_effects(tid, etype, reason)
             self.log.record_abort(tid, etype, reason)
             if not isinstance(exc, SfaasError):
                 self._raised(tid, operator, key, function, reason, exc)
@@ -414,6 +387,11 @@ class Engine:
             if tid in self.log.user_aborts:
                 return False, self.log.user_aborts[tid]
         return outcome
+
+    def _after_effects(self, tid: int, etype: str, reason: str) -> str:
+        """An abort's reason, naming the transaction's effects that ran before it."""
+        journal = self.effects.journals.get(tid) if self.effects is not None else None
+        return after_effects(journal, etype, reason)
 
     def _raised(self, tid: int, operator: str, key: str, function: str, reason: str,
                 exc: Exception) -> None:

@@ -45,7 +45,9 @@ def lines(kind: str, directory: str | None = None) -> list[str]:
 
 
 async def charge(order: str, amount: int) -> str:
-    """The payment provider (an effect): one line per run."""
+    """The payment provider (an effect): one line per run (and one in ``charging`` as it
+    starts)."""
+    _note("charging", f"{order} {effect_key()}")
     await asyncio.sleep(CHARGE_S)
     _note("charge", f"{order} {effect_key()}")
     return f"paid-{order}-{amount}"
@@ -86,6 +88,15 @@ async def order(ctx: Context, sku: str, amount: int) -> str:
     receipt = await ctx.run(charge, ctx.key, amount)
     ctx.put({"sku": sku, "receipt": receipt})
     ctx.after_commit(email, ctx.key, receipt)
+    return str(receipt)
+
+
+@orders.function
+async def pay(ctx: Context, amount: int) -> str:
+    """Charge (an effect) and keep the receipt: sent with an idempotency key, its
+    duplicates must charge once."""
+    receipt = await ctx.run(charge, ctx.key, amount)
+    ctx.put({"receipt": receipt, "paid": int(ctx.get({}).get("paid", 0)) + amount})
     return str(receipt)
 
 
