@@ -1,5 +1,5 @@
 """A pytest plugin (registered by the package, nothing to configure): a ``LocalRunner``
-per test.
+per test, for plain and ``async`` tests alike.
 
 Point it at your app by overriding the ``sfaas_app`` fixture (in your ``conftest.py``)::
 
@@ -11,15 +11,27 @@ Point it at your app by overriding the ``sfaas_app`` fixture (in your ``conftest
     def test_deposit(sfaas_runner):
         assert sfaas_runner.call("accounts", "alice", "deposit", 100) == 100
 
+    async def test_deposits(sfaas_runner):
+        assert await sfaas_runner.agather(("accounts", "a", "deposit", 1),
+                                          ("accounts", "b", "deposit", 2)) == [1, 2]
+
 ``sfaas_runner`` is a fresh :class:`~sfaas.testing.LocalRunner` (its own temporary
 directory, the determinism check on), closed after the test. Options for it come from the
 ``sfaas_runner_options`` fixture (a dict of ``LocalRunner`` keyword arguments; override it
-like ``sfaas_app``). It works in plain and in ``async`` tests (``await
-sfaas_runner.call(...)`` inside a running loop).
+like ``sfaas_app``). Plain tests use the blocking verbs (``call``, ``gather``, ``get``, …),
+``async`` tests their ``a*`` twins (``acall``, ``agather``, ``aget``, …).
+
+``async def`` tests need no other plugin: one that uses ``sfaas_runner`` (directly or
+through another fixture) runs in a fresh event loop of its own (``asyncio.run``) unless
+another plugin runs it — pytest-asyncio does when it is active (then its loop serves the
+test; the runner works from any loop), and a test marked for ``anyio`` or ``trio`` is left
+to those plugins.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +41,10 @@ if TYPE_CHECKING:
     from sfaas.app import App
     from sfaas.testing import LocalRunner
 
-__all__ = ["sfaas_app", "sfaas_runner_options", "sfaas_runner"]
+__all__ = ["sfaas_app", "sfaas_runner_options", "sfaas_runner", "pytest_pyfunc_call"]
+
+#: markers of the plugins that run ``async def`` tests on other event loops than asyncio's
+_OTHER_RUNNERS = ("anyio", "trio")
 
 
 @pytest.fixture
@@ -54,3 +69,23 @@ def sfaas_runner(sfaas_app: App, sfaas_runner_options: dict[str, Any]) -> Iterat
 
     with LocalRunner(sfaas_app, **sfaas_runner_options) as runner:
         yield runner
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run an ``async def`` test that uses ``sfaas_runner`` with :func:`asyncio.run`.
+
+    A test another plugin runs is not one here any more: pytest-asyncio replaces the
+    coroutine function by a plain one before this hook, so only tests no plugin took — it
+    is absent, disabled (``-p no:asyncio``) or in strict mode without the mark — come here,
+    which pytest itself would fail ("async def functions are not natively supported").
+    """
+    test = pyfuncitem.obj
+    if not inspect.iscoroutinefunction(test) or "sfaas_runner" not in pyfuncitem.fixturenames \
+            or any(pyfuncitem.get_closest_marker(m) for m in _OTHER_RUNNERS):
+        return None
+    params = inspect.signature(test).parameters
+    args = {name: pyfuncitem.funcargs[name] for name, p in params.items()
+            if p.default is p.empty and name in pyfuncitem.funcargs}
+    asyncio.run(test(**args))
+    return True

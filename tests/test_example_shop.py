@@ -49,13 +49,13 @@ async def test_a_hot_item_pays_once_per_order_and_confirms_each_placed_order_onc
         sfaas_runner: LocalRunner) -> None:
     n, units, credit = 40, 10, 2_00
     r = sfaas_runner
-    await r.call("stock", "mug", "restock", units)
+    await r.acall("stock", "mug", "restock", units)
     customers = [f"c{i}" for i in range(8)]  # several orders share a wallet
     for c in customers:
-        await r.call("wallets", c, "top_up", 100_00)
-    results = await r.gather(*[("orders", f"o{i}", "place", customers[i % 8], "mug", 1, credit)
-                               for i in range(n)])
-    await r.drain()
+        await r.acall("wallets", c, "top_up", 100_00)
+    results = await r.agather(*[("orders", f"o{i}", "place", customers[i % 8], "mug", 1, credit)
+                                for i in range(n)])
+    await r.adrain()
 
     placed = {f"o{i}" for i, x in enumerate(results) if x["status"] == "awaiting payment"}
     refused = {f"o{i}" for i, x in enumerate(results) if x["status"] == "refused"}
@@ -74,8 +74,8 @@ async def test_a_hot_item_pays_once_per_order_and_confirms_each_placed_order_onc
     assert _subjects() == sorted(f"Order {o} confirmed" for o in placed)
     assert len({m["id"] for m in shop.OUTBOX.sent}) == units
     # the state: the units are gone, the credit was taken only for placed orders
-    assert r.state("stock", "mug") == 0
-    balances = [await r.call("wallets", c, "balance") for c in customers]
+    assert await r.astate("stock", "mug") == 0
+    balances = [await r.acall("wallets", c, "balance") for c in customers]
     assert sum(balances) == 8 * 100_00 - units * credit
     assert r.actions.pending == 0  # the outbox is empty once every action ran
 

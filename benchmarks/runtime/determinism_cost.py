@@ -26,15 +26,14 @@ from sfaas.testing import LocalRunner
 async def _one(workload: str, check: bool, requests: int, seed: int) -> float:
     rng = random.Random(seed)
     accounts = 2 * requests if workload == "transfers" else 200
-    with LocalRunner(bank.app, store="memonly", check_determinism=check) as r:
-        await asyncio.gather(*(r.call("accounts", f"a{i}", "deposit", 1000)
-                               for i in range(accounts)))
+    async with LocalRunner(bank.app, store="memonly", check_determinism=check) as r:
+        await r.agather(*[("accounts", f"a{i}", "deposit", 1000) for i in range(accounts)])
         t0 = time.perf_counter()
         calls = []
         for i in range(requests):
             a, b = (2 * i, 2 * i + 1) if workload == "transfers" else rng.sample(range(200), 2)
-            calls.append(r.call("accounts", f"a{a}", "transfer", f"a{b}", rng.randint(1, 50)))
-        await asyncio.gather(*calls, return_exceptions=True)
+            calls.append(("accounts", f"a{a}", "transfer", f"a{b}", rng.randint(1, 50)))
+        await r.agather(*calls, return_exceptions=True)
         return time.perf_counter() - t0
 
 

@@ -45,14 +45,14 @@ def test_a_retry_gets_the_first_result_and_deposits_once() -> None:
 def test_concurrent_duplicates_run_once_and_all_get_the_first_outcome() -> None:
     async def go() -> None:
         async with LocalRunner(app, workers=2) as r:
-            calls = [r.call("wallets", f"w{i % 10}", "deposit", 5, idempotency_key=f"k{i % 30}")
+            calls = [r.acall("wallets", f"w{i % 10}", "deposit", 5, idempotency_key=f"k{i % 30}")
                      for i in range(90)]  # 30 requests, each sent 3 times at once
             results = await asyncio.gather(*calls)
             by_key: dict[int, set[int]] = {}
             for i, res in enumerate(results):
                 by_key.setdefault(i % 30, set()).add(res)
             assert all(len(v) == 1 for v in by_key.values()), by_key
-            assert r.items("wallets") == {f"w{i}": 15 for i in range(10)}  # 3 deposits each
+            assert await r.aitems("wallets") == {f"w{i}": 15 for i in range(10)}  # 3 deposits each
     asyncio.run(go())
 
 

@@ -55,15 +55,15 @@ async def test_concurrent_transfers_conserve_money_across_workers() -> None:
     accounts = [f"acct{i}" for i in range(20)]
     rnd = random.Random(7)
     async with LocalRunner(bank.app, store="memonly", workers=3, partitions=6) as r:
-        await asyncio.gather(*(r.call("accounts", a, "deposit", 100) for a in accounts))
+        await asyncio.gather(*(r.acall("accounts", a, "deposit", 100) for a in accounts))
         results = await asyncio.gather(
             *(
-                r.call("accounts", rnd.choice(accounts), "transfer", rnd.choice(accounts), rnd.randint(1, 80))
+                r.acall("accounts", rnd.choice(accounts), "transfer", rnd.choice(accounts), rnd.randint(1, 80))
                 for _ in range(600)
             ),
             return_exceptions=True,
         )
-        balances = r.items("accounts")
+        balances = await r.aitems("accounts")
     assert sum(balances.values()) == 2000
     assert min(balances.values()) >= 0
     failures = [e for e in results if isinstance(e, BaseException)]
@@ -212,8 +212,8 @@ async def test_randomized_bank_history_is_serializable(fallback: bool) -> None:
     async with LocalRunner(app, workers=2, partitions=4, max_batch=40, fallback=fallback) as r:
         epochs: dict[int, tuple[int, int]] = {}
         r.on_epoch_committed = lambda epoch, tids: epochs.update({t: (epoch, k) for k, t in enumerate(tids)})
-        results = await r.gather(*[("acc", a, "move", b, n) for a, b, n in reqs], return_exceptions=True)
-        final = r.items("acc")
+        results = await r.agather(*[("acc", a, "move", b, n) for a, b, n in reqs], return_exceptions=True)
+        final = await r.aitems("acc")
     committed = sorted(
         (epochs[res[0]], i, res) for i, res in enumerate(results) if not isinstance(res, BaseException)
     )
@@ -239,8 +239,8 @@ async def test_hot_key_chain_commits_in_one_epoch_with_the_fallback_phase_like_t
 
     for fallback, most_epochs in ((True, 1), (False, None)):
         async with LocalRunner(app, workers=2, fallback=fallback) as r:
-            got = await r.gather(*[("ctr", "hot", "add", 1)] * 60)
-            assert sorted(got) == list(range(60)) and r.state("ctr", "hot") == 60
+            got = await r.agather(*[("ctr", "hot", "add", 1)] * 60)
+            assert sorted(got) == list(range(60)) and await r.astate("ctr", "hot") == 60
             if most_epochs is not None:
                 assert r.stats.epochs == most_epochs and r.stats.reruns == 0
             else:  # without it every conflicting increment waits for a later epoch
@@ -279,13 +279,13 @@ async def test_orders_on_one_sku_and_one_wallet_commit_in_the_epoch_that_found_t
 
     for fallback in (True, False):
         async with LocalRunner(app, workers=2, fallback=fallback) as r:
-            got = await r.gather(*[("orders", f"o{i}", "place", "sku", "w") for i in range(300)],
-                                 return_exceptions=True)
+            got = await r.agather(*[("orders", f"o{i}", "place", "sku", "w") for i in range(300)],
+                                  return_exceptions=True)
             placed = sorted(x for x in got if isinstance(x, int))
             assert placed == list(range(250)), "each unit sold once, in order"
             assert all(isinstance(x, TransactionAborted) and "sold out" in str(x) for x in got if not isinstance(x, int))
-            assert r.state("stock", "sku") == 0 and r.state("wallet", "w") == 1000 - 3 * 250
-            assert len(r.items("orders")) == 250
+            assert await r.astate("stock", "sku") == 0 and await r.astate("wallet", "w") == 1000 - 3 * 250
+            assert len(await r.aitems("orders")) == 250
             if fallback:
                 assert r.stats.epochs <= 10, r.stats
             else:

@@ -1,4 +1,5 @@
-"""The pytest plugin the package registers: ``sfaas_runner`` for the user's own tests."""
+"""The pytest plugin the package registers: ``sfaas_runner`` for the user's own tests, plain
+and ``async``, with pytest-asyncio or without it."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from sfaas import TransactionAborted
 
 def test_sync(sfaas_runner):
     assert sfaas_runner.call("accounts", "alice", "deposit", 100) == 100
+    assert sfaas_runner.gather(("accounts", "a", "deposit", 1), ("accounts", "b", "deposit", 2)) == [1, 2]
     with pytest.raises(TransactionAborted, match="insufficient"):
         sfaas_runner.call("accounts", "bob", "transfer", "alice", 5)
 
@@ -44,16 +46,50 @@ def test_each_test_gets_a_fresh_runner(sfaas_runner):
     assert sfaas_runner.state("accounts", "alice") is None
 
 async def test_async(sfaas_runner):
-    assert await sfaas_runner.call("accounts", "carol", "deposit", 7) == 7
+    assert await sfaas_runner.acall("accounts", "carol", "deposit", 7) == 7
+    assert await sfaas_runner.agather(("accounts", "a", "deposit", 1),
+                                      ("accounts", "carol", "transfer", "b", 2)) == [1, 5]
+    assert await sfaas_runner.aget("accounts", "b") == 2
+    assert await sfaas_runner.aitems("accounts") == {"a": 1, "b": 2, "carol": 5}
+    await sfaas_runner.aadvance(10)
+    await sfaas_runner.adrain()
+    with pytest.raises(TransactionAborted, match="insufficient"):
+        await sfaas_runner.acall("accounts", "bob", "transfer", "alice", 5)
+
+@pytest.fixture
+def funded(sfaas_runner):
+    sfaas_runner.call("accounts", "dan", "deposit", 50)  # a sync fixture, the blocking form
+    return sfaas_runner
+
+async def test_async_through_a_sync_fixture(funded):
+    assert await funded.acall("accounts", "dan", "transfer", "eve", 20) == 30
+    assert funded.items("accounts") == {"dan": 30, "eve": 20}  # (blocking, inside a loop)
+
+@pytest.mark.parametrize("n", [1, 2])
+async def test_async_parametrized(sfaas_runner, n):
+    assert await sfaas_runner.acall("accounts", "x", "deposit", n) == n
+
+async def test_async_failing(sfaas_runner):
+    assert await sfaas_runner.acall("accounts", "z", "deposit", 1) == 2
 '''
 
 
-def test_the_runner_fixture_runs_the_users_app(pytester: pytest.Pytester) -> None:
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("plugins", [
+    ("-p", "no:asyncio"),
+    ("-p", "asyncio", "-o", "asyncio_mode=auto"),
+    ("-p", "asyncio", "-o", "asyncio_mode=strict"),
+], ids=["no-pytest-asyncio", "pytest-asyncio-auto", "pytest-asyncio-strict"])
+def test_plain_and_async_tests_run_with_or_without_pytest_asyncio(
+        pytester: pytest.Pytester, plugins: tuple[str, ...]) -> None:
     pytester.makeconftest(_CONFTEST)
     pytester.makepyfile(test_shop=_TESTS)
-    result = pytester.runpytest_subprocess("-p", "asyncio", "-o", "asyncio_mode=auto",
+    result = pytester.runpytest_subprocess(*plugins, "-p", "no:cacheprovider",
                                            "--rootdir", str(pytester.path))
-    result.assert_outcomes(passed=3)
+    # every async test ran (none skipped), and a failing one fails with the user's assertion
+    result.assert_outcomes(passed=6, failed=1)
+    result.stdout.fnmatch_lines(["*test_async_failing*", "*assert 1 == 2*"])
+    result.stdout.no_fnmatch_line("*not natively supported*")
 
 
 def test_without_an_app_the_fixture_says_what_to_define(pytester: pytest.Pytester) -> None:

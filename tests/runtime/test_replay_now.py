@@ -83,9 +83,9 @@ async def _live(pairs: list[list[tuple[str, str]]], fallback: bool) -> tuple[
                 if batch:
                     records.append(EpochRecord.of(epoch, i, now, batch))
             fates.update(await _run(runner))
-        return records, by_pos, fates, runner.items("counters")
+        return records, by_pos, fates, await runner.aitems("counters")
     finally:
-        runner.close()
+        await runner.aclose()
 
 
 async def _replay(records: list[EpochRecord], by_pos: dict[tuple[int, int], _Req], fallback: bool,
@@ -100,9 +100,9 @@ async def _replay(records: list[EpochRecord], by_pos: dict[tuple[int, int], _Req
             for i, lp in enumerate(runner.loops):
                 lp.begin_replay(epoch, replay_batch(mine[i], fresh, 0) if i in mine else [])
             fates.update(await _run(runner))
-        return fates, runner.items("counters")
+        return fates, await runner.aitems("counters")
     finally:
-        runner.close()
+        await runner.aclose()
 
 
 def _check(pairs: list[list[tuple[str, str]]], fallback: bool = True) -> list[EpochRecord]:

@@ -173,9 +173,9 @@ async def replay_log(app: App, m: RoundManifest, records: list[tuple[int, EpochR
             for fs in await commit_together(runner.loops, conflicts, aborts):
                 for f in fs:
                     fates[f.item.rid] = (f.committed, f.value)
-        return fates, {op: runner.items(op) for op in app.operators}
+        return fates, {op: await runner.aitems(op) for op in app.operators}
     finally:
-        runner.close()
+        await runner.aclose()
 
 
 def _restore(s: Settings, round_id: int, directory: Path) -> tuple[dict[str, int], dict[str, int]]:

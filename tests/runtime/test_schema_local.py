@@ -82,7 +82,7 @@ def test_new_code_sees_old_values_upcast_and_writes_them_back_new(tmp_path: Path
         assert open_envelope(raw(r, "orders", "o-5") or b"") == (None, 2, pack({"qty": 15}))
         assert raw(r, "orders", "o-6") == pack(6)
         # concurrent transactions upcasting the same old values commit as usual
-        results = r._blocking(r.gather(*(("orders", k, "add", 1) for k in KEYS[6:])))
+        results = r.gather(*(("orders", k, "add", 1) for k in KEYS[6:]))
         assert results == [{"qty": i + 1} for i in range(6, 12)]
 
 

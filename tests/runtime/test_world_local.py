@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import tempfile
+import threading
 from typing import Any
 
 import pytest
@@ -34,10 +35,10 @@ def test_hot_key_orders_charge_once_each_and_email_once_per_commit(
     n, stock = 200, 150
     with LocalRunner(world.app, workers=workers, fallback=fallback) as r:
         async def go() -> list[Any]:
-            await r.call("stock", "apple", "restock", stock)
-            out = await r.gather(*[("orders", f"o{i}", "order", "apple", 10) for i in range(n)],
-                                 return_exceptions=True)
-            await r.drain()
+            await r.acall("stock", "apple", "restock", stock)
+            out = await r.agather(*[("orders", f"o{i}", "order", "apple", 10) for i in range(n)],
+                                  return_exceptions=True)
+            await r.adrain()
             return out
         results = asyncio.run(go())
         committed = {f"o{i}" for i, x in enumerate(results) if isinstance(x, str)}
@@ -126,11 +127,13 @@ async def key_of(ctx: Context) -> str:
     return str(await ctx.run(sfaas.effect_key))
 
 
-GATE: dict[str, asyncio.Event] = {}
+#: set by a test while the effect waits on the runner's own thread: a thread-safe event
+GATE: dict[str, threading.Event] = {}
 
 
 async def slow() -> str:
-    await GATE["open"].wait()
+    while not GATE["open"].is_set():
+        await asyncio.sleep(0.005)
     return "done"
 
 
@@ -174,11 +177,11 @@ def test_a_run_never_awaited_aborts_and_lambdas_cannot_be_actions() -> None:
 
 def test_a_slow_effect_stalls_no_other_transaction() -> None:
     async def go() -> None:
-        GATE["open"] = asyncio.Event()
+        GATE["open"] = threading.Event()
         async with LocalRunner(app) as r:
-            waiting = asyncio.ensure_future(r.call("ops", "s", "slow_effect"))
+            waiting = asyncio.ensure_future(r.acall("ops", "s", "slow_effect"))
             for i in range(5):  # unrelated requests commit while the effect is still running
-                assert await asyncio.wait_for(r.call("ops", f"p{i}", "plain", i), 5) == i
+                assert await asyncio.wait_for(r.acall("ops", f"p{i}", "plain", i), 5) == i
             assert not waiting.done() and len(r.effects.running) == 1
             GATE["open"].set()
             assert await asyncio.wait_for(waiting, 5) == "done"
@@ -187,10 +190,10 @@ def test_a_slow_effect_stalls_no_other_transaction() -> None:
 
 def test_an_effect_past_its_timeout_is_journaled_as_a_timeout() -> None:
     async def go() -> None:
-        GATE["open"] = asyncio.Event()
+        GATE["open"] = threading.Event()
         async with LocalRunner(app, effect_timeout=0.05) as r:
             with pytest.raises(TransactionAborted, match="did not finish within 0.05 s"):
-                await r.call("ops", "s", "slow_effect")
+                await r.acall("ops", "s", "slow_effect")
     asyncio.run(go())
 
 

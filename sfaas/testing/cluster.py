@@ -1,15 +1,10 @@
-"""Run an :class:`~sfaas.App` in-process, with the cluster's transaction semantics, no Kafka.
+"""The in-process cluster behind :class:`~sfaas.testing.LocalRunner`: the simulated
+workers' engines, the epoch driver, effects, post-commit actions and timers.
 
->>> runner = LocalRunner(app)
->>> runner.call("accounts", "alice", "deposit", 100)          # blocking, outside an event loop
->>> await runner.call("accounts", "alice", "deposit", 100)    # inside one, it is awaitable
-
-``LocalRunner`` simulates ``workers`` workers, each an :class:`~sfaas.runtime.txn.engine.Engine`
-owning its partitions of every operator's store, and drives the same deterministic epochs
-as the coordinator: concurrent calls submitted together run in one epoch, conflicting ones
-re-run, and a failed call raises :class:`~sfaas.errors.TransactionAborted` (or one of its
-subclasses). Values cross a (simulated) wire between workers, so they are copied exactly
-as msgpack would (tuples become lists).
+Everything here runs on the runner's own event loop, on its thread
+(:mod:`sfaas.testing.loop_thread`); :class:`~sfaas.testing.LocalRunner` is the only caller
+and validates what users pass before it gets here. The exceptions: the constructor (before
+the thread exists) and :meth:`LocalCluster.now` (a read of two floats).
 """
 
 from __future__ import annotations
@@ -21,9 +16,9 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from sfaas.app import App
 from sfaas.errors import TransactionAborted, reply_error
@@ -33,7 +28,7 @@ from sfaas.runtime.state import open_partition_stores
 from sfaas.runtime.txn import internal
 from sfaas.runtime.txn.actions import Actions
 from sfaas.runtime.txn.determinism import roots_to_check, second_run
-from sfaas.runtime.txn.effects import Effects
+from sfaas.runtime.txn.effects import Effects, effect_scope
 from sfaas.runtime.txn.engine import Engine, Outcome
 from sfaas.runtime.txn.epochs import Sequencer
 from sfaas.runtime.txn.loop import Fate, Participant, commit_together, merge_votes
@@ -41,12 +36,14 @@ from sfaas.runtime.txn.timers import TimerIndex
 
 log = logging.getLogger("sfaas.testing")
 
-__all__ = ["LocalRunner", "RunnerStats"]
+__all__ = ["LocalCluster", "Request", "RunnerStats"]
+
+T = TypeVar("T")
 
 
 @dataclass
 class RunnerStats:
-    """Counters of a :class:`LocalRunner` since it started."""
+    """Counters of a :class:`~sfaas.testing.LocalRunner` since it started."""
 
     epochs: int = 0
     committed: int = 0
@@ -59,6 +56,17 @@ class RunnerStats:
     actions: int = 0
     #: timers delivered (their transactions committed or aborted)
     timers: int = 0
+
+
+@dataclass(frozen=True)
+class Request:
+    """A user's request, validated, its arguments copied as the wire would."""
+
+    operator: str
+    key: str
+    function: str
+    args: list[Any]
+    idempotency_key: str | None = None
 
 
 @dataclass
@@ -95,24 +103,24 @@ class _LocalRouter:
         return ok, (unpack(pack(value)) if ok else value)
 
 
-class LocalRunner:
-    """An in-process cluster for tests and notebooks (see module docstring)."""
+class LocalCluster:
+    """``workers`` simulated workers in one event loop, driving the coordinator's epochs."""
 
     def __init__(
         self,
         app: App,
         *,
-        workers: int = 2,
-        partitions: int = 8,
-        store: str | None = None,
-        store_options: dict[str, Any] | None = None,
-        directory: str | os.PathLike[str] | None = None,
-        max_batch: int = 1000,
-        fallback: bool = True,
-        check_determinism: bool = True,
-        effect_timeout: float = 30.0,
-        max_effects: int = 1000,
-        idempotency_retention: float = 86400.0,
+        workers: int,
+        partitions: int,
+        store: str | None,
+        store_options: dict[str, Any] | None,
+        directory: str | os.PathLike[str] | None,
+        max_batch: int,
+        fallback: bool,
+        check_determinism: bool,
+        effect_timeout: float,
+        max_effects: int,
+        idempotency_retention: float,
     ) -> None:
         if not isinstance(app, App):
             raise TypeError(f"LocalRunner needs an sfaas.App, got {type(app).__name__}")
@@ -122,8 +130,6 @@ class LocalRunner:
         self.app = app
         self.max_batch = max_batch
         self.fallback = fallback
-        #: run every transaction about to commit twice and abort it with
-        #: NondeterminismError when the runs differ (``sfaas.runtime.txn.determinism``)
         self.check_determinism = check_determinism
         self._own_dir = directory is None
         self.directory = (tempfile.mkdtemp(prefix="sfaas-local-") if directory is None
@@ -148,20 +154,19 @@ class LocalRunner:
         #: seconds ``advance`` moved the clock ahead of the wall clock
         self._offset = 0.0
         self._timer_wake: asyncio.TimerHandle | None = None
-        self._idle: asyncio.Event | None = None
         #: one participant of the epoch loop per simulated worker (``sfaas.runtime.txn.loop``)
         self.loops: list[Participant[_Item]] = [
             Participant(eng, Sequencer(i), _request_of, max_batch, fallback=fallback)
             for i, eng in enumerate(self.engines)
         ]
         self._wake: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
         self._driver: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._own_loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
+        #: held by the driver through each epoch: reads between epochs see committed state
+        self._epoch = asyncio.Lock()
         self.stats = RunnerStats()
         #: Called after every epoch's commit with ``(epoch, committed tids in serial order)``.
-        self.on_epoch_committed: Any = None
+        self.on_epoch_committed: Callable[[int, list[int]], object] | None = None
 
     def remap(self, owners: list[int]) -> None:
         """Move the partitions' stores between the simulated workers to the map ``owners``
@@ -176,8 +181,12 @@ class LocalRunner:
             eng.owners = list(owners)
             timers.load(eng.stores)
 
+    def now(self) -> float:
+        """The cluster's clock: the wall clock plus what :meth:`advance` added."""
+        return time.time() + self._offset
+
     # -- the runtime's hooks -------------------------------------------------------------
-    def _follower(self, timers: TimerIndex) -> Any:
+    def _follower(self, timers: TimerIndex) -> Callable[[str, str, bytes | None], None]:
         def on_record(operator: str, key: str, value: bytes | None) -> None:
             timers.on_record(operator, key, value)
             self.actions.on_record(operator, key, value)
@@ -208,88 +217,51 @@ class LocalRunner:
         if self._wake is not None:
             self._wake.set()
 
-    def now(self) -> float:
-        """The runner's clock: the wall clock plus what :meth:`advance` added."""
-        return time.time() + self._offset
+    # -- what the runner asks (on the cluster's loop) ----------------------------------------
+    def _start(self) -> None:
+        """Start the epoch driver (the first call); the actions whose records a reopened
+        directory holds start too."""
+        if self._driver is None:
+            self._wake = asyncio.Event()
+            self._idle = asyncio.Event()
+            self._driver = asyncio.get_running_loop().create_task(self._drive())
+            for eng in self.engines:
+                self.actions.load(eng.stores)
+            self._wake.set()  # (timers a reopened directory holds may be due)
 
-    # -- calling -----------------------------------------------------------------------
-    def call(self, operator: str, key: str, function: str, *args: Any,
-             idempotency_key: str | None = None) -> Any:
-        """Run one request as a transaction and return its result.
-
-        Inside a running event loop this returns an awaitable; outside one it blocks.
-        Raises :class:`~sfaas.errors.TransactionAborted` (or a subclass) if it aborted.
-        ``idempotency_key``: as :meth:`sfaas.Client.call`'s.
-        """
-        return self._blocking(self.acall(operator, key, function, *args,
-                                         idempotency_key=idempotency_key))
-
-    async def acall(self, operator: str, key: str, function: str, *args: Any,
-                    idempotency_key: str | None = None) -> Any:
-        """Like :meth:`call`, always a coroutine."""
-        if self._closed:
-            raise RuntimeError("LocalRunner is closed")
-        self.app.validate(operator, key, function, args)
-        from sfaas.client import check_idempotency_key
-
-        check_idempotency_key(idempotency_key)
-        loop = asyncio.get_running_loop()
-        self._start(loop)
-        fut: asyncio.Future[Any] = loop.create_future()
-        item = _Item((operator, key, function, unpack(pack(list(args)))), fut,
-                     rid=uuid.uuid4().hex, idem=idempotency_key)
-        owner = self.engines[0].owner(operator, key)
-        self.loops[owner].queue.append(item)
+    async def call(self, request: Request) -> Any:
+        """Run ``request`` as a transaction: its result, or the TransactionAborted."""
+        self._start()
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        r = request
+        item = _Item((r.operator, r.key, r.function, r.args), fut, rid=uuid.uuid4().hex,
+                     idem=r.idempotency_key)
+        self.loops[self.engines[0].owner(r.operator, r.key)].queue.append(item)
         assert self._wake is not None
         self._wake.set()
         return await fut
 
-    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Bind to ``loop`` and start the epoch driver (the first call); the actions whose
-        records a reopened directory holds start too."""
-        if self._loop is None:
-            self._loop = loop
-            self._wake = asyncio.Event()
-            self._idle = asyncio.Event()
-            self._driver = loop.create_task(self._drive())
-            for eng in self.engines:
-                self.actions.load(eng.stores)
-            self._wake.set()  # (timers a reopened directory holds may be due)
-        elif self._loop is not loop:
-            raise RuntimeError("a LocalRunner is bound to the event loop it was first used in")
+    async def gather(self, requests: Sequence[Request], return_exceptions: bool) -> list[Any]:
+        """Run ``requests`` concurrently: queued in one turn of the loop, so they share
+        epochs."""
+        return list(await asyncio.gather(*(self.call(r) for r in requests),
+                                         return_exceptions=return_exceptions))
 
-    def _blocking(self, coro: Any) -> Any:
-        """``coro``'s result: awaitable inside a running loop, run to the end outside one."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            if self._own_loop is None:
-                self._own_loop = asyncio.new_event_loop()
-            return self._own_loop.run_until_complete(coro)
-        return coro
+    async def between_epochs(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` while no epoch runs (a read sees whole epochs, a remap moves stores
+        no epoch uses)."""
+        async with self._epoch:
+            return fn(*args)
 
-    # -- time ------------------------------------------------------------------------------
-    def advance(self, seconds: float) -> Any:
-        """Move the clock ``seconds`` ahead (``ctx.now()`` included) and run every timer due
-        by then, and whatever they call, to the end — tests of timeouts need not sleep;
-        values of operators with a ``ttl`` expire by this clock too.
-        Awaitable inside a running event loop, blocking outside one."""
-        if not isinstance(seconds, (int, float)) or not seconds >= 0:
-            raise ValueError(f"advance needs seconds >= 0, got {seconds!r}")
-        return self._blocking(self._advance(float(seconds)))
-
-    async def _advance(self, seconds: float) -> None:
-        self._start(asyncio.get_running_loop())
+    async def advance(self, seconds: float) -> None:
+        """Move the clock ``seconds`` ahead and run what is due by then to the end."""
+        self._start()
         self._offset += seconds
         await self._settle()
 
-    def drain(self) -> Any:
-        """Wait until nothing is left to do now: no request, effect, post-commit action or
-        due timer (awaitable in a running loop, blocking outside one)."""
-        return self._blocking(self._drain())
-
-    async def _drain(self) -> None:
-        self._start(asyncio.get_running_loop())
+    async def drain(self) -> None:
+        """Until nothing is left to do now: no request, effect, action or due timer."""
+        self._start()
         while True:
             await self._settle()
             busy = list(self.effects.running.values()) + list(self.actions.running.values())
@@ -313,34 +285,17 @@ class LocalRunner:
         now = self.now()
         return any(lp.pending for lp in self.loops) or any(t.due(now) for t in self.timers)
 
-    async def gather(self, *requests: Sequence[Any], return_exceptions: bool = False) -> list[Any]:
-        """Run several ``(operator, key, function, *args)`` requests concurrently."""
-        return await asyncio.gather(
-            *(self.acall(*r) for r in requests), return_exceptions=return_exceptions
-        )
-
-    # -- inspection ----------------------------------------------------------------------
+    # -- reads (through between_epochs) --------------------------------------------------------
     def state(self, operator: str, key: str, default: Any = None) -> Any:
-        """The committed value of ``key`` in ``operator`` as functions would see it now
-        (``default`` if none, or expired by :meth:`now`)."""
-        self.app.get_operator(operator)
+        """The committed value of ``key`` in ``operator`` (``default`` if none, or expired)."""
         eng = self.engines[self.engines[0].owner(operator, key)]
         raw = eng.store_of(operator, key).get(key.encode())
         return eng.values.decode(operator, key, raw, self.now(), default)
 
-    def get(self, operator: str, key: str, default: Any = None) -> Any:
-        """Like :meth:`sfaas.Client.get`: the committed value, without a transaction."""
-        from sfaas.runtime.txn.engine import check_key
+    def scan(self, operator: str, prefix: str, limit: int) -> list[tuple[str, Any]]:
+        """``(key, value)`` of ``operator`` starting with ``prefix``, in key order."""
+        from sfaas.runtime.txn.reads import scan_partition
 
-        return self.state(operator, check_key(key, operator), default)
-
-    def scan(self, operator: str, prefix: str = "", limit: int = 1000) -> list[tuple[str, Any]]:
-        """Like :meth:`sfaas.Client.scan`: ``(key, value)`` starting with ``prefix``, in key
-        order, at most ``limit``, without a transaction."""
-        from sfaas.runtime.txn.reads import check_scan, scan_partition
-
-        check_scan(prefix, limit)
-        self.app.get_operator(operator)
         now = self.now()
         found = [(str(k), v) for eng in self.engines for store in eng.operator_stores(operator)
                  for k, v in scan_partition(store, prefix, limit, eng.values[operator], now)]
@@ -348,7 +303,6 @@ class LocalRunner:
 
     def items(self, operator: str) -> dict[str, Any]:
         """Every committed ``key → value`` of ``operator`` (expired ones left out)."""
-        self.app.get_operator(operator)
         out: dict[str, Any] = {}
         now = self.now()
         for eng in self.engines:
@@ -369,8 +323,9 @@ class LocalRunner:
             await asyncio.sleep(0)
             while self._busy():
                 try:
-                    await self._run_epoch()
-                except Exception:  # a bug in the runtime: fail loudly, but fail the waiters too
+                    async with self._epoch:
+                        await self._run_epoch()
+                except Exception:  # a bug in the runtime: fail loudly
                     log.exception("epoch failed")
                     raise
             self._wake_for_timers()
@@ -382,9 +337,9 @@ class LocalRunner:
             self._timer_wake.cancel()
             self._timer_wake = None
         dues = [d for d in (t.next_due() for t in self.timers) if d is not None]
-        if dues and self._loop is not None and self._wake is not None:
-            self._timer_wake = self._loop.call_later(max(0.0, min(dues) - self.now()),
-                                                     self._wake.set)
+        if dues and self._wake is not None:
+            self._timer_wake = asyncio.get_running_loop().call_later(
+                max(0.0, min(dues) - self.now()), self._wake.set)
 
     async def _run_epoch(self) -> None:
         """One epoch exactly as the cluster runs it: every participant begins and executes
@@ -401,7 +356,9 @@ class LocalRunner:
         self.effects.begin_epoch()
         for lp in self.loops:
             for tid, item in lp.begin(epoch, now):
-                self.effects.begin(tid, item.rid, dict(item.journal), item.idem)
+                operator, key, function, _ = item.request
+                self.effects.begin(tid, item.rid, dict(item.journal), item.idem,
+                                   effect_scope(item.rid, str(operator), key, function, item.idem))
         await asyncio.gather(*(lp.execute() for lp in self.loops))
         conflicts, aborts = merge_votes(
             (c.items(), ((t, e, r) for t, (e, r) in u.items()))
@@ -412,14 +369,24 @@ class LocalRunner:
             roots = [r for lp in self.loops
                      for r in roots_to_check(lp.engine, lp.batch, lp.outcomes, lp.request_of, skip)]
             aborts = {**aborts, **await second_run(self.engines, roots)}
-        committed: list[int] = []
-        in_fallback: list[int] = []
-        alone: list[int] = []  # (each participant's, in tid order: theirs commute)
         reruns = sum(lp.reruns for lp in self.loops)
         all_fates = await commit_together(self.loops, conflicts, aborts, self.fallback)
         self.stats.suspended += sum(len(lp.just_parked) for lp in self.loops)
         self.effects.launch()
         self.stats.effects = self.effects.started
+        order = self._deliver(all_fates)
+        self.stats.reruns += sum(lp.reruns for lp in self.loops) - reruns
+        if self.on_epoch_committed is not None:
+            self.on_epoch_committed(epoch, order)
+
+    def _deliver(self, all_fates: list[list[Fate[_Item]]]) -> list[int]:
+        """Count the epoch's fates and answer their callers; the committed tids in serial
+        order: the epoch's commits by tid, the fallback phase's by tid, then each
+        participant's deviated roots run alone (``Participant.rerun_deviated``), in tid
+        order (theirs commute)."""
+        committed: list[int] = []
+        in_fallback: list[int] = []
+        alone: list[int] = []
         for fates in all_fates:
             alone += sorted(f.tid for f in fates if f.committed and f.alone)
             for f in fates:
@@ -440,11 +407,7 @@ class LocalRunner:
                     fut.set_result(f.value)
                 else:
                     fut.set_exception(self._error(f.tid, f.value))
-        self.stats.reruns += sum(lp.reruns for lp in self.loops) - reruns
-        if self.on_epoch_committed is not None:
-            # the serial order: the epoch's commits by tid, the fallback phase's by tid, then
-            # each participant's deviated roots run alone (Participant.rerun_deviated)
-            self.on_epoch_committed(epoch, sorted(committed) + sorted(in_fallback) + alone)
+        return sorted(committed) + sorted(in_fallback) + alone
 
     def _keep_abort(self, f: Fate[_Item]) -> None:
         """An idempotent request aborted: keep its abort as its outcome (a transaction)."""
@@ -479,42 +442,16 @@ class LocalRunner:
         return exc
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def close(self) -> None:
-        """Stop the epoch driver, close the stores, remove the temporary directory."""
-        if self._closed:
-            return
-        self._closed = True
+    async def close(self) -> None:
+        """Stop the epoch driver, the effects and the actions; close the stores; remove the
+        temporary directory."""
         if self._timer_wake is not None:
             self._timer_wake.cancel()
         if self._driver is not None:
             self._driver.cancel()
-            if self._own_loop is not None and not self._own_loop.is_closed():
-                try:
-                    self._own_loop.run_until_complete(asyncio.gather(
-                        self._driver, self.effects.close(), self.actions.close(),
-                        return_exceptions=True))
-                except RuntimeError:
-                    pass
-        if self._own_loop is not None:
-            self._own_loop.close()
+        await asyncio.gather(*([self._driver] if self._driver is not None else []),
+                             self.effects.close(), self.actions.close(), return_exceptions=True)
         for eng in self.engines:
             eng.close()
         if self._own_dir:
             shutil.rmtree(self.directory, ignore_errors=True)
-
-    def __enter__(self) -> LocalRunner:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> LocalRunner:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._driver is not None:
-            self._driver.cancel()
-            await asyncio.gather(self._driver, self.effects.close(), self.actions.close(),
-                                 return_exceptions=True)
-            self._driver = None
-        self.close()
