@@ -13,12 +13,13 @@ thread, and reads wait for the epoch running, if any, to end.
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar, TypeVarTuple, overload
 
-from sfaas.app import App
-from sfaas.errors import TransactionAborted
+from sfaas.app import App, FunctionRef
+from sfaas.errors import EffectThenAbortWarning, TransactionAborted
 from sfaas.runtime.codec import pack, unpack
 from sfaas.runtime.txn.actions import Actions
 from sfaas.runtime.txn.effects import Effects
@@ -30,6 +31,9 @@ from sfaas.testing.loop_thread import LoopThread
 __all__ = ["LocalRunner"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
+Ts = TypeVarTuple("Ts")
 
 
 class LocalRunner:
@@ -118,6 +122,7 @@ class LocalRunner:
             return self._thread.run(coro)
         except TransactionAborted as exc:
             error = exc
+        _warn_effects(error, 3)
         # the caller's error, raised outside the handler so it is chained to nothing; its
         # traceback starts at the caller, not in the runner's thread (the function's own
         # is in error.traceback and the note)
@@ -131,27 +136,63 @@ class LocalRunner:
             return await self._thread.arun(coro)
         except TransactionAborted as exc:
             error = exc
+        _warn_effects(error, 3)
         raise error.with_traceback(None)  # (as in _run)
 
     # -- calling -------------------------------------------------------------------------------
-    def call(self, operator: str, key: str, function: str, *args: Any,
-             idempotency_key: str | None = None) -> Any:
+    @overload
+    def call(self, target: FunctionRef[P, R], key: str, /, *args: P.args,
+             **kwargs: P.kwargs) -> R: ...
+
+    @overload  # (with an idempotency key: a handle's positional arguments only)
+    def call(self, target: Callable[[Any, *Ts], Coroutine[Any, Any, R]], key: str, /,
+             *args: *Ts, idempotency_key: str | None) -> R: ...
+
+    @overload
+    def call(self, target: str, key: str, function: str, /, *args: Any,
+             idempotency_key: str | None = None) -> Any: ...
+
+    # (the [misc] error mypy reports here is wrong: see sfaas.Client.call's implementation)
+    def call(self, target: Any, /, *rest: Any,  # type: ignore[misc]
+             idempotency_key: str | None = None, **kwargs: Any) -> Any:
         """Run one request as a transaction and return its result (blocking; in ``async``
-        code, :meth:`acall`).
+        code, :meth:`acall`). Either form of :meth:`sfaas.Client.call`: the handle
+        ``@operator.function`` returned (``call(deposit, "alice", 5)``, checked by mypy) or
+        names (``call("accounts", "alice", "deposit", 5)``).
 
         Raises :class:`~sfaas.errors.TransactionAborted` (or a subclass) if it aborted — with
         the function's traceback in ``exc.traceback`` and a note when it raised a plain
-        exception. ``idempotency_key``: as :meth:`sfaas.Client.call`'s.
+        exception; warns :class:`~sfaas.errors.EffectThenAbortWarning` when it aborted after
+        one of its ``ctx.run`` effects ran. ``idempotency_key``: as
+        :meth:`sfaas.Client.call`'s.
         """
         return self._run(self._cluster.call(
-            self._request(operator, key, function, args, idempotency_key)))
+            self._target(target, rest, kwargs, idempotency_key)))
 
-    async def acall(self, operator: str, key: str, function: str, *args: Any,
-                    idempotency_key: str | None = None) -> Any:
+    @overload
+    async def acall(self, target: FunctionRef[P, R], key: str, /, *args: P.args,
+                    **kwargs: P.kwargs) -> R: ...
+
+    @overload
+    async def acall(self, target: Callable[[Any, *Ts], Coroutine[Any, Any, R]], key: str, /,
+                    *args: *Ts, idempotency_key: str | None) -> R: ...
+
+    @overload
+    async def acall(self, target: str, key: str, function: str, /, *args: Any,
+                    idempotency_key: str | None = None) -> Any: ...
+
+    async def acall(self, target: Any, /, *rest: Any,  # type: ignore[misc]
+                    idempotency_key: str | None = None, **kwargs: Any) -> Any:
         """:meth:`call` for ``async`` code (any event loop). Concurrent ``acall`` s may land
         in different epochs; :meth:`agather` queues its requests together."""
         return await self._arun(self._cluster.call(
-            self._request(operator, key, function, args, idempotency_key)))
+            self._target(target, rest, kwargs, idempotency_key)))
+
+    def _target(self, target: Any, rest: tuple[Any, ...], kwargs: dict[str, Any],
+                idempotency_key: object) -> Request:
+        """The request of a call in either form (``App.call_target``), checked."""
+        operator, key, function, args = self.app.call_target(target, *rest, **kwargs)
+        return self._request(operator, key, function, args, idempotency_key)
 
     def gather(self, *requests: tuple[Any, ...], return_exceptions: bool = False) -> list[Any]:
         """Run several requests concurrently, each a tuple ``(operator, key, function,
@@ -187,13 +228,15 @@ class LocalRunner:
                   return_exceptions: bool) -> list[Request | TransactionAborted]:
         out: list[Request | TransactionAborted] = []
         for i, r in enumerate(requests):
-            if not isinstance(r, tuple) or len(r) < 3:
+            if not isinstance(r, tuple) or len(r) < 2 or (
+                    len(r) < 3 and not isinstance(r[0], FunctionRef)):
                 hint = (" — pass each request as its own argument: gather(*requests)"
                         if isinstance(r, list) and r and isinstance(r[0], tuple) else "")
                 raise TypeError(f"gather takes requests as tuples (operator, key, function, "
-                                f"*args); request {i} is {r!r:.80} ({type(r).__name__}){hint}")
+                                f"*args) or (handle, key, *args); request {i} is {r!r:.80} "
+                                f"({type(r).__name__}){hint}")
             try:
-                out.append(self._request(r[0], r[1], r[2], r[3:], None))
+                out.append(self._target(r[0], r[1:], {}, None))
             except TransactionAborted as exc:
                 if not return_exceptions:
                     raise
@@ -330,6 +373,20 @@ def _seconds(seconds: object) -> float:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
         raise ValueError(f"advance needs seconds >= 0, got {seconds!r}")
     return float(seconds)
+
+
+def _warn_effects(error: TransactionAborted, stacklevel: int) -> None:
+    """An abort after an effect ran: the effect is not undone — say so where the test
+    sees it (the reason names the effects: ``sfaas.runtime.txn.failures``)."""
+    from sfaas.runtime.txn.failures import AFTER_EFFECTS
+
+    at = error.reason.find(AFTER_EFFECTS)
+    if at >= 0:
+        keys = error.reason[at + len(AFTER_EFFECTS):].split(" ran before")[0].strip()
+        warnings.warn(EffectThenAbortWarning(
+            f"the transaction aborted ({error.error_type}) after its effect(s) {keys} ran; "
+            "they are not undone. Commit the refusal and undo them with ctx.after_commit "
+            "instead (docs/guide/outside-world.md)"), stacklevel=stacklevel + 1)
 
 
 def _merge(prepared: Sequence[object], results: list[Any]) -> list[Any]:

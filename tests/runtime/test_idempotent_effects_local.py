@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 import sfaas
-from sfaas import Abort, App, Context, NotSerializable, TransactionAborted
+from sfaas import (
+    Abort,
+    App,
+    Context,
+    EffectThenAbortWarning,
+    NotSerializable,
+    TransactionAborted,
+)
 from sfaas.testing import LocalRunner
 
 app = App("effects-once")
@@ -103,12 +110,14 @@ async def test_duplicates_arriving_while_the_effect_runs_wait_for_it() -> None:
 @pytest.mark.timeout(60)
 async def test_an_abort_after_an_effect_names_it_and_a_retry_gets_the_abort() -> None:
     async with LocalRunner(app) as runner:
-        with pytest.raises(TransactionAborted, match="changed my mind") as first:
+        with pytest.raises(TransactionAborted, match="changed my mind") as first, \
+                pytest.warns(EffectThenAbortWarning, match=r"after its effect\(s\) "
+                                                           r"i[0-9a-f]{32}:wallets:carol:0 ran"):
             await runner.acall("wallets", "carol", "pay_then_refuse", 9, idempotency_key="x")
         (key,) = HITS
         assert f"[after effect(s) {key} ran before this abort and are not undone" \
             in first.value.reason, first.value.reason
-        with pytest.raises(TransactionAborted) as retry:
+        with pytest.raises(TransactionAborted) as retry, pytest.warns(EffectThenAbortWarning):
             await runner.acall("wallets", "carol", "pay_then_refuse", 9, idempotency_key="x")
         assert retry.value.reason == first.value.reason
     assert HITS == [key], HITS
@@ -117,9 +126,22 @@ async def test_an_abort_after_an_effect_names_it_and_a_retry_gets_the_abort() ->
 @pytest.mark.timeout(60)
 async def test_an_effect_result_that_cannot_be_journaled_says_the_effect_ran() -> None:
     async with LocalRunner(app) as runner:
-        with pytest.raises(NotSerializable) as info:
+        with pytest.raises(NotSerializable) as info, pytest.warns(EffectThenAbortWarning):
             await runner.acall("wallets", "dave", "pay_opaque", 1)
     reason = info.value.reason
     assert not reason.startswith("NotSerializable"), reason  # (no doubled prefix)
     assert f"the result of effect {HITS[0]} (opaque)" in reason and "the effect ran" in reason
     assert str(info.value).count("NotSerializable") == 0, str(info.value)
+
+
+@pytest.mark.timeout(60)
+def test_the_runner_takes_typed_handles_and_warns_in_plain_code_too() -> None:
+    with LocalRunner(app) as runner:
+        assert runner.call(pay, "erin", 4, idempotency_key="t-1") == {"charge": 1, "amount": 4}
+        assert runner.gather((pay, "erin", 4), ("wallets", "erin", "pay", 1)) == [
+            {"charge": 2, "amount": 4}, {"charge": 3, "amount": 1}]
+        with pytest.warns(EffectThenAbortWarning), pytest.raises(TransactionAborted):
+            runner.call(pay_then_refuse, "erin", 1)
+        with pytest.raises(TypeError, match=r"request 0 is \(<"):
+            runner.gather((pay,))
+    assert len(HITS) == 4
