@@ -227,6 +227,7 @@ def test_the_clients_send_a_handle_call_as_the_names_and_refuse_another_apps_han
 # -- what mypy sees -------------------------------------------------------------------------
 _APP = '''
 from sfaas import App, Client, Context, SyncClient
+from sfaas.testing import LocalRunner
 
 app = App("bank")
 accounts = app.operator("accounts")
@@ -266,6 +267,14 @@ async def client(c: Client, sc: SyncClient) -> int:
     f: int = sc.call(deposit, "alice", 5)
     g: str = sc.call(transfer, "alice", "bob", 2, idempotency_key="k")
     return a + b + len(e) + int(d) + f + len(g)
+
+
+async def runner(r: LocalRunner) -> int:
+    a: int = r.call(deposit, "alice", 5)
+    b: int = await r.acall(deposit, "alice", 5, idempotency_key="k")
+    c: str = r.call(transfer, "alice", to="bob")
+    d = r.call("accounts", "alice", "deposit", 5)
+    return a + b + len(c) + int(d)
 '''
 
 #: each line marked ``# E`` must get a mypy error, and no other line
@@ -292,6 +301,12 @@ async def client(c: Client, sc: SyncClient) -> None:
     wrong: str = await c.call(deposit, "alice", 5, idempotency_key="k")  # E
     sc.call(deposit, 7, 5)                               # E
     sc.call(transfer, "alice")                           # E
+
+
+async def runner(r: LocalRunner) -> None:
+    r.call(deposit, "alice", "5")                        # E
+    await r.acall(deposit, "alice", 5, 6)                # E
+    wrong: str = r.call(deposit, "alice", 5)             # E
 '''
 
 
