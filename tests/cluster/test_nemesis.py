@@ -35,12 +35,14 @@ import os
 import random
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.cluster.conftest import ROOT, Compose, compose, override, wait_ready
+from tests.cluster.faults import FaultLog, Probe, process_halted
 from tests.runtime.test_recovery import PARTITIONS, _scenario
 
 SEED = int(os.environ.get("SFAAS_NEMESIS_SEED") or random.SystemRandom().randrange(1 << 32))
@@ -70,7 +72,12 @@ def schedule(seed: int, seconds: float) -> list[tuple[float, str]]:
 
 
 class Nemesis:
-    """Injects the faults into compose project ``c``."""
+    """Injects the faults into compose project ``c``, each confirmed to take effect."""
+
+    #: how long a fault's effect may take to show (docker's state, a pid gone)
+    confirm_timeout = 10.0
+    #: how long a fault docker refuses to start is retried before the run fails
+    start_retry = 15.0
 
     def __init__(self, c: Compose) -> None:
         self.c = c
@@ -79,15 +86,26 @@ class Nemesis:
     def _docker(self, *args: str) -> None:
         self.c.docker(*args)
 
-    async def _for(self, seconds: float, start: list[str], end: list[str], what: str) -> str:
-        """``docker *start``, ``seconds``, then ``docker *end`` (retried: the cluster must
-        heal). A fault that cannot start (the container is restarting: e.g. "unable to
-        freeze") is reported, not injected."""
-        try:
-            await asyncio.to_thread(self._docker, *start)
-        except AssertionError as e:
-            return f"{what}: not injected ({str(e)[-120:]})"
-        return await self._heal(seconds, end, what)
+    def _state(self, cid: str, template: str) -> str:
+        return self.c.docker("inspect", "-f", template, cid).strip()
+
+    async def _start(self, log: FaultLog, kind: str, what: str, start: Callable[[], list[str]],
+                     probe: Probe) -> list[str] | None:
+        """Inject a fault: ``start()`` (its docker commands; it returns the ones that heal
+        it), retried for a while when docker refuses (the container is restarting: e.g.
+        "unable to freeze"), then its effect confirmed by ``probe`` in ``log``. None when
+        it never started or never took effect: ``log`` then fails the run, naming it."""
+        deadline, err = time.monotonic() + self.start_retry, ""
+        while time.monotonic() < deadline:
+            try:
+                heal = await asyncio.to_thread(start)
+            except AssertionError as e:
+                err = str(e)
+                await asyncio.sleep(0.5)
+                continue
+            return heal if await log.confirm(kind, what, probe, self.confirm_timeout) else None
+        log.not_injected(kind, what, err)
+        return None
 
     async def _heal(self, seconds: float, end: list[str], what: str) -> str:
         await asyncio.sleep(seconds)
@@ -101,40 +119,58 @@ class Nemesis:
                 await asyncio.sleep(1)
         return what
 
-    def _cut(self, service: str, net: str, seconds: float) -> asyncio.Task[str]:
-        what = f"{service} cut from {net} for {seconds:.1f} s"
-
-        async def cut() -> str:
-            try:  # (healed with the container's address and names: Compose.cut)
-                again = await asyncio.to_thread(self.c.cut, service, net)
-            except AssertionError as e:
-                return f"{what}: not injected ({str(e)[-120:]})"
-            return await self._heal(seconds, again, what)
-        return asyncio.create_task(cut())
-
-    async def fire(self, what: str, outages: list[asyncio.Task[str]]) -> str | None:
-        fault, target, lasts = what.split()
-        seconds, cid = float(lasts), self.ids[target]
-        if fault == "kill":
-            pid = int(self.c.docker("inspect", "-f", "{{.State.Pid}}", cid).strip())
-            if pid <= 0:
-                return None  # (not running right now: try again in a moment)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:  # (it exited since: fenced, restarting)
-                return None
-            return f"killed {target} (pid {pid})"
+    async def _outage(self, log: FaultLog, fault: str, target: str, seconds: float) -> str:
+        """A fault that lasts ``seconds``: a pause, a cut or a stop, then its healing."""
+        cid = self.ids[target]
+        start: Callable[[], list[str]]
         if fault == "pause":
-            outages.append(asyncio.create_task(self._for(
-                seconds, ["pause", cid], ["unpause", cid], f"{target} paused for {seconds:.1f} s")))
+            what = f"{target} paused for {seconds:.1f} s"
+
+            def start() -> list[str]:
+                self._docker("pause", cid)
+                return ["unpause", cid]
+
+            def probe() -> str | None:
+                return "paused" if self._state(cid, "{{.State.Paused}}") == "true" else None
         elif fault.startswith("cut-"):
-            outages.append(self._cut(target, "data" if fault in ("cut-data", "cut-broker")
-                                     else "control", seconds))
+            net = "data" if fault in ("cut-data", "cut-broker") else "control"
+            what = f"{target} cut from {net} for {seconds:.1f} s"
+
+            def start() -> list[str]:  # (healed with its address and names: Compose.cut)
+                return self.c.cut(target, net)
+
+            def probe() -> str | None:
+                nets = self._state(cid, "{{json .NetworkSettings.Networks}}")
+                return f"off {net}" if f'"{self.c.network(net)}"' not in nets else None
         else:  # a broker or a MinIO node stopped, then started again
-            outages.append(asyncio.create_task(self._for(
-                seconds, ["stop", "-t", "0", cid], ["start", cid],
-                f"{target} stopped for {seconds:.1f} s")))
-        return what
+            what = f"{target} stopped for {seconds:.1f} s"
+
+            def start() -> list[str]:
+                self._docker("stop", "-t", "0", cid)
+                return ["start", cid]
+
+            def probe() -> str | None:
+                return "stopped" if self._state(cid, "{{.State.Running}}") == "false" else None
+        heal = await self._start(log, fault, what, start, probe)
+        if heal is None:
+            return f"{what}: did not take effect"
+        return await self._heal(seconds, heal, what)
+
+    async def fire(self, what: str, outages: list[asyncio.Task[str]], log: FaultLog) -> str | None:
+        fault, target, lasts = what.split()
+        if fault != "kill":
+            outages.append(asyncio.create_task(self._outage(log, fault, target, float(lasts))))
+            return what
+        pid = int(self._state(self.ids[target], "{{.State.Pid}}"))
+        if pid <= 0:
+            return None  # (not running right now: try again in a moment)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # (it exited since: fenced, restarting)
+            return None
+        await log.confirm(fault, f"{target} killed (pid {pid})", process_halted(pid),
+                          self.confirm_timeout)
+        return f"killed {target} (pid {pid})"
 
 
 def _ledger(tmp: Path) -> Path:

@@ -34,6 +34,7 @@ from sfaas.runtime import wire
 from sfaas.runtime.epochlog import EpochRecord
 from sfaas.runtime.protocols.rounds import RoundManifest
 from sfaas.runtime.settings import Settings
+from tests.cluster.faults import FaultLog, port_closed, process_halted
 from tests.conftest import TEST_BUCKET
 from tests.namespaces import fresh_namespace
 from tests.runtime.test_rounds import _ingress_requests, _read_topic, _replay
@@ -53,14 +54,20 @@ START = 1000
 PARTITIONS = 4
 
 
-async def _outage(service: str, seconds: float) -> str:
-    """Stop ``service`` (as sfaas started it) for ``seconds``, then start it again."""
+async def _outage(service: str, seconds: float, faults: FaultLog, confirm_timeout: float = 5.0) -> str:
+    """Stop ``service`` (as sfaas started it) for ``seconds``, then start it again; its
+    port is seen closed meanwhile, or the run fails (``faults``)."""
     from launcher import services
+    from launcher.procs import _KAFKA, _MINIO, ServiceSettings
 
     kw = {"kafka": service == "kafka", "minio": service == "minio"}
     t = time.monotonic()
     await asyncio.to_thread(services.down, **kw, progress=False)
-    await asyncio.sleep(seconds)
+    stopped = time.monotonic()
+    port = (_KAFKA if service == "kafka" else _MINIO).port(ServiceSettings.from_env())
+    await faults.confirm(service, f"{service} stopped", port_closed("127.0.0.1", port),
+                         timeout=confirm_timeout)
+    await asyncio.sleep(max(0.0, seconds - (time.monotonic() - stopped)))
     await asyncio.to_thread(services.up, **kw, progress=False)
     return f"{service} down for {time.monotonic() - t:.1f} s"
 
@@ -97,7 +104,9 @@ def _kill(s: Settings, role: str, rnd: random.Random) -> int | None:
 Fault = tuple[float, str]
 #: Injects a fault: what it did (e.g. a pid), or None when it cannot yet (tried again soon);
 #: a fault that lasts (an outage) is a task of the list it is given, awaited after the load.
-Fire = Callable[[str, list["asyncio.Task[str]"]], Any]
+#: It confirms the fault's effect in the :class:`FaultLog` (the kind: the first word of the
+#: fault), which fails the run if a fault did not take effect.
+Fire = Callable[[str, list["asyncio.Task[str]"], FaultLog], Any]
 
 
 async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[str, object], replay_dir: Path,
@@ -109,11 +118,14 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
     ``fire``: another schedule and how to inject it (by default: kills of the local
     cluster's processes and outages of its services); ``workers``: the cluster's size."""
 
-    async def fire_local(role: str, outages: list[asyncio.Task[str]]) -> object | None:
+    async def fire_local(role: str, outages: list[asyncio.Task[str]], log: FaultLog) -> object | None:
         if role in dict(OUTAGES):
-            outages.append(asyncio.create_task(_outage(role, dict(OUTAGES)[role])))
+            outages.append(asyncio.create_task(_outage(role, dict(OUTAGES)[role], log)))
             return 0
-        return _kill(s, role, rnd)
+        pid = _kill(s, role, rnd)  # (or what a test put in its place: it halts a process)
+        if pid is not None:
+            await log.confirm(role, f"{role} pid {pid} halted", process_halted(pid), timeout=5.0)
+        return pid
 
     fire = fire or fire_local
     seconds = SECONDS if seconds is None else seconds  # (read now: tests patch SECONDS)
@@ -126,6 +138,8 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
                             + [(rnd.uniform(1.5, seconds - 2), "coordinator") for _ in range(COORDINATOR_KILLS)]
                             + [(rnd.uniform(1.5, seconds - 15), name) for name, _ in OUTAGES])
         faults = sorted(faults)
+        scheduled = {what.split()[0] for _, what in faults}
+        log = FaultLog()
         outages: list[asyncio.Task[str]] = []
         report["schedule"] = [(round(t, 2), role) for t, role in faults]
         t0 = time.monotonic()
@@ -133,7 +147,7 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
         while (now := time.monotonic() - t0) < seconds:
             while faults and faults[0][0] <= now:
                 _, role = faults.pop(0)
-                if (what := await fire(role, outages)) is not None:
+                if (what := await fire(role, outages, log)) is not None:
                     killed.append((round(now, 2), role, what))
                 else:  # nobody to kill yet: try again in half a second
                     faults.append((now + 0.5, role))
@@ -156,6 +170,11 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
             await asyncio.sleep(0.02)
         report["killed"] = killed
         report["outages"] = await asyncio.gather(*outages)
+        report["unfired"] = [what for _, what in faults]
+        # every fault took effect (the process gone or paused, the service down, the link
+        # cut): a run whose faults did not happen proves nothing
+        report["faults"] = log.summary()
+        log.check(scheduled)
         _, pending = await asyncio.wait([f for _, _, f in futs], timeout=180)
         if pending:
             stuck = [(kind, key) for kind, key, f in futs if f in pending]
