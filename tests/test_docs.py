@@ -14,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ["README.md", "ARCHITECTURE.md", "CONTRIBUTING.md", "benchmarks/README.md",
-        "benchmarks/JOURNAL.md", "docs/KUBERNETES.md"]
+        "benchmarks/JOURNAL.md", "examples/README.md"] + sorted(
+    p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md"))
 LOCAL_HOSTS = {"localhost", "127.0.0.1"}
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
