@@ -30,7 +30,7 @@ def _client(s: Settings) -> Client:
 
 async def _settle_round(s: Settings) -> None:
     """Let a snapshot round cover everything written so far (rounds every second), so the
-    next start's recovery replays no epoch of the old code (see the README's upgrade
+    next start's recovery replays no epoch of the old code (see docs/guide/schemas-and-ttl.md's upgrade
     section)."""
     await asyncio.sleep(3 * s.snapshot_interval + 1.0)
 

@@ -26,9 +26,9 @@ effect.
 
 At most ``limit`` effects run at once (the rest wait their turn); one that does not finish
 within ``timeout`` seconds is journaled as a ``TimeoutError``. ``fn`` learns its effect key
-from :func:`sfaas.effect_key` (also on the second run described in the README: a crash
-after ``fn`` started and before its outcome was journaled durably runs it again, with the
-same key).
+from :func:`sfaas.effect_key` (also on the second run described in
+docs/guide/outside-world.md: a crash after ``fn`` started and before its outcome was
+journaled durably runs it again, with the same key).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def effect_scope(rid: str, operator: str, key: str, function: str,
                  idempotency_key: str | None) -> str:
     """The prefix of a root request's effect keys: ``rid``, or for an idempotent request
     ``"i"`` + 32 hex digits of a hash of what makes duplicates one logical request (the
-    same operator, key, function and idempotency key: README, "idempotency keys")."""
+    same operator, key, function and idempotency key: docs/guide/idempotency.md)."""
     if idempotency_key is None:
         return rid
     ident = "\x00".join((operator, key, function, idempotency_key))

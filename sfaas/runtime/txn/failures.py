@@ -46,7 +46,7 @@ def check_key(key: object, operator: object = "?") -> str:
 
 def after_effects(journal: Mapping[str, Any] | None, etype: str, reason: str) -> str:
     """An abort's ``reason``, naming the effects in the transaction's ``journal`` — they ran
-    before the abort and are not undone (README, "Talking to the outside world")."""
+    before the abort and are not undone (docs/guide/outside-world.md)."""
     if not journal or etype == SUSPENDED or AFTER_EFFECTS in reason:
         return reason
     keys = ", ".join(sorted(journal))
