@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +27,7 @@ from tests.namespaces import NAMESPACES, drop_objects, drop_topics, fresh_namesp
 
 TEST_BUCKET = "sfaas-tests"
 
-# The cluster's determinism check is on in the test suite (README, "Mistakes the runtime
+# The cluster's determinism check is on in the test suite (docs/guide/functions.md, "Mistakes the runtime
 # catches"): every cluster a test starts runs it, unless the test turns it off.
 os.environ.setdefault("SFAAS_CHECK_DETERMINISM", "1")
 
@@ -101,3 +105,66 @@ def observed_cluster(kafka: Endpoints, minio: Endpoints, tmp_path_factory: pytes
         yield s, cluster.cluster_settings(s)[1]
     finally:
         cluster.down(s)
+
+
+# -- the seeds a session drew, in its summary ------------------------------------------------
+# pytest shows a test's captured output only when it fails, so a passing seeded run (chaos,
+# nemesis, fencing, stress, fuzz) left no trace of its seed and CI could not replay it. Every
+# seed a test used is listed at the end of the session, passing or failing, with the
+# variable that replays it.
+
+_SEED_DEF = re.compile(r'^(\w*SEED)\s*=\s*int\(os\.environ\.get\("(\w+)"\)', re.M)
+_SEED_PRINTED = re.compile(r"\b(SFAAS_\w*SEED)=(\d+)|^seed=(\d+)$", re.M)
+#: "VARIABLE=value" → the test files that used it
+_SEEDS: dict[str, set[str]] = {}
+
+
+def report_seed(variable: str, value: int, where: str) -> None:
+    """Name a seed a test used (``variable`` replays it), for the session's summary."""
+    _SEEDS.setdefault(f"{variable}={value}", set()).add(where)
+
+
+def _seed_variables() -> dict[tuple[str, int], str]:
+    """(name, value) of every ``NAME = int(os.environ.get("VAR") ...)`` seed of a loaded test
+    module → VAR (a module importing another's seed is named by the one defining it)."""
+    out: dict[tuple[str, int], str] = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("tests.") or not getattr(module, "__file__", None):
+            continue
+        try:
+            source = Path(module.__file__).read_text()  # type: ignore[arg-type]
+        except OSError:
+            continue
+        for attr, variable in _SEED_DEF.findall(source):
+            value = getattr(module, attr, None)
+            if isinstance(value, int):
+                out[(attr, value)] = variable
+    return out
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Collects the seeds of each test: its module's ``*SEED`` globals, the fuzz suites'
+    hypothesis seed, and ``SFAAS_*SEED=N`` (or a bare ``seed=N`` line) in its output."""
+    if report.when != "call":
+        return
+    where = report.nodeid.split("::")[0]
+    module = sys.modules.get(where.removesuffix(".py").replace("/", "."))
+    if module is not None:
+        known = _seed_variables()
+        for attr, value in vars(module).items():
+            if attr.endswith("SEED") and isinstance(value, int) and (attr, value) in known:
+                report_seed(known[(attr, value)], value, where)
+    if where.startswith("tests/fuzz/"):
+        from tests.fuzz import budget
+
+        if module is not None and getattr(module, "fuzz", None) is budget.fuzz:
+            report_seed("SFAAS_FUZZ_SEED", budget.SEED, where)
+    for variable, value, bare in _SEED_PRINTED.findall(report.capstdout):
+        report_seed(variable or "SFAAS_SEED", int(value or bare), report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _SEEDS:
+        terminalreporter.section("seeds (set the variable to replay a run)")
+        for seed, files in sorted(_SEEDS.items()):
+            terminalreporter.write_line(f"{seed}  {', '.join(sorted(files))}")
