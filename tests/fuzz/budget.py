@@ -36,9 +36,17 @@ def examples(share: float = 1.0) -> int:
     return max(1, int(CI_EXAMPLES * min(1.0, share * 2)))
 
 
-def fuzz(share: float = 1.0) -> Callable[[F], F]:
+#: The health checks every fuzz test runs without: ``function_scoped_fixture``, because the
+#: ``outcomes`` fixture is function-scoped on purpose — one counter across all of a test's
+#: inputs, whose spread it checks after the last one (``tests.fuzz.outcomes``). Every other
+#: check is on, unless a test names it (``fuzz(suppress=...)``, saying why).
+ALWAYS_SUPPRESSED = (HealthCheck.function_scoped_fixture,)
+
+
+def fuzz(share: float = 1.0, suppress: tuple[HealthCheck, ...] = ()) -> Callable[[F], F]:
     """The hypothesis settings of a fuzz test: a fixed seed, no example database (a run
-    depends on the seed alone), no deadline, ``examples(share)`` inputs."""
+    depends on the seed alone), no deadline, ``examples(share)`` inputs, the health
+    checks on but :data:`ALWAYS_SUPPRESSED` and ``suppress``."""
 
     def wrap(fn: F) -> F:
         fn = settings(
@@ -47,7 +55,7 @@ def fuzz(share: float = 1.0) -> Callable[[F], F]:
             deadline=None,
             derandomize=False,
             print_blob=True,
-            suppress_health_check=list(HealthCheck),
+            suppress_health_check=[*ALWAYS_SUPPRESSED, *suppress],
         )(fn)
         return seed(SEED)(fn)  # type: ignore[no-any-return]
 

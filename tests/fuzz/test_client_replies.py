@@ -13,6 +13,7 @@ import asyncio
 from typing import Any
 
 import msgpack
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -62,6 +63,7 @@ class _Consumer:
         return {}
 
 
+@pytest.mark.spread(accepted=["call completed"], min_accepted=0.2, each=["skipped"])
 @fuzz()
 @given(batch=st.lists(records(), min_size=1, max_size=10))
 async def test_client_takes_replies_and_skips_the_rest(batch: list[bytes | None], tmp_path_factory: Any,

@@ -52,6 +52,9 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fuzz-coordinator")
 
 
+@pytest.mark.spread(accepted=["handler returned"],
+                    min_accepted=0.03,
+                    stages=["not valid msgpack", "message must be", "needs N fields", "has the wrong type or shape", "sent Heartbeat as worker"])
 @fuzz(share=1.0)
 @given(frames=sessions())
 async def test_coordinator_handles_or_refuses_worker_messages(frames: list[bytes], home: Path,

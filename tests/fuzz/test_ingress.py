@@ -51,6 +51,9 @@ def records() -> st.SearchStrategy[bytes | None]:
     )
 
 
+@pytest.mark.spread(accepted=["request"],
+                    min_accepted=0.1,
+                    stages=["not msgpack", "element", "request id must be", "must be a str", "more than the limit", "arguments nest more than"])
 @fuzz(share=0.5)
 @given(data=records())
 def test_request_decode_gives_a_request_or_bad_request(data: bytes | None, outcomes: Outcomes) -> None:
@@ -71,6 +74,9 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fuzz-ingress")
 
 
+@pytest.mark.spread(accepted=["admitted"],
+                    min_accepted=0.04,
+                    each=["rejected, answered", "rejected, dropped"])
 @fuzz(share=0.5)
 @given(batch=st.lists(records(), min_size=1, max_size=8))
 async def test_worker_answers_every_request_and_every_answerable_malformed_record(

@@ -95,6 +95,9 @@ def inputs(docs: st.SearchStrategy[bytes], magic: bytes) -> st.SearchStrategy[by
     return mix((2, docs), (4, hostile(docs)), (4, reframed(docs, magic)))
 
 
+@pytest.mark.spread(accepted=["manifest"],
+                    min_accepted=0.04,
+                    stages=["too short", "not a manifest", "unsupported manifest version", "checksum mismatch", "malformed manifest body"])
 @fuzz(share=0.25)
 @given(data=inputs(store_manifests().map(Manifest.encode), b"SFMF"))
 def test_store_manifest_decodes_or_raises_manifest_error(data: bytes, outcomes: Outcomes) -> None:
@@ -110,6 +113,9 @@ def test_store_manifest_decodes_or_raises_manifest_error(data: bytes, outcomes: 
     assert Manifest.decode(m.encode()).encode() == m.encode()  # (NaN != NaN)
 
 
+@pytest.mark.spread(accepted=["round"],
+                    min_accepted=0.05,
+                    stages=["too short", "not a round manifest", "checksum mismatch", "malformed body", "a retries row"])
 @fuzz(share=0.25)
 @given(data=inputs(round_manifests().map(RoundManifest.encode), b"SFRM"))
 def test_round_manifest_decodes_or_raises_round_error(data: bytes, outcomes: Outcomes) -> None:
@@ -122,6 +128,9 @@ def test_round_manifest_decodes_or_raises_round_error(data: bytes, outcomes: Out
     assert RoundManifest.decode(m.encode()).encode() == m.encode()
 
 
+@pytest.mark.spread(accepted=["index"],
+                    min_accepted=0.07,
+                    stages=["too short", "not a round index", "unsupported round index version", "checksum mismatch", "ascending distinct round ids"])
 @fuzz(share=0.25)
 @given(data=inputs(st.lists(st.integers(1, 50), max_size=4).map(lambda r: RoundIndex(tuple(sorted(set(r)))).encode()),
                    b"SFRI"))
@@ -151,6 +160,9 @@ def epoch_log_inputs(draw: st.DrawFn) -> bytes:
         return b"SFEL" + bytes([version])
 
 
+@pytest.mark.spread(accepted=["record"],
+                    min_accepted=0.1,
+                    stages=["too short", "header", "malformed body"])
 @fuzz(share=0.15)
 @given(data=epoch_log_inputs())
 def test_epoch_record_decodes_or_raises_epoch_log_error(data: bytes, outcomes: Outcomes) -> None:
@@ -168,6 +180,10 @@ def remote_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fuzz-rounds")
 
 
+@pytest.mark.spread(accepted=["round"],
+                    min_accepted=0.03,
+                    stages=["not a round index", "ascending distinct round ids", "malformed body"],
+                    each=["none"])
 @fuzz(share=0.1)
 @given(index=inputs(st.just(RoundIndex((1,)).encode()), b"SFRI"),
        manifest=inputs(round_manifests().map(lambda m: RoundManifest(1, *list(m.__dict__.values())[1:]).encode()),

@@ -37,6 +37,9 @@ def frame_payloads(classes: list[type[wire.Message]]) -> st.SearchStrategy[bytes
                    packed(raw_message_lists(classes)))
 
 
+@pytest.mark.spread(accepted=["decoded"],
+                    min_accepted=0.05,
+                    stages=["not valid msgpack", "frame must be a list", "message must be", "needs N fields", "has the wrong type or shape"])
 @fuzz(share=0.3)
 @given(payload=frame_payloads(ALL_CLASSES))
 def test_decode_frame_returns_messages_or_a_protocol_error(payload: bytes, outcomes: Outcomes) -> None:
@@ -102,6 +105,7 @@ def handshakes(draw: st.DrawFn) -> tuple[str, Any]:
     return kind, (secret, nc, mutation)
 
 
+@pytest.mark.spread(accepted=["authenticated"], min_accepted=0.1, each=["refused"])
 @fuzz(share=0.3)
 @given(case=handshakes(), after=st.binary(max_size=64))
 async def test_handshake_refuses_every_peer_without_the_secret(case: tuple[str, Any], after: bytes,
@@ -167,6 +171,9 @@ def streams(draw: st.DrawFn) -> bytes:
     return out
 
 
+@pytest.mark.spread(accepted=["frame"],
+                    min_accepted=0.02,
+                    stages=["exceeds", "not valid msgpack", "message must be", "needs N fields", "has the wrong type or shape"])
 @fuzz(share=0.2)
 @given(data=streams())
 async def test_channel_recv_yields_messages_or_a_named_error(data: bytes, outcomes: Outcomes) -> None:
@@ -215,6 +222,9 @@ def worker_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fuzz-worker")
 
 
+@pytest.mark.spread(accepted=["calls answered"],
+                    min_accepted=0.04,
+                    stages=["not valid msgpack", "needs N fields", "says it is worker", "sent a Call as worker"])
 @fuzz(share=0.2)
 @given(frames=peer_inputs(), epoch=st.integers(0, 3))
 async def test_worker_peer_handler_serves_or_refuses(frames: list[bytes], epoch: int, worker_home: Path,

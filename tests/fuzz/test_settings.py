@@ -43,6 +43,9 @@ def overrides() -> st.SearchStrategy[dict[str, Any]]:
                            mix((3, _text), (2, values(4)), (1, st.integers(-5, 70000))), max_size=4)
 
 
+@pytest.mark.spread(accepted=["settings"],
+                    min_accepted=0.05,
+                    stages=["unknown setting", "must be an integer", "must be a number", "kafka Q is", "setting app must be a str"])
 @fuzz(share=0.6)
 @given(env=env_values(), over=overrides())
 def test_settings_load_or_raise_config_error(env: dict[str, str], over: dict[str, Any], outcomes: Outcomes) -> None:
@@ -90,6 +93,10 @@ def command_lines(draw: st.DrawFn) -> list[str]:
     return argv
 
 
+@pytest.mark.spread(accepted=["settings"],
+                    min_accepted=0.01,
+                    stages=["kafka Q is", "log_level must be", "namespace must be"],
+                    each=["usage error", "ConfigError"])
 @fuzz(share=0.4)
 @given(argv=command_lines())
 def test_command_line_flags_give_settings_or_a_named_error(argv: list[str], outcomes: Outcomes,

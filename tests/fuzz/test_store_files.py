@@ -135,6 +135,10 @@ def background_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SFAAS_BACKGROUND", "thread")  # no process start per example
 
 
+@pytest.mark.spread(accepted=["all data", "wal tail truncated"],
+                    min_accepted=0.05,
+                    stages=["CURRENT: bad magic or checksum", ".wal: checksum mismatch", ".run: ", ".hint: ", ".log: "],
+                    each=["all data", "wal tail truncated"])
 @fuzz()
 @given(data=st.data())
 def test_a_damaged_store_file_gives_a_named_error_never_wrong_data(
@@ -187,6 +191,9 @@ def current_docs(draw: st.DrawFn) -> Any:
     return draw(st.one_of(st.just(doc), values()))
 
 
+@pytest.mark.spread(accepted=["version"],
+                    min_accepted=0.05,
+                    stages=["bad magic or checksum", "not a document", "seq must be", "version must be", "bad file entry"])
 @fuzz(share=0.4)
 @given(data=mix((3, current_docs().map(_current_bytes)), (2, mutated(st.just(_current_bytes({"seq": 1, "version": 1,
                                                                                            "files": []}))))))
@@ -226,6 +233,9 @@ def hint_inputs(draw: st.DrawFn) -> bytes:
     return bytes(damaged)
 
 
+@pytest.mark.spread(accepted=["hint"],
+                    min_accepted=0.1,
+                    stages=["too short", "not a hint file", "checksum mismatch", "hint section lengths"])
 @fuzz(share=0.3)
 @given(data=hint_inputs())
 def test_hint_decodes_or_raises_corruption(data: bytes, outcomes: Outcomes) -> None:
@@ -246,6 +256,10 @@ def log_inputs(draw: st.DrawFn) -> bytes:
     return draw(st.one_of(st.just(data), mutated(st.just(data))))
 
 
+@pytest.mark.spread(accepted=["records", "torn tail"],
+                    min_accepted=0.2,
+                    stages=["checksum mismatch"],
+                    each=["records", "torn tail"])
 @fuzz(share=0.3)
 @given(data=log_inputs())
 def test_log_records_scan_or_raise_corruption(data: bytes, outcomes: Outcomes) -> None:
