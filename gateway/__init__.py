@@ -6,7 +6,9 @@ only, never ``worker`` or ``coordinator``). Its rooms:
 
 * :mod:`gateway.app`      routes, auth, limits and the mapping of SDK errors to statuses;
 * :mod:`gateway.values`   JSON bodies to arguments, msgpack values to JSON;
-* :mod:`gateway.openapi`  ``/openapi.json`` from the functions' signatures;
+* :mod:`gateway.schemas`  the JSON Schemas of arguments and results, from the signatures;
+* :mod:`gateway.checks`   a request's arguments held to those schemas;
+* :mod:`gateway.openapi`  ``/openapi.json``: every operation, status and schema;
 * :mod:`gateway.metrics`  ``/metrics``;
 * :mod:`gateway.settings` ``SFAAS_GATEWAY_*`` settings and :data:`MAX_BODY`;
 * :mod:`gateway.service`  the process: the client, then uvicorn.

@@ -5,9 +5,12 @@
     GET  /v1/{app}/{operator}?prefix=&limit=                     → 200 {"items": [[k, v], …]}
     GET  /openapi.json, /healthz, /metrics
 
-Path segments are percent-decoded one by one (``%2F`` is a ``/`` inside a key). Every
-answer that is not a 2xx is JSON naming the problem: 400 ``{"error", "type"}`` for bad
-input (the SDK's own message when the SDK refused it), 401 without the bearer token, 404,
+Path segments are percent-decoded one by one (``%2F`` is a ``/`` inside a key). The
+``/openapi.json`` document is the contract: a call's arguments are held to the schema it
+publishes for them (:mod:`gateway.checks`). Every answer that is not a 2xx is JSON naming
+the problem: 400 ``{"error", "type"}`` for bad input (the SDK's own message when the SDK
+refused it; ``BadArguments`` naming the argument and the type its annotation asks for when
+it does not fit the function's schema), 401 without the bearer token, 404,
 405, 409 ``{"aborted", "type"}`` for a transaction that rolled back, 413 over
 :data:`~gateway.settings.MAX_BODY`, 429 at the in-flight limit, 503 when Kafka did not take
 the request, 504 when no reply came in time.
@@ -28,13 +31,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from gateway.checks import Check, compile_schema, fits
 from gateway.metrics import CALL, GET, SCAN, GatewayMetrics
 from gateway.openapi import openapi
+from gateway.schemas import args_schema
 from gateway.settings import MAX_BODY, GatewaySettings
-from gateway.values import dumps, parse_args
+from gateway.values import arguments, dumps, parse_body
 from sfaas.app import App
 from sfaas.client import Client, check_idempotency_key
 from sfaas.errors import (
+    BadArguments,
     BadKey,
     BadRequest,
     ClusterError,
@@ -82,6 +88,12 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self._token = settings.token.encode("ascii")
         self._openapi = dumps(openapi(app, auth=bool(settings.token)))
+        #: (operator, function) → the schema of its args, as the document has it, compiled
+        self._args: dict[tuple[str, str], tuple[dict[str, Any], Check]] = {}
+        for op in app.operators.values():
+            for fn in op.functions.values():
+                schema = args_schema(fn, fits)
+                self._args[op.name, fn.name] = schema, compile_schema(schema)
         starlette = Starlette(routes=[
             Route("/healthz", self._healthz),
             Route("/metrics", self._metrics),
@@ -234,12 +246,15 @@ class Gateway:
             raise _error(400, f"the request body must be application/json (UTF-8), got "
                               f"Content-Type {', '.join(ctype)!r:.120}", "BadRequest")
         body = await _read_body(request)
-        if body.strip() and not ctype:
+        if body and not ctype:
             raise _error(400, "a request body needs 'Content-Type: application/json'",
                          "BadRequest")
         try:
-            args = parse_args(body)
+            raw = parse_body(body)
             check_idempotency_key(ikey)
+            self.app.resolve(operator, function).check_args(operator, raw)
+            self._check_types(operator, function, raw)
+            args = arguments(raw)
             self.app.validate(operator, key, function, args)
             size = len(pack(args)) + len(key.encode())
         except TransactionAborted as exc:  # the SDK's validation errors, named as it names them
@@ -249,6 +264,24 @@ class Gateway:
                               f"request record holds ({MAX_RECORD})", "PayloadTooLarge")
         return await self._answer(lambda: self.client.call(
             operator, key, function, *args, idempotency_key=ikey), "result")
+
+    def _check_types(self, operator: str, function: str, raw: list[Any]) -> None:
+        """:class:`BadArguments` unless ``raw`` (the args as JSON has them) fits the
+        function's schema in the document."""
+        schema, check = self._args[operator, function]
+        found = check(raw)
+        if found is None:
+            return
+        at, want, got = found
+        if not at:  # the array itself: too many arguments for a *args
+            raise BadArguments(f"{operator}.{function} takes at most {schema['maxItems']} "
+                               f"arguments, got {len(raw)}")
+        i = int(at[1:at.index("]")])
+        prefix = schema.get("prefixItems", [])
+        name = (prefix[i] if i < len(prefix) else schema["items"])["title"]
+        inner = at[at.index("]") + 1:]
+        raise BadArguments(f"{operator}.{function} argument {i + 1} ({name}){inner} must be "
+                           f"{want}, got {dumps(got)[:80].decode(errors='replace')}")
 
     async def _get(self, operator: str, key: str) -> Response:
         try:

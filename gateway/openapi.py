@@ -1,120 +1,200 @@
-"""``/openapi.json``: an OpenAPI 3.1 document generated from the app's registered functions.
+"""``/openapi.json``: the OpenAPI 3.1 document of one app behind the gateway, generated from
+its registered functions — the gateway's exact contract.
 
 One path per function (``POST /v1/{app}/{operator}/{key}/{function}``) whose request body
-describes the ``args`` array parameter by parameter, from the signature and annotations
-(``int``, ``float``, ``str``, ``bool``, ``list[X]``, ``dict[str, X]``, ``X | None`` /
-``Optional[X]``; anything else or unannotated: ``{}``, any value), plus the state read paths
-of each operator.
+describes the ``args`` array parameter by parameter from the signature
+(:mod:`gateway.schemas`; :mod:`gateway.checks` holds requests to it), the two state read
+paths of each operator, and ``/healthz``, ``/metrics``, ``/openapi.json``. Every status an
+operation can answer is listed with its body and headers; the bearer token, when the
+gateway has one, is a security scheme. Links join the operations on one key (a call, then a
+read of that key or another call on it), for a client generator and schemathesis' stateful
+phase alike.
 """
 
 from __future__ import annotations
 
 import inspect
-import types
-import typing
-from collections import abc
 from typing import Any
 
-from sfaas.app import App, Function
+from gateway.checks import fits
+from gateway.schemas import COMPONENTS, args_schema, hints, result_schema
+from gateway.settings import MAX_BODY
+from sfaas.app import App, Function, Operator
+from sfaas.runtime.txn.reads import MAX_SCAN
+from sfaas.runtime.wire import MAX_RID
 
 __all__ = ["openapi"]
 
-_SCALARS: dict[Any, dict[str, Any]] = {
-    int: {"type": "integer"}, float: {"type": "number"}, str: {"type": "string"},
-    bool: {"type": "boolean"}, type(None): {"type": "null"}, None: {"type": "null"},
-    bytes: {"type": "object", "properties": {"$base64": {"type": "string"}},
-            "required": ["$base64"]},
-}
-_ERROR = {"type": "object", "properties": {"error": {"type": "string"},
-                                           "type": {"type": "string"}}, "required": ["error"]}
+_ERROR = {"type": "object", "required": ["error", "type"], "additionalProperties": False,
+          "properties": {"error": {"type": "string", "description": "what is wrong, naming "
+                                   "the input and what was expected"},
+                         "type": {"type": "string", "description": "its kind, e.g. "
+                                  "BadArguments, BadKey, UnknownFunction, BadRequest"}}}
+_ABORTED = {"type": "object", "required": ["aborted", "type"], "additionalProperties": False,
+            "properties": {"aborted": {"type": "string", "description": "why"},
+                           "type": {"type": "string", "description": "what raised it"}}}
+_KEY = {"type": "string", "minLength": 1, "pattern": "^[^\\u0000]"}
+_IDEMPOTENCY_KEY = {"type": "string", "minLength": 1, "maxLength": MAX_RID,
+                    "pattern": "^[!-~]([ -~]*[!-~])?$"}
 
 
-def schema_of(annotation: Any) -> dict[str, Any]:
-    """The JSON schema of a Python annotation ({} when it says nothing JSON can check)."""
-    if annotation in _SCALARS:
-        return dict(_SCALARS[annotation])
-    origin, params = typing.get_origin(annotation), typing.get_args(annotation)
-    if annotation in (list, tuple) or origin in (list, tuple, abc.Sequence):
-        if origin is tuple and params and params[-1] is not Ellipsis:
-            return {"type": "array", "prefixItems": [schema_of(p) for p in params],
-                    "minItems": len(params), "maxItems": len(params)}
-        return {"type": "array", **({"items": schema_of(params[0])} if params else {})}
-    if annotation is dict or origin in (dict, abc.Mapping):
-        out: dict[str, Any] = {"type": "object"}
-        if len(params) == 2 and schema_of(params[1]):
-            out["additionalProperties"] = schema_of(params[1])
-        return out
-    if origin in (typing.Union, types.UnionType):
-        return {"anyOf": [schema_of(p) for p in params]}
-    if origin is typing.Literal:
-        return {"enum": list(params)}
-    return {}
+def _json(schema: dict[str, Any], description: str, **extra: Any) -> dict[str, Any]:
+    return {"description": description,
+            "content": {"application/json": {"schema": schema}}, **extra}
 
 
-def _hints(fn: Any) -> dict[str, Any]:
-    """Resolved annotations of ``fn``; one that cannot be resolved (a name imported only for
-    type checking) is left out, the others kept."""
-    try:
-        return typing.get_type_hints(fn)
-    except Exception:  # any failure of resolving a string annotation
-        out = {}
-        for name, ann in getattr(fn, "__annotations__", {}).items():
-            try:
-                out[name] = typing.get_type_hints(
-                    types.SimpleNamespace(__annotations__={name: ann},
-                                          __globals__=getattr(fn, "__globals__", {})),
-                    globalns=getattr(fn, "__globals__", {}))[name]
-            except Exception:  # unresolvable: described as any value
-                continue
-        return out
-
-
-def args_schema(func: Function) -> dict[str, Any]:
-    """The schema of ``func``'s ``args`` array (the context parameter left out)."""
-    hints = _hints(func.fn)
-    items: list[dict[str, Any]] = []
-    rest: dict[str, Any] | None = None
-    lo = 0
-    for p in list(func.signature.parameters.values())[1:]:
-        schema = schema_of(hints[p.name]) if p.name in hints else {}
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            if p.default is not p.empty:
-                schema = {**schema, "default": p.default} if _jsonable(p.default) else schema
-            else:
-                lo = len(items) + 1
-            items.append({"title": p.name, **schema})
-        elif p.kind is p.VAR_POSITIONAL:
-            rest = {"title": p.name, **schema}
-    out: dict[str, Any] = {"type": "array", "prefixItems": items, "minItems": lo}
-    if rest is None:
-        out.update(items=False, maxItems=len(items))
-    else:
-        out["items"] = rest
-    return out
-
-
-def _jsonable(value: Any) -> bool:
-    return value is None or type(value) in (int, float, str, bool)
-
-
-def _responses(result: dict[str, Any], what: str) -> dict[str, Any]:
-    err = {"content": {"application/json": {"schema": _ERROR}}}
-    return {
-        "200": {"description": what,
-                "content": {"application/json": {"schema": result}}},
-        "400": {"description": "bad input: names it and what was expected", **err},
-        "401": {"description": "missing or wrong bearer token", **err},
-        "404": {"description": "unknown app or path", **err},
-        "429": {"description": "the gateway's in-flight limit is reached: retry later", **err},
-        "504": {"description": "no reply in time: the request may still commit; a retry with "
-                               "the same Idempotency-Key is safe", **err},
+def _errors(auth: bool, *, read: bool) -> dict[str, Any]:
+    """The answers every ``/v1`` operation can give besides its 200."""
+    out = {
+        "400": _json(_ERROR, "bad input: the message names it and what was expected"),
+        "409": _json(_ABORTED, "the worker could not read the value (an upcast failed)"
+                     if read else "the transaction aborted (rolled back)"),
+        "429": _json(_ERROR, "the gateway is working on its in-flight limit of requests; "
+                     "retry later", headers={"Retry-After": {
+                         "required": True, "description": "seconds to wait",
+                         "schema": {"type": "string", "pattern": "^[0-9]+$"}}}),
+        "503": {"description": "the cluster did not take the request (not sent: safe to "
+                               "retry), or the gateway has no room for another connection",
+                "content": {"application/json": {"schema": _ERROR},
+                            "text/plain": {"schema": {"type": "string"}}}},
+        "504": _json(_ERROR, "no reply in time: the request may still commit; a retry with "
+                     "the same Idempotency-Key is safe"),
     }
+    if auth:
+        out["401"] = _json(_ERROR, "missing or wrong bearer token", headers={
+            "WWW-Authenticate": {"required": True, "schema": {"type": "string"}}})
+    return out
 
 
 def _key_param() -> dict[str, Any]:
     return {"name": "key", "in": "path", "required": True,
-            "description": "the key (percent-encode '/' and other reserved characters)",
-            "schema": {"type": "string", "minLength": 1}}
+            "description": "the key: any text not starting with NUL, percent-encoded (a '/' "
+                           "inside a key is %2F)",
+            "schema": _KEY, "example": "k1"}
+
+
+def _links(app: App, op: Operator) -> dict[str, Any]:
+    """From an answer about one key to the other operations on that key."""
+    key = {"key": "$request.path.key"}
+    out = {"get": {"operationId": f"{op.name}.get", "parameters": key,
+                   "description": f"the {op.name} value of this key"}}
+    for fn in sorted(op.functions):
+        out[fn] = {"operationId": f"{op.name}.{fn}", "parameters": key,
+                   "description": f"{op.name}.{fn} on this key"}
+    return out
+
+
+def _call(app: App, op: Operator, func: Function, auth: bool) -> dict[str, Any]:
+    """The ``POST`` of one function."""
+    args = args_schema(func, fits)
+    ret = hints(func.fn).get("return", inspect.Signature.empty)
+    result = {} if ret is inspect.Signature.empty else result_schema(ret)
+    needs_args = args["minItems"] > 0
+    body: dict[str, Any] = {"type": "object", "additionalProperties": False,
+                            "properties": {"args": args}}
+    if needs_args:
+        body["required"] = ["args"]
+    doc = inspect.getdoc(func.fn) or ""
+    return {
+        "operationId": f"{op.name}.{func.name}",
+        "summary": (doc or f"{op.name}.{func.name}").split("\n")[0],
+        "description": doc,
+        "tags": [op.name],
+        "parameters": [_key_param(), {
+            "name": "Idempotency-Key", "in": "header", "required": False,
+            "description": "a retry with the same key gets the first outcome without "
+                           "running again (printable ASCII, no blank at either end)",
+            "schema": _IDEMPOTENCY_KEY}],
+        "requestBody": {
+            "required": needs_args,
+            "description": "the arguments" + ("" if needs_args else
+                                              " (no body, or no args: none)"),
+            "content": {"application/json": {"schema": body,
+                                              "example": {"args": _example(args)}}}},
+        "responses": {
+            "200": _json({"type": "object", "required": ["result"],
+                          "additionalProperties": False, "properties": {"result": result}},
+                         "the transaction committed", links=_links(app, op)),
+            **_errors(auth, read=False),
+            "413": _json(_ERROR, f"the body is over {MAX_BODY} bytes, or the arguments "
+                         "encode to more than a request record holds"),
+        },
+    }
+
+
+def _reads(app: App, op: Operator, auth: bool) -> dict[str, Any]:
+    """The two read paths of ``op``: one key, and a scan."""
+    get = {"get": {
+        "operationId": f"{op.name}.get", "tags": [op.name],
+        "summary": f"the committed value of one {op.name} key (null: none)",
+        "parameters": [_key_param()],
+        "responses": {"200": _json({"type": "object", "required": ["value"],
+                                    "additionalProperties": False, "properties": {"value": {}}},
+                                   "the value", links=_links(app, op)),
+                      **_errors(auth, read=True)},
+    }}
+    pair = {"type": "array", "minItems": 2, "maxItems": 2,
+            "description": "[key, value]: the key is a string, the value any JSON"}
+    scan = {"get": {
+        "operationId": f"{op.name}.scan", "tags": [op.name],
+        "summary": f"{op.name} keys starting with prefix, in key order",
+        "parameters": [
+            {"name": "prefix", "in": "query", "schema": {"type": "string", "default": ""}},
+            {"name": "limit", "in": "query",
+             "schema": {"type": "integer", "minimum": 1, "maximum": MAX_SCAN,
+                        "default": 1000}}],
+        "responses": {"200": _json({"type": "object", "required": ["items"],
+                                    "additionalProperties": False,
+                                    "properties": {"items": {"type": "array", "items": pair}}},
+                                   "the entries"),
+                      **_errors(auth, read=True)},
+    }}
+    return {f"/v1/{app.name}/{op.name}/{{key}}": get, f"/v1/{app.name}/{op.name}": scan}
+
+
+def _fixed(app: App, auth: bool) -> dict[str, Any]:
+    """``/healthz`` and ``/metrics`` (no token), ``/openapi.json``."""
+    health = {"type": "object", "required": ["ok", "app", "in_flight"],
+              "additionalProperties": False,
+              "properties": {"ok": {"const": True}, "app": {"const": app.name},
+                             "in_flight": {"type": "integer", "minimum": 0}}}
+    doc = {"200": _json({"type": "object"}, "this document")}
+    if auth:
+        doc["401"] = _errors(auth, read=True)["401"]
+    return {
+        "/healthz": {"get": {"operationId": "healthz", "security": [],
+                             "summary": "the gateway is up",
+                             "responses": {"200": _json(health, "up")}}},
+        "/metrics": {"get": {"operationId": "metrics", "security": [],
+                             "summary": "Prometheus metrics",
+                             "responses": {"200": {"description": "the text format",
+                                                   "content": {"text/plain": {"schema": {
+                                                       "type": "string"}}}}}}},
+        "/openapi.json": {"get": {"operationId": "openapi", "summary": "this document",
+                                  "responses": doc}},
+    }
+
+
+def _example(args: dict[str, Any]) -> list[Any]:
+    """Arguments that fit ``args``: a simple value of each required parameter's type."""
+    out = [_sample(p) for p in args.get("prefixItems", [])[:args["minItems"]]]
+    assert fits(out, args), (out, args)
+    return out
+
+
+def _sample(schema: dict[str, Any]) -> Any:
+    if "anyOf" in schema:
+        return _sample(schema["anyOf"][0])
+    if "enum" in schema:
+        return schema["enum"][0]
+    if "prefixItems" in schema:
+        return [_sample(s) for s in schema["prefixItems"]]
+    if "$base64" in schema.get("properties", {}):
+        return {"$base64": ""}
+    kind = schema.get("type")
+    samples = {"integer": 1, "number": 1.5, "string": "a", "boolean": True, "array": [],
+               "object": {}}
+    return samples.get(kind) if isinstance(kind, str) else None
 
 
 def openapi(app: App, *, auth: bool) -> dict[str, Any]:
@@ -122,55 +202,22 @@ def openapi(app: App, *, auth: bool) -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for op_name, op in sorted(app.operators.items()):
         for fn_name, func in sorted(op.functions.items()):
-            ret = _hints(func.fn).get("return", inspect.Signature.empty)
-            result = {} if ret is inspect.Signature.empty else schema_of(ret)
-            responses = _responses({"type": "object", "properties": {"result": result},
-                                    "required": ["result"]}, "the transaction committed")
-            responses["409"] = {"description": "the transaction aborted", "content": {
-                "application/json": {"schema": {
-                    "type": "object", "required": ["aborted"],
-                    "properties": {"aborted": {"type": "string"}, "type": {"type": "string"}}}}}}
-            responses["413"] = {"description": "the body is larger than the gateway's limit"}
-            paths[f"/v1/{app.name}/{op_name}/{{key}}/{fn_name}"] = {"post": {
-                "operationId": f"{op_name}.{fn_name}",
-                "summary": (inspect.getdoc(func.fn) or f"{op_name}.{fn_name}").split("\n")[0],
-                "description": inspect.getdoc(func.fn) or "",
-                "tags": [op_name],
-                "parameters": [_key_param(), {
-                    "name": "Idempotency-Key", "in": "header", "required": False,
-                    "description": "a retry with the same key gets the first outcome without "
-                                   "running again",
-                    "schema": {"type": "string", "minLength": 1, "maxLength": 256}}],
-                "requestBody": {"required": False, "content": {"application/json": {"schema": {
-                    "type": "object", "additionalProperties": False,
-                    "properties": {"args": args_schema(func)}}}}},
-                "responses": responses,
-            }}
-        paths[f"/v1/{app.name}/{op_name}/{{key}}"] = {"get": {
-            "operationId": f"{op_name}.get", "tags": [op_name],
-            "summary": f"the committed value of one {op_name} key (null: none)",
-            "parameters": [_key_param()],
-            "responses": _responses({"type": "object", "properties": {"value": {}},
-                                     "required": ["value"]}, "the value"),
-        }}
-        paths[f"/v1/{app.name}/{op_name}"] = {"get": {
-            "operationId": f"{op_name}.scan", "tags": [op_name],
-            "summary": f"{op_name} keys starting with prefix, in key order",
-            "parameters": [
-                {"name": "prefix", "in": "query", "schema": {"type": "string", "default": ""}},
-                {"name": "limit", "in": "query",
-                 "schema": {"type": "integer", "minimum": 1, "maximum": 10_000,
-                            "default": 1000}}],
-            "responses": _responses({"type": "object", "required": ["items"], "properties": {
-                "items": {"type": "array", "items": {"type": "array", "prefixItems": [
-                    {"type": "string"}, {}], "minItems": 2, "maxItems": 2}}}}, "the entries"),
-        }}
+            paths[f"/v1/{app.name}/{op_name}/{{key}}/{fn_name}"] = {
+                "post": _call(app, op, func, auth)}
+        paths.update(_reads(app, op, auth))
+    paths.update(_fixed(app, auth))
+    components: dict[str, Any] = {"schemas": COMPONENTS}
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
-        "info": {"title": f"sfaas app {app.name}", "version": "1"},
+        "info": {"title": f"sfaas app {app.name}", "version": "1",
+                 "description": f"The HTTP gateway of app {app.name!r}: each function is a "
+                                "transaction; reads see committed state."},
         "paths": paths,
+        "components": components,
     }
     if auth:
-        doc["components"] = {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}
+        components["securitySchemes"] = {"bearer": {
+            "type": "http", "scheme": "bearer",
+            "description": "the gateway's token (SFAAS_GATEWAY_TOKEN)"}}
         doc["security"] = [{"bearer": []}]
     return doc

@@ -3,7 +3,10 @@
 Arguments arrive as strict JSON (RFC 8259: no ``NaN``/``Infinity`` literals) and are
 exactly the values a function sees: null, bool, int, float, str, list, dict — and bytes,
 written as ``{"$base64": "<standard base64>"}`` (an object of that one key is always read
-as bytes).
+as bytes). A JSON number is a number whatever its spelling: an integer msgpack cannot hold
+(beyond -2**63 .. 2**64-1) reaches a function as the nearest float, as JavaScript reads it
+(where its schema takes any number: an ``int`` parameter refuses it, see
+:mod:`gateway.schemas`).
 
 Results and state values are msgpack values, a little more than JSON holds; they are
 written as JSON this way:
@@ -25,13 +28,21 @@ from typing import Any
 
 from sfaas.errors import BadRequest
 
-__all__ = ["dumps", "parse_args"]
+__all__ = ["B64_PATTERN", "arguments", "dumps", "parse_args", "parse_body"]
 
 #: Deepest nesting of a request body (a deeper one is refused before it is parsed, so a
 #: pathological body cannot exhaust the parser's recursion).
 MAX_DEPTH = 100
 #: A JSON escape of a UTF-16 surrogate: a lone one makes a str no UTF-8 encoder takes.
 _SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+#: Standard base64 (RFC 4648 §4, padded), all of it: what ``{"$base64": …}`` holds.
+_B64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
+#: :data:`_B64` as a JSON Schema pattern.
+B64_PATTERN = f"^{_B64.pattern}$"
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
+#: Longest JSON integer read as an int: twice the digits of the largest msgpack holds.
+_MAX_DIGITS = 40
+_FLAT = (str, float, bool, type(None))
 
 
 def _refuse_constant(name: str) -> Any:
@@ -63,10 +74,23 @@ def _depth(text: str) -> int:
     return deepest
 
 
+def _int(text: str) -> int | float:
+    """A JSON integer: exactly, or, when it is far beyond msgpack's (and int() of thousands
+    of digits would cost), the nearest float (or infinity)."""
+    return int(text) if len(text) <= _MAX_DIGITS else float(text)
+
+
 def parse_args(body: bytes) -> list[Any]:
-    """The ``args`` list of a request body ``{"args": [...]}`` (an empty body: no
-    arguments); :class:`BadRequest` naming what is wrong."""
-    if not body.strip():
+    """The arguments of a request body ``{"args": [...]}`` (an empty body: none), as the
+    function gets them; :class:`BadRequest` naming what is wrong."""
+    return arguments(parse_body(body))
+
+
+def parse_body(body: bytes) -> list[Any]:
+    """The ``args`` list of a request body as JSON has it (what the schemas of
+    :mod:`gateway.schemas` describe; :func:`arguments` makes the function's arguments of
+    it); :class:`BadRequest` naming what is wrong."""
+    if not body:  # (no body; one of blanks only is no JSON)
         return []
     try:
         text = body.decode("utf-8")
@@ -75,11 +99,11 @@ def parse_args(body: bytes) -> list[Any]:
     if text.count("[") + text.count("{") > MAX_DEPTH and _depth(text) > MAX_DEPTH:
         raise BadRequest(f"the request body nests deeper than {MAX_DEPTH} levels")
     try:
-        doc = json.loads(text, parse_constant=_refuse_constant)
+        doc = json.loads(text, parse_constant=_refuse_constant, parse_int=_int)
     except json.JSONDecodeError as exc:
         raise BadRequest(f"the request body is not JSON: {exc.msg} at line {exc.lineno} "
                          f"column {exc.colno}") from None
-    except (ValueError, RecursionError) as exc:  # e.g. an int of more than 4300 digits
+    except (ValueError, RecursionError) as exc:  # (the depth check should leave none)
         raise BadRequest(f"the request body is not acceptable JSON: {exc}") from None
     if _SURROGATE.search(text):
         _check_text(doc)
@@ -93,23 +117,34 @@ def parse_args(body: bytes) -> list[Any]:
     if not isinstance(args, list):
         raise BadRequest(f'"args" must be a JSON array of the function\'s arguments, got '
                          f"{json.dumps(args)[:80]}")
-    if '"$base64"' in text:
-        return [_bytes_in(a) for a in args]
     return args
 
 
-def _bytes_in(value: Any) -> Any:
-    """``value`` with each ``{"$base64": "…"}`` decoded to bytes."""
+def arguments(args: list[Any]) -> list[Any]:
+    """The function's arguments of ``args`` as JSON has them: each ``{"$base64": "…"}``
+    decoded to bytes (:class:`BadRequest` for one that does not hold standard base64 text),
+    each integer msgpack cannot hold made the nearest float."""
+    return _argument(args)  # type: ignore[no-any-return]
+
+
+def _argument(value: Any) -> Any:
+    """``value`` with each ``{"$base64": "…"}`` decoded to bytes, each int beyond
+    msgpack's a float (ints have at most :data:`_MAX_DIGITS` digits: no overflow)."""
+    if type(value) is int:
+        return value if _INT_MIN <= value <= _INT_MAX else float(value)
     if isinstance(value, dict):
         if len(value) == 1 and "$base64" in value:
-            try:
-                return base64.b64decode(value["$base64"], validate=True)
-            except (TypeError, ValueError):
+            text = value["$base64"]
+            if not isinstance(text, str) or _B64.fullmatch(text) is None:
                 raise BadRequest(f'{{"$base64": …}} must hold standard base64 text, got '
-                                 f"{value['$base64']!r:.80}") from None
-        return {k: _bytes_in(v) for k, v in value.items()}
+                                 f"{text!r:.80}")
+            return base64.b64decode(text)
+        return {k: _argument(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_bytes_in(v) for v in value]
+        if all(type(v) in _FLAT or type(v) is int and _INT_MIN <= v <= _INT_MAX
+               for v in value):
+            return value  # (nothing to decode, nothing to copy)
+        return [_argument(v) for v in value]
     return value
 
 

@@ -76,13 +76,14 @@ class Gateway:
 
 @contextlib.contextmanager
 def gateway(cs: Settings, tmp: Path, *flags: str, token: str = "",
-            listen: str | None = None, env: dict[str, str] | None = None) -> Iterator[Gateway]:
-    """``sfaas gateway`` for the cluster whose client settings are ``cs``, until /healthz
-    answers; stopped (SIGTERM) afterwards."""
+            listen: str | None = None, env: dict[str, str] | None = None,
+            app: str = APP) -> Iterator[Gateway]:
+    """``sfaas gateway`` of ``app`` for the cluster whose client settings are ``cs``, until
+    /healthz answers; stopped (SIGTERM) afterwards."""
     port = free_port()
     log = tmp / f"gateway-{port}.log"
     e = {**os.environ, "SFAAS_GATEWAY_TOKEN": token, **(env or {})}
-    cmd = [sys.executable, "-m", "sfaas", "gateway", "--app", APP,
+    cmd = [sys.executable, "-m", "sfaas", "gateway", "--app", app,
            "--listen", listen or f"127.0.0.1:{port}", "--kafka", cs.kafka,
            "--namespace", cs.namespace, *flags]
     with open(log, "wb") as out:
@@ -110,20 +111,28 @@ def gateway(cs: Settings, tmp: Path, *flags: str, token: str = "",
                 proc.wait()
 
 
-@pytest.fixture(scope="module")
-def shop(kafka: Any, minio: Any, tmp_path_factory: pytest.TempPathFactory) \
-        -> Iterator[tuple[Settings, Path]]:
-    """A 2-worker cluster of the shop app; its client settings and a scratch directory."""
-    tmp = tmp_path_factory.mktemp("gateway")
+@contextlib.contextmanager
+def app_cluster(kafka: Any, minio: Any, tmp: Path, app: str) -> Iterator[Settings]:
+    """A 2-worker cluster of ``app`` (memonly stores); its client settings. Its process
+    logs are printed when the block fails."""
     s = chaos_settings(kafka, minio, tmp, store="memonly")
-    cluster.up(s, APP, 2, timeout=90)
+    cluster.up(s, app, 2, timeout=90)
     try:
-        yield cluster.cluster_settings(s)[1], tmp
+        yield cluster.cluster_settings(s)[1]
     except BaseException:
         print(log_tails(s))
         raise
     finally:
         cluster.down(s)
+
+
+@pytest.fixture(scope="module")
+def shop(kafka: Any, minio: Any, tmp_path_factory: pytest.TempPathFactory) \
+        -> Iterator[tuple[Settings, Path]]:
+    """A 2-worker cluster of the shop app; its client settings and a scratch directory."""
+    tmp = tmp_path_factory.mktemp("gateway")
+    with app_cluster(kafka, minio, tmp, APP) as cs:
+        yield cs, tmp
 
 
 @pytest.fixture(scope="module")

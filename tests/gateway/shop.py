@@ -1,7 +1,8 @@
 """The app behind the gateway's tests: accounts (deposits count their runs, overdrafts
 abort), a ``slow`` function whose effect sleeps (to hold requests in flight), and values
 JSON cannot hold as such (bytes, NaN) plus a signature with every annotation the OpenAPI
-document maps."""
+document maps. Every function but ``slow`` takes any arguments safely (the contract test
+fuzzes them)."""
 
 from __future__ import annotations
 
@@ -65,3 +66,9 @@ async def echo(ctx: Context, name: str, tags: list[str], meta: Optional[dict[str
 @misc.function
 async def untyped(ctx, a, b=2):  # type: ignore[no-untyped-def]
     return [a, b]
+
+
+@misc.function
+async def size(ctx: Context, value: object) -> int:
+    """How long ``value`` is (a large argument, a small result)."""
+    return len(value) if isinstance(value, str | bytes | list | dict) else 0

@@ -19,6 +19,8 @@ from gateway.settings import MAX_BODY
 from sfaas.runtime.settings import Settings
 from tests.gateway.conftest import APP, ROOT, Gateway, free_port, gateway
 
+INT = {"type": "integer", "minimum": -(1 << 63), "maximum": (1 << 64) - 1}
+
 
 def _key() -> str:
     return f"k-{uuid.uuid4().hex[:10]}"
@@ -48,7 +50,12 @@ def test_bad_input_is_400_with_the_sdks_message(gw: Gateway) -> None:
         ("/v1/gwshop/nope/k/deposit", b'{"args":[1]}'): ("UnknownOperator", "no operator 'nope'"),
         ("/v1/gwshop/accounts/k/nope", b'{"args":[1]}'): ("UnknownFunction", "no function 'nope'"),
         ("/v1/gwshop/accounts/k/deposit", b'{"args":[1,2]}'): ("BadArguments", "got 2 argument"),
-        ("/v1/gwshop/accounts/k/deposit", b'{"args":[18446744073709551616]}'): ("NotSerializable", "not serializable"),
+        ("/v1/gwshop/accounts/k/deposit", b'{"args":[18446744073709551616]}'): ("BadArguments", "argument 1 (amount) must be an integer from -9223372036854775808 to 18446744073709551615, got 18446744073709551616"),
+        ("/v1/gwshop/accounts/k/deposit", b'{"args":["1"]}'): ("BadArguments", "must be an integer"),
+        ("/v1/gwshop/misc/k/echo", b'{"args":["n",["t",2]]}'): ("BadArguments", "misc.echo argument 2 (tags)[1] must be a string, got 2"),
+        ("/v1/gwshop/misc/k/echo", b'{"args":["n",[],{"$base64":"AA=="}]}'): ("BadArguments", 'argument 3 (meta) must be an object'),
+        ("/v1/gwshop/misc/k/untyped", b'{"args":[[{"$base64":"A"}]]}'): ("BadArguments", 'argument 1 (a)[0] must be bytes as {"$base64": "<standard base64>"}, got {"$base64":"A"}'),
+        ("/v1/gwshop/misc/k/untyped", b'{"args":' + b"[" * 70 + b"]" * 70 + b"}"): ("NotSerializable", "nests lists/dicts more than 64"),
         ("/v1/gwshop/accounts/k/deposit", b'{"args":'): ("BadRequest", "not JSON"),
         ("/v1/gwshop/accounts/k/deposit", b'{"args":{"a":1}}'): ("BadRequest", '"args" must be a JSON array'),
         ("/v1/gwshop/accounts/k/deposit", b'[1]'): ("BadRequest", "must be a JSON object"),
@@ -103,10 +110,10 @@ def test_unknown_paths_404_wrong_methods_405_big_bodies_413(gw: Gateway) -> None
     status, _, doc = gw.request("POST", "/v1/gwshop/misc/k/untyped",
                                 {"args": [[1.5] * 200_000]})
     assert status == 413 and "more than a request record holds" in doc["error"], doc
-    # just under both limits: it reaches the function (which aborts: it adds a str to an int)
-    status, _, doc = gw.request("POST", "/v1/gwshop/accounts/big/deposit",
+    # just under both limits: it reaches the function
+    status, _, doc = gw.request("POST", "/v1/gwshop/misc/big/size",
                                 {"args": ["x" * (MAX_BODY - 10_000)]})
-    assert status == 409 and "TypeError" in doc["aborted"], doc
+    assert (status, doc) == (200, {"result": MAX_BODY - 10_000}), doc
 
 
 def test_the_same_idempotency_key_runs_once_and_gets_the_first_outcome(gw: Gateway) -> None:
@@ -184,25 +191,35 @@ def test_openapi_describes_every_function_from_its_signature(gw: Gateway) -> Non
     paths = doc["paths"]
     for fn in ("deposit", "bump", "withdraw"):
         assert "post" in paths[f"/v1/gwshop/accounts/{{key}}/{fn}"]
-    for fn in ("slow", "odd", "echo", "untyped"):
+    for fn in ("slow", "odd", "echo", "untyped", "size"):
         assert "post" in paths[f"/v1/gwshop/misc/{{key}}/{fn}"]
     assert "get" in paths["/v1/gwshop/accounts/{key}"] and "get" in paths["/v1/gwshop/accounts"]
     dep = paths["/v1/gwshop/accounts/{key}/deposit"]["post"]
-    args = dep["requestBody"]["content"]["application/json"]["schema"]["properties"]["args"]
-    assert args == {"type": "array", "prefixItems": [{"title": "amount", "type": "integer"}],
+    body = dep["requestBody"]
+    assert body["required"] and body["content"]["application/json"]["schema"]["required"] == ["args"]
+    args = body["content"]["application/json"]["schema"]["properties"]["args"]
+    assert args == {"type": "array", "prefixItems": [{"title": "amount", **INT}],
                     "minItems": 1, "items": False, "maxItems": 1}
     assert dep["responses"]["200"]["content"]["application/json"]["schema"]["properties"]["result"] == {"type": "integer"}
-    assert {"409", "400", "429", "504", "401"} <= set(dep["responses"])
+    assert set(dep["responses"]) == {"200", "400", "401", "409", "413", "429", "503", "504"}
+    assert dep["responses"]["401"]["headers"]["WWW-Authenticate"]["required"]
+    bump = paths["/v1/gwshop/accounts/{key}/bump"]["post"]["requestBody"]
+    assert not bump["required"] and bump["content"]["application/json"]["schema"]["properties"]["args"] == {
+        "type": "array", "minItems": 0, "items": False, "maxItems": 0}  # (no prefixItems: [])
     echo = paths["/v1/gwshop/misc/{key}/echo"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]["args"]
-    assert echo["minItems"] == 2 and echo["items"] == {"title": "rest", "anyOf": [{"type": "integer"}, {"type": "null"}]}
+    assert echo["minItems"] == 2 and echo["items"] == {"title": "rest", "anyOf": [INT, {"type": "null"}]}
+    not_bytes = {"required": ["$base64"], "maxProperties": 1}
     assert echo["prefixItems"] == [
         {"title": "name", "type": "string"},
         {"title": "tags", "type": "array", "items": {"type": "string"}},
-        {"title": "meta", "anyOf": [{"type": "object", "additionalProperties": {"type": "integer"}}, {"type": "null"}], "default": None},
+        {"title": "meta", "anyOf": [{"type": "object", "additionalProperties": INT, "not": not_bytes},
+                                    {"type": "null"}], "default": None},
         {"title": "flag", "type": "boolean", "default": False},
         {"title": "ratio", "type": "number", "default": 1.5}]
     untyped = paths["/v1/gwshop/misc/{key}/untyped"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]["args"]
-    assert untyped["prefixItems"] == [{"title": "a"}, {"title": "b", "default": 2}]
+    value = {"$ref": "#/components/schemas/Value"}
+    assert untyped["prefixItems"] == [{"title": "a", **value}, {"title": "b", **value, "default": 2}]
+    assert set(doc["components"]["schemas"]) == {"Value", "Object", "Bytes"}
     assert doc["security"] == [{"bearer": []}]
     status, doc = gw.call("misc", "e", "echo", "n", ["t"], None, True, 2.5, 1, None)
     assert doc == {"result": ["n", ["t"], None, True, 2.5, [1, None]]}
