@@ -142,7 +142,8 @@ def test_the_users_exception_comes_first_in_the_traceback(form: str) -> None:
 def test_a_bad_input_raises_on_the_callers_thread_and_names_it() -> None:
     with LocalRunner(bank.app, store="memonly") as r:
         with pytest.raises(TypeError, match=r"gather takes requests as tuples \(operator, key, "
-                                            r"function, \*args\); request 1 is 'accounts' \(str\)"):
+                                            r"function, \*args\) or \(handle, key, \*args\); "
+                                            r"request 1 is 'accounts' \(str\)"):
             r.gather(("accounts", "a", "deposit", 1), "accounts")
         with pytest.raises(TypeError, match=r"request 0 is \[\(.*\(list\) — pass each request "
                                             r"as its own argument: gather\(\*requests\)"):
