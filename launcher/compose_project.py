@@ -11,7 +11,6 @@ import os
 import random
 import shutil
 import subprocess
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
@@ -111,25 +110,16 @@ class Compose:
 
 def wait_ready(c: Compose, workers: int, standbys: int, timeout: float = 180) -> float:
     """Wait until every slot has a ready worker and its standbys (the coordinator's
-    /metrics); the seconds it took."""
-    t0 = time.monotonic()
-    last = ""
-    while time.monotonic() - t0 < timeout:
-        try:
-            text = c.metrics()
-        except OSError as e:
-            last = str(e)
-            time.sleep(1)
-            continue
-        up = sum(1 for line in text.splitlines()
-                 if line.startswith("sfaas_worker_up{") and line.rstrip().endswith(" 1.0"))
-        sb = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                 if line.startswith("sfaas_standbys{"))
-        last = f"{up} workers up, {sb:.0f} standbys"
-        if up >= workers and sb >= workers * standbys:
-            return time.monotonic() - t0
-        time.sleep(1)
-    raise AssertionError(f"the cluster was not ready within {timeout} s ({last})\n{c.logs()}")
+    /metrics) and a read from the host round-trips through the cluster
+    (:func:`launcher.readiness.wait_serving`: up means a call succeeds); the seconds it
+    took."""
+    from launcher.readiness import NotServing, wait_serving
+
+    status = f"http://127.0.0.1:{c.ports['SFAAS_CLUSTER_STATUS_PORT']}"
+    try:
+        return wait_serving(status, c.kafka(), workers, standbys, timeout).seconds
+    except NotServing as e:
+        raise AssertionError(f"{e}\n{c.logs()}") from None
 
 
 @contextlib.contextmanager

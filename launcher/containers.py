@@ -34,7 +34,8 @@ from pathlib import Path
 
 from launcher.procs import ServiceError, ServiceSettings
 
-__all__ = ["IMAGES", "ensure_docker", "stop_docker", "build_images", "cluster", "compose", "main"]
+__all__ = ["IMAGES", "PROJECTS", "ensure_docker", "stop_docker", "build_images", "cluster",
+           "compose", "running_profiles", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = ROOT / "deploy" / "images"
@@ -218,39 +219,97 @@ def env_file(cache: Path) -> Path:
     return path
 
 
+#: the compose project of each profile (``--ha`` or not)
+PROJECTS = {False: "sfaas", True: "sfaas-ha"}
+
+
 def compose(ha: bool, *args: str, cache: Path | None = None) -> list[str]:
     """The ``docker-compose`` argv for the cluster (``ha``: the highly available one)."""
     cache = cache or ServiceSettings.from_env().cache_dir
     file = ROOT / ("docker-compose.ha.yml" if ha else "docker-compose.yml")
-    return ["docker-compose", "-p", "sfaas-ha" if ha else "sfaas", "-f", str(file),
+    return ["docker-compose", "-p", PROJECTS[ha], "-f", str(file),
             "--env-file", str(env_file(cache)), *args]
 
 
-def cluster(action: str, ha: bool, extra: Sequence[str] = ()) -> int:
+def running_profiles(stopped_too: bool = False) -> list[bool]:
+    """The profiles (``ha`` or not) with running containers on this Docker host
+    (``stopped_too``: with containers at all, e.g. left stopped)."""
+    out = []
+    for ha, project in PROJECTS.items():
+        res = subprocess.run(["docker", "ps", *(["-a"] if stopped_too else []), "-q", "--filter",
+                              f"label=com.docker.compose.project={project}"],
+                             capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if res.returncode == 0 and res.stdout.split():
+            out.append(ha)
+    return out
+
+
+def _port(name: str, default: int) -> str:
+    """A published port: ``SFAAS_CLUSTER_<name>`` (e.g. ``KAFKA_PORT_2``), else its default."""
+    return os.environ.get(f"SFAAS_CLUSTER_{name}") or str(default)
+
+
+def _up(ha: bool, extra: Sequence[str], cache: Path, timeout: float) -> int:
+    """``docker-compose up -d``, then wait until a call from the host would succeed
+    (:func:`launcher.readiness.wait_serving`); 1 if it did not within ``timeout``."""
+    from launcher.readiness import NotServing, wait_serving
+
+    other = [h for h in running_profiles() if h != ha]
+    if other:
+        raise ServiceError(f"the {PROJECTS[other[0]]} cluster is running (its ports are the "
+                           "same): stop it first with `./run cluster down`")
+    missing = [img for img in IMAGES.values() if not _have(img)]
+    if missing:
+        _say(f"building the missing images first: {', '.join(missing)}")
+        build_images(cache)
+    t = time.monotonic()
+    rc = subprocess.call(compose(ha, "up", "-d", *extra, cache=cache))
+    if rc != 0 or extra:  # (some services only: no whole cluster to wait for)
+        return rc
+    kafka = ",".join(f"127.0.0.1:{_port(n, d)}" for n, d in
+                     ([("KAFKA_PORT", 9092), ("KAFKA_PORT_2", 9093), ("KAFKA_PORT_3", 9094)]
+                      if ha else [("KAFKA_PORT", 9092)]))
+    status = f"http://127.0.0.1:{_port('STATUS_PORT', 9400)}"
+    _say("waiting until a call from here round-trips through the cluster ...")
+    try:
+        ready = wait_serving(status, kafka, 3 if ha else 2, 1, timeout)
+    except NotServing as e:
+        _say(f"error: {e}; the cluster is left running (`./run cluster logs`, "
+             "`./run cluster down`)")
+        return 1
+    _say(f"cluster {PROJECTS[ha]} up and serving app {ready.app!r} in "
+         f"{time.monotonic() - t:.0f} s: status page {status}/, Kafka {kafka}, gateway "
+         f"http://127.0.0.1:{_port('GATEWAY_PORT', 8080)}/ (token: SFAAS_GATEWAY_TOKEN in "
+         f"{cache / 'cluster.env'}), Prometheus http://127.0.0.1:{_port('PROMETHEUS_PORT', 9090)}/")
+    return 0
+
+
+def _down(ha: bool | None, extra: Sequence[str], cache: Path) -> int:
+    """Stop the cluster of profile ``ha``; None: whichever profiles are running (both, if
+    both are), so the next ``up`` or ``sfaas services up`` finds its ports free."""
+    profiles = [ha] if ha is not None else (running_profiles(stopped_too=True) or [False])
+    rc = 0
+    for h in profiles:
+        _say(f"stopping {PROJECTS[h]}")
+        rc = subprocess.call(compose(h, "down", "--volumes", "--remove-orphans", *extra,
+                                     cache=cache)) or rc
+    return rc
+
+
+def cluster(action: str, ha: bool | None, extra: Sequence[str] = (),
+            timeout: float = 300.0) -> int:
+    """``./run cluster ACTION``; ``ha`` None (no ``--ha``): the default profile, but
+    ``down`` stops whichever profiles run, and ``ps``/``logs`` show the one that runs."""
     cache = ServiceSettings.from_env().cache_dir
     cache.mkdir(parents=True, exist_ok=True)
     ensure_docker(cache)
-    if action == "up":
-        missing = [img for img in IMAGES.values() if not _have(img)]
-        if missing:
-            _say(f"building the missing images first: {', '.join(missing)}")
-            build_images(cache)
-        t = time.monotonic()
-        rc = subprocess.call(compose(ha, "up", "-d", *extra, cache=cache))
-        if rc == 0:
-            def port(name: str, default: int) -> str:
-                return os.environ.get(f"SFAAS_CLUSTER_{name}_PORT") or str(default)
-
-            _say(f"cluster {'sfaas-ha' if ha else 'sfaas'} up in {time.monotonic() - t:.0f} s: "
-                 f"status page http://127.0.0.1:{port('STATUS', 9400)}/, Kafka "
-                 f"127.0.0.1:{port('KAFKA', 9092)}, gateway http://127.0.0.1:"
-                 f"{port('GATEWAY', 8080)}/ (token: SFAAS_GATEWAY_TOKEN in "
-                 f"{cache / 'cluster.env'}), Prometheus http://127.0.0.1:"
-                 f"{port('PROMETHEUS', 9090)}/")
-        return rc
     if action == "down":
-        return subprocess.call(compose(ha, "down", "--volumes", "--remove-orphans", *extra,
-                                       cache=cache))
+        return _down(ha, extra, cache)
+    if ha is None:
+        running = running_profiles()
+        ha = running[0] if action in ("ps", "logs") and len(running) == 1 else False
+    if action == "up":
+        return _up(ha, extra, cache, timeout)
     if action == "ps":
         return subprocess.call(compose(ha, "ps", *extra, cache=cache))
     if action == "logs":
@@ -265,15 +324,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     im.add_argument("only", nargs="*", metavar="IMAGE", help=f"some of: {', '.join(IMAGES)}")
     cl = sub.add_parser("cluster", help="run a compose cluster")
     cl.add_argument("action", choices=["up", "down", "ps", "logs"])
-    cl.add_argument("--ha", action="store_true",
-                    help="3 Kafka brokers (RF 3), MinIO on 4 nodes, 3 workers with standbys")
+    cl.add_argument("--ha", action="store_const", const=True, default=None,
+                    help="3 Kafka brokers (RF 3), MinIO on 4 nodes, 3 workers with standbys "
+                         "(without it, `down` stops whichever profile runs)")
+    cl.add_argument("--timeout", type=float, default=300.0,
+                    help="`up`: seconds to wait until a call from here succeeds (default 300)")
     cl.add_argument("extra", nargs="*", help="passed to docker-compose (e.g. service names)")
     a = p.parse_args(argv)
     try:
         if a.cmd == "images":
             build_images(ServiceSettings.from_env().cache_dir, a.only)
             return 0
-        return cluster(a.action, a.ha, a.extra)
+        return cluster(a.action, a.ha, a.extra, a.timeout)
     except ServiceError as e:
         _say(f"error: {e}")
         return 1

@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 
 from sfaas.client import Client
+from sfaas.runtime.settings import Settings
 from tests.cluster.conftest import ROOT, compose, wait_ready
 
 ACCOUNTS = [f"a{i}" for i in range(20)]
@@ -27,11 +28,21 @@ def _post(url: str, body: dict[str, object], token: str | None) -> tuple[int, di
         return e.code, json.loads(e.read() or b"{}")
 
 
+async def _first_read(cs: Settings) -> object:
+    """A read of an account nobody wrote, with a short timeout: the cluster serves."""
+    async with Client("bank", settings=cs, timeout=10) as cl:
+        return await asyncio.wait_for(cl.get("accounts", "nobody"), 15)
+
+
 def test_the_compose_cluster_serves_the_host_and_survives_a_killed_worker(images: None) -> None:
     with compose([ROOT / "docker-compose.yml"]) as c:
+        # ready means serving: every worker and standby up, and a read from here answered
         took = wait_ready(c, workers=2, standbys=1)
         print(f"compose cluster ready in {took:.1f} s after `up`")
         cs = c.client_settings()
+        t0 = time.monotonic()  # so the first call succeeds at once: no "cannot reach Kafka"
+        assert asyncio.run(_first_read(cs)) is None
+        print(f"first call after ready answered in {time.monotonic() - t0:.1f} s")
 
         async def deposits(amount: int) -> list[int]:
             async with Client("bank", settings=cs, timeout=60) as cl:
