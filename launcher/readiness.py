@@ -54,16 +54,20 @@ def metrics_status(text: str, workers: int, standbys: int) -> tuple[str, str] | 
     return labels.get("app", ""), labels.get("namespace", "")
 
 
-async def round_trip(kafka: str, app: str, namespace: str, timeout: float) -> str:
+async def round_trip(kafka: str, app: str, namespace: str, timeout: float,
+                     replication: int | None = None) -> str:
     """One read from the host through the cluster; what answered it. Raises
     :class:`sfaas.errors.ClusterError` (Kafka unreachable), ``RequestTimeout`` or
-    ``TimeoutError`` when it did not come back."""
+    ``TimeoutError`` when it did not come back. ``replication``: the topics' (by default
+    3 with several brokers, as the HA profile has)."""
     from sfaas.client import Client
     from sfaas.errors import TransactionAborted
     from sfaas.runtime.settings import Settings
 
-    s = Settings.load({"kafka": kafka, "namespace": namespace,
-                       "replication": 3 if "," in kafka else 1}, env={})
+    if replication is None:
+        replication = 3 if "," in kafka else 1
+    s = Settings.load({"kafka": kafka, "namespace": namespace, "replication": replication},
+                      env={})
     async with asyncio.timeout(timeout):
         async with Client(app, settings=s, timeout=timeout, direct_reads=False) as c:
             try:
