@@ -17,6 +17,11 @@ Faults, one after another at random moments, each lasting a few seconds:
 - ``broker``    a Kafka broker stopped, then started again
 - ``minio``     a MinIO node stopped, then started again
 
+Each fault must be seen to take effect (``tests.cluster.faults``: the pid gone, docker's
+``Paused``/``Running`` state, the network gone from the container) or the run fails naming
+it, as it does when a scheduled kind never took effect; the report gives per kind how many
+fired and took effect.
+
 Afterwards the chaos test's invariants: every request answered exactly once, each request id
 once in the egress topic, money conserved and never negative, counters exact, the
 committed history serializable and equal to what the clients saw.

@@ -7,7 +7,12 @@ holds each request id once, money is conserved and never negative, each counter'
 returned pre-values are exactly 0..n-1 and its final value is n (every committed increment
 applied once, replies agreeing with the state).
 
-``SFAAS_CHAOS_SEED`` reproduces a schedule (the seed is printed on failure);
+Every fault must be seen to take effect (``tests.cluster.faults``: the killed pid gone,
+the stopped service's port closed) or the run fails naming it; the report gives per kind
+how many fired and took effect.
+
+``SFAAS_CHAOS_SEED`` reproduces a schedule (the seed is printed on failure, and in the
+session's summary of seeds whatever the outcome);
 ``SFAAS_CHAOS_SECONDS`` / ``SFAAS_CHAOS_KILLS`` / ``SFAAS_CHAOS_COORDINATOR_KILLS`` size it.
 ``SFAAS_CHAOS_LONG=1`` is the long run: 60 s, 5 worker kills, 1 coordinator kill, MinIO
 stopped for 10 s and the Kafka broker restarted once (both must have been started by
