@@ -52,9 +52,9 @@ PAUSE = 3 * TIMEOUT
 #: the longest gap between replies the client may see, per paused role: finite, so a
 #: replacement that stopped working fails the test (``SFAAS_FENCING_MAX_GAP`` and
 #: ``SFAAS_FENCING_MAX_COORDINATOR_GAP`` override them). Measured on this 2-core machine
-#: (2026-11-29, two runs each, load average 6-15 from other test sessions): worker-fenced
-#: 2.63 and 4.12 s, worker-watchdog 2.68 and 3.85 s, coordinator-fenced 8.72 and 8.66 s
-#: (earlier notes: a worker's 2.4-2.7 s at normal load, 3-5 s at load ~18). The bounds
+#: (2026-11-29, three runs each, load average 6-15 from other test sessions): worker-fenced
+#: 2.56-4.12 s, worker-watchdog 2.62-3.85 s, coordinator-fenced 7.35-8.72 s (earlier
+#: notes: a worker's 2.4-2.7 s at normal load, 3-5 s at load ~18). The bounds
 #: leave 2.4-2.9x the worst measured, for a loaded CI box: 10 s for a worker (its standby
 #: takes over after ``TIMEOUT``), 25 s for the coordinator (the whole 6 s pause, the
 #: workers fencing themselves, a recovery with their fresh processes).
