@@ -21,14 +21,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -51,7 +56,7 @@ def _broker() -> psutil.Process:
     return psutil.Process(int(pid))
 
 
-def _set_request_log(level: str) -> None:
+def set_request_log(level: str) -> None:
     """The broker's ``kafka.request.logger`` level, changed at runtime (not persisted)."""
     ss = ServiceSettings.from_env()
     res = subprocess.run(
@@ -102,28 +107,111 @@ def _point(args: argparse.Namespace, window: dict) -> dict:
     return point
 
 
-def _role(topic: str) -> str:
-    return topic.rsplit(".", 1)[-1] if topic.startswith("breq") else "other"
+def _role(topic: str, prefix: str = "breq") -> str:
+    return topic.rsplit(".", 1)[-1] if topic.startswith(prefix) else "other"
 
 
-def _count(start: float, end: float) -> collections.Counter[str]:
-    """Requests the broker completed between ``start`` and ``end``, by API and topic roles."""
+#: the client's port in a request line's ``"connection":"BROKER:PORT-CLIENT:PORT-…"``
+_CONNECTION = re.compile(r'"connection":"[^"-]*-[^"-]*:(\d+)-')
+
+
+@dataclass
+class RequestCount:
+    """Requests the broker completed in a window, from its request log."""
+
+    #: by ``"API roles"`` (roles: the last part of the topic names, ``other`` outside the prefix)
+    counts: collections.Counter[str] = field(default_factory=collections.Counter)
+    #: requests of other connections than the ports asked for (someone else's load: noise)
+    foreign: int = 0
+    #: the log's oldest line is younger than the window's start: lines of it were rolled away
+    truncated: bool = False
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def _stamp(t: float) -> str:
+    """``t`` (epoch seconds) as the broker's log writes its time (local time)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) + f",{int(t % 1 * 1000):03d}"
+
+
+def count_requests(start: float, end: float, prefix: str = "breq", ports: Collection[int] | None = None) -> RequestCount:
+    """Requests the broker completed between ``start`` and ``end`` (epoch seconds), by API
+    and topic roles (topics named ``{prefix}…``); ``ports``: only the requests of the
+    connections from these client ports (the others are counted as ``foreign``)."""
     logs = ServiceSettings.from_env().service_dir("kafka") / "logs"
-    t0 = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start)) + f",{int(start % 1 * 1000):03d}"
-    t1 = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(end)) + f",{int(end % 1 * 1000):03d}"
-    out: collections.Counter[str] = collections.Counter()
+    t0, t1 = _stamp(start), _stamp(end)
+    out = RequestCount()
+    oldest = None
     for path in sorted(logs.glob("server.log*")):
         with open(path, errors="replace") as f:
             for line in f:
+                if line.startswith("[") and (oldest is None or line[1:24] < oldest):
+                    oldest = line[1:24]
                 if "Completed request" not in line or not (t0 <= line[1:24] <= t1):
                     continue
-                d = json.loads(line[line.index("{"):line.rindex("}") + 1])
-                api = d["requestHeader"]["requestApiKeyName"]
-                req = d.get("request", {})
-                topics = req.get("topicData") or req.get("topics") or []
-                roles = sorted({_role(str(t.get("name") or t.get("topic") or "")) for t in topics})
-                out[f"{api} {'+'.join(roles)}".strip()] += 1
+                m = _CONNECTION.search(line)
+                if ports is not None and (m is None or int(m[1]) not in ports):
+                    out.foreign += 1
+                    continue
+                out.counts[_kind(json.loads(line[line.index("{"):line.rindex("}") + 1]), prefix)] += 1
+    out.truncated = oldest is None or oldest > t0
     return out
+
+
+def _kind(d: dict[str, Any], prefix: str) -> str:
+    """``"API roles"`` of one logged request: its topics from the request, or from the
+    response where the log leaves the request out (Kafka 4 logs a fetch's as ``""``)."""
+    api = d["requestHeader"]["requestApiKeyName"]
+    req, resp = d.get("request"), d.get("response")
+    topics: list[Any] = []
+    if isinstance(req, dict):
+        topics = req.get("topicData") or req.get("topics") or []
+    if not topics and isinstance(resp, dict):
+        topics = resp.get("responses") or []
+    names = {str(t.get("name") or t.get("topic") or "") for t in topics if isinstance(t, dict)}
+    roles = sorted({_role(n, prefix) for n in names if n})
+    return f"{api} {'+'.join(roles)}".strip()
+
+
+class PortWatcher:
+    """The client ports of the connections that the processes ``pids`` hold to the broker,
+    sampled every ``every`` seconds in a thread between ``start()`` and ``stop()`` (a
+    request log line names its connection by them)."""
+
+    def __init__(self, pids: Collection[int], broker_port: int, every: float = 0.5) -> None:
+        self.pids, self.broker_port, self.every = list(pids), broker_port, every
+        self.ports: set[int] = set()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> None:
+        for pid in self.pids:
+            try:
+                proc = psutil.Process(pid)
+                pids = [proc.pid] + [c.pid for c in proc.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+            for p in pids:
+                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                    for c in psutil.Process(p).net_connections(kind="tcp"):
+                        if c.raddr and c.raddr.port == self.broker_port:
+                            self.ports.add(c.laddr.port)
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            self.sample()
+            self._done.wait(self.every)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> set[int]:
+        self._done.set()
+        self._thread.join()
+        self.sample()
+        return self.ports
 
 
 def main() -> None:
@@ -144,12 +232,12 @@ def main() -> None:
     user, system, ctx = (b - a for a, b in zip(plain["a"], plain["b"], strict=True))
 
     logged: dict = {}
-    _set_request_log("DEBUG")
+    set_request_log("DEBUG")
     try:
         p2 = _point(args, logged)
     finally:
-        _set_request_log("INFO")
-    counts = _count(logged["start"], logged["end"])
+        set_request_log("INFO")
+    counts = count_requests(logged["start"], logged["end"]).counts
     txns2 = p2["committed_tps"] * (logged["end"] - logged["start"])
     per_txn = sum(counts.values()) / txns2
 
