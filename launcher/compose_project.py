@@ -48,6 +48,10 @@ class Compose:
             raise AssertionError(f"docker-compose {' '.join(args)} failed: {res.stderr[-3000:]}")
         return res.stdout
 
+    def has_service(self, service: str) -> bool:
+        """Whether ``service`` runs in this project (a container of it exists)."""
+        return bool(self.run("ps", "-q", service, check=False).strip())
+
     def container(self, service: str) -> str:
         """The container id of ``service`` (its one instance)."""
         cid = self.run("ps", "-q", service).strip()
@@ -116,8 +120,11 @@ def wait_ready(c: Compose, workers: int, standbys: int, timeout: float = 180) ->
     from launcher.readiness import NotServing, wait_serving
 
     status = f"http://127.0.0.1:{c.ports['SFAAS_CLUSTER_STATUS_PORT']}"
+    gateway = (f"http://127.0.0.1:{c.ports['SFAAS_CLUSTER_GATEWAY_PORT']}"
+               if c.has_service("gateway") else None)
     try:
-        return wait_serving(status, c.kafka(), workers, standbys, timeout).seconds
+        return wait_serving(status, c.kafka(), workers, standbys, timeout,
+                            gateway=gateway).seconds
     except NotServing as e:
         raise AssertionError(f"{e}\n{c.logs()}") from None
 

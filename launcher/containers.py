@@ -272,7 +272,8 @@ def _up(ha: bool, extra: Sequence[str], cache: Path, timeout: float) -> int:
     status = f"http://127.0.0.1:{_port('STATUS_PORT', 9400)}"
     _say("waiting until a call from here round-trips through the cluster ...")
     try:
-        ready = wait_serving(status, kafka, 3 if ha else 2, 1, timeout)
+        ready = wait_serving(status, kafka, 3 if ha else 2, 1, timeout,
+                             gateway=f"http://127.0.0.1:{_port('GATEWAY_PORT', 8080)}")
     except NotServing as e:
         _say(f"error: {e}; the cluster is left running (`./run cluster logs`, "
              "`./run cluster down`)")

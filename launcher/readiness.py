@@ -8,7 +8,9 @@ page's ``/metrics`` to show every worker and standby up, then for one read to ro
 from the host — produced to the app's ingress topic, answered by a worker on the egress
 topic. The read names an operator no app has, so it touches no state: the worker's
 answer ("no operator ...") proves the path; only a failure to connect or a timeout means
-not yet.
+not yet. A profile with an HTTP gateway is ready once its ``/healthz`` answers too: Docker's
+port proxy accepts a connection before the gateway listens, and a request on it then
+fails with a broken pipe (seen in CI, 2026-11-29).
 """
 
 from __future__ import annotations
@@ -82,11 +84,22 @@ def _metrics(url: str) -> str:
         return str(r.read().decode())
 
 
+def _gateway_answers(gateway: str) -> str | None:
+    """None when the gateway at ``gateway`` answers ``/healthz`` with 200, else why not."""
+    try:
+        with urllib.request.urlopen(f"{gateway.rstrip('/')}/healthz", timeout=5) as r:
+            return None if r.status == 200 else f"gateway {gateway}: /healthz {r.status}"
+    except OSError as exc:
+        return f"gateway {gateway}: {type(exc).__name__}: {exc}"[:300]
+
+
 def wait_serving(status_url: str, kafka: str, workers: int, standbys: int,
                  timeout: float = 300.0,
-                 say: Callable[[str], None] | None = None) -> Serving:
+                 say: Callable[[str], None] | None = None,
+                 gateway: str | None = None) -> Serving:
     """Wait until the cluster whose status page is ``status_url`` (``http://host:port``)
-    and brokers ``kafka`` serves a call from here (the module docstring); raise
+    and brokers ``kafka`` serves a call from here — and its HTTP gateway at ``gateway``
+    (``http://host:port``), if given, answers (the module docstring); raise
     :class:`NotServing` naming what lacked after ``timeout`` seconds."""
     from sfaas.errors import ClusterError, RequestTimeout
 
@@ -106,7 +119,10 @@ def wait_serving(status_url: str, kafka: str, workers: int, standbys: int,
         left = max(1.0, min(20.0, deadline - time.monotonic()))
         try:
             asyncio.run(round_trip(kafka, app, namespace, left))
-            return Serving(app, namespace, time.monotonic() - t0)
+            lacking = None if gateway is None else _gateway_answers(gateway)
+            if lacking is None:
+                return Serving(app, namespace, time.monotonic() - t0)
+            last = lacking
         except (ClusterError, RequestTimeout, TimeoutError, OSError) as exc:
             last = f"a read from here did not round-trip: {type(exc).__name__}: {exc}"[:300]
         if say is not None:

@@ -91,13 +91,21 @@ def test_up_returns_only_once_a_call_round_trips(docker: FakeDocker,
             raise ClusterError("cannot reach Kafka at 127.0.0.1:9092: KafkaConnectionError")
         return "a worker answered"
 
+    gateways: list[str] = []
+
+    def gateway_answers(url: str) -> str | None:
+        gateways.append(url)
+        return None
+
     monkeypatch.setattr(readiness, "_metrics", lambda url: METRICS)
     monkeypatch.setattr(readiness, "round_trip", round_trip)
+    monkeypatch.setattr(readiness, "_gateway_answers", gateway_answers)
     monkeypatch.setattr(readiness.time, "sleep", lambda s: None)
     monkeypatch.setenv("SFAAS_CLUSTER_KAFKA_PORT", "19092")
     assert containers.cluster("up", None) == 0
     assert docker.actions() == [("sfaas", "up")]
     assert tries == [("127.0.0.1:19092", "bank", "sfaas")] * 3
+    assert gateways == ["http://127.0.0.1:8080"]  # (the gateway answers too: up means up)
 
 
 def test_up_fails_when_the_cluster_never_serves(docker: FakeDocker,
@@ -115,3 +123,41 @@ def test_the_metrics_name_the_app_only_when_every_worker_and_standby_is_up() -> 
     assert readiness.metrics_status(METRICS, 3, 1) == "2 of 3 workers up, 2 of 3 standbys"
     assert readiness.metrics_status(METRICS.splitlines()[1], 1, 0) == \
         "1 of 1 workers up, 0 of 0 standbys"  # (no app named yet)
+
+
+def test_a_gateway_that_does_not_answer_keeps_the_cluster_not_ready(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Docker's port proxy accepts a connection before the gateway listens (CI saw a broken
+    pipe on the first POST): with a gateway, ready waits for its /healthz too."""
+    import http.server
+    import socket
+    import threading
+
+    monkeypatch.setattr(readiness, "_metrics", lambda url: METRICS)
+
+    async def answered(*args: object) -> None:
+        return None
+
+    monkeypatch.setattr(readiness, "round_trip", answered)
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(readiness.NotServing, match=f"gateway {closed}"):
+        readiness.wait_serving("http://status", "kafka:9092", 2, 1, timeout=1.5, gateway=closed)
+
+    class Healthy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the handler's name)
+            self.send_response(200 if self.path == "/healthz" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Healthy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ready = readiness.wait_serving("http://status", "kafka:9092", 2, 1, timeout=5,
+                                       gateway=f"http://127.0.0.1:{server.server_port}")
+        assert ready.app == "bank"
+    finally:
+        server.shutdown()
