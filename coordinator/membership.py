@@ -118,6 +118,7 @@ class Membership:
         elif not state.joined:
             member = Member.of(state.free_slot(reg.index), reg, chan)
             state.add_member(member)
+            state.reach_epoch(reg.epoch)  # (a worker rejoining a restarted coordinator)
             log.info("worker %s (pid %d) registered as %d at %s:%d",
                      reg.name, reg.pid, member.index, reg.host, reg.port)
         elif dead:

@@ -161,10 +161,12 @@ class Coordinator:
 
     async def _epochs_and_recoveries(self) -> None:
         idle = True
-        if self._resumed:
+        if self._resumed or (self.settings.snapshot_interval > 0 and self.state.epoch > 0):
             # a restarted coordinator: every worker rolls back to the newest round and the
             # epoch log after it is replayed (with an empty log nothing ever ran here, so a
-            # new cluster starts at once, even while MinIO is down)
+            # new cluster starts at once, even while MinIO is down) — also when the log is
+            # empty but the rejoining workers began epochs (an epoch with no batch logged
+            # may still wait for its Commit on them)
             await self._recover()
         while True:
             await until_interrupted(self.epochs.run(idle), self.inbox)

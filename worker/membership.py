@@ -149,7 +149,7 @@ class Membership:
             await up.connect(*s.coordinator_address(), timeout=120.0)
             sent = time.monotonic()
             up.send(wire.Register(self._name, s.host, my_port, os.getpid(), st.index, -1,
-                                  repl_port))
+                                  repl_port, st.engine.epoch if st.engine is not None else 0))
             msgs = await up.recv()
             a = msgs[0] if msgs else None
             if not (isinstance(a, wire.Assign) and st.same_slot(a)):

@@ -27,7 +27,9 @@ class Register(Message):
     """Worker → coordinator: I am ``name``, my peers reach me at ``host:port``; ``index``:
     the slot I held before (re-registering with a restarted coordinator, or a promoted
     standby taking its primary's slot), or -1. ``standby_of``: I ask to be a standby of that
-    slot (-1: any role). ``repl_port``: where standbys follow my stores (0: not shipping)."""
+    slot (-1: any role). ``repl_port``: where standbys follow my stores (0: not shipping).
+    ``epoch``: the last epoch I began (0: none) — a restarted coordinator numbers its
+    epochs above it, and recovers when workers ran epochs it does not know of."""
 
     TAG: ClassVar[int] = 1
     name: str
@@ -37,6 +39,7 @@ class Register(Message):
     index: int = -1
     standby_of: int = -1
     repl_port: int = 0
+    epoch: int = 0
 
 
 @dataclass(slots=True)
