@@ -43,7 +43,12 @@ def sessions(draw: st.DrawFn) -> list[bytes]:
                   st.sampled_from([1, 1, 1, -1, 0, 5]), st.sampled_from([-1, -1, 0, 7])),
         payloads()))
     valid = frames_of(FROM_WORKERS)
-    rest = draw(st.lists(st.one_of(valid, valid, payloads()), max_size=5))
+    # a well-formed beat claiming another slot than the one registered (1): the check that
+    # a worker speaks only for itself is reached by construction, not by a lucky draw
+    # (a new message field once shifted the seeded sample off it)
+    impostor = st.builds(lambda i: wire.encode_frame([wire.Heartbeat(i, 0)]),
+                         st.sampled_from([0, 2, 5]))
+    rest = draw(st.lists(st.one_of(valid, valid, payloads(), impostor), max_size=5))
     return [reg, *rest]
 
 
@@ -52,9 +57,12 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fuzz-coordinator")
 
 
+# (not a required stage: "sent Heartbeat as worker" — a beat for another slot is refused,
+# but whether the session ends on that refusal or on the barrier's "a worker was lost"
+# is a race, so a seeded sample may record none; tests/runtime/test_inbound.py checks it)
 @pytest.mark.spread(accepted=["handler returned"],
                     min_accepted=0.03,
-                    stages=["not valid msgpack", "message must be", "needs N fields", "has the wrong type or shape", "sent Heartbeat as worker"])
+                    stages=["not valid msgpack", "message must be", "needs N fields", "has the wrong type or shape"])
 @fuzz(share=1.0)
 @given(frames=sessions())
 async def test_coordinator_handles_or_refuses_worker_messages(frames: list[bytes], home: Path,
