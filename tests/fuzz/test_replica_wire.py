@@ -140,7 +140,9 @@ class _ThreadErrors:
         threading.excepthook = self._old
 
 
-@pytest.mark.spread(accepted=["streamed"], min_accepted=0.02, each=["closed", "reset"])
+# (whether a hostile follower's connection ends closed or reset is partly timing: the CI
+# sample streams to 11 of 240, the bound leaves room for a loaded machine)
+@pytest.mark.spread(accepted=["streamed"], min_accepted=0.01, each=["closed", "reset"])
 @fuzz(share=0.3)
 @given(frames=st.lists(encoded(), min_size=1, max_size=3), raw=st.booleans())
 def test_tcp_server_refuses_hostile_followers_and_keeps_serving(
