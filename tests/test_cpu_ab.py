@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.runtime import cpu_ab
+from benchmarks.runtime import cpu_ab_tables as tables
 
 
 def _point(side: str, rate: float, us: float, p99: float = 20.0, tps: float | None = None,
@@ -20,23 +21,23 @@ def _point(side: str, rate: float, us: float, p99: float = 20.0, tps: float | No
 def test_the_medians_of_each_side_and_their_ratio_to_the_first_side() -> None:
     points = [_point("A", 200, us) for us in (7300, 5265, 6000)]
     points += [_point("B", 200, us, requests=r) for us, r in ((1400, 0.4), (1200, None), (1300, 0.5))]
-    rows = {r["side"]: r for r in cpu_ab.medians(points)}
+    rows = {r["side"]: r for r in tables.medians(points)}
     assert rows["A"]["n"] == 3 and rows["A"]["cpu_us_per_txn"] == 6000
     assert rows["B"]["cpu_us_per_txn"] == 1300
     assert rows["B"]["broker_requests_per_txn"] == 0.45  # (the point without a count left out)
     assert rows["A"]["us_per_txn_by_process"]["workers"] == 3000
-    (ratio,) = cpu_ab.ratios(list(rows.values()), "A")
+    (ratio,) = tables.ratios(list(rows.values()), "A")
     assert ratio["side"] == "B/A" and ratio["cpu_us_per_txn"] == round(1300 / 6000, 3)
     assert ratio["broker_requests_per_txn"] == round(0.45 / 3.5, 3)
-    text = cpu_ab.table(list(rows.values()), ["A", "B"])
+    text = tables.table(list(rows.values()), ["A", "B"])
     assert "**B/A**" in text and "0.22×" in text and "6,000" in text
 
 
 def test_a_side_without_a_number_gets_no_ratio_and_the_table_says_so() -> None:
-    rows = cpu_ab.medians([_point("A", 1000, 1700, requests=None), _point("B", 1000, 700, requests=None)])
-    (ratio,) = cpu_ab.ratios(rows, "A")
+    rows = tables.medians([_point("A", 1000, 1700, requests=None), _point("B", 1000, 700, requests=None)])
+    (ratio,) = tables.ratios(rows, "A")
     assert ratio["broker_requests_per_txn"] is None
-    assert "| – |" in cpu_ab.table(rows, ["A", "B"])
+    assert "| – |" in tables.table(rows, ["A", "B"])
 
 
 @pytest.mark.parametrize(("p99", "tps", "saturated"), [
@@ -48,12 +49,12 @@ def test_a_side_without_a_number_gets_no_ratio_and_the_table_says_so() -> None:
 ])
 def test_saturation_is_a_p99_over_500_ms_or_less_than_90_percent_committed(p99: float, tps: float,
                                                                              saturated: bool) -> None:
-    why = cpu_ab.saturation({"rate": 1000, "p99_ms": p99, "committed_tps": tps})
+    why = tables.saturation({"rate": 1000, "p99_ms": p99, "committed_tps": tps})
     assert (why is not None) == saturated
 
 
 def test_the_sides_alternate_within_each_point_from_one_pair_to_the_next() -> None:
-    plan = cpu_ab.ab_schedule(["A", "B"], [(200, "uniform"), (1000, "uniform")], pairs=3)
+    plan = tables.ab_schedule(["A", "B"], [(200, "uniform"), (1000, "uniform")], pairs=3)
     assert len(plan) == 12
     for rate in (200, 1000):
         firsts = [side for i, (pair, side, r, _) in enumerate(plan) if r == rate and i % 2 == 0]
@@ -90,8 +91,14 @@ def test_total_cpu_counts_every_process_and_keeps_minio_apart() -> None:
            "cpu_s": {"wall_s": 20.0, "roles": {"coordinator": 2.0, "worker": 9.0, "kafka": 6.0},
                      "background": 0.5, "client": 4.0, "apart": {"supervisor": 0.1, "minio": 3.0},
                      "others": 1.0, "steal": 0.0}}
-    m = cpu_ab.point_metrics(raw)
+    m = tables.point_metrics(raw)
     assert m["cores"] == pytest.approx(21.6 / 20)
     assert m["cpu_us_per_txn"] == pytest.approx(21.6e6 / 4000)
     assert m["us_per_txn_by_process"]["minio"] == pytest.approx(750)
     assert m["others_cores"] == pytest.approx(0.05)
+
+
+def test_the_help_prints() -> None:
+    """(A help text holding a bare ``%`` once made ``--help`` raise in argparse.)"""
+    text = cpu_ab.parser().format_help()
+    assert "--curve" in text and "90% committed" in text
