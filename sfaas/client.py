@@ -46,8 +46,9 @@ from aiokafka.errors import (
 from crc32c import crc32c
 
 from sfaas.app import App, FunctionRef, call_target
+from sfaas.direct import DirectCalls
 from sfaas.errors import BadKey, BadRequest, ClusterError, RequestTimeout, reply_error
-from sfaas.reads import DirectReads
+from sfaas.reads import DirectReads, Unavailable
 from sfaas.runtime.codec import check_arguments
 from sfaas.runtime.kafka import make_consumer, make_producer, partition_count
 from sfaas.runtime.partitioning import partition_of
@@ -84,6 +85,7 @@ class Client:
         settings: Settings | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
         direct_reads: bool = True,
+        direct_calls: bool | None = None,
     ) -> None:
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) \
                 or max_in_flight < 1:
@@ -109,18 +111,50 @@ class Client:
         self.producer_renewals = 0
         #: resends and stops of replaced producers under way (held: the loop keeps weak refs)
         self._chores: set[asyncio.Task[None]] = set()
+        #: direct calls under way (``sfaas.direct``)
+        self._direct_tasks: set[asyncio.Task[None]] = set()
         self._reader: asyncio.Task[None] | None = None
         self._started = False
         #: egress records on this client's partition that were not replies (logged, skipped)
         self.rejected = 0
+        if direct_calls is None:
+            direct_calls = self.settings.direct_calls
+        path = DirectReads(self.settings, self.app_name) if direct_reads or direct_calls \
+            else None
         #: reads sent straight to the owning worker when it can answer (``sfaas.reads``)
-        self.direct: DirectReads | None = (
-            DirectReads(self.settings, self.app_name) if direct_reads else None)
+        self.direct: DirectReads | None = path if direct_reads else None
+        #: transactions sent straight to the owning worker (``sfaas.direct``); None: Kafka
+        self.calls: DirectCalls | None = DirectCalls(path) if direct_calls and path else None
+        self._path = path
+        self._kafka_up = False
+        self._kafka_lock = asyncio.Lock()
 
     async def start(self) -> None:
-        """Connect to Kafka and start listening for replies (called by ``async with``)."""
+        """Connect to the cluster (called by ``async with``): with direct calls, ask the
+        coordinator where the partitions are, and connect to Kafka only when a request
+        must go that way; else connect to Kafka and start listening for replies."""
         if self._started:
             return
+        if self.calls is not None and self._path is not None:
+            try:
+                self.partitions = len((await self._path.where()).owners)
+            except Unavailable as exc:
+                log.info("direct calls unavailable (%s): using Kafka", exc)
+            else:
+                if self.partitions:
+                    self._started = True
+                    return
+        await self._start_kafka()
+        self._started = True
+
+    async def _kafka(self) -> None:
+        """Kafka is started (a request or a read going that way)."""
+        if not self._kafka_up:
+            async with self._kafka_lock:
+                if not self._kafka_up:
+                    await self._start_kafka()
+
+    async def _start_kafka(self) -> None:
         s = self.settings
         # replicated topics (a cluster of brokers): a request the broker acknowledged must
         # survive its leader's loss, so wait for the in-sync replicas too
@@ -146,7 +180,7 @@ class Client:
         await self._consumer.seek_to_end(tp)
         await self._consumer.position(tp)  # pin the start before any request goes out
         self._reader = asyncio.create_task(self._read_replies())
-        self._started = True
+        self._kafka_up = True
 
     async def close(self) -> None:
         """Stop listening; pending calls fail with ``RequestTimeout``-free cancellation."""
@@ -161,8 +195,15 @@ class Client:
                 fut.cancel()
         self._waiting.clear()
         self._room.set()  # a submit waiting for room fails now
-        if self.direct is not None:
-            await self.direct.close()
+        for task in list(self._direct_tasks):
+            task.cancel()
+        await asyncio.gather(*self._direct_tasks, return_exceptions=True)
+        if self._path is not None:
+            await self._path.close()
+        await asyncio.gather(*self._chores, return_exceptions=True)
+        if not self._kafka_up:
+            return
+        self._kafka_up = False
         if self._renewing is not None:  # (its new producer is the one to stop)
             await asyncio.gather(self._renewing, return_exceptions=True)
         await self._producer.stop()
@@ -224,14 +265,26 @@ class Client:
                                 partition_of(operator, key, self.partitions), idempotency_key)
 
     async def _send(self, operator: str, key: str, function: str, args: list[Any],
-                    partition: int, idempotency_key: str | None = None,
+                    partition: int, idempotency_key: str | None = None, *, direct: bool = True,
                     ) -> tuple[str, asyncio.Future[Reply]]:
-        """Produce one request to ingress ``partition``; its id and reply future."""
+        """Send one request — straight to its worker (``sfaas.direct``) unless not
+        ``direct`` or that cannot be, else to ingress ``partition`` — its id and reply
+        future."""
         self._seq += 1
         rid = self.last_rid = f"{self.client_id}-{self._seq}"
-        record = Request(rid, operator, key, function, args, self.reply_partition, time.time(),
-                         idempotency_key).encode()  # (raises before anything is registered)
+        request = Request(rid, operator, key, function, args, 0, time.time(), idempotency_key)
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        if direct and self.calls is not None and not self.calls.off:
+            record = request.encode()  # (raises before anything is registered)
+            self._waiting[rid] = fut
+            task = asyncio.get_running_loop().create_task(
+                self._direct_call(request, record, partition, fut))
+            self._direct_tasks.add(task)
+            task.add_done_callback(self._direct_tasks.discard)
+            return rid, fut
+        await self._kafka()
+        request.reply_partition = self.reply_partition
+        record = request.encode()  # (raises before anything is registered)
         self._waiting[rid] = fut
         try:
             await self._hand_over(rid, record, partition, 0)
@@ -242,6 +295,31 @@ class Client:
             self._forget(rid)
             raise
         return rid, fut
+
+    async def _direct_call(self, request: Request, record: bytes, partition: int,
+                           fut: asyncio.Future[Reply]) -> None:
+        """Run ``request`` on the direct path (``sfaas.direct``), or hand it to Kafka when
+        no worker took it; its reply resolves ``fut``."""
+        assert self.calls is not None
+        rid = request.rid
+        try:
+            reply = await self.calls.call(rid, record, partition,
+                                          time.monotonic() + self.timeout)
+            if reply is None:  # (no worker took it: Kafka it is)
+                await self._kafka()
+                request.reply_partition = self.reply_partition
+                await self._hand_over(rid, request.encode(), partition, 0)
+                return
+        except TimeoutError:
+            return  # (the caller's wait times out, with its message)
+        except Exception as exc:
+            if not fut.done():
+                fut.set_exception(ClusterError(f"request {rid} failed on its way: {exc}"))
+            self._forget(rid)
+            return
+        if not fut.done():
+            fut.set_result(reply)
+        self._forget(rid)
 
     async def _hand_over(self, rid: str, record: bytes, partition: int, resends: int) -> None:
         """Give the producer request ``rid``'s ``record``; its delivery ends in
@@ -334,7 +412,7 @@ class Client:
             await self.start()
         if self.app is not None:
             self.app.get_operator(operator)
-        rid, fut = await self._send(operator, key, function, args, partition)
+        rid, fut = await self._send(operator, key, function, args, partition, direct=False)
         reply = await self._reply(rid, fut, f"a read of {operator}")
         if not reply.ok:
             raise reply_error(reply.error_type or "BadRequest", reply.reason or "read failed")

@@ -1,4 +1,5 @@
-"""The client's side of direct state reads (``Client.get`` / ``Client.scan``).
+"""The client's channels to the workers, and its direct state reads (``Client.get`` /
+``Client.scan``); its direct calls (``sfaas.direct``) use the same channels.
 
 A read through Kafka costs two trips through the broker. With the cluster's secret and
 its coordinator's address (``Settings.secret``, ``Settings.coordinator``; a client made
@@ -20,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sfaas.errors import AuthenticationError, ChannelClosed, reply_error
@@ -29,7 +31,7 @@ from sfaas.runtime.settings import DEV_SECRET, Settings
 
 log = logging.getLogger("sfaas.client")
 
-__all__ = ["DirectReads", "RETRY_AFTER", "CONNECT_TIMEOUT"]
+__all__ = ["DirectReads", "Unavailable", "RETRY_AFTER", "CONNECT_TIMEOUT"]
 
 #: Seconds a client reads through Kafka after the direct path failed to connect.
 RETRY_AFTER = 5.0
@@ -39,7 +41,7 @@ CONNECT_TIMEOUT = 1.0
 ANSWER_TIMEOUT = 5.0
 
 
-class _Unavailable(Exception):
+class Unavailable(Exception):
     """The direct path cannot answer this read (read through Kafka)."""
 
 
@@ -63,6 +65,15 @@ class DirectReads:
         #: reads answered directly, and reads handed back to Kafka
         self.direct = 0
         self.fell_back = 0
+        #: where a worker's ``Answer`` goes (``sfaas.direct.DirectCalls``), and who hears
+        #: of a worker's channel closing
+        self.on_answer: Callable[[channels.Channel, wire.Answer], None] | None = None
+        self.on_closed: Callable[[channels.Channel], None] | None = None
+
+    @property
+    def available(self) -> bool:
+        """Whether the direct path may be tried now (see :data:`RETRY_AFTER`)."""
+        return time.monotonic() >= self._off_until
 
     async def read(self, operator: str, partition: int, key: str, prefix: str = "",
                    limit: int = 0) -> tuple[bool, Any]:
@@ -75,7 +86,7 @@ class DirectReads:
             try:
                 reply = await self._ask(wire.Read(0, operator, partition, key, prefix, limit),
                                         fresh=attempt > 0)
-            except _Unavailable as exc:
+            except Unavailable as exc:
                 log.debug("direct read unavailable (%s): reading through Kafka", exc)
                 break
             if reply.ok:
@@ -88,11 +99,11 @@ class DirectReads:
         return False, None
 
     async def _ask(self, msg: wire.Read, fresh: bool) -> wire.ReadReply:
-        placement = await self._where(fresh)
+        placement = await self.where(fresh)
         if not placement.owners or not 0 <= msg.partition < len(placement.owners):
-            raise _Unavailable("no placement (a recovery or a rescale is under way)")
+            raise Unavailable("no placement (a recovery or a rescale is under way)")
         peer = placement.peers[placement.owners[msg.partition]]
-        chan = await self._worker(peer.host, peer.port)
+        chan = await self.worker(peer.host, peer.port)
         self._ids += 1
         msg.id = self._ids
         fut: asyncio.Future[wire.ReadReply] = asyncio.get_running_loop().create_future()
@@ -101,11 +112,13 @@ class DirectReads:
             chan.send(msg)
             return await asyncio.wait_for(fut, ANSWER_TIMEOUT)
         except (TimeoutError, ChannelClosed) as exc:
-            raise _Unavailable(f"worker {peer.host}:{peer.port}: {type(exc).__name__}") from None
+            raise Unavailable(f"worker {peer.host}:{peer.port}: {type(exc).__name__}") from None
         finally:
             self._pending.pop(msg.id, None)
 
-    async def _where(self, fresh: bool) -> wire.Placement:
+    async def where(self, fresh: bool = False) -> wire.Placement:
+        """Where the partitions are (the coordinator's last answer, unless ``fresh``);
+        raises :class:`Unavailable` when the coordinator cannot be asked."""
         if self._placement is not None and not fresh:
             return self._placement
         async with self._lock:  # one question at a time; the others take its answer
@@ -115,7 +128,7 @@ class DirectReads:
                 host, _, port = self._settings.coordinator.rpartition(":")
                 if not port.isdigit():
                     self._off_until = float("inf")  # (no coordinator to ask: Kafka only)
-                    raise _Unavailable(f"coordinator address {self._settings.coordinator!r} "
+                    raise Unavailable(f"coordinator address {self._settings.coordinator!r} "
                                        "has no port")
                 self._coordinator = await self._connect(host, int(port))
             chan = self._coordinator
@@ -125,11 +138,11 @@ class DirectReads:
             except (TimeoutError, ChannelClosed) as exc:
                 chan.close()
                 self._coordinator = None
-                raise _Unavailable(f"the coordinator did not answer: {type(exc).__name__}") \
+                raise Unavailable(f"the coordinator did not answer: {type(exc).__name__}") \
                     from None
             got = next((m for m in msgs if isinstance(m, wire.Placement)), None)
             if got is None:
-                raise _Unavailable("the coordinator answered something else than a placement")
+                raise Unavailable("the coordinator answered something else than a placement")
             self._placement = got if got.owners else None
             return got
 
@@ -138,12 +151,14 @@ class DirectReads:
             return await channels.connect(host, port, self._secret, timeout=CONNECT_TIMEOUT)
         except AuthenticationError as exc:  # another secret: it will not change, Kafka it is
             self._off_until = float("inf")
-            raise _Unavailable(f"{host}:{port} refused this client's secret: {exc}") from None
+            raise Unavailable(f"{host}:{port} refused this client's secret: {exc}") from None
         except Exception as exc:  # refused, unreachable: Kafka for a while
             self._off_until = time.monotonic() + RETRY_AFTER
-            raise _Unavailable(f"cannot connect to {host}:{port}: {exc}") from None
+            raise Unavailable(f"cannot connect to {host}:{port}: {exc}") from None
 
-    async def _worker(self, host: str, port: int) -> channels.Channel:
+    async def worker(self, host: str, port: int) -> channels.Channel:
+        """The channel to the worker at ``host:port`` (connected on first use); raises
+        :class:`Unavailable` when it cannot be reached."""
         chan = self._workers.get((host, port))
         if chan is not None and not chan.closed:
             return chan
@@ -159,6 +174,10 @@ class DirectReads:
         try:
             while True:
                 for m in await chan.recv():
+                    if isinstance(m, wire.Answer):
+                        if self.on_answer is not None:
+                            self.on_answer(chan, m)
+                        continue
                     waiting = self._pending.get(m.id) if isinstance(m, wire.ReadReply) else None
                     if waiting is not None and waiting[0] is chan and not waiting[1].done():
                         waiting[1].set_result(m)  # type: ignore[arg-type]
@@ -167,6 +186,8 @@ class DirectReads:
         finally:
             chan.close()
             self._placement = None
+            if self.on_closed is not None:
+                self.on_closed(chan)
             for c, fut in list(self._pending.values()):
                 if c is chan and not fut.done():
                     fut.set_exception(ChannelClosed("the worker closed the channel"))

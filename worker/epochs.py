@@ -37,6 +37,7 @@ from sfaas.runtime.settings import Settings
 from sfaas.runtime.txn.determinism import check_local
 from sfaas.runtime.txn.loop import Fate
 from worker.clients import KafkaClients
+from worker.direct import DirectIngress
 from worker.egress import Egress
 from worker.fence import Lease as Fence
 from worker.ingress import Ingress
@@ -80,9 +81,11 @@ class EpochRunner:
         self, settings: Settings, state: WorkerState, mode: str, *, uplink: CoordinatorLink,
         links: PeerLinks, calls: Peers, fallback: CrossFallback, ingress: Ingress, egress: Egress,
         metrics: WorkerMetrics, rounds: RoundTaker, kafka: KafkaClients, tasks: Tasks,
-        world: World, fence: Fence | None = None,
+        world: World, direct: DirectIngress, fence: Fence | None = None,
     ) -> None:
         self._settings = settings
+        #: requests clients sent straight to this worker, answered here
+        self._direct = direct
         #: the coordinator's lease on this process (``worker.fence``): the epoch log is
         #: written, and heartbeats' answers renew it, only under it
         self._fence = fence
@@ -277,6 +280,9 @@ class EpochRunner:
                 reply = wire.Reply(req.rid, False, None, str(f.value[0]), str(f.value[1]))
                 if self._settings.reply_tracebacks and st.engine is not None:
                     reply.traceback = st.engine.tracebacks.get((f.tid, str(f.value[1])))
+            if f.item.direct:  # (its epoch is durable: answered on its client's channel)
+                self._direct.replied(f.item, reply)
+                continue
             before = st.answered.get(req.rid)
             if before is not None:  # a replay: this reply is already in the egress topic
                 if wire.Reply(*astuple_head(before)).encode() \
@@ -317,10 +323,18 @@ class EpochRunner:
                 "snapshot rounds are off on this worker (snapshot_interval=0)"))
             return
         ingress, skip, retries = st.cut()
-        # (the round waits until every reply made so far is acknowledged: a round holding a
-        # request must never need its reply again, a recovery could not reproduce it)
+        direct = self._direct.cut(marker, epoch).encode()
+
+        async def durable() -> None:
+            # (the round waits until every reply made so far is acknowledged — a round
+            # holding a request must never need its reply again, a recovery could not
+            # reproduce it — and until the direct requests' cut is in the epoch log)
+            ack = await self._kafka.producer.send(st.log_topic, direct, partition=0)
+            await self._egress.durable()
+            await ack
+
         self._rounds.take(marker, epoch, st.engine.stores, ingress, skip, dict(self._egress.acked),
-                          retries, st.log_pos, self._egress.durable)
+                          retries, st.log_pos, durable)
 
     # -- liveness ---------------------------------------------------------------------------------
     async def heartbeat(self) -> None:

@@ -28,11 +28,12 @@ from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import PartitionStores, open_stores
 from sfaas.runtime.txn.engine import Engine
 from worker.clients import KafkaClients
+from worker.direct import DirectIngress
 from worker.egress import Egress
 from worker.epochs import EpochRunner, fallback_mode
 from worker.fence import Lease
 from worker.inbox import CoordinatorInbox
-from worker.ingress import Ingress
+from worker.ingress import IN_FLIGHT_BATCHES, Ingress
 from worker.links import CoordinatorLink, PeerLinks
 from worker.membership import Membership
 from worker.metrics import WorkerMetrics
@@ -78,6 +79,12 @@ class Worker:
                              completed=lambda p, o: self.ingress.complete(p, o), lease=self.lease)
         self.ingress = Ingress(s, st, self.kafka, self.egress,
                                arrived=lambda: self.epochs.work_arrived())
+        #: clients' direct state reads
+        self.reads = ReadServer(st)
+        #: requests (and reads) clients send straight to this worker
+        self.direct = DirectIngress(st, arrived=lambda: self.epochs.work_arrived(),
+                                    limit=IN_FLIGHT_BATCHES * s.max_batch,
+                                    retention=s.direct_retention, read=self.reads.answer)
         #: effects, post-commit actions, timers
         self.world = World(s, st, self.links.send_all, arrived=lambda: self.epochs.work_arrived(),
                            reads_open=lambda: self.ingress.answer_held_reads())
@@ -88,8 +95,6 @@ class Worker:
         self.calls = Peers(s, st, self.links, self.fallback, self.tasks.spawn,
                            report=lambda: self.epochs.report(),
                            leased=lambda m: self.epochs.lease.receive(m), world=self.world)
-        #: clients' direct state reads
-        self.reads = ReadServer(st)
         self.rounds = RoundTaker(st.index, self.uplink.send, self._held_by_standbys,
                                  s.snapshot_interval)
         self.metrics = WorkerMetrics(s, app.name, self.name, st, ingress=self.ingress,
@@ -100,13 +105,15 @@ class Worker:
                                   calls=self.calls, fallback=self.fallback, ingress=self.ingress,
                                   egress=self.egress, metrics=self.metrics, rounds=self.rounds,
                                   kafka=self.kafka, tasks=self.tasks, world=self.world,
-                                  fence=self.lease)
+                                  direct=self.direct, fence=self.lease)
         #: rescaling: stores moving in and out
         self.moving = Moving(s, app, self.name, secret, st, uplink=self.uplink, links=self.links,
                              ingress=self.ingress, shipping=lambda: self.shipping,
-                             end_lease=self.epochs.lease.reset, moved=self.world.moved)
+                             end_lease=self.epochs.lease.reset, moved=self.world.moved,
+                             dropped=self.direct.dropped)
         self.recovery = Recovery(s, app, st, uplink=self.uplink, links=self.links, kafka=self.kafka,
-                                 ingress=self.ingress, moving=self.moving, quiesce=self.quiesce,
+                                 ingress=self.ingress, direct=self.direct, moving=self.moving,
+                                 quiesce=self.quiesce,
                                  rolling_back=self.world.recovering,
                                  restored=lambda: self.world.restored(self._stores()),
                                  replies_acked=lambda: dict(self.egress.acked))
@@ -139,10 +146,11 @@ class Worker:
         return engine
 
     async def _on_peer(self, chan: channels.Channel) -> None:
-        """One channel to the peer server: a peer's calls, or a client's direct reads."""
+        """One channel to the peer server: a peer's calls, or a client's direct requests
+        and reads."""
         first = await chan.recv()
-        if first and isinstance(first[0], wire.Read):
-            await self.reads.serve(chan, first)
+        if first and isinstance(first[0], (wire.Read, wire.Submit, wire.Acked)):
+            await self.direct.serve(chan, first)
         else:
             await self.calls.serve(chan, first)
 
@@ -227,6 +235,7 @@ class Worker:
             self.lost_coordinator = False
             if not self.ingress.started:  # no recovery follows when nothing ever ran
                 self.ingress.start()
+                self.direct.restore([], set())
 
     def _repl_port(self) -> int:
         return self.shipping.port if self.shipping is not None else 0
@@ -248,6 +257,7 @@ class Worker:
         are acknowledged (recovery starts from a quiet worker)."""
         self.epochs.lease.reset()  # no epoch begins on its own any more
         await self.ingress.pause()
+        self.direct.rollback()  # (its clients send again what has no answer)
         running = self.tasks.cancel()
         self.calls.cancel()
         await asyncio.gather(*running, return_exceptions=True)

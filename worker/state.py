@@ -43,6 +43,18 @@ class Pending:
     attempts: int = 0
     #: the outcomes of its ``ctx.run`` effects so far (``sfaas.runtime.txn.effects``)
     journal: dict[str, Any] = field(default_factory=dict)
+    #: a request a client sent straight to this worker (``worker.direct``): its record as
+    #: sent, logged whole (its ``partition`` is its key's, its ``offset`` -1)
+    raw: bytes = b""
+
+    @property
+    def direct(self) -> bool:
+        """Whether a client sent it straight to this worker (no ingress position)."""
+        return self.offset < 0 <= self.partition
+
+    def direct_record(self) -> bytes | None:
+        """The request record of a direct request (logged whole), else None."""
+        return self.raw if self.direct else None
 
     def runtime_request(self) -> tuple[str, str, str, list[Any]] | None:
         """``(operator, key, function, args)`` of a request the runtime made (a timer
@@ -229,18 +241,23 @@ class WorkerState:
             self.applied.drop(p)
             self.start_offsets.pop(p, None)
 
-    def drop_waiting(self, partitions: set[int]) -> None:
-        """Drop the queued requests and waiting re-runs of ``partitions``."""
+    def drop_waiting(self, partitions: set[int]) -> list[str]:
+        """Drop the queued requests and waiting re-runs of ``partitions``; the request ids
+        of the direct ones dropped (their clients must send them again elsewhere)."""
         assert self.loop is not None
         q = self.loop.queue
+        dropped = [item for item in q if item.partition in partitions]
         kept = [item for item in q if item.partition not in partitions]
         q.clear()
         q.extend(kept)
         seq = self.loop.sequencer
-        seq.discard([tid for tid, item in seq.retries() if item.partition in partitions])
+        gone = [(tid, item) for tid, item in seq.retries() if item.partition in partitions]
+        seq.discard([tid for tid, _ in gone])
+        dropped += [item for _, item in gone]
         parked = self.loop.parked
         for tid in [t for t, item in parked.items() if item.partition in partitions]:
-            del parked[tid]
+            dropped.append(parked.pop(tid))
+        return [item.request.rid for item in dropped if item.direct]
 
     # -- a snapshot round's cut ------------------------------------------------------------------
     def cut(self) -> tuple[dict[int, int], dict[int, list[int]], list[wire.Retry]]:
@@ -253,5 +270,12 @@ class WorkerState:
         # kept: their records are in the stores, which redo them)
         waiting = [*self.loop.sequencer.retries(), *sorted(self.loop.parked.items())]
         retries = [wire.Retry(tid, item.partition, item.offset, item.now, dict(item.journal))
-                   for tid, item in waiting if item.partition >= 0]
+                   for tid, item in waiting if item.offset >= 0]
         return ingress, self.applied.completed_above(), retries
+
+    def direct_waiting(self) -> list[tuple[int, Pending]]:
+        """``(tid, item)`` of the direct requests waiting to re-run or parked at an effect
+        (a round's cut keeps them in the epoch log: ``sfaas.runtime.epochlog.CutRecord``)."""
+        assert self.loop is not None
+        waiting = [*self.loop.sequencer.retries(), *sorted(self.loop.parked.items())]
+        return [(tid, item) for tid, item in waiting if item.direct]

@@ -20,13 +20,24 @@ Two kinds of roots need more than their ingress position: a root whose request c
 journal of ``ctx.run`` outcomes (``sfaas.runtime.txn.effects``) has it logged, so a replay
 sees exactly the outcomes its first execution saw; and a request the runtime made itself
 (a timer firing, a post-commit action's cleanup: ``sfaas.runtime.txn.internal``), which
-no ingress partition holds, is logged whole, at partition ``-1``.
+no ingress partition holds, is logged whole, at partition ``-1``; so is a request a client
+sent straight to the worker (``worker.direct``), at offset ``-1`` of its key's partition:
+the record is what makes it durable, and its reply leaves only after the epoch commits.
+
+A second kind of record, :class:`CutRecord`, holds what a snapshot round's cut needs of
+the direct requests and is not in the stores: the replies no client acknowledged yet
+and the direct requests waiting to re-run. A worker writes it after the round's cut and
+before its round report, so a recovery to that round, reading the log from the round's
+position, finds it (``decode_record`` tells the two kinds apart).
 
 Encoding (``sfaas/runtime/FORMAT.md`` § "Epoch log"): ``b"SFEL" | version:u8 | msgpack([epoch,
 worker, now, [[tid, partition, offset], ...], [[tid, now], ...], [[tid, {effect key: [ok,
-value]}], ...], [[tid, operator, key, function, args], ...], generation])``; versions 1
-(no last four elements), 2 (no last three) and 3 (no generation) still decode. Kafka
-checksums the record.
+value]}], ...], [[tid, operator, key, function, args], ...], generation, [[tid, request
+record], ...]])``;
+versions 1 (no last five elements), 2 (no last four), 3 (no last two) and 4 (no direct
+requests) still decode. A cut record: ``b"SFDC" | 1:u8 | msgpack([round, epoch, worker,
+[[partition, reply record, age], ...], [[tid, partition, now, journal, request record],
+...]])``. Kafka checksums the record.
 """
 
 from __future__ import annotations
@@ -38,13 +49,13 @@ from typing import Any, Protocol
 
 import msgpack
 
-__all__ = ["EpochRecord", "EpochLogError", "Logged"]
+__all__ = ["EpochRecord", "CutRecord", "EpochLogError", "Logged", "decode_record"]
 
 _HEAD = struct.Struct("<4sB")
 _MAGIC = b"SFEL"
-_VERSION = 4
-# 1: no re-runs' nows; 2: no journals and runtime requests; 3: no generation
-_VERSIONS = (1, 2, 3, 4)
+_VERSION = 5
+# 1: no re-runs' nows; 2: no journals and runtime requests; 3: no generation; 4: no direct
+_VERSIONS = (1, 2, 3, 4, 5)
 
 
 class EpochLogError(ValueError):
@@ -62,6 +73,8 @@ class Logged(Protocol):
     journal: dict[str, Any]
 
     def runtime_request(self) -> tuple[str, str, str, list[Any]] | None: ...
+
+    def direct_record(self) -> bytes | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +96,9 @@ class EpochRecord:
     #: the generation of the process that wrote it (``wire.Assign.generation``; 0: a record
     #: of version 3 or older)
     generation: int = 0
+    #: ``(tid, request record)`` of the requests a client sent straight to the worker
+    #: (``worker.direct``; at ingress offset -1 of their key's partition)
+    direct: tuple[tuple[int, bytes], ...] = ()
 
     @classmethod
     def of(
@@ -91,16 +107,22 @@ class EpochRecord:
     ) -> EpochRecord:
         """The record of ``batch`` (``(tid, item)``), begun at ``now``: re-runs keep their
         first run's ``now``, so theirs is recorded too."""
-        runtime = []
+        runtime, direct = [], []
         for tid, it in batch:
+            if it.offset >= 0:
+                continue
             if it.partition < 0:
                 req = it.runtime_request()
                 assert req is not None, "an item without an ingress position is the runtime's"
                 runtime.append((tid, *req))
+            else:
+                raw = it.direct_record()
+                assert raw is not None, "an item at offset -1 of a partition is a direct one"
+                direct.append((tid, raw))
         return cls(epoch, worker, now, tuple((tid, it.partition, it.offset) for tid, it in batch),
                    tuple((tid, it.now) for tid, it in batch if it.now != now),
                    tuple((tid, dict(it.journal)) for tid, it in batch if it.journal),
-                   tuple(runtime), generation)
+                   tuple(runtime), generation, tuple(direct))
 
     def nows(self) -> list[float]:
         """The ``now`` each root of the batch ran with, in batch order: a re-run's its first
@@ -112,7 +134,8 @@ class EpochRecord:
         body: bytes = msgpack.packb(
             [self.epoch, self.worker, self.now, [list(b) for b in self.batch],
              [list(k) for k in self.kept_now], [list(j) for j in self.journals],
-             [list(r) for r in self.runtime], self.generation], use_bin_type=True)
+             [list(r) for r in self.runtime], self.generation, [list(d) for d in self.direct]],
+            use_bin_type=True)
         return _HEAD.pack(_MAGIC, _VERSION) + body
 
     @classmethod
@@ -127,7 +150,8 @@ class EpochRecord:
             d: Any = msgpack.unpackb(data[_HEAD.size:], raw=False, strict_map_key=False)
             d = list(d) + [[]] * (7 - len(d)) if version < 3 else list(d)
             d = d + [0] if version < 4 else d
-            epoch, worker, now, batch, kept, journals, runtime, generation = d
+            d = d + [[]] if version < 5 else d
+            epoch, worker, now, batch, kept, journals, runtime, generation, direct = d
             if type(generation) is not int or generation < 0:
                 raise ValueError(f"the generation must be an int >= 0, got {generation!r:.40}")
             rec = cls(int(epoch), int(worker), float(now),
@@ -135,7 +159,8 @@ class EpochRecord:
                       tuple((int(t), float(n)) for t, n in kept),
                       tuple((int(t), _journal(j)) for t, j in journals),
                       tuple((int(t), str(op), str(k), str(f), list(a))
-                            for t, op, k, f, a in runtime), generation)
+                            for t, op, k, f, a in runtime), generation,
+                      tuple((int(t), _record(r)) for t, r in direct))
         except Exception as exc:
             raise EpochLogError(f"{source}: malformed body ({type(exc).__name__}: {exc})") from None
         if rec.epoch < 1 or rec.worker < 0:
@@ -148,6 +173,9 @@ class EpochRecord:
         if {t for t, *_ in rec.runtime} != {t for t, p, _ in rec.batch if p < 0}:
             raise EpochLogError(f"{source}: the runtime's requests do not match the batch's "
                                 "entries at partition -1")
+        if {t for t, _ in rec.direct} != {t for t, p, o in rec.batch if p >= 0 > o}:
+            raise EpochLogError(f"{source}: the direct requests do not match the batch's "
+                                "entries at offset -1")
         return rec
 
     def runtime_requests(self) -> dict[int, tuple[str, str, str, list[Any]]]:
@@ -155,8 +183,66 @@ class EpochRecord:
         return {t: (op, k, f, a) for t, op, k, f, a in self.runtime}
 
 
+def _record(r: Any) -> bytes:
+    if type(r) is not bytes:
+        raise ValueError(f"a direct request must be a request record (bytes), got {r!r:.80}")
+    return r
+
+
 def _journal(j: Any) -> dict[str, Any]:
     if type(j) is not dict or not all(type(k) is str and type(v) is list and len(v) == 2
                                       and type(v[0]) is bool for k, v in j.items()):
         raise ValueError(f"a journal must map effect keys to [ok, value], got {j!r:.80}")
     return j
+
+
+_CUT_MAGIC = b"SFDC"
+_CUT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class CutRecord:
+    """What one worker's cut of snapshot round ``round`` (taken after epoch ``epoch``)
+    holds of its direct requests (see the module docstring)."""
+
+    round: int
+    epoch: int
+    worker: int
+    #: ``(partition, reply record, age in seconds at the cut)`` of replies not yet
+    #: acknowledged by their client
+    replies: tuple[tuple[int, bytes, float], ...]
+    #: ``(tid, partition, now, journal, request record)`` of direct requests waiting to
+    #: re-run (or parked at an effect), which keep their tid, first ``now`` and journal
+    retries: tuple[tuple[int, int, float, dict[str, Any], bytes], ...]
+
+    def encode(self) -> bytes:
+        body: bytes = msgpack.packb(
+            [self.round, self.epoch, self.worker, [list(r) for r in self.replies],
+             [list(r) for r in self.retries]], use_bin_type=True)
+        return _HEAD.pack(_CUT_MAGIC, _CUT_VERSION) + body
+
+    @classmethod
+    def decode(cls, data: bytes, source: str = "epoch-log cut record") -> CutRecord:
+        magic, version = _HEAD.unpack_from(data)
+        if magic != _CUT_MAGIC or version != _CUT_VERSION:
+            raise EpochLogError(f"{source}: header {magic!r} v{version}, expected "
+                                f"{_CUT_MAGIC!r} v{_CUT_VERSION}")
+        try:
+            rnd, epoch, worker, replies, retries = msgpack.unpackb(
+                data[_HEAD.size:], raw=False, strict_map_key=False)
+            rec = cls(int(rnd), int(epoch), int(worker),
+                      tuple((int(p), _record(r), float(a)) for p, r, a in replies),
+                      tuple((int(t), int(p), float(n), _journal(j), _record(r))
+                            for t, p, n, j, r in retries))
+        except Exception as exc:
+            raise EpochLogError(f"{source}: malformed body ({type(exc).__name__}: {exc})") from None
+        if rec.round < 1 or rec.worker < 0:
+            raise EpochLogError(f"{source}: round {rec.round} / worker {rec.worker} out of range")
+        return rec
+
+
+def decode_record(data: bytes, source: str = "epoch-log record") -> EpochRecord | CutRecord:
+    """An epoch-log record of either kind (see the module docstring)."""
+    if len(data) >= _HEAD.size and data[:4] == _CUT_MAGIC:
+        return CutRecord.decode(data, source)
+    return EpochRecord.decode(data, source)

@@ -124,6 +124,14 @@ class Settings:
     #: Seconds a request's outcome is kept for its idempotency key (``Client.call(...,
     #: idempotency_key=…)``): a retry within it gets the first outcome without running.
     idempotency_retention: float = 86400.0
+    #: Clients send transactions straight to the worker owning their key, over the
+    #: cluster's authenticated channels (``sfaas.direct``), and get the replies there;
+    #: False: through Kafka (the ingress and egress topics) only.
+    direct_calls: bool = True
+    #: Seconds a worker keeps a direct call's reply its client has not acknowledged (a
+    #: client resending the call within it gets that reply): longer than a client's
+    #: timeout (``worker.direct``).
+    direct_retention: float = 300.0
     #: Seconds a ``ctx.run`` effect may take; one that takes longer is journaled as a
     #: ``TimeoutError`` (raised in the function).
     effect_timeout: float = 30.0
@@ -229,6 +237,9 @@ class Settings:
         if not 1 <= self.idempotency_retention <= 366 * 86400:
             raise ConfigError("idempotency_retention must be between 1 s and 366 days, "
                               f"got {self.idempotency_retention}")
+        if not 1 <= self.direct_retention <= 86400:
+            raise ConfigError("direct_retention must be between 1 s and 1 day, "
+                              f"got {self.direct_retention}")
         if self.max_effects < 1:
             raise ConfigError(f"max_effects must be >= 1, got {self.max_effects}")
         if self.snapshot_retain < 1:

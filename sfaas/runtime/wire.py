@@ -34,6 +34,7 @@ from sfaas.runtime.codec import MAX_ARGS, MAX_NESTING, too_deep
 from sfaas.runtime.protocols.base import Message
 from sfaas.runtime.protocols.calls import Call, EffectDone, Finished, Hello, Result
 from sfaas.runtime.protocols.epochs import Aborted, Begin, Commit, Conflict, Report, Wakeup
+from sfaas.runtime.protocols.ingress import Acked, Answer, Submit
 from sfaas.runtime.protocols.lease import Lease, Wake
 from sfaas.runtime.protocols.membership import (
     Alive,
@@ -77,8 +78,8 @@ __all__ = [
     "Reassign", "Hold", "StoreVersion", "Source",
     # worker <-> worker
     "Hello", "Call", "Finished", "Result", "EffectDone",
-    # direct state reads
-    "Where", "Placement", "Read", "ReadReply",
+    # direct state reads, direct ingress
+    "Where", "Placement", "Read", "ReadReply", "Submit", "Answer", "Acked",
     # the codec
     "encode_frame", "encode_message", "join_frame", "decode_frame", "Request", "Reply",
     "reply_address", "MAX_RID",
@@ -91,7 +92,7 @@ MESSAGES: tuple[type[Message], ...] = (
     Snapshotted, Recover, Recovered, Diverged, Follow, Promote,
     Scale, Scaled, Ship, Shipped, Move, Following, Release, Released, Reassign, Hold,
     Hello, Call, Finished, Result, EffectDone,
-    Where, Placement, Read, ReadReply,
+    Where, Placement, Read, ReadReply, Submit, Answer, Acked,
 )
 
 #: Longest request id a request record may carry (clients use ~40 characters).
@@ -140,6 +141,10 @@ def _is_bool(v: Any) -> bool:
     return type(v) is bool
 
 
+def _is_bytes(v: Any) -> bool:
+    return type(v) is bytes
+
+
 def _is_value(v: Any) -> bool:
     return not too_deep(v, MAX_NESTING)
 
@@ -167,7 +172,8 @@ def _dict_of(key: _Check, value: _Check) -> _Check:
 
 
 _SCALARS: dict[Any, _Check] = {
-    int: _is_int, float: _is_float, str: _is_str, bool: _is_bool, Any: _is_value,
+    int: _is_int, float: _is_float, str: _is_str, bool: _is_bool, bytes: _is_bytes,
+    Any: _is_value,
 }
 
 

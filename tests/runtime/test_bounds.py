@@ -300,9 +300,10 @@ class _Replies:
 
 
 def _client(max_in_flight: int, timeout: float = 60.0) -> Client:
-    c = Client("bounds", settings=settings("/nonexistent"), max_in_flight=max_in_flight, timeout=timeout)
+    c = Client("bounds", settings=settings("/nonexistent"), max_in_flight=max_in_flight, timeout=timeout,
+               direct_calls=False)
     c._producer, c._consumer = _Producer(), _Replies()
-    c.partitions, c.reply_partition, c._started = 4, 0, True
+    c.partitions, c.reply_partition, c._started, c._kafka_up = 4, 0, True, True
     return c
 
 

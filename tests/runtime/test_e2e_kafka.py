@@ -1,4 +1,6 @@
-"""End to end against the real Kafka: a 2-worker cluster of examples/bank.py.
+"""End to end against the real Kafka: a 2-worker cluster of examples/bank.py, its clients
+on the Kafka path (requests on the ingress topic, replies on the egress topic; direct calls
+are tests/runtime/test_direct_calls.py).
 
 The cluster (coordinator + 2 worker processes, started like ``sfaas up``) lives for the
 session in its own namespace, so runs never see each other's topics or state.
@@ -56,13 +58,13 @@ def bank_cluster(kafka, tmp_path_factory, request) -> Iterator[Settings]:
 
 async def test_concurrent_clients_conserve_money_with_one_reply_each(bank_cluster: Settings) -> None:
     s = bank_cluster
-    async with Client("bank", settings=s) as setup:
+    async with Client("bank", settings=s, direct_calls=False) as setup:
         await asyncio.gather(*(setup.call("accounts", a, "deposit", START) for a in ACCOUNTS))
 
     async def one_client(seed: int) -> tuple[int, int, int]:
         rnd = random.Random(seed)
         ok = aborted = 0
-        async with Client("bank", settings=s) as c:
+        async with Client("bank", settings=s, direct_calls=False) as c:
             futs = []
             for _ in range(150):
                 a, b = rnd.sample(ACCOUNTS, 2)
@@ -82,7 +84,7 @@ async def test_concurrent_clients_conserve_money_with_one_reply_each(bank_cluste
     assert sum(n for _, _, n in results) == 600
     assert sum(ok for ok, _, _ in results) > 100
 
-    async with Client("bank", settings=s) as c:
+    async with Client("bank", settings=s, direct_calls=False) as c:
         balances = await asyncio.gather(*(c.call("accounts", a, "balance") for a in ACCOUNTS))
     assert sum(balances) == START * len(ACCOUNTS)
     assert min(balances) >= 0
@@ -93,7 +95,7 @@ async def test_concurrent_clients_conserve_money_with_one_reply_each(bank_cluste
 def test_sync_client_errors_are_clear(bank_cluster: Settings) -> None:
     from examples import bank
 
-    with SyncClient("bank", settings=bank_cluster) as c:
+    with SyncClient("bank", settings=bank_cluster, direct_calls=False) as c:
         assert c.call("accounts", "solo", "deposit", 5) == 5
         with pytest.raises(TransactionAborted, match="insufficient funds"):
             c.call("accounts", "solo", "withdraw", 50)
@@ -104,7 +106,7 @@ def test_sync_client_errors_are_clear(bank_cluster: Settings) -> None:
         with pytest.raises(BadKey):  # detected client-side
             c.call("accounts", 7, "deposit", 1)
         assert c.call("accounts", "solo", "balance") == 5
-    with SyncClient(bank.app, settings=bank_cluster) as c:  # given the App: checked before sending
+    with SyncClient(bank.app, settings=bank_cluster, direct_calls=False) as c:  # given the App: checked before sending
         with pytest.raises(UnknownFunction):
             c.call("accounts", "solo", "nope")
 
@@ -116,7 +118,7 @@ async def test_unauthenticated_peer_is_refused_and_cluster_keeps_working(bank_cl
     # raw garbage too
     with socket.create_connection((host, port)) as sock:
         sock.sendall(b"\x00" * 64)
-    async with Client("bank", settings=bank_cluster) as c:
+    async with Client("bank", settings=bank_cluster, direct_calls=False) as c:
         assert await c.call("accounts", "after-attack", "deposit", 1) == 1
     procs = cluster.ps(bank_cluster)
     assert [p.role for p in procs] == ["coordinator", "worker", "worker"]
@@ -160,7 +162,7 @@ async def test_malformed_ingress_records_get_error_replies_and_the_cluster_keeps
     nested: list[object] = [1]
     for _ in range(100):
         nested = [nested]
-    async with Client("bank", settings=bank_cluster) as c:
+    async with Client("bank", settings=bank_cluster, direct_calls=False) as c:
         assert await c.call("accounts", "malformed-before", "deposit", 5) == 5
         part = c.reply_partition
 
@@ -224,7 +226,7 @@ async def test_transfers_out_of_one_hot_account_commit_in_their_epochs(bank_clus
         return (sum(total(x, "sfaas_transactions_rerun_total") for x in samples),
                 sum(total(x, "sfaas_transactions_fallback_total") for x in samples))
 
-    async with Client("bank", settings=s) as c:
+    async with Client("bank", settings=s, direct_calls=False) as c:
         await c.call("accounts", "hot-e2e", "deposit", 300)
         reruns, fallbacks = counts()
         futs = [await c.submit("accounts", "hot-e2e", "transfer", f"dst-e2e{i % 20}", 1) for i in range(300)]
@@ -248,7 +250,7 @@ async def test_state_reads_answer_without_a_transaction(bank_cluster: Settings, 
     from launcher import main
     from sfaas.errors import BadArguments, UnknownOperator
 
-    async with Client("bank", settings=bank_cluster) as c:
+    async with Client("bank", settings=bank_cluster, direct_calls=False) as c:
         for i in range(12):
             await c.call("accounts", f"reader-{i:02d}", "deposit", 10 + i)
     # straight to the owning worker (the client knows the secret and the coordinator), and

@@ -287,11 +287,13 @@ def test_egress_stamps_replies_with_the_generation_and_a_fenced_worker_produces_
 def test_epoch_log_records_carry_the_generation_and_version_3_still_decodes() -> None:
     rec = EpochRecord(5, 1, 12.5, ((7, 0, 3),), generation=1_700_000_000_000_000)
     data = rec.encode()
-    assert data[4] == 4 and EpochRecord.decode(data) == rec
+    assert data[4] == 5 and EpochRecord.decode(data) == rec
     import msgpack
 
     v3 = b"SFEL\x03" + msgpack.packb([5, 1, 12.5, [[7, 0, 3]], [], [], []])
     assert EpochRecord.decode(v3).generation == 0
+    v4 = b"SFEL\x04" + msgpack.packb([5, 1, 12.5, [[7, 0, 3]], [], [], [], 9])
+    assert (EpochRecord.decode(v4).generation, EpochRecord.decode(v4).direct) == (9, ())
     bad = b"SFEL\x04" + msgpack.packb([5, 1, 12.5, [[7, 0, 3]], [], [], [], "x"])
     with pytest.raises(ValueError, match="the generation must be an int >= 0, got 'x'"):
         EpochRecord.decode(bad)

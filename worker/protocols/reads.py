@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 
-from sfaas.errors import ChannelClosed, SfaasError
-from sfaas.runtime import channels, wire
+from sfaas.errors import SfaasError
+from sfaas.runtime import wire
 from sfaas.runtime.partitioning import partition_of
 from sfaas.runtime.protocols.reads import NOT_HERE
 from sfaas.runtime.txn.engine import describe
@@ -24,15 +24,12 @@ from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker.reads")
 
-__all__ = ["ReadServer", "MAX_READS_PER_FRAME"]
-
-#: Reads one frame of a client may carry; more is a protocol violation (bounds the work
-#: one frame makes this worker do before it reads the next one).
-MAX_READS_PER_FRAME = 1024
+__all__ = ["ReadServer"]
 
 
 class ReadServer:
-    """Serves direct reads (see the module docstring) while ``WorkerState.reads_open``."""
+    """Answers direct reads (see the module docstring) while ``WorkerState.reads_open``;
+    a client's channel is served by ``worker.direct.DirectIngress.serve``."""
 
     def __init__(self, state: WorkerState) -> None:
         self._state = state
@@ -65,19 +62,3 @@ class ReadServer:
             return wire.ReadReply(msg.id, False, None, etype, reason)
         self.answered += 1
         return wire.ReadReply(msg.id, True, value, "", "")
-
-    async def serve(self, chan: channels.Channel, first: list[wire.Message]) -> None:
-        """Answer one client's reads until it closes the channel."""
-        msgs = first
-        while True:
-            if len(msgs) > MAX_READS_PER_FRAME or not all(isinstance(m, wire.Read) for m in msgs):
-                log.warning("client %s sent something other than reads; dropping", chan.peer)
-                return
-            for m in msgs:
-                assert isinstance(m, wire.Read)
-                chan.send(self.answer(m))
-            try:
-                await chan.wait_room()  # a client reading replies slowly slows itself only
-                msgs = await chan.recv()
-            except ChannelClosed:
-                return

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from aiokafka import TopicPartition
@@ -36,7 +36,7 @@ from remotes.manifest import ManifestError
 from sfaas.app import App
 from sfaas.errors import ConfigError
 from sfaas.runtime import wire
-from sfaas.runtime.epochlog import EpochRecord, Logged
+from sfaas.runtime.epochlog import CutRecord, EpochRecord, Logged, decode_record
 from sfaas.runtime.kafka import read_range
 from sfaas.runtime.liveness import Turns
 from sfaas.runtime.partitioning import owned
@@ -51,6 +51,7 @@ from statestores.errors import (
     StoreError,
 )
 from worker.clients import KafkaClients
+from worker.direct import DirectIngress
 from worker.ingress import Ingress
 from worker.links import CoordinatorLink, PeerLinks
 from worker.protocols.rescale import Moving
@@ -77,8 +78,8 @@ def replay_batch(rec: EpochRecord, items: Mapping[tuple[int, int], T],
     one's its epoch's (this worker's: under a lease each worker's epoch has its own)."""
     batch = []
     for (tid, p, off), now in zip(rec.batch, rec.nows(), strict=True):
-        # (a request the runtime made is found as (-1, -1 - tid))
-        item = items.get((p, off) if p >= 0 else (-1, -1 - tid))
+        # (a request the runtime made, or a direct one, is found as (partition, -1 - tid))
+        item = items.get((p, off) if off >= 0 else (p, -1 - tid))
         if item is None:
             raise RuntimeError(f"epoch {rec.epoch} logged ingress {p}:{off}, which is not after "
                                f"round {round_id}")
@@ -96,8 +97,8 @@ class Recovery:
 
     def __init__(
         self, settings: Settings, app: App, state: WorkerState, *, uplink: CoordinatorLink,
-        links: PeerLinks, kafka: KafkaClients, ingress: Ingress, moving: Moving,
-        quiesce: Callable[[], Awaitable[None]],
+        links: PeerLinks, kafka: KafkaClients, ingress: Ingress, direct: DirectIngress,
+        moving: Moving, quiesce: Callable[[], Awaitable[None]],
         rolling_back: Callable[[], None] = lambda: None,
         restored: Callable[[], None] = lambda: None,
         replies_acked: Callable[[], dict[int, int]] = dict,
@@ -109,6 +110,7 @@ class Recovery:
         self._links = links
         self._kafka = kafka
         self._ingress = ingress
+        self._direct = direct
         self._moving = moving
         self._quiesce = quiesce
         self._rolling_back = rolling_back
@@ -225,11 +227,15 @@ class Recovery:
         # in one go held the loop past the heartbeat timeout, the coordinator declared the
         # worker lost and started the recovery over — which read as much again, a storm)
         turn = Turns()
-        later = []
+        later: list[EpochRecord] = []
+        cuts: list[CutRecord] = []  # (the round's cut of the direct requests, every worker's)
         for o, v in raw_log[0]:
             await turn()
-            r = EpochRecord.decode(v, f"{log_topic}@{o}")
-            if r.epoch > m.epoch:
+            r = decode_record(v, f"{log_topic}@{o}")
+            if isinstance(r, CutRecord):
+                if r.round == m.round:
+                    cuts.append(r)
+            elif r.epoch > m.epoch:
                 later.append(r)
         answered: dict[str, wire.Reply] = {}
         for recs in raw_out.values():
@@ -253,20 +259,23 @@ class Recovery:
                 item = self._ingress.take(p, off, value, held)
                 if item is not None:
                     items[(p, off)] = item
-        in_log: set[tuple[int, int]] = set()
+        in_log: set[object] = set()  # (positions, and direct requests' ids)
         replays = {}
         journals: dict[int, dict[int, dict[str, object]]] = {}
         for r in later:
             if r.worker != me:
                 continue
             await turn()
-            runtime = {(-1, -1 - tid): Pending.runtime(*req)
-                       for tid, req in r.runtime_requests().items()}
-            replays[r.epoch] = replay_batch(r, {**items, **runtime} if runtime else items,
-                                            m.round)
+            own = {(-1, -1 - tid): Pending.runtime(*req)
+                   for tid, req in r.runtime_requests().items()}
+            own.update(direct_items(r))
+            replays[r.epoch] = replay_batch(r, {**items, **own} if own else items, m.round)
             journals[r.epoch] = dict(r.journals)
             in_log.update((p, off) for _, p, off in r.batch)
+            in_log.update(_rids(own.values()))
         st.plan_replays(replays, journals)
+        self._direct.expect(item for batch in replays.values() for _, item in batch)
+        self._requeue_direct(cuts, set(mine), in_log)
         waiting = {(p, off): (tid, now, j) for tid, p, off, now, j in m.retries if p in mine}
         for key, item in sorted(items.items()):
             await turn()
@@ -282,6 +291,7 @@ class Recovery:
         for p in mine:
             recs = raw_in.get(p, [])
             at[p] = recs[-1][0] + 1 if recs else m.ingress.get(p, 0)
+        self._direct.restore(cuts, set(mine))
         st.engine.begin(m.epoch)  # a peer's replay call for epoch > m.epoch waits for its Begin
         self._restored()
         self._ingress.restart_at(at)
@@ -293,6 +303,36 @@ class Recovery:
                  turn.given,
                  ", ".join(f"{k} {v:.2f} s" for k, v in steps.items()), extra={"worker": me})
         return [wire.LoggedEpoch(e, now) for e, now in epochs]
+
+
+    def _requeue_direct(self, cuts: list[CutRecord], mine: set[int],
+                        in_log: set[object]) -> None:
+        """The direct requests the round's cut kept waiting (their tids, first ``now`` and
+        journals), but those a logged epoch after the round runs again."""
+        loop = self._state.loop
+        assert loop is not None
+        back = []
+        for cut in cuts:
+            for tid, p, now, journal, raw in cut.retries:
+                if p not in mine:
+                    continue
+                item = Pending(wire.Request.decode(raw), p, -1, now, journal=dict(journal),
+                               raw=raw)
+                if item.request.rid not in in_log:
+                    loop.sequencer.requeue(tid, item)
+                    back.append(item)
+        self._direct.expect(back)
+
+
+def direct_items(rec: EpochRecord) -> dict[tuple[int, int], Pending]:
+    """The direct requests ``rec`` logged whole, by ``(partition, -1 - tid)``."""
+    at = {t: p for t, p, o in rec.batch if o < 0 <= p}
+    return {(at[t], -1 - t): Pending(wire.Request.decode(raw), at[t], -1, raw=raw)
+            for t, raw in rec.direct}
+
+
+def _rids(items: Iterable[Pending]) -> set[str]:
+    return {it.request.rid for it in items if it.direct}
 
 
 def permanent(exc: BaseException) -> bool:

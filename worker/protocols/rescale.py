@@ -67,6 +67,7 @@ class Moving:
         uplink: CoordinatorLink, links: PeerLinks, ingress: Ingress,
         shipping: Callable[[], Shipping | None], end_lease: Callable[[], None],
         moved: Callable[[], None] = lambda: None,
+        dropped: Callable[[list[str]], None] = lambda rids: None,
     ) -> None:
         self._settings = settings
         self._app = app
@@ -78,6 +79,8 @@ class Moving:
         self._shipping = shipping
         self._end_lease = end_lease
         self._moved = moved
+        #: the direct requests of partitions leaving were dropped (their clients resend)
+        self._dropped = dropped
         self.root = os.path.join(settings.home, "moving", settings.namespace, app.name, name)
         self.followers: dict[StoreKey, Follower] = {}
         self._task: asyncio.Task[None] | None = None
@@ -116,7 +119,7 @@ class Moving:
             return wire.Released(st.index, "")
         await self._ingress.pause()
         drop = set(lost)
-        st.drop_waiting(drop)
+        self._dropped(st.drop_waiting(drop))
         self.resume_merges()  # (the stores leaving close next; the others were never held)
         await asyncio.to_thread(self.detach(drop, len(msg.owners)).close)
         st.set_owners(msg.owners)
