@@ -14,7 +14,7 @@ its reply record, until its client acknowledges it (``Acked``) or
 ``direct_retention`` seconds passed. A copy of a known request id — a client resending
 after a closed channel — waits for the entry or gets its reply; it never runs again.
 
-**Through a round and a recovery.** A round's cut writes a ``CutRecord`` to the epoch log
+**Through a round and a recovery.** A round's cut writes ``CutRecord``s to the epoch log
 before the round is reported: the replies not yet acknowledged and the direct requests
 waiting to re-run. A recovery (:meth:`DirectIngress.rollback`, then
 :meth:`DirectIngress.restore`) closes every client's channel — its clients resend what
@@ -54,6 +54,8 @@ __all__ = ["DirectIngress", "MAX_PER_FRAME"]
 
 #: Messages one frame of a client may carry; more is a protocol violation.
 MAX_PER_FRAME = 4096
+#: Bytes of replies per cut record (a round's cut of many replies is several records).
+CUT_RECORD_BYTES = 256 * 1024
 
 
 @dataclass(slots=True)
@@ -237,16 +239,29 @@ class DirectIngress:
                 del self._entries[rid]
 
     # -- rounds and recoveries ------------------------------------------------------------------
-    def cut(self, round_id: int, epoch: int) -> CutRecord:
+    def cut(self, round_id: int, epoch: int) -> list[CutRecord]:
         """This worker's cut of round ``round_id`` (after epoch ``epoch``): the replies not
-        yet acknowledged and the direct requests waiting to re-run."""
+        yet acknowledged and the direct requests waiting to re-run, in records of at most
+        about :data:`CUT_RECORD_BYTES` (Kafka refuses records over 1 MiB)."""
         now = time.monotonic()
         self._expire(now)
-        replies = tuple((e.partition, e.reply, now - e.at) for rid in self._replied
-                        if (e := self._entries.get(rid)) is not None and e.reply)
+        index = self._state.index
+        records: list[CutRecord] = []
+        replies: list[tuple[int, bytes, float]] = []
+        size = 0
+        for rid in self._replied:
+            e = self._entries.get(rid)
+            if e is None or not e.reply:
+                continue
+            if size + len(e.reply) > CUT_RECORD_BYTES and replies:
+                records.append(CutRecord(round_id, epoch, index, tuple(replies), ()))
+                replies, size = [], 0
+            replies.append((e.partition, e.reply, now - e.at))
+            size += len(e.reply) + 16
         retries = tuple((tid, item.partition, item.now, dict(item.journal), item.raw)
                         for tid, item in self._state.direct_waiting())
-        return CutRecord(round_id, epoch, self._state.index, replies, retries)
+        records.append(CutRecord(round_id, epoch, index, tuple(replies), retries))
+        return records
 
     def rollback(self) -> None:
         """A recovery begins: turn requests away, close every client's channel (each

@@ -323,15 +323,16 @@ class EpochRunner:
                 "snapshot rounds are off on this worker (snapshot_interval=0)"))
             return
         ingress, skip, retries = st.cut()
-        direct = self._direct.cut(marker, epoch).encode()
+        direct = [r.encode() for r in self._direct.cut(marker, epoch)]
 
         async def durable() -> None:
             # (the round waits until every reply made so far is acknowledged — a round
             # holding a request must never need its reply again, a recovery could not
             # reproduce it — and until the direct requests' cut is in the epoch log)
-            ack = await self._kafka.producer.send(st.log_topic, direct, partition=0)
+            acks = [await self._kafka.producer.send(st.log_topic, r, partition=0)
+                    for r in direct]
             await self._egress.durable()
-            await ack
+            await asyncio.gather(*acks)
 
         self._rounds.take(marker, epoch, st.engine.stores, ingress, skip, dict(self._egress.acked),
                           retries, st.log_pos, durable)

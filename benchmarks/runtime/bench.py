@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -240,7 +241,11 @@ async def one_point(settings: Settings, rate: float, seconds: float, keys: int, 
                     kill_at: float | None = None, lose_machine: bool = False,
                     rescale: list[tuple[float, int]] = ()) -> dict:  # type: ignore[assignment]
     meter = CpuMeter(*counted_processes(settings))
-    async with Client("ycsbt", settings=settings, timeout=120) as client:
+    # (the cluster's secret and coordinator: a client with them sends its requests
+    # straight to the workers, setting direct_calls; SFAAS_DIRECT_CALLS=0 for Kafka)
+    cs = cluster.cluster_settings(settings)[1]
+    client_settings = dataclasses.replace(settings, secret=cs.secret, coordinator=cs.coordinator)
+    async with Client("ycsbt", settings=client_settings, timeout=120) as client:
         # warm up (topics, metadata, first epochs)
         await run_open_loop(client, make_generator(keys, dist, 1), min(rate, 500), 2.0)
         meter.start()

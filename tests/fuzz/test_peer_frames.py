@@ -9,6 +9,7 @@ serves — never another exception, a failed background task or a hang.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import struct
@@ -37,11 +38,25 @@ def frame_payloads(classes: list[type[wire.Message]]) -> st.SearchStrategy[bytes
                    packed(raw_message_lists(classes)))
 
 
+def decoder_payloads(classes: list[type[wire.Message]]) -> st.SearchStrategy[bytes]:
+    """:func:`frame_payloads`, and inputs made to die at each stage of the decoder (a new
+    message moves the seeded sample: its stages are reached by construction)."""
+    not_a_list = st.one_of(st.integers(-(1 << 63), (1 << 64) - 1), st.text(max_size=8),
+                           st.dictionaries(st.text(max_size=4), st.integers(0, 9), max_size=3)).map(
+        lambda v: msgpack.packb(v, use_bin_type=True))
+    # a message whose every field is a map (wrong type), and one without its fields
+    wrong_types = st.sampled_from(classes).map(lambda c: msgpack.packb(
+        [[c.TAG, *[{"x": 1}] * len(dataclasses.fields(c))]]))
+    short = st.sampled_from(classes).map(lambda c: msgpack.packb([[c.TAG]]))
+    not_a_message = st.sampled_from([[[]], [["x", 1]], [5], [[None]]]).map(msgpack.packb)
+    return st.one_of(frame_payloads(classes), not_a_list, wrong_types, short, not_a_message)
+
+
 @pytest.mark.spread(accepted=["decoded"],
                     min_accepted=0.05,
                     stages=["not valid msgpack", "frame must be a list", "message must be", "needs N fields", "has the wrong type or shape"])
 @fuzz(share=0.3)
-@given(payload=frame_payloads(ALL_CLASSES))
+@given(payload=decoder_payloads(ALL_CLASSES))
 def test_decode_frame_returns_messages_or_a_protocol_error(payload: bytes, outcomes: Outcomes) -> None:
     try:
         msgs = wire.decode_frame(payload)
@@ -162,7 +177,7 @@ def streams(draw: st.DrawFn) -> bytes:
     """What an authenticated peer sends: frames with honest, hostile or huge length prefixes."""
     out = b""
     for _ in range(draw(st.integers(1, 4))):
-        payload = draw(frame_payloads(PEER_CLASSES))
+        payload = draw(st.one_of(frames_of(PEER_CLASSES), decoder_payloads(PEER_CLASSES)))
         length = draw(st.one_of(st.none(), st.none(), st.integers(0, 1 << 32 - 1),
                                 st.sampled_from([channels.MAX_FRAME, channels.MAX_FRAME + 1, 0xFFFFFFFF])))
         out += _framed(payload, length)
@@ -204,14 +219,23 @@ async def test_an_oversized_frame_is_refused_before_its_body_arrives() -> None:
 def _peer_frames(draw: st.DrawFn) -> list[bytes]:
     """A peer's frames: valid ones (calls and results to serve), possibly ending in a
     hostile frame, or a hostile first frame (instead of the Hello)."""
-    mode = draw(st.sampled_from(["valid", "valid", "hostile-last", "hostile-first"]))
+    mode = draw(st.sampled_from(["valid", "valid", "hostile-last", "hostile-first", "impostor",
+                                 "short"]))
     hello = wire.encode_frame([wire.Hello(draw(st.sampled_from([1] * 9 + [0, 2, -1])))])
     if mode == "hostile-first":
         hello = draw(st.one_of(frames_of([wire.Hello]), frame_payloads(PEER_CLASSES)))
     rest = draw(st.lists(frames_of(PEER_CLASSES), max_size=4))
     if mode == "hostile-last":
         rest.append(draw(frame_payloads(PEER_CLASSES)))
-    return [hello, *rest]
+    if mode == "impostor":  # worker 1's channel carrying a call from another worker
+        call = draw(message_of([wire.Call]))
+        assert isinstance(call, wire.Call)
+        call.src = draw(st.sampled_from([0, 2, 3]))
+        rest.append(wire.encode_frame([call]))
+    if mode == "short":  # a message missing fields
+        cls = draw(st.sampled_from(PEER_CLASSES))
+        rest.append(msgpack.packb([[cls.TAG, *range(draw(st.integers(0, 2)))]]))
+    return [wire.encode_frame([wire.Hello(1)]) if mode in ("impostor", "short") else hello, *rest]
 
 
 peer_inputs = st.composite(_peer_frames)

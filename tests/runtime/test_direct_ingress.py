@@ -146,11 +146,11 @@ def test_an_unacknowledged_reply_lives_through_a_cut_and_a_recovery_but_not_past
     waiting = st.loop.queue.pop(0)  # type: ignore[union-attr]
     waiting.now, waiting.journal = 5.5, {"e:1": [True, 3]}
     st.loop.sequencer.waiting.append((42, waiting))  # type: ignore[union-attr]
-    cut = CutRecord.decode(d.cut(7, 30).encode())
+    cut = CutRecord.decode(d.cut(7, 30)[0].encode())
     assert (cut.round, cut.epoch, cut.worker) == (7, 30, 0)
     assert [wire.Reply.decode(r).rid for _, r, _ in cut.replies] == ["r1"]
     assert cut.retries == ((42, waiting.partition, 5.5, {"e:1": [True, 3]}, _record("r3")),)
-    assert isinstance(decode_record(d.cut(7, 30).encode()), CutRecord)
+    assert isinstance(decode_record(d.cut(7, 30)[0].encode()), CutRecord)
     # a recovery: channels closed, requests turned away, then the round's replies back
     d.rollback()
     assert chan.closed and not d.accepting
@@ -186,7 +186,23 @@ def test_replies_expire_in_the_order_they_were_made(monkeypatch: pytest.MonkeyPa
     now[0] += 5  # a is 11 s old, b 5 s: a new reply expires a
     d.submit(chan, _record("c"))
     _decide(d, st)
-    assert [wire.Reply.decode(r).rid for _, r, _ in d.cut(1, 1).replies] == ["b", "c"]
+    assert [wire.Reply.decode(r).rid for _, r, _ in d.cut(1, 1)[0].replies] == ["b", "c"]
+
+
+def test_a_cut_of_many_replies_is_several_records_under_kafkas_limit() -> None:
+    st = _state()
+    d = _direct(st)
+    chan = _Chan()
+    for i in range(3000):
+        d.submit(chan, _record(f"r{i}"))
+        _decide(d, st, "x" * 300)
+    cuts = d.cut(2, 9)
+    assert len(cuts) >= 3 and all(len(c.encode()) < 1 << 20 for c in cuts)
+    assert sum(len(c.replies) for c in cuts) == 3000
+    rebuilt = _direct(_state())
+    rebuilt.restore(cuts, set(range(PARTITIONS)))
+    copy = _Chan()
+    assert rebuilt.submit(copy, _record("r2999")) is False and copy.sent[0].value == "x" * 300
 
 
 def test_a_dropped_request_sends_its_client_elsewhere() -> None:
