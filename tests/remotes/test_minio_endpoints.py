@@ -109,7 +109,9 @@ def test_killing_the_node_in_use_moves_every_operation_to_another(
     codes = sorted({m.partition("code: ")[2].partition(",")[0] or m[-80:] for m in backoffs})
     print(f"the first put after the kill took {put * 1000:.1f} ms; MinIO asked to back off "
           f"{len(backoffs)} times after the kill ({', '.join(codes) or 'never'})")
-    assert first < 1.0  # refused at once: no timeout is waited for
+    # refused at once: no timeout is waited for, whatever the machine's speed
+    assert not [m for r in moved if "timed out" in (m := r.getMessage()).lower() or "Timeout" in m], \
+        [r.getMessage() for r in moved]
 
 
 def test_two_of_four_nodes_down_reads_work_writes_fail_fast_deletes_time_out(
