@@ -1,4 +1,4 @@
-"""Writes a benchmark's report into benchmarks/README.md, between its own markers.
+"""Writes a benchmark's report into benchmarks/REPORTS.md, between its own markers.
 
 Each script owns a block ``<!-- NAME:start -->`` … ``<!-- NAME:end -->``: re-running the
 script replaces that block (the command, the link to the raw points, the report) and
@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "benchmarks" / "README.md"
+#: the full reports; benchmarks/README.md, the page a user reads first, is written by hand
+README = ROOT / "benchmarks" / "REPORTS.md"
 
 
 def publish(name: str, title: str, text: str, out: Path, command: str, raw: str, images: tuple[str, ...] = ()) -> None:

@@ -23,9 +23,10 @@ import time
 from typing import Any
 
 from coordinator.metrics import WINDOW_SECONDS, CoordinatorMetrics, Sample, operator_bytes
-from coordinator.snapshot import ClusterSnapshot
+from coordinator.snapshot import ClusterSnapshot, MemberView
 from sfaas.runtime.metrics import LATENCY_BOUNDS, quantile
 from sfaas.runtime.partitioning import owned
+from sfaas.runtime.protocols.rounds import RoundManifest
 
 __all__ = ["data", "as_json", "page", "POLL_SECONDS"]
 
@@ -73,32 +74,27 @@ def _window(samples: list[Sample], now: Sample,
     return max(0, answered) / (now.t - base.t), counts
 
 
-def data(c: ClusterSnapshot, m: CoordinatorMetrics) -> dict[str, Any]:
-    """What the status page shows (see module docstring): snapshot ``c`` and the history
-    ``m`` keeps."""
-    now, mono = time.time(), time.monotonic()
-    samples = list(m.samples)
-    cur = m.current()
-    rate, recent = _window(samples, cur, RECENT_SECONDS)
-    p50, p99 = quantile(LATENCY_BOUNDS, recent, 0.5), quantile(LATENCY_BOUNDS, recent, 0.99)
-    owners = list(c.owners)  # the partition map in force
+def _health(mb: MemberView, age: float, timeout: float) -> str:
+    """What the workers table says of member ``mb``, heard from ``age`` seconds ago."""
+    if not mb.alive:
+        return f"lost (promoting {mb.promoting})" if mb.promoting else "lost"
+    if not mb.ready:
+        return "starting"
+    return "silent" if age > timeout else "healthy"
 
+
+def _workers(c: ClusterSnapshot, samples: list[Sample], cur: Sample,
+             mono: float) -> tuple[list[list[str]], list[dict[str, Any]], int]:
+    """The workers table's rows (primaries, each followed by its standbys, then the
+    joiners), their raw form for the JSON, and how many primaries are healthy."""
+    owners = list(c.owners)  # the partition map in force
     workers: list[list[str]] = []
     raw_workers: list[dict[str, Any]] = []
     healthy = 0
     for mb in sorted(c.members, key=lambda x: x.index):
         age = mono - mb.last_seen
-        if not mb.alive:
-            health = "lost"
-            if mb.promoting:
-                health += f" (promoting {mb.promoting})"
-        elif not mb.ready:
-            health = "starting"
-        elif age > c.heartbeat_timeout:
-            health = "silent"
-        else:
-            health = "healthy"
-            healthy += 1
+        health = _health(mb, age, c.heartbeat_timeout)
+        healthy += health == "healthy"
         parts = owned(owners, mb.index)
         done = cur.answered.get(mb.index, 0)
         w_rate = None
@@ -116,26 +112,25 @@ def data(c: ClusterSnapshot, m: CoordinatorMetrics) -> dict[str, Any]:
                             f"follows {', '.join(map(str, parts))}", following, "", "", ""])
             raw_workers.append({"index": sb.of, "role": "standby", "name": sb.name, "pid": sb.pid,
                                 "partitions": parts, "health": following})
-
     for j in c.joiners:
         workers.append(["", "joining", j.name, str(j.pid), f"{j.host}:{j.port}", "",
                         "joining a rescale", f"{mono - j.last_seen:.1f} s ago", "", ""])
         raw_workers.append({"index": j.index, "role": "joining", "name": j.name, "pid": j.pid,
                             "partitions": [], "health": "joining"})
+    return workers, raw_workers, healthy
+
+
+def _rescaling(c: ClusterSnapshot) -> str:
     rescaling = f"to {c.rescale_target} workers" if c.rescale_target is not None else "no"
     if c.last_rescale:
         scaled = c.last_rescale
         rescaling += (f"; last: {scaled['workers']} workers, {len(scaled['moved'])} partitions "
                       f"moved, paused {_ms(scaled['pause_seconds'])}")
+    return rescaling
 
-    rounds = c.rounds
-    history = list(rounds.history)
-    last = rounds.last_complete
-    round_rows = [[str(r.round), _ago(r.created, now), str(r.epoch),
-                   _ms(max(0.0, r.created - r.started)), _bytes(r.bytes_uploaded),
-                   _bytes(r.total_bytes), _num(r.files)] for r in reversed(history[-5:])]
-    failure_rows = [[_ago(t, now), str(rnd), why[:300]]
-                    for t, rnd, why in reversed(rounds.failures[-5:])]
+
+def _store_rows(last: RoundManifest | None) -> list[list[str]]:
+    """The state per operator of round ``last`` (none before the first complete round)."""
     store_rows: list[list[str]] = []
     if last is not None:
         per_op = operator_bytes(last)
@@ -144,14 +139,11 @@ def data(c: ClusterSnapshot, m: CoordinatorMetrics) -> dict[str, Any]:
             store_rows.append([op, str(len(cuts)), _bytes(per_op[op]),
                                _num(sum(st.files for st in cuts)),
                                _bytes(sum(st.bytes_uploaded for st in cuts))])
-    recovery_rows = [[_ago(r["finished"], now), str(r.get("attempt", "")), str(r.get("round", "")),
-                      str(r.get("epochs_replayed", "")), _ms(r.get("detect+restart")),
-                      _ms(r.get("restore")), _ms(r.get("replay")), _ms(r.get("seconds"))]
-                     for r in reversed(m.recoveries)]
+    return store_rows
 
-    diverged_rows = [[_ago(d["time"], now), str(d["worker"]), d["function"], repr(d["key"]),
-                      d["rid"], d["before"], d["after"]] for d in reversed(m.divergences)]
 
+def _series(samples: list[Sample], cur: Sample, now: float) -> dict[str, list[Any]]:
+    """The plots: throughput and smoothed latency quantiles between consecutive samples."""
     series: dict[str, list[Any]] = {"t": [], "throughput": [], "p50_ms": [], "p99_ms": []}
     points = [*samples, cur]
     k = max(1, round(SMOOTH_SECONDS / 2.0))
@@ -167,7 +159,60 @@ def data(c: ClusterSnapshot, m: CoordinatorMetrics) -> dict[str, Any]:
         q50, q99 = quantile(LATENCY_BOUNDS, lat, 0.5), quantile(LATENCY_BOUNDS, lat, 0.99)
         series["p50_ms"].append(None if q50 is None else round(q50 * 1000, 2))
         series["p99_ms"].append(None if q99 is None else round(q99 * 1000, 2))
+    return series
 
+
+def _tables(c: ClusterSnapshot, m: CoordinatorMetrics, workers: list[list[str]],
+            now: float) -> list[dict[str, Any]]:
+    """Every table of the page but the summary."""
+    rounds = c.rounds
+    history = list(rounds.history)
+    round_rows = [[str(r.round), _ago(r.created, now), str(r.epoch),
+                   _ms(max(0.0, r.created - r.started)), _bytes(r.bytes_uploaded),
+                   _bytes(r.total_bytes), _num(r.files)] for r in reversed(history[-5:])]
+    failure_rows = [[_ago(t, now), str(rnd), why[:300]]
+                    for t, rnd, why in reversed(rounds.failures[-5:])]
+    recovery_rows = [[_ago(r["finished"], now), str(r.get("attempt", "")), str(r.get("round", "")),
+                      str(r.get("epochs_replayed", "")), _ms(r.get("detect+restart")),
+                      _ms(r.get("restore")), _ms(r.get("replay")), _ms(r.get("seconds"))]
+                     for r in reversed(m.recoveries)]
+    diverged_rows = [[_ago(d["time"], now), str(d["worker"]), d["function"], repr(d["key"]),
+                      d["rid"], d["before"], d["after"]] for d in reversed(m.divergences)]
+    return [
+        {"id": "workers", "title": "Workers", "empty": "no worker registered yet",
+         "columns": ["slot", "role", "name", "pid", "address", "partitions", "health",
+                     "heard from", "answered", "req/s (1 min)"], "rows": workers},
+        {"id": "rounds", "title": "Snapshot rounds", "empty": "no complete round yet",
+         "columns": ["round", "published", "epoch", "marker → published", "uploaded", "state",
+                     "files"],
+         "rows": round_rows},
+        {"id": "round-failures", "title": "Failed rounds", "empty": "none",
+         "columns": ["when", "round", "why"], "rows": failure_rows},
+        {"id": "recoveries", "title": "Recoveries", "empty": "none",
+         "columns": ["finished", "attempt", "round", "epochs replayed", "detect + restart",
+                     "restore", "replay", "total"], "rows": recovery_rows},
+        {"id": "divergences", "title": "Replays that diverged (functions not deterministic)",
+         "empty": "none",
+         "columns": ["when", "worker", "function", "key", "request", "reply before the crash",
+                     "reply in the replay"], "rows": diverged_rows},
+        {"id": "stores", "title": "State per operator (newest round)",
+         "empty": "no complete round yet",
+         "columns": ["operator", "partitions", "state", "files", "uploaded in the round"],
+         "rows": _store_rows(rounds.last_complete)},
+    ]
+
+
+def data(c: ClusterSnapshot, m: CoordinatorMetrics) -> dict[str, Any]:
+    """What the status page shows (see module docstring): snapshot ``c`` and the history
+    ``m`` keeps."""
+    now, mono = time.time(), time.monotonic()
+    samples = list(m.samples)
+    cur = m.current()
+    rate, recent = _window(samples, cur, RECENT_SECONDS)
+    p50, p99 = quantile(LATENCY_BOUNDS, recent, 0.5), quantile(LATENCY_BOUNDS, recent, 0.99)
+    workers, raw_workers, healthy = _workers(c, samples, cur, mono)
+    rounds = c.rounds
+    last = rounds.last_complete
     answered = sum(cur.answered.values())
     summary = [
         ["throughput", "requests/s (1 min)", "–" if rate is None else f"{rate:,.1f}"],
@@ -181,7 +226,7 @@ def data(c: ClusterSnapshot, m: CoordinatorMetrics) -> dict[str, Any]:
          "none yet" if last is None else f"#{last.round}, {_ago(last.created, now)}"],
         ["recoveries", "recoveries", str(m.recovered_total)],
         ["diverged", "replies a replay changed (not deterministic)", str(m.diverged_total)],
-        ["rescale", "rescaling", rescaling],
+        ["rescale", "rescaling", _rescaling(c)],
     ]
     if c.recovery_stopped:
         summary.insert(0, ["stopped", "RECOVERY STOPPED", c.recovery_stopped])
@@ -189,29 +234,8 @@ def data(c: ClusterSnapshot, m: CoordinatorMetrics) -> dict[str, Any]:
         "app": c.app, "namespace": c.namespace, "time": now, "poll_seconds": POLL_SECONDS,
         "recovery_stopped": c.recovery_stopped,
         "summary": summary,
-        "tables": [
-            {"id": "workers", "title": "Workers", "empty": "no worker registered yet",
-             "columns": ["slot", "role", "name", "pid", "address", "partitions", "health",
-                         "heard from", "answered", "req/s (1 min)"], "rows": workers},
-            {"id": "rounds", "title": "Snapshot rounds", "empty": "no complete round yet",
-             "columns": ["round", "published", "epoch", "marker → published", "uploaded", "state",
-                         "files"],
-             "rows": round_rows},
-            {"id": "round-failures", "title": "Failed rounds", "empty": "none",
-             "columns": ["when", "round", "why"], "rows": failure_rows},
-            {"id": "recoveries", "title": "Recoveries", "empty": "none",
-             "columns": ["finished", "attempt", "round", "epochs replayed", "detect + restart",
-                         "restore", "replay", "total"], "rows": recovery_rows},
-            {"id": "divergences", "title": "Replays that diverged (functions not deterministic)",
-             "empty": "none",
-             "columns": ["when", "worker", "function", "key", "request", "reply before the crash",
-                         "reply in the replay"], "rows": diverged_rows},
-            {"id": "stores", "title": "State per operator (newest round)",
-             "empty": "no complete round yet",
-             "columns": ["operator", "partitions", "state", "files", "uploaded in the round"],
-             "rows": store_rows},
-        ],
-        "series": series,
+        "tables": _tables(c, m, workers, now),
+        "series": _series(samples, cur, now),
         "raw": {"answered": answered, "epochs": c.stats.epochs, "workers": raw_workers,
                 "rate": rate, "p50_seconds": p50, "p99_seconds": p99,
                 "rounds_completed": rounds.completed, "recoveries": m.recovered_total,

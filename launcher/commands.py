@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from launcher import alive
@@ -46,7 +46,14 @@ def _rounds_flags(p: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="sfaas", description="Transactional stateful functions.")
     sub = ap.add_subparsers(dest="command", required=True)
+    _process_commands(sub)  # (in this order: it is the order of `sfaas --help`)
+    _cluster_commands(sub)
+    _client_commands(sub)
+    return ap
 
+
+def _process_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``services``, ``coordinator``, ``worker``, ``up``: what starts processes."""
     sv = sub.add_parser("services", help="local Kafka and MinIO as background processes")
     sv.add_argument("action", choices=["up", "down", "status"])
     sv.add_argument("--no-kafka", action="store_true", help="leave Kafka alone")
@@ -91,6 +98,10 @@ def _parser() -> argparse.ArgumentParser:
                         "on the next ones; 0 = off (default: free ports, see 'sfaas ps'; "
                         "SFAAS_METRICS_PORT)")
 
+
+def _cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``status``, ``snapshots``, ``alive``, ``supervise``, ``ps``, ``scale``, ``down``: what
+    looks at or changes a running cluster."""
     st = sub.add_parser("status",
                         help="print (and open) the URL of the running cluster's status page")
     st.add_argument("--namespace")
@@ -120,6 +131,9 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("down", help="stop the local cluster")
     d.add_argument("--namespace")
 
+
+def _client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``call``, ``gateway``, ``state``, ``demo``: what talks to an app."""
     cl = sub.add_parser("call", help="call a function through Kafka and print the result as JSON")
     _common(cl)
     cl.add_argument("--app", dest="app_name",
@@ -172,7 +186,6 @@ def _parser() -> argparse.ArgumentParser:
     dm.add_argument("--no-chaos", dest="chaos", action="store_false",
                     help="do not kill a worker midway "
                          "(by default one is SIGKILLed and the cluster recovers)")
-    return ap
 
 
 def _settings(ns: argparse.Namespace, *names: str) -> Settings:
@@ -250,127 +263,142 @@ def _say(message: str) -> None:
 
 
 def _dispatch(ns: argparse.Namespace) -> int:
-    cmd = ns.command
-    if cmd == "services":
-        from launcher import services
-
-        kw = {"kafka": not ns.no_kafka, "minio": not ns.no_minio}
-        if ns.action == "up":
-            ep = services.up(**kw, progress=_say)
-            print(f"kafka  {ep.kafka_bootstrap}\n"
-                  f"minio  {ep.minio_endpoint} (access key {ep.minio_access_key})")
-        elif ns.action == "down":
-            services.down(**kw, progress=_say)
-        else:
-            for name, st in services.status().items():
-                if st.get("running"):
-                    state = "running"
-                else:
-                    state = "reachable" if st.get("reachable") else "stopped"
-                print(f"{name:6} {state:9} {st.get('endpoint')} pid={st.get('pid')}")
-        return 0
-    if cmd == "alive":  # (launcher.main runs it before importing this module)
+    if ns.command == "alive":  # (launcher.main runs it before importing this module)
         return alive.probe(ns.alive_file, ns.max_age)
-    if cmd == "coordinator":
-        s = _settings(ns, "kafka", "namespace", "log_level", "app", "coordinator", "workers",
-                      "partitions", "snapshot_interval", "snapshot_retain", "metrics_port")
-        _setup_logging(s.log_level)
-        from coordinator.service import run_coordinator
-        from sfaas.app import load_app
+    return _COMMANDS[ns.command](ns)
 
-        app = load_app(s.app)
-        return _run_service(lambda: run_coordinator(s, app.name), s)
-    if cmd == "worker":
-        s = _settings(ns, "kafka", "namespace", "log_level", "app", "coordinator", "host", "port",
-                      "store", "max_batch", "standby_of", "metrics_port")
-        _setup_logging(s.log_level)
-        from sfaas.app import load_app
-        from worker.service import run_worker
 
-        app = load_app(s.app)
-        return _run_service(lambda: run_worker(s, app, ns.name), s)
-    if cmd == "up":
-        from launcher import cluster
+def _services(ns: argparse.Namespace) -> int:
+    from launcher import services
 
-        s = _settings(ns, "kafka", "namespace", "log_level", "partitions", "store",
-                      "snapshot_interval", "snapshot_retain", "metrics_port")
-        chosen = ns.metrics_port is not None or bool(os.environ.get("SFAAS_METRICS_PORT"))
-        procs = cluster.up(s, ns.app, ns.workers, standbys=ns.standbys,
-                           metrics_port=s.metrics_port if chosen else None)
+    kw = {"kafka": not ns.no_kafka, "minio": not ns.no_minio}
+    if ns.action == "up":
+        ep = services.up(**kw, progress=_say)
+        print(f"kafka  {ep.kafka_bootstrap}\n"
+              f"minio  {ep.minio_endpoint} (access key {ep.minio_access_key})")
+    elif ns.action == "down":
+        services.down(**kw, progress=_say)
+    else:
+        for name, st in services.status().items():
+            if st.get("running"):
+                state = "running"
+            else:
+                state = "reachable" if st.get("reachable") else "stopped"
+            print(f"{name:6} {state:9} {st.get('endpoint')} pid={st.get('pid')}")
+    return 0
+
+
+def _coordinator(ns: argparse.Namespace) -> int:
+    s = _settings(ns, "kafka", "namespace", "log_level", "app", "coordinator", "workers",
+                  "partitions", "snapshot_interval", "snapshot_retain", "metrics_port")
+    _setup_logging(s.log_level)
+    from coordinator.service import run_coordinator
+    from sfaas.app import load_app
+
+    app = load_app(s.app)
+    return _run_service(lambda: run_coordinator(s, app.name), s)
+
+
+def _worker(ns: argparse.Namespace) -> int:
+    s = _settings(ns, "kafka", "namespace", "log_level", "app", "coordinator", "host", "port",
+                  "store", "max_batch", "standby_of", "metrics_port")
+    _setup_logging(s.log_level)
+    from sfaas.app import load_app
+    from worker.service import run_worker
+
+    app = load_app(s.app)
+    return _run_service(lambda: run_worker(s, app, ns.name), s)
+
+
+def _up(ns: argparse.Namespace) -> int:
+    from launcher import cluster
+
+    s = _settings(ns, "kafka", "namespace", "log_level", "partitions", "store",
+                  "snapshot_interval", "snapshot_retain", "metrics_port")
+    chosen = ns.metrics_port is not None or bool(os.environ.get("SFAAS_METRICS_PORT"))
+    procs = cluster.up(s, ns.app, ns.workers, standbys=ns.standbys,
+                       metrics_port=s.metrics_port if chosen else None)
+    for p in procs:
+        print(f"{p.role:12} pid={p.pid:<8} {p.address}")
+    page = cluster.status_url(s)
+    if page:
+        print(f"status page  {page}  (sfaas status)")
+    return 0
+
+
+def _status(ns: argparse.Namespace) -> int:
+    from launcher import cluster
+
+    url = cluster.status_url(_settings(ns, "namespace"), required=True)
+    print(url)
+    if ns.browser:
+        import webbrowser
+
+        webbrowser.open(url)
+    return 0
+
+
+def _supervise(ns: argparse.Namespace) -> int:
+    from launcher.supervisor import supervise
+
+    _setup_logging("INFO")
+    return supervise(ns.state_dir, ns.workers)
+
+
+def _ps(ns: argparse.Namespace) -> int:
+    from launcher import cluster
+
+    procs = cluster.ps(_settings(ns, "namespace"))
+    if ns.json:
+        from dataclasses import asdict
+
+        print(json.dumps([asdict(p) for p in procs], indent=2))
+    elif not procs:
+        print("no local cluster")
+    else:
+        print(f"{'ROLE':12} {'INDEX':5} {'PID':8} {'ALIVE':6} {'RESTARTS':8} {'ADDRESS':22} "
+              "METRICS")
         for p in procs:
-            print(f"{p.role:12} pid={p.pid:<8} {p.address}")
-        page = cluster.status_url(s)
-        if page:
-            print(f"status page  {page}  (sfaas status)")
-        return 0
-    if cmd == "status":
-        from launcher import cluster
+            gave_up = f"  GAVE UP: {p.gave_up}" if p.gave_up else ""
+            print(f"{p.role:12} {p.index:<5} {p.pid:<8} {'yes' if p.alive else 'no':6} "
+                  f"{p.restarts:<8} {p.address or '-':22} {p.metrics or '-'}" + gave_up)
+    return 0
 
-        url = cluster.status_url(_settings(ns, "namespace"), required=True)
-        print(url)
-        if ns.browser:
-            import webbrowser
 
-            webbrowser.open(url)
-        return 0
-    if cmd == "supervise":
-        from launcher.supervisor import supervise
+def _down(ns: argparse.Namespace) -> int:
+    from launcher import cluster
 
-        _setup_logging("INFO")
-        return supervise(ns.state_dir, ns.workers)
-    if cmd == "ps":
-        from launcher import cluster
+    procs = cluster.down(_settings(ns, "namespace"))
+    print(f"stopped {len(procs)} process(es)" if procs else "no local cluster")
+    return 0
 
-        procs = cluster.ps(_settings(ns, "namespace"))
-        if ns.json:
-            from dataclasses import asdict
 
-            print(json.dumps([asdict(p) for p in procs], indent=2))
-        elif not procs:
-            print("no local cluster")
-        else:
-            print(f"{'ROLE':12} {'INDEX':5} {'PID':8} {'ALIVE':6} {'RESTARTS':8} {'ADDRESS':22} "
-                  "METRICS")
-            for p in procs:
-                gave_up = f"  GAVE UP: {p.gave_up}" if p.gave_up else ""
-                print(f"{p.role:12} {p.index:<5} {p.pid:<8} {'yes' if p.alive else 'no':6} "
-                      f"{p.restarts:<8} {p.address or '-':22} {p.metrics or '-'}" + gave_up)
-        return 0
-    if cmd == "down":
-        from launcher import cluster
+def _scale(ns: argparse.Namespace) -> int:
+    from launcher import cluster
 
-        procs = cluster.down(_settings(ns, "namespace"))
-        print(f"stopped {len(procs)} process(es)" if procs else "no local cluster")
-        return 0
-    if cmd == "scale":
-        from launcher import cluster
+    _say(f"rescaling to {ns.workers} workers "
+         "(partitions move by shipping their stores; epochs go on)")
+    print(cluster.scale(_settings(ns, "namespace"), ns.workers))
+    return 0
 
-        _say(f"rescaling to {ns.workers} workers "
-             "(partitions move by shipping their stores; epochs go on)")
-        print(cluster.scale(_settings(ns, "namespace"), ns.workers))
-        return 0
-    if cmd == "gateway":
-        from gateway.service import run_gateway
-        from gateway.settings import GatewaySettings
-        from sfaas.app import load_app
 
-        s = _settings(ns, "kafka", "namespace", "log_level", "app", "metrics_port")
-        gws = GatewaySettings.load({"listen": ns.listen, "max_in_flight": ns.max_in_flight,
-                                    "timeout": ns.timeout})
-        _setup_logging(s.log_level)
-        return run_gateway(load_app(s.app), s, gws)
-    if cmd == "state":
-        return _state(ns)
-    if cmd == "call":
-        return _call(ns)
-    if cmd == "snapshots":
-        return _snapshots(ns)
-    if cmd == "demo":
-        from launcher.demo import run_demo
+def _gateway(ns: argparse.Namespace) -> int:
+    from gateway.service import run_gateway
+    from gateway.settings import GatewaySettings
+    from sfaas.app import load_app
 
-        return run_demo(seconds=ns.seconds, rate=ns.rate, accounts=ns.accounts, store=ns.store,
-                        keep=ns.keep, chaos=ns.chaos)
-    raise AssertionError(cmd)
+    s = _settings(ns, "kafka", "namespace", "log_level", "app", "metrics_port")
+    gws = GatewaySettings.load({"listen": ns.listen, "max_in_flight": ns.max_in_flight,
+                                "timeout": ns.timeout})
+    _setup_logging(s.log_level)
+    return run_gateway(load_app(s.app), s, gws)
+
+
+def _demo(ns: argparse.Namespace) -> int:
+    from launcher.demo import run_demo
+
+    return run_demo(seconds=ns.seconds, rate=ns.rate, accounts=ns.accounts, store=ns.store,
+                    keep=ns.keep, chaos=ns.chaos)
 
 
 def _client_target(ns: argparse.Namespace) -> tuple[str, Settings]:
@@ -451,6 +479,14 @@ def _snapshots(ns: argparse.Namespace) -> int:
             print(f"{m.round:>6} {when:20} {m.epoch:>8} {m.bytes_uploaded / 1e6:>8.2f}MB "
                   f"{m.total_bytes / 1e6:>8.2f}MB {m.files:>6} {','.join(map(str, parts))}")
     return 0
+
+
+#: What each command runs (``alive`` aside: see ``_dispatch``).
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "services": _services, "coordinator": _coordinator, "worker": _worker, "up": _up,
+    "status": _status, "supervise": _supervise, "ps": _ps, "down": _down, "scale": _scale,
+    "gateway": _gateway, "state": _state, "call": _call, "snapshots": _snapshots, "demo": _demo,
+}
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ["README.md", "ARCHITECTURE.md", "CONTRIBUTING.md", "benchmarks/README.md",
-        "benchmarks/JOURNAL.md", "examples/README.md"] + sorted(
+        "benchmarks/REPORTS.md", "benchmarks/JOURNAL.md", "benchmarks/journal/README.md",
+        "benchmarks/journal/JOURNAL.md", "benchmarks/journal/ANALYSES.md",
+        "examples/README.md"] + sorted(
     p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md"))
 LOCAL_HOSTS = {"localhost", "127.0.0.1"}
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import importlib.util
 import re
 import shutil
@@ -75,7 +76,12 @@ def _template(tools: Tools, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
+@functools.cache
 def _render(tools: Tools, *args: str) -> str:
+    """The manifests ``helm template`` renders with ``args``, once per module and set of
+    values: the chart does not change under the tests, and each test parses its own copy
+    (``_objects``), so none sees another's edits. (36 ``helm template`` runs a module
+    before, 21 now: the rest render values of their own.)"""
     proc = _template(tools, *args)
     assert proc.returncode == 0, f"helm template {' '.join(args)} failed:\n{proc.stderr}"
     return proc.stdout

@@ -63,7 +63,7 @@ def test_a_shrinking_process_is_not_flat_either_and_no_samples_give_no_verdict()
 def test_the_report_says_which_process_grew_and_what_was_lost() -> None:
     """The report's verdicts follow the summary: a worker whose RSS is not flat is named
     with its deviation, and missing or duplicated replies are said plainly."""
-    raw = Path(__file__).resolve().parents[1] / "benchmarks/results/2026-11-23-overload/overload.jsonl"
+    raw = Path(__file__).resolve().parents[1] / "benchmarks/journal/2026-11-23-overload/overload.jsonl"
     summary = json.loads(raw.read_text().splitlines()[-1])
     good = report(summary)
     assert "flat" in good and "**not flat**" not in good and "Nothing was lost or duplicated." in good

@@ -45,7 +45,7 @@ def run_points(a: argparse.Namespace, name: str, variants: Iterable[tuple[str, l
 
 def finish(a: argparse.Namespace, name: str, title: str, report: Callable[[list[dict[str, Any]]], str],
            rows: list[dict[str, Any]]) -> None:
-    """Print the report; write it into benchmarks/README.md (or ``REPORT.md`` with ``--no-readme``)."""
+    """Print the report; write it into benchmarks/REPORTS.md (or ``REPORT.md`` with ``--no-readme``)."""
     from benchmarks.readme import publish
 
     text = report(rows)

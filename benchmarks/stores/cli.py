@@ -180,8 +180,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS), help="which measurements to run")
     p.add_argument("--repeat", type=int, default=None, help="repetitions of the put/get runs (default: 3 quick, 1 full)")
     p.add_argument("--out", default=os.path.join(_REPO, "benchmarks", "results"), help="directory for JSON, plots, profiles")
-    p.add_argument("--readme", default=os.path.join(_REPO, "benchmarks", "README.md"),
-                   help="README whose results section is rewritten")
+    p.add_argument("--readme", default=os.path.join(_REPO, "benchmarks", "REPORTS.md"),
+                   help="the page whose results section is rewritten")
     p.add_argument("--no-readme", action="store_true", help="do not touch the README")
     p.add_argument("--minio", action="store_true", help="snapshot to the MinIO of launcher.services instead of a directory")
     p.add_argument("--workdir", default=None, help="where stores are created (default: a fresh temp dir, removed afterwards)")

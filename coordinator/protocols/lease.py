@@ -25,6 +25,7 @@ import asyncio
 import logging
 import secrets
 import time
+from dataclasses import dataclass, field
 
 from coordinator.inbox import Inbox, Interrupted, Lost, Tick
 from coordinator.ports import EpochObserver, Markers, Switches, Workers, end_of_epoch
@@ -62,8 +63,18 @@ class LeasedEpochs:
 
     async def _run(self) -> None:
         """One leased run: until a rescale's switch (then the caller begins another)."""
+        r = self._begin()
+        while True:
+            latest = await self._gather(r)
+            if latest is None:  # idle, or woken: a round or a switch may be due
+                self._mark_if_due(r)
+                continue
+            if await self._epoch_over(r, latest):
+                return
+            r.epoch += 1
+
+    def _begin(self) -> _Run:
         state, workers, width = self._state, self._workers, self._width
-        step = max(1, width // 2)
         epoch = state.begin_lease_run()
         run = 1 + secrets.randbelow(2**62)
         workers.broadcast(wire.Begin(epoch, time.time(), None))
@@ -72,75 +83,110 @@ class LeasedEpochs:
         workers.broadcast(wire.Lease(upto, None, run))
         log.info("leased run from epoch %d: the workers begin and commit epochs themselves, "
                  "%d ahead", epoch, width)
-        switch_at: int | None = None
-        switch_round = 0
-        ahead: dict[int, dict[int, wire.Report]] = {}
-        idle = False
-        t_last = time.perf_counter()
-        while True:
-            n = len(state.members)
-            latest = ahead.pop(epoch, {})
-            timed_out = False
-            while not execution_finished(n, {i: (r.sent, r.served) for i, r in latest.items()}):
-                if idle and not latest and not ahead:
-                    try:
-                        msg = await asyncio.wait_for(self._inbox.get(), IDLE_TICK)
-                    except TimeoutError:
-                        timed_out = True
-                        break
-                else:
-                    msg = await self._inbox.get()
-                if isinstance(msg, Lost):
-                    raise Interrupted(f"a worker was lost during epoch {epoch}")
-                if isinstance(msg, Tick):
-                    timed_out = True
-                    break
-                if not isinstance(msg, wire.Report):
-                    log.warning("ignoring %s during epoch %d", type(msg).__name__, epoch)
-                    continue
-                if msg.epoch < epoch or msg.run not in (run, 0):
-                    continue  # a copy sent after the epoch was over, or of another run (0:
-                    # made before the worker got this run's lease)
-                if msg.epoch > upto:
-                    workers.lose_slot(msg.index, f"protocol error: it reported epoch "
-                                                 f"{msg.epoch} beyond its lease ({upto})")
-                    continue
-                if msg.epoch > epoch:
-                    ahead.setdefault(msg.epoch, {})[msg.index] = msg
-                else:
-                    latest[msg.index] = msg
-            if timed_out:  # idle, or woken: a round or a switch may be due
-                ahead[epoch] = latest
-                if switch_at is None:
-                    marker, switching = end_of_epoch(self._rescale, self._rounds, upto + 1,
-                                                     state.stats.txns)
-                    if marker is not None:
-                        upto += 1
-                        state.lease(upto)
-                        if switching:
-                            switch_at, switch_round = upto, marker
-                        workers.broadcast(wire.Lease(upto, marker, run))
-                continue
-            reports = [latest[i] for i in sorted(latest)]
-            conflicts, _aborts = merge_votes((r.conflicts, r.aborts) for r in reports)
-            idle = idle_after((r.pending for r in reports), conflicts)
-            now = time.perf_counter()
-            self._observe(0.0, now - t_last)
-            t_last = now
-            state.count_epoch(sum(r.roots for r in reports), len(conflicts))
-            state.reach_epoch(epoch)
-            if epoch == switch_at:
-                # no epoch begins until the new membership runs
-                await self._rescale.switch(switch_round)
-                return
-            if switch_at is None and upto - epoch < step:
-                new = epoch + width
-                marker, switching = end_of_epoch(self._rescale, self._rounds, new,
-                                                 state.stats.txns)
-                if switching:
-                    assert marker is not None
-                    switch_at, switch_round = new, marker
-                upto = new
-                state.lease(upto)
-                workers.broadcast(wire.Lease(upto, marker, run))
-            epoch += 1
+        return _Run(run, epoch, upto, t_last=time.perf_counter())
+
+    async def _gather(self, r: _Run) -> dict[int, wire.Report] | None:
+        """Epoch ``r.epoch``'s reports once it is over everywhere; None when an idle
+        cluster's tick passed or a ``Tick`` woke the run (the reports so far are kept)."""
+        epoch, n = r.epoch, len(self._state.members)
+        latest = r.ahead.pop(epoch, {})
+        while not execution_finished(n, {i: (x.sent, x.served) for i, x in latest.items()}):
+            msg = await self._next(r.idle and not latest and not r.ahead)
+            if isinstance(msg, Lost):
+                raise Interrupted(f"a worker was lost during epoch {epoch}")
+            if msg is None or isinstance(msg, Tick):
+                r.ahead[epoch] = latest
+                return None
+            self._take(r, msg, latest)
+        return latest
+
+    async def _next(self, idle: bool) -> wire.Message | None:
+        """The inbox's next message; None when the cluster is ``idle`` and none came in
+        ``IDLE_TICK``."""
+        if not idle:
+            return await self._inbox.get()
+        try:
+            return await asyncio.wait_for(self._inbox.get(), IDLE_TICK)
+        except TimeoutError:
+            return None
+
+    def _take(self, r: _Run, msg: wire.Message, latest: dict[int, wire.Report]) -> None:
+        """File a message that came during epoch ``r.epoch``: a report of it in ``latest``,
+        of a later one in ``r.ahead``."""
+        if not isinstance(msg, wire.Report):
+            log.warning("ignoring %s during epoch %d", type(msg).__name__, r.epoch)
+            return
+        if msg.epoch < r.epoch or msg.run not in (r.id, 0):
+            return  # a copy sent after the epoch was over, or of another run (0: made
+            # before the worker got this run's lease)
+        if msg.epoch > r.upto:
+            self._workers.lose_slot(msg.index, f"protocol error: it reported epoch "
+                                               f"{msg.epoch} beyond its lease ({r.upto})")
+            return
+        if msg.epoch > r.epoch:
+            r.ahead.setdefault(msg.epoch, {})[msg.index] = msg
+        else:
+            latest[msg.index] = msg
+
+    def _mark_if_due(self, r: _Run) -> None:
+        """A round's marker or a switch due: lease one epoch more, ending on it."""
+        if r.switch_at is not None:
+            return
+        state = self._state
+        marker, switching = end_of_epoch(self._rescale, self._rounds, r.upto + 1,
+                                         state.stats.txns)
+        if marker is not None:
+            r.upto += 1
+            state.lease(r.upto)
+            if switching:
+                r.switch_at, r.switch_round = r.upto, marker
+            self._workers.broadcast(wire.Lease(r.upto, marker, r.id))
+
+    async def _epoch_over(self, r: _Run, latest: dict[int, wire.Report]) -> bool:
+        """Count epoch ``r.epoch`` (over everywhere, with ``latest`` its reports); extend
+        the lease half-way through it. True when the run ended at a rescale's switch."""
+        state = self._state
+        reports = [latest[i] for i in sorted(latest)]
+        conflicts, _aborts = merge_votes((x.conflicts, x.aborts) for x in reports)
+        r.idle = idle_after((x.pending for x in reports), conflicts)
+        now = time.perf_counter()
+        self._observe(0.0, now - r.t_last)
+        r.t_last = now
+        state.count_epoch(sum(x.roots for x in reports), len(conflicts))
+        state.reach_epoch(r.epoch)
+        if r.epoch == r.switch_at:
+            # no epoch begins until the new membership runs
+            await self._rescale.switch(r.switch_round)
+            return True
+        if r.switch_at is None and r.upto - r.epoch < max(1, self._width // 2):
+            self._extend(r)
+        return False
+
+    def _extend(self, r: _Run) -> None:
+        """A new lease ``width`` epochs beyond ``r.epoch`` (ending on a marker or a switch
+        when one is due there)."""
+        new = r.epoch + self._width
+        marker, switching = end_of_epoch(self._rescale, self._rounds, new,
+                                         self._state.stats.txns)
+        if switching:
+            assert marker is not None
+            r.switch_at, r.switch_round = new, marker
+        r.upto = new
+        self._state.lease(r.upto)
+        self._workers.broadcast(wire.Lease(r.upto, marker, r.id))
+
+
+@dataclass
+class _Run:
+    """One leased run's progress: its random ``id`` (the reports carry it), the epoch being
+    followed, the lease's last epoch, the switch ahead if any, reports of later epochs."""
+
+    id: int
+    epoch: int
+    upto: int
+    t_last: float
+    switch_at: int | None = None
+    switch_round: int = 0
+    ahead: dict[int, dict[int, wire.Report]] = field(default_factory=dict)
+    #: whether the last epoch left the cluster idle (then a tick wakes the run)
+    idle: bool = False

@@ -71,85 +71,20 @@ def merge_segments(
     out_hint = os.path.join(directory, hint_name(out_name))
     maps: dict[int, tuple[Any, str]] = {}
     try:
-        latest: dict[bytes, int] = {}
-        for name, seq in inputs:
-            path = os.path.join(directory, name)
-            if scan:
-                size, alive, deleted = scan_segment(fs, path, seq, truncate_torn=False)
-                latest.update(alive)
-                latest.update(dict.fromkeys(deleted, -1))
-                what = "its records"
-            else:
-                hpath = os.path.join(directory, hint_name(name))
-                h = hints.decode(fs.read_file(hpath), hpath, seq=seq)
-                latest.update(zip(h.keys, h.addresses, strict=True))
-                if h.tombstones:
-                    latest.update(dict.fromkeys(h.tombstones, -1))
-                size, what = h.data_size, "its hint"
-            fd = fs.open_read(path)
-            try:
-                mm = fs.mmap(fd)
-            finally:
-                fs.close(fd)
-            maps[seq] = (mm, path)
-            if (len(mm) if mm is not None else 0) != size:
-                raise CorruptionError(path, f"size differs from {what} ({size} bytes)")
-        keys: list[bytes] = []
-        addrs = array.array("Q")
-        tombs: list[bytes] = []
-        dropped: list[bytes] = []
-        n_expired = 0
-        base = out_seq << OFFSET_BITS
+        latest = _read_inputs(fs, directory, inputs, scan, maps)
         fd = fs.open_new(out_path + ".tmp")
         try:
-            buf = bytearray()
-            pos = 0
-            for k, a in sorted(latest.items(), key=_first):  # hint keys must be sorted
-                if a < 0:
-                    if drop_tombstones:
-                        continue
-                    tombs.append(k)
-                    buf += records.encode(k, None)
-                else:
-                    mm, path = maps[a >> OFFSET_BITS]
-                    rec = _copy_record(mm, a & OFFSET_MASK, k, path)
-                    # the value starts after the header and the key; one byte compare
-                    # tells a value without an expiry header
-                    vpos = _HEADER_SIZE + len(k)
-                    if (
-                        horizon is not None
-                        and len(rec) > vpos
-                        and rec[vpos] == MARKER
-                        and expired(rec[vpos:], horizon)
-                    ):
-                        n_expired += 1
-                        if drop_tombstones:
-                            dropped.append(k)
-                        else:
-                            tombs.append(k)
-                            buf += records.encode(k, None)
-                    else:
-                        keys.append(k)
-                        addrs.append(base + pos + len(buf))
-                        buf += rec
-                if len(buf) >= _WRITE_CHUNK:
-                    fs.write(fd, buf)
-                    pos += len(buf)
-                    buf = bytearray()
-                    if pos > OFFSET_MASK:  # addresses hold 36 bits of offset
-                        raise MergeFailed(
-                            out_path, "a merged segment would exceed 64 GiB; not merging"
-                        )
-            fs.write(fd, buf)
-            pos += len(buf)
+            out = _Merged(out_seq << OFFSET_BITS)
+            _write_merged(fs, fd, out, latest, maps, drop_tombstones, horizon, out_path)
             if fsync:
                 fs.fsync(fd)
         finally:
             fs.close(fd)
         fs.write_file_atomic(
-            out_hint + ".tmp", hints.encode(out_seq, pos, keys, addrs, tombs), sync=fsync
+            out_hint + ".tmp", hints.encode(out_seq, out.pos, out.keys, out.addrs, out.tombs),
+            sync=fsync,
         )
-        return pos, len(keys), len(tombs), dropped, n_expired
+        return out.pos, len(out.keys), len(out.tombs), out.dropped, out.expired
     except CorruptionError as exc:
         fs.remove(out_path + ".tmp")
         raise MergeFailed(exc.path, exc.detail) from None
@@ -160,6 +95,97 @@ def merge_segments(
         for mm, _p in maps.values():
             if mm is not None:
                 mm.close()
+
+
+def _read_inputs(fs: FileSystem, directory: str, inputs: list[tuple[str, int]], scan: bool,
+                 maps: dict[int, tuple[Any, str]]) -> dict[bytes, int]:
+    """Each key's newest address in ``inputs`` (-1: a tombstone), from their hints (or,
+    with ``scan``, their records); maps each input into ``maps`` (by seq), its size checked."""
+    latest: dict[bytes, int] = {}
+    for name, seq in inputs:
+        path = os.path.join(directory, name)
+        if scan:
+            size, alive, deleted = scan_segment(fs, path, seq, truncate_torn=False)
+            latest.update(alive)
+            latest.update(dict.fromkeys(deleted, -1))
+            what = "its records"
+        else:
+            hpath = os.path.join(directory, hint_name(name))
+            h = hints.decode(fs.read_file(hpath), hpath, seq=seq)
+            latest.update(zip(h.keys, h.addresses, strict=True))
+            if h.tombstones:
+                latest.update(dict.fromkeys(h.tombstones, -1))
+            size, what = h.data_size, "its hint"
+        fd = fs.open_read(path)
+        try:
+            mm = fs.mmap(fd)
+        finally:
+            fs.close(fd)
+        maps[seq] = (mm, path)
+        if (len(mm) if mm is not None else 0) != size:
+            raise CorruptionError(path, f"size differs from {what} ({size} bytes)")
+    return latest
+
+
+class _Merged:
+    """What the merge wrote so far: the output's bytes (``pos``), its live keys and their
+    addresses (``base``: the output's seq, shifted), its tombstones, the keys it dropped."""
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.pos = 0
+        self.keys: list[bytes] = []
+        self.addrs = array.array("Q")
+        self.tombs: list[bytes] = []
+        self.dropped: list[bytes] = []
+        self.expired = 0
+
+
+def _write_merged(fs: FileSystem, fd: int, out: _Merged, latest: dict[bytes, int],
+                  maps: dict[int, tuple[Any, str]], drop_tombstones: bool, horizon: int | None,
+                  out_path: str) -> None:
+    """Write the newest record of each key in ``latest`` to ``fd``, in key order."""
+    keys, addrs, tombs, base = out.keys, out.addrs, out.tombs, out.base
+    buf = bytearray()
+    pos = 0
+    for k, a in sorted(latest.items(), key=_first):  # hint keys must be sorted
+        if a < 0:
+            if drop_tombstones:
+                continue
+            tombs.append(k)
+            buf += records.encode(k, None)
+        else:
+            mm, path = maps[a >> OFFSET_BITS]
+            rec = _copy_record(mm, a & OFFSET_MASK, k, path)
+            # the value starts after the header and the key; one byte compare
+            # tells a value without an expiry header
+            vpos = _HEADER_SIZE + len(k)
+            if (
+                horizon is not None
+                and len(rec) > vpos
+                and rec[vpos] == MARKER
+                and expired(rec[vpos:], horizon)
+            ):
+                out.expired += 1
+                if drop_tombstones:
+                    out.dropped.append(k)
+                else:
+                    tombs.append(k)
+                    buf += records.encode(k, None)
+            else:
+                keys.append(k)
+                addrs.append(base + pos + len(buf))
+                buf += rec
+        if len(buf) >= _WRITE_CHUNK:
+            fs.write(fd, buf)
+            pos += len(buf)
+            buf = bytearray()
+            if pos > OFFSET_MASK:  # addresses hold 36 bits of offset
+                raise MergeFailed(
+                    out_path, "a merged segment would exceed 64 GiB; not merging"
+                )
+    fs.write(fd, buf)
+    out.pos = pos + len(buf)
 
 
 def _copy_record(mm: Any, off: int, key: bytes, path: str) -> bytes:

@@ -47,6 +47,11 @@ class LSMReads(LSMState):
                     return default if v is None else v  # type: ignore[return-value]
         if not self._runs:
             return default
+        return self._get_in_runs(key, default)
+
+    def _get_in_runs(self, key: bytes, default: bytes | None) -> bytes | None:
+        """``get`` past the memtables: the runs, newest first (the bloom filter's probes
+        inlined: this is the read path's inner loop)."""
         h1, h2 = _hash64(key)
         with self._lock:
             for run in self._runs:

@@ -21,26 +21,33 @@ import contextlib
 import logging
 import os
 import shutil
-import struct
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import msgpack
-
 from .. import current
 from ..base import Store
-from ..checksum import crc32c, file_crc
+from ..checksum import file_crc
 from ..engines import engine_class
 from ..errors import CorruptionError, SnapshotNotFoundError, StoreClosedError, StoreError
 from ..fs import FileSystem
 from ..snapshots import manifest_entries
-from ..version import FileEntry, decode_entries, encode_entries, seq_of
+from ..version import FileEntry, encode_entries, seq_of
 from .shipper import SHIPPED_KINDS
 from .source import Received, Source
-from .wire import EditMsg, Hello, ProtocolError, ReplicationError, Tip, files_of
+from .state import FollowState, decode_state, encode_state
+from .wire import (
+    EditMsg,
+    Hello,
+    MarkMsg,
+    ProtocolError,
+    ReplicationError,
+    ShippedFile,
+    Tip,
+    files_of,
+)
 
 if TYPE_CHECKING:
     from remotes.base import Remote
@@ -50,8 +57,6 @@ __all__ = ["Follower", "STATE_NAME"]
 log = logging.getLogger("statestores.replica")
 
 STATE_NAME = "FOLLOW"
-_HEAD = struct.Struct("<4sI")
-_MAGIC = b"SFFO"
 _PART = ".replica"
 _LOCK_NAME = "LOCK"
 _BACKOFF = (0.02, 1.0)
@@ -143,25 +148,8 @@ class Follower:
                     f"{self.directory} holds a store, not a replica: follow into an empty directory"
                 )
         else:
-            data = self.fs.read_file(path)
-            magic, crc = _HEAD.unpack_from(data) if len(data) >= _HEAD.size else (b"", 0)
-            body = data[_HEAD.size:]
-            if magic != _MAGIC or crc32c(body) != crc:
-                raise CorruptionError(path, "bad magic or checksum")
-            try:
-                doc = msgpack.unpackb(body, raw=False)
-                if doc.get("engine") != self.engine:
-                    raise StoreError(
-                        f"{path}: a replica of engine {doc.get('engine')!r}, not {self.engine!r}"
-                    )
-                self.seq = int(doc["seq"])
-                self.origin = str(doc["origin"])
-                self.files = {e.name: e for e in decode_entries(doc["files"], path)}
-                self.marks = [
-                    (int(i), int(s), tuple(decode_entries(f, path))) for i, s, f in doc["marks"]
-                ]
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise CorruptionError(path, f"malformed replica state: {exc}") from None
+            self.seq, self.origin, self.files, self.marks = decode_state(
+                self.fs.read_file(path), path, self.engine)
             for n in self._needed():
                 if not self.fs.exists(self._path(n)):
                     raise CorruptionError(path, f"names {n!r}, which is missing")
@@ -172,16 +160,9 @@ class Follower:
                 self.fs.remove(self._path(n))
 
     def _save(self) -> None:
-        doc = {
-            "engine": self.engine,
-            "seq": self.seq,
-            "origin": self.origin,
-            "files": encode_entries(self.files.values()),
-            "marks": [[i, s, encode_entries(f)] for i, s, f in self.marks],
-        }
-        body = msgpack.packb(doc, use_bin_type=True)
+        state = FollowState(self.seq, self.origin, self.files, self.marks)
         self.fs.write_file_atomic(
-            self._path(STATE_NAME), _HEAD.pack(_MAGIC, crc32c(body)) + body, sync=self._sync
+            self._path(STATE_NAME), encode_state(self.engine, state), sync=self._sync
         )
 
     def _needed(self) -> set[str]:
@@ -366,6 +347,39 @@ class Follower:
         if any(f.entry.kind not in allowed for f in files):
             item.fetch(None)
             raise ProtocolError(f"message {msg!r:.80} names a file kind a replica cannot hold")
+        have = self._admit(item, msg)
+        if have is None:  # a duplicate: read past its bodies
+            self._counts["duplicates"] += 1
+            item.fetch(None)
+            return
+        self._check_seeded(item, files)
+        missing = [f.entry.name for f in files if not f.body and f.entry.name not in have]
+        wanted = [(f.entry.name, f.size, f.crc) for f in files if f.body]
+        parts = self._receive(item, wanted)
+        if missing:
+            for p in parts:
+                os.remove(p)
+            raise _Gap(f"{msg!r:.60} relies on {missing[:3]}, which this replica lacks")
+        for p in parts:
+            self.fs.rename(p, p[: -len(_PART)])
+        for f in files:
+            if f.body:
+                self._checked[f.entry.name] = (f.size, f.crc)
+                self._opened.pop(f.entry.name, None)  # what was read ahead is of another body
+        self._open_ahead([f.entry for f in files])
+        with self._lock:
+            before = set(self._needed())
+            self._install_locked(msg)
+            self._save()
+            self._collect(before)
+            need = self._needed()
+            for n in [n for n in self._opened if n not in need]:
+                del self._opened[n]
+            self._cond.notify_all()
+
+    def _admit(self, item: Received, msg: EditMsg | MarkMsg) -> set[str] | None:
+        """The files this replica has, ``msg`` being the next message; None when it is a late
+        duplicate; :class:`_Gap` when one before it is missing."""
         with self._lock:
             have = self._have_locked()
             if isinstance(msg, EditMsg):
@@ -383,10 +397,10 @@ class Follower:
                         f"mark of snapshot {msg.snapshot_id} (version {msg.seq}) arrived at "
                         f"version {self.seq}"
                     )
-        if stale:  # a duplicate: read past its bodies
-            self._counts["duplicates"] += 1
-            item.fetch(None)
-            return
+        return None if stale else have
+
+    def _check_seeded(self, item: Received, files: tuple[ShippedFile, ...]) -> None:
+        """A file named without its body that we seeded must be the source's very file."""
         reseed = [
             f.entry.name
             for f in files
@@ -398,45 +412,26 @@ class Follower:
             item.fetch(None)
             self._drop_seeded(reseed)
             raise CorruptionError(f"replica:{reseed[0]}", "a seeded file differs from the source's")
-        missing = [f.entry.name for f in files if not f.body and f.entry.name not in have]
-        wanted = [(f.entry.name, f.size, f.crc) for f in files if f.body]
-        parts = self._receive(item, wanted)
-        if missing:
-            for p in parts:
-                os.remove(p)
-            raise _Gap(f"{msg!r:.60} relies on {missing[:3]}, which this replica lacks")
-        for p in parts:
-            self.fs.rename(p, p[: -len(_PART)])
-        for f in files:
-            if f.body:
-                self._checked[f.entry.name] = (f.size, f.crc)
-                self._opened.pop(f.entry.name, None)  # what was read ahead is of another body
-        self._open_ahead([f.entry for f in files])
-        with self._lock:
-            before = set(self._needed())
-            if isinstance(msg, EditMsg):
-                if msg.base:
-                    self.files = {f.entry.name: f.entry for f in msg.added}
-                    self.origin = msg.origin
-                    self._seeded.clear()  # the base named what it uses; the rest is collected
-                    self._counts["bases"] += 1
-                else:
-                    for n in msg.removed:
-                        self.files.pop(n, None)
-                    for f in msg.added:
-                        self.files[f.entry.name] = f.entry
-                    self._counts["edits"] += 1
-                self.seq = msg.seq
+
+    def _install_locked(self, msg: EditMsg | MarkMsg) -> None:
+        """(lock held) Take ``msg``'s version or mark as ours."""
+        if isinstance(msg, EditMsg):
+            if msg.base:
+                self.files = {f.entry.name: f.entry for f in msg.added}
+                self.origin = msg.origin
+                self._seeded.clear()  # the base named what it uses; the rest is collected
+                self._counts["bases"] += 1
             else:
-                self.marks.append((msg.snapshot_id, msg.seq, tuple(f.entry for f in msg.files)))
-                del self.marks[: -self.keep_marks]
-                self._counts["marks"] += 1
-            self._save()
-            self._collect(before)
-            need = self._needed()
-            for n in [n for n in self._opened if n not in need]:
-                del self._opened[n]
-            self._cond.notify_all()
+                for n in msg.removed:
+                    self.files.pop(n, None)
+                for f in msg.added:
+                    self.files[f.entry.name] = f.entry
+                self._counts["edits"] += 1
+            self.seq = msg.seq
+        else:
+            self.marks.append((msg.snapshot_id, msg.seq, tuple(f.entry for f in msg.files)))
+            del self.marks[: -self.keep_marks]
+            self._counts["marks"] += 1
 
     # ------------------------------------------------------------------ the user's side
 

@@ -109,7 +109,9 @@ def test_killing_the_node_in_use_moves_every_operation_to_another(
     codes = sorted({m.partition("code: ")[2].partition(",")[0] or m[-80:] for m in backoffs})
     print(f"the first put after the kill took {put * 1000:.1f} ms; MinIO asked to back off "
           f"{len(backoffs)} times after the kill ({', '.join(codes) or 'never'})")
-    assert first < 1.0  # refused at once: no timeout is waited for
+    # refused at once: no timeout is waited for, whatever the machine's speed
+    assert not [m for r in moved if "timed out" in (m := r.getMessage()).lower() or "Timeout" in m], \
+        [r.getMessage() for r in moved]
 
 
 def test_two_of_four_nodes_down_reads_work_writes_fail_fast_deletes_time_out(
@@ -157,7 +159,8 @@ def test_two_of_four_nodes_down_reads_work_writes_fail_fast_deletes_time_out(
     assert remote.get_blob("after") == b"y"
 
 
-def test_a_node_whose_host_is_gone_costs_one_connect_timeout(minio: Endpoints) -> None:
+def test_a_node_whose_host_is_gone_costs_one_connect_timeout(
+        minio: Endpoints, caplog: pytest.LogCaptureFixture) -> None:
     # a listener whose backlog is full drops SYNs, like a host that vanished: no refusal
     hole = socket.socket()
     hole.bind(("127.0.0.1", 0))
@@ -166,18 +169,27 @@ def test_a_node_whose_host_is_gone_costs_one_connect_timeout(minio: Endpoints) -
     remote = MinioRemote(f"127.0.0.1:{hole.getsockname()[1]},{minio.minio_endpoint}",
                          minio.minio_access_key, minio.minio_secret_key, TEST_BUCKET,
                          prefix=f"t-{uuid.uuid4().hex[:10]}", retry=ROUNDS)
+    dead = f"127.0.0.1:{hole.getsockname()[1]}"
+    caplog.set_level(logging.WARNING, logger="remotes.minio")
+
+    def left_dead() -> int:
+        return len([r for r in caplog.records if f"MinIO at http://{dead} failed" in r.getMessage()])
+
     try:
         t0 = time.perf_counter()
         remote.put_blob("a", b"x")
         first = time.perf_counter() - t0
         assert remote.endpoint == minio.minio_endpoint
+        assert left_dead() == 1, caplog.text
         t0 = time.perf_counter()
         assert remote.get_blob("a") == b"x"
         after = time.perf_counter() - t0
         print(f"\nfailover from a node that takes no connection: first call {first:.3f}s "
               f"(connect timeout {FAILOVER_CONNECT_TIMEOUT}s), the next {after * 1000:.1f} ms")
-        assert FAILOVER_CONNECT_TIMEOUT * 0.9 <= first < FAILOVER_CONNECT_TIMEOUT + 1.0
-        assert after < 0.5
+        # the timeout fires (a slow machine only makes it later), once: a second one would
+        # double it
+        assert FAILOVER_CONNECT_TIMEOUT * 0.9 <= first < FAILOVER_CONNECT_TIMEOUT * 2
+        assert left_dead() == 1, caplog.text  # the next call went straight to the live node
     finally:
         remote.destroy()
         filler.close()
@@ -193,16 +205,14 @@ def test_every_endpoint_down_names_each_and_why(tmp_path: Path) -> None:
     endpoints = [f"127.0.0.1:{p}" for p in ports]
     remote = MinioRemote(",".join(endpoints), "sfaas", "Zq9-very-secret-value-7731", BUCKET,
                          retry=RetryPolicy(attempts=1))
-    t0 = time.perf_counter()
     with pytest.raises(RemoteError) as err:
         remote.get_blob("x")
-    took = time.perf_counter() - t0
     text = str(err.value)
     assert "failed after 1 tries" in text and "on every endpoint" in text
-    for ep in endpoints:  # each once, with its reason
+    for ep in endpoints:  # each once, with its reason: refused at once, not timed out
         assert text.count(f"http://{ep}: NewConnectionError") == 1
+    assert text.count("Connection refused") == len(endpoints) and "timed out" not in text, text
     assert "Zq9-very-secret" not in text and "Zq9-very-secret" not in repr(remote)
-    assert took < 1.0
 
 
 def test_endpoint_lists_parse_pickle_and_name_bad_entries() -> None:
