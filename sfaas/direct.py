@@ -121,7 +121,9 @@ class DirectCalls:
                 chan.send(wire.Submit(record))
             except ChannelClosed:
                 raise Unavailable(f"worker {peer.host}:{peer.port} closed the channel") from None
-            return await asyncio.wait_for(fut, max(0.0, deadline - time.monotonic()))
+            async with asyncio.timeout_at(asyncio.get_running_loop().time()
+                                          + max(0.0, deadline - time.monotonic())):
+                return await fut  # (no task per wait, as wait_for would make)
         finally:
             if self._waiting.get(rid, (None,))[0] is chan:
                 del self._waiting[rid]

@@ -293,6 +293,12 @@ class DirectIngress:
                     self._replied[rid] = None
         self.accepting = bool(self._state.log_topic)
 
+    def counters(self) -> dict[str, float]:
+        """What ``worker.metrics`` shows of the direct calls."""
+        return {"calls_pending": self._pending, "replies_kept": len(self._replied),
+                "calls_taken": self.taken, "calls_copies": self.copies,
+                "calls_turned_away": self.turned_away, "answers_sent": self.answered}
+
     @property
     def pending(self) -> int:
         """Direct requests taken and not yet answered."""

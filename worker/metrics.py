@@ -62,6 +62,18 @@ _WORLD_COUNTERS = (
 )
 
 
+_DIRECT_GAUGES = (
+    ("calls_pending", "Direct calls taken and not yet answered"),
+    ("replies_kept", "Replies to direct calls kept until their clients acknowledge them"),
+)
+_DIRECT_COUNTERS = (
+    ("calls_taken", "Direct calls this worker took to run"),
+    ("calls_copies", "Copies of direct calls already known (a client resending): never run again"),
+    ("calls_turned_away", "Direct calls answered NotHere (another owner, a recovery under way)"),
+    ("answers_sent", "Answers sent to direct calls"),
+)
+
+
 class WorkerMetrics:
     """The metrics of one worker (see module docstring): counted as epochs go, and read
     from its ``state`` and parts when scraped."""
@@ -70,7 +82,7 @@ class WorkerMetrics:
         self, settings: Settings, app_name: str, name: str, state: WorkerState, *, ingress: Ingress,
         egress: Egress, calls: Peers, links: PeerLinks, uplink: CoordinatorLink,
         kafka: KafkaClients, rounds: RoundTaker,
-        world: Callable[[], dict[str, float]] = dict,
+        parts: Mapping[str, Callable[[], dict[str, float]]] | None = None,
     ) -> None:
         self._settings = settings
         self._app_name = app_name
@@ -83,7 +95,9 @@ class WorkerMetrics:
         self._uplink = uplink
         self._kafka = kafka
         self._rounds = rounds
-        self._world = world
+        #: the counters of parts by name: "world" (``worker.world.World.gauges``), "direct"
+        #: (``worker.direct.DirectIngress.counters``)
+        self._parts = dict(parts or {})
         self.latency = Buckets(LATENCY_BOUNDS)
         self.phases = {"execute": Buckets(PHASE_BOUNDS), "commit": Buckets(PHASE_BOUNDS)}
         self.committed_total = 0
@@ -182,6 +196,7 @@ class WorkerMetrics:
         yield ph
         yield from self._queues()
         yield from self._world_metrics()
+        yield from self._direct_metrics()
         yield from self._ingress_lag()
         yield from store_metrics(st.engine.stores if st.engine is not None else {})
         if st.engine is not None:  # (the rounds begin with the engine)
@@ -195,9 +210,19 @@ class WorkerMetrics:
                                   "Recoveries this worker rolled back for", value=st.recovery)
         yield from channel_traffic()
 
+    def _direct_metrics(self) -> Iterator[Any]:
+        """Direct calls (``worker.direct``)."""
+        d = self._parts.get("direct", dict)()
+        if not d:
+            return
+        for name, doc in _DIRECT_GAUGES:
+            yield GaugeMetricFamily(f"sfaas_direct_{name}", doc, value=d[name])
+        for name, doc in _DIRECT_COUNTERS:
+            yield CounterMetricFamily(f"sfaas_direct_{name}", doc, value=d[name])
+
     def _world_metrics(self) -> Iterator[Any]:
         """Effects, post-commit actions and timers (``worker.world``)."""
-        w = self._world()
+        w = self._parts.get("world", dict)()
         if not w:
             return
         for name, doc in _WORLD_GAUGES:

@@ -100,7 +100,8 @@ class Worker:
         self.metrics = WorkerMetrics(s, app.name, self.name, st, ingress=self.ingress,
                                      egress=self.egress, calls=self.calls, links=self.links,
                                      uplink=self.uplink, kafka=self.kafka, rounds=self.rounds,
-                                     world=self.world.gauges)
+                                     parts={"world": self.world.gauges,
+                                            "direct": self.direct.counters})
         self.epochs = EpochRunner(s, st, self.mode, uplink=self.uplink, links=self.links,
                                   calls=self.calls, fallback=self.fallback, ingress=self.ingress,
                                   egress=self.egress, metrics=self.metrics, rounds=self.rounds,

@@ -75,12 +75,14 @@ class Settings:
     #: and commits every epoch itself. Leases measured lower p99 under load (5,000 and
     #: 11,000 TPS) but not lower latency at 1,000 TPS (benchmarks/README.md).
     epoch_lease: int = 0
-    #: Seconds from one epoch's Begin before the coordinator begins the next (0: at once,
-    #: the default). At low load an epoch begun at once carries one or two transactions and
-    #: every epoch costs the same messages and Kafka records; a few milliseconds of gathering
-    #: make epochs carry more (issue 34). Loaded epochs take longer than this and are not
-    #: delayed.
-    epoch_gather: float = 0.0
+    #: Seconds from one epoch's Begin before the coordinator begins the next (0: at once).
+    #: An epoch costs about the same messages, syscalls and epoch-log records whatever it
+    #: carries, so epochs begun at once carry one or two transactions at low load and the
+    #: CPU goes to the epochs; 3 ms makes them carry more. With direct calls it cut the CPU
+    #: per transaction to 0.67x at 1,000 TPS and 0.64x at 200, and the median stayed below
+    #: the Kafka path's (issue 47, benchmarks/README.md). Loaded epochs take longer than
+    #: this and are not delayed.
+    epoch_gather: float = 0.003
     #: Override every operator's store engine (benchmarks); empty: the app's choice.
     store: str = ""
     #: Cluster state (pid files, logs) and store data live under here.

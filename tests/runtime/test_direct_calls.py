@@ -26,6 +26,7 @@ from sfaas.errors import AuthenticationError
 from sfaas.runtime import channels, wire
 from sfaas.runtime.partitioning import partition_of
 from sfaas.runtime.protocols.reads import NOT_HERE
+from tests.runtime.test_metrics import scrape, total
 from tests.runtime.test_recovery import chaos_settings, log_tails
 
 SEED = int(os.environ.get("SFAAS_CHAOS_SEED") or random.SystemRandom().randrange(1 << 32))
@@ -107,6 +108,11 @@ def test_copies_of_one_request_run_once_and_a_lost_reply_is_sent_again(
                 assert await client.call("counters", KEYS[0], "value") == 2
                 assert await client.call("counters", key, "value") == 0
                 assert client.calls is not None and client.calls.answered == 2
+            # the workers' metrics count what they did with them
+            scraped = [scrape(p.metrics) for p in cluster.ps(s) if p.role == "worker"]
+            assert sum(total(m, "sfaas_direct_calls_copies_total") for m in scraped) == 4
+            assert sum(total(m, "sfaas_direct_calls_turned_away_total") for m in scraped) == 1
+            assert sum(total(m, "sfaas_direct_calls_taken_total") for m in scraped) == 4
             # another secret: refused, and the client's calls go through Kafka instead
             with pytest.raises(AuthenticationError):
                 await channels.connect(peer.host, peer.port, "not-the-secret")
