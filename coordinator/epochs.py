@@ -2,7 +2,8 @@
 
 A new epoch begins as soon as the previous one committed if any worker reported waiting
 work, otherwise when a worker wakes it up (``wire.Wakeup``) or after a second — but never
-less than ``gather`` seconds (``Settings.epoch_gather``) after the previous Begin. Each Commit
+less than the gathering window (``coordinator.gathering``: up to ``Settings.epoch_gather``
+seconds, less at light load) after the previous Begin. Each Commit
 carries the union of the reports' conflicts and aborts and, every ``snapshot_interval``
 seconds, a snapshot round's marker; a rescale switches in at such a Commit.
 """
@@ -16,6 +17,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from coordinator.barrier import Barrier
+from coordinator.gathering import Gathering
 from coordinator.inbox import Inbox
 from coordinator.ports import EpochObserver, Markers, Switches, Workers, end_of_epoch
 from coordinator.state import ClusterState
@@ -35,9 +37,9 @@ class EagerEpochs:
 
     def __init__(self, state: ClusterState, inbox: Inbox, barrier: Barrier, workers: Workers,
                  rounds: Markers, rescale: Switches, observe: EpochObserver,
-                 gather: float = 0.0) -> None:
+                 gather: Gathering | None = None) -> None:
         self._state = state
-        self._gather = gather
+        self.gathering = gather or Gathering(0.0)
         self._inbox = inbox
         self._barrier = barrier
         self._workers = workers
@@ -52,12 +54,13 @@ class EagerEpochs:
     async def run(self, idle: bool = True) -> None:
         """Run epochs until cancelled (a barrier interrupted by a loss raises)."""
         state = self._state
-        began = 0.0
+        began = committed = 0.0
         while True:
             t_idle = time.perf_counter()
             if idle:
                 await self._inbox.wait_woken(1.0)
-            if self._gather > 0 and (wait := began + self._gather - time.perf_counter()) > 0:
+            window = self.gathering.window
+            if window > 0 and (wait := began + window - time.perf_counter()) > 0:
                 await asyncio.sleep(wait)  # requests gather: fewer, fuller epochs
             began = time.perf_counter()
             self._inbox.take_wakeup()
@@ -70,7 +73,11 @@ class EagerEpochs:
             conflicts, aborts = merge_votes((r.conflicts, r.aborts) for r in reports)
             idle = (idle_after((r.pending for r in reports), conflicts)
                     and not self._inbox.woken)
-            state.count_epoch(sum(r.roots for r in reports), len(conflicts))
+            roots = sum(r.roots for r in reports)
+            state.count_epoch(roots, len(conflicts))
+            if committed:
+                self.gathering.observe(roots, t_exec - committed, t_exec - t_begin)
+            committed = t_exec
             marker, switching = end_of_epoch(self._rescale, self._rounds, epoch, state.stats.txns)
             self._workers.broadcast(wire.Commit(
                 epoch, [wire.Conflict(t, b) for t, b in conflicts.items()],
@@ -86,9 +93,11 @@ class EagerEpochs:
         self._executed += executed
         self._count += 1
         if self._count % LOG_EVERY == 0:
+            g = self.gathering
             log.info("epochs %d; mean of the last %d (ms): waiting for work %.2f, "
-                     "execute+barrier %.2f", self._count, LOG_EVERY,
-                     self._waited / LOG_EVERY * 1000, self._executed / LOG_EVERY * 1000)
+                     "execute+barrier %.2f; %.0f txn/s, gathering window %.2f ms",
+                     self._count, LOG_EVERY, self._waited / LOG_EVERY * 1000,
+                     self._executed / LOG_EVERY * 1000, g.rate, g.window * 1000)
             self._waited = self._executed = 0.0
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from coordinator import status
 from coordinator.barrier import Barrier
 from coordinator.epochs import EagerEpochs, until_interrupted
+from coordinator.gathering import Gathering
 from coordinator.inbox import Inbox
 from coordinator.membership import Membership
 from coordinator.metrics import CoordinatorMetrics
@@ -82,7 +83,8 @@ class Coordinator:
             LeasedEpochs(s.epoch_lease, self.state, self.inbox, self.membership, self.rounds,
                          self.rescale, self.metrics.epoch) if s.epoch_lease > 0 else
             EagerEpochs(self.state, self.inbox, self.barrier, self.membership, self.rounds,
-                        self.rescale, self.metrics.epoch, s.epoch_gather))
+                        self.rescale, self.metrics.epoch,
+                        Gathering(s.epoch_gather, s.epoch_gather_adaptive)))
         self.recovery = Recovery(self.state, self.inbox, self.barrier, self._rounds_remote,
                                  self._recovered)
         #: set by the first start step: a restarted coordinator recovers before any epoch

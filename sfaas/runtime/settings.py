@@ -75,14 +75,16 @@ class Settings:
     #: and commits every epoch itself. Leases measured lower p99 under load (5,000 and
     #: 11,000 TPS) but not lower latency at 1,000 TPS (benchmarks/README.md).
     epoch_lease: int = 0
-    #: Seconds from one epoch's Begin before the coordinator begins the next (0: at once).
-    #: An epoch costs about the same messages, syscalls and epoch-log records whatever it
-    #: carries, so epochs begun at once carry one or two transactions at low load and the
-    #: CPU goes to the epochs; 3 ms makes them carry more. With direct calls it cut the CPU
-    #: per transaction to 0.67x at 1,000 TPS and 0.64x at 200, and the median stayed below
-    #: the Kafka path's (issue 47, benchmarks/README.md). Loaded epochs take longer than
-    #: this and are not delayed.
-    epoch_gather: float = 0.003
+    #: The most seconds from one epoch's Begin before the coordinator begins the next (0: at
+    #: once). An epoch costs about the same messages, syscalls and epoch-log records
+    #: whatever it carries, so epochs begun at once carry one or two transactions and the
+    #: CPU goes to the epochs; waiting makes them carry more. The coordinator waits this
+    #: long when loaded and less at light load (``epoch_gather_adaptive``,
+    #: ``coordinator/gathering.py``); loaded epochs that take longer are not delayed
+    #: (issue 47, benchmarks/README.md).
+    epoch_gather: float = 0.005
+    #: Scale the gathering window with the measured load (False: always ``epoch_gather``).
+    epoch_gather_adaptive: bool = True
     #: Override every operator's store engine (benchmarks); empty: the app's choice.
     store: str = ""
     #: Cluster state (pid files, logs) and store data live under here.
