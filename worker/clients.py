@@ -226,6 +226,17 @@ class KafkaClients:
             await asyncio.gather(*stopping)
 
 
+    async def stop_producer(self) -> None:
+        """Stop the producer for good, after a renewal under way (its new producer is the
+        one stopped then) and with the producers it replaced; each waits for its
+        outstanding deliveries."""
+        if self._renewing is not None and not self._renewing.done():
+            await asyncio.gather(self._renewing, return_exceptions=True)
+        await self.producer.stop()
+        while stopping := [t for t in self._retiring if not t.done()]:
+            await asyncio.gather(*stopping)
+
+
 def _retrieved(task: asyncio.Task[None]) -> None:
     """(A renewal's failure is raised to whoever waits for it; this marks it seen, for
     a renewal whose waiters were all cancelled.)"""

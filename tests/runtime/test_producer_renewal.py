@@ -316,3 +316,34 @@ async def test_a_send_caught_in_a_producer_being_replaced_goes_to_the_new_one(
         assert (await w.kafka.delivered(sent)).offset == 0 and old.sent == []
 
     await _closing(w, test)
+
+
+async def test_stopping_during_a_renewal_stops_the_new_producer_and_the_replaced_one() -> None:
+    """A worker stopping while a new producer is starting: both producers end stopped
+    (none is left running behind the process's last flush)."""
+    from sfaas.runtime.settings import Settings
+    from worker.clients import KafkaClients
+
+    kafka = KafkaClients(Settings())
+    offsets: dict[tuple[str, int], int] = {}
+    old, gate = _Producer(offsets, stuck=True), asyncio.Event()
+    made: list[_Producer] = []
+
+    class _Slow(_Producer):
+        async def start(self) -> None:
+            await gate.wait()  # (a broker slow to answer the new producer)
+            await super().start()
+
+    def new() -> _Producer:
+        made.append(_Slow(offsets, stuck=False))
+        return made[-1]
+
+    kafka.producer, kafka.new_producer = old, new
+    renewing = asyncio.ensure_future(kafka.renew_producer(old, OutOfOrderSequenceNumber()))
+    await asyncio.sleep(0.01)
+    stopping = asyncio.ensure_future(kafka.stop_producer())
+    await asyncio.sleep(0.01)
+    assert not stopping.done()  # it waits for the renewal
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(renewing, stopping), 5)
+    assert made and made[0].started and made[0].stopped and old.stopped
