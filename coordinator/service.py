@@ -162,7 +162,9 @@ class Coordinator:
             await self._stay_stopped(stop)
 
     async def _epochs_and_recoveries(self) -> None:
-        idle = True
+        # the first epoch at once: workers serve reads and calls from their first epoch on,
+        # and ``sfaas up`` waits until they do (an idle cluster then waits for work)
+        idle = False
         if self._resumed or (self.settings.snapshot_interval > 0 and self.state.epoch > 0):
             # a restarted coordinator: every worker rolls back to the newest round and the
             # epoch log after it is replayed (with an empty log nothing ever ran here, so a

@@ -10,6 +10,8 @@ and logs to its own file.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -20,14 +22,17 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from sfaas.app import load_app
-from sfaas.errors import ClusterError, ConfigError
+from sfaas.errors import ClusterError, ConfigError, SfaasError, TransactionAborted
 from sfaas.runtime.settings import Settings
+
+if TYPE_CHECKING:
+    from sfaas.reads import DirectReads
 
 log = logging.getLogger("sfaas.cluster")
 
@@ -162,15 +167,18 @@ def _metrics_mode(base: int | None, n: int) -> str | int:
 
 
 def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, standbys: int = 0,
-       metrics_port: int | None = None) -> list[ProcessInfo]:
+       metrics_port: int | None = None,
+       progress: Callable[[str], None] | None = None) -> list[ProcessInfo]:
     """Start a coordinator and ``workers`` workers for ``app_spec``, plus ``standbys``
-    standby workers per worker; wait until epochs run.
+    standby workers per worker; return once a client's call would succeed: every worker
+    joined, and the owner of every partition answered a direct read (:class:`ReadProbe`).
 
     ``metrics_port``: the coordinator serves ``/metrics`` and the status page there, each
     worker process on the next port (in supervisor order); None: on free ports; 0: off.
     ``ps`` reports each process's URL. Refused before anything starts in a namespace whose
     data directory here holds another app's stores, or this app's written with another
-    engine or partition count (``sfaas.runtime.state``).
+    engine or partition count (``sfaas.runtime.state``). ``progress`` hears what ``up``
+    waits for (``sfaas up`` prints it on stderr).
     """
     if standbys < 0:
         raise ClusterError(f"standbys must be >= 0 (standby workers per worker), got {standbys}")
@@ -217,18 +225,35 @@ def up(settings: Settings, app_spec: str, workers: int, timeout: float = 60.0, s
     (sd / "cluster.json").write_text(json.dumps(info, indent=2))
     sup = _spawn(["supervise", "--state-dir", str(sd), "--workers", str(workers * (1 + standbys))],
                  env, sd / "supervisor.log")
-    _await_ready(settings, sup, timeout)
+    if progress is not None:
+        progress(f"started a coordinator and {workers * (1 + standbys)} worker process(es) "
+                 f"of {app_spec}; waiting until they serve (logs in {sd})")
+    # (the app's first operator; an app without one has nothing to read: it waits for the
+    # ready file only, as ``up`` did before it probed)
+    probe = ReadProbe(dataclasses.replace(settings, secret=secret, coordinator=coord),
+                      app.name, next(iter(app.operators), None))
+    _await_ready(settings, sup, timeout, probe, progress)
     return ps(settings)
 
 
-def _await_ready(settings: Settings, sup: int, timeout: float) -> None:
-    """Wait until the cluster started by supervisor ``sup`` is ready; if a process exits,
-    the supervisor does or ``timeout`` passes, stop it and raise :class:`ClusterError` with
-    the log's tail. A recovery that stopped retrying raises its own reason (``_ready``)."""
-    sd = state_dir(settings)
-    ready = sd / "ready"
-    deadline = time.monotonic() + timeout
-    while not _ready(ready):
+def _await_ready(settings: Settings, sup: int, timeout: float, probe: ReadProbe | None = None,
+                 progress: Callable[[str], None] | None = None) -> None:
+    """Wait until the cluster started by supervisor ``sup`` is ready — its coordinator's
+    ready file says every worker joined, then ``probe`` (if any) got an answer from every
+    partition's owner; if a process exits, the supervisor does or ``timeout`` passes, stop
+    it and raise :class:`ClusterError` with what did not answer and the log's tail. A
+    recovery that stopped retrying raises its own reason (``_ready``)."""
+    ready = state_dir(settings) / "ready"
+    t0 = time.monotonic()
+    deadline, said = t0 + timeout, t0
+    while True:
+        if _ready(ready):
+            if probe is None or probe.serving(max(0.1, min(PROBE_ATTEMPT,
+                                                            deadline - time.monotonic()))):
+                break
+            if progress is not None and time.monotonic() - said >= PROBE_SAY_EVERY:
+                said = time.monotonic()
+                progress(f"not serving yet: {probe.lacking}")
         crashed = [p for p in ps(settings) if p.restarts or p.gave_up]
         if crashed:
             # ``ps`` names a coordinator whose recovery stopped retrying "gave up" too, and
@@ -241,13 +266,116 @@ def _await_ready(settings: Settings, sup: int, timeout: float) -> None:
                 why = "the supervisor exited"
             else:
                 why = f"not ready after {timeout:.0f} s"
-            _signal(sup, signal.SIGTERM)
-            _wait_gone([ProcessInfo("supervisor", sup, "", "")], 25.0)
-            down(settings)
-            logf = Path(crashed[0].log) if crashed else sd / "supervisor.log"
-            tail = logf.read_text()[-2000:] if logf.exists() else ""
-            raise ClusterError(f"cluster did not become ready ({why}); logs in {sd}\n{tail}")
-        time.sleep(0.1)
+                if probe is not None and probe.tried:
+                    why += f": {probe.lacking}"
+            _stop_unready(settings, sup, why, crashed[0].log if crashed else "")
+        time.sleep(0.05)
+    if progress is not None and probe is not None and probe.partitions:
+        progress(f"serving: the owner of each of {probe.partitions} partitions answered a "
+                 f"read ({time.monotonic() - t0:.1f} s)")
+
+
+def _stop_unready(settings: Settings, sup: int, why: str, logfile: str) -> NoReturn:
+    """Stop the cluster of supervisor ``sup`` that did not become ready, and raise
+    :class:`ClusterError` saying ``why`` with the tail of ``logfile`` (default: the
+    supervisor's)."""
+    sd = state_dir(settings)
+    _signal(sup, signal.SIGTERM)
+    _wait_gone([ProcessInfo("supervisor", sup, "", "")], 25.0)
+    down(settings)
+    logf = Path(logfile) if logfile else sd / "supervisor.log"
+    tail = logf.read_text()[-2000:] if logf.exists() else ""
+    raise ClusterError(f"cluster did not become ready ({why}); logs in {sd}\n{tail}")
+
+
+#: Seconds one probe of every partition may take before ``up`` tries again, and between
+#: two "not serving yet" progress lines.
+PROBE_ATTEMPT = 5.0
+PROBE_SAY_EVERY = 5.0
+#: The keys the probe reads (``PROBE_KEY`` + a number): whether an app has them or not, the
+#: answer (None for a missing key) proves the worker serves.
+PROBE_KEY = "sfaas-up-probe-"
+
+
+class ReadProbe:
+    """Up means up: whether a client's call would succeed now.
+
+    The coordinator writes its ready file once every worker joined, but a worker serves
+    reads and calls only from its first epoch on (``WorkerState.reads_open``), and a client
+    finds it through the coordinator's placement, empty until every member is alive. So
+    ``up`` then reads a key (:data:`PROBE_KEY`) of ``operator`` from every partition's owner,
+    the way a client does (``sfaas.reads``: the placement from the coordinator, the read
+    over the owner's authenticated channel). A direct read writes no Kafka record — a test
+    reading the ingress topic back sees no probe. No setting turns the workers' reads off
+    (``direct_calls`` is a client's choice of path for its calls), so the probe runs for
+    every app with an operator; ``operator`` None: it passes at once.
+
+    ``reads``: makes the client side of one attempt (the seam tests fake).
+    """
+
+    def __init__(self, settings: Settings, app: str, operator: str | None,
+                 reads: Callable[[Settings, str], DirectReads] | None = None) -> None:
+        self._settings = settings
+        self._app = app
+        self._operator = operator
+        self._reads = reads
+        #: what did not answer the last attempt ("" once every partition's owner answered)
+        self.lacking = "nothing tried yet"
+        #: whether an attempt ran (``operator`` None: never)
+        self.tried = False
+        #: partitions whose owners answered (0 until an attempt succeeded)
+        self.partitions = 0
+
+    def serving(self, timeout: float) -> bool:
+        """One attempt, bounded by ``timeout`` seconds: whether every partition's owner
+        answered (else :attr:`lacking` says what did not)."""
+        if self._operator is None:
+            return True
+        self.tried = True
+        self.lacking = asyncio.run(self._attempt(self._operator, timeout))
+        return not self.lacking
+
+    async def _attempt(self, operator: str, timeout: float) -> str:
+        from sfaas.reads import DirectReads, Unavailable
+
+        reads = (self._reads or DirectReads)(self._settings, self._app)
+        asking = f"the coordinator at {self._settings.coordinator}"
+        try:
+            async with asyncio.timeout(timeout):
+                placement = await reads.where(fresh=True)
+                if not placement.owners:
+                    return f"{asking} has no placement yet (a worker not alive, or a recovery)"
+                for p, key in enumerate(_probe_keys(operator, len(placement.owners))):
+                    peer = placement.peers[placement.owners[p]]
+                    asking = (f"worker {placement.owners[p]} at {peer.host}:{peer.port} "
+                              f"(partition {p})")
+                    try:
+                        answered, _ = await reads.read(operator, p, key)
+                    except TransactionAborted:
+                        answered = True  # an error the worker named: it serves
+                    if not answered:
+                        return f"{asking} did not answer a read: {reads.why_not}"
+                self.partitions = len(placement.owners)
+                return ""
+        except TimeoutError:
+            return f"{asking} did not answer within {timeout:.1f} s"
+        except (Unavailable, SfaasError, OSError) as exc:  # e.g. no coordinator to ask
+            return f"{asking}: {type(exc).__name__}: {exc}"
+        finally:
+            await reads.close()
+
+
+def _probe_keys(operator: str, partitions: int) -> list[str]:
+    """One :data:`PROBE_KEY` key of ``operator`` in each of ``partitions`` partitions
+    (the n-th in partition n)."""
+    from sfaas.runtime.partitioning import partition_of
+
+    keys: dict[int, str] = {}
+    i = 0
+    while len(keys) < partitions:
+        keys.setdefault(partition_of(operator, f"{PROBE_KEY}{i}", partitions), f"{PROBE_KEY}{i}")
+        i += 1
+    return [keys[p] for p in range(partitions)]
 
 
 def _ready(path: Path) -> bool:

@@ -317,7 +317,7 @@ def _up(ns: argparse.Namespace) -> int:
                   "snapshot_interval", "snapshot_retain", "metrics_port")
     chosen = ns.metrics_port is not None or bool(os.environ.get("SFAAS_METRICS_PORT"))
     procs = cluster.up(s, ns.app, ns.workers, standbys=ns.standbys,
-                       metrics_port=s.metrics_port if chosen else None)
+                       metrics_port=s.metrics_port if chosen else None, progress=_say)
     for p in procs:
         print(f"{p.role:12} pid={p.pid:<8} {p.address}")
     page = cluster.status_url(s)

@@ -65,6 +65,8 @@ class DirectReads:
         #: reads answered directly, and reads handed back to Kafka
         self.direct = 0
         self.fell_back = 0
+        #: why the last read handed back to Kafka was not answered directly
+        self.why_not = ""
         #: where a worker's ``Answer`` goes (``sfaas.direct.DirectCalls``), and who hears
         #: of a worker's channel closing
         self.on_answer: Callable[[channels.Channel, wire.Answer], None] | None = None
@@ -81,6 +83,7 @@ class DirectReads:
         read through Kafka would); ``(False, None)``: read through Kafka instead."""
         if time.monotonic() < self._off_until:
             self.fell_back += 1
+            self.why_not = "the direct path is off after a failure (see RETRY_AFTER)"
             return False, None
         for attempt in range(2):
             try:
@@ -88,12 +91,14 @@ class DirectReads:
                                         fresh=attempt > 0)
             except Unavailable as exc:
                 log.debug("direct read unavailable (%s): reading through Kafka", exc)
+                self.why_not = str(exc)
                 break
             if reply.ok:
                 self.direct += 1
                 return True, reply.value
             if reply.error_type != NOT_HERE:
                 raise reply_error(reply.error_type or "BadRequest", reply.reason)
+            self.why_not = reply.reason
             self._placement = None  # ask the coordinator again
         self.fell_back += 1
         return False, None

@@ -181,7 +181,7 @@ class EpochRunner:
             if item.attempts == 0:
                 self._age_sum += begin.now - item.request.sent_at
                 self._age_n += 1
-        ack = None
+        sent = None
         if st.log_topic and st.loop.batch and not begin.replay:
             # the epoch-log write overlaps execution; the report (hence every reply of
             # this epoch, anywhere) waits for it to be durable
@@ -194,14 +194,16 @@ class EpochRunner:
             fence = self._fence
             if fence is not None and not fence.valid():
                 await fence.held()
-            ack = await self._kafka.producer.send(st.log_topic, rec.encode(), partition=0)
+            sent = await self._kafka.send(st.log_topic, rec.encode(), 0)
         await st.loop.execute()
         if self._settings.check_determinism and not begin.replay:
             assert st.engine is not None
             await check_local(st.engine, st.loop.batch, st.loop.outcomes, st.loop.request_of)
-        if ack is not None:
+        if sent is not None:
             try:
-                md = await ack
+                # (a stuck producer is replaced and the record sent again: the broker took
+                # none of it, and a copy that did land twice replays once — worker.clients)
+                md = await self._kafka.delivered(sent, self._fence)
             except Exception as exc:
                 # without the record no reply of this epoch may leave: stop loudly
                 log.error("writing epoch %d to the epoch log failed: %s; leaving the cluster",

@@ -208,6 +208,10 @@ class WorkerMetrics:
                                       value=self._rounds.failed)
         yield CounterMetricFamily("sfaas_worker_recoveries",
                                   "Recoveries this worker rolled back for", value=st.recovery)
+        yield CounterMetricFamily("sfaas_worker_producer_renewals",
+                                  "Kafka producers this worker replaced after they got stuck "
+                                  "(OutOfOrderSequenceNumber and the like)",
+                                  value=self._kafka.producer_renewals)
         yield from channel_traffic()
 
     def _direct_metrics(self) -> Iterator[Any]:

@@ -249,7 +249,7 @@ class Worker:
 
     async def _stop_kafka(self) -> None:
         await self.egress.flush()
-        await self.kafka.producer.stop()  # waits for outstanding deliveries
+        await self.kafka.stop_producer()  # waits for outstanding deliveries
         await self.egress.commit_offsets()
         await self.kafka.consumer.stop()
 
