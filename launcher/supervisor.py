@@ -3,10 +3,10 @@ that die.
 
 ``sfaas up`` starts this as one background process (``python -m sfaas supervise``); it
 starts every role as its own child (own session, own log), polls them, and restarts a child
-that exits — after a backoff (0.2 s doubling to 5 s; a worker of a cluster with standbys
-waits at least ``STANDBY_RESTART_DELAY``), and not more than ``MAX_CRASHES``
-times in ``CRASH_WINDOW`` seconds: then it gives up on that role with a clear error in its
-log and in ``cluster.json`` (``sfaas ps`` shows it). It rewrites ``cluster.json`` (atomically)
+that exits — at once the first time, then after a backoff (0.2 s doubling to 5 s; a
+worker of a cluster with standbys waits at least ``STANDBY_RESTART_DELAY``), and not more
+than ``MAX_CRASHES`` times in ``CRASH_WINDOW`` seconds: then it gives up on that role with
+a clear error in its log and in ``cluster.json`` (``sfaas ps`` shows it). It rewrites ``cluster.json`` (atomically)
 whenever a process starts or stops. On SIGTERM (``sfaas down``) it stops the coordinator
 first (which stops the workers cleanly), then whatever is left, and exits.
 
@@ -106,7 +106,9 @@ class Child:
     gave_up: str = ""
     exits: deque[float] = field(default_factory=deque)
     next_start: float = 0.0
-    backoff: float = 0.2
+    #: seconds before the next restart: 0 for a first crash (a killed worker's slot waits
+    #: for its replacement), then 0.2 s doubling to 5 s
+    backoff: float = 0.0
     retired: bool = False
     proc: subprocess.Popen[bytes] | None = None
     #: its ``/metrics`` URL (empty: off)
@@ -234,7 +236,7 @@ class Supervisor:
                 c.next_start = now + delay
                 log.warning("%s %d (pid %d) exited with code %s; restarting in %.1f s",
                             c.role, c.index, c.pid, code, delay)
-                c.backoff = min(5.0, c.backoff * 2)
+                c.backoff = min(5.0, max(0.2, c.backoff * 2))
             if (not self.stopping and c.proc is None and not c.gave_up and c.next_start
                     and now >= c.next_start):
                 c.next_start = 0.0
@@ -242,7 +244,7 @@ class Supervisor:
                 self._start(c)
                 changed = True
             if c.alive and c.exits and now - c.exits[-1] > CRASH_WINDOW:
-                c.backoff = 0.2  # healthy for a while: a later crash restarts quickly again
+                c.backoff = 0.0  # healthy for a while: a later crash restarts at once again
         self.children = [c for c in self.children if not c.retired]
         return changed
 
@@ -322,6 +324,6 @@ def supervise(state_dir: str, workers: int) -> int:
             sup.scale()
         if sup.poll():
             sup.write()
-        time.sleep(0.1)
+        time.sleep(0.05)
     sup.stop()
     return 0

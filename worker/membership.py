@@ -4,6 +4,7 @@ the Kafka clients for the slot it got."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -113,10 +114,12 @@ class Membership:
         """The worker's Kafka clients for ``assign`` (a promoted standby's are running), and
         where its replies and epoch-log records will land from now on."""
         k, st = self._kafka, self._state
+        starting = []  # (at once: a replacement's recovery waits for them)
         if k.producer is None:  # a promoted standby started its clients while standing by
-            await k.start_producer(st.index)
+            starting.append(k.start_producer(st.index))
         if k.consumer is None or k.group != assign.group:
-            await k.start_consumer(assign.group, st.index)
+            starting.append(k.start_consumer(assign.group, st.index))
+        await asyncio.gather(*starting)
         # end offsets before assign(): assign() narrows the consumer's metadata to the
         # ingress topic, and an offset lookup of another topic then waits ~0.1 s for a
         # refresh (a promoted standby fetched their metadata while standing by: warm_up)

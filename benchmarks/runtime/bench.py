@@ -172,6 +172,22 @@ def _kill_worker(settings: Settings, t0: float, kill: dict, lose_machine: bool =
                 dirs_deleted=deleted)
 
 
+def live_epoch_rate(log_text: str) -> float | None:
+    """Epochs per second before the coordinator's first recovery, from its line every 500
+    epochs (``coordinator.epochs.LOG_EVERY``); None: fewer than two such lines."""
+    points: list[tuple[float, int]] = []
+    for line in log_text.splitlines():
+        if re.search(r"recovery \d+|lost worker|worker \d+ lost", line):
+            break
+        m = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*: epochs (\d+); mean", line)
+        if m:
+            t = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+            points.append((t, int(m.group(3))))
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
+        return None
+    return (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
+
+
 def _recovery_stats(res, kill: dict, settings: Settings) -> dict:
     """Longest pause of replies after the kill, when the backlog drained, and the phases."""
     gap, gap_start = res.longest_gap(after=kill["at"] - 0.5)
@@ -188,6 +204,12 @@ def _recovery_stats(res, kill: dict, settings: Settings) -> dict:
         total, rnd, epochs, detect, restore, replay = m[-1]
         out.update(recovery_s=float(total), round=int(rnd), epochs_replayed=int(epochs),
                    detect_restart_s=float(detect), restore_s=float(restore), replay_s=float(replay))
+        # replay speed (issue 48): logged epochs replayed per second over live epochs per second
+        live = live_epoch_rate(log_text)
+        if live and float(replay) > 0:
+            out.update(live_epochs_per_s=round(live, 1),
+                       replay_epochs_per_s=round(int(epochs) / float(replay), 1),
+                       replay_speedup=round(int(epochs) / float(replay) / live, 2))
         # what the workers downloaded to restore the round (survivors hold their files: the
         # downloads are the lost slot's)
         files = total_files = 0
