@@ -6,9 +6,10 @@ starts every role as its own child (own session, own log), polls them, and resta
 that exits — at once the first time, then after a backoff (0.2 s doubling to 5 s; a
 worker of a cluster with standbys waits at least ``STANDBY_RESTART_DELAY``), and not more
 than ``MAX_CRASHES`` times in ``CRASH_WINDOW`` seconds: then it gives up on that role with
-a clear error in its log and in ``cluster.json`` (``sfaas ps`` shows it). It rewrites ``cluster.json`` (atomically)
-whenever a process starts or stops. On SIGTERM (``sfaas down``) it stops the coordinator
-first (which stops the workers cleanly), then whatever is left, and exits.
+a clear error in its log and in ``cluster.json`` (``sfaas ps`` shows it). It rewrites
+``cluster.json`` (atomically) whenever a process starts or stops. On SIGTERM (``sfaas
+down``) it stops the coordinator first (which stops the workers cleanly), then whatever is
+left, and exits.
 
 The workers of a cluster take their index from the coordinator, so a restarted worker
 simply registers again and takes the slot of the lost one (``coordinator.protocols.recovery``).
