@@ -220,7 +220,8 @@ def _run_service(coro_factory: Any, settings: Settings | None = None) -> int:
             from sfaas.runtime import liveness
 
             beat = loop.create_task(liveness.touch_forever(
-                liveness.alive_path(settings.home), settings.heartbeat_timeout / 4),
+                liveness.alive_path(settings.home, settings.alive_file),
+                settings.heartbeat_timeout / 4),
                 name="liveness")
         try:
             await coro_factory()

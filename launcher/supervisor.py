@@ -79,18 +79,15 @@ def stalled(started: float, age: float | None, now: float, limit: float,
 
 
 def _max_age() -> float:
-    raw = os.environ.get("SFAAS_SUPERVISOR_MAX_AGE", "")
-    if raw:
-        try:
-            return float(raw)
-        except ValueError:
-            log.error("SFAAS_SUPERVISOR_MAX_AGE must be seconds, got %r; using the default", raw)
     try:
-        return liveness.max_age(Settings.load().heartbeat_timeout)
+        s = Settings.load()
     except Exception as exc:  # (the children fail loudly on bad settings themselves)
         log.warning("settings unreadable (%s): the liveness limit is %.0f s", exc,
                     liveness.max_age(2.0))
         return liveness.max_age(2.0)
+    if s.supervisor_max_age >= 0:
+        return s.supervisor_max_age
+    return liveness.max_age(s.heartbeat_timeout)
 
 
 @dataclass

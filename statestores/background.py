@@ -29,9 +29,9 @@ a queue, start a thread); it must never take a store lock or do slow work — th
 task of the lane waits for it, and if a store thread holds that lock while it waits for
 a later task of the same lane, neither ever goes on.
 
-``SFAAS_BACKGROUND=thread`` (or ``submit(..., local=True)``) runs tasks on the lane's
-dispatcher thread in this process instead (under profilers, on a single core, or when an
-argument cannot cross processes).
+``set_mode("thread")`` (the runtime's ``SFAAS_BACKGROUND=thread``), or ``submit(...,
+local=True)``, runs tasks on the lane's dispatcher thread in this process instead (under
+profilers, on a single core, or when an argument cannot cross processes).
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ from .bgframes import CREDENTIALS, FRAME, PICKLE, recv_frame, write_all
 from .errors import BackgroundBusy, BackgroundDied
 
 __all__ = [
-    "submit", "warm_up", "shutdown", "mode", "cpu_seconds", "MAX_QUEUED", "BackgroundBusy",
-    "BackgroundDied",
+    "submit", "warm_up", "shutdown", "mode", "set_mode", "cpu_seconds", "MAX_QUEUED",
+    "BackgroundBusy", "BackgroundDied",
 ]
 
 log = logging.getLogger("statestores")
@@ -80,12 +80,26 @@ _SHUTDOWN_WAIT = 2.0
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+#: Where tasks run (:func:`set_mode`); one process-wide choice, like the lanes.
+_mode = "process"
+
+
+def set_mode(value: str) -> str:
+    """Run this process's tasks in background processes (``"process"``, the default) or on
+    the lanes' dispatcher threads (``"thread"``); returns the mode it replaces. The runtime
+    sets it from its ``background`` setting (``SFAAS_BACKGROUND``); this library reads no
+    environment variable of its own."""
+    global _mode
+    if value not in ("process", "thread"):
+        raise ValueError(
+            f"background mode (SFAAS_BACKGROUND) must be 'process' or 'thread', got {value!r}")
+    old, _mode = _mode, value
+    return old
+
+
 def mode() -> str:
-    """``"process"`` (default) or ``"thread"``, from ``SFAAS_BACKGROUND``."""
-    m = os.environ.get("SFAAS_BACKGROUND", "process")
-    if m not in ("process", "thread"):
-        raise ValueError(f"SFAAS_BACKGROUND must be 'process' or 'thread', got {m!r}")
-    return m
+    """``"process"`` (default) or ``"thread"``: see :func:`set_mode`."""
+    return _mode
 
 
 # ---------------------------------------------------------------------- parent side

@@ -23,7 +23,6 @@ MAX_FUNCTION_LINES = 70
 #: (the request path, the worker, the settings), at their size at 940f456. Each may only
 #: shrink: lower its number when it does, and delete its line once it is under the limit.
 RATCHET = {
-    "sfaas/runtime/settings.py:Settings.validate": 88,
     "worker/protocols/recovery.py:Recovery.recover": 137,
 }
 

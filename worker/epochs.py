@@ -25,11 +25,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import time
 from typing import Any
 
-from sfaas.errors import ClusterError
 from sfaas.runtime import wire
 from sfaas.runtime.epochlog import EpochRecord
 from sfaas.runtime.kafka import Reachability
@@ -53,24 +51,12 @@ from worker.world import World
 
 log = logging.getLogger("sfaas.worker")
 
-__all__ = ["EpochRunner", "fallback_mode"]
+__all__ = ["EpochRunner"]
 
 
 def astuple_head(r: wire.Reply) -> tuple[str, bool, Any, str | None, str | None]:
     """A reply without its traceback (what a replay must reproduce)."""
     return r.rid, r.ok, r.value, r.error_type, r.reason
-
-
-def fallback_mode() -> str:
-    """The fallback phase (SFAAS_FALLBACK): "cross" (default; also "1"), every conflicting
-    root re-runs in its epoch under ordered locks across workers (``worker.protocols.fallback``);
-    "local", only roots whose first run stayed on this worker; "0", none (conflicts re-run
-    next epoch)."""
-    mode = os.environ.get("SFAAS_FALLBACK", "cross")
-    got = {"1": "cross", "0": "off"}.get(mode, mode)
-    if got not in ("cross", "local", "off"):
-        raise ClusterError(f"SFAAS_FALLBACK must be cross, local or 0, got {mode!r}")
-    return got
 
 
 class EpochRunner:

@@ -27,10 +27,11 @@ from sfaas.runtime.lifecycle import Lifecycle
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import PartitionStores, open_stores
 from sfaas.runtime.txn.engine import Engine
+from statestores import background
 from worker.clients import KafkaClients
 from worker.direct import DirectIngress
 from worker.egress import Egress
-from worker.epochs import EpochRunner, fallback_mode
+from worker.epochs import EpochRunner
 from worker.fence import Lease
 from worker.inbox import CoordinatorInbox
 from worker.ingress import IN_FLIGHT_BATCHES, Ingress
@@ -61,7 +62,8 @@ class Worker:
         self.app = app
         self.name = name or f"worker-{os.getpid()}"
         secret = self.secret = settings.shared_secret()
-        self.mode = fallback_mode()
+        self.mode = s.fallback_phase()
+        background.set_mode(s.background)  # (one choice per process, like the lanes)
         log_topic = s.epoch_log_topic(app.name) if s.snapshot_interval > 0 else ""
         # the epoch loop's own (local) fallback phase only in "local" mode
         st = self.state = WorkerState(s.max_batch, self.mode == "local", log_topic)

@@ -7,8 +7,9 @@ Its supervisor (``launcher.supervisor``) kills a child whose file grew older tha
 :func:`max_age` and restarts it; ``sfaas alive --max-age S`` reads the file for a container
 healthcheck or a Kubernetes liveness probe (exit 0: fresh, 1: stale or missing).
 
-The file is ``$SFAAS_ALIVE_FILE`` if set (``sfaas up`` gives each child its own), else
-``{home}/alive`` — one process per container, or per home. Its content is the pid.
+The file is the setting ``alive_file`` (``$SFAAS_ALIVE_FILE``: ``sfaas up`` gives each child
+its own) if set, else ``{home}/alive`` — one process per container, or per home. Its
+content is the pid.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ log = logging.getLogger("sfaas.runtime.liveness")
 
 __all__ = ["ENV", "alive_path", "touch", "touch_forever", "age", "max_age", "TURN", "Turns"]
 
-#: The environment variable naming a process's liveness file.
+#: The environment variable naming a process's liveness file (``Settings.alive_file``; the
+#: supervisor sets it for each child).
 ENV = "SFAAS_ALIVE_FILE"
 
 
@@ -48,9 +50,9 @@ class Turns:
             self._until = time.perf_counter() + TURN
 
 
-def alive_path(home: str) -> str:
-    """This process's liveness file."""
-    return os.environ.get(ENV) or os.path.join(home, "alive")
+def alive_path(home: str, alive_file: str) -> str:
+    """This process's liveness file: ``alive_file``, or when empty ``{home}/alive``."""
+    return alive_file or os.path.join(home, "alive")
 
 
 def max_age(heartbeat_timeout: float) -> float:

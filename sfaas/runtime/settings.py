@@ -29,6 +29,8 @@ DEV_SECRET = "sfaas-dev-secret-change-me"
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 #: Fields that hold credentials: never in a repr, an error message or a pickle.
 SECRET_FIELDS = ("secret", "minio_access_key", "minio_secret_key")
+#: The values of ``fallback`` and the phase each names.
+FALLBACK_PHASES = {"cross": "cross", "1": "cross", "local": "local", "off": "off", "0": "off"}
 
 
 def _default_home() -> str:
@@ -148,6 +150,21 @@ class Settings:
     #: coordinator also serves its status page there (``/``, ``/status.json``); 0: off.
     #: ``sfaas up`` gives each of its processes a port of its own (``--metrics-port``).
     metrics_port: int = 0
+    #: A worker's fallback phase: ``cross`` (also ``1``) re-runs every conflicting root in its
+    #: epoch under locks ordered across workers (``worker.protocols.fallback``); ``local``
+    #: only roots whose first run stayed on their worker; ``0`` (also ``off``) none, the
+    #: conflicting roots re-run in the next epoch (benchmarks).
+    fallback: str = "cross"
+    #: Where the stores' merges, flushes and uploads run: ``process``, in background
+    #: processes (``statestores.background``), or ``thread``, on a thread of this process
+    #: (under a profiler, on one core).
+    background: str = "process"
+    #: The liveness file this process touches (``sfaas.runtime.liveness``); empty:
+    #: ``{home}/alive``. ``sfaas up``'s supervisor gives each child its own.
+    alive_file: str = ""
+    #: Seconds of a silent liveness file after which ``sfaas up``'s supervisor replaces the
+    #: process; 0 turns its watchdog off; -1: ``2 × heartbeat_timeout + 1``.
+    supervisor_max_age: float = -1.0
 
     @classmethod
     def load(
@@ -177,23 +194,7 @@ class Settings:
         """Raise :class:`ConfigError` naming the first invalid value."""
         for f in dataclasses.fields(self):  # a value set in code must have its field's type
             _typed(f, getattr(self, f.name), f.name)
-        for name in ("namespace",):
-            if not _NAME_RE.match(getattr(self, name)):
-                raise ConfigError(f"{name} must be 1-100 letters, digits, '.', '_' or '-' "
-                                  f"(it names Kafka topics), got {getattr(self, name)!r:.60}")
-        for name in ("home", "coordinator", "host"):
-            value = getattr(self, name)
-            if not value or "\0" in value or value != value.strip():
-                raise ConfigError(f"{name} must be a non-empty value without NUL or surrounding "
-                                  f"blanks, got {value!r:.60}")
-        for name in ("minio_access_key", "minio_secret_key"):  # (never echoed: credentials)
-            if not getattr(self, name):
-                raise ConfigError(f"{name} must not be empty (SFAAS_{name.upper()} unset gives the "
-                                  "local default)")
-        self.kafka_servers()
-        self.minio_endpoints()
-        if "\0" in self.ready_file or "\0" in self.app:
-            raise ConfigError("app and ready_file must not contain NUL")
+        self._validate_names()
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be 0-65535 (0: any free port), got {self.port}")
         for name in ("fetch_wait_ms", "linger_ms"):
@@ -217,6 +218,46 @@ class Settings:
         if self.standby_of < -1:
             raise ConfigError("standby_of must be a worker index >= 0, or -1 for none, "
                               f"got {self.standby_of}")
+        self._validate_limits()
+        self._validate_modes()
+        if self.snapshot_interval:
+            from minio.helpers import check_bucket_name
+
+            try:
+                check_bucket_name(self.bucket, strict=True)
+            except ValueError as exc:
+                raise ConfigError(
+                    f"bucket {self.bucket!r} is not a valid S3 bucket name: {exc}") from None
+        if self.store:
+            import statestores
+
+            if self.store not in statestores.ENGINES:
+                raise ConfigError(
+                    f"store must be one of {statestores.ENGINES}, got {self.store!r}")
+        self.coordinator_address()
+
+    def _validate_names(self) -> None:
+        """The names, addresses, paths and credentials (part of :meth:`validate`)."""
+        for name in ("namespace",):
+            if not _NAME_RE.match(getattr(self, name)):
+                raise ConfigError(f"{name} must be 1-100 letters, digits, '.', '_' or '-' "
+                                  f"(it names Kafka topics), got {getattr(self, name)!r:.60}")
+        for name in ("home", "coordinator", "host"):
+            value = getattr(self, name)
+            if not value or "\0" in value or value != value.strip():
+                raise ConfigError(f"{name} must be a non-empty value without NUL or surrounding "
+                                  f"blanks, got {value!r:.60}")
+        for name in ("minio_access_key", "minio_secret_key"):  # (never echoed: credentials)
+            if not getattr(self, name):
+                raise ConfigError(f"{name} must not be empty (SFAAS_{name.upper()} unset gives the "
+                                  "local default)")
+        self.kafka_servers()
+        self.minio_endpoints()
+        if "\0" in self.ready_file or "\0" in self.app:
+            raise ConfigError("app and ready_file must not contain NUL")
+
+    def _validate_limits(self) -> None:
+        """The ports, timeouts, retentions and bounds (part of :meth:`validate`)."""
         if self.max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
         if not 1 <= self.replication <= 16:
@@ -250,21 +291,25 @@ class Settings:
             raise ConfigError(f"max_effects must be >= 1, got {self.max_effects}")
         if self.snapshot_retain < 1:
             raise ConfigError(f"snapshot_retain must be >= 1, got {self.snapshot_retain}")
-        if self.snapshot_interval:
-            from minio.helpers import check_bucket_name
 
-            try:
-                check_bucket_name(self.bucket, strict=True)
-            except ValueError as exc:
-                raise ConfigError(
-                    f"bucket {self.bucket!r} is not a valid S3 bucket name: {exc}") from None
-        if self.store:
-            import statestores
+    def _validate_modes(self) -> None:
+        """The settings that choose how a part works (part of :meth:`validate`)."""
+        if self.fallback not in FALLBACK_PHASES:
+            raise ConfigError("fallback (SFAAS_FALLBACK) must be cross (or 1), local or 0 (or "
+                              f"off), got {self.fallback!r:.40}")
+        if self.background not in ("process", "thread"):
+            raise ConfigError("background (SFAAS_BACKGROUND) must be 'process' or 'thread', "
+                              f"got {self.background!r:.40}")
+        if "\0" in self.alive_file:
+            raise ConfigError("alive_file (SFAAS_ALIVE_FILE) must not contain NUL")
+        if not (self.supervisor_max_age == -1 or self.supervisor_max_age >= 0):
+            raise ConfigError("supervisor_max_age (SFAAS_SUPERVISOR_MAX_AGE) must be seconds >= 0 "
+                              "(0: no watchdog), or -1 for 2 x heartbeat_timeout + 1, "
+                              f"got {self.supervisor_max_age}")
 
-            if self.store not in statestores.ENGINES:
-                raise ConfigError(
-                    f"store must be one of {statestores.ENGINES}, got {self.store!r}")
-        self.coordinator_address()
+    def fallback_phase(self) -> str:
+        """``fallback`` by its name: ``"cross"``, ``"local"`` or ``"off"``."""
+        return FALLBACK_PHASES[self.fallback]
 
     def coordinator_address(self) -> tuple[str, int]:
         """``(host, port)`` of the coordinator."""

@@ -16,10 +16,10 @@ checksum recomputed after the damage): ``CURRENT``, hints, log records.
 
 from __future__ import annotations
 
-import os
 import shutil
 import struct
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import statestores
-from statestores import current, hints, records
+from statestores import background, current, hints, records
 from statestores.checksum import crc32c
 from statestores.errors import CorruptionError, StoreError
 from statestores.fs import FileSystem
@@ -79,8 +79,7 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> None:
     if IMAGES:
         return
     root = tmp_path_factory.mktemp("fuzz-stores")
-    old = os.environ.get("SFAAS_BACKGROUND")
-    os.environ["SFAAS_BACKGROUND"] = "thread"
+    old = background.set_mode("thread")
     try:
         for engine in statestores.ENGINES:
             _write(engine, root / engine)
@@ -89,10 +88,7 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> None:
             KINDS[engine] = {n: k for n, k, _ in current.read(FileSystem(), str(image))["files"]}
             assert _read_all(engine, image) == model(), f"{engine}: the undamaged image must hold the model"
     finally:
-        if old is None:
-            os.environ.pop("SFAAS_BACKGROUND", None)
-        else:
-            os.environ["SFAAS_BACKGROUND"] = old
+        background.set_mode(old)
 
 
 def _read_all(engine: str, directory: Path) -> dict[bytes, bytes]:
@@ -131,8 +127,12 @@ def reframed_footer(draw: st.DrawFn, run: bytes) -> bytes:
 
 
 @pytest.fixture
-def background_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SFAAS_BACKGROUND", "thread")  # no process start per example
+def background_threads() -> Iterator[None]:
+    old = background.set_mode("thread")  # no process start per example
+    try:
+        yield
+    finally:
+        background.set_mode(old)
 
 
 @pytest.mark.spread(accepted=["all data", "wal tail truncated"],

@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -260,7 +259,7 @@ async def test_fallback_run_that_leaves_the_worker_reruns_next_epoch() -> None:
     assert c.items() == {"h": 3, far: 10}
 
 
-async def test_worker_commit_replies_from_the_fallback_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_worker_commit_replies_from_the_fallback_phase() -> None:
     """The worker's Commit handling: a hot chain commits whole, replies carry fallback results."""
     import msgpack
 
@@ -272,9 +271,9 @@ async def test_worker_commit_replies_from_the_fallback_phase(monkeypatch: pytest
     app = _ledger()
     home = tempfile.mkdtemp()
     # this worker's own fallback phase (the cross-worker one needs peers)
-    monkeypatch.setenv("SFAAS_FALLBACK", "local")
     w = Worker(Settings.load({"secret": "fallback-secret-0123456789", "home": home, "snapshot_interval": 0,
-                              "workers": 1, "partitions": 4, "store": "memonly"}, env={}), app, "w0")
+                              "workers": 1, "partitions": 4, "store": "memonly", "fallback": "local"},
+                             env={}), app, "w0")
     w.state.adopt(wire.Assign(0, 1, [["127.0.0.1", 1]], 4, "in", "out", "group", [0, 0, 0, 0]))
     eng = w.start_engine(open_partition_stores(app, home, range(4), 4, store="memonly"))
     loop = w.state.loop

@@ -342,7 +342,8 @@ def test_the_sfaas_alive_probe_loads_no_runtime(tmp_path: Path) -> None:
             "{'sfaas', 'aiokafka', 'msgpack', 'worker', 'coordinator', 'statestores', 'remotes'}))")
     env = dict(os.environ, SFAAS_HOME=str(tmp_path))
     env.pop(liveness.ENV, None)
-    liveness.touch(liveness.alive_path(Settings.load(env=env).home))
+    s = Settings.load(env=env)
+    liveness.touch(liveness.alive_path(s.home, s.alive_file))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env=env, cwd=str(Path(__file__).resolve().parents[2]))
     assert out.stdout.split("\n")[-2] == "0 []", out

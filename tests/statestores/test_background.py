@@ -41,7 +41,7 @@ def _hang_guard(request: pytest.FixtureRequest, seconds: float) -> None:
 def fresh_lanes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every test starts and ends without background processes, in process mode; a hang
     fails after 60 s with every thread's stack."""
-    monkeypatch.delenv("SFAAS_BACKGROUND", raising=False)
+    old = background.set_mode("process")
     background.shutdown()
     _hang_guard(request, 60)
     try:
@@ -49,12 +49,12 @@ def fresh_lanes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     finally:
         faulthandler.cancel_dump_traceback_later()
         background.shutdown()
+        background.set_mode(old)
 
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    env["SFAAS_BACKGROUND"] = "process"
     return env
 
 
@@ -166,16 +166,15 @@ def test_local_tasks_run_on_the_dispatcher_thread() -> None:
     assert not any(_lane_pids().values())  # nothing was started for them
 
 
-def test_thread_mode_runs_everything_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SFAAS_BACKGROUND", "thread")
+def test_thread_mode_runs_everything_in_process() -> None:
+    background.set_mode("thread")  # (fresh_lanes puts the mode back)
     assert background.mode() == "thread"
     assert background.submit(os.getpid).result(WAIT) == os.getpid()
     background.warm_up("flush")
     assert background.submit(os.getpid, lane="flush").result(WAIT) == os.getpid()
     assert not any(_lane_pids().values())
-    monkeypatch.setenv("SFAAS_BACKGROUND", "fork")
     with pytest.raises(ValueError, match="SFAAS_BACKGROUND"):
-        background.mode()
+        background.set_mode("fork")
 
 
 def test_unknown_lanes_are_refused() -> None:

@@ -547,9 +547,10 @@ def test_a_restore_does_not_wait_for_a_merge_in_flight(tmp_path: Path, monkeypat
     the merge's output is deleted when it ends, and nothing of it reaches the store."""
     import threading
 
+    from statestores import background
     from statestores.lsm import merge as merge_mod
 
-    monkeypatch.setenv("SFAAS_BACKGROUND", "thread")
+    monkeypatch.setattr(background, "mode", lambda: "thread")
     gate = threading.Event()
     merged = threading.Event()
     real = merge_mod.merge_runs
