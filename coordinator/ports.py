@@ -33,7 +33,7 @@ class Markers(Protocol):
     """Snapshot rounds, as the epoch protocols start them."""
 
     def marker(self, epoch: int, txns: int, force: bool = False) -> int | None:
-        """The round id to put on epoch ``epoch``'s Commit (or Lease), or None."""
+        """The round id to put on epoch ``epoch``'s Commit (or EpochLease), or None."""
 
 
 class Switches(Protocol):

@@ -54,7 +54,7 @@ from aiokafka.errors import (
 from sfaas.errors import ClusterError
 from sfaas.runtime.kafka import make_consumer, make_producer
 from sfaas.runtime.settings import Settings
-from worker.fence import Lease
+from worker.fence import FenceLease
 
 log = logging.getLogger("sfaas.worker")
 
@@ -160,7 +160,7 @@ class KafkaClients:
         """Hand a record to the producer (:func:`hand_over`); :meth:`delivered` awaits it."""
         return await hand_over(self, topic, value, partition, headers)
 
-    async def delivered(self, sent: Sent, fence: Lease | None = None) -> Any:
+    async def delivered(self, sent: Sent, fence: FenceLease | None = None) -> Any:
         """The metadata of ``sent``'s record once the broker has it, sent again through a
         new producer if its own is stuck (:meth:`resend`)."""
         try:
@@ -168,7 +168,7 @@ class KafkaClients:
         except DESYNCED as exc:
             return await self.resend(sent, exc, fence)
 
-    async def resend(self, sent: Sent, exc: BaseException, fence: Lease | None = None) -> Any:
+    async def resend(self, sent: Sent, exc: BaseException, fence: FenceLease | None = None) -> Any:
         """``sent``'s delivery failed with ``exc``: while that is one of :data:`DESYNCED`
         (nothing appended), send the record again through a new producer, at most
         :data:`RESENDS` times, each under ``fence`` (the coordinator's lease, as the first

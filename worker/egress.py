@@ -32,7 +32,7 @@ from aiokafka import TopicPartition
 
 from sfaas.runtime.settings import Settings
 from worker.clients import DESYNCED, Sent, hand_over
-from worker.fence import Lease
+from worker.fence import FenceLease
 from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker")
@@ -58,7 +58,8 @@ class Clients(Protocol):
     producer: Any
     consumer: Any
 
-    async def resend(self, sent: Sent, exc: BaseException, fence: Lease | None = None) -> Any: ...
+    async def resend(self, sent: Sent, exc: BaseException,
+                     fence: FenceLease | None = None) -> Any: ...
 
     async def flush_producer(self) -> None: ...
 
@@ -71,7 +72,7 @@ class Egress:
     """
 
     def __init__(self, settings: Settings, state: WorkerState, kafka: Clients, uplink: Uplink,
-                 completed: Callable[[int, int], None], lease: Lease | None = None) -> None:
+                 completed: Callable[[int, int], None], lease: FenceLease | None = None) -> None:
         self._rounds_on = settings.snapshot_interval > 0
         #: replies leave, and offsets are committed, only under the lease (``worker.fence``)
         self._lease = lease

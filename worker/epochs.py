@@ -37,13 +37,13 @@ from sfaas.runtime.txn.loop import Fate
 from worker.clients import KafkaClients
 from worker.direct import DirectIngress
 from worker.egress import Egress
-from worker.fence import Lease as Fence
+from worker.fence import FenceLease
 from worker.ingress import Ingress
 from worker.links import CoordinatorLink, PeerLinks
 from worker.metrics import WorkerMetrics
 from worker.peers import Peers
 from worker.protocols.fallback import CrossFallback
-from worker.protocols.lease import Lease
+from worker.protocols.lease import EpochLeaseHolder
 from worker.protocols.rounds import RoundTaker
 from worker.state import Pending, WorkerState
 from worker.tasks import Tasks
@@ -61,13 +61,14 @@ def astuple_head(r: wire.Reply) -> tuple[str, bool, Any, str | None, str | None]
 
 class EpochRunner:
     """Runs this worker's epochs (see the module docstring); also the host of its
-    :class:`~worker.protocols.lease.Lease`, under which it begins and commits them itself."""
+    :class:`~worker.protocols.lease.EpochLeaseHolder`, under which it begins and commits
+    them itself."""
 
     def __init__(
         self, settings: Settings, state: WorkerState, mode: str, *, uplink: CoordinatorLink,
         links: PeerLinks, calls: Peers, fallback: CrossFallback, ingress: Ingress, egress: Egress,
         metrics: WorkerMetrics, rounds: RoundTaker, kafka: KafkaClients, tasks: Tasks,
-        world: World, direct: DirectIngress, fence: Fence | None = None,
+        world: World, direct: DirectIngress, fence: FenceLease | None = None,
     ) -> None:
         self._settings = settings
         #: requests clients sent straight to this worker, answered here
@@ -94,7 +95,7 @@ class EpochRunner:
         #: the epoch running now is a recovery's replay
         self._replay = False
         #: epochs this worker begins and commits itself, under the coordinator's lease
-        self.lease = Lease(self)
+        self.lease = EpochLeaseHolder(self)
         # the coordinator starts idle: the first records must wake it up
         self._idle_reported = True
         self._age_sum = 0.0

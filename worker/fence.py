@@ -15,14 +15,14 @@ rates of two processes on any real machine differ by far less than the T/2 of ma
 
 Before every externally visible action — producing replies (``worker.egress``), writing an
 epoch-log record, committing ingress offsets, reporting a round, answering a recovery,
-sending a ``Call``/``Result`` to peers — the worker checks its lease (:meth:`Lease.valid`:
+sending a ``Call``/``Result`` to peers — the worker checks its lease (:meth:`FenceLease.valid`:
 one clock read and a compare). With an expired lease it acts on nothing, and:
 
 * if the lease expired by more than T, or the coordinator's channel is closed, it is
   fenced: one clear log line, then ``os._exit(EXIT_FENCED)`` at once — no flush of the
   producer, no offset commit, no clean stop that would act — and its supervisor starts
   a fresh process, which registers as a new member;
-* otherwise it waits for the next ``Alive`` (:meth:`Lease.held`). A worker whose event loop
+* otherwise it waits for the next ``Alive`` (:meth:`FenceLease.held`). A worker whose event loop
   was merely busy for longer than T/2 (a long merge, a GC pause) is in this case: its
   beats went out late, but the coordinator heard them, and the answers renew the lease
   within a round trip. Exiting then would turn every hiccup into a recovery.
@@ -58,7 +58,7 @@ from sfaas.errors import EXIT_FENCED
 
 log = logging.getLogger("sfaas.worker")
 
-__all__ = ["Lease", "LEASE_FRACTION", "Fenced"]
+__all__ = ["FenceLease", "LEASE_FRACTION", "Fenced"]
 
 #: The lease: this fraction of ``heartbeat_timeout`` from the send time of an answered beat.
 LEASE_FRACTION = 0.5
@@ -79,7 +79,7 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-class Lease:
+class FenceLease:
     """A worker's lease (see the module docstring).
 
     ``closed()``: the coordinator's channel is closed; ``clock``: a monotonic clock (a fake

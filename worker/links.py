@@ -23,7 +23,7 @@ from typing import Any
 
 from sfaas.errors import AuthenticationError, ChannelClosed, ClusterError
 from sfaas.runtime import channels, wire
-from worker.fence import Lease
+from worker.fence import FenceLease
 
 log = logging.getLogger("sfaas.worker")
 
@@ -62,11 +62,11 @@ class CoordinatorLink:
         self._frames: asyncio.Queue[list[wire.Message] | None] = asyncio.Queue(INBOX_FRAMES)
         self._error: BaseException | None = None
         #: the worker's lease (``worker.fence``), renewed by the ``Alive`` read here
-        self.lease: Lease | None = None
+        self.lease: FenceLease | None = None
 
     async def held(self) -> None:
         """Return once the worker may act on the coordinator's behalf (see
-        :meth:`worker.fence.Lease.held`)."""
+        :meth:`worker.fence.FenceLease.held`)."""
         if self.lease is not None and not self.lease.valid():
             await self.lease.held()
 
@@ -151,7 +151,7 @@ class PeerLinks:
         self._timeout = connect_timeout
         self.channels: dict[int, Any] = {}  # ``channels.Channel``s (fake ones in the tests)
         self._addrs: dict[int, tuple[Any, ...]] = {}
-        #: the lease's check (``worker.fence.Lease.check``): what a channel queued leaves
+        #: the lease's check (``worker.fence.FenceLease.check``): what a channel queued leaves
         #: only while it holds (``channels.Channel.gate``)
         self.gate = gate
         #: this worker's generation, said in each ``Hello``

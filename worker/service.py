@@ -32,7 +32,7 @@ from worker.clients import KafkaClients
 from worker.direct import DirectIngress
 from worker.egress import Egress
 from worker.epochs import EpochRunner
-from worker.fence import Lease
+from worker.fence import FenceLease
 from worker.inbox import CoordinatorInbox
 from worker.ingress import IN_FLIGHT_BATCHES, Ingress
 from worker.links import CoordinatorLink, PeerLinks
@@ -71,7 +71,7 @@ class Worker:
         self.parts = Lifecycle(log)
         self.uplink = CoordinatorLink(secret)
         #: the coordinator's lease on this process: nothing acts without it (``worker.fence``)
-        self.lease = self.uplink.lease = Lease(s.heartbeat_timeout, lambda: self.uplink.closed)
+        self.lease = self.uplink.lease = FenceLease(s.heartbeat_timeout, lambda: self.uplink.closed)
         self.links = PeerLinks(secret, 2 * s.heartbeat_timeout + 2.0, gate=self.lease.check)
         self.kafka = KafkaClients(s)
         #: the replication server (rescales ship stores too: on with rounds or standbys)
@@ -277,7 +277,7 @@ class Worker:
         """Act on one message of the coordinator (but a Commit); False: stop following."""
         if isinstance(msg, wire.Begin):
             self.epochs.start_epoch(msg)
-        elif isinstance(msg, wire.Lease):
+        elif isinstance(msg, wire.EpochLease):
             self.epochs.lease.grant(msg)
         elif isinstance(msg, wire.Recover):
             await self.recovery.run(msg)  # awaited: the replay's Begins come after it

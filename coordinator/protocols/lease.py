@@ -1,6 +1,6 @@
 """The coordinator's side of leased epochs (``worker.protocols.lease``; ``Settings.epoch_lease``).
 
-A leased run begins with the coordinator's ``Begin`` of its first epoch and a ``Lease``
+A leased run begins with the coordinator's ``Begin`` of its first epoch and an ``EpochLease``
 ``epoch_lease`` epochs beyond it. From then on the workers begin and commit epochs
 themselves, exchanging their reports; the coordinator gets the same reports and follows
 the epochs one by one with the barrier test it would use itself, off their critical path:
@@ -80,7 +80,7 @@ class LeasedEpochs:
         workers.broadcast(wire.Begin(epoch, time.time(), None))
         upto = epoch + width
         state.lease(upto)
-        workers.broadcast(wire.Lease(upto, None, run))
+        workers.broadcast(wire.EpochLease(upto, None, run))
         log.info("leased run from epoch %d: the workers begin and commit epochs themselves, "
                  "%d ahead", epoch, width)
         return _Run(run, epoch, upto, t_last=time.perf_counter())
@@ -140,7 +140,7 @@ class LeasedEpochs:
             state.lease(r.upto)
             if switching:
                 r.switch_at, r.switch_round = r.upto, marker
-            self._workers.broadcast(wire.Lease(r.upto, marker, r.id))
+            self._workers.broadcast(wire.EpochLease(r.upto, marker, r.id))
 
     async def _epoch_over(self, r: _Run, latest: dict[int, wire.Report]) -> bool:
         """Count epoch ``r.epoch`` (over everywhere, with ``latest`` its reports); extend
@@ -173,7 +173,7 @@ class LeasedEpochs:
             r.switch_at, r.switch_round = new, marker
         r.upto = new
         self._state.lease(r.upto)
-        self._workers.broadcast(wire.Lease(r.upto, marker, r.id))
+        self._workers.broadcast(wire.EpochLease(r.upto, marker, r.id))
 
 
 @dataclass

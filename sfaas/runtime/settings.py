@@ -71,7 +71,7 @@ class Settings:
     #: Most transactions (re-runs first) one worker runs in one epoch. Conflicts grow with
     #: the square of the epoch size, so a bound keeps contention from snowballing.
     max_batch: int = 1000
-    #: Epochs the workers may run ahead on their own (``wire.Lease``): they exchange their
+    #: Epochs the workers may run ahead on their own (``wire.EpochLease``): they exchange their
     #: reports and commit and begin epochs without a round trip through the coordinator,
     #: which extends the lease as it follows them. 0 (the default): the coordinator begins
     #: and commits every epoch itself. Leases measured lower p99 under load (5,000 and

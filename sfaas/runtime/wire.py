@@ -35,7 +35,7 @@ from sfaas.runtime.protocols.base import Message
 from sfaas.runtime.protocols.calls import Call, EffectDone, Finished, Hello, Result
 from sfaas.runtime.protocols.epochs import Aborted, Begin, Commit, Conflict, Report, Wakeup
 from sfaas.runtime.protocols.ingress import Acked, Answer, Submit
-from sfaas.runtime.protocols.lease import Lease, Wake
+from sfaas.runtime.protocols.lease import EpochLease, Wake
 from sfaas.runtime.protocols.membership import (
     Alive,
     Assign,
@@ -69,7 +69,7 @@ __all__ = [
     # membership
     "Register", "Assign", "Ready", "Heartbeat", "Alive", "Stop", "Peer",
     # epochs, and leased epochs
-    "Begin", "Report", "Commit", "Wakeup", "Conflict", "Aborted", "Lease", "Wake",
+    "Begin", "Report", "Commit", "Wakeup", "Conflict", "Aborted", "EpochLease", "Wake",
     # snapshot rounds, recovery, standbys
     "Snapshotted", "StoreCut", "Retry", "Recover", "Recovered", "LoggedEpoch", "Diverged", "Follow",
     "Promote",
@@ -88,7 +88,7 @@ __all__ = [
 #: Every message class, by protocol (each ``TAG`` unique).
 MESSAGES: tuple[type[Message], ...] = (
     Register, Assign, Ready, Heartbeat, Alive, Stop,
-    Begin, Report, Commit, Wakeup, Lease, Wake,
+    Begin, Report, Commit, Wakeup, EpochLease, Wake,
     Snapshotted, Recover, Recovered, Diverged, Follow, Promote,
     Scale, Scaled, Ship, Shipped, Move, Following, Release, Released, Reassign, Hold,
     Hello, Call, Finished, Result, EffectDone,

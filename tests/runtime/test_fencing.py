@@ -24,7 +24,7 @@ from sfaas.errors import EXIT_FENCED, ChannelClosed
 from sfaas.runtime import channels, liveness, wire
 from sfaas.runtime.epochlog import EpochRecord
 from tests.fuzz.harness import FakeChannel, bare_worker
-from worker.fence import LEASE_FRACTION, Fenced, Lease
+from worker.fence import LEASE_FRACTION, Fenced, FenceLease
 from worker.links import CoordinatorLink
 from worker.peers import stale_generation
 
@@ -39,9 +39,9 @@ class Clock:
         return self.t
 
 
-def _lease(clock: Clock, closed: list[bool] | None = None) -> Lease:
+def _lease(clock: Clock, closed: list[bool] | None = None) -> FenceLease:
     flag = closed if closed is not None else [False]
-    return Lease(T, lambda: flag[0], clock=clock, exit=None)
+    return FenceLease(T, lambda: flag[0], clock=clock, exit=None)
 
 
 # -- the lease's arithmetic --------------------------------------------------------------------
@@ -130,7 +130,7 @@ def test_answers_renew_the_lease_while_the_worker_acts_on_something_else() -> No
 
 def test_held_returns_once_an_answer_renews_the_lease() -> None:
     async def main() -> float:
-        lease = Lease(T, lambda: False, exit=None)
+        lease = FenceLease(T, lambda: False, exit=None)
         lease.grant(time.monotonic() - T * LEASE_FRACTION - 0.01)  # just expired
         loop = asyncio.get_running_loop()
         loop.call_later(0.1, lambda: lease.on_alive(0, 1, time.monotonic()))
@@ -145,7 +145,7 @@ def test_held_returns_once_an_answer_renews_the_lease() -> None:
 
 def test_held_fences_when_no_answer_comes() -> None:
     async def main() -> None:
-        lease = Lease(0.4, lambda: False, exit=None)
+        lease = FenceLease(0.4, lambda: False, exit=None)
         lease.grant(time.monotonic() - 0.3)
         await lease.held()
 
@@ -266,7 +266,7 @@ def test_egress_stamps_replies_with_the_generation_and_a_fenced_worker_produces_
         prod = _Producer()
         w.kafka.producer = prod
         clock = Clock(10.0)
-        lease = Lease(T, lambda: w.uplink.closed, clock=clock, exit=exits.append)
+        lease = FenceLease(T, lambda: w.uplink.closed, clock=clock, exit=exits.append)
         w.egress._lease = lease
         lease.grant(10.0)
         w.egress.add(0, b"one", 0, 1)

@@ -2,7 +2,7 @@
 epochs with the same votes as the coordinator would, never run past their lease, go idle
 together and wake up together, and take a round's marker at the lease's epoch.
 
-A simulated cluster: ``n`` :class:`worker.protocols.lease.Lease` objects on fake workers, joined by
+A simulated cluster: ``n`` :class:`worker.protocols.lease.EpochLeaseHolder` objects on fake workers, joined by
 a network that delivers each channel's messages in order after random delays. Each epoch
 a worker calls random peers (a call served after the callee reported makes it report
 again, before the result, as ``worker.peers`` does), votes random conflicts and aborts,
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from sfaas.runtime import wire
 from sfaas.runtime.txn.epochs import execution_finished
 from sfaas.runtime.txn.loop import idle_after, merge_votes
-from worker.protocols.lease import Lease
+from worker.protocols.lease import EpochLeaseHolder
 
 
 @dataclass
@@ -60,14 +60,14 @@ class Net:
 
 
 class FakeWorker:
-    """What ``Lease`` asks of a worker, with an epoch's execution simulated."""
+    """What ``EpochLeaseHolder`` asks of a worker, with an epoch's execution simulated."""
 
     def __init__(self, net: Net, index: int, n: int, seed: int) -> None:
         self.net = net
         self.index = index
         self.assign = SimpleNamespace(n_workers=n)
         self.rng = random.Random(seed * 1000 + index)
-        self.lease = Lease(self)
+        self.lease = EpochLeaseHolder(self)
         self.queue = 0  # work waiting for an epoch
         self.batch = 0
         self.commits: list[tuple[int, dict[int, int], dict[int, tuple[str, str]], int | None]] = []
@@ -85,7 +85,7 @@ class FakeWorker:
         #: report waiting work whatever the queue holds (the cluster never goes idle)
         self.busy = False
 
-    # -- what Lease calls ------------------------------------------------------------------------
+    # -- what EpochLeaseHolder calls ------------------------------------------------------------------------
     @property
     def n_workers(self) -> int:
         return int(self.assign.n_workers)
@@ -180,8 +180,8 @@ class FakeWorker:
             self.lease.on_report(msg)
         elif isinstance(msg, wire.Wake):
             self.lease.on_wake(msg)
-        elif isinstance(msg, (wire.Lease, wire.Begin)):
-            if isinstance(msg, wire.Lease):
+        elif isinstance(msg, (wire.EpochLease, wire.Begin)):
+            if isinstance(msg, wire.EpochLease):
                 self.lease.grant(msg)
             else:
                 self.start_epoch(msg)
@@ -215,7 +215,7 @@ async def _simulate(seed: int, n: int, width: int, arrivals: int, marker_at_idle
 
     from_coordinator(wire.Begin(1, 0.0))
     upto = width
-    from_coordinator(wire.Lease(upto, None, run))
+    from_coordinator(wire.EpochLease(upto, None, run))
     for _ in range(arrivals):
         loop.call_later(rng.uniform(0, 0.15), net.workers[rng.randrange(n)].arrive)
     # the coordinator's part: extend the lease as the workers' reports show progress
@@ -234,10 +234,10 @@ async def _simulate(seed: int, n: int, width: int, arrivals: int, marker_at_idle
         if late and marker_epoch is None and marker_at_idle:
             # (the cluster is idle by now): a round's marker on a new lease's epoch
             marker_epoch = upto = upto + 1
-            from_coordinator(wire.Lease(upto, 99, run))
+            from_coordinator(wire.EpochLease(upto, 99, run))
         elif upto - observed < max(1, width // 2) and observed < 400:
             upto = observed + width
-            from_coordinator(wire.Lease(upto, None, run))
+            from_coordinator(wire.EpochLease(upto, None, run))
         quiet = all(w.queue == 0 and not w.tasks for w in net.workers)
         if late and quiet and (marker_epoch is None or all(
                 any(c[0] == marker_epoch for c in w.commits) for w in net.workers)):
@@ -288,7 +288,7 @@ def test_a_report_or_wake_of_another_run_is_not_taken_for_this_runs() -> None:
         net.workers = [FakeWorker(net, i, 2, 1) for i in range(2)]
         w = net.workers[0]
         w.start_epoch(wire.Begin(5, 0.0))
-        w.lease.grant(wire.Lease(10, None, 42))
+        w.lease.grant(wire.EpochLease(10, None, 42))
         # worker 1's report of epoch 5 from an earlier run (a restarted coordinator's
         # epochs may reuse numbers): epoch 5 must not commit on it
         w.lease.on_report(wire.Report(5, 1, 0, [], [], [0, 0], [0, 0], 0, 41))
@@ -325,13 +325,13 @@ def test_a_busy_cluster_stops_at_its_leases_end_and_an_idle_one_runs_to_a_marker
             w.busy = True
         for w in net.workers:
             w.start_epoch(wire.Begin(1, 0.0))
-            w.lease.grant(wire.Lease(3, None, 5))
+            w.lease.grant(wire.EpochLease(3, None, 5))
         await asyncio.sleep(0.2)
         assert [w.epoch for w in net.workers] == [3, 3], "ran past the lease (or stopped short of it)"
         assert all(w.commits[-1][0] == 3 for w in net.workers)
         for w in net.workers:
             w.busy = False
-            w.lease.grant(wire.Lease(6, 11, 5))
+            w.lease.grant(wire.EpochLease(6, 11, 5))
         await asyncio.sleep(0.2)
         # not busy any more: idle after epoch 4, but the marker on 6 makes them run to it
         assert [w.commits[-1][0] for w in net.workers] == [6, 6]

@@ -1,4 +1,4 @@
-"""Leased epochs: the workers begin and commit epochs themselves (``wire.Lease``).
+"""Leased epochs: the workers begin and commit epochs themselves (``wire.EpochLease``).
 
 Without a lease the coordinator drives every epoch: ``Begin`` → execute → ``Report`` →
 ``Commit``, two hops through the coordinator between one epoch's end and the next one's
@@ -21,9 +21,10 @@ and then:
   on epoch ``U``'s commit (a snapshot round, the coordinator's choice of epoch).
 
 The coordinator begins the first epoch of a leased run itself (a ``Begin`` followed by the
-``Lease``): at start-up, after a recovery and after a rescale. Each run has a random id
-that its Reports and Wakes carry; a recovery (or a lost coordinator) ends the lease
-(:meth:`Lease.reset`), and what still travels from the old run is dropped by its id.
+``EpochLease``): at start-up, after a recovery and after a rescale. Each run has a random
+id that its Reports and Wakes carry; a recovery (or a lost coordinator) ends the lease
+(:meth:`EpochLeaseHolder.reset`), and what still travels from the old run is dropped by
+its id.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from sfaas.runtime.txn.loop import idle_after, merge_votes
 
 log = logging.getLogger("sfaas.worker")
 
-__all__ = ["Lease", "LeaseHost"]
+__all__ = ["EpochLeaseHolder", "LeaseHost"]
 
 
 class LeaseHost(Protocol):
@@ -61,14 +62,14 @@ class LeaseHost(Protocol):
                            aborts: dict[int, tuple[str, str]], marker: int | None) -> None: ...
 
 
-class Lease:
+class EpochLeaseHolder:
     """One worker's side of leased epochs (see the module docstring)."""
 
     def __init__(self, host: LeaseHost) -> None:
         self._host = host
         #: the last epoch this worker may begin on its own (0: no lease, the coordinator drives)
         self.upto = 0
-        #: the leased run's id (``wire.Lease.run``)
+        #: the leased run's id (``wire.EpochLease.run``)
         self.run = 0
         #: epoch → the snapshot round whose marker its commit carries
         self.markers: dict[int, int] = {}
@@ -89,7 +90,7 @@ class Lease:
 
     def reset(self) -> None:
         """A recovery or a new membership: the lease is over (the coordinator begins the
-        next run with a Begin and a new Lease)."""
+        next run with a Begin and a new EpochLease)."""
         self.upto = 0
         self.run = 0
         self.markers.clear()
@@ -99,7 +100,7 @@ class Lease:
         self._committing = False
 
     # -- what arrives -----------------------------------------------------------------------------
-    def grant(self, msg: wire.Lease) -> None:
+    def grant(self, msg: wire.EpochLease) -> None:
         """The coordinator's lease (it only grows)."""
         new_run = msg.run != self.run
         if new_run:  # what came from another run is stale

@@ -45,7 +45,7 @@ class Begin(Message):
 
 @dataclass(slots=True)
 class Report(Message):
-    """Worker → coordinator (and, under a ``Lease``, → every peer): my view of epoch
+    """Worker → coordinator (and, under an ``EpochLease``, → every peer): my view of epoch
     ``epoch`` (sent when my roots finished, and again after every call I served later,
     *before* its result goes back).
 
@@ -64,7 +64,7 @@ class Report(Message):
     sent: list[int]
     served: list[int]
     pending: int  # requests waiting for a later epoch
-    run: int = 0  # the leased run it belongs to (``Lease.run``); 0: not leased
+    run: int = 0  # the leased run it belongs to (``EpochLease.run``); 0: not leased
 
 
 @dataclass(slots=True)

@@ -8,11 +8,11 @@ from typing import ClassVar
 
 from sfaas.runtime.protocols.base import Message
 
-__all__ = ["Lease", "Wake"]
+__all__ = ["EpochLease", "Wake"]
 
 
 @dataclass(slots=True)
-class Lease(Message):
+class EpochLease(Message):
     """Coordinator → workers: begin and commit epochs up to ``upto`` yourselves (see
     ``worker.protocols.lease``): each worker sends its Reports to its peers too, commits an
     epoch once every peer's report is in and the counters show no call in flight, and
