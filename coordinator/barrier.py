@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 
 from coordinator.inbox import Inbox, Interrupted, Lost
-from coordinator.ports import Workers
+from coordinator.needs import Workers
 from sfaas.runtime import wire
 from sfaas.runtime.txn.epochs import execution_finished
 

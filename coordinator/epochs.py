@@ -19,7 +19,7 @@ from typing import Any
 from coordinator.barrier import Barrier
 from coordinator.gathering import Gathering
 from coordinator.inbox import Inbox
-from coordinator.ports import EpochObserver, Markers, Switches, Workers, end_of_epoch
+from coordinator.needs import EpochObserver, Markers, Switches, Workers, end_of_epoch
 from coordinator.state import ClusterState
 from sfaas.runtime import wire
 from sfaas.runtime.txn.loop import idle_after, merge_votes

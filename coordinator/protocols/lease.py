@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from coordinator.inbox import Inbox, Interrupted, Lost, Tick
-from coordinator.ports import EpochObserver, Markers, Switches, Workers, end_of_epoch
+from coordinator.needs import EpochObserver, Markers, Switches, Workers, end_of_epoch
 from coordinator.state import ClusterState
 from sfaas.runtime import wire
 from sfaas.runtime.txn.epochs import execution_finished
