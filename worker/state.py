@@ -22,7 +22,7 @@ from typing import Any
 
 from sfaas.runtime import wire
 from sfaas.runtime.partitioning import owned
-from sfaas.runtime.txn.engine import Engine
+from sfaas.runtime.txn.engine import Engine, RootCall
 from sfaas.runtime.txn.epochs import Sequencer
 from sfaas.runtime.txn.internal import RuntimeCall
 from sfaas.runtime.txn.loop import Participant
@@ -74,10 +74,10 @@ class Pending:
         return cls(wire.Request(rid, RuntimeCall(operator), key, function, args, -1, 0.0))
 
 
-def request_of(item: Pending) -> tuple[str, str, str, Any]:
-    """What the epoch loop runs for ``item``: ``(operator, key, function, args)``."""
+def request_of(item: Pending) -> RootCall:
+    """What the epoch loop runs for ``item``: its request's root call."""
     r = item.request
-    return r.operator, r.key, r.function, r.args
+    return RootCall(r.operator, r.key, r.function, r.args)
 
 
 class WorkerState:

@@ -29,7 +29,7 @@ from sfaas.runtime.txn import internal
 from sfaas.runtime.txn.actions import Actions
 from sfaas.runtime.txn.determinism import roots_to_check, second_run
 from sfaas.runtime.txn.effects import Effects, effect_scope
-from sfaas.runtime.txn.engine import Engine, Outcome
+from sfaas.runtime.txn.engine import Engine, Outcome, RootCall
 from sfaas.runtime.txn.epochs import Sequencer
 from sfaas.runtime.txn.loop import Fate, Participant, commit_together, merge_votes
 from sfaas.runtime.txn.timers import TimerIndex
@@ -71,7 +71,7 @@ class Request:
 
 @dataclass
 class _Item:
-    request: tuple[str, str, str, list[Any]]
+    request: RootCall
     #: the caller's future (None for the runtime's own requests: timers, action cleanups)
     future: asyncio.Future[Any] | None
     rid: str = ""
@@ -83,7 +83,7 @@ class _Item:
     idem: str | None = None
 
 
-def _request_of(item: _Item) -> tuple[str, str, str, Any]:
+def _request_of(item: _Item) -> RootCall:
     return item.request
 
 
@@ -211,7 +211,7 @@ class LocalCluster:
                   more: Sequence[Any] = ()) -> None:
         """Queue the runtime's own request ``function(key, *more)`` on the owner of ``key``."""
         owner = internal.owner_key(key)
-        item = _Item((internal.RuntimeCall(operator), owner, function, [key, *more]), None,
+        item = _Item(RootCall(internal.RuntimeCall(operator), owner, function, [key, *more]), None,
                      rid=internal.runtime_rid(function, key))
         self.loops[self.engines[0].owner(operator, owner)].queue.append(item)
         if self._wake is not None:
@@ -234,7 +234,7 @@ class LocalCluster:
         self._start()
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         r = request
-        item = _Item((r.operator, r.key, r.function, r.args), fut, rid=uuid.uuid4().hex,
+        item = _Item(RootCall(r.operator, r.key, r.function, r.args), fut, rid=uuid.uuid4().hex,
                      idem=r.idempotency_key)
         self.loops[self.engines[0].owner(r.operator, r.key)].queue.append(item)
         assert self._wake is not None
@@ -351,8 +351,9 @@ class LocalCluster:
             room = self.max_batch - len(lp.queue)
             for operator, key in timers.take_due(now, max(room, 0)):
                 lp.queue.append(_Item(
-                    (internal.RuntimeCall(operator), internal.owner_key(key), internal.FIRE_TIMER,
-                     [key]), None, rid=internal.runtime_rid(internal.FIRE_TIMER, key)))
+                    RootCall(internal.RuntimeCall(operator), internal.owner_key(key),
+                             internal.FIRE_TIMER, [key]),
+                    None, rid=internal.runtime_rid(internal.FIRE_TIMER, key)))
         self.effects.begin_epoch()
         for lp in self.loops:
             for tid, item in lp.begin(epoch, now):

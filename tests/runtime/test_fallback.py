@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from sfaas import Abort, App, Context
 from sfaas.runtime.state import open_partition_stores
-from sfaas.runtime.txn.engine import Engine, Outcome
+from sfaas.runtime.txn.engine import Engine, Outcome, RootCall
 from sfaas.runtime.txn.epochs import Sequencer
 from sfaas.runtime.txn.loop import Participant, merge_votes
 
@@ -81,7 +81,7 @@ def _ledger() -> App:
 @dataclass
 class _Req:
     index: int
-    request: tuple[str, str, str, list[Any]]
+    request: RootCall
     now: float = 0.0
     attempts: int = 0
 
@@ -116,7 +116,7 @@ class _Cluster:
     async def run(self, requests: list[tuple[str, str, list[Any]]], max_batch: int = 1000) -> None:
         for i, (key, fn, args) in enumerate(requests):
             lp = self.loops[self.engines[0].owner("acc", key)]
-            lp.queue.append(_Req(i, ("acc", key, fn, args)))
+            lp.queue.append(_Req(i, RootCall("acc", key, fn, args)))
         while any(lp.pending for lp in self.loops):
             self.epoch += 1
             for lp in self.loops:

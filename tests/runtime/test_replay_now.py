@@ -20,6 +20,7 @@ from hypothesis import given, settings
 
 from sfaas.runtime.epochlog import EpochRecord
 from sfaas.runtime.partitioning import owner_of_partition, partition_of
+from sfaas.runtime.txn.engine import RootCall
 from sfaas.runtime.txn.loop import commit_together, merge_votes
 from sfaas.testing import LocalRunner
 from tests.runtime.apps import ledger
@@ -32,7 +33,7 @@ KEYS = [f"clock-{i}" for i in range(6)]
 @dataclass
 class _Req:
     rid: int
-    request: tuple[str, str, str, list[Any]]
+    request: RootCall
     partition: int
     offset: int
     now: float = 0.0
@@ -74,7 +75,7 @@ async def _live(pairs: list[list[tuple[str, str]]], fallback: bool) -> tuple[
             for a, b in arriving:
                 for key, other in ((a, b), (b, a)):
                     p = partition_of("counters", key, PARTITIONS)
-                    req = _Req(next(rids), ("counters", key, "clock", [other]), p, next(offsets[p]))
+                    req = _Req(next(rids), RootCall("counters", key, "clock", [other]), p, next(offsets[p]))
                     by_pos[(p, req.offset)] = req
                     runner.loops[owner_of_partition(p, WORKERS)].queue.append(req)
             now = 1_000_000.0 + epoch * 0.003  # a different now per epoch, as a clock would give

@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from sfaas.runtime.codec import unpack
-from sfaas.runtime.txn.engine import Engine, Outcome
+from sfaas.runtime.txn.engine import Engine, Outcome, RootCall
 from sfaas.runtime.txn.epochs import AccessLog, Key
 
 __all__ = ["second_run", "roots_to_check", "check_local", "HINT"]
@@ -37,9 +37,8 @@ HINT = ("values that may differ between runs must come from ctx.now() and ctx.ra
         "(the same on every run of a transaction), not from time.time(), random or "
         "anything else outside the transaction")
 
-#: A root to check: (the engine that ran it, tid, now, (operator, key, function, args),
-#: its first outcome).
-Root = tuple[Engine, int, float, tuple[str, str, str, Any], Outcome]
+#: A root to check: (the engine that ran it, tid, now, its root call, its first outcome).
+Root = tuple[Engine, int, float, RootCall, Outcome]
 
 
 async def second_run(engines: Sequence[Engine], roots: Sequence[Root],
@@ -58,7 +57,7 @@ async def second_run(engines: Sequence[Engine], roots: Sequence[Root],
         e.log = log
     try:
         outcomes = await asyncio.gather(*(
-            engine.run_root(tid, now, request) for engine, tid, now, request, _ in roots))
+            engine.run_root(tid, now, root) for engine, tid, now, root, _ in roots))
     finally:
         if not shadows:
             for e, log in zip(engines, first, strict=True):
@@ -119,7 +118,7 @@ def _outcome(outcome: Outcome) -> str:
 
 async def check_local(engine: Engine, batch: Sequence[tuple[int, Any]],
                       outcomes: Sequence[Outcome],
-                      request_of: Callable[[Any], tuple[str, str, str, Any]]) -> int:
+                      request_of: Callable[[Any], RootCall]) -> int:
     """(a worker, before it reports) Run the roots of ``batch`` that stayed on ``engine``
     and did not fail again on a shadow of it; record each that differs as aborted with
     :class:`~sfaas.errors.NondeterminismError`. Returns how many were checked."""
@@ -137,7 +136,7 @@ async def check_local(engine: Engine, batch: Sequence[tuple[int, Any]],
 
 def roots_to_check(engine: Engine, batch: Sequence[tuple[int, Any]],
                    outcomes: Sequence[Outcome],
-                   request_of: Callable[[Any], tuple[str, str, str, Any]],
+                   request_of: Callable[[Any], RootCall],
                    skip: Collection[int]) -> list[Root]:
     """The roots of one participant's batch that are about to commit (not in ``skip``: the
     epoch's conflicts and aborts)."""

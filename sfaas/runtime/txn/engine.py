@@ -13,7 +13,7 @@ import logging
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from sfaas.app import App
 from sfaas.context import Context
@@ -37,8 +37,8 @@ from statestores import Store
 log = logging.getLogger("sfaas.engine")
 
 __all__ = [
-    "Engine", "Router", "Outcome", "describe", "make_error", "check_key", "MAX_CALL_DEPTH",
-    "DEVIATED",
+    "Engine", "Router", "RootCall", "Outcome", "describe", "make_error", "check_key",
+    "MAX_CALL_DEPTH", "DEVIATED",
 ]
 
 #: Deepest chain of nested ``ctx.call``s before the transaction aborts (catches runaway recursion).
@@ -46,6 +46,16 @@ MAX_CALL_DEPTH = 64
 
 #: ``(True, result)`` or ``(False, (error_type, reason))``.
 Outcome = tuple[bool, Any]
+
+
+class RootCall(NamedTuple):
+    """A transaction's root call, what :meth:`Engine.run_root` runs: a client's request,
+    or the runtime's own (``operator`` an ``internal.RuntimeCall``)."""
+
+    operator: str
+    key: str
+    function: str
+    args: Sequence[Any]
 
 #: The error type of a fallback run that left the keys its first run touched: it re-runs
 #: next epoch (never reported to a client).
@@ -404,11 +414,11 @@ class Engine:
         log.warning("%s.%s on key %r raised in request %s (transaction %d): %s\n%s", operator,
                     function, key, rid, tid, reason, text.rstrip(), extra={"worker": self.index})
 
-    async def run_root(self, tid: int, now: float, request: Sequence[Any]) -> Outcome:
-        """Run a transaction's root call ``(operator, key, function, args)``; never raises.
-        A root naming an internal function must come from the runtime: a ``RuntimeCall``
-        operator (see ``internal``), never a client's string."""
-        operator, key, function, args = request
+    async def run_root(self, tid: int, now: float, root: RootCall) -> Outcome:
+        """Run a transaction's root call; never raises. A root naming an internal function
+        must come from the runtime: a ``RuntimeCall`` operator (see ``internal``), never a
+        client's string."""
+        operator, key, function, args = root
         if not isinstance(operator, internal.RuntimeCall) and (
                 function[:1] == "\x00" or key[:1] == "\x00"):
             return False, ("UnknownFunction", f"no function {function!r} on key {key!r:.40} "
@@ -460,11 +470,11 @@ class Engine:
         return tid not in self._remote_tids
 
     async def run_fallback(
-        self, items: Sequence[tuple[int, float, Sequence[Any]]]
+        self, items: Sequence[tuple[int, float, RootCall]]
     ) -> list[tuple[str, Any]]:
         """Aria's fallback phase for conflicting, local-only roots, after the epoch's commit.
 
-        ``items`` are ``(tid, now, request)`` in increasing tid order. Each runs alone, to
+        ``items`` are ``(tid, now, root)`` in increasing tid order. Each runs alone, to
         completion, against the state including the epoch's commits and the earlier
         fallback commits, and its writes are applied before the next one starts — a serial
         execution, so a hot-key chain commits whole in one epoch. The serial order of the
@@ -479,11 +489,11 @@ class Engine:
         self._in_fallback = True
         turn = Turns()  # (local runs never wait: the loop beats its heartbeat meanwhile)
         try:
-            for tid, now, request in items:
+            for tid, now, root in items:
                 await turn()
                 self.log = AccessLog()
                 self._deviated.clear()
-                ok, value = await self.run_root(tid, now, request)
+                ok, value = await self.run_root(tid, now, root)
                 if tid in self._deviated:
                     results.append(("rerun", (ok, value)))
                 elif tid in self.log.user_aborts:
@@ -511,7 +521,7 @@ class Engine:
         self.log = AccessLog()  # the re-runs' buffered writes and aborts
 
     async def run_fallback_root(
-        self, tid: int, now: float, request: Sequence[Any]
+        self, tid: int, now: float, root: RootCall
     ) -> tuple[str, Any]:
         """Re-run root ``tid`` (this engine's) in the fallback phase; ``("committed",
         outcome)``, ``("aborted", (type, reason))`` (a user abort: final, it saw committed
@@ -519,7 +529,7 @@ class Engine:
         :meth:`finish_fallback` on every engine, committing only the first kind."""
         fb = self._fb
         assert fb is not None, "begin_fallback first"
-        ok, value = await self.run_root(tid, now, request)
+        ok, value = await self.run_root(tid, now, root)
         if tid in fb.deviated or (not ok and value[0] == DEVIATED):
             return "rerun", (ok, value)
         if tid in self.log.user_aborts:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from sfaas.runtime.txn.effects import SUSPENDED
-from sfaas.runtime.txn.engine import Engine, Outcome
+from sfaas.runtime.txn.engine import Engine, Outcome, RootCall
 from sfaas.runtime.txn.epochs import Sequencer
 from sfaas.runtime.values import set_horizon
 
@@ -60,12 +60,12 @@ class Fate(Generic[T]):
 class Participant(Generic[T]):
     """One worker's side of the epoch loop (see module docstring).
 
-    ``request_of(item)`` gives the ``(operator, key, function, args)`` an item runs.
+    ``request_of(item)`` gives the root call an item runs.
     """
 
     def __init__(
         self, engine: Engine, sequencer: Sequencer,
-        request_of: Callable[[T], tuple[str, str, str, Any]], max_batch: int,
+        request_of: Callable[[T], RootCall], max_batch: int,
         fallback: bool = True,
     ) -> None:
         self.engine = engine
