@@ -6,7 +6,9 @@ starts every role as its own child (own session, own log), polls them, and resta
 that exits — at once the first time, then after a backoff (0.2 s doubling to 5 s; a
 worker of a cluster with standbys waits at least ``STANDBY_RESTART_DELAY``), and not more
 than ``MAX_CRASHES`` times in ``CRASH_WINDOW`` seconds: then it gives up on that role with
-a clear error in its log and in ``cluster.json`` (``sfaas ps`` shows it). It rewrites
+a clear error in its log and in ``cluster.json`` (``sfaas ps`` shows it) — a SIGKILL from
+outside after the process ran a second (an operator, a chaos test, the OOM killer) is a
+fault, not a crash: restarted at once and not counted. It rewrites
 ``cluster.json`` (atomically) whenever a process starts or stops. On SIGTERM (``sfaas
 down``) it stops the coordinator first (which stops the workers cleanly), then whatever is
 left, and exits.
@@ -55,6 +57,9 @@ __all__ = ["supervise", "MAX_CRASHES", "CRASH_WINDOW", "STANDBY_RESTART_DELAY", 
 
 #: A role that exits this often within ``CRASH_WINDOW`` seconds is not restarted again.
 MAX_CRASHES = 5
+#: Seconds a process must have run for a SIGKILL from outside to count as a fault rather
+#: than a crash (``Supervisor._exited``).
+KILLED_AFTER = 1.0
 CRASH_WINDOW = 60.0
 #: With standbys, seconds before a dead worker process is restarted: a standby takes the
 #: lost slot, the restarted process only becomes a new standby, and its start (a second
@@ -114,8 +119,10 @@ class Child:
     #: its liveness file (``sfaas.runtime.liveness``), and when it last started (monotonic)
     alive_file: str = ""
     started: float = 0.0
-    #: how often it was killed for silence (each also counts as a crash)
+    #: how often it was killed for silence (each also counts as a crash), and whether the
+    #: exit being reaped is such a kill
     stalls: int = 0
+    watchdog_killed: bool = False
 
     def public(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("role", "index", "pid", "log", "restarts", "alive",
@@ -192,6 +199,7 @@ class Supervisor:
             if why:
                 log.error("killing %s %d (pid %d): %s", c.role, c.index, c.pid, why)
                 c.stalls += 1
+                c.watchdog_killed = True
                 c.proc.kill()
                 c.proc.wait()
 
@@ -220,21 +228,7 @@ class Supervisor:
                              c.index, c.pid)
                     c.retired = True
                     continue
-                c.exits.append(now)
-                while c.exits and now - c.exits[0] > CRASH_WINDOW:
-                    c.exits.popleft()
-                if len(c.exits) >= MAX_CRASHES:
-                    c.gave_up = (f"exited {len(c.exits)} times within {CRASH_WINDOW:.0f} s "
-                                 f"(last exit code {code}); not restarted again — see {c.log}")
-                    log.error("%s %d %s", c.role, c.index, c.gave_up)
-                    continue
-                delay = c.backoff
-                if c.role == "worker" and int(self.info.get("standbys", 0)) > 0:
-                    delay = max(delay, STANDBY_RESTART_DELAY)
-                c.next_start = now + delay
-                log.warning("%s %d (pid %d) exited with code %s; restarting in %.1f s",
-                            c.role, c.index, c.pid, code, delay)
-                c.backoff = min(5.0, max(0.2, c.backoff * 2))
+                self._exited(c, code, now)
             if (not self.stopping and c.proc is None and not c.gave_up and c.next_start
                     and now >= c.next_start):
                 c.next_start = 0.0
@@ -245,6 +239,33 @@ class Supervisor:
                 c.backoff = 0.0  # healthy for a while: a later crash restarts at once again
         self.children = [c for c in self.children if not c.retired]
         return changed
+
+    def _exited(self, c: Child, code: int, now: float) -> None:
+        """Schedule the restart of ``c``, which exited with ``code`` — or give up on it after
+        ``MAX_CRASHES`` crashes within ``CRASH_WINDOW`` s. A SIGKILL from outside (not the
+        watchdog's) after the process ran ``KILLED_AFTER`` s is a fault, not a crash loop:
+        restarted at once and not counted (a chaos run or an operator may kill a worker
+        every few seconds; giving up would leave its slot empty)."""
+        killed = (code == -signal.SIGKILL and not c.watchdog_killed
+                  and now - c.started >= KILLED_AFTER)
+        c.watchdog_killed = False
+        if not killed:
+            c.exits.append(now)
+        while c.exits and now - c.exits[0] > CRASH_WINDOW:
+            c.exits.popleft()
+        if len(c.exits) >= MAX_CRASHES:
+            c.gave_up = (f"exited {len(c.exits)} times within {CRASH_WINDOW:.0f} s "
+                         f"(last exit code {code}); not restarted again — see {c.log}")
+            log.error("%s %d %s", c.role, c.index, c.gave_up)
+            return
+        delay = 0.0 if killed else c.backoff
+        if c.role == "worker" and int(self.info.get("standbys", 0)) > 0:
+            delay = max(delay, STANDBY_RESTART_DELAY)
+        c.next_start = now + delay
+        log.warning("%s %d (pid %d) %s with code %s; restarting in %.1f s", c.role, c.index,
+                    c.pid, "was killed" if killed else "exited", code, delay)
+        if not killed:
+            c.backoff = min(5.0, max(0.2, c.backoff * 2))
 
     def scale(self) -> None:
         """Start worker processes up to the number in ``workers`` (written by ``sfaas scale``)."""

@@ -4,9 +4,14 @@ that keeps dying."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
+import pytest
+
+from launcher import supervisor as supervisor_module
 from launcher.supervisor import MAX_CRASHES, STANDBY_RESTART_DELAY, Child, Supervisor
 
 
@@ -35,6 +40,33 @@ def test_a_crashing_process_is_restarted_with_backoff_then_given_up(tmp_path: Pa
     listed = json.loads((tmp_path / "cluster.json").read_text())["processes"]
     assert listed == [child.public()] and listed[0]["gave_up"] == child.gave_up
     assert "invalid choice: 'no-such-command'" in (tmp_path / "w.log").read_text()
+
+
+def test_workers_killed_from_outside_are_restarted_at_once_and_never_given_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chaos run kills workers every few seconds: each kill is a fault, not a crash loop.
+    More kills than ``MAX_CRASHES`` within the window, each restarted by the poll that saw
+    it, and the supervisor never gives up (a crash of its own still counts: the test above)."""
+    monkeypatch.setattr(supervisor_module, "KILLED_AFTER", 0.2)  # (the child ran long enough)
+    (tmp_path / "cluster.json").write_text("{}")
+    inner = tmp_path / "inner"  # (`sfaas supervise` on an empty dir waits until killed)
+    inner.mkdir()
+    (inner / "cluster.json").write_text("{}")
+    child = Child("worker", 0, ["supervise", "--state-dir", str(inner), "--workers", "0"],
+                  str(tmp_path / "w.log"))
+    sup = Supervisor(tmp_path, {"app": "t"}, [child])
+    sup._start(child)
+    try:
+        for kills in range(1, MAX_CRASHES + 3):
+            time.sleep(0.25)
+            assert child.proc is not None
+            os.kill(child.pid, signal.SIGKILL)
+            child.proc.wait()
+            sup.poll()
+            assert child.restarts == kills and child.alive and not child.gave_up, (kills, child)
+        assert not child.exits
+    finally:
+        sup.stop()
 
 
 def test_with_standbys_a_dead_worker_is_restarted_after_the_failover_not_during_it(tmp_path: Path) -> None:
