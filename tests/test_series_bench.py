@@ -82,16 +82,18 @@ def _logs() -> dict[str, str]:
             "Traceback (most recent call last):",
             f"{_stamp(9.0)} WARNING sfaas.coordinator: lost worker 1 (worker-1, pid 1): later",
         ]),
-        "supervisor": f"{_stamp(0.8)} INFO sfaas.supervisor: started worker 0 (pid 27574)",
+        "supervisor": f"{_stamp(0.0)} INFO sfaas.supervisor: started worker 1 (pid 27573)\n"
+                      f"{_stamp(0.8)} INFO sfaas.supervisor: started worker 0 (pid 27574)",
         "worker-0": f"{_stamp(-3.0)} ERROR sfaas.worker: fenced: no word from the coordinator",
     }
 
 
 def test_the_timeline_holds_the_warnings_and_milestones_inside_the_gap_in_order() -> None:
     events = series.timeline(_logs(), BASE + 0.4, BASE + 3.0)
-    assert [(e["t"], e["source"]) for e in events] == [
-        (0.1, "coordinator"), (0.4, "supervisor"), (0.8, "coordinator"), (2.5, "coordinator")]
-    assert events[0]["message"].startswith("lost worker 0") and events[0]["level"] == "WARNING"
+    assert [(e["t"], e["source"]) for e in events] == [  # (from 1 s before the gap)
+        (-0.4, "supervisor"), (0.1, "coordinator"), (0.4, "supervisor"), (0.8, "coordinator"),
+        (2.5, "coordinator")]
+    assert events[1]["message"].startswith("lost worker 0") and events[1]["level"] == "WARNING"
     step = series.slowest_step(events, 2.6)
     assert step["seconds"] == pytest.approx(1.7) and step["from_s"] == pytest.approx(0.8)
     assert "replaces lost worker 0" in step["after"] and "recovery 3 done" in step["until"]
@@ -120,7 +122,13 @@ def test_a_series_result_says_whether_its_target_was_met_and_why_not() -> None:
                        shots, replies, _logs())
     assert r["longest_gap_s"] == 2.6 and r["met"] is True and r["target_s"] == 3.0
     first, second = (f["longest_gap_after"] for f in r["faults"])
-    assert first == {"s": 2.6, "from": 0.4} and second["s"] == 0.1  # (the steady replies after it)
+    assert (first["s"], first["from"], second["s"]) == (2.6, 0.4, 0.1)
+    assert "timeline" not in first  # under the target: no timeline of its own
+    slow = [i / 10 for i in range(120) if not 4 < i < 39]  # 3.5 s from 0.4 s: over the target
+    over = series.analyse("faults", 7, [], {"began": BASE}, shots, slow, _logs())
+    gap = over["faults"][0]["longest_gap_after"]
+    assert over["met"] is False and gap["s"] == 3.5
+    assert gap["slowest_step"]["seconds"] == pytest.approx(1.7) and len(gap["timeline"]) == 5
     assert r["recoveries"][0]["at"] == 2.9 and r["recoveries"][0]["phases"]["replay"] == 1.44
     assert r["worst_gap"]["slowest_step"]["seconds"] == pytest.approx(1.7)
     missed = series.analyse("faults", 7, [], {"began": BASE}, [], [0.0, 3.5], {})

@@ -288,6 +288,18 @@ def _logs(s: Any) -> dict[str, str]:
     return {f.stem: f.read_text(errors="replace") for f in sorted(cluster.state_dir(s).glob("*.log"))}
 
 
+def _gap(gap: tuple[float, float] | None, target: float, logs: dict[str, str],
+         began: float) -> dict[str, Any] | None:
+    """A fault's longest gap; over the target, with its timeline and slowest step."""
+    if gap is None:
+        return None
+    out: dict[str, Any] = {"s": round(gap[0], 2), "from": round(gap[1], 2)}
+    if gap[0] > target:
+        out["timeline"] = timeline(logs, began + gap[1], began + gap[1] + gap[0])
+        out["slowest_step"] = slowest_step(out["timeline"], gap[0])
+    return out
+
+
 def analyse(name: str, seed: int, schedule: list[Fault], report: dict[str, Any],
             shots: list[Shot], replies: list[float], logs: dict[str, str]) -> dict[str, Any]:
     """A finished series' result: faults, gaps overall and per fault, the target, the
@@ -302,7 +314,7 @@ def analyse(name: str, seed: int, schedule: list[Fault], report: dict[str, Any],
         "series": name, "seed": seed, "what": series.what, "when": time.strftime("%Y-%m-%d %H:%M"),
         "schedule": [(round(t, 2), f) for t, f in schedule],
         "faults": [{**asdict(x), "at": round(x.at - began, 2),
-                    "longest_gap_after": None if g is None else {"s": round(g[0], 2), "from": round(g[1], 2)}}
+                    "longest_gap_after": _gap(g, series.target_s, logs, began)}
                    for x, g in zip(shots, per, strict=True)],
         "lasting": report.get("outages", []), "unfired": report.get("unfired", []),
         "fault_kinds": report.get("faults", {}), "replies": len(replies),
@@ -326,6 +338,10 @@ def show(r: dict[str, Any]) -> None:
         gap = "-" if g is None else f"{g['s']:.2f} s at {g['from']:.2f}"
         p(f"   {x['at']:6.2f}  {x['what']:34} {'took effect' if x['took_effect'] else 'NO EFFECT'}"
           f" ({x['effect']}); gap {gap}")
+        if g is not None and "slowest_step" in g:
+            st = g["slowest_step"]
+            p(f"           over the target; slowest step {st['seconds']:.2f} s from "
+              f"{st['from_s']:+.3f}: after [{st['after'][:90]}] until [{st['until'][:90]}]")
     for what in r["lasting"] + [f"never fired: {u}" for u in r["unfired"]]:
         p(f"           {what}")
     verdict = "met" if r["met"] else "MISSED"
