@@ -61,12 +61,14 @@ def test_the_longest_gaps_and_the_longest_after_each_fault() -> None:
     random.Random(0).shuffle(replies)  # (arrival order is not assumed)
     gaps = series.longest_gaps(replies)
     assert [(round(g, 3), a) for g, a in gaps[:2]] == [(2.5, 5.0), (1.0, 12.0)]
-    per = series.gaps_per_fault(replies, [4.0, 5.2, 12.5, 30.0])
-    # the gap that spans a fault is that fault's, though it began just before it
+    per = series.gaps_per_fault(replies, [4.0, 5.2, 6.5, 12.3, 30.0])
+    # the gap is the fault's that hit just after its last reply (at 5.2 s, not 4.0 s), not
+    # the one fired while it went on (6.5 s)
     assert per[0] is not None and per[0][0] == pytest.approx(0.1)
     assert per[1] is not None and per[1] == (pytest.approx(2.5), 5.0)
-    assert per[2] is not None and per[2] == (pytest.approx(1.0), 12.0)
-    assert per[3] is None  # no reply after it
+    assert per[2] is not None and per[2][0] == pytest.approx(0.1)
+    assert per[3] is not None and per[3] == (pytest.approx(1.0), 12.0)
+    assert per[4] is None  # no reply after it
     assert series.longest_gaps([1.0]) == []
 
 
@@ -133,3 +135,20 @@ def test_a_series_result_says_whether_its_target_was_met_and_why_not() -> None:
     assert r["worst_gap"]["slowest_step"]["seconds"] == pytest.approx(1.7)
     missed = series.analyse("faults", 7, [], {"began": BASE}, [], [0.0, 3.5], {})
     assert missed["met"] is False and missed["worst_gap"]["timeline"] == []
+
+
+def test_the_printed_report_names_the_miss_its_slowest_step_and_a_failure(capsys: pytest.CaptureFixture[str]) -> None:
+    slow = [i / 10 for i in range(120) if not 4 < i < 39]
+    shot = series.Shot(BASE + 0.3, "worker", "worker pid 27400 halted", "pid 27400 gone", True)
+    r = series.analyse("faults", 7, [(0.3, "worker")], {"began": BASE}, [shot], slow, _logs())
+    series.show({**r, "failed": "", "gave_up": [], "load_average": [1.0, 2.0]})
+    out = capsys.readouterr().out
+    assert "seed 7 (replay: --series faults --seed 7)" in out
+    assert "longest reply gap 3.50 s (target ≤ 3 s: MISSED)" in out and "all held" in out
+    assert "recovery 3 done in 2.40 s" in out and "#3 done at 2.90 s in 2.40 s" in out
+    assert "slowest step: 1.70 s" in out and "over the target; slowest step 1.70 s" in out
+    series.show({**r, "failed": "AssertionError: 5 requests unanswered", "load_average": [1.0, 2.0],
+                 "gave_up": ["worker 0: exited 5 times within 60 s"]})
+    out = capsys.readouterr().out
+    assert "FAILED: AssertionError: 5 requests unanswered" in out and "all held" not in out
+    assert "gave up restarting worker 0: exited 5 times" in out

@@ -2,7 +2,7 @@
 the longest gap between replies against its target.
 
     python -m benchmarks.cluster.series [--series faults,pauses] [--seconds 60] [--seed N]
-                                        [--out FILE.json] [--standbys N]
+                                        [--out FILE.json] [--logs DIR] [--workers 2] [--standbys N]
 
 Each series starts its own local 2-worker cluster (``sfaas up``'s supervisor, lsm stores,
 a snapshot round every second) over the local Kafka and MinIO (``sfaas services up``; they
@@ -22,17 +22,25 @@ and crossing clocks, half of them on one hot key), under a seeded schedule:
 For each series it prints, and writes to ``--out`` as JSON: the seed and the schedule
 (``--seed N`` with the same ``--seconds`` replays it); each fault, when it fired and whether
 it was seen to take effect (``tests.cluster.faults``); the longest reply gap overall and
-after each fault (a gap counts for the last fault fired before it ended); the target and
+after each fault (a gap counts for the last fault fired before it began, or up to
+``LEAD`` = 0.5 s after its last reply); the target and
 whether it was met; the invariants checked; every recovery's phases (the coordinator's
 "recovery N done in X s: ... (detect+restart a s, restore b s, replay c s)" lines); and
 the worst gap's timeline — the coordinator's, workers' and supervisor's log lines from
 1 s before it to 1 s after, relative to its start, and the longest stretch between two of
 them (which step took the time: detection, restart, promotion, fencing, restore, replay).
 
+A kill or a pause hits the live process of its role whose slot was hit least so far (ties:
+the seed's choice). The supervisor stops restarting a slot that exits ``MAX_CRASHES`` (5)
+times within 60 s (``launcher.supervisor``): the faults series' 9 worker kills in 60 s put
+5 on one of 2 workers, so on 2 workers that slot is given up and the run fails; with
+``--workers 3`` a slot is killed 3 or 4 times.
+
 A fault that did not take effect or a broken invariant (a request unanswered or answered
 twice, money not conserved, the epoch log's replay disagreeing with a reply) fails the
-run: exit status 1, with the report so far and the logs' tails. A missed target is a
-result: printed as MISSED, exit status 0. The cluster runs without the test suite's
+run: exit status 1, with the logs' tails, what was measured until then and any slot the
+supervisor gave up on (the logs are kept, ``--logs`` or $TMPDIR/series-logs). A missed
+target is a result: printed as MISSED, exit status 0. The cluster runs without the test suite's
 determinism check (``--check-determinism`` turns it on), as a deployment would.
 """
 
@@ -45,10 +53,12 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -66,6 +76,8 @@ from tests.runtime.test_standby import _wait_roles  # noqa: E402
 OUTAGE = 10.0  # seconds MinIO is down in the faults series
 #: a gap's timeline: log lines from this long before it began to this long after it ended
 MARGIN = 1.0
+#: a gap may begin this long before the fault that caused it (the fault hit right after a reply)
+LEAD = 0.5
 #: log lines worth a timeline: any warning or error, and these milestones
 MILESTONES = re.compile(r"started |registered as|all \d+ workers ready|rejoined|stands by|"
                         r"recovery \d+|promot|fenc|lost ")
@@ -161,6 +173,8 @@ class Injector:
     shots: list[Shot] = field(default_factory=list)
     log: FaultLog | None = None
     stopped: set[int] = field(default_factory=set)
+    #: faults per (role, slot) so far
+    hits: Counter[tuple[str, int]] = field(default_factory=Counter)
 
     async def fire(self, fault: str, lasting: list[asyncio.Task[str]], log: FaultLog) -> object:
         self.log = log
@@ -171,18 +185,30 @@ class Injector:
             return 0
         if kind == "pause":
             return await self._pause(role, lasting, log)
-        pid = test_recovery._kill(self.s, kind, self.rnd)
+        pid = self._victim(kind)
         if pid is not None:
+            os.kill(pid, signal.SIGKILL)
             self.shots.append(Shot(time.time(), kind, f"{kind} pid {pid} halted"))
             await log.confirm(kind, self.shots[-1].what, process_halted(pid), timeout=5.0)
         return pid
 
-    async def _pause(self, role: str, lasting: list[asyncio.Task[str]], log: FaultLog) -> int | None:
+    def _victim(self, role: str) -> int | None:
+        """A live, running ``role`` process, of the slots hit least so far (ties: the seed's
+        choice): the supervisor gives up on a slot that exits ``MAX_CRASHES`` times within a
+        minute, so a random victim would end the series early more often than it must.
+        None when there is none (e.g. the coordinator is restarting: the scenario asks again)."""
         procs = [p for p in cluster.ps(self.s)
                  if p.role == role and p.alive and p.pid not in self.stopped]
         if not procs:
-            return None  # (e.g. the coordinator is restarting: the scenario asks again)
-        pid = self.rnd.choice(procs).pid
+            return None
+        victim = min(procs, key=lambda p: (self.hits[(role, p.index)], self.rnd.random()))
+        self.hits[(role, victim.index)] += 1
+        return victim.pid
+
+    async def _pause(self, role: str, lasting: list[asyncio.Task[str]], log: FaultLog) -> int | None:
+        pid = self._victim(role)
+        if pid is None:
+            return None
         os.kill(pid, signal.SIGSTOP)
         stopped = time.monotonic()
         self.stopped.add(pid)
@@ -217,14 +243,17 @@ def longest_gaps(replies: list[float], n: int = 3) -> list[tuple[float, float]]:
     return sorted(((b - a, a) for a, b in zip(at, at[1:], strict=False)), reverse=True)[:n]
 
 
-def gaps_per_fault(replies: list[float], faults: list[float]) -> list[tuple[float, float] | None]:
-    """For each fault time (ascending), the longest gap (length, start) that ended after it
-    and before the next fault's time; None when no reply gap ended there."""
+def gaps_per_fault(replies: list[float], faults: list[float],
+                   lead: float = LEAD) -> list[tuple[float, float] | None]:
+    """For each fault time (ascending), the longest gap (length, start) that began after it
+    (or at most ``lead`` s before it) and before the next fault; None when none did."""
     assert faults == sorted(faults), faults
     at = sorted(replies)
     best: list[tuple[float, float] | None] = [None] * len(faults)
     for a, b in zip(at, at[1:], strict=False):
-        i = bisect.bisect_left(faults, b) - 1  # the last fault fired before the gap ended
+        # the last fault fired before the gap began, or just after its last reply: not one
+        # fired while the gap went on (the schedule does not wait for a recovery)
+        i = bisect.bisect_left(faults, a + lead) - 1
         if i >= 0 and (best[i] is None or b - a > best[i][0]):  # type: ignore[index]
             best[i] = (b - a, a)
     return best
@@ -331,8 +360,9 @@ def show(r: dict[str, Any]) -> None:
     """Print one series' result for a reader."""
     p = print
     p(f"\n== {r['series']}: {r['what']}\n   seed {r['seed']} (replay: --series {r['series']} "
-      f"--seed {r['seed']})\n   schedule: " + ", ".join(f"{t:g} {f}" for t, f in r["schedule"]))
-    p("   faults (s into the load; longest reply gap until the next fault):")
+      f"--seed {r['seed']}); {r['when']}, load average {r['load_average'][0]:.1f} before, "
+      f"{r['load_average'][1]:.1f} after\n   schedule: " + ", ".join(f"{t:g} {f}" for t, f in r["schedule"]))
+    p("   faults (s into the load; the longest reply gap that began with it, s at s):")
     for x in r["faults"]:
         g = x["longest_gap_after"]
         gap = "-" if g is None else f"{g['s']:.2f} s at {g['from']:.2f}"
@@ -347,7 +377,10 @@ def show(r: dict[str, Any]) -> None:
     verdict = "met" if r["met"] else "MISSED"
     p(f"   longest reply gap {r['longest_gap_s']:.2f} s (target ≤ {r['target_s']:g} s: {verdict}); "
       f"the three longest (s, at): {r['longest_gaps']}; {r['replies']} replies")
-    p("   invariants checked, all held:\n" + "\n".join(f"     - {i}" for i in r["invariants"]))
+    held = f"FAILED: {r['failed']}" if r["failed"] else "all held"
+    p(f"   invariants checked, {held}:\n" + "\n".join(f"     - {i}" for i in r["invariants"]))
+    for why in r["gave_up"]:
+        p(f"   the supervisor gave up restarting {why}")
     p("   recoveries:")
     for x in r["recoveries"]:
         p(f"     #{x['attempt']} done at {x['at']:.2f} s in {x['seconds']:.2f} s (round {x['round']}, "
@@ -361,39 +394,56 @@ def show(r: dict[str, Any]) -> None:
       f"until [{st['until']}]")
 
 
-def run_series(name: str, seconds: float, seed: int, ep: services.Endpoints,
-               standbys: int | None, check_determinism: bool) -> dict[str, Any]:
-    """Start a cluster, run series ``name`` on it, stop it; its result (raises when a
-    fault did not take effect or an invariant broke)."""
+def run_series(name: str, a: argparse.Namespace, seed: int, ep: services.Endpoints) -> dict[str, Any]:
+    """Start a cluster, run series ``name`` on it, stop it; its result. Raises when a fault
+    did not take effect or an invariant broke, after printing what the run measured until
+    then. The processes' logs are copied to ``a.logs``/NAME-SEED when given, and after a
+    failure always (default: $TMPDIR/series-logs)."""
     series = SERIES[name]
     rnd = random.Random(seed)
-    schedule = series.schedule(rnd, seconds)
-    standbys = series.standbys if standbys is None else standbys
+    schedule = series.schedule(rnd, a.seconds)
+    standbys = series.standbys if a.standbys is None else a.standbys
+    logs: Path | None = a.logs
     with tempfile.TemporaryDirectory(prefix=f"series-{name}-") as tmp:
-        s = test_recovery.chaos_settings(ep, ep, Path(tmp), check_determinism=check_determinism)
-        print(f"{name}: seed {seed}, starting a 2-worker cluster ({standbys} standby per worker) "
+        s = test_recovery.chaos_settings(ep, ep, Path(tmp), check_determinism=a.check_determinism)
+        print(f"{name}: seed {seed}, starting {a.workers} workers ({standbys} standby per worker) "
               f"in namespace {s.namespace}", flush=True)
-        cluster.up(s, APP, 2, timeout=90, standbys=standbys)
+        load = os.getloadavg()[0]  # (the machine is shared: a gap may be a wait for a core)
+        cluster.up(s, APP, a.workers, timeout=90, standbys=standbys)
         injector = Injector(s, rnd)
         replies: list[float] = []
         report: dict[str, Any] = {"seed": seed}
+
+        def result(failed: str = "") -> dict[str, Any]:
+            r = analyse(name, seed, schedule, report, injector.settle(), replies, _logs(s))
+            return {**r, "workers": a.workers, "standbys": standbys, "failed": failed,
+                    "load_average": [load, os.getloadavg()[0]],
+                    "gave_up": [f"{p.role} {p.index}: {p.gave_up}" for p in cluster.ps(s) if p.gave_up]}
         try:
             if standbys:  # (the standbys stand by only once they hold their worker's state)
-                _wait_roles(s, sorted([("coordinator", 0), ("worker", 0), ("worker", 1)]
-                                      + [("standby", i) for i in (0, 1)] * standbys), 60)
+                _wait_roles(s, sorted([("coordinator", 0)] + [("worker", i) for i in range(a.workers)]
+                                      + [("standby", i) for i in range(a.workers)] * standbys), 60)
             cs = cluster.cluster_settings(s)[1]
             asyncio.run(test_recovery._scenario(
                 s, cs, random.Random(seed), report, Path(tmp) / "replay", faults=list(schedule),
-                fire=injector.fire, seconds=seconds, replies_at=replies))
-        except BaseException:
+                fire=injector.fire, seconds=a.seconds, workers=a.workers, replies_at=replies))
+            out = result()
+        except BaseException as exc:
             print(f"{name} (seed {seed}) FAILED; report {report}\n"
                   f"{test_recovery.log_tails(s, 15000, 4000)}", flush=True)
+            if replies:  # what it measured until it failed
+                show(result(f"{type(exc).__name__}: {str(exc)[:400]}"))
+            logs = logs or Path(tempfile.gettempdir()) / "series-logs"
             raise
         finally:
             cluster.down(s)
             drop_topics(ep.kafka_bootstrap, [s.namespace])
             drop_objects(ep, [s.namespace])
-        return analyse(name, seed, schedule, report, injector.settle(), replies, _logs(s))
+            if logs is not None:
+                shutil.copytree(cluster.state_dir(s), logs / f"{name}-{seed}", dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("secret"))
+                print(f"{name}: the cluster's logs are in {logs / f'{name}-{seed}'}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,8 +453,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="seconds of load per series")
     p.add_argument("--seed", type=int, default=None, help="the schedule's seed (default: random)")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    p.add_argument("--workers", type=int, default=2, help="workers of the cluster (default 2)")
     p.add_argument("--standbys", type=int, default=None,
                    help="standbys per worker (default: faults 0, pauses 1)")
+    p.add_argument("--logs", type=Path, default=None,
+                   help="copy each cluster's logs to DIR/SERIES-SEED (a failed run's always are)")
     p.add_argument("--check-determinism", action="store_true",
                    help="run the cluster with the test suite's determinism check")
     a = p.parse_args(argv)
@@ -415,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with services.using(kafka=True, minio=True, progress=False) as ep:
         for name in names:
-            results.append(run_series(name, a.seconds, seed, ep, a.standbys, a.check_determinism))
+            results.append(run_series(name, a, seed, ep))
             show(results[-1])
     if a.out is not None:
         a.out.parent.mkdir(parents=True, exist_ok=True)

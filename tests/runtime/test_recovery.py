@@ -190,6 +190,8 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
         report["faults"] = log.summary()
         log.check(scheduled)
         _, pending = await asyncio.wait([f for _, _, f in futs], timeout=180)
+        if replies_at is not None:  # (before any check: a failed run's gaps tell too)
+            replies_at.extend(sorted(a - t0 for a in arrivals))
         if pending:
             stuck = [(kind, key) for kind, key, f in futs if f in pending]
             waiting = {rid: fut for rid, fut in c._waiting.items() if fut in pending}
@@ -199,8 +201,6 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
         replies = [f.result() for _, _, f in futs]
         assert not c._waiting, f"{len(c._waiting)} requests never answered"
         arrivals.sort()
-        if replies_at is not None:
-            replies_at.extend(a - t0 for a in arrivals)
         gaps = sorted(((b - a, a - t0) for a, b in zip(arrivals, arrivals[1:], strict=False)),
                       reverse=True)
         report["longest_gap_s"] = round(gaps[0][0], 2) if gaps else 0.0
