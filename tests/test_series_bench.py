@@ -152,3 +152,21 @@ def test_the_printed_report_names_the_miss_its_slowest_step_and_a_failure(capsys
     out = capsys.readouterr().out
     assert "FAILED: AssertionError: 5 requests unanswered" in out and "all held" not in out
     assert "gave up restarting worker 0: exited 5 times" in out
+
+
+def test_kills_and_pauses_spread_over_the_supervisors_children(monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher.cluster import ProcessInfo
+
+    procs = [ProcessInfo("coordinator", 10, "", "coordinator.log"),
+             ProcessInfo("worker", 11, "", "worker-0.log", index=1),  # (slots move between children)
+             ProcessInfo("worker", 12, "", "worker-1.log", index=0),
+             ProcessInfo("standby", 13, "", "worker-2.log", index=0)]
+    monkeypatch.setattr(series.cluster, "ps", lambda _s: procs)
+    inj = series.Injector(s=None, rnd=random.Random(3))
+    picks = [inj._victim("worker") for _ in range(6)]
+    assert sorted(picks) == [11, 11, 11, 12, 12, 12] and picks[0] != picks[1]
+    inj.stopped.add(11)  # a paused process is not picked again while it is stopped
+    assert {inj._victim("worker") for _ in range(3)} == {12}
+    assert inj._victim("coordinator") == 10
+    procs[0].alive = False
+    assert inj._victim("coordinator") is None  # (the scenario asks again half a second later)

@@ -30,11 +30,12 @@ the worst gap's timeline — the coordinator's, workers' and supervisor's log li
 1 s before it to 1 s after, relative to its start, and the longest stretch between two of
 them (which step took the time: detection, restart, promotion, fencing, restore, replay).
 
-A kill or a pause hits the live process of its role whose slot was hit least so far (ties:
-the seed's choice). The supervisor stops restarting a slot that exits ``MAX_CRASHES`` (5)
-times within 60 s (``launcher.supervisor``): the faults series' 9 worker kills in 60 s put
-5 on one of 2 workers, so on 2 workers that slot is given up and the run fails; with
-``--workers 3`` a slot is killed 3 or 4 times.
+A kill or a pause hits the live process of its role whose supervisor child (log file) was
+hit least so far (ties: the seed's choice). The supervisor stops restarting a child that
+exits ``MAX_CRASHES`` (5) times within 60 s (``launcher.supervisor``), and restarts the
+others after a backoff that doubles from 0.2 s with each exit: the faults series' 9 worker
+kills in 60 s put 5 on one of 2 workers, so on 2 workers that child is given up at the
+last kill and the run fails; with ``--workers 3`` a child is killed 3 or 4 times.
 
 A fault that did not take effect or a broken invariant (a request unanswered or answered
 twice, money not conserved, the epoch log's replay disagreeing with a reply) fails the
@@ -173,8 +174,8 @@ class Injector:
     shots: list[Shot] = field(default_factory=list)
     log: FaultLog | None = None
     stopped: set[int] = field(default_factory=set)
-    #: faults per (role, slot) so far
-    hits: Counter[tuple[str, int]] = field(default_factory=Counter)
+    #: faults per supervisor child (its log file) so far
+    hits: Counter[str] = field(default_factory=Counter)
 
     async def fire(self, fault: str, lasting: list[asyncio.Task[str]], log: FaultLog) -> object:
         self.log = log
@@ -201,8 +202,10 @@ class Injector:
                  if p.role == role and p.alive and p.pid not in self.stopped]
         if not procs:
             return None
-        victim = min(procs, key=lambda p: (self.hits[(role, p.index)], self.rnd.random()))
-        self.hits[(role, victim.index)] += 1
+        # (the supervisor counts exits per child, i.e. per log file: the slot a process
+        # serves, ``p.index``, moves when a restarted worker takes another's slot)
+        victim = min(procs, key=lambda p: (self.hits[p.log], self.rnd.random()))
+        self.hits[victim.log] += 1
         return victim.pid
 
     async def _pause(self, role: str, lasting: list[asyncio.Task[str]], log: FaultLog) -> int | None:
@@ -418,7 +421,7 @@ def run_series(name: str, a: argparse.Namespace, seed: int, ep: services.Endpoin
             r = analyse(name, seed, schedule, report, injector.settle(), replies, _logs(s))
             return {**r, "workers": a.workers, "standbys": standbys, "failed": failed,
                     "load_average": [load, os.getloadavg()[0]],
-                    "gave_up": [f"{p.role} {p.index}: {p.gave_up}" for p in cluster.ps(s) if p.gave_up]}
+                    "gave_up": [f"{Path(p.log).stem}: {p.gave_up}" for p in cluster.ps(s) if p.gave_up]}
         try:
             if standbys:  # (the standbys stand by only once they hold their worker's state)
                 _wait_roles(s, sorted([("coordinator", 0)] + [("worker", i) for i in range(a.workers)]
