@@ -70,6 +70,8 @@ def test_the_longest_gaps_and_the_longest_after_each_fault() -> None:
     assert per[3] is not None and per[3] == (pytest.approx(1.0), 12.0)
     assert per[4] is None  # no reply after it
     assert series.longest_gaps([1.0]) == []
+    assert series.gap_around(replies, 6.5) == (pytest.approx(2.5), 5.0)
+    assert series.gap_around(replies, 30.0) is None and series.gap_around(replies, -1.0) is None
 
 
 def _logs() -> dict[str, str]:
@@ -126,8 +128,12 @@ def test_a_series_result_says_whether_its_target_was_met_and_why_not() -> None:
     first, second = (f["longest_gap_after"] for f in r["faults"])
     assert (first["s"], first["from"], second["s"]) == (2.6, 0.4, 0.1)
     assert "timeline" not in first  # under the target: no timeline of its own
+    assert [f["fired_inside"] for f in r["faults"]] == [None, None]
     slow = [i / 10 for i in range(120) if not 4 < i < 39]  # 3.5 s from 0.4 s: over the target
-    over = series.analyse("faults", 7, [], {"began": BASE}, shots, slow, _logs())
+    late = series.Shot(BASE + 2.0, "worker", "worker pid 5 halted", "pid 5 gone", True)
+    over = series.analyse("faults", 7, [], {"began": BASE}, [shots[0], late, shots[1]], slow, _logs())
+    assert over["faults"][1]["fired_inside"] == {"s": 3.5, "from": 0.4}  # (the gap of the first)
+    assert over["faults"][1]["longest_gap_after"]["s"] == 0.1  # (the steady replies after the gap)
     gap = over["faults"][0]["longest_gap_after"]
     assert over["met"] is False and gap["s"] == 3.5
     assert gap["slowest_step"]["seconds"] == pytest.approx(1.7) and len(gap["timeline"]) == 5

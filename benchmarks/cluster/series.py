@@ -262,6 +262,13 @@ def gaps_per_fault(replies: list[float], faults: list[float],
     return best
 
 
+def gap_around(replies: list[float], t: float) -> tuple[float, float] | None:
+    """The gap between replies (length, start) going on at time ``t``; None outside them."""
+    at = sorted(replies)
+    i = bisect.bisect_right(at, t)
+    return (at[i] - at[i - 1], at[i - 1]) if 0 < i < len(at) else None
+
+
 def parse_line(line: str) -> tuple[float, str, str, str] | None:
     """A log line's (wall clock, level, logger, message); None for a continuation line."""
     m = _LINE.match(line)
@@ -332,6 +339,12 @@ def _gap(gap: tuple[float, float] | None, target: float, logs: dict[str, str],
     return out
 
 
+def _inside(replies: list[float], t: float) -> dict[str, float] | None:
+    """The gap a fault fired into when an earlier fault's gap was still going on."""
+    g = gap_around(replies, t)
+    return None if g is None or g[1] > t - LEAD else {"s": round(g[0], 2), "from": round(g[1], 2)}
+
+
 def analyse(name: str, seed: int, schedule: list[Fault], report: dict[str, Any],
             shots: list[Shot], replies: list[float], logs: dict[str, str]) -> dict[str, Any]:
     """A finished series' result: faults, gaps overall and per fault, the target, the
@@ -346,7 +359,8 @@ def analyse(name: str, seed: int, schedule: list[Fault], report: dict[str, Any],
         "series": name, "seed": seed, "what": series.what, "when": time.strftime("%Y-%m-%d %H:%M"),
         "schedule": [(round(t, 2), f) for t, f in schedule],
         "faults": [{**asdict(x), "at": round(x.at - began, 2),
-                    "longest_gap_after": _gap(g, series.target_s, logs, began)}
+                    "longest_gap_after": _gap(g, series.target_s, logs, began),
+                    "fired_inside": _inside(replies, x.at - began)}
                    for x, g in zip(shots, per, strict=True)],
         "lasting": report.get("outages", []), "unfired": report.get("unfired", []),
         "fault_kinds": report.get("faults", {}), "replies": len(replies),
@@ -371,6 +385,9 @@ def show(r: dict[str, Any]) -> None:
         gap = "-" if g is None else f"{g['s']:.2f} s at {g['from']:.2f}"
         p(f"   {x['at']:6.2f}  {x['what']:34} {'took effect' if x['took_effect'] else 'NO EFFECT'}"
           f" ({x['effect']}); gap {gap}")
+        if x["fired_inside"]:
+            p(f"           fired inside the {x['fired_inside']['s']:.2f} s gap from "
+              f"{x['fired_inside']['from']:.2f} s (an earlier fault's, still going on)")
         if g is not None and "slowest_step" in g:
             st = g["slowest_step"]
             p(f"           over the target; slowest step {st['seconds']:.2f} s from "
