@@ -414,11 +414,13 @@ def show(r: dict[str, Any]) -> None:
       f"until [{st['until']}]")
 
 
-def run_series(name: str, a: argparse.Namespace, seed: int, ep: services.Endpoints) -> dict[str, Any]:
-    """Start a cluster, run series ``name`` on it, stop it; its result. Raises when a fault
-    did not take effect or an invariant broke, after printing what the run measured until
-    then. The processes' logs are copied to ``a.logs``/NAME-SEED when given, and after a
-    failure always (default: $TMPDIR/series-logs)."""
+def run_series(name: str, a: argparse.Namespace, seed: int, ep: services.Endpoints,
+               results: list[dict[str, Any]]) -> None:
+    """Start a cluster, run series ``name`` on it, stop it; its result goes to ``results``.
+    Raises when a fault did not take effect or an invariant broke, after adding (and
+    printing) what the run measured until then, marked ``failed``. The processes' logs are
+    copied to ``a.logs``/NAME-SEED when given, and after a failure always (default:
+    $TMPDIR/series-logs)."""
     series = SERIES[name]
     rnd = random.Random(seed)
     schedule = series.schedule(rnd, a.seconds)
@@ -447,12 +449,13 @@ def run_series(name: str, a: argparse.Namespace, seed: int, ep: services.Endpoin
             asyncio.run(test_recovery._scenario(
                 s, cs, random.Random(seed), report, Path(tmp) / "replay", faults=list(schedule),
                 fire=injector.fire, seconds=a.seconds, workers=a.workers, replies_at=replies))
-            out = result()
+            results.append(result())
         except BaseException as exc:
             print(f"{name} (seed {seed}) FAILED; report {report}\n"
                   f"{test_recovery.log_tails(s, 15000, 4000)}", flush=True)
             if replies:  # what it measured until it failed
-                show(result(f"{type(exc).__name__}: {str(exc)[:400]}"))
+                results.append(result(f"{type(exc).__name__}: {str(exc)[:400]}"))
+                show(results[-1])
             logs = logs or Path(tempfile.gettempdir()) / "series-logs"
             raise
         finally:
@@ -463,7 +466,6 @@ def run_series(name: str, a: argparse.Namespace, seed: int, ep: services.Endpoin
                 shutil.copytree(cluster.state_dir(s), logs / f"{name}-{seed}", dirs_exist_ok=True,
                                 ignore=shutil.ignore_patterns("secret"))
                 print(f"{name}: the cluster's logs are in {logs / f'{name}-{seed}'}")
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -485,15 +487,22 @@ def main(argv: list[str] | None = None) -> int:
     if not names or set(names) - set(SERIES):
         p.error(f"--series takes a comma-separated list of {', '.join(SERIES)}, got {a.series!r}")
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 32)
-    results = []
-    with services.using(kafka=True, minio=True, progress=False) as ep:
-        for name in names:
-            results.append(run_series(name, a, seed, ep))
-            show(results[-1])
-    if a.out is not None:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps({"seconds": a.seconds, "series": results}, indent=1))
-        print(f"written to {a.out}")
+    for name in names:  # (a schedule that does not fit: said now, before any cluster starts)
+        try:
+            SERIES[name].schedule(random.Random(seed), a.seconds)
+        except ValueError as exc:
+            p.error(f"{name}: {exc}")
+    results: list[dict[str, Any]] = []
+    try:
+        with services.using(kafka=True, minio=True, progress=False) as ep:
+            for name in names:
+                run_series(name, a, seed, ep, results)
+                show(results[-1])
+    finally:  # (a failed series' partial result too)
+        if a.out is not None and results:
+            a.out.parent.mkdir(parents=True, exist_ok=True)
+            a.out.write_text(json.dumps({"seconds": a.seconds, "series": results}, indent=1))
+            print(f"written to {a.out}")
     print("\n" + "; ".join(f"{r['series']}: longest gap {r['longest_gap_s']:.2f} s "
                            f"(target ≤ {r['target_s']:g} s: {'met' if r['met'] else 'MISSED'})"
                            for r in results))
