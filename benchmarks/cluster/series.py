@@ -33,7 +33,7 @@ them (which step took the time: detection, restart, promotion, fencing, restore,
 A kill or a pause hits the live process of its role whose supervisor child (log file) was
 hit least so far (ties: the seed's choice). The supervisor stops restarting a child that
 exits ``MAX_CRASHES`` (5) times within 60 s (``launcher.supervisor``), and restarts the
-others after a backoff that doubles from 0.2 s with each exit: the faults series' 9 worker
+others after a backoff that grows with each exit: the faults series' 9 worker
 kills in 60 s put 5 on one of 2 workers, so on 2 workers that child is given up at the
 last kill and the run fails; with ``--workers 3`` a child is killed 3 or 4 times.
 
