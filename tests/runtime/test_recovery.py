@@ -122,11 +122,14 @@ Fire = Callable[[str, list["asyncio.Task[str]"], FaultLog], Any]
 async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[str, object], replay_dir: Path,
                     maps: Callable[[], list[tuple[int, list[int]]]] = list, *,
                     faults: list[Fault] | None = None, fire: Fire | None = None,
-                    seconds: float | None = None, workers: int = 2) -> None:
+                    seconds: float | None = None, workers: int = 2,
+                    replies_at: list[float] | None = None) -> None:
     """The load, the fault schedule and the invariants; ``maps()`` gives the partition maps
     the epochs ran under after rescales (see ``test_rounds._replay``). ``faults`` and
     ``fire``: another schedule and how to inject it (by default: kills of the local
-    cluster's processes and outages of its services); ``workers``: the cluster's size."""
+    cluster's processes and outages of its services); ``workers``: the cluster's size;
+    ``replies_at``: filled with every reply's arrival, in seconds into the load (the
+    schedule's clock; ``report["began"]`` is the load's start on the logs' wall clock)."""
 
     async def fire_local(role: str, outages: list[asyncio.Task[str]], log: FaultLog) -> object | None:
         if role in dict(OUTAGES):
@@ -153,6 +156,7 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
         outages: list[asyncio.Task[str]] = []
         report["schedule"] = [(round(t, 2), role) for t, role in faults]
         t0 = time.monotonic()
+        report["began"] = time.time()
         killed = []
         while (now := time.monotonic() - t0) < seconds:
             while faults and faults[0][0] <= now:
@@ -186,6 +190,8 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
         report["faults"] = log.summary()
         log.check(scheduled)
         _, pending = await asyncio.wait([f for _, _, f in futs], timeout=180)
+        if replies_at is not None:  # (before any check: a failed run's gaps tell too)
+            replies_at.extend(sorted(a - t0 for a in arrivals))
         if pending:
             stuck = [(kind, key) for kind, key, f in futs if f in pending]
             waiting = {rid: fut for rid, fut in c._waiting.items() if fut in pending}
