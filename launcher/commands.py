@@ -16,7 +16,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from launcher import alive
-from sfaas.errors import EXIT_RECOVERY_STOPPED, RecoveryStopped, SfaasError, TransactionAborted
+from sfaas.errors import (
+    EXIT_RECOVERY_STOPPED,
+    EXIT_START_AGAIN,
+    RecoveryStopped,
+    SfaasError,
+    StartAgain,
+    TransactionAborted,
+)
 from sfaas.runtime.settings import Settings
 
 __all__ = ["main"]
@@ -253,6 +260,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RecoveryStopped as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_RECOVERY_STOPPED
+    except StartAgain as exc:  # (the supervisor restarts it without counting a crash)
+        print(f"error: {exc}; starting again", file=sys.stderr)
+        return EXIT_START_AGAIN
     except SfaasError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -7,8 +7,11 @@ that exits — at once the first time, then after a backoff (0.2 s doubling to 5
 worker of a cluster with standbys waits at least ``STANDBY_RESTART_DELAY``), and not more
 than ``MAX_CRASHES`` times in ``CRASH_WINDOW`` seconds: then it gives up on that role with
 a clear error in its log and in ``cluster.json`` (``sfaas ps`` shows it) — a SIGKILL from
-outside after the process ran a second (an operator, a chaos test, the OOM killer) is a
-fault, not a crash: restarted at once and not counted. It rewrites
+outside after the process ran a second (an operator, a chaos test, the OOM killer), or a
+worker that fenced itself after a pause, is a fault, not a crash: restarted at once and
+not counted; so is a worker that could not join
+because the cluster changed under it (``EXIT_START_AGAIN``), restarted after the backoff.
+The backoff starts over once a process ran ``HEALTHY_AFTER`` s. It rewrites
 ``cluster.json`` (atomically) whenever a process starts or stops. On SIGTERM (``sfaas
 down``) it stops the coordinator first (which stops the workers cleanly), then whatever is
 left, and exits.
@@ -45,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.cluster import free_port
-from sfaas.errors import EXIT_FENCED, EXIT_RECOVERY_STOPPED, EXIT_RETIRED
+from sfaas.errors import EXIT_FENCED, EXIT_RECOVERY_STOPPED, EXIT_RETIRED, EXIT_START_AGAIN
 from sfaas.runtime import liveness
 from sfaas.runtime.metrics import local_url
 from sfaas.runtime.settings import Settings
@@ -60,6 +63,8 @@ MAX_CRASHES = 5
 #: Seconds a process must have run for a SIGKILL from outside to count as a fault rather
 #: than a crash (``Supervisor._exited``).
 KILLED_AFTER = 1.0
+#: Seconds of running after its last exit that reset a process's restart backoff.
+HEALTHY_AFTER = 10.0
 CRASH_WINDOW = 60.0
 #: With standbys, seconds before a dead worker process is restarted: a standby takes the
 #: lost slot, the restarted process only becomes a new standby, and its start (a second
@@ -123,6 +128,8 @@ class Child:
     #: exit being reaped is such a kill
     stalls: int = 0
     watchdog_killed: bool = False
+    #: when it last exited (monotonic; 0: never)
+    last_exit: float = 0.0
 
     def public(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("role", "index", "pid", "log", "restarts", "alive",
@@ -235,7 +242,7 @@ class Supervisor:
                 c.restarts += 1
                 self._start(c)
                 changed = True
-            if c.alive and c.exits and now - c.exits[-1] > CRASH_WINDOW:
+            if c.alive and c.last_exit and now - c.last_exit > HEALTHY_AFTER:
                 c.backoff = 0.0  # healthy for a while: a later crash restarts at once again
         self.children = [c for c in self.children if not c.retired]
         return changed
@@ -246,10 +253,13 @@ class Supervisor:
         watchdog's) after the process ran ``KILLED_AFTER`` s is a fault, not a crash loop:
         restarted at once and not counted (a chaos run or an operator may kill a worker
         every few seconds; giving up would leave its slot empty)."""
-        killed = (code == -signal.SIGKILL and not c.watchdog_killed
+        # a SIGKILL from outside, or a worker that fenced itself after a pause (its lease ran
+        # out: the cluster has replaced it), after running a while: a fault, not a crash
+        killed = ((code == -signal.SIGKILL and not c.watchdog_killed or code == EXIT_FENCED)
                   and now - c.started >= KILLED_AFTER)
         c.watchdog_killed = False
-        if not killed:
+        c.last_exit = now
+        if not killed and code != EXIT_START_AGAIN:  # (the cluster changed under it)
             c.exits.append(now)
         while c.exits and now - c.exits[0] > CRASH_WINDOW:
             c.exits.popleft()

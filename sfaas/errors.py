@@ -35,6 +35,8 @@ __all__ = [
     "EXIT_RETIRED",
     "EXIT_RECOVERY_STOPPED",
     "EXIT_FENCED",
+    "EXIT_START_AGAIN",
+    "StartAgain",
     "RecoveryStopped",
 ]
 
@@ -47,6 +49,9 @@ EXIT_RECOVERY_STOPPED = 76
 #: paused or cut-off process the cluster has replaced, ``worker.fence``). Its supervisor
 #: restarts it; the new process registers as a new member.
 EXIT_FENCED = 77
+#: Exit code of a process that could not join because the cluster changed under it
+#: (:class:`StartAgain`). Its supervisor restarts it and does not count it as a crash.
+EXIT_START_AGAIN = 78
 
 
 class SfaasError(Exception):
@@ -156,6 +161,13 @@ class ChannelClosed(SfaasError, ConnectionError):
 
 class ClusterError(SfaasError):
     """The local cluster could not be started, found or stopped."""
+
+
+class StartAgain(ClusterError):
+    """A worker could not join because the cluster changed under it — a peer it was told of
+    is gone, its slot was given to another process, the coordinator it stood by for was
+    lost. Starting again is the remedy: the process exits with :data:`EXIT_START_AGAIN`,
+    and its supervisor restarts it without counting a crash (a fault series makes many)."""
 
 
 class RecoveryStopped(ClusterError):

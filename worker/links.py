@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sfaas.errors import AuthenticationError, ChannelClosed, ClusterError
+from sfaas.errors import AuthenticationError, ChannelClosed, StartAgain
 from sfaas.runtime import channels, wire
 from worker.fence import FenceLease
 
@@ -47,7 +47,7 @@ async def connect_retry(host: str, port: int, secret: str,
         except OSError as exc:
             err = exc
         if time.monotonic() > deadline:
-            raise ClusterError(f"cannot reach {host}:{port}: {err}")
+            raise StartAgain(f"cannot reach {host}:{port}: {err}")
         await asyncio.sleep(0.1)
 
 

@@ -12,9 +12,10 @@ import time
 from aiokafka import TopicPartition
 
 from sfaas.app import App
-from sfaas.errors import ChannelClosed, ClusterError
+from sfaas.errors import ChannelClosed, ClusterError, StartAgain
 from sfaas.runtime import wire
 from sfaas.runtime.kafka import consumer_group
+from sfaas.runtime.protocols.membership import REGISTER_AGAIN
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import PartitionStores
 from worker.clients import KafkaClients
@@ -81,7 +82,9 @@ class Membership:
         if isinstance(assign, wire.Stop):
             if promoted is not None:
                 promoted.close()
-            raise ClusterError(f"coordinator refused {self._name}: {assign.reason}")
+            refused = f"coordinator refused {self._name}: {assign.reason}"
+            raise StartAgain(refused) if assign.reason.endswith(REGISTER_AGAIN) else \
+                ClusterError(refused)
         if not isinstance(assign, wire.Assign):
             raise ClusterError(f"expected Assign from the coordinator, got {type(assign).__name__}")
         return assign, promoted, None

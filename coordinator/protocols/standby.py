@@ -39,6 +39,7 @@ from coordinator.state import ClusterView
 from sfaas.errors import ChannelClosed
 from sfaas.runtime import channels, wire
 from sfaas.runtime.partitioning import owned
+from sfaas.runtime.protocols.membership import REGISTER_AGAIN
 
 log = logging.getLogger("sfaas.coordinator.standbys")
 
@@ -131,7 +132,7 @@ class Standbys:
             log.warning("slot %d is lost with no standby holding its state: standby %s (pid %d) "
                         "registers again to take it", slot, sb.name, sb.pid)
             with contextlib.suppress(ChannelClosed):
-                sb.channel.send(wire.Stop(f"worker {slot} is lost: register again to take it"))
+                sb.channel.send(wire.Stop(f"worker {slot} is lost: {REGISTER_AGAIN}"))
                 sb.channel.close()
             self._changed()
             return

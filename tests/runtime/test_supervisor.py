@@ -13,6 +13,7 @@ import pytest
 
 from launcher import supervisor as supervisor_module
 from launcher.supervisor import MAX_CRASHES, STANDBY_RESTART_DELAY, Child, Supervisor
+from sfaas.errors import EXIT_FENCED, EXIT_START_AGAIN
 
 
 def _run(sup: Supervisor, until, timeout: float = 60.0) -> None:
@@ -67,6 +68,24 @@ def test_workers_killed_from_outside_are_restarted_at_once_and_never_given_up(
         assert not child.exits
     finally:
         sup.stop()
+
+
+def test_faults_are_restarted_without_end_and_crashes_are_given_up() -> None:
+    """What the supervisor decides on each exit (no process: its bookkeeping alone): a
+    worker that could not join because the cluster changed (``EXIT_START_AGAIN``) or that
+    fenced itself is restarted however often; a crash of its own counts toward giving up."""
+    sup = Supervisor(Path("/nonexistent"), {"app": "t"}, [])
+    now = 1000.0
+    for code, given_up in ((EXIT_START_AGAIN, False), (EXIT_FENCED, False), (1, True)):
+        child = Child("worker", 0, [], "w.log", started=now - 5.0)
+        for _ in range(MAX_CRASHES + 2):
+            now += 2.0  # (each ran past KILLED_AFTER; all within CRASH_WINDOW)
+            sup._exited(child, code, now)
+            if child.gave_up:
+                break
+            child.started = now
+        assert bool(child.gave_up) is given_up, (code, child)
+        assert child.next_start or given_up
 
 
 def test_with_standbys_a_dead_worker_is_restarted_after_the_failover_not_during_it(tmp_path: Path) -> None:

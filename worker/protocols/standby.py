@@ -42,7 +42,7 @@ import time
 
 import statestores
 from sfaas.app import App
-from sfaas.errors import EXIT_RETIRED, ChannelClosed, ClusterError
+from sfaas.errors import EXIT_RETIRED, ChannelClosed, ClusterError, StartAgain
 from sfaas.runtime import wire
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import (
@@ -196,7 +196,7 @@ async def run_standby(settings: Settings, app: App, name: str, secret: str, upli
             try:
                 msgs = await uplink.recv()
             except ChannelClosed:
-                raise ClusterError("lost the coordinator while standing by") from None
+                raise StartAgain("lost the coordinator while standing by") from None
             for msg in msgs:
                 if isinstance(msg, wire.Follow):
                     _retire_if_gone(msg)

@@ -103,6 +103,11 @@ class Alive(Message):
     sent: float
 
 
+#: The end of a ``Stop``'s reason telling a worker to register again, as a new process
+#: (a recruited standby: ``coordinator.protocols.standby``).
+REGISTER_AGAIN = "register again to take it"
+
+
 @dataclass(slots=True)
 class Stop(Message):
     """Coordinator → worker: shut down cleanly."""
