@@ -1,23 +1,25 @@
-"""A replica's directory: what a follower finds there when it opens.
+"""A replica's directory: what a follower finds there when it opens, and how a directory
+that is only a cache is discarded.
 
 A replica's own state is its ``FOLLOW`` document (:mod:`.state`), written when it installs
 its first message: a directory without one holds nothing installed yet — a new replica, or
 one whose seeding and stream never completed a message (the snapshot remote and the
 primary were both unreachable) — and is version 0, no files, no marks. A directory with
 ``CURRENT`` and no ``FOLLOW`` holds a store (a promoted replica, or a store's own
-directory): a follower refuses it.
+directory): a follower refuses it, and only its owner may :func:`discard` it.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 
 from .. import current
 from ..errors import CorruptionError, StoreError
 from ..fs import FileSystem
 from .state import FollowState, decode_state
 
-__all__ = ["STATE_NAME", "PART", "LOCK_NAME", "load", "needed"]
+__all__ = ["STATE_NAME", "PART", "LOCK_NAME", "load", "needed", "discard"]
 
 STATE_NAME = "FOLLOW"
 PART = ".replica"
@@ -56,3 +58,20 @@ def needed(state: FollowState) -> set[str]:
     for _i, _s, files in state.marks:
         need.update(e.name for e in files)
     return need
+
+
+def discard(directory: str | os.PathLike[str]) -> bool:
+    """Delete ``directory`` — a replica, or a store a promotion left there — for a caller
+    to whom it is only a cache (a standby's: the cluster restores its state from the
+    snapshot rounds). Refused with :class:`~statestores.LockedError`, deleting nothing,
+    while a live store or follower holds it. False if there was nothing to delete."""
+    directory = os.path.abspath(os.fspath(directory))
+    if not os.path.isdir(directory):
+        return False
+    fs = FileSystem()
+    fd = fs.lock(os.path.join(directory, LOCK_NAME))
+    try:
+        shutil.rmtree(directory)
+    finally:
+        fs.unlock(fd)
+    return True

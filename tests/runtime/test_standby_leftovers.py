@@ -3,7 +3,9 @@ with its followers' real transports aimed at nothing and MinIO refusing connecti
 
 A standby promoted before MinIO or its primary delivered a single file takes the slot
 with empty stores (the recovery downloads the round), instead of exiting and leaving the
-slot to a restart; a promotion that fails says so and leaves no store open.
+slot to a restart. A standby restarting where an earlier promotion left a store follows
+from scratch instead of failing every restart — but never deletes a store a live process
+holds.
 """
 
 from __future__ import annotations
@@ -70,6 +72,37 @@ def test_a_standby_promoted_before_anything_arrived_takes_the_slot_with_empty_st
     finally:
         stores.close()
         sb.stop()
+
+
+def test_a_standby_restarting_over_a_store_an_earlier_promotion_left_follows_from_scratch(
+        settings: Settings) -> None:
+    first = _Standby(settings, app, "standby-0", SECRET)
+    left = os.path.join(first.root, "accounts", "p0")
+    db = statestores.open(ENGINE, left)  # promoted in place, then its process died
+    db[b"alice"] = b"100"
+    db.close()
+    restarted = _Standby(settings, app, "standby-0", SECRET)
+    restarted.start(_follow())
+    try:
+        assert len(restarted.followers) == 4
+        assert not os.path.exists(os.path.join(left, "CURRENT"))
+        assert restarted.followers[("accounts", 0)].stats()["seq"] == 0, "from scratch"
+    finally:
+        restarted.stop()
+
+
+def test_a_standby_never_deletes_a_store_a_live_process_holds(settings: Settings) -> None:
+    sb = _Standby(settings, app, "standby-0", SECRET)
+    left = os.path.join(sb.root, "accounts", "p0")
+    live = statestores.open(ENGINE, left)  # promoted in place; its process only paused
+    live[b"alice"] = b"100"
+    try:
+        with pytest.raises(statestores.LockedError):
+            sb.start(_follow())
+        assert dict(live.items()) == {b"alice": b"100"}
+    finally:
+        sb.stop()
+        live.close()
 
 
 def test_a_promotion_that_fails_says_so_and_holds_no_store_open(

@@ -3,7 +3,9 @@
 A standby seeding while MinIO refused connections, whose primary then died before its
 first edit arrived, holds a replica that installed nothing (no ``FOLLOW`` yet); promoting
 it must give an empty store — which the recovery's restore then fills from the round —
-not crash. A promotion never takes a version whose files are missing.
+not crash. A promotion never takes a version whose files are missing. A directory a
+promotion turned into a store is refused by a follower and can be discarded by its owner,
+but never while a live store holds it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import remotes
 import statestores
 from statestores import current
 from statestores.fs import FileSystem
-from statestores.replica import LocalSource, Shipper
+from statestores.replica import LocalSource, Shipper, discard
 from statestores.replica.follower import STATE_NAME
 
 from .replicas import DeadSource, DownRemote
@@ -89,5 +91,30 @@ def test_a_promotion_refuses_a_version_whose_files_are_missing(tmp_path: Path) -
     assert not (tmp_path / "slot").exists()
     assert not current.exists(FileSystem(), str(tmp_path / "replica"))
     f.close()
+    shipper.close()
+    db.close()
+
+
+def test_a_directory_a_promotion_left_is_refused_and_can_be_discarded_when_nobody_holds_it(
+        tmp_path: Path) -> None:
+    db, _remote, shipper = _primary(tmp_path, "appendlog", shipped=True)
+    assert shipper is not None
+    where = tmp_path / "standby" / "accounts" / "p0"
+    f = statestores.follow("appendlog", where, LocalSource(shipper))
+    f.wait(snapshot_id=3)
+    store = f.promote(3)  # in place: its lost primary still held the slot's directory
+    with pytest.raises(statestores.LockedError):
+        discard(where)
+    assert dict(store.items()) == dict(db.items()), "a live store is never discarded"
+    store.close()
+    with pytest.raises(statestores.StoreError, match="holds a store, not a replica"):
+        statestores.follow("appendlog", where, LocalSource(shipper))
+    assert discard(where) and not where.exists()
+    assert not discard(where)
+    f = statestores.follow("appendlog", where, LocalSource(shipper))
+    f.wait(snapshot_id=3)
+    again = f.promote(3)
+    assert dict(again.items()) == dict(db.items())
+    again.close()
     shipper.close()
     db.close()

@@ -32,7 +32,9 @@ store directories' locks, on a machine both share. The promotion does not wait f
 it would wait as long as the pause lasts: a store whose directory is locked is promoted
 where its replica lies, under this standby's directory, which this process then keeps
 (the zombie fences itself on waking, ``worker.fence``; the slot's next process restores
-the round into the slot's own directory as usual).
+the round into the slot's own directory as usual). Such a store outlives its process;
+a standby that later starts there deletes it and follows from scratch (``_Standby._follow``),
+never while a live process holds it.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from sfaas.runtime.state import (
     store_remote,
     stores_root,
 )
-from statestores.replica import Follower, TcpSource
+from statestores.replica import Follower, TcpSource, discard
 from worker.links import CoordinatorLink
 from worker.replication import store_name
 
@@ -115,15 +117,34 @@ class _Standby:
                  len(self.followers), sorted(mine), f.host, f.port, extra={"worker": f.index})
 
     def _follow(self, f: wire.Follow, op: str, p: int) -> Follower:
-        """A follower of ``(op, p)``'s store at ``f``'s primary."""
+        """A follower of ``(op, p)``'s store at ``f``'s primary. What an earlier process left
+        in its directory and a follower refuses — a store promoted in place (its primary
+        was paused) whose process then died, a replica of another engine, a damaged
+        ``FOLLOW`` — is deleted and the store followed from scratch: a standby's directory
+        is only a cache (a promotion is restored to a round of MinIO's), and refusing it
+        would fail every restart. Not while a live store holds it (``LockedError``)."""
         s, app = self._settings, self._app
         engine, opts = store_engine(app, op, s.store)
-        source = TcpSource(f.host, f.port, store_name(op, p), self._secret)
-        # a new standby downloads the newest round's files from MinIO first: the
-        # primary ships only what changed since (its network and CPU are spared)
-        fol: Follower = statestores.follow(engine, os.path.join(self.root, op, f"p{p}"), source,
-                                           seed=store_remote(s, app.name, op, p), **opts)
-        return fol
+        where = os.path.join(self.root, op, f"p{p}")
+
+        def follow() -> Follower:
+            source = TcpSource(f.host, f.port, store_name(op, p), self._secret)
+            # a new standby downloads the newest round's files from MinIO first: the
+            # primary ships only what changed since (its network and CPU are spared)
+            fol: Follower = statestores.follow(engine, where, source,
+                                               seed=store_remote(s, app.name, op, p), **opts)
+            return fol
+
+        try:
+            return follow()
+        except statestores.LockedError:
+            raise
+        except statestores.StoreError as exc:
+            log.warning("standby of worker %d: %s; a leftover of an earlier process: deleting "
+                        "it and following %s/p%d from scratch", f.index, exc, op, p,
+                        extra={"worker": f.index})
+            discard(where)
+            return follow()
 
     def stop(self) -> None:
         for fol in self.followers.values():
