@@ -14,6 +14,7 @@ list; a :class:`Follower` installs them in order and never flushes, merges or in
 
 from __future__ import annotations
 
+from .directory import discard
 from .follower import Follower
 from .path import PathSink, PathSource
 from .rdma import RdmaServer, RdmaSource, check_device
@@ -24,6 +25,7 @@ from .wire import ProtocolError, ReplicationError
 
 __all__ = [
     "Follower",
+    "discard",
     "Shipper",
     "Delivery",
     "Source",

@@ -35,9 +35,12 @@ from ..errors import CorruptionError, SnapshotNotFoundError, StoreClosedError, S
 from ..fs import FileSystem
 from ..snapshots import manifest_entries
 from ..version import FileEntry, encode_entries, seq_of
+from .directory import LOCK_NAME as _LOCK_NAME
+from .directory import PART as _PART
+from .directory import STATE_NAME, load
 from .shipper import SHIPPED_KINDS
 from .source import Received, Source
-from .state import FollowState, decode_state, encode_state
+from .state import FollowState, encode_state
 from .wire import (
     EditMsg,
     Hello,
@@ -56,9 +59,6 @@ __all__ = ["Follower", "STATE_NAME"]
 
 log = logging.getLogger("statestores.replica")
 
-STATE_NAME = "FOLLOW"
-_PART = ".replica"
-_LOCK_NAME = "LOCK"
 _BACKOFF = (0.02, 1.0)
 
 
@@ -136,28 +136,10 @@ class Follower:
         return os.path.join(self.directory, name)
 
     def _load(self) -> None:
-        path = self._path(STATE_NAME)
-        self.seq = 0
-        self.origin = ""
-        self.files: dict[str, FileEntry] = {}
+        state = load(self.fs, self.directory, self.engine, self.engine_cls.PREFIX)
+        self.seq, self.origin, self.files = state.seq, state.origin, state.files
         #: (snapshot_id, seq, files), oldest first
-        self.marks: list[tuple[int, int, tuple[FileEntry, ...]]] = []
-        if not self.fs.exists(path):
-            if current.exists(self.fs, self.directory):
-                raise StoreError(
-                    f"{self.directory} holds a store, not a replica: follow into an empty directory"
-                )
-        else:
-            self.seq, self.origin, self.files, self.marks = decode_state(
-                self.fs.read_file(path), path, self.engine)
-            for n in self._needed():
-                if not self.fs.exists(self._path(n)):
-                    raise CorruptionError(path, f"names {n!r}, which is missing")
-        for n in self.fs.listdir(self.directory):  # leftovers of a crash mid-install
-            if n.endswith(_PART) or (
-                n.startswith(self.engine_cls.PREFIX + "-") and n not in self._needed()
-            ):
-                self.fs.remove(self._path(n))
+        self.marks: list[tuple[int, int, tuple[FileEntry, ...]]] = state.marks
 
     def _save(self) -> None:
         state = FollowState(self.seq, self.origin, self.files, self.marks)
@@ -524,7 +506,11 @@ class Follower:
         whatever that directory held is deleted, unless a live store holds it:
         :class:`~statestores.LockedError`). ``options`` override those given to the
         follower (e.g. ``remote=``). A promotion that fails has stopped following but left
-        the replica intact: promote again, or ``close()`` and follow again.
+        the replica intact: promote again, or ``close()`` and follow again. A replica that
+        installed nothing yet (its seeding and its stream never completed a message) holds
+        version 0: promoted, it is an empty store — what it holds, not a guess — which a
+        restore fills; it holds no snapshot. A version whose files are not all on disk is
+        refused (:class:`CorruptionError`).
         """
         if self._closed:
             raise StoreClosedError(f"replica {self.directory} is closed")
@@ -542,16 +528,23 @@ class Follower:
                     )
                 _i, seq, files = found[0]
                 entries = list(files)
+            names = [e.name for e in entries]
+            lacking = [n for n in names if not self.fs.exists(self._path(n))]
+            if lacking:  # never a store short of what its version names
+                raise CorruptionError(
+                    self._path(STATE_NAME), f"version {seq} names {lacking[:3]}, which are "
+                    f"missing: not promoted ({len(lacking)} of {len(names)} files)")
             old_fd = None
             if target != self.directory and os.path.exists(target):
                 old_fd = self.fs.lock(os.path.join(target, _LOCK_NAME))  # nobody may be using it
-            names = [e.name for e in entries]
             top = max([seq_of(n) for n in names] + [0])
             current.write(
                 self.fs, self.directory,
                 {"seq": top, "version": seq, "files": encode_entries(entries)}, sync=self._sync,
             )
-            os.remove(self._path(STATE_NAME))
+            # (a replica that installed nothing yet never wrote one: it is version 0, empty)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._path(STATE_NAME))
             self._closed = True
             self._cond.notify_all()
         self.fs.unlock(self._lock_fd)

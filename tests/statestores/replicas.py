@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import remotes
 import statestores
 from statestores.replica import (
     SHIPPED_KINDS,
@@ -93,3 +94,22 @@ def _store_dir(tmp_path: Path) -> Path:
     d = tmp_path / "a-store"
     statestores.open("appendlog", d).close()
     return d
+
+
+class DownRemote(remotes.PathRemote):
+    """A snapshot remote that cannot be reached (MinIO refusing connections)."""
+
+    def latest_snapshot(self) -> int | None:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+
+class DeadSource:
+    """A lost primary's replication server: every connection is refused."""
+
+    store = "accounts-p0"
+
+    def open(self, hello: Hello) -> Iterator[Tip]:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    def close(self) -> None:
+        pass

@@ -12,7 +12,10 @@ On ``wire.Promote(index, round, owned)`` (the primary died) every follower of th
 partitions ``owned`` is promoted to that round's files and moved (a rename) into the
 directory the primary's stores use, and the worker registers for the primary's slot;
 the recovery that follows restores the round from those local files — nothing is
-downloaded — and replays the epoch log. A new
+downloaded — and replays the epoch log. (That restore is why a follower that received
+nothing yet — MinIO down while it seeded, its primary dead before shipping a file — is
+promoted empty rather than refused: the recovery downloads the whole round into it, as
+into a replacement's stores, and the slot need not wait for one.) A new
 ``Follow`` (the primary was replaced, at another address) re-points the followers; they
 resume where they stand and receive only the files they lack.
 
@@ -29,7 +32,9 @@ store directories' locks, on a machine both share. The promotion does not wait f
 it would wait as long as the pause lasts: a store whose directory is locked is promoted
 where its replica lies, under this standby's directory, which this process then keeps
 (the zombie fences itself on waking, ``worker.fence``; the slot's next process restores
-the round into the slot's own directory as usual).
+the round into the slot's own directory as usual). Such a store outlives its process;
+a standby that later starts there deletes it and follows from scratch (``_Standby._follow``),
+never while a live process holds it.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ from sfaas.runtime.state import (
     store_remote,
     stores_root,
 )
-from statestores.replica import Follower, TcpSource
+from statestores.replica import Follower, TcpSource, discard
 from worker.links import CoordinatorLink
 from worker.replication import store_name
 
@@ -96,7 +101,7 @@ class _Standby:
             self.stop()
             shutil.rmtree(self.root, ignore_errors=True)  # another primary's stores: start clean
         moved = old is None or (old.host, old.port) != (f.host, f.port)
-        s, app = self._settings, self._app
+        app = self._app
         for (op, p), fol in list(self.followers.items()):
             if moved or p not in mine:
                 fol.close()
@@ -106,17 +111,40 @@ class _Standby:
         self.follow = f
         for p in sorted(mine):
             for op in app.operators:
-                if (op, p) in self.followers:
-                    continue
-                engine, opts = store_engine(app, op, s.store)
-                source = TcpSource(f.host, f.port, store_name(op, p), self._secret)
-                # a new standby downloads the newest round's files from MinIO first: the
-                # primary ships only what changed since (its network and CPU are spared)
-                self.followers[(op, p)] = statestores.follow(
-                    engine, os.path.join(self.root, op, f"p{p}"), source,
-                    seed=store_remote(s, app.name, op, p), **opts)
+                if (op, p) not in self.followers:
+                    self.followers[(op, p)] = self._follow(f, op, p)
         log.info("standby of worker %d: following %d stores of partitions %s at %s:%d", f.index,
                  len(self.followers), sorted(mine), f.host, f.port, extra={"worker": f.index})
+
+    def _follow(self, f: wire.Follow, op: str, p: int) -> Follower:
+        """A follower of ``(op, p)``'s store at ``f``'s primary. What an earlier process left
+        in its directory and a follower refuses — a store promoted in place (its primary
+        was paused) whose process then died, a replica of another engine, a damaged
+        ``FOLLOW`` — is deleted and the store followed from scratch: a standby's directory
+        is only a cache (a promotion is restored to a round of MinIO's), and refusing it
+        would fail every restart. Not while a live store holds it (``LockedError``)."""
+        s, app = self._settings, self._app
+        engine, opts = store_engine(app, op, s.store)
+        where = os.path.join(self.root, op, f"p{p}")
+
+        def follow() -> Follower:
+            source = TcpSource(f.host, f.port, store_name(op, p), self._secret)
+            # a new standby downloads the newest round's files from MinIO first: the
+            # primary ships only what changed since (its network and CPU are spared)
+            fol: Follower = statestores.follow(engine, where, source,
+                                               seed=store_remote(s, app.name, op, p), **opts)
+            return fol
+
+        try:
+            return follow()
+        except statestores.LockedError:
+            raise
+        except statestores.StoreError as exc:
+            log.warning("standby of worker %d: %s; a leftover of an earlier process: deleting "
+                        "it and following %s/p%d from scratch", f.index, exc, op, p,
+                        extra={"worker": f.index})
+            discard(where)
+            return follow()
 
     def stop(self) -> None:
         for fol in self.followers.values():
@@ -139,21 +167,8 @@ class _Standby:
                     fol.close()
                     del self.followers[(op, p)]
                     continue
-                held = fol.snapshots()
-                at = msg.round if msg.round in held else (held[-1] if held else None)
-                target = os.path.join(stores_root(s, app.name), op, f"p{p}")
-                try:
-                    store = fol.promote(at, directory=target)
-                except statestores.LockedError as exc:
-                    log.warning("%s; its lost primary may be paused, not dead: promoting %s/p%d "
-                                "where its replica lies", exc, op, p, extra={"worker": msg.index})
-                    store = fol.promote(at)
-                    self.kept = True
-                store.remote = store_remote(s, app.name, op, p)
-                stores[(op, p)] = store
+                stores[(op, p)] = self._promote_one(fol, op, p, msg)
                 del self.followers[(op, p)]
-                log.info("promoted %s/p%d to snapshot %s (round %d asked), %d files local", op, p,
-                         at, msg.round, len(store.version()[1]), extra={"worker": msg.index})
             missing = sorted(wanted - {p for _op, p in stores})
             if missing:
                 log.warning("promoted to worker %d without following its partitions %s (the map "
@@ -164,6 +179,39 @@ class _Standby:
             PartitionStores(stores, self.follow.partitions).close()
             raise
         return PartitionStores(stores, self.follow.partitions)
+
+    def _promote_one(self, fol: Follower, op: str, p: int, msg: wire.Promote) -> statestores.Store:
+        """``(op, p)``'s follower as the slot's store: at the round asked if it holds it,
+        else at its newest snapshot, else its newest version — the recovery restores the
+        round anyway, downloading what it lacks. A follower that installed nothing yet is
+        promoted empty. A failed promotion is logged and raised: this process exits, and
+        the coordinator gives the slot to another standby or a replacement."""
+        s, app = self._settings, self._app
+        held = fol.snapshots()
+        at = msg.round if msg.round in held else (held[-1] if held else None)
+        if at is None and fol.stats()["seq"] == 0:
+            log.warning("the replica of %s/p%d holds nothing yet (its seeding from MinIO and "
+                        "its primary's stream installed no file; last stream error: %s): "
+                        "promoted empty, the recovery downloads round %d", op, p,
+                        fol.last_error, msg.round, extra={"worker": msg.index})
+        target = os.path.join(stores_root(s, app.name), op, f"p{p}")
+        try:
+            try:
+                store = fol.promote(at, directory=target)
+            except statestores.LockedError as exc:
+                log.warning("%s; its lost primary may be paused, not dead: promoting %s/p%d "
+                            "where its replica lies", exc, op, p, extra={"worker": msg.index})
+                store = fol.promote(at)
+                self.kept = True
+        except Exception as exc:
+            log.error("cannot promote the replica of %s/p%d to worker %d (%s): this standby "
+                      "exits; the slot goes to another standby or a replacement", op, p,
+                      msg.index, exc, extra={"worker": msg.index})
+            raise
+        store.remote = store_remote(s, app.name, op, p)
+        log.info("promoted %s/p%d to snapshot %s (round %d asked), %d files local", op, p, at,
+                 msg.round, len(store.version()[1]), extra={"worker": msg.index})
+        return store
 
 
 def _retire_if_gone(f: wire.Follow) -> None:
