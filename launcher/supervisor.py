@@ -22,7 +22,7 @@ simply registers again and takes the slot of the lost one (``coordinator.protoco
 A child that stays silent is treated as one that died: each child touches its liveness file
 (``sfaas.runtime.liveness``; the supervisor names it ``{role}-{index}.alive`` in the state
 directory) from its event loop every quarter of ``heartbeat_timeout``; one whose file grew
-older than ``2 × heartbeat_timeout + 1`` s (``$SFAAS_SUPERVISOR_MAX_AGE`` overrides it, 0
+older than ``heartbeat_timeout + 1`` s (``$SFAAS_SUPERVISOR_MAX_AGE`` overrides it, 0
 turns it off) — after ``START_GRACE`` seconds of starting — is SIGKILLed, logged with its
 file's age, counted (``stalls`` in ``cluster.json``) and restarted like a crash. A stopped
 (SIGSTOP) or wedged process is replaced instead of holding its slot.

@@ -56,9 +56,12 @@ def alive_path(home: str, alive_file: str) -> str:
 
 
 def max_age(heartbeat_timeout: float) -> float:
-    """Seconds after which a silent process is declared stuck: twice the heartbeat
-    timeout and a second (a loop slower than that is lost to the cluster anyway)."""
-    return 2 * heartbeat_timeout + 1.0
+    """Seconds after which a silent process is declared stuck: the heartbeat timeout and a
+    second. A loop slower than that is lost to the cluster anyway — the coordinator calls a
+    worker silent for ``heartbeat_timeout`` lost, and a coordinator's workers fence
+    themselves soon after (``worker.fence``) — so replacing it then only starts its
+    successor sooner (a paused coordinator: issue 48; it was ``2 × timeout + 1``)."""
+    return heartbeat_timeout + 1.0
 
 
 def touch(path: str) -> None:

@@ -163,7 +163,7 @@ class Settings:
     #: ``{home}/alive``. ``sfaas up``'s supervisor gives each child its own.
     alive_file: str = ""
     #: Seconds of a silent liveness file after which ``sfaas up``'s supervisor replaces the
-    #: process; 0 turns its watchdog off; -1: ``2 × heartbeat_timeout + 1``.
+    #: process; 0 turns its watchdog off; -1: ``heartbeat_timeout + 1``.
     supervisor_max_age: float = -1.0
 
     @classmethod
@@ -304,7 +304,7 @@ class Settings:
             raise ConfigError("alive_file (SFAAS_ALIVE_FILE) must not contain NUL")
         if not (self.supervisor_max_age == -1 or self.supervisor_max_age >= 0):
             raise ConfigError("supervisor_max_age (SFAAS_SUPERVISOR_MAX_AGE) must be seconds >= 0 "
-                              "(0: no watchdog), or -1 for 2 x heartbeat_timeout + 1, "
+                              "(0: no watchdog), or -1 for heartbeat_timeout + 1, "
                               f"got {self.supervisor_max_age}")
 
     def fallback_phase(self) -> str:
