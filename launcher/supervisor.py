@@ -272,8 +272,9 @@ class Supervisor:
         if c.role == "worker" and int(self.info.get("standbys", 0)) > 0:
             delay = max(delay, STANDBY_RESTART_DELAY)
         c.next_start = now + delay
-        log.warning("%s %d (pid %d) %s with code %s; restarting in %.1f s", c.role, c.index,
-                    c.pid, "was killed" if killed else "exited", code, delay)
+        log.warning("%s %d (pid %d) exited with code %s%s; restarting in %.1f s", c.role,
+                    c.index, c.pid, code, " (a fault: not counted as a crash)"
+                    if killed or code == EXIT_START_AGAIN else "", delay)
         if not killed:
             c.backoff = min(5.0, max(0.2, c.backoff * 2))
 
