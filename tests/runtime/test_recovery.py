@@ -123,13 +123,15 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
                     maps: Callable[[], list[tuple[int, list[int]]]] = list, *,
                     faults: list[Fault] | None = None, fire: Fire | None = None,
                     seconds: float | None = None, workers: int = 2,
-                    replies_at: list[float] | None = None) -> None:
+                    replies_at: list[float] | None = None,
+                    done: Callable[[], bool] | None = None) -> None:
     """The load, the fault schedule and the invariants; ``maps()`` gives the partition maps
     the epochs ran under after rescales (see ``test_rounds._replay``). ``faults`` and
     ``fire``: another schedule and how to inject it (by default: kills of the local
     cluster's processes and outages of its services); ``workers``: the cluster's size;
     ``replies_at``: filled with every reply's arrival, in seconds into the load (the
-    schedule's clock; ``report["began"]`` is the load's start on the logs' wall clock)."""
+    schedule's clock; ``report["began"]`` is the load's start on the logs' wall clock);
+    ``done``: the load stops early once it says so (``seconds`` bounds it still)."""
 
     async def fire_local(role: str, outages: list[asyncio.Task[str]], log: FaultLog) -> object | None:
         if role in dict(OUTAGES):
@@ -158,7 +160,7 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
         t0 = time.monotonic()
         report["began"] = time.time()
         killed = []
-        while (now := time.monotonic() - t0) < seconds:
+        while (now := time.monotonic() - t0) < seconds and not (done and done()):
             while faults and faults[0][0] <= now:
                 _, role = faults.pop(0)
                 if (what := await fire(role, outages, log)) is not None:

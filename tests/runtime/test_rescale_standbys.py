@@ -45,8 +45,10 @@ from tests.runtime.test_rescale import _maps
 from worker.protocols.standby import _Standby
 
 APP = "tests.runtime.apps.ledger:app"
-#: seconds of load: long enough for two rescales, two failovers and the waits between
+#: seconds of load at most: the load stops TAIL_SECONDS after the rescales and failovers
+#: (and the waits between them) are done, typically 30-40 s in
 LOAD_SECONDS = 75.0
+TAIL_SECONDS = 3.0
 
 
 def _current_map(s: Settings) -> list[int]:
@@ -191,8 +193,15 @@ def test_rescale_with_standbys_then_failover_without_a_download(kafka: Any, mini
         _wait("a standby following each worker", lambda: _standbys_follow_initial(s), 60)
         cs = cluster.cluster_settings(s)[1]
         steps = _orchestrate(s, random.Random(SEED), report, errors)
+        finished: list[float] = []
+
+        def done() -> bool:  # (the steps over, or failed: the load goes on a little longer)
+            if not finished and not steps.is_alive():
+                finished.append(time.monotonic())
+            return bool(finished) and time.monotonic() - finished[0] > TAIL_SECONDS
+
         asyncio.run(test_recovery._scenario(s, cs, random.Random(SEED), report, tmp_path / "replay",
-                                            lambda: _maps(s), seconds=LOAD_SECONDS))
+                                            lambda: _maps(s), seconds=LOAD_SECONDS, done=done))
         steps.join(300)
         assert not errors, errors
         assert report.get("orchestrated"), report
