@@ -222,8 +222,7 @@ class KafkaClients:
         """Every record handed to a producer so far has its outcome: the producer flushed,
         the ones it replaced stopped (their records' callbacks have run)."""
         await self.producer.flush()
-        while stopping := [t for t in self._retiring if not t.done()]:
-            await asyncio.gather(*stopping)
+        await self._retired()
 
 
     async def stop_producer(self) -> None:
@@ -233,6 +232,10 @@ class KafkaClients:
         if self._renewing is not None and not self._renewing.done():
             await asyncio.gather(self._renewing, return_exceptions=True)
         await self.producer.stop()
+        await self._retired()
+
+    async def _retired(self) -> None:
+        """Every replaced producer stopped (those replaced meanwhile too)."""
         while stopping := [t for t in self._retiring if not t.done()]:
             await asyncio.gather(*stopping)
 

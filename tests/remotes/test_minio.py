@@ -358,7 +358,7 @@ def test_pickles_and_reprs_hold_no_secret_and_background_uploads_still_work(
     from statestores import background
 
     if background.mode() != "process":
-        pytest.skip("SFAAS_BACKGROUND=thread runs background work in this process")
+        pytest.skip("background mode 'thread' (SFAAS_BACKGROUND, set_mode) runs background work in this process")
     monkeypatch.delenv("SFAAS_MINIO_SECRET_KEY", raising=False)
     background.shutdown()
     background.warm_up("upload")

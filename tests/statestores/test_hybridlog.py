@@ -67,7 +67,7 @@ def test_regions_are_written_in_the_background_process(tmp_path: Path, monkeypat
     from statestores.log import store as log_store
 
     if background.mode() != "process":
-        pytest.skip("SFAAS_BACKGROUND=thread runs background work in this process")
+        pytest.skip("background mode 'thread' (SFAAS_BACKGROUND, set_mode) runs background work in this process")
     lanes: list[tuple[str, str]] = []
     real_submit = background.submit
 

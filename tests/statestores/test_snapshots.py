@@ -246,7 +246,7 @@ def test_uploads_run_outside_the_store_process(engine: str, tmp_path: Path) -> N
     from statestores import background
 
     if background.mode() != "process":
-        pytest.skip("SFAAS_BACKGROUND=thread runs background work in this process")
+        pytest.skip("background mode 'thread' (SFAAS_BACKGROUND, set_mode) runs background work in this process")
     remote = PidRecordingRemote(tmp_path / "remote")
     with statestores.open(engine, tmp_path / "db", remote=remote, sync="os") as s:
         model = fill(s, 0, 200)
