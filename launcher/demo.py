@@ -87,14 +87,15 @@ def _kill_a_worker(s: Settings, t0: float, what: dict[str, Any]) -> None:
 
 async def _egress_duplicates(cs: Settings, rids: list[str]) -> tuple[int, int]:
     """``(request ids answered more than once, request ids never answered)`` in the egress
-    topic."""
+    topic, read as a Kafka consumer that wants each reply once reads it (``read_committed``)."""
     from aiokafka import TopicPartition
 
     from sfaas.runtime.kafka import read_range
     from sfaas.runtime.wire import Reply
 
     topic = cs.topics("bank")[1]
-    raw = await read_range(cs.kafka, {TopicPartition(topic, p): 0 for p in range(cs.partitions)})
+    raw = await read_range(cs.kafka, {TopicPartition(topic, p): 0 for p in range(cs.partitions)},
+                           committed=True)
     seen: dict[str, int] = {}
     for recs in raw.values():
         for _, v in recs:

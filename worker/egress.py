@@ -1,46 +1,75 @@
-"""Egress: replies out to Kafka, and ingress offsets committed once their replies are in.
+"""Egress: replies out to Kafka in transactions, and ingress offsets committed once their
+replies are in.
 
 A committed (or finally aborted) request's reply is queued here by the epoch's commit and
-produced by one task, in commit order, to the reply partition the request named. When the
-broker acknowledges a reply, its request is *completed*: its ingress offset may be
-committed to the consumer group (``sfaas.runtime.txn.offsets``) and it stops counting against the
-worker's in-flight limit (``worker.ingress``), which is what bounds the replies queued here
-and those being sent again.
+produced, in commit order, to the reply partition the request named — inside a Kafka
+transaction of this worker's *slot*: one transactional producer per slot, its id
+``<egress topic>.slot-<index>`` (:func:`transactional_id`), started when the slot is taken
+(``worker.membership``). Whatever is queued while a transaction commits goes into the next
+one, so a loaded worker commits many replies at once and an idle one one at a time. When a
+transaction commits, its requests are *completed*: their ingress offsets may be committed to
+the consumer group (``sfaas.runtime.txn.offsets``) and they stop counting against the
+worker's in-flight limit (``worker.ingress``), which is what bounds the replies queued here.
 
-A reply whose delivery failed because the producer is stuck (``OutOfOrderSequenceNumber``
-and the like: ``worker.clients.DESYNCED``; the broker appended nothing) is sent again
-through a new producer, at most ``worker.clients.RESENDS`` times (``worker.clients``: why a
-copy that did land twice is harmless — its client takes one reply per request id). It then
-completes like any other, later than the replies made after it. A reply whose delivery
-fails otherwise (the producer gave up: Kafka unreachable past its retries), or still fails
-after those resends, is not completed: its offset stays uncommitted. With snapshot rounds
-on, the worker then leaves the cluster, as when an epoch-log write fails: the recovery
-that follows rolls back to the newest round and replays, producing every reply not yet in
-the egress topic again. Without rounds there is no recovery to leave for; the request
-waits for a restart, holding its in-flight slot.
+Why transactions: the slot's next process (a replacement, a promoted standby) starts its
+producer with the same id, and the broker then fences the previous one — aborting its open
+transaction and refusing whatever it still sends, including bytes a killed process left in
+its socket that reach the broker late (after a cut heals). Without that, a dead worker's
+reply could land in the egress topic *after* its successor's recovery read the topic
+(``worker.protocols.recovery``, step 4), and the replay would produce it a second time (the
+nemesis caught 4 such replies, seed 4251531938). The recovery reads the topic
+``read_committed``, so it sees exactly the replies that count, and a replay produces the
+others. Readers that want every reply once read ``read_committed`` too (docs/guide: the
+Kafka path); ``sfaas.Client`` reads uncommitted replies for latency and keeps the first per
+request id — an aborted reply is the same bytes its replay commits.
+
+A transaction that fails because the producer is stuck or fenced (:data:`RETRY`: the broker
+appended nothing that counts — the transaction is aborted) is tried again through a new
+producer of the same id, at most ``worker.clients.RESENDS`` times, each under the
+coordinator's lease (a new producer fences every older one, so only the slot's owner may
+start one). A transaction that fails otherwise (Kafka unreachable past the producer's
+retries: its commit may have landed) is not tried again, and its replies are not completed:
+their offsets stay uncommitted. With snapshot rounds on, the worker then leaves the cluster,
+as when an epoch-log write fails; the recovery that follows rolls back to the newest round
+and replays, producing every reply not committed in the egress topic. Without rounds there
+is no recovery to leave for; the request waits for a restart, holding its in-flight slot.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from aiokafka import TopicPartition
+from aiokafka.errors import IllegalOperation
 
+from sfaas.runtime.kafka import make_producer
 from sfaas.runtime.settings import Settings
-from worker.clients import DESYNCED, Sent, hand_over
-from worker.fence import FenceLease
+from worker.clients import DESYNCED, RENEW_PATIENCE, RESENDS, start_kafka
+from worker.fence import Fenced, FenceLease
 from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker")
 
-__all__ = ["Egress", "Uplink", "Clients", "GEN_HEADER"]
+__all__ = ["Egress", "Uplink", "Clients", "GEN_HEADER", "RETRY", "transactional_id"]
 
 #: The Kafka header on every reply: ``b"<slot>.<generation>"`` of the process that made it.
 GEN_HEADER = "sfaas-gen"
+#: Transaction failures after which nothing of it counts (aborted, or never appended), so it
+#: is tried again through a new producer: a stuck or fenced producer (aiokafka reports a
+#: transaction the broker timed out as ``ProducerFenced``), or one left in a failed state.
+RETRY = (*DESYNCED, IllegalOperation)
+
+#: (reply partition, encoded reply, ingress partition, ingress offset)
+Queued = tuple[int, bytes, int, int]
+
+
+def transactional_id(egress_topic: str, slot: int) -> str:
+    """The transactional id of slot ``slot``'s replies: the same in every process that holds
+    the slot, so each new one fences the one before."""
+    return f"{egress_topic}.slot-{slot}"
 
 
 class Uplink(Protocol):
@@ -53,26 +82,22 @@ class Uplink(Protocol):
 
 
 class Clients(Protocol):
-    """Whoever holds the Kafka clients (``worker.clients.KafkaClients``)."""
+    """Whoever holds the Kafka clients (``worker.clients.KafkaClients``): the consumer
+    whose group the ingress offsets are committed to."""
 
-    producer: Any
     consumer: Any
-
-    async def resend(self, sent: Sent, exc: BaseException,
-                     fence: FenceLease | None = None) -> Any: ...
-
-    async def flush_producer(self) -> None: ...
 
 
 class Egress:
     """One worker's replies and offset commits (see module docstring).
 
     ``completed(partition, offset)``: the request read there completed (its reply is
-    acknowledged).
+    committed).
     """
 
     def __init__(self, settings: Settings, state: WorkerState, kafka: Clients, uplink: Uplink,
                  completed: Callable[[int, int], None], lease: FenceLease | None = None) -> None:
+        self._settings = settings
         self._rounds_on = settings.snapshot_interval > 0
         #: replies leave, and offsets are committed, only under the lease (``worker.fence``)
         self._lease = lease
@@ -80,14 +105,49 @@ class Egress:
         self._kafka = kafka
         self._uplink = uplink
         self._completed = completed
-        #: (reply partition, encoded reply, ingress partition, ingress offset), in commit order
-        self.replies: list[tuple[int, bytes, int, int]] = []
+        #: replies queued and not yet in a transaction, in commit order
+        self.replies: list[Queued] = []
         self.event = asyncio.Event()
-        #: per egress partition, one past the highest offset of a reply acknowledged
+        #: per egress partition, one past the highest offset of a reply committed
         self.acked: dict[int, int] = {}
-        #: replies being sent again through a new producer (a task each, held: the loop keeps
-        #: weak references; bounded by the in-flight limit, as every reply not acknowledged)
-        self._resending: set[asyncio.Task[None]] = set()
+        #: the slot's transactional producer (None until :meth:`start`) and its id
+        self.producer: Any = None
+        self.txn_id = ""
+        #: makes an unstarted transactional producer for an id (a seam: tests give fakes)
+        self.new_producer: Callable[[str], Any] = lambda tid: make_producer(
+            settings.kafka, settings.linger_ms, transactional_id=tid)
+        #: producers replaced so far (stuck, fenced or failed transactions)
+        self.renewals = 0
+        #: transactions committed so far
+        self.transactions = 0
+        #: the one task that runs transactions, one after the other (None: none running)
+        self._drain: asyncio.Task[None] | None = None
+        #: the last transaction failed: the next one starts with a new producer
+        self._broken = False
+        #: replaced producers stopping (held: the loop keeps weak references)
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    async def start(self, slot: int) -> None:
+        """Start slot ``slot``'s producer (kept if it is the one running): from here on the
+        broker refuses the slot's earlier processes, and their open transaction is aborted."""
+        tid = transactional_id(self._state.egress_topic, slot)
+        if self.producer is not None and tid == self.txn_id and not self._broken:
+            return
+        old, self.producer, self.txn_id = self.producer, None, tid
+        if old is not None:
+            self._retire(old)
+        self.producer = await start_kafka(lambda: self.new_producer(tid), self._settings.kafka,
+                                          index=slot)
+        self._broken = False
+
+    async def stop(self) -> None:
+        """Stop the producer after the replies queued (the worker stops)."""
+        if self._drain is not None and not self._drain.done():
+            await asyncio.gather(self._drain, return_exceptions=True)
+        if self.producer is not None:
+            await self.producer.stop()
+        while stopping := [t for t in self._retiring if not t.done()]:
+            await asyncio.gather(*stopping)
 
     def add(self, reply_partition: int, value: bytes, partition: int, offset: int) -> None:
         """Queue one reply to the request read at ingress ``partition:offset`` (-1: none)."""
@@ -102,52 +162,101 @@ class Egress:
             await self.flush()
 
     async def flush(self) -> None:
-        """Hand every queued reply to the producer (its delivery completes later), each
-        stamped with this process's slot and generation (the ``sfaas-gen`` header)."""
-        if not self.replies:
-            return
+        """Produce every reply queued so far; returns once each is committed (or failed for
+        good). One task runs the transactions; whoever calls this waits for it."""
+        while self.replies or (self._drain is not None and not self._drain.done()):
+            task = self._drain
+            if task is None or task.done():
+                task = self._drain = asyncio.get_running_loop().create_task(self._drain_all())
+            await asyncio.shield(task)  # (a caller cancelled leaves the transaction running)
+
+    async def durable(self) -> None:
+        """Every reply queued so far is committed (or failed for good)."""
+        await self.flush()
+
+    async def _drain_all(self) -> None:
+        while self.replies:
+            await self._leased()
+            batch, self.replies = self.replies, []
+            await self._transact(batch)
+
+    async def _leased(self) -> None:
         lease = self._lease
         if lease is not None and not lease.valid():
             await lease.held()
-        replies, self.replies = self.replies, []
-        st = self._state
-        topic = st.egress_topic
-        headers = [(GEN_HEADER, f"{st.index}.{st.generation}".encode())]
-        for p, value, in_part, in_offset in replies:
-            sent = await hand_over(self._kafka, topic, value, p, headers)
-            sent.delivery.add_done_callback(functools.partial(self._sent, in_part, in_offset, sent))
 
-    async def durable(self) -> None:
-        """Every reply queued so far is acknowledged by the broker (or failed for good),
-        those being sent again through a new producer included."""
-        await self.flush()
-        await self._kafka.flush_producer()  # (a reply it rejected is in _resending now)
-        while resending := [t for t in self._resending if not t.done()]:
-            await asyncio.gather(*resending, return_exceptions=True)
-
-    def _sent(self, partition: int, offset: int, sent: Sent, fut: asyncio.Future[Any]) -> None:
-        """A reply's delivery finished: on success its request is completed; a stuck
-        producer's rejection is sent again (see the module docstring)."""
-        if fut.cancelled():  # (a worker that is stopping)
+    async def _transact(self, batch: list[Queued]) -> None:
+        """Produce ``batch`` in one transaction, tried again through a new producer while it
+        fails with one of :data:`RETRY` (see the module docstring)."""
+        exc: BaseException = RuntimeError("no transaction tried")
+        for _ in range(1 + RESENDS):
+            try:
+                if self._broken or self.producer is None:
+                    await self._renew(exc)
+                mds = await self._one(batch)
+            except Fenced:
+                raise
+            except Exception as e:
+                exc, self._broken = e, True
+                if not isinstance(e, RETRY):
+                    break
+                continue
+            self.transactions += 1
+            for md, (_, _, partition, offset) in zip(mds, batch, strict=True):
+                self._acked(md, partition, offset)
             return
-        exc = fut.exception()
-        if exc is None:
-            self._acked(fut.result(), partition, offset)
-        elif isinstance(exc, DESYNCED):
-            task = asyncio.get_running_loop().create_task(
-                self._resend(partition, offset, sent, exc))
-            self._resending.add(task)
-            task.add_done_callback(self._resending.discard)
-        else:
+        if self._broken and not isinstance(exc, RETRY):
+            # (before anyone reads the topic: a new producer's start waits until a commit
+            # whose answer was lost is complete, or aborts it)
+            try:
+                await self._renew(exc)
+            except Fenced:
+                raise
+            except Exception as e:
+                log.warning("renewing the reply producer failed: %s", e,
+                            extra={"worker": self._state.index})
+        for _, _, partition, offset in batch:
             self._failed(partition, offset, exc)
 
-    async def _resend(self, partition: int, offset: int, sent: Sent, exc: BaseException) -> None:
-        try:
-            md = await self._kafka.resend(sent, exc, self._lease)
-        except Exception as e:
-            self._failed(partition, offset, e)
-        else:
-            self._acked(md, partition, offset)
+    async def _one(self, batch: list[Queued]) -> list[Any]:
+        """One transaction of ``batch``: the metadata of each reply once it committed."""
+        st = self._state
+        producer, topic = self.producer, st.egress_topic
+        headers = [(GEN_HEADER, f"{st.index}.{st.generation}".encode())]
+        await producer.begin_transaction()
+        futs = [await producer.send(topic, value, partition=p, headers=headers)
+                for p, value, _, _ in batch]
+        mds = await asyncio.gather(*futs)
+        await self._leased()  # (the commit makes them visible: only under the lease)
+        await producer.commit_transaction()
+        return list(mds)
+
+    async def _renew(self, exc: BaseException) -> None:
+        """A new producer of the same id in place of the current one (``exc``: why); it
+        fences the old one, whose open transaction the broker aborts."""
+        await self._leased()  # (a new producer fences every older one: the owner's act)
+        slot = self._state.index
+        if self.producer is not None:
+            log.warning("the reply transaction failed (%s: %s): replacing the producer and "
+                        "trying again", type(exc).__name__, exc, extra={"worker": slot})
+            self._retire(self.producer)
+            self.producer = None
+        tid = self.txn_id or transactional_id(self._state.egress_topic, slot)
+        self.producer = await start_kafka(lambda: self.new_producer(tid), self._settings.kafka,
+                                          RENEW_PATIENCE, slot)
+        self.txn_id = tid
+        self.renewals += 1
+        self._broken = False
+
+    def _retire(self, old: Any) -> None:
+        async def stop() -> None:
+            try:
+                await old.stop()
+            except Exception as e:
+                log.info("stopping a replaced reply producer: %s", e)
+        task = asyncio.get_running_loop().create_task(stop())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     def _acked(self, md: Any, partition: int, offset: int) -> None:
         if md.offset + 1 > self.acked.get(md.partition, 0):

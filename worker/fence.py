@@ -40,8 +40,11 @@ T/4, so an idle zombie leaves too.
 
 What the lease cannot stop: bytes handed to the OS or to the Kafka producer before the
 pause (aiokafka's sender may deliver its buffered batch on resume, before any of this
-code runs). ``tests/runtime/test_fencing_cluster.py`` measures it; a transactional
-producer per slot (fenced by the broker through its epoch) would close it.
+code runs). For replies the broker stops them: they leave in transactions of the slot's
+transactional producer, which the slot's next process fences (``worker.egress``);
+``tests/runtime/test_fencing_cluster.py`` checks that none of a zombie's replies is seen.
+The epoch log is not transactional; the chaos test checks that no worker logged an epoch
+twice.
 """
 
 from __future__ import annotations

@@ -122,6 +122,9 @@ class Membership:
             starting.append(k.start_producer(st.index))
         if k.consumer is None or k.group != assign.group:
             starting.append(k.start_consumer(assign.group, st.index))
+        # the slot's reply producer: it fences the slot's earlier processes (never started
+        # while standing by, which would fence the live primary)
+        starting.append(self._egress.start(st.index))
         await asyncio.gather(*starting)
         # end offsets before assign(): assign() narrows the consumer's metadata to the
         # ingress topic, and an offset lookup of another topic then waits ~0.1 s for a

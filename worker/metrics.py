@@ -210,8 +210,12 @@ class WorkerMetrics:
                                   "Recoveries this worker rolled back for", value=st.recovery)
         yield CounterMetricFamily("sfaas_worker_producer_renewals",
                                   "Kafka producers this worker replaced after they got stuck "
-                                  "(OutOfOrderSequenceNumber and the like)",
-                                  value=self._kafka.producer_renewals)
+                                  "(OutOfOrderSequenceNumber and the like) or a reply "
+                                  "transaction failed",
+                                  value=self._kafka.producer_renewals + self._egress.renewals)
+        yield CounterMetricFamily("sfaas_worker_reply_transactions",
+                                  "Kafka transactions of replies this worker committed",
+                                  value=self._egress.transactions)
         yield from channel_traffic()
 
     def _direct_metrics(self) -> Iterator[Any]:

@@ -251,6 +251,7 @@ class Worker:
 
     async def _stop_kafka(self) -> None:
         await self.egress.flush()
+        await self.egress.stop()
         await self.kafka.stop_producer()  # waits for outstanding deliveries
         await self.egress.commit_offsets()
         await self.kafka.consumer.stop()

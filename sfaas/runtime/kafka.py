@@ -58,6 +58,11 @@ async def ensure_topics(bootstrap: str, topics: dict[str, int], replication: int
 
 #: Bytes of one partition's batch a producer holds; a send waits while that batch is full.
 PRODUCE_BATCH_BYTES = 1 << 20
+#: A transaction open this long is aborted by the broker (its producer then fails with
+#: ``ProducerFenced`` and a worker retries it through a new one: ``worker.egress``). A
+#: killed worker's open transaction is aborted at once by its slot's next process; this
+#: bounds how long it holds back ``read_committed`` readers if no next process comes.
+TRANSACTION_TIMEOUT_MS = 20_000
 #: Bytes a consumer prefetches per partition, and per fetch in all: it fetches again for a
 #: partition only once its records were taken, so what is not taken stays in Kafka. (4 and
 #: 16 MiB made a worker's memory grow by a quarter under overload; these commit as much.)
@@ -133,17 +138,26 @@ def silence_limit(bootstrap: str, heartbeat_timeout: float) -> float:
     return max(3 * metadata_max_age_ms(bootstrap) / 1000, 1.5 * heartbeat_timeout)
 
 
-def make_producer(bootstrap: str, linger_ms: int = 0, *, durable: bool = False) -> AIOKafkaProducer:
+def make_producer(bootstrap: str, linger_ms: int = 0, *, durable: bool = False,
+                  transactional_id: str | None = None) -> AIOKafkaProducer:
     """A producer tuned for low latency with batching under load.
 
-    ``durable`` (workers: replies and the epoch log): ``acks=all`` and idempotence, so an
-    acknowledged record survives a broker failover and a retried send is never duplicated.
+    ``durable`` (workers: the epoch log): ``acks=all`` and idempotence, so an acknowledged
+    record survives a broker failover and a retried send is never duplicated.
+    ``transactional_id`` (workers: replies, ``worker.egress``): durable, and its records are
+    written in transactions; a newer producer of the same id fences this one.
     """
+    durable = durable or transactional_id is not None
+    txn: dict[str, Any] = {} if transactional_id is None else {
+        "transactional_id": transactional_id,
+        "transaction_timeout_ms": TRANSACTION_TIMEOUT_MS,
+    }
     return AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         linger_ms=linger_ms,
         acks="all" if durable else 1,
         enable_idempotence=durable,
+        **txn,
         max_batch_size=PRODUCE_BATCH_BYTES,
         request_timeout_ms=30000,
         metadata_max_age_ms=metadata_max_age_ms(bootstrap),
@@ -195,10 +209,12 @@ READ_RANGE_PATIENCE = 30.0
 async def read_range(
     bootstrap: str, starts: dict[TopicPartition, int],
     at_least: dict[TopicPartition, int] | None = None,
-    patience: float = READ_RANGE_PATIENCE,
+    patience: float = READ_RANGE_PATIENCE, *, committed: bool = False,
 ) -> dict[int, list[tuple[int, bytes]]]:
     """Records of each partition from its start offset to its end now:
-    partition → [(offset, value)].
+    partition → [(offset, value)]. ``committed``: ``read_committed`` — no record of an
+    aborted transaction, and the end is the last stable offset (the egress topic's
+    replies: ``worker.egress``).
 
     Never fewer than Kafka holds without saying so. A recovery replays what this returns,
     and a record left out is executed a second time (the nemesis saw a counter two bumps
@@ -215,6 +231,7 @@ async def read_range(
     need = {tp: max(starts[tp], (at_least or {}).get(tp, 0)) for tp in starts}
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="none",
+        isolation_level="read_committed" if committed else "read_uncommitted",
         max_partition_fetch_bytes=FETCH_PARTITION_BYTES, fetch_max_wait_ms=50,
         metadata_max_age_ms=metadata_max_age_ms(bootstrap))
     await consumer.start()

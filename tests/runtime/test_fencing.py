@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,6 +23,7 @@ from sfaas.errors import EXIT_FENCED, ChannelClosed
 from sfaas.runtime import channels, liveness, wire
 from sfaas.runtime.epochlog import EpochRecord
 from tests.fuzz.harness import FakeChannel, bare_worker
+from tests.runtime.txn_fakes import TxnProducer
 from worker.fence import LEASE_FRACTION, Fenced, FenceLease
 from worker.links import CoordinatorLink
 from worker.peers import stale_generation
@@ -244,31 +244,21 @@ def test_a_gated_channel_holds_its_messages_until_the_gate_opens() -> None:
     assert msgs == [wire.Hello(3, 9)] and delay < 0.5
 
 
-class _Producer:
-    """Records what the egress hands to Kafka (the gate is what is tested, not Kafka)."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes, int, Any]] = []
-
-    async def send(self, topic: str, value: bytes, partition: int, headers: Any = None) -> Any:
-        self.sent.append((topic, value, partition, headers))
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        return fut
-
-
 def test_egress_stamps_replies_with_the_generation_and_a_fenced_worker_produces_nothing(
         tmp_path: Path) -> None:
     exits: list[int] = []
 
-    async def main() -> _Producer:
+    async def main() -> TxnProducer:
         w = bare_worker(str(tmp_path), snapshot_interval=1.0)
         w.state.generation = 1234
-        prod = _Producer()
-        w.kafka.producer = prod
+        prod = TxnProducer()
+        w.egress.producer = prod
         clock = Clock(10.0)
         lease = FenceLease(T, lambda: w.uplink.closed, clock=clock, exit=exits.append)
         w.egress._lease = lease
         lease.grant(10.0)
+        w.state.offsets.take(0, 1)
+        w.state.offsets.take(0, 2)
         w.egress.add(0, b"one", 0, 1)
         await w.egress.flush()
         clock.t = 11.0 + T + 0.5  # the lease ran out long ago (a pause): fenced at the next reply
@@ -279,6 +269,7 @@ def test_egress_stamps_replies_with_the_generation_and_a_fenced_worker_produces_
 
     prod = asyncio.run(main())
     assert [(v, h) for _, v, _, h in prod.sent] == [(b"one", [("sfaas-gen", b"0.1234")])]
+    assert prod.values() == [b"one"]
     assert exits[:1] == [EXIT_FENCED]
 
 

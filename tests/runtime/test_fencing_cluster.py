@@ -108,9 +108,11 @@ def _pause(s: Settings, role: str, paused: list[dict[str, Any]],  # type: ignore
 
 
 async def _egress(s: Settings) -> list[tuple[int, int, int, str, str]]:
-    """Every reply in the egress topic: (partition, offset, CreateTime ms, sfaas-gen, rid)."""
+    """Every reply in the egress topic, as a ``read_committed`` reader sees it: (partition,
+    offset, CreateTime ms, sfaas-gen, rid)."""
     topic = s.topics("ledger")[1]
-    consumer = AIOKafkaConsumer(bootstrap_servers=s.kafka, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=s.kafka, enable_auto_commit=False,
+                                isolation_level="read_committed")  # (replies: transactions)
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in range(test_recovery.PARTITIONS)]

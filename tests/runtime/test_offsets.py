@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from sfaas.runtime import wire
 from sfaas.runtime.txn.offsets import OffsetTracker
+from tests.runtime.txn_fakes import TxnProducer
 from worker.egress import Egress
 from worker.ingress import Ingress
 from worker.state import Pending, WorkerState
@@ -98,30 +99,24 @@ class _FakeConsumer:
         self.commits.append({tp.partition: o for tp, o in offsets.items()})
 
 
-class _FakeProducer:
-    def __init__(self) -> None:
-        self.futs: list[asyncio.Future[Any]] = []
-
-    async def send(self, topic: str, value: bytes, partition: int,
-                   headers: Any = None) -> asyncio.Future[Any]:
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.futs.append(fut)
-        return fut
-
-
 def _request(i: int) -> wire.Request:
     return wire.Request(f"r{i}", "accounts", f"k{i}", "deposit", [1], 0, 0.0)
 
 
 def _wired(snapshot_interval: float, uplink: Any) -> Any:
     """A worker's egress and ingress, wired as ``worker.service.Worker`` wires them, on fake
-    Kafka clients (``w.offsets``: the state's tracker)."""
+    Kafka clients (``w.offsets``: the state's tracker; ``w.producer``: the reply producer,
+    whose deliveries wait for ``deliver()``)."""
     state = WorkerState(1, False)
     state.ingress_topic, state.egress_topic = "in", "out"
-    kafka = SimpleNamespace(consumer=_FakeConsumer(), producer=_FakeProducer())
-    settings = SimpleNamespace(max_batch=1, snapshot_interval=snapshot_interval)
-    w = SimpleNamespace(offsets=state.offsets, consumer=kafka.consumer, producer=kafka.producer, coord=uplink)
+    producer = TxnProducer(manual=True)
+    kafka = SimpleNamespace(consumer=_FakeConsumer())
+    settings = SimpleNamespace(max_batch=1, snapshot_interval=snapshot_interval, kafka="fake:1",
+                               linger_ms=0)
+    w = SimpleNamespace(offsets=state.offsets, consumer=kafka.consumer, producer=producer, coord=uplink)
     w.egress = Egress(settings, state, kafka, uplink, lambda p, o: w.ingress.complete(p, o))  # type: ignore[arg-type]
+    w.egress.producer = producer
+    w.egress.new_producer = lambda tid: TxnProducer(producer.offsets)
     w.ingress = Ingress(settings, state, kafka, w.egress, lambda: None)  # type: ignore[arg-type]
     return w
 
@@ -135,21 +130,23 @@ async def test_worker_commits_completed_offsets_only() -> None:
     # epoch: 100 re-runs (no reply); 101..103 complete
     for it in items[1:]:
         w.egress.add(0, b"reply", it.partition, it.offset)
-    await w.egress.flush()
+    flushing = asyncio.ensure_future(w.egress.flush())
+    await asyncio.sleep(0)
     await w.egress.commit_offsets()
     assert w.consumer.commits == [{3: 100}]  # nothing acknowledged yet
-    for i, f in enumerate(w.producer.futs):
-        f.set_result(SimpleNamespace(partition=0, offset=i))
-    await asyncio.sleep(0)
+    w.producer.deliver()
+    await flushing
     assert w.offsets.in_flight == 1 and w.offsets.outstanding(3) == 1  # 101..103 completed
     await w.egress.commit_offsets()
     assert w.consumer.commits[-1] == {3: 100}  # 100 still waits: no move, nothing sent
     assert len(w.consumer.commits) == 1
-    # the re-run completes, but its reply delivery fails: still not completed
+    # the re-run completes, but its reply's transaction fails: still not completed
+    w.producer.commit_error = RuntimeError("broker down")
     w.egress.add(0, b"reply", 3, 100)
-    await w.egress.flush()
-    w.producer.futs[-1].set_exception(RuntimeError("broker down"))
+    flushing = asyncio.ensure_future(w.egress.flush())
     await asyncio.sleep(0)
+    w.producer.deliver()
+    await flushing
     await w.egress.commit_offsets()
     assert len(w.consumer.commits) == 1
     assert w.offsets.watermark(3) == 100
@@ -165,12 +162,13 @@ async def test_a_reply_that_cannot_be_delivered_makes_the_worker_leave_for_a_rec
     w.offsets.take(3, 100)
     w.offsets.take(3, 101)
     w.egress.add(0, b"reply", 3, 100)
-    w.egress.add(0, b"reply", 3, 101)
-    await w.egress.flush()
-    w.producer.futs[0].set_result(SimpleNamespace(partition=0, offset=7))
+    flushing = asyncio.ensure_future(w.egress.flush())
     await asyncio.sleep(0)
+    w.producer.deliver()
+    await flushing
     assert closed == [] and w.offsets.in_flight == 1
-    w.producer.futs[1].set_exception(RuntimeError("broker down"))
-    await asyncio.sleep(0)
+    w.egress.add(0, b"reply", 3, 101)
+    w.producer.send_error = RuntimeError("broker down")
+    await w.egress.flush()
     assert closed == [True]  # the coordinator sees it go and recovers
     assert w.offsets.in_flight == 1  # never completed: its offset is not committed

@@ -1,9 +1,9 @@
 """A worker whose idempotent producer is stuck (``OutOfOrderSequenceNumber``: the broker
 appended nothing and rejects everything after) replaces it in place and sends the
-epoch-log record or the reply again, instead of leaving the cluster; a producer that
-stays stuck through every resend makes it leave as before (``worker/clients.py``,
-``worker/egress.py``, ``worker/epochs.py``). Without a cluster: a bare worker on fake
-producers of our own."""
+epoch-log record again, instead of leaving the cluster; a producer that stays stuck
+through every resend makes it leave as before (``worker/clients.py``, ``worker/epochs.py``).
+Without a cluster: a bare worker on fake producers of our own. Replies have a
+transactional producer of their own: ``tests/runtime/test_egress_transactions.py``."""
 
 from __future__ import annotations
 
@@ -178,72 +178,6 @@ async def test_a_producer_stuck_through_every_resend_makes_the_worker_leave(
     await _closing(w, test)
 
 
-# -- replies ----------------------------------------------------------------------------------------
-
-async def test_replies_a_stuck_producer_rejected_complete_through_one_new_producer(
-        tmp_path: Path) -> None:
-    """Two replies rejected by the same stuck producer: one renewal, each sent once again;
-    their requests complete, and a round's ``durable`` waits for them."""
-    w = _worker(tmp_path)
-    stuck, made = _producers(w, first_stuck=True, new_stuck=False)
-
-    async def test() -> None:
-        w.state.egress_topic = "fuzz.out"
-        for off in (0, 1):
-            w.state.offsets.take(2, off)
-            w.egress.add(1, wire.Reply(f"r{off}", True, off).encode(), 2, off)
-        await w.egress.flush()
-        await w.egress.durable()
-        assert not w.uplink.closed
-        assert len(made) == 1 and w.kafka.producer_renewals == 1 and stuck.stopped
-        assert made[0].sent == stuck.sent and len(stuck.sent) == 2  # each once, headers and all
-        assert [wire.Reply.decode(v).rid for _, v, _, _ in made[0].sent] == ["r0", "r1"]
-        assert w.state.offsets.in_flight == 0 and w.egress.acked == {1: 2}
-        assert _renewals_metric(w) == 1
-
-    await _closing(w, test)
-
-
-async def test_a_reply_stuck_through_every_resend_makes_the_worker_leave(tmp_path: Path) -> None:
-    w = _worker(tmp_path)
-    first, made = _producers(w, first_stuck=True, new_stuck=True)
-
-    async def test() -> None:
-        w.state.egress_topic = "fuzz.out"
-        w.state.offsets.take(2, 0)
-        w.egress.add(1, wire.Reply("r0", True, 0).encode(), 2, 0)
-        await w.egress.flush()
-        await w.egress.durable()
-        assert w.uplink.closed  # as before renewals: a recovery produces it again
-        assert len(made) == RESENDS and [len(p.sent) for p in [first, *made]] == [1] * (RESENDS + 1)
-        assert w.state.offsets.in_flight == 1  # never completed: its offset is not committed
-
-    await _closing(w, test)
-
-
-async def test_a_failure_that_is_not_a_stuck_producer_is_not_sent_again(tmp_path: Path) -> None:
-    """Kafka unreachable past the producer's retries: nothing says the broker did not take
-    the reply, so it is not sent again — the worker leaves, as before."""
-    w = _worker(tmp_path)
-    first, made = _producers(w, first_stuck=False, new_stuck=False)
-
-    async def test() -> None:
-        async def down(topic: str, value: bytes, partition: int, headers: Any = None) -> Any:
-            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            fut.set_exception(ConnectionError("broker down"))
-            return fut
-
-        first.send = down  # type: ignore[method-assign]
-        w.state.egress_topic = "fuzz.out"
-        w.state.offsets.take(2, 0)
-        w.egress.add(1, wire.Reply("r0", True, 0).encode(), 2, 0)
-        await w.egress.flush()
-        await w.egress.durable()
-        assert w.uplink.closed and made == [] and w.kafka.producer_renewals == 0
-
-    await _closing(w, test)
-
-
 # -- what a renewal owes the rest of the worker ------------------------------------------------------
 
 class _Holding(_Producer):
@@ -273,30 +207,6 @@ class _Holding(_Producer):
         await asyncio.sleep(0.01)  # (its sender ends its last requests)
         for fut in self.pending:
             fut.set_exception(OutOfOrderSequenceNumber())
-
-
-async def test_a_rounds_durable_waits_for_a_reply_the_replaced_producer_still_held(
-        tmp_path: Path) -> None:
-    """The epoch log's write renewed the producer while a reply was under way on the old
-    one, which rejects it as it stops: a round's cut must not be reported before that reply
-    is in Kafka (a recovery to the round could not produce it again)."""
-    w = _worker(tmp_path)
-    _, made = _producers(w, first_stuck=False, new_stuck=False)
-    old = _Holding({})
-    w.kafka.producer = old
-
-    async def test() -> None:
-        w.state.egress_topic = "fuzz.out"
-        w.state.offsets.take(2, 0)
-        w.egress.add(1, wire.Reply("r0", True, 0).encode(), 2, 0)
-        await w.egress.flush()
-        await w.kafka.renew_producer(old, OutOfOrderSequenceNumber())  # (the epoch log's)
-        await w.egress.durable()
-        assert old.stopped and len(made) == 1 and w.kafka.producer_renewals == 1
-        assert [v for _, v, _, _ in made[0].sent] == [v for _, v, _, _ in old.sent]
-        assert w.state.offsets.in_flight == 0 and not w.uplink.closed
-
-    await _closing(w, test)
 
 
 async def test_a_send_caught_in_a_producer_being_replaced_goes_to_the_new_one(

@@ -250,7 +250,7 @@ async def _scenario(s: Settings, cs: Settings, rnd: random.Random, report: dict[
     assert {k: v for k, v in counters.items() if k in COUNTERS} == {k: len(v) for k, v in bumps.items() if v}
     # the clocks: each committed transaction's now, as it ran (re-runs keep their first run's)
     assert {k: counters.get(k, 0) for k in CLOCKS} == {k: finals_of[k] for k in CLOCKS}
-    raw = await _read_topic(cs, cs.topics("ledger")[1], PARTITIONS)
+    raw = await _read_topic(cs, cs.topics("ledger")[1], PARTITIONS, committed=True)
     counts = Counter(wire.Reply.decode(v).rid for recs in raw.values() for _, v in recs)
     dups = {rid: n for rid, n in counts.items() if n > 1}
     assert not dups, f"{len(dups)} request ids answered more than once in the egress topic, e.g. {list(dups)[:3]}"

@@ -82,9 +82,12 @@ async def _wait_rounds(rounds: Rounds, above: int, timeout: float = 60.0) -> lis
     raise AssertionError(f"no snapshot round above {above} published within {timeout} s")
 
 
-async def _read_topic(s: Settings, topic: str, partitions: int) -> dict[int, list[tuple[int, bytes]]]:
-    """Every record of ``topic``: partition → [(offset, value)]."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=s.kafka, enable_auto_commit=False)
+async def _read_topic(s: Settings, topic: str, partitions: int,
+                      committed: bool = False) -> dict[int, list[tuple[int, bytes]]]:
+    """Every record of ``topic``: partition → [(offset, value)]; ``committed``: as a
+    ``read_committed`` reader sees it (the egress topic's replies are transactional)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=s.kafka, enable_auto_commit=False,
+                                isolation_level="read_committed" if committed else "read_uncommitted")
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]

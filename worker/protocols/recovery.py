@@ -9,9 +9,10 @@ a dead one alike — does the same (global rollback, Styx's way):
 3. restore every store to the round (``restore`` downloads only files the local directory
    lacks; round 0 = the empty state before any round);
 4. read the epoch log after the round (``sfaas.runtime.epochlog``), this worker's ingress from the
-   round's positions, and the egress topic from the round's positions (request ids
-   already answered: their replies are not produced again) — these reads and the stores'
-   restores (a thread each) run at once;
+   round's positions, and the egress topic from the round's positions, ``read_committed``
+   (request ids already answered: their replies are not produced again; a dead
+   predecessor's open transaction was aborted when this slot's producer started,
+   ``worker.egress``) — these reads and the stores' restores (a thread each) run at once;
 5. rebuild the epoch loop: logged batches wait for their replay epochs; requests the round
    holds are done; the round's waiting re-runs go back to the sequencer with their tids;
    everything else is queued in offset order;
@@ -213,7 +214,8 @@ class Recovery:
                        {TopicPartition(st.ingress_topic, p): o for p, o in taken.items()}),
             read_range(s.kafka, {TopicPartition(st.egress_topic, p): m.egress.get(p, 0)
                                  for p in out_parts},
-                       {TopicPartition(st.egress_topic, p): o for p, o in acked.items()}),
+                       {TopicPartition(st.egress_topic, p): o for p, o in acked.items()},
+                       committed=True),  # (a dead predecessor's aborted replies: worker.egress)
             return_exceptions=True,
         )
         parts = [*(got[0] if isinstance(got[0], list) else [got[0]]), *got[1:]]

@@ -1,0 +1,246 @@
+"""Replies leave in Kafka transactions of the worker's slot (``worker/egress.py``).
+
+Against a real Kafka: a worker killed between producing a reply and committing it, whose
+successor in the slot reads the egress topic and produces the reply again in its replay —
+the nemesis found this reply twice in the topic (seed 4251531938) when replies were not
+transactional; now the successor's producer fences the dead one, which aborts its copy,
+and a ``read_committed`` reader sees the reply once. Without a cluster, on producers of our
+own: a stuck or fenced transaction is tried again through one new producer, a transaction
+that may have landed is not, replies queued during a commit go into the next one, a
+zombie renews nothing, and a round's ``durable`` waits for the commit under way."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaTimeoutError, OutOfOrderSequenceNumber, ProducerFenced
+
+from sfaas.errors import EXIT_FENCED
+from sfaas.runtime import wire
+from sfaas.runtime.kafka import ensure_topics, read_range
+from sfaas.runtime.settings import Settings
+from tests.fuzz.harness import bare_worker
+from tests.namespaces import fresh_namespace
+from tests.runtime.txn_fakes import Factory, TxnProducer
+from worker.clients import RESENDS
+from worker.egress import GEN_HEADER, Egress, transactional_id
+from worker.fence import Fenced, FenceLease
+from worker.service import Worker
+from worker.state import WorkerState
+
+OUT = "fuzz.out"
+
+
+def _worker(tmp_path: Path, first: TxnProducer, factory: Factory) -> Worker:
+    """A bare worker with rounds on (a reply that fails for good makes it leave), its reply
+    producer ``first`` and new ones from ``factory``."""
+    w = bare_worker(str(tmp_path), snapshot_interval=1.0)
+    w.state.egress_topic = OUT
+    w.egress.producer, w.egress.new_producer = first, factory
+    w.egress.txn_id = transactional_id(OUT, w.state.index)
+    return w
+
+
+def _queue(w: Worker, offsets: range) -> None:
+    for off in offsets:
+        w.state.offsets.take(2, off)
+        w.egress.add(1, wire.Reply(f"r{off}", True, off).encode(), 2, off)
+
+
+def _rids(values: list[bytes]) -> list[str]:
+    return [wire.Reply.decode(v).rid for v in values]
+
+
+async def _closing(w: Worker, test: Any) -> None:
+    try:
+        await asyncio.wait_for(test(), 30)
+    finally:
+        assert w.state.engine is not None
+        w.state.engine.close()
+
+
+async def test_a_stuck_transaction_commits_once_through_one_new_producer(tmp_path: Path) -> None:
+    factory = Factory()
+    stuck = TxnProducer(factory.offsets, send_error=OutOfOrderSequenceNumber())
+    w = _worker(tmp_path, stuck, factory)
+
+    async def test() -> None:
+        _queue(w, range(2))
+        await w.egress.flush()
+        assert not w.uplink.closed
+        assert stuck.committed == []
+        assert len(factory.made) == 1 and w.egress.renewals == 1
+        assert factory.ids == [transactional_id(OUT, 0)]  # the slot's id: it fences the stuck one
+        fresh = factory.made[0]
+        assert _rids(fresh.values()) == ["r0", "r1"] and len(fresh.committed) == 1
+        stamp = [(GEN_HEADER, f"0.{w.state.generation}".encode())]
+        assert [h for _, _, _, h in fresh.committed[0]] == [stamp, stamp]
+        assert w.state.offsets.in_flight == 0 and w.egress.acked == {1: 2}
+        await asyncio.sleep(0.01)
+        assert stuck.stopped  # (stopped in the background)
+
+    await _closing(w, test)
+
+
+async def test_a_reply_transaction_failing_every_time_makes_the_worker_leave(tmp_path: Path) -> None:
+    factory = Factory(send_error=OutOfOrderSequenceNumber())
+    first = TxnProducer(factory.offsets, send_error=OutOfOrderSequenceNumber())
+    w = _worker(tmp_path, first, factory)
+
+    async def test() -> None:
+        _queue(w, range(1))
+        await w.egress.flush()
+        assert w.uplink.closed  # a recovery produces it again
+        assert len(factory.made) == RESENDS and w.egress.renewals == RESENDS
+        assert [len(p.sent) for p in [first, *factory.made]] == [1] * (RESENDS + 1)
+        assert not any(p.committed for p in [first, *factory.made])
+        assert w.state.offsets.in_flight == 1  # never completed: its offset is not committed
+
+    await _closing(w, test)
+
+
+async def test_a_commit_that_may_have_landed_is_not_tried_again(tmp_path: Path) -> None:
+    """Kafka unreachable past the producer's retries at the commit: nothing says the broker
+    did not commit, so the replies are not produced again — the worker leaves, and a new
+    producer (which waits for that commit to end, or aborts it) is in place before anyone
+    reads the topic."""
+    factory = Factory()
+    first = TxnProducer(factory.offsets, commit_error=KafkaTimeoutError())
+    w = _worker(tmp_path, first, factory)
+
+    async def test() -> None:
+        _queue(w, range(1))
+        await w.egress.flush()
+        assert w.uplink.closed and len(first.sent) == 1
+        assert len(factory.made) == 1 and factory.made[0].sent == []  # renewed, nothing resent
+        assert w.state.offsets.in_flight == 1
+
+    await _closing(w, test)
+
+
+async def test_replies_queued_during_a_commit_go_into_the_next_and_durable_waits(
+        tmp_path: Path) -> None:
+    hold = asyncio.Event()
+    factory = Factory()
+    first = TxnProducer(factory.offsets, hold=hold)
+    w = _worker(tmp_path, first, factory)
+
+    async def test() -> None:
+        running = asyncio.ensure_future(w.egress.run())
+        _queue(w, range(1))
+        await asyncio.sleep(0.01)  # the first transaction waits at its commit
+        _queue(w, range(1, 4))
+        durable = asyncio.ensure_future(w.egress.durable())
+        also = asyncio.ensure_future(w.egress.flush())  # (a second caller: no second transaction)
+        await asyncio.sleep(0.01)
+        assert not durable.done() and w.state.offsets.in_flight == 4
+        hold.set()
+        await asyncio.gather(durable, also)
+        assert [_rids([v for _, v, _, _ in t]) for t in first.committed] == [["r0"], ["r1", "r2", "r3"]]
+        assert w.state.offsets.in_flight == 0 and w.egress.transactions == 2
+        running.cancel()
+
+    await _closing(w, test)
+
+
+async def test_a_zombie_renews_nothing(tmp_path: Path) -> None:
+    """A worker whose lease ran out (paused past the timeout) finds its transaction fenced:
+    it must not start a new producer of the slot's id, which would fence its successor."""
+    exits: list[int] = []
+    now = [10.0]
+    factory = Factory()
+    first = TxnProducer(factory.offsets, commit_error=ProducerFenced())
+    w = _worker(tmp_path, first, factory)
+    lease = FenceLease(2.0, lambda: w.uplink.closed, clock=lambda: now[0], exit=exits.append)
+    lease.grant(10.0)
+    w.egress._lease = lease
+
+    async def test() -> None:
+        _queue(w, range(1))
+        original = first.commit_transaction
+
+        async def commit() -> None:
+            now[0] = 20.0  # (the process was paused here, long past its lease)
+            await original()
+
+        first.commit_transaction = commit  # type: ignore[method-assign]
+        with pytest.raises(Fenced):
+            await w.egress.flush()
+        assert factory.made == [] and exits[:1] == [EXIT_FENCED]
+
+    await _closing(w, test)
+
+
+# -- a real Kafka -----------------------------------------------------------------------------------
+
+def _egress(s: Settings, topic: str, generation: int, closed: list[str]) -> Egress:
+    st = WorkerState(1, False)
+    st.index, st.generation, st.egress_topic = 0, generation, topic
+    uplink = SimpleNamespace(closed=False, close=lambda: closed.append(f"gen {generation}"))
+    return Egress(s, st, SimpleNamespace(consumer=None), uplink,  # type: ignore[arg-type]
+                  completed=lambda p, o: None)
+
+
+def test_a_dead_workers_reply_is_not_seen_twice_after_its_successors_replay(kafka: Any) -> None:
+    """The dead worker produced reply r1 and was killed before its commit (its bytes are in
+    the topic); the successor starts the slot's producer, reads the topic as its recovery
+    does, finds r1 not answered and produces it in its replay. ``read_committed`` sees r1
+    once, from the successor; the topic holds the dead copy too (what an idempotent producer
+    left visible), and the dead process can commit nothing any more."""
+    s = Settings(kafka=kafka.kafka_bootstrap)
+    topic = f"{fresh_namespace()}.out"
+    closed: list[str] = []
+    exits: list[int] = []
+    counter = itertools.count()
+
+    async def go() -> None:
+        await ensure_topics(s.kafka, {topic: 2})
+        dead, successor = _egress(s, topic, 1, closed), _egress(s, topic, 2, closed)
+        now = [0.0]
+        lease = FenceLease(2.0, lambda: False, clock=lambda: now[0], exit=exits.append)
+        lease.grant(0.0)
+        dead._lease = lease
+        await dead.start(0)
+        killed, wake = asyncio.Event(), asyncio.Event()
+        original = dead.producer.commit_transaction
+
+        async def commit() -> None:  # (paused here, past its lease, before its commit)
+            killed.set()
+            await wake.wait()
+            await original()
+
+        dead.producer.commit_transaction = commit
+        r1 = wire.Reply("r1", True, next(counter)).encode()
+        dead.add(0, r1, -1, -1)
+        dying = asyncio.ensure_future(dead.flush())
+        await asyncio.wait_for(killed.wait(), 20)
+        tps = {TopicPartition(topic, p): 0 for p in range(2)}
+        raw = await read_range(s.kafka, tps)
+        assert _rids([v for recs in raw.values() for _, v in recs]) == ["r1"]  # in the log
+        await successor.start(0)  # fences the dead one: its open transaction is aborted
+        seen = await read_range(s.kafka, tps, committed=True)
+        assert [v for recs in seen.values() for _, v in recs] == []  # not answered: replay it
+        successor.add(0, r1, -1, -1)
+        await successor.flush()
+        # the dead process wakes and commits: refused, and it renews nothing (a new producer
+        # of the slot's id would fence its successor): its lease ran out long ago
+        now[0] = 100.0
+        wake.set()
+        with pytest.raises(Fenced):
+            await dying
+        committed = await read_range(s.kafka, tps, committed=True)
+        everything = await read_range(s.kafka, tps)
+        await successor.stop()
+        await dead.producer.stop()
+        assert _rids([v for recs in committed.values() for _, v in recs]) == ["r1"]
+        assert sorted(_rids([v for recs in everything.values() for _, v in recs])) == ["r1", "r1"]
+        assert successor.transactions == 1 and dead.transactions == 0 and closed == []
+        assert exits[:1] == [EXIT_FENCED]
+
+    asyncio.run(asyncio.wait_for(go(), 90))
