@@ -168,6 +168,10 @@ class Rescaler:
             if chan in self._waiters:
                 self._waiters.remove(chan)
 
+    def under_way(self) -> bool:
+        """Is a rescale requested and not finished?"""
+        return self.target is not None
+
     def wants_joiner(self) -> bool:
         """Should a new registrant wait as a joiner (a scale-up needs it)?"""
         return (self.target is not None
@@ -242,8 +246,7 @@ class Rescaler:
         n_old = len(state.members)
         owners = rebalance(state.owners, target)
         members = list(state.members[:target]) + self.joiners[: max(0, target - n_old)]
-        for i, m in enumerate(members[n_old:], start=n_old):
-            m.index = i  # a joiner speaks for the slot it is about to take (coordinator.inbound)
+        state.place_joiners(members, n_old)
         moves = {p: (o, n) for p, (o, n) in enumerate(zip(state.owners, owners, strict=True))
                  if o != n}
         log.warning("rescale %d → %d workers: moving partitions %s", n_old, target,

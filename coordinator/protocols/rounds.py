@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from coordinator.state import Layout
 from remotes import Remote
 from sfaas.runtime import wire
+from sfaas.runtime.lifecycle import Service
 from sfaas.runtime.protocols.rounds import (
     RoundManifest,
     Rounds,
@@ -89,8 +90,10 @@ class _InFlight:
     reports: dict[int, wire.Snapshotted] = field(default_factory=dict)
 
 
-class RoundKeeper:
-    """Starts rounds, collects the workers' reports, publishes and collects garbage.
+class RoundKeeper(Service):
+    """Starts rounds, collects the workers' reports, publishes and collects garbage. As a
+    service it warms up the process rounds are published in, and its stop waits for the
+    loads, publishes and collections under way.
 
     ``layout``: the partition map in force (a round needs every slot's report, and its
     manifest names the map epochs after it run under); ``rounds_remote``: where rounds are
@@ -139,9 +142,17 @@ class RoundKeeper:
         self._published_at = 0.0
         self._collecting: asyncio.Task[None] | None = None
 
+    part = "snapshot rounds"
+
     @property
     def enabled(self) -> bool:
         return self.interval > 0
+
+    async def on_start(self) -> None:
+        self.warm_up()
+
+    async def on_stop(self) -> None:
+        await self.close()
 
     def warm_up(self) -> None:
         """Start the background process rounds are published in now, not at the first

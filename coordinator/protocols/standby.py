@@ -65,6 +65,10 @@ class Standby:
     #: when it was last heard from (a following standby sends heartbeats)
     last_seen: float = field(default_factory=lambda: time.monotonic())
 
+    def heard(self) -> None:
+        """It sent something (a heartbeat)."""
+        self.last_seen = time.monotonic()
+
     @property
     def followed(self) -> str:
         """``host:port`` it follows ("" before its first ``Follow``)."""

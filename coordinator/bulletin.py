@@ -1,0 +1,65 @@
+"""The bulletin: what the members said and what happened to them, passed to those that keep
+count of it — the metrics, the snapshot rounds and the ready file.
+
+It fills the membership's port :class:`~coordinator.needs.MemberEvents` (and tells the
+recoveries' outcomes the same way), so the membership names one collaborator for all of
+them, and each event goes to its part through a method named here, not a closure.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from coordinator.state import Member
+from sfaas.runtime import wire
+
+__all__ = ["Bulletin"]
+
+
+class Counts(Protocol):
+    """The metrics, as the bulletin tells them."""
+
+    def heartbeat(self, m: Member, msg: wire.Heartbeat) -> None: ...
+    def diverged(self, msg: wire.Diverged) -> None: ...
+    def recovered(self, info: dict[str, Any]) -> None: ...
+
+
+class Reports(Protocol):
+    """The snapshot rounds, as the bulletin tells them."""
+
+    def on_report(self, msg: wire.Snapshotted) -> None: ...
+    def abort(self, why: str) -> None: ...
+
+
+class Written(Protocol):
+    """The ready file, as the bulletin tells it."""
+
+    def write(self) -> None: ...
+
+
+class Bulletin:
+    """Fills :class:`~coordinator.needs.MemberEvents` (see the module docstring)."""
+
+    def __init__(self, metrics: Counts, rounds: Reports, ready_file: Written) -> None:
+        self._metrics = metrics
+        self._rounds = rounds
+        self._ready_file = ready_file
+
+    def heartbeat(self, m: Member, beat: wire.Heartbeat) -> None:
+        self._metrics.heartbeat(m, beat)
+
+    def diverged(self, msg: wire.Diverged) -> None:
+        self._metrics.diverged(msg)
+
+    def snapshotted(self, msg: wire.Snapshotted) -> None:
+        self._rounds.on_report(msg)
+
+    def member_lost(self, why: str) -> None:
+        self._rounds.abort(why)
+
+    def changed(self) -> None:
+        self._ready_file.write()
+
+    def recovered(self, info: dict[str, Any]) -> None:
+        self._metrics.recovered(info)
+        self._ready_file.write()
