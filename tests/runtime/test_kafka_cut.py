@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from coordinator.membership import Membership
-from coordinator.watchdog import Watchdog
 from coordinator.state import Member
+from coordinator.watchdog import Watchdog
 from launcher.cluster import free_port
 from sfaas.runtime import wire
 from sfaas.runtime.kafka import Reachability, silence_limit
