@@ -1,9 +1,11 @@
 """The bulletin: what the members said and what happened to them, passed to those that keep
 count of it — the metrics, the snapshot rounds and the ready file.
 
-It fills the membership's port :class:`~coordinator.needs.MemberEvents` (and tells the
-recoveries' outcomes the same way), so the membership names one collaborator for all of
-them, and each event goes to its part through a method named here, not a closure.
+It fills the membership's port :class:`~coordinator.needs.MemberEvents`, and the ports
+:class:`~coordinator.needs.Changes` (the standbys', a rescale's) and
+:class:`~coordinator.needs.Recoveries` (the recovery's), so each of those parts names one
+collaborator for all of them, and each event goes to its part through a method named here,
+not a closure.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ class Written(Protocol):
 
 
 class Bulletin:
-    """Fills :class:`~coordinator.needs.MemberEvents` (see the module docstring)."""
+    """Fills :class:`~coordinator.needs.MemberEvents`, :class:`~coordinator.needs.Changes`
+    and :class:`~coordinator.needs.Recoveries` (see the module docstring)."""
 
     def __init__(self, metrics: Counts, rounds: Reports, ready_file: Written) -> None:
         self._metrics = metrics

@@ -59,7 +59,7 @@ class Membership(Service):
         joins = self._joins(reg)
         slot = None if joins else self._standbys.slot_for(reg)
         if slot is not None:
-            await self._stand_by(reg, chan, slot)
+            await self._standbys.stand_by(reg, chan, slot)
             return
         # a lost slot waiting for its promoted standby is not for anyone else
         dead = [m for m in state.members
@@ -124,16 +124,6 @@ class Membership(Service):
                     self._events.changed()
                 else:
                     await self._inbox.put(msg)  # waits while the inbox is full
-
-    async def _stand_by(self, reg: wire.Register, chan: channels.Channel, slot: int) -> None:
-        sb = self._standbys.add(reg, chan, slot)
-        try:
-            while True:
-                await chan.recv()  # heartbeats; its closed channel says it is gone
-                sb.heard()
-        except ChannelClosed:
-            self._standbys.remove(sb)
-            raise
 
     def _joins(self, reg: wire.Register) -> bool:
         """Does ``reg`` join for a scale-up (instead of taking or standing by for a slot)?"""

@@ -1,43 +1,48 @@
 """The coordinator's ports: what each part needs of the others, and no more.
 
 Each part reaches another only through one of these, so it can be built, and read, without
-the others' insides, and every event between parts is a method named here (no closure
-hides where it goes). Who fills each port (``coordinator.service`` wires them):
+the others' insides, and every event between parts is a method named here: no closure
+hides where it goes. Who fills each (``coordinator.service`` wires them):
 
-- the epoch protocols — the eager epoch loop (``coordinator.epochs``), the barrier
-  (``coordinator.barrier``), leased runs (``coordinator.protocols.lease``) — need
-  :class:`Workers` (the membership), :class:`Markers` (the snapshot rounds) and
-  :class:`Switches` (a rescale);
-- the listener (``coordinator.listener``) hands each channel to :class:`Registrations`
-  (the membership), :class:`ScaleRequests` (a rescale) or :class:`Clients` (the placements);
-- the membership (``coordinator.membership``) changes :class:`StandbyRoles` (the
-  standbys) and :class:`Joining` (a rescale), and tells :class:`MemberEvents` (the bulletin,
-  ``coordinator.bulletin``) what the members said beside the inbox;
-- the watchdog (``coordinator.watchdog``) tells :class:`Losses` (the membership) whom it
-  lost;
-- the placements (``coordinator.protocols.reads``) ask :class:`Rescaling` (a rescale)
-  whether one is under way.
+========================  ===============================  =================================
+port                      needed by                        filled by
+========================  ===============================  =================================
+:class:`Workers`          epochs, barrier, leased runs     ``Membership``
+:class:`EpochEnds`        epochs, leased runs              ``Boundary`` (``coordinator.boundary``)
+:class:`Markers`          the boundary                     ``RoundKeeper``
+:class:`Switches`         the boundary                     ``Rescaler``
+:class:`EpochObserver`    epochs, leased runs              ``CoordinatorMetrics``
+:class:`Registrations`    the listener                     ``Membership``
+:class:`ScaleRequests`    the listener                     ``Rescaler``
+:class:`Clients`          the listener                     ``Placements``
+:class:`StandbyRoles`     membership, watchdog             ``Standbys``
+:class:`Joining`          membership                       ``Rescaler``
+:class:`MemberEvents`     membership                       ``Bulletin`` (``coordinator.bulletin``)
+:class:`Changes`          standbys, rescale                ``Bulletin``
+:class:`Recoveries`       recovery                         ``Bulletin``
+:class:`Losses`           watchdog                         ``Membership``
+:class:`Control`          rescale                          ``Coordinator``
+:class:`NewestRound`      standbys                         ``RoundKeeper``
+:class:`Rescaling`        placements                       ``Rescaler``
+:class:`Switched`         snapshot rounds                  ``Rescaler``
+========================  ===============================  =================================
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sfaas.runtime import channels, wire
 
 if TYPE_CHECKING:
-    from coordinator.protocols.standby import Standby
     from coordinator.state import Member
 
-__all__ = ["Clients", "EpochObserver", "Joining", "Losses", "Markers", "MemberEvents",
-           "Registrations", "Rescaling", "ScaleRequests", "StandbyRoles", "Switches", "Workers"]
-
-#: Told of every committed epoch: seconds waited for work before its Begin, seconds from
-#: its Begin until every report was in.
-EpochObserver = Callable[[float, float], None]
+__all__ = ["Changes", "Clients", "Control", "EpochEnds", "EpochObserver", "Joining", "Losses",
+           "Markers", "MemberEvents", "NewestRound", "Recoveries", "Registrations",
+           "Rescaling", "ScaleRequests", "StandbyRoles", "Switched", "Switches", "Workers"]
 
 
+# -- the epoch protocols' ----------------------------------------------------------------------
 class Workers(Protocol):
     """The membership, as the epoch protocols talk to it."""
 
@@ -48,15 +53,27 @@ class Workers(Protocol):
         """The worker in slot ``index`` broke the protocol: treat it as lost."""
 
 
+class EpochEnds(Protocol):
+    """What an epoch's end carries beside its votes: a snapshot round's marker, and a
+    rescale's switch."""
+
+    def end(self, epoch: int, txns: int) -> tuple[int | None, bool]:
+        """The marker for epoch ``epoch``'s end (``txns``: transactions run so far) and
+        whether a rescale switches at it."""
+
+    async def switch(self, round_id: int) -> None:
+        """Switch the new membership in once round ``round_id`` is published."""
+
+
 class Markers(Protocol):
-    """Snapshot rounds, as the epoch protocols start them."""
+    """Snapshot rounds, as an epoch's end starts them."""
 
     def marker(self, epoch: int, txns: int, force: bool = False) -> int | None:
         """The round id to put on epoch ``epoch``'s Commit (or EpochLease), or None."""
 
 
 class Switches(Protocol):
-    """A rescale, as the epoch protocols switch it in at an epoch boundary."""
+    """A rescale, as it switches in at an epoch's end."""
 
     def due(self) -> bool:
         """Should the switch happen at this epoch's end?"""
@@ -68,20 +85,15 @@ class Switches(Protocol):
         """Switch the new membership in once round ``round_id`` is published."""
 
 
-def end_of_epoch(rescale: Switches, rounds: Markers, epoch: int,
-                 txns: int) -> tuple[int | None, bool]:
-    """The marker for epoch ``epoch``'s end and whether a rescale switches at it (then the
-    round is armed as the switch's)."""
-    switch = rescale.due()
-    marker = rounds.marker(epoch, txns, force=switch)
-    switching = switch and marker is not None
-    if switching:
-        assert marker is not None
-        rescale.arm(marker)
-    return marker, switching
+class EpochObserver(Protocol):
+    """Told of every committed epoch."""
+
+    def epoch(self, waited: float, executed: float) -> None:
+        """``waited``: seconds waited for work before its Begin; ``executed``: seconds from
+        its Begin until every report was in."""
 
 
-# -- the listener's ---------------------------------------------------------------------------
+# -- the listener's ----------------------------------------------------------------------------
 class Registrations(Protocol):
     """The membership, as a worker's channel reaches it."""
 
@@ -103,13 +115,12 @@ class Clients(Protocol):
         """Answer the client's ``Where``s (``first`` the first frame's) until it closes."""
 
 
-# -- the membership's --------------------------------------------------------------------------
+# -- the membership's and the watchdog's -------------------------------------------------------
 class StandbyRoles(Protocol):
-    """The standbys, as registrations and losses change them."""
+    """The standbys, as registrations, losses and the watchdog change them."""
 
     def slot_for(self, reg: wire.Register) -> int | None: ...
-    def add(self, reg: wire.Register, chan: channels.Channel, slot: int) -> Standby: ...
-    def remove(self, sb: Standby) -> None: ...
+    async def stand_by(self, reg: wire.Register, chan: channels.Channel, slot: int) -> None: ...
     def reserved_for(self, slot: int) -> str | None: ...
     def registered(self, slot: int, name: str) -> None: ...
     def feed(self, slot: int) -> None: ...
@@ -128,7 +139,14 @@ class Joining(Protocol):
     def joining(self) -> list[Member]: ...
 
 
-class MemberEvents(Protocol):
+class Changes(Protocol):
+    """Told when what ``sfaas ps`` shows changes (the ready file is written again)."""
+
+    def changed(self) -> None:
+        """The membership or the standbys changed."""
+
+
+class MemberEvents(Changes, Protocol):
     """What the membership tells the rest of the coordinator beside the inbox (the epoch
     protocols' reports and recovery answers go there)."""
 
@@ -144,12 +162,6 @@ class MemberEvents(Protocol):
     def member_lost(self, why: str) -> None:
         """A member was lost: the round in flight cannot complete."""
 
-    def changed(self) -> None:
-        """The membership or the standbys changed (the ready file says so)."""
-
-    def recovered(self, info: dict[str, Any]) -> None:
-        """A recovery finished (``ClusterState.last_recovery``)."""
-
 
 class Losses(Protocol):
     """The membership, as the watchdog loses a member."""
@@ -158,7 +170,38 @@ class Losses(Protocol):
         """Member ``m`` is gone: stop the epochs and recover."""
 
 
-# -- the placements' ---------------------------------------------------------------------------
+# -- the recovery's, the rescale's, the standbys', the placements' -----------------------------
+class Recoveries(Protocol):
+    """Told of every recovery done."""
+
+    def recovered(self, info: dict[str, Any]) -> None:
+        """A recovery finished (``ClusterState.last_recovery``)."""
+
+
+class Control(Protocol):
+    """The epochs, as a rescale hurries or stops them."""
+
+    def wake(self) -> None:
+        """Begin an epoch soon even if no worker has work."""
+
+    def force_recovery(self, why: str) -> None:
+        """Stop the epochs and recover although no worker was lost."""
+
+
+class NewestRound(Protocol):
+    """The snapshot rounds, as a promotion asks for the round to promote to."""
+
+    async def newest_complete(self, timeout: float = 5.0) -> int:
+        """The newest complete round (-1: none), once a manifest being written landed."""
+
+
+class Switched(Protocol):
+    """A rescale, as the snapshot rounds publish its switch's round."""
+
+    def adopt(self, round_id: int) -> None:
+        """Round ``round_id``, the switch's, is published: its map is in force now."""
+
+
 class Rescaling(Protocol):
     """A rescale, as the placements ask whether one is under way."""
 

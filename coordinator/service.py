@@ -20,6 +20,7 @@ import asyncio
 import logging
 
 from coordinator.barrier import Barrier
+from coordinator.boundary import Boundary
 from coordinator.bulletin import Bulletin
 from coordinator.epochs import EagerEpochs, until_interrupted
 from coordinator.gathering import Gathering
@@ -67,11 +68,10 @@ class Coordinator(Service):
                                   self._rounds_remote, self._store_remote)
         self.metrics = CoordinatorMetrics(self.snapshot)
         self.bulletin = Bulletin(self.metrics, self.rounds, self.ready_file)
-        self.standbys = Standbys(self.state, s.workers, s.standbys, self.rounds.newest_complete,
-                                 self.ready_file.write, silent_after=s.heartbeat_timeout)
-        self.rescale = Rescaler(self.state, self.rounds, rounds_on=s.snapshot_interval > 0,
-                                standbys=s.standbys, wake=self.wake,
-                                force_recovery=self.force_recovery, changed=self.ready_file.write,
+        self.standbys = Standbys(self.state, s.workers, s.standbys, self.rounds, self.bulletin,
+                                 silent_after=s.heartbeat_timeout)
+        self.rescale = Rescaler(self.state, self.rounds, self, self.bulletin,
+                                rounds_on=s.snapshot_interval > 0, standbys=s.standbys,
                                 followers=self.standbys)
         self.placements = Placements(self.state, app_name, self.rescale)
         ingress, egress = s.topics(app_name)
@@ -85,14 +85,14 @@ class Coordinator(Service):
                                  heartbeat_timeout=s.heartbeat_timeout,
                                  kafka_silence_limit=silence_limit(s.kafka, s.heartbeat_timeout))
         self.barrier = Barrier(self.inbox, self.state, self.membership)
+        self.boundary = Boundary(self.rounds, self.rescale)
         self.epochs: EagerEpochs | LeasedEpochs = (
-            LeasedEpochs(s.epoch_lease, self.state, self.inbox, self.membership, self.rounds,
-                         self.rescale, self.metrics.epoch) if s.epoch_lease > 0 else
-            EagerEpochs(self.state, self.inbox, self.barrier, self.membership, self.rounds,
-                        self.rescale, self.metrics.epoch,
-                        Gathering(s.epoch_gather, s.epoch_gather_adaptive)))
+            LeasedEpochs(s.epoch_lease, self.state, self.inbox, self.membership, self.boundary,
+                         self.metrics) if s.epoch_lease > 0 else
+            EagerEpochs(self.state, self.inbox, self.barrier, self.membership, self.boundary,
+                        self.metrics, Gathering(s.epoch_gather, s.epoch_gather_adaptive)))
         self.recovery = Recovery(self.state, self.inbox, self.barrier, self._rounds_remote,
-                                 self.bulletin.recovered)
+                                 self.bulletin)
         # what runs before what: workers register once the layout is known, the watchdog
         # watches a formed cluster
         self.listener.requires(self.startup)

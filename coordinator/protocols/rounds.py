@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from coordinator.needs import Switched
 from coordinator.state import Layout
 from remotes import Remote
 from sfaas.runtime import wire
@@ -128,7 +129,7 @@ class RoundKeeper(Service):
         self.failed = 0
         self.last_complete: RoundManifest | None = None
         #: a rescale's round: round id → (new map, new worker count, called once published)
-        self._switch_at: dict[int, tuple[list[int], int, Callable[[], None]]] = {}
+        self._switch_at: dict[int, tuple[list[int], int, Switched]] = {}
         #: the newest complete rounds and failures ``(time, round, why)``, for the status
         #: page and metrics
         self.history: collections.deque[RoundSummary] = collections.deque(maxlen=HISTORY)
@@ -220,10 +221,10 @@ class RoundKeeper(Service):
             self._fail(why)
 
     def arm_switch(self, round_id: int, owners: list[int], workers: int,
-                   adopt: Callable[[], None]) -> None:
+                   rescale: Switched) -> None:
         """Round ``round_id`` is a rescale's switch: its manifest names ``owners`` of
-        ``workers`` slots, and ``adopt`` is called once it is published."""
-        self._switch_at[round_id] = (list(owners), workers, adopt)
+        ``workers`` slots, and ``rescale`` adopts them once it is published."""
+        self._switch_at[round_id] = (list(owners), workers, rescale)
 
     def _fail(self, why: str) -> None:
         assert self._inflight is not None
@@ -302,7 +303,7 @@ class RoundKeeper(Service):
         self.history.append(RoundSummary.of(manifest))
         switch = self._switch_at.pop(manifest.round, None)
         if switch is not None:  # the round names the new map: it is in force from now on
-            switch[2]()
+            switch[2].adopt(manifest.round)
         self._written.set()
         log.info("snapshot round %d complete: epoch %d, %d stores, %d files, %.1f MB uploaded, "
                  "published %.2f s after its marker", manifest.round, manifest.epoch,
