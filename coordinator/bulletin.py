@@ -10,40 +10,20 @@ not a closure.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
+from coordinator.needs import Counts, ReadyWriter, RoundReports
 from coordinator.state import Member
 from sfaas.runtime import wire
 
 __all__ = ["Bulletin"]
 
 
-class Counts(Protocol):
-    """The metrics, as the bulletin tells them."""
-
-    def heartbeat(self, m: Member, msg: wire.Heartbeat) -> None: ...
-    def diverged(self, msg: wire.Diverged) -> None: ...
-    def recovered(self, info: dict[str, Any]) -> None: ...
-
-
-class Reports(Protocol):
-    """The snapshot rounds, as the bulletin tells them."""
-
-    def on_report(self, msg: wire.Snapshotted) -> None: ...
-    def abort(self, why: str) -> None: ...
-
-
-class Written(Protocol):
-    """The ready file, as the bulletin tells it."""
-
-    def write(self) -> None: ...
-
-
 class Bulletin:
     """Fills :class:`~coordinator.needs.MemberEvents`, :class:`~coordinator.needs.Changes`
     and :class:`~coordinator.needs.Recoveries` (see the module docstring)."""
 
-    def __init__(self, metrics: Counts, rounds: Reports, ready_file: Written) -> None:
+    def __init__(self, metrics: Counts, rounds: RoundReports, ready_file: ReadyWriter) -> None:
         self._metrics = metrics
         self._rounds = rounds
         self._ready_file = ready_file

@@ -25,6 +25,11 @@ port                      needed by                        filled by
 :class:`NewestRound`      standbys                         ``RoundKeeper``
 :class:`Rescaling`        placements                       ``Rescaler``
 :class:`Switched`         snapshot rounds                  ``Rescaler``
+:class:`SwitchRounds`     rescale                          ``RoundKeeper``
+:class:`RescaledStandbys` rescale                          ``Standbys``
+:class:`Counts`           bulletin                         ``CoordinatorMetrics``
+:class:`RoundReports`     bulletin                         ``RoundKeeper``
+:class:`ReadyWriter`      bulletin                         ``ReadyFile``
 ========================  ===============================  =================================
 """
 
@@ -36,10 +41,12 @@ from sfaas.runtime import channels, wire
 
 if TYPE_CHECKING:
     from coordinator.state import Member
+    from sfaas.runtime.protocols.rounds import RoundManifest
 
-__all__ = ["Changes", "Clients", "Control", "EpochEnds", "EpochObserver", "Joining", "Losses",
-           "Markers", "MemberEvents", "NewestRound", "Recoveries", "Registrations",
-           "Rescaling", "ScaleRequests", "StandbyRoles", "Switched", "Switches", "Workers"]
+__all__ = ["Changes", "Clients", "Control", "Counts", "EpochEnds", "EpochObserver", "Joining",
+           "Losses", "Markers", "MemberEvents", "NewestRound", "ReadyWriter", "Recoveries",
+           "Registrations", "RescaledStandbys", "Rescaling", "RoundReports", "ScaleRequests",
+           "StandbyRoles", "SwitchRounds", "Switched", "Switches", "Workers"]
 
 
 # -- the epoch protocols' ----------------------------------------------------------------------
@@ -206,3 +213,42 @@ class Rescaling(Protocol):
     """A rescale, as the placements ask whether one is under way."""
 
     def under_way(self) -> bool: ...
+
+
+class SwitchRounds(Protocol):
+    """The snapshot rounds, as a rescale switches at one."""
+
+    def arm_switch(self, round_id: int, owners: list[int], workers: int,
+                   rescale: Switched) -> None: ...
+
+    async def wait_published(self, round_id: int,
+                             timeout: float = 60.0) -> RoundManifest | None: ...
+
+
+class RescaledStandbys(Protocol):
+    """The standbys, as a rescale changes the slots they stand by for."""
+
+    def expect(self, slots: int | None) -> None: ...
+    def rescaled(self) -> None: ...
+
+
+# -- the bulletin's ----------------------------------------------------------------------------
+class Counts(Protocol):
+    """The metrics, as the bulletin tells them."""
+
+    def heartbeat(self, m: Member, msg: wire.Heartbeat) -> None: ...
+    def diverged(self, msg: wire.Diverged) -> None: ...
+    def recovered(self, info: dict[str, Any]) -> None: ...
+
+
+class RoundReports(Protocol):
+    """The snapshot rounds, as the bulletin tells them."""
+
+    def on_report(self, msg: wire.Snapshotted) -> None: ...
+    def abort(self, why: str) -> None: ...
+
+
+class ReadyWriter(Protocol):
+    """The ready file, as the bulletin has it written again."""
+
+    def write(self) -> None: ...

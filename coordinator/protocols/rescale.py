@@ -27,13 +27,13 @@ the new one once ``Release`` went out); the target stays, and the rescale starts
 after the recovery. Rescaling needs snapshot rounds.
 
 With standbys (``coordinator.protocols.standby``) the rescale tells them what changes
-(:class:`RescaledStandbys`): while a scale-up is under way, registrants beyond its joiners
-stand by for the slots it adds (the supervisor starts ``1 + standbys`` processes per new
-worker) and follow their primary once it took over at the switch. After the switch every
-standby of a slot whose partitions changed is told to follow the new ones (``Follow``
-names them): it drops the followers of the partitions its primary lost and follows the
-gained ones from the primary's current files; the standbys of the slots a scale-down
-retires are retired with them (exit code ``EXIT_RETIRED``).
+(``coordinator.needs.RescaledStandbys``): while a scale-up is under way, registrants
+beyond its joiners stand by for the slots it adds (the supervisor starts ``1 + standbys``
+processes per new worker) and follow their primary once it took over at the switch.
+After the switch every standby of a slot whose partitions changed is told to follow the
+new ones (``Follow`` names them): it drops the followers of the partitions its primary
+lost and follows the gained ones from the primary's current files; the standbys of the
+slots a scale-down retires are retired with them (exit code ``EXIT_RETIRED``).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
-from coordinator.needs import Changes, Control, Switched
+from coordinator.needs import Changes, Control, RescaledStandbys, SwitchRounds
 from coordinator.state import ClusterState, Member
 from sfaas.errors import ChannelClosed
 from sfaas.runtime import channels, wire
@@ -53,7 +53,7 @@ from sfaas.runtime.protocols.rounds import RoundManifest
 
 log = logging.getLogger("sfaas.coordinator.rescale")
 
-__all__ = ["Rescaler", "RescaledStandbys", "SwitchRounds", "STEP_TIMEOUT", "RESCALE_INBOX"]
+__all__ = ["Rescaler", "STEP_TIMEOUT", "RESCALE_INBOX"]
 
 #: a worker's answer to a rescale step
 A = TypeVar("A", wire.Shipped, wire.Following, wire.Released)
@@ -68,23 +68,6 @@ STEP_TIMEOUT = 300.0
 
 class _Abandon(Exception):
     """This attempt cannot finish; the target stays and a later attempt starts over."""
-
-
-class RescaledStandbys(Protocol):
-    """The standbys, as a rescale changes the slots they stand by for."""
-
-    def expect(self, slots: int | None) -> None: ...
-    def rescaled(self) -> None: ...
-
-
-class SwitchRounds(Protocol):
-    """The snapshot rounds, as a rescale switches at one."""
-
-    def arm_switch(self, round_id: int, owners: list[int], workers: int,
-                   rescale: Switched) -> None: ...
-
-    async def wait_published(self, round_id: int,
-                             timeout: float = 60.0) -> RoundManifest | None: ...
 
 
 @dataclass
