@@ -4,8 +4,10 @@ It holds what several parts read and the protocols change — the membership (on
 :class:`Member` per worker slot), the partition map, the current epoch and the leased
 epochs, the epoch counters and the recoveries — and changes them only through its
 methods, so each change (a loss, a replacement, a rescale's new map) is made in one place
-and no part writes another part's fields. Everything else a part keeps (a round in flight,
-a rescale's plan, the standbys) stays in that part.
+and no part writes another part's fields (``tests/test_state_owners.py`` fails on an
+assignment to a field of :class:`ClusterState` or :class:`Member` outside this module).
+Everything else a part keeps (a round in flight, a rescale's plan, the standbys) stays in
+that part.
 """
 
 from __future__ import annotations

@@ -100,6 +100,8 @@ class RoundKeeper(Service):
     manifest names the map epochs after it run under); ``rounds_remote``: where rounds are
     published; ``store_remote``: a store's remote (for garbage collection)."""
 
+    part = "snapshot rounds"
+
     def __init__(
         self, interval: float, retain: int, layout: Callable[[], Layout],
         rounds_remote: Callable[[], Remote], store_remote: Callable[[str, int], Remote],
@@ -142,8 +144,6 @@ class RoundKeeper(Service):
         self._retained: list[int] = []
         self._published_at = 0.0
         self._collecting: asyncio.Task[None] | None = None
-
-    part = "snapshot rounds"
 
     @property
     def enabled(self) -> bool:
