@@ -9,10 +9,10 @@ recovery's replay (``coordinator.protocols.recovery``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from coordinator.inbox import Inbox, Interrupted, Lost
 from coordinator.needs import Workers
+from coordinator.state import ClusterView
 from sfaas.runtime import wire
 from sfaas.runtime.txn.epochs import execution_finished
 
@@ -22,17 +22,18 @@ __all__ = ["Barrier"]
 
 
 class Barrier:
-    """Takes reports from ``inbox`` for one epoch at a time; ``members`` counts the slots."""
+    """Takes reports from ``inbox`` for one epoch at a time, one from each of ``state``'s
+    members."""
 
-    def __init__(self, inbox: Inbox, members: Callable[[], int], workers: Workers) -> None:
+    def __init__(self, inbox: Inbox, state: ClusterView, workers: Workers) -> None:
         self._inbox = inbox
-        self._members = members
+        self._state = state
         self._workers = workers
 
     async def wait(self, epoch: int) -> list[wire.Report]:
         """Wait until epoch ``epoch`` finished executing everywhere; raises
         :class:`~coordinator.inbox.Interrupted` when a worker is lost meanwhile."""
-        n = self._members()
+        n = len(self._state.members)
         latest: dict[int, wire.Report] = {}
         while True:
             msg = await self._inbox.get()

@@ -19,7 +19,7 @@ from typing import Any
 from coordinator.barrier import Barrier
 from coordinator.gathering import Gathering
 from coordinator.inbox import Inbox
-from coordinator.needs import EpochObserver, Markers, Switches, Workers, end_of_epoch
+from coordinator.needs import EpochEnds, EpochObserver, Workers
 from coordinator.state import ClusterState
 from sfaas.runtime import wire
 from sfaas.runtime.txn.loop import idle_after, merge_votes
@@ -36,16 +36,15 @@ class EagerEpochs:
     """See the module docstring."""
 
     def __init__(self, state: ClusterState, inbox: Inbox, barrier: Barrier, workers: Workers,
-                 rounds: Markers, rescale: Switches, observe: EpochObserver,
+                 ends: EpochEnds, observer: EpochObserver,
                  gather: Gathering | None = None) -> None:
         self._state = state
         self.gathering = gather or Gathering(0.0)
         self._inbox = inbox
         self._barrier = barrier
         self._workers = workers
-        self._rounds = rounds
-        self._rescale = rescale
-        self._observe = observe
+        self._ends = ends
+        self._observer = observer
         #: waiting for work and execute+barrier seconds, epochs since the last log line
         self._waited = 0.0
         self._executed = 0.0
@@ -78,17 +77,17 @@ class EagerEpochs:
             if committed:
                 self.gathering.observe(roots, t_exec - committed, t_exec - t_begin)
             committed = t_exec
-            marker, switching = end_of_epoch(self._rescale, self._rounds, epoch, state.stats.txns)
+            marker, switching = self._ends.end(epoch, state.stats.txns)
             self._workers.broadcast(wire.Commit(
                 epoch, [wire.Conflict(t, b) for t, b in conflicts.items()],
                 [wire.Aborted(t, e, r) for t, (e, r) in aborts.items()], idle, marker))
             if switching:
                 assert marker is not None
-                await self._rescale.switch(marker)  # no epoch begins until the new membership runs
+                await self._ends.switch(marker)  # no epoch begins until the new membership runs
                 idle = False
 
     def _phases(self, waited: float, executed: float) -> None:
-        self._observe(waited, executed)
+        self._observer.epoch(waited, executed)
         self._waited += waited
         self._executed += executed
         self._count += 1

@@ -8,21 +8,24 @@ carries a snapshot round's marker (``coordinator.protocols.rounds``), and a lost
 makes the cluster recover (``coordinator.protocols.recovery``).
 
 :class:`Coordinator` only wires the parts — each takes the few others it needs, through
-narrow interfaces — and starts and stops them as one ordered list
-(``sfaas.runtime.lifecycle``). The cluster view they share is ``coordinator.state``.
+the ports ``coordinator.needs`` declares — and is the root service
+(``sfaas.runtime.lifecycle``): its parts with a lifetime are services it requires, started
+in dependency order (topics → snapshot rounds → metrics → listener → workers → watchdog)
+and stopped in reverse. The cluster view they share is ``coordinator.state``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
-from coordinator import status
 from coordinator.barrier import Barrier
+from coordinator.boundary import Boundary
+from coordinator.bulletin import Bulletin
 from coordinator.epochs import EagerEpochs, until_interrupted
 from coordinator.gathering import Gathering
 from coordinator.inbox import Inbox
+from coordinator.listener import Listener
 from coordinator.membership import Membership
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.protocols.lease import LeasedEpochs
@@ -33,14 +36,14 @@ from coordinator.protocols.rounds import RoundKeeper
 from coordinator.protocols.standby import Standbys
 from coordinator.ready_file import ReadyFile
 from coordinator.snapshot import ClusterSnapshot, take
-from coordinator.startup import create_topics, epoch_log_used, resumed_map
+from coordinator.startup import Startup
 from coordinator.state import ClusterState
+from coordinator.status import StatusServer
+from coordinator.watchdog import Watchdog
 from remotes import Remote
 from sfaas.errors import ClusterError, RecoveryStopped
-from sfaas.runtime import channels
 from sfaas.runtime.kafka import consumer_group, silence_limit
-from sfaas.runtime.lifecycle import Step, run_steps
-from sfaas.runtime.partitioning import default_owners
+from sfaas.runtime.lifecycle import Service
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import rounds_remote, store_remote
 
@@ -49,111 +52,70 @@ log = logging.getLogger("sfaas.coordinator")
 __all__ = ["Coordinator", "run_coordinator"]
 
 
-class Coordinator:
+class Coordinator(Service):
     """See the module docstring."""
+
+    part = "coordinator"
 
     def __init__(self, settings: Settings, app_name: str) -> None:
         s = self.settings = settings
         self.app_name = app_name
-        self.secret = settings.shared_secret()
         self.state = ClusterState(s.workers)
         self.inbox = Inbox()
+        self.startup = Startup(s, app_name, self.state, self._rounds_remote)
         self.ready_file = ReadyFile(s.ready_file, self.snapshot)
         self.rounds = RoundKeeper(s.snapshot_interval, s.snapshot_retain, self.state.layout,
                                   self._rounds_remote, self._store_remote)
         self.metrics = CoordinatorMetrics(self.snapshot)
-        self.standbys = Standbys(self.state, s.workers, s.standbys, self.rounds.newest_complete,
-                                 self.ready_file.write, silent_after=s.heartbeat_timeout)
-        self.rescale = Rescaler(self.state, self.rounds, rounds_on=s.snapshot_interval > 0,
-                                standbys=s.standbys, wake=self.wake,
-                                force_recovery=self.force_recovery, changed=self.ready_file.write,
+        self.bulletin = Bulletin(self.metrics, self.rounds, self.ready_file)
+        self.standbys = Standbys(self.state, s.workers, s.standbys, self.rounds, self.bulletin,
+                                 silent_after=s.heartbeat_timeout)
+        self.rescale = Rescaler(self.state, self.rounds, self, self.bulletin,
+                                rounds_on=s.snapshot_interval > 0, standbys=s.standbys,
                                 followers=self.standbys)
+        self.placements = Placements(self.state, app_name, self.rescale)
         ingress, egress = s.topics(app_name)
-        self.placements = Placements(self.state, app_name, lambda: self.rescale.target is not None)
-        self.membership = Membership(
-            self.state, self.inbox, self.standbys, self.rescale,
-            heartbeat_timeout=s.heartbeat_timeout,
-            kafka_silence_limit=silence_limit(s.kafka, s.heartbeat_timeout),
-            topics=(ingress, egress, consumer_group(s, app_name)),
-            heartbeat=self.metrics.heartbeat, snapshotted=self.rounds.on_report,
-            wake=self.inbox.wake, abort_round=self.rounds.abort, changed=self.ready_file.write,
-            diverged=self.metrics.diverged, where=self.placements.serve)
-        self.barrier = Barrier(self.inbox, lambda: len(self.state.members), self.membership)
+        self.membership = Membership(self.state, self.inbox, self.standbys, self.rescale,
+                                     self.bulletin,
+                                     topics=(ingress, egress, consumer_group(s, app_name)))
+        host, port = s.coordinator_address()
+        self.listener = Listener(host, port, s.shared_secret(), app_name, self.state,
+                                 self.membership, self.rescale, self.placements)
+        self.watchdog = Watchdog(self.state, self.standbys, self.membership,
+                                 heartbeat_timeout=s.heartbeat_timeout,
+                                 kafka_silence_limit=silence_limit(s.kafka, s.heartbeat_timeout))
+        self.barrier = Barrier(self.inbox, self.state, self.membership)
+        self.boundary = Boundary(self.rounds, self.rescale)
         self.epochs: EagerEpochs | LeasedEpochs = (
-            LeasedEpochs(s.epoch_lease, self.state, self.inbox, self.membership, self.rounds,
-                         self.rescale, self.metrics.epoch) if s.epoch_lease > 0 else
-            EagerEpochs(self.state, self.inbox, self.barrier, self.membership, self.rounds,
-                        self.rescale, self.metrics.epoch,
-                        Gathering(s.epoch_gather, s.epoch_gather_adaptive)))
+            LeasedEpochs(s.epoch_lease, self.state, self.inbox, self.membership, self.boundary,
+                         self.metrics) if s.epoch_lease > 0 else
+            EagerEpochs(self.state, self.inbox, self.barrier, self.membership, self.boundary,
+                        self.metrics, Gathering(s.epoch_gather, s.epoch_gather_adaptive)))
         self.recovery = Recovery(self.state, self.inbox, self.barrier, self._rounds_remote,
-                                 self._recovered)
-        #: set by the first start step: a restarted coordinator recovers before any epoch
-        self._resumed = False
-        self._server: asyncio.Server | None = None
-        self._ready: asyncio.Future[tuple[str, int]] | None = None
+                                 self.bulletin)
+        # what runs before what: workers register once the layout is known, the watchdog
+        # watches a formed cluster
+        self.listener.requires(self.startup)
+        self.membership.requires(self.listener)
+        self.watchdog.requires(self.membership)
+        self.requires(self.startup, self.rounds,
+                      StatusServer(self.metrics, self.snapshot, host, s.metrics_port),
+                      self.listener, self.membership, self.watchdog)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def run(self, ready: asyncio.Future[tuple[str, int]] | None = None) -> None:
         """Serve until stopped (cancelled); recover from every lost worker. ``ready`` gets
         the address workers register at, once the coordinator listens."""
-        self._ready = ready
-        await run_steps([
-            Step("topics", self._prepare),
-            Step("snapshot rounds", self._warm_up, self.rounds.close),
-            Step("metrics", self._serve_metrics, self.metrics.close),
-            Step("listener", self._listen, self._close_listener),
-            Step("workers", self._gather, self.membership.dismiss),
-            Step("watchdog", self.membership.watch, self.membership.unwatch),
-        ], self._serve, log)
+        self.listener.announce(ready)
+        try:
+            await self.start()
+            await self._serve()
+        finally:
+            await self.stop()
 
-    async def _prepare(self) -> None:
-        s, app = self.settings, self.app_name
-        ingress, egress = s.topics(app)
-        topics = {ingress: s.partitions, egress: s.partitions}
-        if s.snapshot_interval > 0:
-            topics[s.epoch_log_topic(app)] = 1
-        partitions = (await create_topics(s.kafka, topics, s.replication))[ingress]
-        if partitions < s.workers:
-            raise ClusterError(f"topic {ingress} has {partitions} partitions < {s.workers} workers")
-        self.state.configure(partitions, s.workers, default_owners(partitions, s.workers))
-        self._resumed = s.snapshot_interval > 0 and await epoch_log_used(
-            s.kafka, s.epoch_log_topic(app))
-        if self._resumed:
-            self.state.recovering = True  # (the ready file says so from its first writing)
-            resumed = await resumed_map(self._rounds_remote, partitions, s.workers)
-            if resumed is not None:
-                self.state.configure(partitions, *resumed)
-
-    async def _warm_up(self) -> None:
-        self.rounds.warm_up()
-
-    async def _serve_metrics(self) -> None:
-        host, _port = self.settings.coordinator_address()
-        await self.metrics.start(host, self.settings.metrics_port, {
-            "/": lambda: ("text/html; charset=utf-8",
-                          status.page(self.snapshot(), self.metrics).encode()),
-            "/status.json": lambda: ("application/json",
-                                     status.as_json(self.snapshot(), self.metrics).encode()),
-        })
-
-    async def _listen(self) -> None:
-        host, port = self.settings.coordinator_address()
-        self._server = await channels.serve(host, port, self.secret, self.membership.on_connection)
-        bound = self._server.sockets[0].getsockname()
-        log.info("coordinator of app %s listening on %s:%d, waiting for %d workers",
-                 self.app_name, bound[0], bound[1], self.state.workers)
-        if self._ready is not None and not self._ready.done():
-            self._ready.set_result((bound[0], bound[1]))
-
-    async def _close_listener(self) -> None:
-        if self._server is not None:
-            self._server.close()
-
-    async def _gather(self) -> None:
-        await self.membership.gather()
-        assert self._server is not None
-        bound = self._server.sockets[0].getsockname()
-        self.ready_file.open(bound[0], bound[1])
+    async def on_start(self) -> None:
+        """Every part runs and every worker is ready: the ready file says so from now on."""
+        self.ready_file.open(*self.listener.address)
 
     async def _serve(self) -> None:
         try:
@@ -165,7 +127,7 @@ class Coordinator:
         # the first epoch at once: workers serve reads and calls from their first epoch on,
         # and ``sfaas up`` waits until they do (an idle cluster then waits for work)
         idle = False
-        if self._resumed or (self.settings.snapshot_interval > 0 and self.state.epoch > 0):
+        if self.startup.resumed or (self.settings.snapshot_interval > 0 and self.state.epoch > 0):
             # a restarted coordinator: every worker rolls back to the newest round and the
             # epoch log after it is replayed (with an empty log nothing ever ran here, so a
             # new cluster starts at once, even while MinIO is down) — also when the log is
@@ -183,10 +145,6 @@ class Coordinator:
     async def _recover(self) -> None:
         self.ready_file.write()  # (``recovering``: ``sfaas up`` waits for it to end)
         await self.recovery.run()
-
-    def _recovered(self, info: dict[str, Any]) -> None:
-        self.metrics.recovered(info)
-        self.ready_file.write()
 
     async def _stay_stopped(self, stop: RecoveryStopped) -> None:
         """Recovery gave up: say why in the log, the ready file (``sfaas up``, ``sfaas ps``)

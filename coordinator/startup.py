@@ -1,5 +1,9 @@
 """What a coordinator learns before any worker registers: the app's topics, and whether it
-restarts a cluster that ran before (then the map of the newest snapshot round stands)."""
+restarts a cluster that ran before (then the map of the newest snapshot round stands).
+
+:class:`Startup` is the coordinator's first service: it creates the topics, configures
+the cluster state's layout and says whether the cluster resumes (then it recovers before
+any epoch)."""
 
 from __future__ import annotations
 
@@ -8,16 +12,55 @@ import logging
 import time
 from collections.abc import Callable
 
+from coordinator.state import ClusterState
 from remotes import Remote
+from sfaas.errors import ClusterError
 from sfaas.runtime.kafka import ensure_topics
+from sfaas.runtime.lifecycle import Service
+from sfaas.runtime.partitioning import default_owners
 from sfaas.runtime.protocols.rounds import Rounds
+from sfaas.runtime.settings import Settings
 
 log = logging.getLogger("sfaas.coordinator")
 
-__all__ = ["create_topics", "epoch_log_used", "resumed_map"]
+__all__ = ["Startup", "create_topics", "epoch_log_used", "resumed_map"]
 
 #: Seconds a restarting broker or MinIO may take before the coordinator gives up.
 PATIENCE = 120.0
+
+
+class Startup(Service):
+    """The topics, the layout, and whether the cluster resumes (see the module docstring);
+    ``rounds_remote``: where the snapshot rounds are published."""
+
+    part = "topics"
+
+    def __init__(self, settings: Settings, app: str, state: ClusterState,
+                 rounds_remote: Callable[[], Remote]) -> None:
+        self._settings = settings
+        self._app = app
+        self._state = state
+        self._rounds_remote = rounds_remote
+        #: set by the start: a restarted coordinator recovers before any epoch
+        self.resumed = False
+
+    async def on_start(self) -> None:
+        s, app, state = self._settings, self._app, self._state
+        ingress, egress = s.topics(app)
+        topics = {ingress: s.partitions, egress: s.partitions}
+        if s.snapshot_interval > 0:
+            topics[s.epoch_log_topic(app)] = 1
+        partitions = (await create_topics(s.kafka, topics, s.replication))[ingress]
+        if partitions < s.workers:
+            raise ClusterError(f"topic {ingress} has {partitions} partitions < {s.workers} workers")
+        state.configure(partitions, s.workers, default_owners(partitions, s.workers))
+        self.resumed = s.snapshot_interval > 0 and await epoch_log_used(
+            s.kafka, s.epoch_log_topic(app))
+        if self.resumed:
+            state.resume()  # (the ready file says so from its first writing)
+            resumed = await resumed_map(self._rounds_remote, partitions, s.workers)
+            if resumed is not None:
+                state.configure(partitions, *resumed)
 
 
 async def create_topics(kafka: str, topics: dict[str, int], replication: int = 1,

@@ -4,8 +4,10 @@ It holds what several parts read and the protocols change — the membership (on
 :class:`Member` per worker slot), the partition map, the current epoch and the leased
 epochs, the epoch counters and the recoveries — and changes them only through its
 methods, so each change (a loss, a replacement, a rescale's new map) is made in one place
-and no part writes another part's fields. Everything else a part keeps (a round in flight,
-a rescale's plan, the standbys) stays in that part.
+and no part writes another part's fields (``tests/test_state_owners.py`` fails on an
+assignment to a field of :class:`ClusterState` or :class:`Member` outside this module).
+Everything else a part keeps (a round in flight, a rescale's plan, the standbys) stays in
+that part.
 """
 
 from __future__ import annotations
@@ -179,6 +181,18 @@ class ClusterState:
         self.generation = next_generation(self.generation)
         return self.generation
 
+    def joiner(self, reg: wire.Register, chan: channels.Channel) -> Member:
+        """A registrant joining a rescale: a member of no slot yet, with a generation."""
+        m = Member.of(-1, reg, chan)
+        m.generation = self.new_generation()
+        return m
+
+    def place_joiners(self, members: list[Member], first: int) -> None:
+        """A rescale's plan: ``members[first:]`` (its joiners) speak for the slots they are
+        about to take, their positions (``coordinator.inbound`` checks it)."""
+        for i, m in enumerate(members[first:], start=first):
+            m.index = i
+
     def add_member(self, m: Member) -> None:
         m.generation = self.new_generation()
         self.members.append(m)
@@ -207,11 +221,13 @@ class ClusterState:
         m.alive, m.last_seen, m.repl_port = True, time.monotonic(), reg.repl_port
         m.generation = self.new_generation()
 
-    def heard(self, m: Member, committed: int | None = None) -> None:
-        """``m`` sent something (a heartbeat says its newest committed epoch)."""
+    def heard(self, m: Member, beat: wire.Heartbeat | None = None) -> None:
+        """``m`` sent something (a heartbeat says its newest committed epoch, and how long
+        its Kafka clients have heard no broker)."""
         m.last_seen = time.monotonic()
-        if committed is not None:
-            m.committed = committed
+        if beat is not None:
+            m.committed = beat.committed
+            m.kafka_silent, m.kafka_heard = beat.kafka_silent, m.last_seen
 
     def mark_ready(self, m: Member) -> None:
         m.ready.set()
@@ -266,6 +282,10 @@ class ClusterState:
         self.stats.conflicts += conflicts
 
     # -- recoveries ----------------------------------------------------------------------------
+    def resume(self) -> None:
+        """A restarted coordinator: the cluster recovers before its first epoch."""
+        self.recovering = True
+
     def begin_recovery(self) -> int:
         """A new recovery attempt; its number."""
         self.recoveries += 1

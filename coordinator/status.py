@@ -20,15 +20,17 @@ import html
 import json
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from coordinator.metrics import WINDOW_SECONDS, CoordinatorMetrics, Sample, operator_bytes
 from coordinator.snapshot import ClusterSnapshot, MemberView
+from sfaas.runtime.lifecycle import Service
 from sfaas.runtime.metrics import LATENCY_BOUNDS, quantile
 from sfaas.runtime.partitioning import owned
 from sfaas.runtime.protocols.rounds import RoundManifest
 
-__all__ = ["data", "as_json", "page", "POLL_SECONDS"]
+__all__ = ["StatusServer", "data", "as_json", "page", "POLL_SECONDS"]
 
 #: How often the page asks for fresh data.
 POLL_SECONDS = 2.0
@@ -241,6 +243,33 @@ def data(c: ClusterSnapshot, m: CoordinatorMetrics) -> dict[str, Any]:
                 "rounds_completed": rounds.completed, "recoveries": m.recovered_total,
                 "replay_divergences": m.diverged_total},
     }
+
+
+class StatusServer(Service):
+    """Serves ``/metrics``, this page (``/``) and its data (``/status.json``) on
+    ``host:port`` (0: nothing is served), from ``metrics`` and what ``snapshot`` says the
+    coordinator looks like now."""
+
+    part = "metrics"
+
+    def __init__(self, metrics: CoordinatorMetrics, snapshot: Callable[[], ClusterSnapshot],
+                 host: str, port: int) -> None:
+        self._metrics = metrics
+        self._snapshot = snapshot
+        self._where = (host, port)
+
+    def html_page(self) -> tuple[str, bytes]:
+        return "text/html; charset=utf-8", page(self._snapshot(), self._metrics).encode()
+
+    def json_data(self) -> tuple[str, bytes]:
+        return "application/json", as_json(self._snapshot(), self._metrics).encode()
+
+    async def on_start(self) -> None:
+        await self._metrics.start(*self._where, {"/": self.html_page,
+                                                      "/status.json": self.json_data})
+
+    async def on_stop(self) -> None:
+        await self._metrics.close()
 
 
 def as_json(c: ClusterSnapshot, m: CoordinatorMetrics) -> str:

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from coordinator.inbox import Inbox, Interrupted, Lost, Tick
-from coordinator.needs import EpochObserver, Markers, Switches, Workers, end_of_epoch
+from coordinator.needs import EpochEnds, EpochObserver, Workers
 from coordinator.state import ClusterState
 from sfaas.runtime import wire
 from sfaas.runtime.txn.epochs import execution_finished
@@ -46,14 +46,13 @@ class LeasedEpochs:
     """Leased runs of ``width`` epochs (see the module docstring)."""
 
     def __init__(self, width: int, state: ClusterState, inbox: Inbox, workers: Workers,
-                 rounds: Markers, rescale: Switches, observe: EpochObserver) -> None:
+                 ends: EpochEnds, observer: EpochObserver) -> None:
         self._width = width
         self._state = state
         self._inbox = inbox
         self._workers = workers
-        self._rounds = rounds
-        self._rescale = rescale
-        self._observe = observe
+        self._ends = ends
+        self._observer = observer
 
     async def run(self, idle: bool = True) -> None:
         """Run leased epochs until interrupted (a loss raises ``Interrupted``). Whether the
@@ -133,8 +132,7 @@ class LeasedEpochs:
         if r.switch_at is not None:
             return
         state = self._state
-        marker, switching = end_of_epoch(self._rescale, self._rounds, r.upto + 1,
-                                         state.stats.txns)
+        marker, switching = self._ends.end(r.upto + 1, state.stats.txns)
         if marker is not None:
             r.upto += 1
             state.lease(r.upto)
@@ -150,13 +148,13 @@ class LeasedEpochs:
         conflicts, _aborts = merge_votes((x.conflicts, x.aborts) for x in reports)
         r.idle = idle_after((x.pending for x in reports), conflicts)
         now = time.perf_counter()
-        self._observe(0.0, now - r.t_last)
+        self._observer.epoch(0.0, now - r.t_last)
         r.t_last = now
         state.count_epoch(sum(x.roots for x in reports), len(conflicts))
         state.reach_epoch(r.epoch)
         if r.epoch == r.switch_at:
             # no epoch begins until the new membership runs
-            await self._rescale.switch(r.switch_round)
+            await self._ends.switch(r.switch_round)
             return True
         if r.switch_at is None and r.upto - r.epoch < max(1, self._width // 2):
             self._extend(r)
@@ -166,8 +164,7 @@ class LeasedEpochs:
         """A new lease ``width`` epochs beyond ``r.epoch`` (ending on a marker or a switch
         when one is due there)."""
         new = r.epoch + self._width
-        marker, switching = end_of_epoch(self._rescale, self._rounds, new,
-                                         self._state.stats.txns)
+        marker, switching = self._ends.end(new, self._state.stats.txns)
         if switching:
             assert marker is not None
             r.switch_at, r.switch_round = new, marker

@@ -10,8 +10,8 @@ Kafka meanwhile (the workers' state is being rolled back or moved).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
+from coordinator.needs import Rescaling
 from coordinator.state import ClusterView
 from sfaas.errors import ChannelClosed
 from sfaas.runtime import channels, wire
@@ -26,18 +26,19 @@ MAX_ASKS_PER_FRAME = 16
 
 
 class Placements:
-    """Answers ``Where`` (see the module docstring). ``busy()``: a rescale is under way."""
+    """Answers ``Where`` (see the module docstring); ``rescale``: says whether one is under
+    way."""
 
-    def __init__(self, state: ClusterView, app: str, busy: Callable[[], bool]) -> None:
+    def __init__(self, state: ClusterView, app: str, rescale: Rescaling) -> None:
         self._state = state
         self._app = app
-        self._busy = busy
+        self._rescale = rescale
         #: placements answered (for tests and /metrics)
         self.answered = 0
 
     def placement(self, app: str) -> wire.Placement:
         st = self._state
-        if app != self._app or st.recovering or st.recovery_stopped or self._busy() \
+        if app != self._app or st.recovering or st.recovery_stopped or self._rescale.under_way() \
                 or not st.joined or not all(m.alive for m in st.members):
             return wire.Placement([], [])
         return wire.Placement([m.peer for m in st.members], list(st.owners))

@@ -30,10 +30,10 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from typing import Any
 
 from coordinator.barrier import Barrier
 from coordinator.inbox import Inbox, Interrupted, Lost
+from coordinator.needs import Recoveries
 from coordinator.state import ClusterState
 from remotes import Remote
 from sfaas.errors import ChannelClosed, RecoveryStopped
@@ -62,16 +62,15 @@ class _Retry(Exception):
 
 class Recovery:
     """Recovers the cluster (see the module docstring). ``rounds_remote``: where the
-    snapshot rounds are published; ``recovered``: told the phases of each recovery done."""
+    snapshot rounds are published; ``recoveries``: told the phases of each recovery done."""
 
     def __init__(self, state: ClusterState, inbox: Inbox, barrier: Barrier,
-                 rounds_remote: Callable[[], Remote],
-                 recovered: Callable[[dict[str, Any]], None]) -> None:
+                 rounds_remote: Callable[[], Remote], recoveries: Recoveries) -> None:
         self._state = state
         self._inbox = inbox
         self._barrier = barrier
         self._rounds_remote = rounds_remote
-        self._recovered = recovered
+        self._recoveries = recoveries
 
     async def run(self) -> None:
         """Recover; returns once live epochs may run."""
@@ -109,7 +108,7 @@ class Recovery:
             info = {"attempt": attempt, "round": round_id, "epochs_replayed": len(epochs),
                     "seconds": time.monotonic() - t0, **phases}
             state.recovered(info)
-            self._recovered(info)
+            self._recoveries.recovered(info)
             log.warning("recovery %d done in %.2f s: rolled back to round %d, replayed %d epochs "
                         "(%s)", attempt, time.monotonic() - t0, round_id, len(epochs),
                         ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))

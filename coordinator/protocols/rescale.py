@@ -27,13 +27,13 @@ the new one once ``Release`` went out); the target stays, and the rescale starts
 after the recovery. Rescaling needs snapshot rounds.
 
 With standbys (``coordinator.protocols.standby``) the rescale tells them what changes
-(:class:`RescaledStandbys`): while a scale-up is under way, registrants beyond its joiners
-stand by for the slots it adds (the supervisor starts ``1 + standbys`` processes per new
-worker) and follow their primary once it took over at the switch. After the switch every
-standby of a slot whose partitions changed is told to follow the new ones (``Follow``
-names them): it drops the followers of the partitions its primary lost and follows the
-gained ones from the primary's current files; the standbys of the slots a scale-down
-retires are retired with them (exit code ``EXIT_RETIRED``).
+(``coordinator.needs.RescaledStandbys``): while a scale-up is under way, registrants
+beyond its joiners stand by for the slots it adds (the supervisor starts ``1 + standbys``
+processes per new worker) and follow their primary once it took over at the switch.
+After the switch every standby of a slot whose partitions changed is told to follow the
+new ones (``Follow`` names them): it drops the followers of the partitions its primary
+lost and follows the gained ones from the primary's current files; the standbys of the
+slots a scale-down retires are retired with them (exit code ``EXIT_RETIRED``).
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
+from coordinator.needs import Changes, Control, RescaledStandbys, SwitchRounds
 from coordinator.state import ClusterState, Member
 from sfaas.errors import ChannelClosed
 from sfaas.runtime import channels, wire
@@ -53,7 +53,7 @@ from sfaas.runtime.protocols.rounds import RoundManifest
 
 log = logging.getLogger("sfaas.coordinator.rescale")
 
-__all__ = ["Rescaler", "RescaledStandbys", "SwitchRounds", "STEP_TIMEOUT", "RESCALE_INBOX"]
+__all__ = ["Rescaler", "STEP_TIMEOUT", "RESCALE_INBOX"]
 
 #: a worker's answer to a rescale step
 A = TypeVar("A", wire.Shipped, wire.Following, wire.Released)
@@ -68,23 +68,6 @@ STEP_TIMEOUT = 300.0
 
 class _Abandon(Exception):
     """This attempt cannot finish; the target stays and a later attempt starts over."""
-
-
-class RescaledStandbys(Protocol):
-    """The standbys, as a rescale changes the slots they stand by for."""
-
-    def expect(self, slots: int | None) -> None: ...
-    def rescaled(self) -> None: ...
-
-
-class SwitchRounds(Protocol):
-    """The snapshot rounds, as a rescale switches at one."""
-
-    def arm_switch(self, round_id: int, owners: list[int], workers: int,
-                   adopt: Callable[[], None]) -> None: ...
-
-    async def wait_published(self, round_id: int,
-                             timeout: float = 60.0) -> RoundManifest | None: ...
 
 
 @dataclass
@@ -105,29 +88,29 @@ class _Plan:
 
 class Rescaler:
     """The coordinator's side of a rescale (see the module docstring); owned by its event
-    loop. ``rounds_on``: a rescale needs snapshot rounds; ``standbys``: the standbys per
-    slot, and ``followers`` the coordinator's standbys (told what a rescale changes; needed
-    when ``standbys`` > 0); ``wake``: begin an epoch soon (the switch waits for an epoch
-    boundary); ``force_recovery``: stop the epochs and recover; ``changed``: the
-    membership changed."""
+    loop. ``control``: wakes the epochs (the switch waits for an epoch boundary) or stops
+    them for a recovery; ``changes``: told when the membership changed; ``rounds_on``: a
+    rescale needs snapshot rounds; ``standbys``: the standbys per slot, and ``followers``
+    the coordinator's standbys (told what a rescale changes; needed when ``standbys`` > 0)."""
 
-    def __init__(self, state: ClusterState, rounds: SwitchRounds, *, rounds_on: bool,
-                 standbys: int, wake: Callable[[], None], force_recovery: Callable[[str], None],
-                 changed: Callable[[], None], followers: RescaledStandbys | None = None) -> None:
+    def __init__(self, state: ClusterState, rounds: SwitchRounds, control: Control,
+                 changes: Changes, *, rounds_on: bool, standbys: int,
+                 followers: RescaledStandbys | None = None) -> None:
         self._state = state
         self._rounds = rounds
+        self._control = control
+        self._changes = changes
         self._rounds_on = rounds_on
         self._standbys = standbys
         self._followers = followers
-        self._wake = wake
-        self._force_recovery = force_recovery
-        self._changed = changed
         self.target: int | None = None
         self.joiners: list[Member] = []
         self._waiters: list[channels.Channel] = []
         self._inbox: asyncio.Queue[wire.Message] = asyncio.Queue(maxsize=RESCALE_INBOX)
         self._plan: _Plan | None = None
         self._prepare: asyncio.Task[None] | None = None
+        #: the plan whose switch's round is armed, by round id (adopted once published)
+        self._armed: dict[int, _Plan] = {}
         #: the last finished rescale (for logs, ``sfaas ps`` and benchmarks)
         self.last: dict[str, Any] = {}
 
@@ -167,6 +150,10 @@ class Rescaler:
         finally:
             if chan in self._waiters:
                 self._waiters.remove(chan)
+
+    def under_way(self) -> bool:
+        """Is a rescale requested and not finished?"""
+        return self.target is not None
 
     def wants_joiner(self) -> bool:
         """Should a new registrant wait as a joiner (a scale-up needs it)?"""
@@ -242,8 +229,7 @@ class Rescaler:
         n_old = len(state.members)
         owners = rebalance(state.owners, target)
         members = list(state.members[:target]) + self.joiners[: max(0, target - n_old)]
-        for i, m in enumerate(members[n_old:], start=n_old):
-            m.index = i  # a joiner speaks for the slot it is about to take (coordinator.inbound)
+        state.place_joiners(members, n_old)
         moves = {p: (o, n) for p, (o, n) in enumerate(zip(state.owners, owners, strict=True))
                  if o != n}
         log.warning("rescale %d → %d workers: moving partitions %s", n_old, target,
@@ -307,23 +293,28 @@ class Rescaler:
         plan.prepared = True
         log.warning("rescale to %d workers: receivers caught up in %.2f s; "
                     "switching at the next epoch", plan.target, plan.phases["follow"])
-        self._wake()
+        self._control.wake()
 
     def arm(self, round_id: int) -> None:
         """Round ``round_id`` is the switch's: its manifest names the new map, and its
-        publication puts the map and the membership in force (:meth:`_adopt`)."""
+        publication puts the map and the membership in force (:meth:`adopt`)."""
         plan = self._plan
         assert plan is not None
-        self._rounds.arm_switch(round_id, plan.owners, plan.target, lambda: self._adopt(plan))
+        self._armed = {round_id: plan}
+        self._rounds.arm_switch(round_id, plan.owners, plan.target, self)
         for n in {n for _o, n in plan.moves.values()}:
             try:
                 plan.members[n].channel.send(wire.Hold(round_id))
             except ChannelClosed:
                 pass  # its loss stops the epochs: the switch will not happen
 
-    def _adopt(self, plan: _Plan) -> None:
+    def adopt(self, round_id: int) -> None:
         """(on the event loop, when the switch's round is published) The new map and
-        membership are the cluster's: a recovery from here on restores under them."""
+        membership of the plan armed at round ``round_id`` are the cluster's: a recovery
+        from here on restores under them."""
+        plan = self._armed.pop(round_id, None)
+        if plan is None:
+            return
         plan.old = list(self._state.members)
         self._state.adopt(plan.owners, plan.members)
         self.joiners = [j for j in self.joiners if j not in plan.members]
@@ -364,7 +355,8 @@ class Rescaler:
             await asyncio.wait_for(state.wait_ready(), STEP_TIMEOUT)
         except (_Abandon, TimeoutError) as exc:
             # the map already changed: only a recovery (under the new map) gets out of here
-            self._force_recovery(f"the rescale's switch failed ({exc}); the new map is in force")
+            self._control.force_recovery(f"the rescale's switch failed ({exc}); the new map is "
+                                         "in force")
             raise
         t_end = time.monotonic()
         if self._followers is not None:  # (each primary's Ready already re-fed its standbys)
@@ -379,7 +371,7 @@ class Rescaler:
                     ", ".join(f"{k} {v:.2f} s" for k, v in plan.phases.items()),
                     manifest.epoch, state.owners)
         self._plan = None
-        self._changed()
+        self._changes.changed()
         if self.target == plan.target:
             self._finish(f"{plan.target} workers; moved partitions {sorted(plan.moves)} at round "
                          f"{round_id}, epochs paused {t_end - t0:.2f} s")

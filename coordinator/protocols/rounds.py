@@ -24,9 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from coordinator.needs import Switched
 from coordinator.state import Layout
 from remotes import Remote
 from sfaas.runtime import wire
+from sfaas.runtime.lifecycle import Service
 from sfaas.runtime.protocols.rounds import (
     RoundManifest,
     Rounds,
@@ -89,12 +91,16 @@ class _InFlight:
     reports: dict[int, wire.Snapshotted] = field(default_factory=dict)
 
 
-class RoundKeeper:
-    """Starts rounds, collects the workers' reports, publishes and collects garbage.
+class RoundKeeper(Service):
+    """Starts rounds, collects the workers' reports, publishes and collects garbage. As a
+    service it warms up the process rounds are published in, and its stop waits for the
+    loads, publishes and collections under way.
 
     ``layout``: the partition map in force (a round needs every slot's report, and its
     manifest names the map epochs after it run under); ``rounds_remote``: where rounds are
     published; ``store_remote``: a store's remote (for garbage collection)."""
+
+    part = "snapshot rounds"
 
     def __init__(
         self, interval: float, retain: int, layout: Callable[[], Layout],
@@ -125,7 +131,7 @@ class RoundKeeper:
         self.failed = 0
         self.last_complete: RoundManifest | None = None
         #: a rescale's round: round id → (new map, new worker count, called once published)
-        self._switch_at: dict[int, tuple[list[int], int, Callable[[], None]]] = {}
+        self._switch_at: dict[int, tuple[list[int], int, Switched]] = {}
         #: the newest complete rounds and failures ``(time, round, why)``, for the status
         #: page and metrics
         self.history: collections.deque[RoundSummary] = collections.deque(maxlen=HISTORY)
@@ -142,6 +148,12 @@ class RoundKeeper:
     @property
     def enabled(self) -> bool:
         return self.interval > 0
+
+    async def on_start(self) -> None:
+        self.warm_up()
+
+    async def on_stop(self) -> None:
+        await self.close()
 
     def warm_up(self) -> None:
         """Start the background process rounds are published in now, not at the first
@@ -209,10 +221,10 @@ class RoundKeeper:
             self._fail(why)
 
     def arm_switch(self, round_id: int, owners: list[int], workers: int,
-                   adopt: Callable[[], None]) -> None:
+                   rescale: Switched) -> None:
         """Round ``round_id`` is a rescale's switch: its manifest names ``owners`` of
-        ``workers`` slots, and ``adopt`` is called once it is published."""
-        self._switch_at[round_id] = (list(owners), workers, adopt)
+        ``workers`` slots, and ``rescale`` adopts them once it is published."""
+        self._switch_at[round_id] = (list(owners), workers, rescale)
 
     def _fail(self, why: str) -> None:
         assert self._inflight is not None
@@ -291,7 +303,7 @@ class RoundKeeper:
         self.history.append(RoundSummary.of(manifest))
         switch = self._switch_at.pop(manifest.round, None)
         if switch is not None:  # the round names the new map: it is in force from now on
-            switch[2]()
+            switch[2].adopt(manifest.round)
         self._written.set()
         log.info("snapshot round %d complete: epoch %d, %d stores, %d files, %.1f MB uploaded, "
                  "published %.2f s after its marker", manifest.round, manifest.epoch,

@@ -32,9 +32,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from coordinator.needs import Changes, NewestRound
 from coordinator.state import ClusterView
 from sfaas.errors import ChannelClosed
 from sfaas.runtime import channels, wire
@@ -65,6 +65,10 @@ class Standby:
     #: when it was last heard from (a following standby sends heartbeats)
     last_seen: float = field(default_factory=lambda: time.monotonic())
 
+    def heard(self) -> None:
+        """It sent something (a heartbeat)."""
+        self.last_seen = time.monotonic()
+
     @property
     def followed(self) -> str:
         """``host:port`` it follows ("" before its first ``Follow``)."""
@@ -74,20 +78,19 @@ class Standby:
 class Standbys:
     """See the module docstring; owned by the coordinator's event loop. ``workers``: the
     primaries configured (the slots are the cluster state's: a rescale changes them),
-    ``per_slot``: the standbys wanted for each; ``newest_round``: the newest complete round
-    once one being published landed; ``changed``: told whenever the standbys change."""
+    ``per_slot``: the standbys wanted for each; ``rounds``: the newest complete round to
+    promote to; ``changes``: told whenever the standbys change."""
 
-    def __init__(self, state: ClusterView, workers: int, per_slot: int,
-                 newest_round: Callable[[], Awaitable[int]], changed: Callable[[], None],
-                 silent_after: float = float("inf")) -> None:
+    def __init__(self, state: ClusterView, workers: int, per_slot: int, rounds: NewestRound,
+                 changes: Changes, silent_after: float = float("inf")) -> None:
         self._state = state
         self._silent_after = silent_after
         del workers  # (the slots are ``state.slots``: a rescale changes them)
         #: the slots a rescale under way heads for (0: none)
         self._expected = 0
         self._per_slot = per_slot
-        self._newest_round = newest_round
-        self._changed = changed
+        self._rounds = rounds
+        self._changes = changes
         self.by_slot: dict[int, list[Standby]] = {}
         # slot → (standby name, until, the standby promoted)
         self._reserved: dict[int, tuple[str, float, Standby]] = {}
@@ -134,7 +137,7 @@ class Standbys:
             with contextlib.suppress(ChannelClosed):
                 sb.channel.send(wire.Stop(f"worker {slot} is lost: {REGISTER_AGAIN}"))
                 sb.channel.close()
-            self._changed()
+            self._changes.changed()
             return
 
     def reservation(self, slot: int) -> str:
@@ -173,15 +176,26 @@ class Standbys:
         self.by_slot.setdefault(slot, []).append(sb)
         log.info("worker %s (pid %d) stands by for worker %d", reg.name, reg.pid, slot)
         self.feed(slot)
-        self._changed()
+        self._changes.changed()
         return sb
+
+    async def stand_by(self, reg: wire.Register, chan: channels.Channel, slot: int) -> None:
+        """Serve a registrant standing by for ``slot`` until its channel closes."""
+        sb = self.add(reg, chan, slot)
+        try:
+            while True:
+                await chan.recv()  # heartbeats; its closed channel says it is gone
+                sb.heard()
+        except ChannelClosed:
+            self.remove(sb)
+            raise
 
     def remove(self, sb: Standby) -> None:
         lst = self.by_slot.get(sb.of, [])
         if sb in lst:
             lst.remove(sb)
             log.warning("standby %s (pid %d) of worker %d is gone", sb.name, sb.pid, sb.of)
-            self._changed()
+            self._changes.changed()
 
     def feed(self, slot: int) -> None:
         """Tell the slot's standbys where its primary ships from and which partitions it
@@ -227,7 +241,7 @@ class Standbys:
                 with contextlib.suppress(ChannelClosed):
                     sb.channel.send(wire.Follow(slot, self._state.slots, self._state.partitions,
                                                 [], "", 0))
-                self._changed()
+                self._changes.changed()
 
     def promote(self, slot: int) -> bool:
         """Primary ``slot`` was lost: promote one of its standbys; False if it has none."""
@@ -245,14 +259,14 @@ class Standbys:
                                                           name=f"promote-{slot}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-            self._changed()
+            self._changes.changed()
             return True
         return False
 
     async def _promote(self, sb: Standby, slot: int) -> None:
         """Send the promotion once a round being published has landed: the recovery that
         follows rolls back to the round MinIO then has, which must be the one promoted to."""
-        rnd = await self._newest_round()
+        rnd = await self._rounds.newest_complete()
         try:
             sb.channel.send(wire.Promote(slot, rnd, owned(list(self._state.owners), slot)))
         except ChannelClosed:

@@ -1,5 +1,5 @@
 """Fuzz: what workers send the coordinator — frames decoded and handed to its real
-connection handler (``Membership.on_connection``), then its epoch barrier and the snapshot
+connection handler (``Listener.on_connection``), then its epoch barrier and the snapshot
 round they may complete.
 
 Outcomes: a ``ProtocolError`` (the frame does not decode, or a message contradicts the
@@ -71,7 +71,7 @@ async def test_coordinator_handles_or_refuses_worker_messages(frames: list[bytes
     c.rounds.on_report(wire.Snapshotted(1, 0, 3, [["kv", 0, 1, 1, 1, "memonly"]], {0: 1}, {}, {0: 0}, [], 0, ""))
     chan = FakeChannel(frames, peer="fuzz-worker")
     try:
-        await asyncio.wait_for(c.membership.on_connection(chan), 10)  # type: ignore[arg-type]
+        await asyncio.wait_for(c.listener.on_connection(chan), 10)  # type: ignore[arg-type]
         outcomes.add("handler returned")
     except (wire.ProtocolError, ChannelClosed) as exc:
         outcomes.error(exc)

@@ -42,25 +42,22 @@ class _Busy:
         return [wire.Report(epoch, i, self.roots, [], [], [0, 0], [0, 0], pending=5)
                 for i in range(2)]
 
-    # (Markers, Switches)
-    def marker(self, epoch: int, txns: int, force: bool = False) -> int | None:
-        return None
-
-    def due(self) -> bool:
-        return False
-
-    def arm(self, round_id: int) -> None:  # pragma: no cover - not reached
-        raise AssertionError
+    # (EpochEnds: no round, no rescale; EpochObserver)
+    def end(self, epoch: int, txns: int) -> tuple[int | None, bool]:
+        return None, False
 
     async def switch(self, round_id: int) -> None:  # pragma: no cover - not reached
         raise AssertionError
+
+    def epoch(self, waited: float, executed: float) -> None:
+        pass
 
 
 async def _begins(gather: float, seconds: float, adaptive: bool = False,
                   roots: int = 1) -> list[float]:
     busy = _Busy(roots, 0.002 if adaptive else 0.0)
     epochs = EagerEpochs(ClusterState(2), Inbox(), busy, busy, busy, busy,  # type: ignore[arg-type]
-                         lambda waited, executed: None, Gathering(gather, adaptive))
+                         Gathering(gather, adaptive))
     task = asyncio.create_task(epochs.run(idle=False))
     await asyncio.sleep(seconds)
     task.cancel()

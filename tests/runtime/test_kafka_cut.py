@@ -2,7 +2,7 @@
 heartbeats go on, so nothing used to replace it and its partitions' requests waited in Kafka
 for as long as the cut lasted. Each heartbeat now says how long the worker's Kafka clients
 have heard nothing from any broker; the coordinator's watchdog loses a worker silent past
-the limit while another worker hears Kafka (``coordinator.membership``), and its standby
+the limit while another worker hears Kafka (``coordinator.watchdog``), and its standby
 takes over. Without a cluster: the decision on fake members, and the worker's probes
 (``sfaas.runtime.kafka.Reachability``: a TCP connection to each broker in turn — the
 clients' own traffic was tried first, and a worker whose traffic all waited on one cut
@@ -20,6 +20,7 @@ import pytest
 
 from coordinator.membership import Membership
 from coordinator.state import Member
+from coordinator.watchdog import Watchdog
 from launcher.cluster import free_port
 from sfaas.runtime import wire
 from sfaas.runtime.kafka import Reachability, silence_limit
@@ -57,24 +58,25 @@ def _members(*silences: float | None) -> list[Member]:
     return out
 
 
-def _membership(state: _State, limit: float = LIMIT) -> Membership:
+def _watchdog(state: _State, limit: float = LIMIT) -> Watchdog:
+    """The watchdog over ``state``, losing members through a membership of fakes."""
     rescale = SimpleNamespace(is_joiner=lambda m: False, abandon=lambda why: None)
     inbox = SimpleNamespace(interrupt=lambda: None)
     standbys = SimpleNamespace(feed=lambda index: None)
-    return Membership(state, inbox, standbys, rescale, heartbeat_timeout=T,  # type: ignore[arg-type]
-                      topics=("in", "out", "group"), heartbeat=lambda m, b: None,
-                      snapshotted=lambda m: None, wake=lambda: None,
-                      abort_round=lambda why: None, changed=lambda: None,
-                      kafka_silence_limit=limit)
+    events = SimpleNamespace(member_lost=lambda why: None, changed=lambda: None)
+    membership = Membership(state, inbox, standbys, rescale, events,  # type: ignore[arg-type]
+                            topics=("in", "out", "group"))
+    return Watchdog(state, standbys, membership, heartbeat_timeout=T,  # type: ignore[arg-type]
+                    kafka_silence_limit=limit)
 
 
 def test_a_worker_silent_past_the_limit_while_another_hears_kafka_is_cut() -> None:
     members = _members(2.0, 0.3, 0.2)
-    why = _membership(_State(members))._cut_from_kafka(members[0], time.monotonic())
+    why = _watchdog(_State(members)).cut_from_kafka(members[0], time.monotonic())
     assert why.startswith("cut from Kafka: no answer from any broker for 2.0 s while worker 1 "
                           "has them (limit 1.5 s)"), why
     # the others are not
-    assert not _membership(_State(members))._cut_from_kafka(members[1], time.monotonic())
+    assert not _watchdog(_State(members)).cut_from_kafka(members[1], time.monotonic())
 
 
 @pytest.mark.parametrize("silences,limit", [
@@ -87,7 +89,7 @@ def test_a_worker_silent_past_the_limit_while_another_hears_kafka_is_cut() -> No
 def test_no_replacement_when_kafka_itself_is_down_or_the_silence_is_short(
         silences: tuple[float | None, ...], limit: float) -> None:
     members = _members(*silences)
-    assert _membership(_State(members), limit)._cut_from_kafka(
+    assert _watchdog(_State(members), limit).cut_from_kafka(
         members[0], time.monotonic()) == ""
 
 
@@ -97,10 +99,10 @@ def test_the_watchdog_loses_the_cut_worker_and_only_it() -> None:
         for m in members:
             m.last_seen = time.monotonic() + 60  # (heartbeats on time)
         state = _State(members)
-        ms = _membership(state)
-        await ms.watch()
+        dog = _watchdog(state)
+        await dog.start()
         await asyncio.sleep(0.6)
-        await ms.unwatch()
+        await dog.stop()
         return state.lost
     assert asyncio.run(go()) == [1]
 

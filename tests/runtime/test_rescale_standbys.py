@@ -283,7 +283,8 @@ def test_standbys_follow_their_primarys_partitions_across_a_rescale() -> None:
     async def newest() -> int:
         return 0
 
-    sbs = Standbys(state, 2, 1, newest, lambda: None)
+    sbs = Standbys(state, 2, 1, types.SimpleNamespace(newest_complete=newest),  # type: ignore[arg-type]
+                   types.SimpleNamespace(changed=lambda: None))
     chans = {}
     for i in range(2):
         reg = wire.Register(f"sb{i}", "127.0.0.1", 7100 + i, 200 + i)
@@ -354,7 +355,8 @@ def test_a_promotion_that_never_comes_back_frees_the_slot_and_recruits_an_idle_s
         return 0
 
     async def scenario() -> None:
-        sbs = Standbys(state, 2, 1, newest, lambda: None, silent_after=1.0)
+        sbs = Standbys(state, 2, 1, types.SimpleNamespace(newest_complete=newest),  # type: ignore[arg-type]
+                       types.SimpleNamespace(changed=lambda: None), silent_after=1.0)
         chans = {i: _Chan() for i in range(2)}
         for i in range(2):
             sbs.add(wire.Register(f"sb{i}", "127.0.0.1", 7100 + i, 200 + i), chans[i], i)  # type: ignore[arg-type]
