@@ -61,10 +61,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _process_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``services``, ``coordinator``, ``worker``, ``up``: what starts processes."""
-    sv = sub.add_parser("services", help="local Kafka and MinIO as background processes")
+    sv = sub.add_parser("services", help="local Kafka and MinIO (and Jaeger) as background "
+                                         "processes")
     sv.add_argument("action", choices=["up", "down", "status"])
     sv.add_argument("--no-kafka", action="store_true", help="leave Kafka alone")
     sv.add_argument("--no-minio", action="store_true", help="leave MinIO alone")
+    sv.add_argument("--tracing", action="store_true",
+                    help="up: Jaeger too (OTLP on 127.0.0.1:4317/4318, its UI on :16686)")
 
     c = sub.add_parser("coordinator", help="run a coordinator in the foreground")
     _common(c)
@@ -284,9 +287,12 @@ def _services(ns: argparse.Namespace) -> int:
 
     kw = {"kafka": not ns.no_kafka, "minio": not ns.no_minio}
     if ns.action == "up":
-        ep = services.up(**kw, progress=_say)
+        ep = services.up(**kw, tracing=ns.tracing, progress=_say)
         print(f"kafka  {ep.kafka_bootstrap}\n"
               f"minio  {ep.minio_endpoint} (access key {ep.minio_access_key})")
+        if ns.tracing:
+            print(f"jaeger {ep.jaeger_url} (OTLP {ep.otlp_endpoint}: "
+                  f"SFAAS_TRACING=1 OTEL_EXPORTER_OTLP_ENDPOINT={ep.otlp_endpoint})")
     elif ns.action == "down":
         services.down(**kw, progress=_say)
     else:
