@@ -24,6 +24,7 @@ from sfaas.errors import (
     StartAgain,
     TransactionAborted,
 )
+from sfaas.runtime import tracing
 from sfaas.runtime.settings import Settings
 
 __all__ = ["main"]
@@ -202,11 +203,22 @@ def _settings(ns: argparse.Namespace, *names: str) -> Settings:
     return Settings.load({n: getattr(ns, n, None) for n in names})
 
 
-def _setup_logging(level: str) -> None:
+def _setup_logging(level: str, log_format: str = "text") -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if log_format == "json":
+        from sfaas.runtime.jsonlog import JsonLines
+
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonLines())
+
+
+def _observe(s: Settings, process: str) -> None:
+    """The process's logging and tracing (``sfaas.runtime.tracing``), as its settings say."""
+    _setup_logging(s.log_level, s.log_format)
+    tracing.setup(s, process)
 
 
 def _run_service(coro_factory: Any, settings: Settings | None = None) -> int:
@@ -308,7 +320,7 @@ def _services(ns: argparse.Namespace) -> int:
 def _coordinator(ns: argparse.Namespace) -> int:
     s = _settings(ns, "kafka", "namespace", "log_level", "app", "coordinator", "workers",
                   "partitions", "snapshot_interval", "snapshot_retain", "metrics_port")
-    _setup_logging(s.log_level)
+    _observe(s, "coordinator")
     from coordinator.service import run_coordinator
     from sfaas.app import load_app
 
@@ -319,7 +331,7 @@ def _coordinator(ns: argparse.Namespace) -> int:
 def _worker(ns: argparse.Namespace) -> int:
     s = _settings(ns, "kafka", "namespace", "log_level", "app", "coordinator", "host", "port",
                   "store", "max_batch", "standby_of", "metrics_port")
-    _setup_logging(s.log_level)
+    _observe(s, ns.name or "worker")
     from sfaas.app import load_app
     from worker.service import run_worker
 
@@ -407,7 +419,7 @@ def _gateway(ns: argparse.Namespace) -> int:
     s = _settings(ns, "kafka", "namespace", "log_level", "app", "metrics_port")
     gws = GatewaySettings.load({"listen": ns.listen, "max_in_flight": ns.max_in_flight,
                                 "timeout": ns.timeout})
-    _setup_logging(s.log_level)
+    _observe(s, "gateway")
     return run_gateway(load_app(s.app), s, gws)
 
 
