@@ -168,9 +168,12 @@ class Gateway:
                               {"http.request.method": scope["method"],
                                "url.path": scope["path"][:256]}) as span:
                 response = await self._respond(Request(scope, receive))
+                route = scope.get("sfaas.route")
+                if route is not None:  # (named as HTTP spans are: method and route)
+                    span.update_name(f"{scope['method']} {route}")
+                    span.set_attribute("http.route", route)
                 if response is not None:
                     span.set_attribute("http.response.status_code", response.status_code)
-                    span.set_attribute("http.route", scope.get("sfaas.route", "other"))
         else:
             response = await self._respond(Request(scope, receive))
         if response is not None:

@@ -100,8 +100,8 @@ class EpochRunner:
         self._idle_reported = True
         self._age_sum = 0.0
         self._age_n = 0
-        #: when the current epoch began (``time.time_ns()``; only while tracing is on)
-        self._began_ns = 0
+        #: when each epoch not yet committed began (``time.time_ns()``; only while tracing)
+        self._began_ns: dict[int, int] = {}
 
     # -- what the lease needs (``LeaseHost``) -----------------------------------------------------
     @property
@@ -152,7 +152,7 @@ class EpochRunner:
             return None
         t0 = time.perf_counter()
         if tracing.ON:
-            self._began_ns = time.time_ns()
+            self._began_ns[begin.epoch] = time.time_ns()
         self._replay = begin.replay
         if begin.replay:  # the batch as logged, each item with the now it ran with (recovery)
             batch = st.loop.begin_replay(begin.epoch, st.take_replay(begin.epoch))
@@ -293,13 +293,16 @@ class EpochRunner:
     def _traced(self, epoch: int, fates: list[Fate[Pending]]) -> None:
         """A span of each decided request that carries its caller's trace context: its
         execution here, from the epoch's begin to its reply (``sfaas.runtime.tracing``)."""
+        began = self._began_ns.get(epoch) or time.time_ns()
+        for e in [e for e in self._began_ns if e <= epoch]:  # (and any rolled back)
+            del self._began_ns[e]
         for f in fates:
             req = f.item.request
             if req.traceparent is None:
                 continue
             error = None if f.committed else f"{f.value[0]}: {f.value[1]}"[:200]
             tracing.record(f"execute {req.operator}.{req.function}", req.traceparent,
-                           self._began_ns or time.time_ns(), {
+                           began, {
                                "sfaas.request_id": req.rid, "sfaas.epoch": epoch,
                                "sfaas.worker": self._state.index, "sfaas.tid": f.tid,
                                "sfaas.attempts": f.item.attempts, "sfaas.replay": self._replay,

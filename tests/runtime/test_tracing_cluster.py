@@ -102,11 +102,11 @@ def test_a_call_through_the_gateway_is_one_trace_from_the_caller_to_the_worker(
     brief = [(s["service"], s["operationName"]) for s in spans]
     assert all(s["traceID"] == trace_id for s in spans), brief
     by_name = {s["operationName"]: s for s in spans}
-    server = by_name.get("POST /v1")
+    server = by_name.get("POST /v1/{app}/{operator}/{key}/{function}")
     assert server is not None and server["service"] == "sfaas-gateway", brief
     assert [r["spanID"] for r in server["references"]] == [caller]  # the caller's child
-    assert (server["tags"]["http.response.status_code"], server["tags"]["span.kind"]) == \
-        (200, "server")
+    assert (server["tags"]["http.response.status_code"], server["tags"]["span.kind"],
+            server["tags"]["url.path"]) == (200, "server", "/v1/gwshop/accounts/traced-alice/deposit")
     client = by_name.get("call accounts.deposit")
     assert client is not None and client["service"] == "sfaas-gateway", brief
     assert [r["spanID"] for r in client["references"]] == [server["spanID"]]
