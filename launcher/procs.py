@@ -2,7 +2,8 @@
 waiting for a service process (its pid file, its own session, leases of
 :func:`~launcher.services.using`).
 
-The services themselves: :mod:`launcher.minio_server`, :mod:`launcher.kafka_broker`;
+The services themselves: :mod:`launcher.minio_server`, :mod:`launcher.kafka_broker`,
+:mod:`launcher.jaeger_server`;
 the public API (``up``, ``down``, ``status``, ``using``): :mod:`launcher.services`.
 """
 
