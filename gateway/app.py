@@ -47,6 +47,7 @@ from sfaas.errors import (
     RequestTimeout,
     TransactionAborted,
 )
+from sfaas.runtime import tracing
 from sfaas.runtime.codec import pack
 from sfaas.runtime.kafka import PRODUCE_BATCH_BYTES
 from sfaas.runtime.txn.reads import check_scan
@@ -161,19 +162,37 @@ class Gateway:
     # -- /v1 ------------------------------------------------------------------------------
 
     async def _v1(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request = Request(scope, receive)
+        if tracing.ON:  # (a server span, in the caller's trace when it sent a traceparent)
+            with tracing.span(f"{scope['method']} /v1", "server",
+                              tracing.carrier_of(scope["headers"]),
+                              {"http.request.method": scope["method"],
+                               "url.path": scope["path"][:256]}) as span:
+                response = await self._respond(Request(scope, receive))
+                route = scope.get("sfaas.route")
+                if route is not None:  # (named as HTTP spans are: method and route)
+                    span.update_name(f"{scope['method']} {route}")
+                    span.set_attribute("http.route", route)
+                if response is not None:
+                    span.set_attribute("http.response.status_code", response.status_code)
+        else:
+            response = await self._respond(Request(scope, receive))
+        if response is not None:
+            await response(scope, receive, send)
+
+    async def _respond(self, request: Request) -> Response | None:
+        """The answer to a /v1 request (None: the caller left while sending its body)."""
         try:
             response = await self._route(request)
         except HttpError as exc:
             response = _json(exc.status, exc.doc, exc.headers)
         except ClientDisconnect:
-            return  # it left while sending its body: nobody to answer
+            return None  # it left while sending its body: nobody to answer
         except Exception:
             log.exception("internal error answering %s %.200s", request.method,
                           request.url.path)
             response = _json(500, {"error": "internal error of the gateway (see its log)",
                                    "type": "InternalError"})
-        await response(scope, receive, send)
+        return response
 
     def _authorize(self, scope: Scope) -> None:
         if not self._token:

@@ -24,6 +24,7 @@ from sfaas.errors import (
     StartAgain,
     TransactionAborted,
 )
+from sfaas.runtime import tracing
 from sfaas.runtime.settings import Settings
 
 __all__ = ["main"]
@@ -61,10 +62,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _process_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``services``, ``coordinator``, ``worker``, ``up``: what starts processes."""
-    sv = sub.add_parser("services", help="local Kafka and MinIO as background processes")
+    sv = sub.add_parser("services", help="local Kafka and MinIO (and Jaeger) as background "
+                                         "processes")
     sv.add_argument("action", choices=["up", "down", "status"])
     sv.add_argument("--no-kafka", action="store_true", help="leave Kafka alone")
     sv.add_argument("--no-minio", action="store_true", help="leave MinIO alone")
+    sv.add_argument("--tracing", action="store_true",
+                    help="up: Jaeger too (OTLP on 127.0.0.1:4317/4318, its UI on :16686)")
 
     c = sub.add_parser("coordinator", help="run a coordinator in the foreground")
     _common(c)
@@ -199,11 +203,22 @@ def _settings(ns: argparse.Namespace, *names: str) -> Settings:
     return Settings.load({n: getattr(ns, n, None) for n in names})
 
 
-def _setup_logging(level: str) -> None:
+def _setup_logging(level: str, log_format: str = "text") -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if log_format == "json":
+        from sfaas.runtime.jsonlog import JsonLines
+
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonLines())
+
+
+def _observe(s: Settings, process: str) -> None:
+    """The process's logging and tracing (``sfaas.runtime.tracing``), as its settings say."""
+    _setup_logging(s.log_level, s.log_format)
+    tracing.setup(s, process)
 
 
 def _run_service(coro_factory: Any, settings: Settings | None = None) -> int:
@@ -284,9 +299,12 @@ def _services(ns: argparse.Namespace) -> int:
 
     kw = {"kafka": not ns.no_kafka, "minio": not ns.no_minio}
     if ns.action == "up":
-        ep = services.up(**kw, progress=_say)
+        ep = services.up(**kw, tracing=ns.tracing, progress=_say)
         print(f"kafka  {ep.kafka_bootstrap}\n"
               f"minio  {ep.minio_endpoint} (access key {ep.minio_access_key})")
+        if ns.tracing:
+            print(f"jaeger {ep.jaeger_url} (OTLP {ep.otlp_endpoint}: "
+                  f"SFAAS_TRACING=1 OTEL_EXPORTER_OTLP_ENDPOINT={ep.otlp_endpoint})")
     elif ns.action == "down":
         services.down(**kw, progress=_say)
     else:
@@ -302,7 +320,7 @@ def _services(ns: argparse.Namespace) -> int:
 def _coordinator(ns: argparse.Namespace) -> int:
     s = _settings(ns, "kafka", "namespace", "log_level", "app", "coordinator", "workers",
                   "partitions", "snapshot_interval", "snapshot_retain", "metrics_port")
-    _setup_logging(s.log_level)
+    _observe(s, "coordinator")
     from coordinator.service import run_coordinator
     from sfaas.app import load_app
 
@@ -313,7 +331,7 @@ def _coordinator(ns: argparse.Namespace) -> int:
 def _worker(ns: argparse.Namespace) -> int:
     s = _settings(ns, "kafka", "namespace", "log_level", "app", "coordinator", "host", "port",
                   "store", "max_batch", "standby_of", "metrics_port")
-    _setup_logging(s.log_level)
+    _observe(s, ns.name or "worker")
     from sfaas.app import load_app
     from worker.service import run_worker
 
@@ -401,7 +419,7 @@ def _gateway(ns: argparse.Namespace) -> int:
     s = _settings(ns, "kafka", "namespace", "log_level", "app", "metrics_port")
     gws = GatewaySettings.load({"listen": ns.listen, "max_in_flight": ns.max_in_flight,
                                 "timeout": ns.timeout})
-    _setup_logging(s.log_level)
+    _observe(s, "gateway")
     return run_gateway(load_app(s.app), s, gws)
 
 

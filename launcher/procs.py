@@ -2,7 +2,8 @@
 waiting for a service process (its pid file, its own session, leases of
 :func:`~launcher.services.using`).
 
-The services themselves: :mod:`launcher.minio_server`, :mod:`launcher.kafka_broker`;
+The services themselves: :mod:`launcher.minio_server`, :mod:`launcher.kafka_broker`,
+:mod:`launcher.jaeger_server`;
 the public API (``up``, ``down``, ``status``, ``using``): :mod:`launcher.services`.
 """
 
@@ -27,6 +28,10 @@ log = logging.getLogger("launcher.services")
 MINIO_MODULE = "github.com/minio/minio"
 MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 KAFKA_VERSION = "4.3.1"
+#: Jaeger (``sfaas services up --tracing``): the v2 binary ``cmd/jaeger`` of the module's
+#: release v1.76.0 (Jaeger tags each v2 release with a v1 module version too).
+JAEGER_MODULE = "github.com/jaegertracing/jaeger"
+JAEGER_VERSION = "v1.76.0"
 # Go that MinIO's go.mod asks for (`toolchain` line); fetched when the local Go is < 1.21.
 GO_TOOLCHAIN = "go1.24.8"
 SCALA_VERSION = "2.13"
@@ -68,6 +73,10 @@ class ServiceSettings:
     kafka_port: int = 9092
     kafka_controller_port: int = 9093
     kafka_heap: str = "512m"
+    jaeger_port: int = 16686  # its query API and UI
+    jaeger_grpc_port: int = 16685  # its query API over gRPC
+    otlp_grpc_port: int = 4317  # OTLP receivers: where the processes export their spans
+    otlp_http_port: int = 4318
 
     @classmethod
     def from_env(cls) -> ServiceSettings:
@@ -86,11 +95,19 @@ class ServiceSettings:
             kafka_port=_env_int("SFAAS_KAFKA_PORT", 9092),
             kafka_controller_port=_env_int("SFAAS_KAFKA_CONTROLLER_PORT", 9093),
             kafka_heap=os.environ.get("SFAAS_KAFKA_HEAP") or "512m",
+            jaeger_port=_env_int("SFAAS_JAEGER_PORT", 16686),
+            jaeger_grpc_port=_env_int("SFAAS_JAEGER_GRPC_PORT", 16685),
+            otlp_grpc_port=_env_int("SFAAS_OTLP_GRPC_PORT", 4317),
+            otlp_http_port=_env_int("SFAAS_OTLP_HTTP_PORT", 4318),
         )
 
     @property
     def minio_binary(self) -> Path:
         return self.cache_dir / "bin" / "minio"
+
+    @property
+    def jaeger_binary(self) -> Path:
+        return self.cache_dir / "bin" / f"jaeger-{JAEGER_VERSION}"
 
     @property
     def kafka_libs(self) -> Path:
@@ -108,6 +125,10 @@ class Endpoints:
     minio_endpoint: str
     minio_access_key: str
     minio_secret_key: str = field(repr=False)
+    #: Jaeger's query API and UI (``http://host:port``), and where its OTLP/HTTP receiver
+    #: takes spans (``OTEL_EXPORTER_OTLP_ENDPOINT``): ``sfaas services up --tracing``
+    jaeger_url: str = ""
+    otlp_endpoint: str = ""
 
 
 def endpoints() -> Endpoints:
@@ -118,6 +139,8 @@ def endpoints() -> Endpoints:
         minio_endpoint=f"127.0.0.1:{s.minio_port}",
         minio_access_key=s.minio_access_key,
         minio_secret_key=s.minio_secret_key,
+        jaeger_url=f"http://127.0.0.1:{s.jaeger_port}",
+        otlp_endpoint=f"http://127.0.0.1:{s.otlp_http_port}",
     )
 
 
@@ -226,6 +249,7 @@ class _Service:
 
 _MINIO = _Service("minio", "minio server", lambda s: s.minio_port)
 _KAFKA = _Service("kafka", "kafka.Kafka", lambda s: s.kafka_port)
+_JAEGER = _Service("jaeger", "jaeger.yaml", lambda s: s.jaeger_port)
 
 
 def _spawn(svc: _Service, s: ServiceSettings, argv: list[str], env: dict[str, str]) -> int:

@@ -49,6 +49,7 @@ from sfaas.app import App, FunctionRef, call_target
 from sfaas.direct import DirectCalls
 from sfaas.errors import BadKey, BadRequest, ClusterError, RequestTimeout, reply_error
 from sfaas.reads import DirectReads, Unavailable
+from sfaas.runtime import tracing
 from sfaas.runtime.codec import check_arguments
 from sfaas.runtime.kafka import make_consumer, make_producer, partition_count
 from sfaas.runtime.partitioning import partition_of
@@ -128,6 +129,7 @@ class Client:
         self._path = path
         self._kafka_up = False
         self._kafka_lock = asyncio.Lock()
+        tracing.setup(self.settings, "client")  # (once per process; off: nothing)
 
     async def start(self) -> None:
         """Connect to the cluster (called by ``async with``): with direct calls, ask the
@@ -272,7 +274,8 @@ class Client:
         future."""
         self._seq += 1
         rid = self.last_rid = f"{self.client_id}-{self._seq}"
-        request = Request(rid, operator, key, function, args, 0, time.time(), idempotency_key)
+        request = Request(rid, operator, key, function, args, 0, time.time(), idempotency_key,
+                          tracing.traceparent() if tracing.ON else None)
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         if direct and self.calls is not None and not self.calls.off:
             record = request.encode()  # (raises before anything is registered)
@@ -491,8 +494,15 @@ class Client:
         abort — and only the first runs, also across a recovery, a rescale or a failover.
         """
         operator, key, function, args = self._target(target, rest, kwargs)
-        rid, fut = await self._submit(operator, key, function, args, idempotency_key)
-        reply = await self._reply(rid, fut, f"{operator}/{key}.{function}")
+        if tracing.ON:  # (a client span: the request record carries its context)
+            with tracing.span(f"call {operator}.{function}", "client",
+                              attributes={"sfaas.operator": operator,
+                                          "sfaas.function": function}) as span:
+                rid, reply = await self._call(operator, key, function, args, idempotency_key)
+                span.set_attribute("sfaas.request_id", rid)
+                span.set_attribute("sfaas.outcome", "committed" if reply.ok else "aborted")
+        else:
+            _, reply = await self._call(operator, key, function, args, idempotency_key)
         if reply.ok:
             return reply.value
         exc = reply_error(reply.error_type or "TransactionAborted", reply.reason or "aborted")
@@ -500,6 +510,11 @@ class Client:
             exc.traceback = reply.traceback
             exc.add_note(f"raised in the transaction's function:\n{reply.traceback.rstrip()}")
         raise exc
+
+    async def _call(self, operator: str, key: str, function: str, args: tuple[Any, ...],
+                    idempotency_key: str | None) -> tuple[str, Reply]:
+        rid, fut = await self._submit(operator, key, function, args, idempotency_key)
+        return rid, await self._reply(rid, fut, f"{operator}/{key}.{function}")
 
     def _target(self, target: Any, rest: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> tuple[str, str, str, tuple[Any, ...]]:

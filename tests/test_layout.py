@@ -51,7 +51,7 @@ def test_importing_the_sdk_loads_no_launcher_worker_or_coordinator_code(code: st
 def test_the_launchers_load_the_services_only_when_a_command_runs_them() -> None:
     loaded = _loaded_by("import launcher, launcher.cluster, launcher.services, launcher.supervisor, "
                         "launcher.demo, launcher.loadgen, launcher.procs, launcher.kafka_broker, "
-                        "launcher.minio_server")
+                        "launcher.minio_server, launcher.jaeger_server")
     assert "launcher.cluster" in loaded
     assert not [m for m in loaded if m.startswith(SERVICES)], loaded
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import kafka_broker, minio_server, services
+from launcher import jaeger_server, kafka_broker, minio_server, services
 from launcher.services import Endpoints, ServiceError, ServiceSettings
 
 
@@ -115,14 +115,59 @@ def test_using_stops_what_it_started_unless_others_still_use_it(private: Service
     assert services.status()["minio"]["running"] is True
 
 
+def test_private_jaeger_lifecycle(private: ServiceSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``services up --tracing`` starts Jaeger on its four ports only; status and down know it."""
+    ports = {}
+    for var in ("SFAAS_JAEGER_PORT", "SFAAS_JAEGER_GRPC_PORT", "SFAAS_OTLP_GRPC_PORT", "SFAAS_OTLP_HTTP_PORT"):
+        ports[var] = free_port()
+        monkeypatch.setenv(var, str(ports[var]))
+    assert services.status()["jaeger"]["running"] is False
+    messages: list[str] = []
+    ep = services.up(kafka=False, minio=False, tracing=True, progress=messages.append)
+    assert (ep.jaeger_url, ep.otlp_endpoint) == (f"http://127.0.0.1:{ports['SFAAS_JAEGER_PORT']}",
+                                                 f"http://127.0.0.1:{ports['SFAAS_OTLP_HTTP_PORT']}")
+    assert any("Jaeger ready" in m for m in messages), messages
+    st = services.status()["jaeger"]
+    assert st["running"] is True and st["reachable"] is True and st["endpoint"] == ep.jaeger_url
+    assert all(port_open(p) for p in ports.values())
+    pid = st["pid"]
+    assert isinstance(pid, int)
+    # (its sockets: the four ports, on loopback; the stock configuration opens a dozen)
+    listening = _listening(pid)
+    assert listening == {("127.0.0.1", p) for p in ports.values()}, listening
+    services.down(kafka=False, minio=False, progress=False)
+    assert services.status()["jaeger"]["running"] is False
+    assert not any(port_open(p) for p in ports.values())
+
+
+def _listening(pid: int) -> set[tuple[str, int]]:
+    """The (address, port) TCP sockets process ``pid`` listens on (Linux /proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        target = os.readlink(fd)
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:  # LISTEN
+                addr, port = f[1].split(":")
+                ip = ".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0)) if len(addr) == 8 else addr
+                out.add((ip, int(port, 16)))
+    return out
+
+
 def test_missing_build_tools_give_apt_hints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SFAAS_CACHE", str(tmp_path / "empty-cache"))
-    for module in (kafka_broker, minio_server):
+    for module in (kafka_broker, minio_server, jaeger_server):
         monkeypatch.setattr(module, "_which", lambda tool, extra=(): None)
     with pytest.raises(ServiceError, match="apt-get install maven"):
         services.ensure_kafka_libs(progress=False)
     with pytest.raises(ServiceError, match="apt-get install golang-go"):
         services.ensure_minio_binary(progress=False)
+    with pytest.raises(ServiceError, match="apt-get install golang-go"):
+        services.ensure_jaeger_binary(progress=False)
 
 
 def test_warm_cache_is_used_as_is() -> None:

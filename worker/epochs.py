@@ -28,7 +28,7 @@ import logging
 import time
 from typing import Any
 
-from sfaas.runtime import wire
+from sfaas.runtime import tracing, wire
 from sfaas.runtime.epochlog import EpochRecord
 from sfaas.runtime.kafka import Reachability
 from sfaas.runtime.settings import Settings
@@ -100,6 +100,8 @@ class EpochRunner:
         self._idle_reported = True
         self._age_sum = 0.0
         self._age_n = 0
+        #: when each epoch not yet committed began (``time.time_ns()``; only while tracing)
+        self._began_ns: dict[int, int] = {}
 
     # -- what the lease needs (``LeaseHost``) -----------------------------------------------------
     @property
@@ -149,6 +151,8 @@ class EpochRunner:
                         st.engine.epoch, extra={"worker": st.index})
             return None
         t0 = time.perf_counter()
+        if tracing.ON:
+            self._began_ns[begin.epoch] = time.time_ns()
         self._replay = begin.replay
         if begin.replay:  # the batch as logged, each item with the now it ran with (recovery)
             batch = st.loop.begin_replay(begin.epoch, st.take_replay(begin.epoch))
@@ -252,6 +256,8 @@ class EpochRunner:
             fates = await loop.commit(conflicts, aborts)
             self._reply(fates)
         self._metrics.committed(fates, self._state.answered, t0)
+        if tracing.ON:
+            self._traced(epoch, fates)
         self._world.committed(fates, self._replay)
         if marker is not None:
             self._snapshot(epoch, marker)
@@ -283,6 +289,26 @@ class EpochRunner:
                 continue
             self._egress.add(req.reply_partition, reply.encode(), f.item.partition, f.item.offset)
             st.applied_item(f.item)
+
+    def _traced(self, epoch: int, fates: list[Fate[Pending]]) -> None:
+        """A span of each decided request that carries its caller's trace context: its
+        execution here, from the epoch's begin to its reply (``sfaas.runtime.tracing``)."""
+        began = self._began_ns.get(epoch) or time.time_ns()
+        for e in [e for e in self._began_ns if e <= epoch]:  # (and any rolled back)
+            del self._began_ns[e]
+        for f in fates:
+            req = f.item.request
+            if req.traceparent is None:
+                continue
+            error = None if f.committed else f"{f.value[0]}: {f.value[1]}"[:200]
+            tracing.record(f"execute {req.operator}.{req.function}", req.traceparent,
+                           began, {
+                               "sfaas.request_id": req.rid, "sfaas.epoch": epoch,
+                               "sfaas.worker": self._state.index, "sfaas.tid": f.tid,
+                               "sfaas.attempts": f.item.attempts, "sfaas.replay": self._replay,
+                               "sfaas.fallback": f.fallback,
+                               "sfaas.outcome": "committed" if f.committed else "aborted"},
+                           error)
 
     def _diverged(self, req: wire.Request, before: wire.Reply, after: wire.Reply) -> None:
         """A replayed request answered otherwise than before the crash: say so, loudly."""

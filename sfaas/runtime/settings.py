@@ -100,6 +100,13 @@ class Settings:
     linger_ms: int = 0
     #: Logging level of the process.
     log_level: str = "INFO"
+    #: Log lines as ``text`` or ``json`` (JSON lines: a line's structured fields, and the
+    #: ``trace_id`` and ``span_id`` of the span current when it was logged, if any).
+    log_format: str = "text"
+    #: Export OpenTelemetry traces (``sfaas.runtime.tracing``), configured by the standard
+    #: ``OTEL_*`` variables (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_TRACES_SAMPLER``, …).
+    #: Off, nothing of OpenTelemetry is imported and no span is made.
+    tracing: bool = False
     #: The coordinator creates this file once all workers are ready (used by ``sfaas up``).
     ready_file: str = ""
     #: Seconds between snapshot rounds; 0 turns rounds off (benchmarks). A round costs what
@@ -297,6 +304,9 @@ class Settings:
         if self.fallback not in FALLBACK_PHASES:
             raise ConfigError("fallback (SFAAS_FALLBACK) must be cross (or 1), local or 0 (or "
                               f"off), got {self.fallback!r:.40}")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError("log_format (SFAAS_LOG_FORMAT) must be 'text' or 'json', "
+                              f"got {self.log_format!r:.40}")
         if self.background not in ("process", "thread"):
             raise ConfigError("background (SFAAS_BACKGROUND) must be 'process' or 'thread', "
                               f"got {self.background!r:.40}")

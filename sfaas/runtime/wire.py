@@ -322,13 +322,19 @@ class Request:
     #: request with the same (operator, key, function, idempotency key) gets the first's
     #: outcome without running (``sfaas.runtime.txn.internal``)
     idempotency_key: str | None = None
+    #: the caller's W3C trace context (``traceparent``, ``sfaas.runtime.tracing``): the
+    #: worker's span of this request joins the caller's trace
+    traceparent: str | None = None
 
     def encode(self) -> bytes:
-        """The record value (an eighth element only with an idempotency key)."""
+        """The record value (an eighth element only with an idempotency key or a trace
+        context, a ninth only with a trace context)."""
         fields = [self.rid, self.operator, self.key, self.function, self.args,
                   self.reply_partition, self.sent_at]
-        if self.idempotency_key is not None:
+        if self.idempotency_key is not None or self.traceparent is not None:
             fields.append(self.idempotency_key)
+        if self.traceparent is not None:
+            fields.append(self.traceparent)
         return msgpack.packb(fields, use_bin_type=True)  # type: ignore[no-any-return]
 
     @classmethod
@@ -339,10 +345,10 @@ class Request:
         except Exception as exc:
             raise BadRequest(
                 f"request record is not msgpack: {type(exc).__name__}: {exc}") from None
-        if not isinstance(fields, list) or len(fields) not in (7, 8):
-            raise BadRequest(f"request record must be a 7- or 8-element list, got "
+        if not isinstance(fields, list) or len(fields) not in (7, 8, 9):
+            raise BadRequest(f"request record must be a 7- to 9-element list, got "
                              f"{_brief(fields)}")
-        rid, op, key, fn, args, part, sent, idem = fields if len(fields) == 8 else (*fields, None)
+        rid, op, key, fn, args, part, sent, idem, trace = (*fields, None, None)[:9]
         if type(rid) is not str or not 0 < len(rid) <= MAX_RID:
             raise BadRequest(
                 f"request id must be a str of 1 to {MAX_RID} characters, got {_brief(rid)}")
@@ -365,7 +371,26 @@ class Request:
         if idem is not None and (type(idem) is not str or not 0 < len(idem) <= MAX_RID):
             raise BadRequest(f"request {rid}: the idempotency key must be a str of 1 to "
                              f"{MAX_RID} characters, got {_brief(idem)}")
-        return cls(rid, op, key, fn, args, part, float(sent or 0.0), idem)
+        if trace is not None and not _is_traceparent(trace):
+            raise BadRequest(f"request {rid}: traceparent must be a W3C traceparent "
+                             f"(00-<32 hex>-<16 hex>-<2 hex>), got {_brief(trace)}")
+        return cls(rid, op, key, fn, args, part, float(sent or 0.0), idem, trace)
+
+
+#: Longest ``traceparent`` a request may carry: version 00's is 55 characters; a later
+#: version may append fields (the W3C rule), which a reader ignores.
+MAX_TRACEPARENT = 256
+_HEX = frozenset("0123456789abcdef")
+
+
+def _is_traceparent(v: Any) -> bool:
+    """Whether ``v`` is a W3C ``traceparent`` this codec passes on: version, trace id,
+    parent id and flags in lower-case hex, separated by ``-``."""
+    if type(v) is not str or not 55 <= len(v) <= MAX_TRACEPARENT:
+        return False
+    parts = v[:55].split("-")
+    return [len(p) for p in parts] == [2, 32, 16, 2] and all(set(p) <= _HEX for p in parts) \
+        and (len(v) == 55 or v[55] == "-")
 
 
 @dataclass(slots=True)

@@ -31,21 +31,45 @@ from .strategies import deep, deep_values, hostile, mix, packed, values, wrong_f
 _rids = st.one_of(st.uuids().map(lambda u: u.hex), st.text(min_size=1, max_size=8))
 
 
+_hex = st.text("0123456789abcdef", min_size=1, max_size=32)
+#: W3C traceparents: well formed, or nearly (a field too short, upper case, text)
+_traceparents = st.one_of(
+    st.tuples(st.just("00"), _hex.map(lambda h: h.rjust(32, "0")),
+              _hex.map(lambda h: h[:16].rjust(16, "1")), st.sampled_from(["01", "00"]))
+    .map("-".join),
+    st.tuples(st.just("00"), _hex, _hex, st.just("01")).map("-".join),
+    st.text(max_size=60), st.just("00-" + "A" * 32 + "-" + "b" * 16 + "-01"))
+
+
 def request_fields() -> st.SearchStrategy[list[Any]]:
-    return st.tuples(
+    head = st.tuples(
         _rids, st.sampled_from(OPERATORS), st.sampled_from(["k1", "k2", "k3", "k4", ""]), st.sampled_from(FUNCTIONS),
         st.one_of(st.lists(values(6), max_size=3), st.just([deep(70)]), st.just(list(range(MAX_ARGS + 1)))),
         st.integers(0, PARTITIONS + 1), st.one_of(st.floats(0, 2e9), st.none()),
     ).map(list)
+    # (an idempotency key, and a trace context after it: the record's optional tail)
+    idem = st.one_of(st.none(), _rids)
+    traced = st.tuples(idem, _traceparents).map(list)
+    tail = st.one_of(st.just([]), idem.map(lambda k: [k]), traced, traced)
+    return st.tuples(head, tail).map(lambda ht: ht[0] + ht[1])
 
 
 def valid_records() -> st.SearchStrategy[bytes]:
     return request_fields().map(lambda f: msgpack.packb(f, use_bin_type=True))
 
 
+def traced_records() -> st.SearchStrategy[bytes]:
+    """Requests whose other fields pass, with a trace context well formed or not."""
+    return st.tuples(_rids, st.sampled_from(OPERATORS), st.sampled_from(["k1", "k2"]),
+                     st.sampled_from(FUNCTIONS), st.lists(values(3), max_size=2),
+                     st.integers(0, PARTITIONS - 1), st.floats(0, 2e9), st.one_of(st.none(), _rids),
+                     _traceparents).map(lambda f: msgpack.packb(list(f), use_bin_type=True))
+
+
 def records() -> st.SearchStrategy[bytes | None]:
     return mix(
         (4, valid_records()),
+        (1, traced_records()),
         (5, hostile(valid_records(), packed(wrong_fields(request_fields())), packed(deep_values()))),
         (1, st.just(None)),
     )
@@ -53,7 +77,7 @@ def records() -> st.SearchStrategy[bytes | None]:
 
 @pytest.mark.spread(accepted=["request"],
                     min_accepted=0.1,
-                    stages=["not msgpack", "element", "request id must be", "must be a str", "more than the limit", "arguments nest more than"])
+                    stages=["not msgpack", "element", "request id must be", "must be a str", "more than the limit", "arguments nest more than", "traceparent must be"])
 @fuzz(share=0.5)
 @given(data=records())
 def test_request_decode_gives_a_request_or_bad_request(data: bytes | None, outcomes: Outcomes) -> None:

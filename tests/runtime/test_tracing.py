@@ -1,0 +1,105 @@
+"""Tracing (issue 50) without a cluster: off costs no import; on, the W3C trace context
+goes from a span into a request record and back out of it; the JSON log lines name the
+current span; the request record stays readable by and for peers that predate it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from sfaas.errors import BadRequest, ConfigError
+from sfaas.runtime import wire
+from sfaas.runtime.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def _python(code: str, **env: str) -> str:
+    """Run ``code`` in a fresh interpreter of this checkout; its standard output."""
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("OTEL_", "SFAAS_TRACING", "SFAAS_LOG_FORMAT"))}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, env={**clean, "PYTHONPATH": str(ROOT), **env}, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_tracing_off_imports_no_opentelemetry_module() -> None:
+    loaded = json.loads(_python(
+        "import sys, json\n"
+        "import sfaas, sfaas.client, gateway.app, worker.epochs, launcher.commands\n"
+        "from sfaas.runtime import tracing\n"
+        "from sfaas.runtime.settings import Settings\n"
+        "from sfaas.client import Client\n"
+        "assert tracing.setup(Settings.load(), 'probe') is False\n"
+        "Client('bank')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('opentelemetry'))))",
+        SFAAS_TRACING="0").splitlines()[-1])
+    assert loaded == []
+
+
+def test_tracing_on_carries_the_callers_trace_into_the_request_and_the_log_line() -> None:
+    out = _python(
+        "import logging, sys, time\n"
+        "from sfaas.runtime import tracing, wire\n"
+        "from sfaas.runtime.jsonlog import JsonLines\n"
+        "from sfaas.runtime.settings import Settings\n"
+        "h = logging.StreamHandler(sys.stdout); h.setFormatter(JsonLines())\n"
+        "logging.basicConfig(level=logging.INFO, handlers=[h])\n"
+        "assert tracing.setup(Settings.load(), 'probe') is True\n"
+        f"with tracing.span('POST /v1', 'server', {{'traceparent': {TRACEPARENT!r}}}):\n"
+        "    tp = tracing.traceparent()\n"
+        "    rec = wire.Request('r1', 'op', 'k', 'f', [], 0, 1.0, None, tp).encode()\n"
+        "    logging.getLogger('probe').info('sent', extra={'worker': 3})\n"
+        "req = wire.Request.decode(rec)\n"
+        "tracing.record('execute op.f', req.traceparent, time.time_ns(), {'sfaas.epoch': 1})\n"
+        "print('TP', req.traceparent)\n",
+        SFAAS_TRACING="1", OTEL_TRACES_EXPORTER="none")
+    line = json.loads(next(x for x in out.splitlines() if '"sent"' in x))
+    tp = next(x for x in out.splitlines() if x.startswith("TP ")).split()[1]
+    trace_id = TRACEPARENT.split("-")[1]
+    # the span joined the caller's trace, and the request record carries it on
+    assert tp.split("-")[1] == trace_id and tp.split("-")[2] != TRACEPARENT.split("-")[2]
+    assert (line["trace_id"], line["span_id"]) == (trace_id, tp.split("-")[2])
+    assert (line["message"], line["level"], line["logger"], line["worker"]) == \
+        ("sent", "INFO", "probe", 3)
+
+
+def test_a_request_without_a_trace_context_encodes_as_before() -> None:
+    plain = wire.Request("r", "op", "k", "f", [1], 2, 3.0)
+    keyed = wire.Request("r", "op", "k", "f", [1], 2, 3.0, "idem")
+    assert msgpack.unpackb(plain.encode()) == ["r", "op", "k", "f", [1], 2, 3.0]
+    assert msgpack.unpackb(keyed.encode()) == ["r", "op", "k", "f", [1], 2, 3.0, "idem"]
+    traced = wire.Request("r", "op", "k", "f", [1], 2, 3.0, None, TRACEPARENT)
+    assert msgpack.unpackb(traced.encode())[7:] == [None, TRACEPARENT]
+    for req in (plain, keyed, traced):
+        assert wire.Request.decode(req.encode()) == req
+
+
+@pytest.mark.parametrize("bad", [
+    "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",  # upper case
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",  # no flags
+    TRACEPARENT + "x",  # more, without the '-' a later version puts first
+    "0" * 300, 17,
+])
+def test_a_malformed_trace_context_is_a_bad_request_naming_it(bad: object) -> None:
+    record = msgpack.packb(["r", "op", "k", "f", [], 0, 1.0, None, bad])
+    with pytest.raises(BadRequest, match="traceparent must be a W3C traceparent"):
+        wire.Request.decode(record)
+    later = wire.Request.decode(msgpack.packb(["r", "op", "k", "f", [], 0, 1.0, None,
+                                               TRACEPARENT + "-more"]))
+    assert later.traceparent == TRACEPARENT + "-more"
+
+
+def test_the_log_format_setting_is_checked() -> None:
+    assert Settings.load(env={"SFAAS_LOG_FORMAT": "json"}).log_format == "json"
+    assert Settings.load(env={"SFAAS_TRACING": "1"}).tracing is True
+    with pytest.raises(ConfigError, match="log_format .SFAAS_LOG_FORMAT. must be 'text' or"):
+        Settings.load(env={"SFAAS_LOG_FORMAT": "yaml"})

@@ -1,0 +1,123 @@
+"""One request's trace on a real cluster (issue 50): Jaeger started the way a user starts it
+(``launcher.services``, what ``sfaas services up --tracing`` runs), a 2-worker cluster and
+a gateway with ``SFAAS_TRACING=1``, a call through the gateway carrying a W3C
+``traceparent``; Jaeger's query API must then hold one trace with that id: the gateway's
+server span (a child of the caller's span), the client's span, and the worker's span of the
+request's execution, with its epoch, worker and request id."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher import cluster, services
+from launcher.services import Endpoints, ServiceError
+from tests.gateway.conftest import APP, app_cluster, gateway
+
+#: Seconds the spans may take from the processes to Jaeger's query API (the processes
+#: export every 200 ms here: OTEL_BSP_SCHEDULE_DELAY).
+ARRIVAL = 30.0
+
+
+@pytest.fixture(scope="module")
+def jaeger() -> Iterator[Endpoints]:
+    """A running local Jaeger (stopped afterwards if this fixture started it)."""
+    cm = services.using(tracing=True)
+    try:
+        ep = cm.__enter__()
+    except ServiceError as e:
+        pytest.fail(f"could not start Jaeger: {e}", pytrace=False)
+    try:
+        yield ep
+    finally:
+        cm.__exit__(None, None, None)
+
+
+def _trace(jaeger: Endpoints, trace_id: str) -> dict[str, Any] | None:
+    """The trace ``trace_id`` as Jaeger's query API gives it (None: not there yet)."""
+    try:
+        with urllib.request.urlopen(f"{jaeger.jaeger_url}/api/traces/{trace_id}",
+                                    timeout=5) as resp:
+            traces = json.loads(resp.read())["data"] or []
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+    return traces[0] if traces else None
+
+
+def _spans(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    """The trace's spans, each with ``service`` (its process's service name) and ``tags``
+    as a dict."""
+    out = []
+    for sp in trace["spans"]:
+        out.append({**sp, "service": trace["processes"][sp["processID"]]["serviceName"],
+                    "tags": {t["key"]: t["value"] for t in sp["tags"]}})
+    return out
+
+
+def _wait_for_spans(jaeger: Endpoints, trace_id: str) -> list[dict[str, Any]]:
+    """The trace's spans once it holds the gateway's and a worker's (or what it holds
+    after :data:`ARRIVAL` seconds)."""
+    deadline = time.monotonic() + ARRIVAL
+    spans: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        trace = _trace(jaeger, trace_id)
+        spans = _spans(trace) if trace else []
+        services_seen = {s["service"] for s in spans}
+        if "sfaas-gateway" in services_seen \
+                and any(s.startswith("sfaas-worker-") for s in services_seen):
+            return spans
+        time.sleep(0.3)
+    return spans
+
+
+@pytest.mark.timeout(900)  # (a first run builds Jaeger: several minutes)
+def test_a_call_through_the_gateway_is_one_trace_from_the_caller_to_the_worker(
+        kafka: Any, minio: Any, jaeger: Endpoints, tmp_path: Path) -> None:
+    trace_id, caller = secrets.token_hex(16), secrets.token_hex(8)
+    with pytest.MonkeyPatch.context() as mp:
+        # (read by sfaas up's coordinator and workers and by the gateway, as a user sets them)
+        mp.setenv("SFAAS_TRACING", "1")
+        mp.setenv("SFAAS_LOG_FORMAT", "json")
+        mp.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp_endpoint)
+        mp.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
+        mp.delenv("OTEL_SERVICE_NAME", raising=False)
+        mp.delenv("OTEL_TRACES_SAMPLER", raising=False)
+        with app_cluster(kafka, minio, tmp_path, APP) as cs, gateway(cs, tmp_path) as gw:
+            status, doc = gw.call("accounts", "traced-alice", "deposit", 5,
+                                  headers={"traceparent": f"00-{trace_id}-{caller}-01"})
+            assert (status, doc) == (200, {"result": 5})
+            spans = _wait_for_spans(jaeger, trace_id)
+            worker_log = "\n".join(p.read_text() for p in cluster.state_dir(cs).glob("w*.log"))
+
+    brief = [(s["service"], s["operationName"]) for s in spans]
+    assert all(s["traceID"] == trace_id for s in spans), brief
+    by_name = {s["operationName"]: s for s in spans}
+    server = by_name.get("POST /v1/{app}/{operator}/{key}/{function}")
+    assert server is not None and server["service"] == "sfaas-gateway", brief
+    assert [r["spanID"] for r in server["references"]] == [caller]  # the caller's child
+    assert (server["tags"]["http.response.status_code"], server["tags"]["span.kind"],
+            server["tags"]["url.path"]) == (200, "server", "/v1/gwshop/accounts/traced-alice/deposit")
+    client = by_name.get("call accounts.deposit")
+    assert client is not None and client["service"] == "sfaas-gateway", brief
+    assert [r["spanID"] for r in client["references"]] == [server["spanID"]]
+    executed = by_name.get("execute accounts.deposit")
+    assert executed is not None and executed["service"].startswith("sfaas-worker-"), brief
+    assert [r["spanID"] for r in executed["references"]] == [client["spanID"]]
+    tags = executed["tags"]
+    assert tags["sfaas.request_id"] == client["tags"]["sfaas.request_id"]
+    assert isinstance(tags["sfaas.epoch"], int) and tags["sfaas.epoch"] >= 1, tags
+    assert tags["sfaas.worker"] in (0, 1) and tags["sfaas.outcome"] == "committed", tags
+    # the workers logged JSON lines (SFAAS_LOG_FORMAT=json), through the structured fields
+    lines = [json.loads(x) for x in worker_log.splitlines() if x.startswith("{")]
+    assert any(x["logger"].startswith("sfaas") and "message" in x for x in lines), \
+        worker_log[-2000:]
