@@ -86,7 +86,7 @@ class Heartbeat(Message):
     sent: float = 0.0
     #: seconds since a Kafka broker last answered the worker's probes (a TCP connection to
     #: each broker in turn; ``sfaas.runtime.kafka.Reachability``): a worker cut from Kafka
-    #: and not from the coordinator is replaced (``coordinator.membership``)
+    #: and not from the coordinator is replaced (``coordinator.watchdog``)
     kafka_silent: float = 0.0
 
 
