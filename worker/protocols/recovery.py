@@ -151,9 +151,8 @@ class Recovery:
 
     async def recover(self, msg: wire.Recover) -> list[wire.LoggedEpoch]:
         """Roll back to round ``msg.round``; returns the logged epochs to replay."""
-        st, s = self._state, self._settings
+        st, s, me = self._state, self._settings, self._state.index
         assert st.engine is not None and st.loop is not None
-        me = st.index
         steps: dict[str, float] = {}  # where this recovery's time went (logged at the end)
         t = time.perf_counter()
 
