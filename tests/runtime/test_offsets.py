@@ -121,6 +121,16 @@ def _wired(snapshot_interval: float, uplink: Any) -> Any:
     return w
 
 
+async def _delivered(w: Any) -> None:
+    """Once the reply transaction under way has handed its records over, deliver them."""
+    for _ in range(1000):
+        if w.producer.waiting:
+            w.producer.deliver()
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("no reply was handed to the producer")
+
+
 async def test_worker_commits_completed_offsets_only() -> None:
     """A re-running request keeps the committed offset below it; failed replies too."""
     w = _wired(0, SimpleNamespace(closed=False))
@@ -134,7 +144,7 @@ async def test_worker_commits_completed_offsets_only() -> None:
     await asyncio.sleep(0)
     await w.egress.commit_offsets()
     assert w.consumer.commits == [{3: 100}]  # nothing acknowledged yet
-    w.producer.deliver()
+    await _delivered(w)
     await flushing
     assert w.offsets.in_flight == 1 and w.offsets.outstanding(3) == 1  # 101..103 completed
     await w.egress.commit_offsets()
@@ -144,8 +154,7 @@ async def test_worker_commits_completed_offsets_only() -> None:
     w.producer.commit_error = RuntimeError("broker down")
     w.egress.add(0, b"reply", 3, 100)
     flushing = asyncio.ensure_future(w.egress.flush())
-    await asyncio.sleep(0)
-    w.producer.deliver()
+    await _delivered(w)
     await flushing
     await w.egress.commit_offsets()
     assert len(w.consumer.commits) == 1
@@ -163,8 +172,7 @@ async def test_a_reply_that_cannot_be_delivered_makes_the_worker_leave_for_a_rec
     w.offsets.take(3, 101)
     w.egress.add(0, b"reply", 3, 100)
     flushing = asyncio.ensure_future(w.egress.flush())
-    await asyncio.sleep(0)
-    w.producer.deliver()
+    await _delivered(w)
     await flushing
     assert closed == [] and w.offsets.in_flight == 1
     w.egress.add(0, b"reply", 3, 101)
