@@ -201,7 +201,7 @@ class EpochRunner:
                           begin.epoch, exc, extra={"worker": st.index})
                 self._uplink.close()
                 return
-            st.log_pos = md.offset + 1
+            st.logged(md.offset + 1)
         self._calls.reported_epoch = begin.epoch
         self._metrics.executed(t0)
         self.report()

@@ -154,7 +154,7 @@ class Ingress:
         self._next.clear()  # (the group's positions: known from the first record on)
         if record_start:
             for tp in tps:
-                st.start_offsets[tp.partition] = await consumer.position(tp)
+                st.started_at(tp.partition, await consumer.position(tp))
             self.start()
 
     async def resume(self, gained: Mapping[int, int], skip: dict[int, list[int]] | None = None,
@@ -167,7 +167,8 @@ class Ingress:
         at: dict[int, int] = {}
         for p in st.mine():
             if p in gained:
-                at[p] = st.start_offsets[p] = gained[p]
+                at[p] = gained[p]
+                st.started_at(p, gained[p])
             else:
                 taken = st.offsets.next_offset(p)
                 at[p] = taken if taken is not None else st.start_offsets[p]
@@ -258,7 +259,8 @@ class Ingress:
                     if retry is None:
                         loop.queue.append(item)
                     else:  # a re-run waiting at the rescale's round: it keeps its tid and now
-                        tid, item.now, item.journal = retry
+                        tid, now, journal = retry
+                        item.rerun(now, journal)
                         loop.sequencer.requeue(tid, item)
                     got = True
             if got:

@@ -107,8 +107,7 @@ class World:
         assert loop is not None
         if self.replaying:
             self.replay_over()
-        if not self._state.reads_open:
-            self._state.reads_open = True
+        if self._state.open_reads():
             self._reads_open()
         if not self.timers.due(now):
             return
@@ -175,7 +174,7 @@ class World:
         item = loop.find(msg.tid)
         if item is None:
             return
-        item.journal[msg.key] = [msg.ok, msg.value]
+        item.journaled(msg.key, [msg.ok, msg.value])
         if loop.resume(msg.tid):
             self._arrived()
 
@@ -201,7 +200,7 @@ class World:
     def recovering(self) -> None:
         """A recovery rolls back: stop the actions, follow the replay without acting."""
         self.replaying = True
-        self._state.reads_open = False  # the stores go back to the round: behind the replies
+        self._state.close_reads()  # the stores go back to the round: behind the replies
         self.actions.live = False
         self.actions.stop_all()
         self.effects.begin_epoch()

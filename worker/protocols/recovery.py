@@ -122,7 +122,7 @@ class Recovery:
     async def run(self, msg: wire.Recover) -> None:
         """Recover for ``msg``; answer ``Recovered`` (with the error, if it failed)."""
         st = self._state
-        st.recovery = msg.attempt
+        st.recovering(msg.attempt)
         try:
             epochs = await self.recover(msg)
         except Exception as exc:
@@ -282,8 +282,8 @@ class Recovery:
             await turn()
             if key in waiting:
                 # (a logged re-run's record says the same now; its journal as of the cut)
-                tid, item.now, item.journal = waiting[key]
-                item.journal = dict(item.journal)
+                tid, now, journal = waiting[key]
+                item.rerun(now, journal)
                 loop.sequencer.requeue(tid, item)
             elif key not in in_log:
                 loop.queue.append(item)

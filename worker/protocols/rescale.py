@@ -127,7 +127,7 @@ class Moving:
         if keep:
             await self._ingress.resume({})
         else:
-            st.retired = True
+            st.retire()
         log.info("released partitions %s at round %d", lost, msg.round, extra={"worker": st.index})
         return wire.Released(st.index, "")
 
