@@ -57,10 +57,6 @@ class Pending:
         """Its effect ``key`` finished with ``outcome``."""
         self.journal[key] = outcome
 
-    def ran_at(self, now: float) -> None:
-        """It ran with ``now`` (a replay gives it the one logged)."""
-        self.now = now
-
     @property
     def direct(self) -> bool:
         """Whether a client sent it straight to this worker (no ingress position)."""
