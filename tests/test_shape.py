@@ -22,9 +22,7 @@ MAX_FUNCTION_LINES = 70
 #: ratchet: issue 49 — functions over the limit in files another change is rewriting now
 #: (the request path, the worker, the settings), at their size at 940f456. Each may only
 #: shrink: lower its number when it does, and delete its line once it is under the limit.
-RATCHET = {
-    "worker/protocols/recovery.py:Recovery.recover": 137,
-}
+RATCHET: dict[str, int] = {}
 
 
 def _python_files(*tops: str) -> list[Path]:

@@ -7,8 +7,8 @@ state's classes (``x.field = …``, ``x.field += …``, ``x.a, x.b = …``, ``x.
 outside the state's module fails the test, naming the file, the line and the field.
 A method called on a field (``m.ready.set()``) is not an assignment and is not counted.
 
-The worker's ``WorkerState`` takes the same check (issue 49); it is expected to fail
-until the worker's writes move into ``worker/state.py``.
+The worker's ``WorkerState`` and ``Pending`` take the same check (issue 49): their fields
+change only through ``worker/state.py``'s methods.
 """
 
 from __future__ import annotations
@@ -136,10 +136,7 @@ def _module(root: Path, path: Path) -> str:
 
 @pytest.mark.parametrize("owned", [
     pytest.param(COORDINATOR, id="coordinator"),
-    pytest.param(WORKER, id="worker", marks=pytest.mark.xfail(
-        strict=True, reason="issue 49: the worker's parts still write its state (15 writes "
-                            "at ca64a8a: 9 of WorkerState's fields, log_pos from two rooms, "
-                            "and 6 of Pending's)")),
+    pytest.param(WORKER, id="worker"),
 ])
 def test_only_the_owner_module_writes_the_state(owned: Owned) -> None:
     writes = outside_writes(ROOT, owned)

@@ -46,6 +46,7 @@ from sfaas.runtime.epochlog import CutRecord
 from sfaas.runtime.partitioning import partition_of
 from sfaas.runtime.protocols.reads import NOT_HERE
 from sfaas.runtime.txn.reads import READS
+from worker.needs import WorkArrived
 from worker.state import Pending, WorkerState
 
 log = logging.getLogger("sfaas.worker.direct")
@@ -72,11 +73,12 @@ class _Entry:
 class DirectIngress:
     """The direct requests of one worker (see the module docstring).
 
-    ``arrived()``: requests were queued (the epochs may need waking); ``limit``: pending
-    entries at most; ``retention``: seconds an unacknowledged reply is kept.
+    ``arrived.work_arrived()``: requests were queued (the epochs may need waking; given here
+    or by :meth:`wakes`); ``limit``: pending entries at most; ``retention``: seconds an
+    unacknowledged reply is kept.
     """
 
-    def __init__(self, state: WorkerState, arrived: Callable[[], None], limit: int,
+    def __init__(self, state: WorkerState, arrived: WorkArrived | None, limit: int,
                  retention: float, read: Callable[[wire.Read], wire.ReadReply]) -> None:
         self._state = state
         self._arrived = arrived
@@ -99,6 +101,10 @@ class DirectIngress:
         self.copies = 0
         self.answered = 0
         self.turned_away = 0
+
+    def wakes(self, epochs: WorkArrived) -> None:
+        """Requests taken wake ``epochs`` (a loop between parts: ``worker.service``)."""
+        self._arrived = epochs
 
     # -- a client's channel ---------------------------------------------------------------------
     async def serve(self, chan: channels.Channel, first: list[wire.Message]) -> None:
@@ -123,7 +129,8 @@ class DirectIngress:
                         assert isinstance(m, wire.Acked)
                         self.acked(m.rids)
                 if took:
-                    self._arrived()
+                    assert self._arrived is not None, "DirectIngress.wakes: not wired"
+                    self._arrived.work_arrived()
                 if self._pending >= self.limit:
                     self._room.clear()
                     await self._room.wait()

@@ -49,6 +49,7 @@ from sfaas.runtime.kafka import make_producer
 from sfaas.runtime.settings import Settings
 from worker.clients import DESYNCED, RENEW_PATIENCE, RESENDS, start_kafka
 from worker.fence import Fenced, FenceLease
+from worker.needs import Completions
 from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker")
@@ -91,12 +92,13 @@ class Clients(Protocol):
 class Egress:
     """One worker's replies and offset commits (see module docstring).
 
-    ``completed(partition, offset)``: the request read there completed (its reply is
-    committed).
+    ``completed.complete(partition, offset)``: the request read there completed (its reply
+    is committed; the ingress fills the port, ``worker.needs.Completions``, given here or —
+    the ingress being built after the egress — by :meth:`completes`).
     """
 
     def __init__(self, settings: Settings, state: WorkerState, kafka: Clients, uplink: Uplink,
-                 completed: Callable[[int, int], None], lease: FenceLease | None = None) -> None:
+                 completed: Completions | None = None, lease: FenceLease | None = None) -> None:
         self._settings = settings
         self._rounds_on = settings.snapshot_interval > 0
         #: replies leave, and offsets are committed, only under the lease (``worker.fence``)
@@ -153,6 +155,15 @@ class Egress:
         """Queue one reply to the request read at ingress ``partition:offset`` (-1: none)."""
         self.replies.append((reply_partition, value, partition, offset))
         self.event.set()
+
+    def completes(self, ingress: Completions) -> None:
+        """Acknowledged replies complete their requests in ``ingress`` (a loop between
+        parts, closed once both exist: ``worker.service``)."""
+        self._completed = ingress
+
+    def acked_offsets(self) -> dict[int, int]:
+        """Egress partition → the offset after this process's last acknowledged reply."""
+        return dict(self.acked)
 
     async def run(self) -> None:
         """Produce queued replies as they come (the worker's egress task)."""
@@ -262,7 +273,8 @@ class Egress:
         if md.offset + 1 > self.acked.get(md.partition, 0):
             self.acked[md.partition] = md.offset + 1
         if offset >= 0:
-            self._completed(partition, offset)
+            assert self._completed is not None, "Egress.completes: not wired"
+            self._completed.complete(partition, offset)
 
     def _failed(self, partition: int, offset: int, exc: BaseException) -> None:
         if self._rounds_on and not self._uplink.closed:

@@ -58,6 +58,7 @@ import time
 from collections.abc import Callable
 
 from sfaas.errors import EXIT_FENCED
+from sfaas.runtime import wire
 
 log = logging.getLogger("sfaas.worker")
 
@@ -117,6 +118,10 @@ class FenceLease:
         self._waiting = False
         self._renewed.set()
         self._renewed = asyncio.Event()
+
+    def alive(self, msg: wire.Alive) -> None:
+        """The coordinator's ``Alive`` (read by ``CoordinatorLink``)."""
+        self.on_alive(msg.index, msg.generation, msg.sent)
 
     def on_alive(self, index: int, generation: int, sent: float) -> None:
         """The coordinator's ``Alive``."""

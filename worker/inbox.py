@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from sfaas.errors import ChannelClosed
 from sfaas.runtime import wire
 from worker.links import CoordinatorLink
-from worker.tasks import Tasks
+from worker.needs import Commits, Directions, Spawner
+from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker")
 
@@ -21,75 +21,98 @@ __all__ = ["CoordinatorInbox"]
 
 
 class CoordinatorInbox:
-    """Reads the coordinator's channel and hands each message on.
-
-    ``commit(msg)`` commits an epoch; ``waits_on_peers(msg)``: that Commit's fallback phase
-    may wait on peers; ``handle(msg)`` acts on any other message (False: stop following);
-    ``index()``: this worker's slot (for the logs).
+    """Reads the coordinator's channel and hands each message on: a Commit to ``epochs``
+    (run as a task when its fallback phase may wait on peers), any other message to
+    ``directions`` (ports of ``worker.needs``); ``state``: this worker's slot, for the logs.
     """
 
-    def __init__(
-        self, uplink: CoordinatorLink, tasks: Tasks, *,
-        commit: Callable[[wire.Commit], Coroutine[Any, Any, None]],
-        waits_on_peers: Callable[[wire.Commit], bool],
-        handle: Callable[[wire.Message], Awaitable[bool]], index: Callable[[], int],
-    ) -> None:
+    def __init__(self, uplink: CoordinatorLink, tasks: Spawner, *, epochs: Commits,
+                 directions: Directions, state: WorkerState) -> None:
         self._uplink = uplink
         self._tasks = tasks
-        self._commit = commit
-        self._waits_on_peers = waits_on_peers
-        self._handle = handle
-        self._index = index
+        self._epochs = epochs
+        self._directions = directions
+        self._state = state
 
     async def follow(self) -> bool:
         """Act on the coordinator's messages until told to stop (False) or the channel
         closed (True: the coordinator is lost)."""
-        inbox: collections.deque[wire.Message] = collections.deque()
-        recv: asyncio.Future[list[wire.Message]] | None = None
-        commit: asyncio.Future[Any] | None = None
+        f = _Following(self._uplink)
         try:
             while True:
-                if not inbox or commit is not None:
-                    if recv is None:
-                        recv = asyncio.ensure_future(self._uplink.recv())
-                    if commit is None:
-                        try:
-                            await recv  # (cheaper than asyncio.wait; its outcome is read below)
-                        except Exception:  # noqa: S110 - ChannelClosed, handled below
-                            pass
-                    else:
-                        either: set[asyncio.Future[Any]] = {recv, commit}
-                        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-                    if recv.done():
-                        got, recv = recv, None
-                        try:
-                            inbox.extend(got.result())
-                        except ChannelClosed:
-                            log.error("lost the coordinator", extra={"worker": self._index()})
-                            return True
-                    if commit is not None and any(isinstance(m, wire.Recover) for m in inbox):
-                        commit.cancel()  # the recovery rolls its epoch back anyway
-                        await asyncio.gather(commit, return_exceptions=True)
-                        commit = None
-                        inbox = _drop_rolled_back(inbox)
-                    if commit is not None:
-                        if not commit.done():
-                            continue
-                        done, commit = commit, None
-                        if not done.cancelled():
-                            done.result()  # a failed commit is a bug: stop loudly
-                    if not inbox:
+                if not f.inbox or f.commit is not None:
+                    if not await f.fill():
+                        log.error("lost the coordinator", extra={"worker": self._state.index})
+                        return True
+                    if not await f.settle():
                         continue
-                msg = inbox.popleft()
-                if isinstance(msg, wire.Commit) and not self._waits_on_peers(msg):
-                    await self._commit(msg)  # no cross-worker phase: nothing to wait for on peers
-                elif isinstance(msg, wire.Commit):
-                    commit = self._tasks.spawn(self._commit(msg))  # a recovery cancels it
-                elif not await self._handle(msg):
+                if not await self._act(f.inbox.popleft(), f):
                     return False
         finally:
-            if recv is not None:
-                recv.cancel()
+            f.close()
+
+    async def _act(self, msg: wire.Message, f: _Following) -> bool:
+        """Act on ``msg``; False: stop following."""
+        if isinstance(msg, wire.Commit) and not self._epochs.waits_on_peers(msg):
+            await self._epochs.commit(msg)  # no cross-worker phase: nothing to wait for on peers
+        elif isinstance(msg, wire.Commit):
+            f.commit = self._tasks.spawn(self._epochs.commit(msg))  # a recovery cancels it
+        elif not await self._directions.handle(msg):
+            return False
+        return True
+
+
+class _Following:
+    """The messages read and not yet acted on, the read under way and the Commit running
+    as a task (if any)."""
+
+    def __init__(self, uplink: CoordinatorLink) -> None:
+        self._uplink = uplink
+        self.inbox: collections.deque[wire.Message] = collections.deque()
+        self.recv: asyncio.Future[list[wire.Message]] | None = None
+        self.commit: asyncio.Future[Any] | None = None
+
+    async def fill(self) -> bool:
+        """Wait for the coordinator's next messages (or the running Commit's end) and add
+        them to the inbox; False: the channel closed."""
+        if self.recv is None:
+            self.recv = asyncio.ensure_future(self._uplink.recv())
+        recv = self.recv
+        if self.commit is None:
+            try:
+                await recv  # (cheaper than asyncio.wait; its outcome is read below)
+            except Exception:  # noqa: S110 - ChannelClosed, handled below
+                pass
+        else:
+            either: set[asyncio.Future[Any]] = {recv, self.commit}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if recv.done():
+            self.recv = None
+            try:
+                self.inbox.extend(recv.result())
+            except ChannelClosed:
+                return False
+        return True
+
+    async def settle(self) -> bool:
+        """A Recover cancels the running Commit (the recovery rolls its epoch back anyway);
+        one that failed raises (a bug: stop loudly). True: a message may be acted on now."""
+        if self.commit is not None and any(isinstance(m, wire.Recover) for m in self.inbox):
+            self.commit.cancel()
+            await asyncio.gather(self.commit, return_exceptions=True)
+            self.commit = None
+            self.inbox = _drop_rolled_back(self.inbox)
+        if self.commit is not None:
+            if not self.commit.done():
+                return False
+            done, self.commit = self.commit, None
+            if not done.cancelled():
+                done.result()  # a failed commit is a bug: stop loudly
+        return bool(self.inbox)
+
+    def close(self) -> None:
+        if self.recv is not None:
+            self.recv.cancel()
 
 
 def _drop_rolled_back(inbox: collections.deque[wire.Message]) -> collections.deque[wire.Message]:

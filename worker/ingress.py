@@ -49,6 +49,7 @@ from sfaas.runtime.partitioning import partition_of
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.txn.engine import describe
 from sfaas.runtime.txn.reads import READS, read
+from worker.needs import WorkArrived
 from worker.state import Pending, WorkerState
 
 log = logging.getLogger("sfaas.worker")
@@ -87,11 +88,12 @@ class Consumer(Protocol):
 class Ingress:
     """The ingest task of one worker and its in-flight limit (see module docstring).
 
-    ``arrived()`` is called when a fetch brought requests (the epochs may need waking).
+    ``arrived.work_arrived()`` is called when a fetch brought requests (the epochs may need
+    waking; ``worker.needs.WorkArrived``, given here or by :meth:`wakes`).
     """
 
     def __init__(self, settings: Settings, state: WorkerState, kafka: Consumer, replies: Replies,
-                 arrived: Callable[[], None],
+                 arrived: WorkArrived | None = None,
                  on_failure: Callable[[BaseException], None] = _leave) -> None:
         self._max_batch = settings.max_batch
         self._on_failure = on_failure
@@ -117,6 +119,10 @@ class Ingress:
         self.reads = 0
         self._held_reads: list[tuple[int, int, wire.Request]] = []
         self._task: asyncio.Task[None] | None = None
+
+    def wakes(self, epochs: WorkArrived) -> None:
+        """Requests taken wake ``epochs`` (a loop between parts: ``worker.service``)."""
+        self._arrived = epochs
 
     # -- the ingest task --------------------------------------------------------------------------
     def start(self) -> None:
@@ -154,7 +160,7 @@ class Ingress:
         self._next.clear()  # (the group's positions: known from the first record on)
         if record_start:
             for tp in tps:
-                st.start_offsets[tp.partition] = await consumer.position(tp)
+                st.started_at(tp.partition, await consumer.position(tp))
             self.start()
 
     async def resume(self, gained: Mapping[int, int], skip: dict[int, list[int]] | None = None,
@@ -167,7 +173,8 @@ class Ingress:
         at: dict[int, int] = {}
         for p in st.mine():
             if p in gained:
-                at[p] = st.start_offsets[p] = gained[p]
+                at[p] = gained[p]
+                st.started_at(p, gained[p])
             else:
                 taken = st.offsets.next_offset(p)
                 at[p] = taken if taken is not None else st.start_offsets[p]
@@ -258,11 +265,13 @@ class Ingress:
                     if retry is None:
                         loop.queue.append(item)
                     else:  # a re-run waiting at the rescale's round: it keeps its tid and now
-                        tid, item.now, item.journal = retry
+                        tid, now, journal = retry
+                        item.rerun(now, journal)
                         loop.sequencer.requeue(tid, item)
                     got = True
             if got:
-                self._arrived()
+                assert self._arrived is not None, "Ingress.wakes: not wired"
+                self._arrived.work_arrived()
 
     # -- one record -------------------------------------------------------------------------
     def take(self, partition: int, offset: int, value: bytes | None,

@@ -114,6 +114,10 @@ class CoordinatorLink:
     def closed(self) -> bool:
         return self.channel is None or bool(self.channel.closed)
 
+    def is_closed(self) -> bool:
+        """:attr:`closed`, as a function (the fence reads it)."""
+        return self.closed
+
     def send(self, msg: wire.Message) -> None:
         if self.channel is None:
             raise ChannelClosed("not connected to the coordinator")

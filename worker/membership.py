@@ -130,12 +130,12 @@ class Membership:
         # ingress topic, and an offset lookup of another topic then waits ~0.1 s for a
         # refresh (a promoted standby fetched their metadata while standing by: warm_up)
         out_tps, log_tps = await self._reply_and_log_partitions(assign.egress_topic)
-        st.egress_partitions = len(out_tps)
+        st.reply_partitions(len(out_tps))
         ends = await k.consumer.end_offsets(out_tps + log_tps)
         # every reply this worker produces from now on lands above these offsets
         self._egress.acked = {tp.partition: ends[tp] for tp in out_tps}
         if log_tps:
-            st.log_pos = ends[log_tps[0]]
+            st.logged(ends[log_tps[0]])
 
     async def warm_up(self) -> None:
         """Fetch the metadata of the app's topics into the Kafka clients now: the first offset

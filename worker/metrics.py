@@ -111,6 +111,8 @@ class WorkerMetrics:
         self._loop: Any = None  # the loop last counted (a reference: ids are reused) and its counts
         self._loop_counts = (0, 0)
         self.server: HttpServer | None = None
+        self._age_sum = 0.0
+        self._age_n = 0
 
     # -- counted as epochs go --------------------------------------------------------------------
     def executed(self, started: float) -> None:
@@ -141,6 +143,18 @@ class WorkerMetrics:
             self.fallbacks_total += loop.fallbacks - fallbacks
             self._loop, self._loop_counts = loop, (loop.reruns, loop.fallbacks)
         self.phases["commit"].observe(time.perf_counter() - started)
+
+    def aged(self, age: float) -> None:
+        """A request waited ``age`` seconds before its first epoch began."""
+        self._age_sum += age
+        self._age_n += 1
+
+    def mean_age(self) -> float | None:
+        """The mean of the ages since :meth:`reset_ages` (None: none)."""
+        return self._age_sum / self._age_n if self._age_n else None
+
+    def reset_ages(self) -> None:
+        self._age_sum, self._age_n = 0.0, 0
 
     def heartbeat_latency(self) -> list[int]:
         """The latency histogram's counts (for ``wire.Heartbeat.latency``)."""

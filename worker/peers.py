@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from sfaas.runtime import channels, wire
@@ -33,6 +33,7 @@ from sfaas.runtime.codec import check_arguments
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.txn.engine import Engine, Outcome
 from worker.links import PeerLinks
+from worker.needs import Spawner, Votes
 from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker")
@@ -81,23 +82,21 @@ class PeersWorld(Protocol):
 class Peers:
     """One worker's calls to and from its peers (see the module docstring).
 
-    ``spawn(coro)``: a task a recovery cancels; ``report()``: report this worker's epoch
-    again; ``leased(msg)``: a peer's Report or Wake of a leased run (``worker.protocols.lease``).
+    ``tasks``: where a call served runs (a recovery cancels them); ``epochs``: report this
+    worker's epoch again, a peer's Report or Wake of a leased run (``worker.needs.Votes``,
+    given here or by :meth:`reports_to`).
     """
 
     def __init__(
         self, settings: Settings, state: WorkerState, links: PeerLinks, fallback: FallbackInbox,
-        spawn: Callable[[Coroutine[Any, Any, Any]], object], report: Callable[[], None],
-        leased: Callable[[wire.Report | wire.Wake], None],
-        world: PeersWorld | None = None,
+        tasks: Spawner, epochs: Votes | None = None, world: PeersWorld | None = None,
     ) -> None:
         self._settings = settings
         self._state = state
         self._links = links
         self._fallback = fallback
-        self._spawn = spawn
-        self._report = report
-        self._leased = leased
+        self._tasks = tasks
+        self._epochs = epochs
         self._world = world
         self._calls: dict[int, asyncio.Future[Outcome]] = {}
         self._call_ids = 0
@@ -111,6 +110,15 @@ class Peers:
         self.sent: list[int] = []
         self.served: list[int] = []
         self._late: list[tuple[int, wire.Result]] = []
+
+    def reports_to(self, epochs: Votes) -> None:
+        """Calls served report again, and leased runs' messages go, to ``epochs`` (a loop
+        between parts: ``worker.service``)."""
+        self._epochs = epochs
+
+    def _votes(self) -> Votes:
+        assert self._epochs is not None, "Peers.reports_to: not wired"
+        return self._epochs
 
     def begin(self, epoch: int, n_workers: int) -> None:
         """Epoch ``epoch`` begins here: reset the counters, serve the calls held for it."""
@@ -219,7 +227,7 @@ class Peers:
                 raise wire.ProtocolError(f"worker {src} sent a {type(msg).__name__} as worker "
                                          f"{msg.index}")
             if isinstance(msg, wire.Wake) or len(msg.sent) == self._state.n_workers:
-                self._leased(msg)
+                self._votes().leased(msg)
             # (else a Report from before a rescale changed the membership: stale)
         else:
             log.warning("unexpected %s from peer %d", type(msg).__name__, src)
@@ -249,7 +257,7 @@ class Peers:
             log.info("dropping a call of worker %d from before recovery %d", msg.src, recovery)
             return
         if msg.epoch == epoch:
-            self._spawn(self._serve_call(msg))
+            self._tasks.spawn(self._serve_call(msg))
         elif msg.epoch > epoch:
             # the peer began the next epoch before our Begin arrived: hold the call
             self._deferred.setdefault(msg.epoch, []).append(msg)
@@ -279,6 +287,6 @@ class Peers:
     def flush_late(self) -> None:
         """Report again, then send the results of the calls served since the last report."""
         late, self._late = self._late, []
-        self._report()
+        self._votes().report()
         for src, result in late:
             self._links.channels[src].send(result)

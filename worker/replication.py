@@ -18,7 +18,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from typing import Protocol
 
+from sfaas.runtime.lifecycle import Service
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import StoreKey
 from statestores import Store
@@ -26,7 +28,7 @@ from statestores.replica import Shipper, TcpServer
 
 log = logging.getLogger("sfaas.worker.replication")
 
-__all__ = ["Shipping", "store_name", "MARK_WAIT"]
+__all__ = ["Replication", "Shipping", "store_name", "MARK_WAIT"]
 
 #: Seconds a round's report waits for the standbys to hold the round (a standby that is
 #: slower only costs a download if it is promoted right then).
@@ -90,3 +92,50 @@ class Shipping:
         for sh in self._shippers.values():
             sh.close()
         self._shippers.clear()
+
+
+class Opened(Protocol):
+    """The slot's stores, once open (``worker.startup.Stores``): what starting ships."""
+
+    @property
+    def opened(self) -> Mapping[StoreKey, Store] | None: ...
+
+
+class Replication(Service):
+    """The replication server as a service (``worker.startup``): :meth:`open` listens
+    before the join (the port goes in the ``Register``; on with rounds or standbys, since
+    rescales ship stores too); starting ships every store of the slot (with standbys);
+    stopping closes the server before the stores close. Fills ``worker.needs.Standbys``."""
+
+    part = "shipping"
+
+    def __init__(self, settings: Settings, secret: str) -> None:
+        self._settings = settings
+        self._secret = secret
+        self._stores: Opened | None = None
+        #: the replication server (None: off, or not listening yet)
+        self.shipping: Shipping | None = None
+
+    def ships(self, stores: Opened) -> Replication:
+        """Starting ships ``stores`` (with standbys)."""
+        self._stores = stores
+        return self
+
+    def open(self) -> None:
+        s = self._settings
+        if s.standbys > 0 or s.snapshot_interval > 0:
+            self.shipping = Shipping(s, self._secret)
+
+    @property
+    def port(self) -> int:
+        """Where standbys and receivers reach the server (0: none)."""
+        return self.shipping.port if self.shipping is not None else 0
+
+    async def on_start(self) -> None:
+        opened = self._stores.opened if self._stores is not None else None
+        if self.shipping is not None and self._settings.standbys > 0 and opened is not None:
+            self.shipping.attach(opened)
+
+    async def on_stop(self) -> None:
+        if self.shipping is not None:
+            self.shipping.close()

@@ -47,6 +47,16 @@ class Pending:
     #: sent, logged whole (its ``partition`` is its key's, its ``offset`` -1)
     raw: bytes = b""
 
+    def rerun(self, now: float, journal: dict[str, Any]) -> None:
+        """It runs again as it ran before: with the ``now`` of its first run and (a copy
+        of) the journal of its effects so far."""
+        self.now = now
+        self.journal = dict(journal)
+
+    def journaled(self, key: str, outcome: Any) -> None:
+        """Its effect ``key`` finished with ``outcome``."""
+        self.journal[key] = outcome
+
     @property
     def direct(self) -> bool:
         """Whether a client sent it straight to this worker (no ingress position)."""
@@ -174,6 +184,39 @@ class WorkerState:
         """Does ``a`` give this worker the slot and map it holds (a restarted coordinator)?"""
         return (a.index == self.index and a.n_workers == self.n_workers
                 and a.partitions == self.partitions and a.owners == self.owners)
+
+    def reply_partitions(self, n: int) -> None:
+        """The egress topic has ``n`` partitions."""
+        self.egress_partitions = n
+
+    def logged(self, pos: int) -> None:
+        """The epoch log holds this worker's records up to ``pos`` (one past the newest)."""
+        self.log_pos = pos
+
+    def recovering(self, attempt: int) -> None:
+        """Recovery ``attempt`` rolls this worker back (calls of earlier ones are refused)."""
+        self.recovery = attempt
+
+    def retire(self) -> None:
+        """A rescale left this worker without a partition."""
+        self.retired = True
+
+    def open_reads(self) -> bool:
+        """State reads may be answered from now on; whether they were closed until now."""
+        was_closed, self.reads_open = not self.reads_open, True
+        return was_closed
+
+    def close_reads(self) -> None:
+        """The stores go back to a round, behind the replies sent: no read is answered."""
+        self.reads_open = False
+
+    def started_at(self, partition: int, offset: int) -> None:
+        """This worker started reading ingress ``partition`` at ``offset``."""
+        self.start_offsets[partition] = offset
+
+    def current_owners(self) -> list[int]:
+        """The partition map now (the engine reads it through this)."""
+        return self.owners
 
     # -- the epoch loop --------------------------------------------------------------------------
     def attach(self, engine: Engine) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
 from typing import Any
 
 from sfaas.runtime import wire
@@ -34,6 +33,7 @@ from sfaas.runtime.txn.effects import Effects, Outcome, effect_scope
 from sfaas.runtime.txn.engine import Engine
 from sfaas.runtime.txn.loop import Fate
 from sfaas.runtime.txn.timers import TimerIndex
+from worker.needs import HeldReads, PeerSends, WorkArrived
 from worker.state import Pending, WorkerState
 
 log = logging.getLogger("sfaas.worker.world")
@@ -44,15 +44,16 @@ __all__ = ["World"]
 class World:
     """This worker's effects, actions and timers (see the module docstring).
 
-    ``send_all(msg)``: to every peer; ``arrived()``: work was queued (wake the epochs).
+    ``links``: to every peer; ``arrived``: work was queued (wake the epochs; given here or
+    by :meth:`wakes`); ``reads``: the state reads held until the stores caught up (ports
+    of ``worker.needs``).
     """
 
-    def __init__(self, settings: Settings, state: WorkerState,
-                 send_all: Callable[[wire.Message], None], arrived: Callable[[], None],
-                 reads_open: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, settings: Settings, state: WorkerState, links: PeerSends,
+                 arrived: WorkArrived | None = None, reads: HeldReads | None = None) -> None:
         self._state = state
-        self._reads_open = reads_open
-        self._send_all = send_all
+        self._reads = reads
+        self._links = links
         self._arrived = arrived
         self.effects = Effects(self._deliver, settings.max_effects, settings.effect_timeout)
         self._retention = settings.idempotency_retention
@@ -61,6 +62,14 @@ class World:
         #: between a recovery's rollback and the end of its replay
         self.replaying = False
         self._wake: asyncio.TimerHandle | None = None
+
+    def wakes(self, epochs: WorkArrived) -> None:
+        """Work queued here wakes ``epochs`` (a loop between parts: ``worker.service``)."""
+        self._arrived = epochs
+
+    def _wake_epochs(self) -> None:
+        assert self._arrived is not None, "World.wakes: not wired"
+        self._arrived.work_arrived()
 
     def attach(self, engine: Engine) -> None:
         """The engine is open: follow its records."""
@@ -87,7 +96,7 @@ class World:
 
     def _timer_due(self) -> None:
         self._wake = None
-        self._arrived()
+        self._wake_epochs()
 
     def _on_record(self, operator: str, key: str, value: bytes | None) -> None:
         self.timers.on_record(operator, key, value)
@@ -107,9 +116,8 @@ class World:
         assert loop is not None
         if self.replaying:
             self.replay_over()
-        if not self._state.reads_open:
-            self._state.reads_open = True
-            self._reads_open()
+        if self._state.open_reads() and self._reads is not None:
+            self._reads.answer_held_reads()
         if not self.timers.due(now):
             return
         room = max(0, self._state.max_batch - len(loop.queue))
@@ -164,7 +172,7 @@ class World:
         ok, value = outcome
         msg = wire.EffectDone(self._state.index, tid, key, ok,
                               value if ok else list(value))
-        self._send_all(msg)
+        self._links.send_all(msg)
         self.on_effect_done(msg)
 
     def on_effect_done(self, msg: wire.EffectDone) -> None:
@@ -175,9 +183,9 @@ class World:
         item = loop.find(msg.tid)
         if item is None:
             return
-        item.journal[msg.key] = [msg.ok, msg.value]
+        item.journaled(msg.key, [msg.ok, msg.value])
         if loop.resume(msg.tid):
-            self._arrived()
+            self._wake_epochs()
 
     # -- actions ------------------------------------------------------------------------------
     def _action_done(self, operator: str, key: str) -> None:
@@ -189,7 +197,7 @@ class World:
         assert loop is not None
         loop.queue.append(Pending.runtime(operator, internal.owner_key(key), function,
                                           [key, *(more or [])]))
-        self._arrived()
+        self._wake_epochs()
 
     def _load_actions(self) -> None:
         n = self.actions.load(self._engine().stores)
@@ -201,14 +209,14 @@ class World:
     def recovering(self) -> None:
         """A recovery rolls back: stop the actions, follow the replay without acting."""
         self.replaying = True
-        self._state.reads_open = False  # the stores go back to the round: behind the replies
+        self._state.close_reads()  # the stores go back to the round: behind the replies
         self.actions.live = False
         self.actions.stop_all()
         self.effects.begin_epoch()
 
-    def restored(self, stores: Mapping[tuple[str, int], Any]) -> None:
+    def restored(self) -> None:
         """The stores are back at the round: index their timers (the replay follows)."""
-        self.timers.load(stores)
+        self.timers.load(dict(self._engine().stores))
 
     def replay_over(self) -> None:
         """Live again (the first live Begin): start the recorded actions, let the parked
@@ -223,7 +231,7 @@ class World:
         for tid in parked:
             loop.resume(tid)
         if parked:
-            self._arrived()
+            self._wake_epochs()
 
     def moved(self) -> None:
         """Partitions moved in or out (a rescale): follow the stores held now."""

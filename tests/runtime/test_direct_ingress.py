@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import msgpack
@@ -78,7 +79,7 @@ def _state(index: int = 0, log_topic: str = "ns.app.epochs") -> WorkerState:
 
 def _direct(st: WorkerState, limit: int = 100, retention: float = 300.0) -> DirectIngress:
     arrived: list[int] = []
-    d = DirectIngress(st, lambda: arrived.append(1), limit, retention,
+    d = DirectIngress(st, SimpleNamespace(work_arrived=lambda: arrived.append(1)), limit, retention,
                       read=lambda m: wire.ReadReply(m.id, True, None, "", ""))
     return d
 

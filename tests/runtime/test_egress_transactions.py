@@ -184,7 +184,7 @@ def _egress(s: Settings, topic: str, generation: int, closed: list[str]) -> Egre
     st.index, st.generation, st.egress_topic = 0, generation, topic
     uplink = SimpleNamespace(closed=False, close=lambda: closed.append(f"gen {generation}"))
     return Egress(s, st, SimpleNamespace(consumer=None), uplink,  # type: ignore[arg-type]
-                  completed=lambda p, o: None)
+                  completed=SimpleNamespace(complete=lambda p, o: None))
 
 
 def test_a_dead_workers_reply_is_not_seen_twice_after_its_successors_replay(kafka: Any) -> None:

@@ -114,10 +114,11 @@ def _wired(snapshot_interval: float, uplink: Any) -> Any:
     settings = SimpleNamespace(max_batch=1, snapshot_interval=snapshot_interval, kafka="fake:1",
                                linger_ms=0)
     w = SimpleNamespace(offsets=state.offsets, consumer=kafka.consumer, producer=producer, coord=uplink)
-    w.egress = Egress(settings, state, kafka, uplink, lambda p, o: w.ingress.complete(p, o))  # type: ignore[arg-type]
+    w.egress = Egress(settings, state, kafka, uplink)  # type: ignore[arg-type]
     w.egress.producer = producer
     w.egress.new_producer = lambda tid: TxnProducer(producer.offsets)
-    w.ingress = Ingress(settings, state, kafka, w.egress, lambda: None)  # type: ignore[arg-type]
+    w.ingress = Ingress(settings, state, kafka, w.egress, SimpleNamespace(work_arrived=lambda: None))  # type: ignore[arg-type]
+    w.egress.completes(w.ingress)
     return w
 
 

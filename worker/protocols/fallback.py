@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from sfaas.runtime import wire
-from sfaas.runtime.txn.engine import Engine
 from sfaas.runtime.txn.loop import Participant
+from worker.needs import CallsSeen, PeerSends, Room, Spawner
+from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker")
 
@@ -35,26 +36,19 @@ __all__ = ["CrossFallback"]
 class CrossFallback:
     """Runs the cross-worker fallback phase of each epoch on one worker (see module docstring).
 
-    ``index()``: this worker's slot; ``engine()``: its engine now; ``send_peers(msg)``:
-    to every peer; ``reply(src, result)``: a Result to peer ``src``; ``spawn(coro)``: a
-    task the worker cancels on recovery; ``recovery()``: the worker's recovery count.
+    ``state``: this worker's slot, engine and recovery count (read); ``links``: to the
+    peers; ``tasks``: tasks the worker cancels on recovery; ``world``: told of each call
+    served; ``room``: the peers, told when held calls were taken (given here or by
+    :meth:`frees_room_in`) — ports of ``worker.needs``.
     """
 
-    def __init__(
-        self, index: Callable[[], int], engine: Callable[[], Engine | None],
-        send_peers: Callable[[wire.Message], None], reply: Callable[[int, wire.Result], None],
-        spawn: Callable[[Coroutine[Any, Any, Any]], object], recovery: Callable[[], int],
-        room: Callable[[], None] = lambda: None,
-        on_call: Callable[[wire.Call], None] = lambda msg: None,
-    ) -> None:
-        self.index = index
-        self._engine = engine
-        self._send_peers = send_peers
-        self._reply = reply
-        self._spawn = spawn
-        self._recovery = recovery
-        self._room = room
-        self._on_call = on_call
+    def __init__(self, state: WorkerState, links: PeerSends, tasks: Spawner,
+                 world: CallsSeen, room: Room | None = None) -> None:
+        self._state = state
+        self._links = links
+        self._tasks = tasks
+        self._room_port = room
+        self._world = world
         #: the epoch whose phase runs here now (None: none)
         self.epoch: int | None = None
         self._remaining: set[int] = set()
@@ -69,7 +63,7 @@ class CrossFallback:
     ) -> dict[int, tuple[str, Any]]:
         """The phase of ``epoch``: re-run ``candidates`` (this worker's conflicting roots);
         return once every tid of ``tids`` (the epoch's conflicting tids) finished everywhere."""
-        eng = self._engine()
+        eng = self._state.engine
         assert eng is not None
         eng.begin_fallback(tids)
         self.epoch = epoch
@@ -82,11 +76,11 @@ class CrossFallback:
                 self._take(msg)
             if held:
                 self._room()
-            recovery = self._recovery()
+            recovery = self._state.recovery
 
             async def finish(tid: int, commit: bool) -> None:
                 self._finish(tid, commit)
-                self._send_peers(wire.Finished(epoch, self.index(), tid, commit, recovery))
+                self._links.send_all(wire.Finished(epoch, self._state.index, tid, commit, recovery))
 
             out = await loop.run_fallback(candidates, finish)
             if self._remaining:
@@ -95,6 +89,14 @@ class CrossFallback:
         finally:
             self.epoch = None
             eng.end_fallback()
+
+    def frees_room_in(self, peers: Room) -> None:
+        """Held calls taken free room in ``peers`` (a loop between parts: ``worker.service``)."""
+        self._room_port = peers
+
+    def _room(self) -> None:
+        assert self._room_port is not None, "CrossFallback.frees_room_in: not wired"
+        self._room_port.room()
 
     @property
     def held(self) -> int:
@@ -116,8 +118,8 @@ class CrossFallback:
         self._route(msg)
 
     def _route(self, msg: wire.Call | wire.Finished) -> None:
-        eng = self._engine()
-        if eng is None or msg.recovery != self._recovery():
+        eng = self._state.engine
+        if eng is None or msg.recovery != self._state.recovery:
             return  # from before a recovery this worker went through: its epoch is replayed
         if self.epoch == msg.epoch:
             self._take(msg)
@@ -128,24 +130,24 @@ class CrossFallback:
                       msg.epoch, eng.epoch, msg.src)
             if isinstance(msg, wire.Call):
                 stale = ["StaleEpoch", "fallback call for a past epoch"]
-                self._reply(msg.src, wire.Result(msg.call_id, False, stale))
+                self._links.send_to(msg.src, wire.Result(msg.call_id, False, stale))
 
     def _take(self, msg: wire.Call | wire.Finished) -> None:
         if isinstance(msg, wire.Finished):
             self._finish(msg.tid, msg.committed)
         else:
-            self._spawn(self._serve(msg))
+            self._tasks.spawn(self._serve(msg))
 
     async def _serve(self, msg: wire.Call) -> None:
-        eng = self._engine()
+        eng = self._state.engine
         assert eng is not None
-        self._on_call(msg)  # (the transaction's journal)
+        self._world.on_call(msg)  # (the transaction's journal)
         ok, value = await eng.serve(msg.tid, msg.now, msg.operator, msg.key, msg.function,
                                     msg.args, msg.depth)
-        self._reply(msg.src, wire.Result(msg.call_id, ok, value if ok else list(value)))
+        self._links.send_to(msg.src, wire.Result(msg.call_id, ok, value if ok else list(value)))
 
     def _finish(self, tid: int, commit: bool) -> None:
-        eng = self._engine()
+        eng = self._state.engine
         if tid not in self._remaining or eng is None:
             return
         eng.finish_fallback(tid, commit)

@@ -42,7 +42,8 @@ from sfaas.runtime.state import PartitionStores, StoreKey, store_engine, store_r
 from statestores.replica import Follower, TcpSource
 from worker.ingress import Ingress
 from worker.links import CoordinatorLink, PeerLinks
-from worker.replication import Shipping, store_name
+from worker.needs import Rescaled, Standbys
+from worker.replication import store_name
 from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker.moving")
@@ -58,16 +59,15 @@ MERGE_HOLD = 60.0
 class Moving:
     """The moving stores of one worker (see the module docstring).
 
-    ``shipping()``: the worker's replication server (None without one); ``end_lease()``:
-    the epochs' lease is over (a new membership begins a new run).
+    ``standbys``: the worker's replication server (its ``shipping`` None without one);
+    ``rescaled``: told when the epochs' lease is over (a new membership begins a new run),
+    stores moved, direct requests were dropped (ports of ``worker.needs``).
     """
 
     def __init__(
         self, settings: Settings, app: App, name: str, secret: str, state: WorkerState, *,
-        uplink: CoordinatorLink, links: PeerLinks, ingress: Ingress,
-        shipping: Callable[[], Shipping | None], end_lease: Callable[[], None],
-        moved: Callable[[], None] = lambda: None,
-        dropped: Callable[[list[str]], None] = lambda rids: None,
+        uplink: CoordinatorLink, links: PeerLinks, ingress: Ingress, standbys: Standbys,
+        rescaled: Rescaled,
     ) -> None:
         self._settings = settings
         self._app = app
@@ -76,11 +76,8 @@ class Moving:
         self._uplink = uplink
         self._links = links
         self._ingress = ingress
-        self._shipping = shipping
-        self._end_lease = end_lease
-        self._moved = moved
-        #: the direct requests of partitions leaving were dropped (their clients resend)
-        self._dropped = dropped
+        self._standbys = standbys
+        self._rescaled = rescaled
         self.root = os.path.join(settings.home, "moving", settings.namespace, app.name, name)
         self.followers: dict[StoreKey, Follower] = {}
         self._task: asyncio.Task[None] | None = None
@@ -92,7 +89,7 @@ class Moving:
 
     # -- leaving -----------------------------------------------------------------------------
     def ship(self, msg: wire.Ship) -> wire.Shipped:
-        shipping = self._shipping()
+        shipping = self._standbys.shipping
         if shipping is None:
             raise ClusterError("asked to ship stores, but this worker runs no replication server")
         engine = self._state.engine
@@ -119,15 +116,15 @@ class Moving:
             return wire.Released(st.index, "")
         await self._ingress.pause()
         drop = set(lost)
-        self._dropped(st.drop_waiting(drop))
+        self._rescaled.dropped(st.drop_waiting(drop))
         self.resume_merges()  # (the stores leaving close next; the others were never held)
         await asyncio.to_thread(self.detach(drop, len(msg.owners)).close)
         st.set_owners(msg.owners)
-        self._moved()
+        self._rescaled.moved()
         if keep:
             await self._ingress.resume({})
         else:
-            st.retired = True
+            st.retire()
         log.info("released partitions %s at round %d", lost, msg.round, extra={"worker": st.index})
         return wire.Released(st.index, "")
 
@@ -138,7 +135,7 @@ class Moving:
         assert st.engine is not None
         st.forget(partitions)
         keys = [k for k in st.engine.stores if k[1] in partitions]
-        shipping = self._shipping()
+        shipping = self._standbys.shipping
         if shipping is not None:
             shipping.detach(keys)
         return PartitionStores({k: st.engine.stores.pop(k) for k in keys}, n_partitions)
@@ -243,12 +240,12 @@ class Moving:
         """A live worker's ``Reassign``: take over the gained partitions, resume."""
         st = self._state
         assert st.engine is not None
-        self._end_lease()  # the next run begins under the new membership
+        self._rescaled.lease_over()  # the next run begins under the new membership
         gained = await asyncio.to_thread(self.take_over, msg.round, msg.index, len(msg.owners))
         st.engine.stores.update(gained.items())
         self.ship_to_standbys(gained)
         st.set_owners(msg.owners, msg.n_workers, msg.peers)
-        self._moved()
+        self._rescaled.moved()
         self._links.drop_from(msg.n_workers)
         await self._links.connect(msg.peers, st.index)
         await self._ingress.pause()
@@ -258,7 +255,7 @@ class Moving:
     def ship_to_standbys(self, stores: Mapping[StoreKey, statestores.Store]) -> None:
         """Stores this worker gained under a new map: with standbys, ship them too (the
         coordinator tells the standbys to follow them: a new ``Follow``)."""
-        shipping = self._shipping()
+        shipping = self._standbys.shipping
         if shipping is not None and self._settings.standbys > 0 and stores:
             shipping.attach(stores)
 

@@ -1,0 +1,72 @@
+"""A worker's heartbeats: it lives, it reaches Kafka, and its lease from the coordinator.
+
+Every quarter of ``heartbeat_timeout`` the worker tells the coordinator it lives (the first
+beat at once: its answer starts the lease, ``worker.fence``), with how far its epochs got
+and whether it reaches a Kafka broker; it leaves when the lease is past saving, and logs
+the epochs' counters now and then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from sfaas.runtime import wire
+from sfaas.runtime.kafka import Reachability
+from sfaas.runtime.settings import Settings
+from worker.fence import FenceLease
+from worker.links import CoordinatorLink
+from worker.needs import Latency
+from worker.state import WorkerState
+
+log = logging.getLogger("sfaas.worker")
+
+__all__ = ["Heartbeat"]
+
+
+class Heartbeat:
+    """This worker's heartbeats (see the module docstring)."""
+
+    def __init__(self, settings: Settings, state: WorkerState, uplink: CoordinatorLink,
+                 metrics: Latency, fence: FenceLease | None = None) -> None:
+        self._settings = settings
+        self._state = state
+        self._uplink = uplink
+        self._metrics = metrics
+        #: the coordinator's lease on this process (``worker.fence``)
+        self._fence = fence
+        #: whether this process reaches any Kafka broker (its heartbeats say so)
+        self._reach = Reachability(settings.kafka)
+        self._probe: asyncio.Future[None] | None = None
+
+    async def run(self) -> None:
+        """Tell the coordinator this worker lives, every quarter of its timeout (the first
+        at once: its answer starts the lease); leave when the lease is past saving
+        (``worker.fence``); log the epochs' counters now and then."""
+        beat = self._settings.heartbeat_timeout / 4
+        last_log = time.monotonic()
+        fence = self._fence
+        if fence is not None:
+            # assigned and not yet ready: the coordinator loses it only with its channel
+            # (or after STARTUP_TIMEOUT), so the lease starts now
+            fence.grant(time.monotonic())
+        while True:
+            lp = self._state.loop
+            assert lp is not None
+            if not self._uplink.closed:  # (while the coordinator restarts, nobody listens)
+                self._uplink.send(wire.Heartbeat(
+                    self._state.index, lp.committed, self._metrics.heartbeat_latency(),
+                    time.monotonic(), self._reach.silence()))
+            self._probe = asyncio.ensure_future(self._reach.probe())  # (one broker, in turn)
+            await asyncio.sleep(beat)
+            if fence is not None and not fence.valid():
+                await asyncio.sleep(0.05)  # (answers waiting in the socket are read first)
+                fence.check()
+            age = self._metrics.mean_age()
+            if age is not None and time.monotonic() - last_log >= 5.0:
+                last_log = time.monotonic()
+                log.info("epochs=%d committed=%d reruns=%d fallbacks=%d mean request age at epoch "
+                         "start %.1f ms", lp.epochs, lp.committed, lp.reruns, lp.fallbacks,
+                         1000 * age)
+                self._metrics.reset_ages()

@@ -1,0 +1,224 @@
+"""A recovery's reads and rebuild: what happened after the round, and the epoch loop again.
+
+Steps 4–6 of a worker's recovery (``worker.protocols.recovery``, whose docstring tells
+the whole): read the epoch log after the round, this worker's ingress and the egress
+topic from the round's positions; decode them (giving the event loop its turns, so the
+heartbeats go on); rebuild the epoch loop — logged batches wait for their replay epochs,
+the round's waiting re-runs keep their tids, everything else is queued in offset order —
+and go live again after the replay.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Coroutine, Iterable, Mapping
+from typing import Any, TypeVar
+
+from aiokafka import TopicPartition
+
+from sfaas.runtime import wire
+from sfaas.runtime.epochlog import CutRecord, EpochRecord, Logged, decode_record
+from sfaas.runtime.kafka import read_range
+from sfaas.runtime.liveness import Turns
+from sfaas.runtime.protocols.rounds import RoundManifest
+from sfaas.runtime.settings import Settings
+from worker.clients import KafkaClients
+from worker.direct import DirectIngress
+from worker.ingress import Ingress
+from worker.needs import AckedReplies, WorldRollback
+from worker.state import Pending, WorkerState
+
+log = logging.getLogger("sfaas.worker.recovery")
+
+T = TypeVar("T", bound=Logged)
+
+#: per partition, ``(offset, record)`` as read
+Raw = dict[int, list[tuple[int, bytes]]]
+
+__all__ = ["Logs", "Replay", "direct_items", "replay_batch"]
+
+
+def replay_batch(rec: EpochRecord, items: Mapping[tuple[int, int], T],
+                 round_id: int) -> list[tuple[int, T]]:
+    """The batch ``rec`` logged, as ``(tid, item)`` from ``items`` (by ingress partition and
+    offset), each item given the ``now`` it ran with: a re-run's from its first run, a new
+    one's its epoch's (this worker's: under a lease each worker's epoch has its own)."""
+    batch = []
+    for (tid, p, off), now in zip(rec.batch, rec.nows(), strict=True):
+        # (a request the runtime made, or a direct one, is found as (partition, -1 - tid))
+        item = items.get((p, off) if off >= 0 else (p, -1 - tid))
+        if item is None:
+            raise RuntimeError(f"epoch {rec.epoch} logged ingress {p}:{off}, which is not after "
+                               f"round {round_id}")
+        item.now = now
+        batch.append((tid, item))
+    return batch
+
+
+class Logs:
+    """What the epoch log and the egress topic say after the round (decoded)."""
+
+    def __init__(self) -> None:
+        #: the logged epochs after the round, every worker's
+        self.later: list[EpochRecord] = []
+        #: the round's cut of the direct requests, every worker's
+        self.cuts: list[CutRecord] = []
+        #: request ids whose replies are already in the egress topic
+        self.answered: dict[str, wire.Reply] = {}
+
+
+class Replay:
+    """Steps 4–6 of this worker's recovery (see the module docstring)."""
+
+    def __init__(self, settings: Settings, app_name: str, state: WorkerState, *,
+                 kafka: KafkaClients, ingress: Ingress, direct: DirectIngress,
+                 egress: AckedReplies, world: WorldRollback) -> None:
+        self._settings = settings
+        self._log_topic = settings.epoch_log_topic(app_name)
+        self._state = state
+        self._kafka = kafka
+        self._ingress = ingress
+        self._direct = direct
+        self._egress = egress
+        self._world = world
+
+    async def reply_partitions(self) -> Iterable[int]:
+        """The egress topic's partitions."""
+        parts: Iterable[int] = await self._kafka.producer.partitions_for(self._state.egress_topic)
+        return parts
+
+    def reads(self, m: RoundManifest,
+              out_parts: Iterable[int]) -> list[Coroutine[Any, Any, Raw]]:
+        """The three reads after round ``m``: the epoch log, this worker's ingress, the
+        replies (``read_committed``: a dead predecessor's aborted replies, ``worker.egress``)."""
+        s, st, topic = self._settings, self._state, self._log_topic
+        # (each read reaches at least what this process knows was acknowledged: a stale
+        # leader's end offsets are short, and a record a recovery misses runs twice)
+        taken, acked = self._ingress.read_to(), self._egress.acked_offsets()
+        return [
+            read_range(s.kafka, {TopicPartition(topic, 0): m.epoch_log},
+                       {TopicPartition(topic, 0): st.log_pos}),
+            read_range(s.kafka, {TopicPartition(st.ingress_topic, p): m.ingress.get(p, 0)
+                                 for p in st.mine()},
+                       {TopicPartition(st.ingress_topic, p): o for p, o in taken.items()}),
+            read_range(s.kafka, {TopicPartition(st.egress_topic, p): m.egress.get(p, 0)
+                                 for p in out_parts},
+                       {TopicPartition(st.egress_topic, p): o for p, o in acked.items()},
+                       committed=True),
+        ]
+
+    async def decode(self, m: RoundManifest, raw_log: Raw, raw_out: Raw, turn: Turns) -> Logs:
+        """The log's records after round ``m`` and the replies already out."""
+        logs = Logs()
+        for o, v in raw_log[0]:
+            await turn()
+            r = decode_record(v, f"{self._log_topic}@{o}")
+            if isinstance(r, CutRecord):
+                if r.round == m.round:
+                    logs.cuts.append(r)
+            elif r.epoch > m.epoch:
+                logs.later.append(r)
+        for recs in raw_out.values():
+            for _, v in recs:
+                await turn()
+                try:
+                    reply = wire.Reply.decode(v)
+                    logs.answered[reply.rid] = reply
+                except Exception as exc:  # not ours to judge: a foreign record in the topic
+                    log.warning("skipping an undecodable egress record: %s", exc)
+        return logs
+
+    async def rebuild(self, m: RoundManifest, raw_in: Raw, logs: Logs, turn: Turns) -> None:
+        """5. the epoch loop, rebuilt: every request after the round taken as ingest takes it."""
+        st = self._state
+        st.restart(logs.answered)
+        self._ingress.forget_held_reads()  # (taken again below)
+        loop = st.loop
+        assert loop is not None
+        mine = st.mine()
+        items: dict[tuple[int, int], Pending] = {}
+        for p in mine:
+            held = set(m.skip.get(p, ()))  # in the state, its reply out (see the module docstring)
+            for off, value in raw_in.get(p, []):
+                await turn()
+                item = self._ingress.take(p, off, value, held)
+                if item is not None:
+                    items[(p, off)] = item
+        in_log = await self._plan(m, items, logs.later, turn)
+        self._requeue_direct(logs.cuts, set(mine), in_log)
+        waiting = {(p, off): (tid, now, j) for tid, p, off, now, j in m.retries if p in mine}
+        for key, item in sorted(items.items()):
+            await turn()
+            if key in waiting:
+                # (a logged re-run's record says the same now; its journal as of the cut)
+                tid, now, journal = waiting[key]
+                item.rerun(now, journal)
+                loop.sequencer.requeue(tid, item)
+            elif key not in in_log:
+                loop.queue.append(item)
+
+    async def _plan(self, m: RoundManifest, items: dict[tuple[int, int], Pending],
+                    later: list[EpochRecord], turn: Turns) -> set[object]:
+        """The logged batches of this worker wait for their replay epochs; what they hold
+        (positions, and direct requests' ids)."""
+        st = self._state
+        in_log: set[object] = set()
+        replays = {}
+        journals: dict[int, dict[int, dict[str, object]]] = {}
+        for r in later:
+            if r.worker != st.index:
+                continue
+            await turn()
+            own = {(-1, -1 - tid): Pending.runtime(*req)
+                   for tid, req in r.runtime_requests().items()}
+            own.update(direct_items(r))
+            replays[r.epoch] = replay_batch(r, {**items, **own} if own else items, m.round)
+            journals[r.epoch] = dict(r.journals)
+            in_log.update((p, off) for _, p, off in r.batch)
+            in_log.update(_rids(own.values()))
+        st.plan_replays(replays, journals)
+        self._direct.expect(item for batch in replays.values() for _, item in batch)
+        return in_log
+
+    def live(self, m: RoundManifest, raw_in: Raw, cuts: list[CutRecord]) -> None:
+        """6. live again after the replay: ingest from past what was read."""
+        st = self._state
+        assert st.engine is not None
+        mine = st.mine()
+        at = {}
+        for p in mine:
+            recs = raw_in.get(p, [])
+            at[p] = recs[-1][0] + 1 if recs else m.ingress.get(p, 0)
+        self._direct.restore(cuts, set(mine))
+        st.engine.begin(m.epoch)  # a peer's replay call for epoch > m.epoch waits for its Begin
+        self._world.restored()
+        self._ingress.restart_at(at)
+
+    def _requeue_direct(self, cuts: list[CutRecord], mine: set[int],
+                        in_log: set[object]) -> None:
+        """The direct requests the round's cut kept waiting (their tids, first ``now`` and
+        journals), but those a logged epoch after the round runs again."""
+        loop = self._state.loop
+        assert loop is not None
+        back = []
+        for cut in cuts:
+            for tid, p, now, journal, raw in cut.retries:
+                if p not in mine:
+                    continue
+                item = Pending(wire.Request.decode(raw), p, -1, now, journal=dict(journal),
+                               raw=raw)
+                if item.request.rid not in in_log:
+                    loop.sequencer.requeue(tid, item)
+                    back.append(item)
+        self._direct.expect(back)
+
+
+def direct_items(rec: EpochRecord) -> dict[tuple[int, int], Pending]:
+    """The direct requests ``rec`` logged whole, by ``(partition, -1 - tid)``."""
+    at = {t: p for t, p, o in rec.batch if o < 0 <= p}
+    return {(at[t], -1 - t): Pending(wire.Request.decode(raw), at[t], -1, raw=raw)
+            for t, raw in rec.direct}
+
+
+def _rids(items: Iterable[Pending]) -> set[str]:
+    return {it.request.rid for it in items if it.direct}

@@ -1,0 +1,70 @@
+"""Stopping a worker's work for a recovery or a rejoin, and what a rescale tells the rest.
+
+A recovery (``worker.protocols.recovery``) and a worker waiting for a restarted
+coordinator (``worker.service``) start from a quiet worker: :class:`Quiescer` stops ingest
+and every execution in flight and waits until the replies already made are acknowledged.
+A rescale (``worker.protocols.rescale``) tells the epochs, the world and the direct
+ingress what moved through :class:`Departures` (``worker.needs.Rescaled``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from worker.direct import DirectIngress
+from worker.egress import Egress
+from worker.ingress import Ingress
+from worker.needs import Halting
+from worker.state import WorkerState
+from worker.world import World
+
+log = logging.getLogger("sfaas.worker")
+
+__all__ = ["Departures", "Quiescer"]
+
+
+class Quiescer:
+    """Stops ingest and every execution in flight; waits until the replies already made are
+    acknowledged (``worker.needs.Quiet``)."""
+
+    def __init__(self, state: WorkerState, epochs: Halting, ingress: Ingress,
+                 direct: DirectIngress, egress: Egress) -> None:
+        self._state = state
+        self._epochs = epochs
+        self._ingress = ingress
+        self._direct = direct
+        self._egress = egress
+
+    async def quiesce(self) -> None:
+        """Stop ingest and every execution in flight; wait until the replies already made
+        are acknowledged (recovery starts from a quiet worker)."""
+        self._epochs.end_lease()  # no epoch begins on its own any more
+        await self._ingress.pause()
+        self._direct.rollback()  # (its clients send again what has no answer)
+        await self._epochs.halt()
+        self._state.drop_replays()
+        try:
+            await self._egress.durable()
+        except Exception as exc:
+            log.warning("flushing replies before the recovery failed: %s", exc,
+                        extra={"worker": self._state.index})
+
+
+class Departures:
+    """What a rescale tells the rest of the worker (``worker.needs.Rescaled``): the epochs
+    that their lease is over, the world that stores moved, the direct ingress which of its
+    requests were dropped."""
+
+    def __init__(self, epochs: Halting, world: World, direct: DirectIngress) -> None:
+        self._epochs = epochs
+        self._world = world
+        self._direct = direct
+
+    def lease_over(self) -> None:
+        self._epochs.end_lease()
+
+    def moved(self) -> None:
+        self._world.moved()
+
+    def dropped(self, rids: list[str]) -> None:
+        self._direct.dropped(rids)
