@@ -87,8 +87,8 @@ async def _partitions(bootstrap: str, topic: str) -> int:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
-        await consumer.topics()  # (fetches every topic's metadata)
-        return len(consumer.partitions_for_topic(topic) or ())
+        metadata = await consumer._client.fetch_all_metadata()  # (no public call for it)
+        return len(metadata.partitions_for_topic(topic) or ())
     finally:
         await consumer.stop()
 
