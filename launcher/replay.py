@@ -16,16 +16,19 @@ import asyncio
 import json
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sfaas.errors import ConfigError, ReplayError, SfaasError
 from sfaas.runtime import wire
+from sfaas.runtime.epochlog import EpochRecord
 from sfaas.runtime.protocols.rounds import RoundManifest
 from sfaas.runtime.settings import Settings
 
 if TYPE_CHECKING:
     from sfaas.app import App
+    from sfaas.testing.replay import Divergence, LogReplay, Replayed
 
 __all__ = ["HELP", "add_arguments", "run"]
 
@@ -64,7 +67,7 @@ class _Report:
     partitions: int
     replayed: list[int] = field(default_factory=list)
     decided: int = 0
-    divergences: list[Any] = field(default_factory=list)
+    divergences: list[Divergence] = field(default_factory=list)
     compared: int = 0
     direct: int = 0
     unanswered: int = 0
@@ -165,8 +168,8 @@ def _epochs_to_run(epochs: list[int], m: RoundManifest, ns: argparse.Namespace) 
         [e for e in epochs if e < target]
 
 
-async def _run_epochs(replay: Any, replies: dict[str, Any], todo: list[int], report: _Report,
-                      ns: argparse.Namespace) -> None:
+async def _run_epochs(replay: LogReplay, replies: dict[str, wire.Reply], todo: list[int],
+                      report: _Report, ns: argparse.Namespace) -> None:
     """Replay ``todo`` with a progress bar, comparing each decided request's reply."""
     from tqdm import tqdm
 
@@ -191,8 +194,8 @@ async def _run_epochs(replay: Any, replies: dict[str, Any], todo: list[int], rep
         found.unanswered
 
 
-def _touched(replay: Any, before: dict[str, dict[str, Any]],
-             decided: list[Any]) -> dict[str, dict[str, Any]]:
+def _touched(replay: LogReplay, before: dict[str, dict[str, Any]],
+             decided: list[Replayed]) -> dict[str, dict[str, Any]]:
     """The keys an epoch touched (its roots' and those whose value changed), their values
     after it (a deleted one: None)."""
     after = replay.state()
@@ -207,7 +210,7 @@ def _touched(replay: Any, before: dict[str, dict[str, Any]],
     return out
 
 
-def _state(replay: Any, report: _Report, ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
+def _state(replay: LogReplay, report: _Report, ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """The state to print: ``--key``'s, else what ``--epoch``'s epoch touched, else (with
     ``--until``) the keys the next logged epoch's requests name (None: no value)."""
     if ns.operator and ns.operator not in replay.app.operators:
@@ -238,9 +241,9 @@ def _where(r: _Report) -> str:
     return f"after epoch {r.replayed[-1]}" if r.replayed else f"at round {r.round}"
 
 
-def _roots(replay: Any, records: Any) -> set[tuple[str, str]]:
+def _roots(replay: LogReplay, records: Iterable[EpochRecord]) -> set[tuple[str, str]]:
     """``(operator, key)`` of the client requests the epoch-log ``records`` name."""
-    out = set()
+    out: set[tuple[str, str]] = set()
     for rec in records:
         direct = dict(rec.direct)
         for tid, p, o in rec.batch:
@@ -253,7 +256,7 @@ def _roots(replay: Any, records: Any) -> set[tuple[str, str]]:
 
 
 def _as_json(r: _Report) -> dict[str, Any]:
-    def reply(x: Any) -> dict[str, Any]:
+    def reply(x: wire.Reply) -> dict[str, Any]:
         return {"ok": x.ok, "value": x.value, "error_type": x.error_type, "reason": x.reason}
 
     return {

@@ -15,7 +15,7 @@ with no effect, post-commit action or timer started: their outcomes and requests
 the log.
 
 :func:`compare` matches the outcomes with the replies the cluster committed
-(``sfaas.runtime.recorded`` reads both) and describes each :class:`Divergence` as the
+(:mod:`sfaas.runtime.recorded` reads both) and describes each :class:`Divergence` as the
 worker's detector of replays that diverge does.
 """
 
@@ -44,7 +44,8 @@ from sfaas.testing.cluster import LocalCluster
 
 log = logging.getLogger("sfaas.testing.replay")
 
-__all__ = ["Logged", "LogReplay", "Divergence", "compare", "describe_reply", "replay_log"]
+__all__ = ["Logged", "LogReplay", "Replayed", "Divergence", "Comparison", "compare",
+           "describe_reply", "LogResult", "replay_log"]
 
 
 @dataclass
