@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 import tempfile
 from collections.abc import Iterable
@@ -82,6 +83,9 @@ def run(ns: argparse.Namespace) -> int:
         raise ConfigError("sfaas replay needs the app's code: --app MODULE:APP (or SFAAS_APP)")
     if ns.from_round < 0:
         raise ConfigError(f"--from-round must be a round id >= 0, got {ns.from_round}")
+    if ns.log_level:  # (else warnings only, on stderr beside the progress bar)
+        logging.basicConfig(level=getattr(logging, s.log_level.upper(), logging.INFO),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = _load(s.app)
     report = asyncio.run(_replay(s, app, ns))
     if ns.json:

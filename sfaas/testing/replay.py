@@ -137,8 +137,14 @@ class LogReplay:
         (downloading only what the directory lacks); round 0 is the empty state."""
         if self.manifest.round <= 0:
             return
+        # (an operator the code declares since the round starts empty)
+        held = {(st.operator, st.partition) for st in self.manifest.stores}
         for eng, timers in zip(self.cluster.engines, self.cluster.timers, strict=True):
             for (op, p), store in eng.stores.items():
+                if held and (op, p) not in held:
+                    log.warning("round %d holds no store of %s/p%d: it starts empty",
+                                self.manifest.round, op, p)
+                    continue
                 store.remote = remote_of(op, p)
                 try:
                     store.restore(self.manifest.round)
