@@ -128,7 +128,8 @@ async def _replay(s: Settings, app: App, ns: argparse.Namespace) -> _Report:
     directory = ns.directory or tempfile.mkdtemp(prefix=f"sfaas-replay-{app.name}-r{m.round}-")
     report = _Report(app.name, m.round, m.epoch, directory, engine, m.partitions)
     replay = LogReplay(app, m, rec.records, rec.requests, directory, maps=maps, store=engine,
-                       fallback=s.fallback_phase())
+                       fallback=s.fallback_phase(),
+                       idempotency_retention=s.idempotency_retention)
     try:
         await asyncio.to_thread(replay.restore, lambda op, p: store_remote(s, app.name, op, p))
         _say(f"restored round {m.round} of app {app.name!r} (epoch {m.epoch}) into {directory}; "

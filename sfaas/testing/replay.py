@@ -100,13 +100,14 @@ class LogReplay:
     ``(partition, offset)``; ``maps``: ``(epoch, owners)`` — the partition map the epochs
     after ``epoch`` ran under (rescales switch at rounds); ``store``: every operator's
     engine (None: each operator's own); ``fallback``: the cluster's phase (``cross``,
-    ``local`` or ``off``, :meth:`Settings.fallback_phase`)."""
+    ``local`` or ``off``, :meth:`Settings.fallback_phase`); ``idempotency_retention``: the
+    cluster's (it dates the records of idempotent requests' outcomes)."""
 
     def __init__(
         self, app: App, manifest: RoundManifest, records: Iterable[EpochRecord],
         requests: Mapping[tuple[int, int], wire.Request], directory: str | os.PathLike[str], *,
         maps: Sequence[tuple[int, Sequence[int]]] = (), store: str | None = None,
-        fallback: str = "cross",
+        fallback: str = "cross", idempotency_retention: float = 86400.0,
     ) -> None:
         m = manifest
         self.app, self.manifest, self.requests = app, m, requests
@@ -121,7 +122,7 @@ class LogReplay:
             app, workers=most, partitions=m.partitions, store=store, store_options=None,
             directory=directory, max_batch=1 << 30, fallback=fallback != "off",
             check_determinism=False, effect_timeout=30.0, max_effects=1 << 30,
-            idempotency_retention=86400.0)
+            idempotency_retention=idempotency_retention)
         self.cluster.actions.live = False  # (a replay runs no post-commit action)
         self.fallback = fallback
         self.loops = [Participant(eng, Sequencer(eng.index), _request_of, 1 << 30,
