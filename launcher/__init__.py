@@ -8,6 +8,7 @@ that run them. Its rooms:
 * :mod:`launcher.alive`      ``sfaas alive``, the liveness probe (the standard library only);
 * :mod:`launcher.services`   Kafka and MinIO as local background processes;
 * :mod:`launcher.cluster`    ``sfaas up`` / ``ps`` / ``down``: a local cluster;
+* :mod:`launcher.replay`     ``sfaas replay``: a round's epochs re-run in this process;
 * :mod:`launcher.supervisor` the process that starts and restarts the cluster's roles;
 * :mod:`launcher.demo`       ``sfaas demo``; :mod:`launcher.loadgen` its open-loop load.
 """

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from launcher import alive
+from launcher import alive, replay
 from sfaas.errors import (
     EXIT_RECOVERY_STOPPED,
     EXIT_START_AGAIN,
@@ -111,8 +111,8 @@ def _process_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``status``, ``snapshots``, ``alive``, ``supervise``, ``ps``, ``scale``, ``down``: what
-    looks at or changes a running cluster."""
+    """``status``, ``snapshots``, ``alive``, ``replay``, ``supervise``, ``ps``, ``scale``,
+    ``down``: what looks at or changes a cluster."""
     st = sub.add_parser("status",
                         help="print (and open) the URL of the running cluster's status page")
     st.add_argument("--namespace")
@@ -125,6 +125,10 @@ def _cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     sn.add_argument("--json", action="store_true", help="machine-readable output")
 
     alive.add_arguments(sub.add_parser("alive", help=alive.HELP))
+
+    rp = sub.add_parser("replay", help=replay.HELP)
+    _common(rp)
+    replay.add_arguments(rp)
 
     sp = sub.add_parser("supervise", help=argparse.SUPPRESS)  # started by `sfaas up`
     sp.add_argument("--state-dir", dest="state_dir", required=True)
@@ -515,6 +519,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "services": _services, "coordinator": _coordinator, "worker": _worker, "up": _up,
     "status": _status, "supervise": _supervise, "ps": _ps, "down": _down, "scale": _scale,
     "gateway": _gateway, "state": _state, "call": _call, "snapshots": _snapshots, "demo": _demo,
+    "replay": replay.run,
 }
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "ChannelClosed",
     "ClusterError",
     "RequestTimeout",
+    "ReplayError",
     "error_class",
     "reply_error",
     "EXIT_RETIRED",
@@ -174,6 +175,11 @@ class RecoveryStopped(ClusterError):
     """A recovery failed the same way three times in a row (a cause retrying cannot cure:
     the state was written with another engine or partition count, a file is corrupt); the
     coordinator stopped retrying."""
+
+
+class ReplayError(SfaasError):
+    """``sfaas replay`` cannot replay what it was asked to: a round, an epoch, a key or a
+    record it needs is not there (the message names which, and what is)."""
 
 
 class RequestTimeout(SfaasError, TimeoutError):

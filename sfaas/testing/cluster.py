@@ -3,7 +3,9 @@ workers' engines, the epoch driver, effects, post-commit actions and timers.
 
 Everything here runs on the runner's own event loop, on its thread
 (:mod:`sfaas.testing.loop_thread`); :class:`~sfaas.testing.LocalRunner` is the only caller
-and validates what users pass before it gets here. The exceptions: the constructor (before
+and validates what users pass before it gets here. (:class:`sfaas.testing.replay.LogReplay`
+uses only its engines, effects and timers — never its epoch driver — on its own caller's
+loop.) The exceptions: the constructor (before
 the thread exists) and :meth:`LocalCluster.now` (a read of two floats).
 """
 

@@ -17,7 +17,6 @@ import random
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +29,11 @@ from sfaas.app import App
 from sfaas.client import Client
 from sfaas.runtime import wire
 from sfaas.runtime.epochlog import EpochRecord, decode_record
-from sfaas.runtime.partitioning import default_owners, partition_of
+from sfaas.runtime.partitioning import partition_of
 from sfaas.runtime.protocols.rounds import RoundManifest, Rounds
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import open_partition_stores, rounds_remote, store_remote
-from sfaas.runtime.txn.internal import RuntimeCall, runtime_rid
-from sfaas.runtime.txn.loop import commit_together, merge_votes
-from sfaas.testing import LocalRunner
+from sfaas.testing.replay import replay_log as serial_replay
 from tests.conftest import TEST_BUCKET
 from tests.namespaces import fresh_namespace
 from tests.runtime.apps import ledger
@@ -124,14 +121,6 @@ def logged_request(rec: EpochRecord, tid: int, p: int, o: int,
     return wire.Request.decode(dict(rec.direct)[tid])
 
 
-@dataclass
-class _Replayed:
-    rid: str
-    request: tuple[str, str, str, list[Any]]
-    now: float
-    attempts: int = 0
-
-
 async def _replay(m: RoundManifest, records: list[tuple[int, EpochRecord]],
                   requests: dict[int, list[tuple[int, wire.Request]]], directory: Path,
                   maps: Sequence[tuple[int, list[int]]] = (),
@@ -147,58 +136,17 @@ async def replay_log(app: App, m: RoundManifest, records: list[tuple[int, EpochR
                      requests: dict[int, list[tuple[int, wire.Request]]], directory: Path,
                      maps: Sequence[tuple[int, list[int]]] = (), store: str = "lsm",
                      ) -> tuple[dict[str, tuple[bool, Any]], dict[str, dict[str, Any]]]:
-    """:func:`_replay` of any app: the fates by request id, and every operator's state. The
-    runtime's own requests (timers, action cleanups) replay from the record, every root
-    with the journal of ``ctx.run`` outcomes it ran with; no effect or action runs."""
-    by_pos = {(p, o): req for p, reqs in requests.items() for o, req in reqs}
-    later = [rec for off, rec in records if rec.epoch > m.epoch]
+    """:func:`_replay` of any app (``sfaas replay``'s re-executor,
+    :func:`sfaas.testing.replay.replay_log`): the fates by request id, and every operator's
+    state. No request id commits twice in the whole log (a copy run under another tid
+    after its first run aborted on a conflict is one run; one committed twice is a double)."""
     # every record of a later epoch is at or after the round's epoch-log position
     assert all(off >= m.epoch_log for off, rec in records if rec.epoch > m.epoch)
-    fates: dict[str, tuple[bool, Any]] = {}
-    most = max([m.workers] + [max(owners) + 1 for _, owners in maps])
-    runner = LocalRunner(app, workers=most, partitions=m.partitions, store=store, directory=directory,
-                         check_determinism=False)
-    runner.actions.live = False  # (a replay runs no post-commit action)
-    pending = sorted(maps)
-    if most > m.workers:
-        runner.remap(default_owners(m.partitions, m.workers))
-    try:
-        for epoch in sorted({rec.epoch for rec in later}):
-            while pending and pending[0][0] < epoch:
-                runner.remap(pending.pop(0)[1])
-            mine = {rec.worker: rec for rec in later if rec.epoch == epoch}
-            runner.effects.begin_epoch()
-            for i, lp in enumerate(runner.loops):
-                rec = mine.get(i)
-                batch = []
-                runtime = rec.runtime_requests() if rec else {}
-                journals = dict(rec.journals) if rec else {}
-                for (tid, p, o), now in zip(rec.batch, rec.nows(), strict=True) if rec else ():
-                    if p < 0:
-                        op, key, fn, args = runtime[tid]
-                        item = _Replayed(runtime_rid(fn, args[0]), (RuntimeCall(op), key, fn, args), now)
-                    else:
-                        req = logged_request(rec, tid, p, o, by_pos)
-                        item = _Replayed(req.rid, (req.operator, req.key, req.function, req.args), now)
-                    runner.effects.begin(tid, item.rid, journals.get(tid))
-                    batch.append((tid, item))
-                lp.begin_replay(epoch, batch)
-            await asyncio.gather(*(lp.execute() for lp in runner.loops))
-            conflicts, aborts = merge_votes(
-                (c.items(), ((t, e, r) for t, (e, r) in u.items())) for c, u in (lp.votes() for lp in runner.loops)
-            )
-            # the workers' cross-worker fallback phase, as the cluster ran it
-            for fs in await commit_together(runner.loops, conflicts, aborts):
-                for f in fs:
-                    # exactly once: a request id commits at most once in the whole log (a
-                    # copy run under another tid after its first run aborted on a conflict
-                    # is one run; one committed twice is a double)
-                    assert not (f.committed and fates.get(f.item.rid, (False,))[0]), \
-                        f"request {f.item.rid} committed twice (epoch {epoch}, tid {f.tid})"
-                    fates[f.item.rid] = (f.committed, f.value)
-        return fates, {op: await runner.aitems(op) for op in app.operators}
-    finally:
-        await runner.aclose()
+    by_pos = {(p, o): req for p, reqs in requests.items() for o, req in reqs}
+    out = await serial_replay(app, m, [rec for _, rec in records], by_pos, directory, maps=maps,
+                              store=store)
+    assert not out.doubled, f"requests committed twice (request id, epoch): {out.doubled[:5]}"
+    return out.fates, out.state
 
 
 def _restore(s: Settings, round_id: int, directory: Path) -> tuple[dict[str, int], dict[str, int]]:
