@@ -14,8 +14,8 @@ the next still runs, so a Kafka error at shutdown cannot leave the stores open. 
 fails is logged naming the part, the exception gets a note naming it too, and the parts
 started so far are stopped before it propagates (its type unchanged: callers act on it).
 
-:class:`Lifecycle` is the list of stops underneath: the worker registers its parts on one
-as its start-up learns what it holds (until its parts are services too).
+:class:`Lifecycle` is the list of stops underneath: each :meth:`Service.start` keeps the
+stops of what it began on one.
 """
 
 from __future__ import annotations
