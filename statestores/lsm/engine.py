@@ -75,7 +75,7 @@ class LSMStore(LSMReads, LSMWrites):
     # ------------------------------------------------------------------ open
 
     @classmethod
-    def _preopen(cls, fs: FileSystem, path: str, entry: FileEntry) -> RunReader | Replayed | None:
+    def preopen(cls, fs: FileSystem, path: str, entry: FileEntry) -> RunReader | Replayed | None:
         """A run's footer, fence index and Bloom filter, read and checked ahead; a sealed
         WAL's records (what the memtable replays)."""
         if entry.kind == "run":
@@ -88,12 +88,12 @@ class LSMStore(LSMReads, LSMWrites):
 
     def _open(self) -> None:
         self._init_state()
-        version = self._load_version()
+        version = self.files.load()
         for e in version.of_kind("run"):
             while len(self._levels) <= e.level:
                 self._levels.append([])
             run = self._opened.pop(e.name, None)
-            path = self._path(e.name)
+            path = self.files.path(e.name)
             if run is not None and run.level == e.level and run.size == self.fs.size(path):
                 run.path = path  # (a promoted replica may have moved)
             else:
@@ -105,7 +105,7 @@ class LSMStore(LSMReads, LSMWrites):
         empty: list[str] = []
         # the WAL that was active at a crash may end torn: the newest non-empty one (an
         # empty spare may follow it)
-        sizes = [self.fs.size(self._path(n)) for n in wal_names]
+        sizes = [self.fs.size(self.files.path(n)) for n in wal_names]
         last = max((i for i, n in enumerate(sizes) if n), default=-1)
         weights: list[int] | None = []  # of the WALs read ahead, if all were
         for i, name in enumerate(wal_names):
@@ -116,7 +116,8 @@ class LSMStore(LSMReads, LSMWrites):
                 if weights is not None:
                     weights.append(ahead.nbytes)
             else:
-                size, _n = replay(self.fs, self._path(name), self._mem, truncate_torn=i == last)
+                path = self.files.path(name)
+                size, _n = replay(self.fs, path, self._mem, truncate_torn=i == last)
                 weights = None if size else weights
             (kept if size else empty).append(name)
         # (a key in two WALs counts twice in their sum: the memtable flushes no later)
@@ -158,13 +159,13 @@ class LSMStore(LSMReads, LSMWrites):
         appended to level ``target`` in the background; False if the lane is full.
         ``drop``: nothing older than the inputs exists, so tombstones — and values expired
         at the horizon — vanish instead of shadowing older versions."""
-        name = f"lsm-L{target}-{self._next_seq():010d}.run"
+        name = f"lsm-L{target}-{self.files.next_seq():010d}.run"
         try:
             fut = background.submit(
                 merge_mod.merge_runs,
                 self._bg_fs,
                 [r.path for r in reversed(inputs)],
-                self._path(name) + ".tmp",
+                self.files.path(name) + ".tmp",
                 drop,
                 self._run_opts["density_factor"],
                 self._run_opts["block_bytes"],
@@ -172,13 +173,13 @@ class LSMStore(LSMReads, LSMWrites):
                 self._run_opts["fsync"],
                 self._horizon,
                 lane="merge",
-                local=self._local_background,
+                local=self.local_background,
             )
         except BackgroundBusy as exc:
             log.debug("merge of %s postponed: %s", self.directory, exc)
             return False
         self._merge = (fut, target, inputs, name)
-        fut.add_done_callback(self._on_done(self._finish_merge))
+        fut.add_done_callback(self.tasks.on_done(self._finish_merge))
         return True
 
     def _compact(self) -> None:
@@ -188,19 +189,19 @@ class LSMStore(LSMReads, LSMWrites):
         self._flush_locked()
         self._paused += 1  # no level merge starts in between
         try:
-            self._wait(lambda: self._merge is None or self._closed)
-            self._check_open()
+            self.tasks.wait(lambda: self._merge is None or self._closed)
+            self.check_open()
             inputs = [r for lv in reversed(self._levels) for r in lv]  # oldest first
             if not inputs:
                 return
             target = max(1, len(self._levels) - 1)
             while not self._start_merge(inputs, target, drop=True):
-                self._cond.wait(0.05)  # the merge lane is full: try again shortly
-                self._check_open()
+                self.tasks.cond.wait(0.05)  # the merge lane is full: try again shortly
+                self.check_open()
             m = self._merge
             assert m is not None
-            self._wait(lambda: self._merge is not m or self._closed)
-            self._check_open()
+            self.tasks.wait(lambda: self._merge is not m or self._closed)
+            self.check_open()
             exc = m[0].exception()
             if exc is not None:
                 raise StoreError(f"compaction of {self.directory} failed: {exc}") from exc
@@ -215,7 +216,7 @@ class LSMStore(LSMReads, LSMWrites):
             try:
                 self._install_merge(fut)
             finally:
-                self._notify()
+                self.tasks.notify()
 
     def _abandon_merge(self) -> None:
         """(lock held) A restore replaces the runs: the merge in flight (at 50M keys it can
@@ -227,15 +228,15 @@ class LSMStore(LSMReads, LSMWrites):
         self._merge = None
         fut, _target, inputs, name = m
         names = [r.name for r in inputs]
-        self._pin(names)
+        self.pin_files(names)
         log.info("a restore abandons the merge into %s", name, extra={"store": self.directory})
 
         def ended(_fut: concurrent.futures.Future[dict[str, Any]]) -> None:
             with self._lock:
-                self.fs.remove(self._path(name) + ".tmp")
-                self._unpin(names)
+                self.fs.remove(self.files.path(name) + ".tmp")
+                self.unpin_files(names)
 
-        fut.add_done_callback(self._on_done(ended))
+        fut.add_done_callback(self.tasks.on_done(ended))
 
     def _install_merge(self, fut: concurrent.futures.Future[dict[str, Any]]) -> None:
         m = self._merge
@@ -243,7 +244,7 @@ class LSMStore(LSMReads, LSMWrites):
             return
         self._merge = None
         _fut, target, inputs, name = m
-        path = self._path(name)
+        path = self.files.path(name)
         try:
             result = fut.result()
         except Exception as exc:
@@ -294,7 +295,7 @@ class LSMStore(LSMReads, LSMWrites):
         self._drop_spare()
         mem: dict[bytes, bytes | None] = {}
         for name in wal_names:
-            replay(self.fs, self._path(name), mem, truncate_torn=False)
+            replay(self.fs, self.files.path(name), mem, truncate_torn=False)
         # a run file never changes under its name: a reader already open (the state being
         # replaced shares most runs with a recent snapshot) is reused, not re-read
         have = {r.name: r for level in self._levels for r in level}
@@ -304,7 +305,7 @@ class LSMStore(LSMReads, LSMWrites):
                 levels.append([])
             r = have.get(e.name)
             if r is None or r.level != e.level or e.name in replaced:
-                r = RunReader(self.fs, self._path(e.name), e.name, e.level)
+                r = RunReader(self.fs, self.files.path(e.name), e.name, e.level)
             levels[e.level].append(r)
         self._levels = levels
         self._rebuild_runs()
@@ -374,7 +375,7 @@ class LSMStore(LSMReads, LSMWrites):
             "files_per_level": {f"L{i}": [r.name for r in lv] for i, lv in enumerate(self._levels)},
             "run_bytes": sum(r.size for r in self._runs),
             "wals": self._all_wals(),
-            "files": self._version.names(),
+            "files": self.files.version.names(),
             "wal_bytes": self._wal_bytes,
             "flushes": self._flushes,
             "merges_done": self._merges_done,

@@ -33,7 +33,7 @@ class LSMReads(LSMState):
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         if self._closed:
-            self._check_open()
+            self.check_open()
         if type(key) is not bytes or not key or len(key) > MAX_KEY_BYTES:
             key = check_key(key)
         v = self._mem.get(key, _MISS)
@@ -138,7 +138,7 @@ class LSMReads(LSMState):
 
     def _merged(self, start: bytes) -> Iterator[tuple[bytes, bytes]]:
         """The live pairs from key ``start`` on, in key order, as of this call."""
-        self._check_open()
+        self.check_open()
         with self._lock:
             mem = self._mem
             mkeys = sorted(k for k in mem if k >= start) if start else sorted(mem)

@@ -14,12 +14,10 @@ from crc32c import crc32c as crc32c_raw
 
 from .. import background, records
 from ..base import (
-    MAX_KEY_BYTES,
-    MAX_VALUE_BYTES,
     Frozen,
     check_key,
     check_ops,
-    check_value,
+    check_put,
 )
 from ..errors import BackgroundBusy
 from ..version import FileEntry, seq_of
@@ -54,14 +52,14 @@ class LSMWrites(LSMState):
         if spare is not None:
             name, self._wal_fd = spare
         else:
-            name = f"lsm-{self._next_seq():010d}.wal"
-            self._wal_fd = self.fs.open_new(self._path(name))
+            name = f"lsm-{self.files.next_seq():010d}.wal"
+            self._wal_fd = self.fs.open_new(self.files.path(name))
             added.append(FileEntry(name, "wal"))
         self._wals.append(name)
         self._wal_bytes = 0
         if old_fd is not None:
             self._fds_to_close.append(old_fd)
-        self._post_once(self._maintain_wals)
+        self.tasks.post_once(self._maintain_wals)
         return added
 
     def _maintain_wals(self) -> None:
@@ -76,9 +74,9 @@ class LSMWrites(LSMState):
         with self._lock:
             if self._closed or self._spare_wal is not None or self._wal_fd is None:
                 return
-            seq = self._next_seq()
+            seq = self.files.next_seq()
         name = f"lsm-{seq:010d}.wal"
-        fd = self.fs.open_new(self._path(name))  # the syscall, without the lock
+        fd = self.fs.open_new(self.files.path(name))  # the syscall, without the lock
         with self._lock:
             # replay order is seq order: a spare older than the active WAL (a new file was
             # made meanwhile) would replay before it — drop it
@@ -89,7 +87,7 @@ class LSMWrites(LSMState):
                 or seq < seq_of(self._wals[-1])
             ):
                 self.fs.close(fd)
-                self.fs.remove(self._path(name))
+                self.fs.remove(self.files.path(name))
                 return
             self._spare_wal = (name, fd)
             self._edit([FileEntry(name, "wal")])
@@ -106,16 +104,8 @@ class LSMWrites(LSMState):
 
     def put(self, key: bytes, value: bytes) -> None:
         if self._closed:
-            self._check_open()
-        if (
-            type(key) is not bytes
-            or type(value) is not bytes
-            or not key
-            or len(key) > MAX_KEY_BYTES
-            or len(value) > MAX_VALUE_BYTES
-        ):
-            key = check_key(key)
-            value = check_value(value, key)
+            self.check_open()
+        key, value = check_put(key, value)
         with self._lock:
             fd = self._wal_fd
             if fd is not None:
@@ -143,12 +133,12 @@ class LSMWrites(LSMState):
 
     def delete(self, key: bytes) -> None:
         if self._closed:
-            self._check_open()
+            self.check_open()
         key = check_key(key)
         self._apply([(key, None)], _encode(key, None))
 
     def write_batch(self, ops: Iterable[tuple[bytes, bytes | None]]) -> None:
-        self._check_open()
+        self.check_open()
         checked = check_ops(ops)
         if checked:
             self._apply(checked, records.encode_batch(checked))
@@ -175,7 +165,7 @@ class LSMWrites(LSMState):
 
     def flush(self) -> None:
         """Write the memtable to a level-0 run (and fsync it with ``sync="fsync"``)."""
-        self._check_open()
+        self.check_open()
         with self._lock:
             self._flush_locked()
 
@@ -195,8 +185,8 @@ class LSMWrites(LSMState):
                 keys = [k for k, _ in pairs]
                 values = [v for _, v in pairs]
             if keys:
-                name = f"lsm-L0-{self._next_seq():010d}.run"
-                path = self._path(name)
+                name = f"lsm-L0-{self.files.next_seq():010d}.run"
+                path = self.files.path(name)
                 write_run(self.fs, path + ".tmp", keys, values, **self._run_opts)
                 self.fs.rename(path + ".tmp", path)
                 if not self._levels:
@@ -217,19 +207,19 @@ class LSMWrites(LSMState):
     def _rotate_locked(self) -> None:
         """Hand the full memtable to the background flush lane and start a fresh one."""
         if len(self._imms) >= MAX_IMMS:  # flushes fall behind: stall this writer
-            self._wait(lambda: len(self._imms) < MAX_IMMS or self._closed)
-            self._check_open()
+            self.tasks.wait(lambda: len(self._imms) < MAX_IMMS or self._closed)
+            self.check_open()
         if not self._mem:
             return
         mem = self._mem
-        name = f"lsm-L0-{self._next_seq():010d}.run"
+        name = f"lsm-L0-{self.files.next_seq():010d}.run"
         drop = not self._runs and not self._imms
         o = self._run_opts
         try:
             fut = background.submit(
-                merge_mod.flush_memtable, self._bg_fs, self._path(name) + ".tmp", mem, drop,
+                merge_mod.flush_memtable, self._bg_fs, self.files.path(name) + ".tmp", mem, drop,
                 o["density_factor"], o["block_bytes"], o["bloom_fpr"], o["fsync"],
-                lane="flush", local=self._local_background,
+                lane="flush", local=self.local_background,
             )
         except (BackgroundBusy, RuntimeError, OSError) as exc:
             log.warning("no background flush (%s); flushing in the foreground", exc)
@@ -243,19 +233,19 @@ class LSMWrites(LSMState):
         self._mem_bytes = 0
         if added:
             self._edit(added)
-        fut.add_done_callback(self._on_done(self._install_flushes))
+        fut.add_done_callback(self.tasks.on_done(self._install_flushes))
 
     def _install_flushes(self, _fut: object = None) -> None:
         """(maintainer) Install finished flushes, oldest first."""
         with self._lock:
             while self._imms and self._imms[0].future.done() and not self._closed:
                 self._install_imm(self._imms[0])
-            self._notify()
+            self.tasks.notify()
 
     def _drain_imms(self) -> None:
         """(lock held) Wait, releasing the lock, until every background flush is installed."""
         if self._imms:
-            self._wait(lambda: not self._imms or self._closed)
+            self.tasks.wait(lambda: not self._imms or self._closed)
 
     def _install_imm(self, imm: Imm) -> None:
         """Put a flushed memtable's run into level 0 (lock held; ``imm`` is the oldest)."""
@@ -267,7 +257,7 @@ class LSMWrites(LSMState):
         imm.installed.set_result(None)
 
     def _install_imm_run(self, imm: Imm) -> None:
-        path = self._path(imm.name)
+        path = self.files.path(imm.name)
         try:
             result = imm.future.result()
         except Exception as exc:  # e.g. the background process died: flush here instead
@@ -312,7 +302,7 @@ class LSMWrites(LSMState):
                 for i in self._imms
                 if not (i.drop_tombstones and all(v is None for v in i.mem.values()))
             ]
-            return self._frozen_version(
+            return self.files.frozen(
                 extra=[FileEntry(i.name, "run", 0) for i in imms],
                 pending=[i.installed for i in imms],
             )
@@ -322,4 +312,4 @@ class LSMWrites(LSMState):
                 self._edit(added)
         active = self._wals[-1:] if self._wal_fd is not None else []
         spare = [self._spare_wal[0]] if self._spare_wal is not None else []
-        return self._frozen_version(skip=active + spare)
+        return self.files.frozen(skip=active + spare)

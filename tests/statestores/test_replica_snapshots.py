@@ -397,7 +397,7 @@ def test_a_promoted_lsm_replica_reads_none_of_its_runs_again(tmp_path: Path, mon
 
     def promoted(name: str, ahead: bool) -> tuple[statestores.Store, list[str]]:
         if not ahead:
-            monkeypatch.setattr(lsm_engine.LSMStore, "_preopen", classmethod(lambda cls, fs, path, e: None))
+            monkeypatch.setattr(lsm_engine.LSMStore, "preopen", classmethod(lambda cls, fs, path, e: None))
         f = statestores.follow("lsm", tmp_path / name, LocalSource(shipper), **opts)
         f.wait(snapshot_id=1)
         opened.clear()
