@@ -8,7 +8,7 @@ subscribers and the events queued for them (:class:`~statestores.delivery.Delive
 ``store.delivery``) and what :mod:`statestores.snapshots` remembers
 (:class:`~statestores.snapshots.SnapshotState`), which that module reaches only through
 the methods of :class:`~statestores.snapshots.SnapshotHost` declared there. An engine
-implements the hooks marked *engine hook* (see also :class:`statestores.engine.Engine`).
+implements the hooks its one Protocol, :class:`statestores.engine.Engine`, declares.
 
 **Files.** All durable state is a :class:`~statestores.version.Version`: a set of files
 whose names never change meaning (names carry a sequence number from
@@ -150,37 +150,29 @@ class Store(abc.ABC):
         return parse_options(cls.engine, cls.OPTIONS, cls.DEFAULT_SYNC, given)
 
     # ------------------------------------------------------------------ engine hooks
+    # What an engine provides, with the contracts, is :class:`statestores.engine.Engine`;
+    # these are its declarations and the defaults of the optional ones.
 
     @classmethod
     def preopen(cls, fs: FileSystem, path: str, entry: FileEntry) -> Any | None:
-        """Engine hook: open the file ``entry`` at ``path`` as ``_open`` would, for a replica
-        that may be promoted (``_open`` then finds it in ``self._opened``); None: nothing
-        to open ahead (the default)."""
+        """Engine hook (``Engine.preopen``); default: nothing to open ahead."""
         return None
 
     def _has_local_state(self) -> bool:
-        """Engine hook: whether the directory holds any state of this engine."""
         return current.exists(self.fs, self.directory)
 
     @abc.abstractmethod
-    def _open(self) -> None:
-        """Engine hook: load whatever the directory holds (after a clean close or a crash).
-        Start from ``self.files.load()``."""
+    def _open(self) -> None: ...
 
     def _open_empty(self) -> None:
-        """Engine hook: set up an empty store that is about to be restored. Default: ``_open``."""
         self._open()
 
     @abc.abstractmethod
-    def _close(self) -> None:
-        """Engine hook (lock held, background idle): flush per ``sync``, release resources."""
+    def _close(self) -> None: ...
 
     def _abandon(self) -> None:
-        """Engine hook: drop resources without writing anything (a failed open).
-
-        The default closes a WAL descriptor kept in ``self._wal_fd``; engines holding more
-        extend it and call ``super()._abandon()``.
-        """
+        """Default: close a WAL descriptor kept in ``self._wal_fd``; engines holding more
+        extend it and call ``super()._abandon()``."""
         fd = getattr(self, "_wal_fd", None)
         if fd is not None:
             try:
@@ -190,36 +182,24 @@ class Store(abc.ABC):
             self._wal_fd = None
 
     @abc.abstractmethod
-    def _freeze(self) -> Frozen:
-        """Engine hook (lock held): name the files that hold all state written so far.
-
-        Must be cheap (the caller waits): in-memory data may be handed to the maintainer
-        thread, with futures in ``Frozen.pending`` that resolve once its files are durable.
-        """
+    def _freeze(self) -> Frozen: ...
 
     @abc.abstractmethod
-    def _install(self, entries: list[FileEntry], replaced: frozenset[str] = frozenset()) -> None:
-        """Engine hook (lock held, background work idle): become exactly the state of
-        ``entries``, whose files are present and verified. Drop all other state and end
-        with one :meth:`_reset_version` to ``entries`` (plus any new WAL). ``replaced``:
-        files the restore just put in place under a name a local (corrupt) file had — an
-        engine that keeps files open must reopen these."""
+    def _install(
+        self, entries: list[FileEntry], replaced: frozenset[str] = frozenset()
+    ) -> None: ...
 
     def _idle(self) -> bool:
-        """Engine hook (lock held): no background work of this store is in flight."""
         return True
 
     def _kick(self) -> None:  # noqa: B027 - optional hook
-        """Engine hook (lock held): start background work that may be due (a merge)."""
+        """Default: no background work."""
 
     def _abandon_merge(self) -> None:  # noqa: B027 - optional hook
-        """Engine hook (lock held, merges paused): forget the merge in flight, if any, so
-        :meth:`_idle` need not wait for it; its output is deleted when it ends, its inputs
-        stay on disk until then. Default: nothing (the store waits for it)."""
+        """Default: nothing (the store waits for the merge in flight)."""
 
     @abc.abstractmethod
-    def _stats(self) -> dict[str, Any]:
-        """Engine hook: engine-specific statistics."""
+    def _stats(self) -> dict[str, Any]: ...
 
     @abc.abstractmethod
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
@@ -255,8 +235,7 @@ class Store(abc.ABC):
         return self._prefixed(prefix)
 
     def _prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Engine hook of :meth:`prefixed` (``prefix`` checked, the store open). Default:
-        filter and sort :meth:`items`."""
+        """Default: filter and sort :meth:`items`."""
         return iter(sorted(kv for kv in self.items() if kv[0].startswith(prefix)))
 
     @abc.abstractmethod
@@ -264,10 +243,7 @@ class Store(abc.ABC):
         """Push buffered writes to files (durability per ``sync``)."""
 
     def _compact(self) -> None:  # noqa: B027 - optional hook
-        """Engine hook (lock held, called by :meth:`compact`): merge every file once into
-        the fewest the engine keeps, dropping overwritten values, tombstones and values
-        expired at the horizon; wait for it (releasing the lock). Default: nothing (an
-        engine without merges)."""
+        """Default: nothing (an engine without merges)."""
 
     # ------------------------------------------------------------------ files and versions
 
