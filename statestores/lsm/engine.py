@@ -268,7 +268,7 @@ class LSMStore(LSMReads, LSMWrites):
         self._rebuild_runs()
         self._expired_dropped += result.get("expired", 0)
         self._edit(added, [r.name for r in inputs])
-        self._drop_cached(inputs)
+        self._cache.drop(inputs)
         self._merges_done += 1
         log.debug(
             "merge installed",
@@ -319,8 +319,6 @@ class LSMStore(LSMReads, LSMWrites):
             len(k) + (len(v) if v else 0) + ENTRY_OVERHEAD for k, v in mem.items()
         )
         self._cache.clear()
-        self._cache_sizes.clear()
-        self._cache_used = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -336,7 +334,6 @@ class LSMStore(LSMReads, LSMWrites):
         if spare:
             self._edit((), spare)
         self._cache.clear()
-        self._cache_sizes.clear()
         self._runs = ()
         self._levels = []
 
@@ -367,9 +364,9 @@ class LSMStore(LSMReads, LSMWrites):
             "memory_bytes": self._mem_bytes
             + sum(i.nbytes for i in self._imms)
             + runs_mem
-            + self._cache_used,
+            + self._cache.used,
             "index_bytes": runs_mem,
-            "cache_bytes": self._cache_used,
+            "cache_bytes": self._cache.used,
             "cached_blocks": len(self._cache),
             "runs_per_level": [len(lv) for lv in self._levels],
             "files_per_level": {f"L{i}": [r.name for r in lv] for i, lv in enumerate(self._levels)},

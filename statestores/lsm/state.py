@@ -6,12 +6,12 @@ the read path (:mod:`.reads`) and the write path (:mod:`.writes`) share.
 from __future__ import annotations
 
 import concurrent.futures
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..base import Store
 from ..fs import FileSystem
+from .cache import BlockCache
 from .runfile import RunReader
 
 __all__ = ["LSMState", "Imm", "ENTRY_OVERHEAD", "MAX_IMMS", "WAL_FACTOR"]
@@ -56,7 +56,6 @@ class LSMState(Store):
             "bloom_fpr": o["bloom_fpr"],
             "fsync": self.sync == "fsync",
         }
-        self._cache_limit: int = o["cache_bytes"]
         self._mem: dict[bytes, bytes | None] = {}
         self._mem_bytes = 0
         self._levels: list[list[RunReader]] = []
@@ -68,10 +67,7 @@ class LSMState(Store):
         self._fds_to_close: list[int] = []  # sealed WALs' descriptors, closed by the maintainer
         self._wal_bytes = 0
         self._imms: tuple[Imm, ...] = ()  # oldest first; replaced whole (lock-free readers)
-        self._cache: OrderedDict[int, dict[bytes, bytes | None]] = OrderedDict()
-        self._cache_sizes: dict[int, int] = {}
-        self._cache_used = 0
-        self._misses = 0
+        self._cache = BlockCache(o["cache_bytes"])
         self._merge: (
             tuple[concurrent.futures.Future[dict[str, Any]], int, list[RunReader], str] | None
         ) = None
