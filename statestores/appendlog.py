@@ -42,11 +42,10 @@ from crc32c import crc32c
 from . import records
 from .checks import (
     MAX_KEY_BYTES,
-    MAX_VALUE_BYTES,
     Option,
     check_key,
     check_ops,
-    check_value,
+    check_put,
 )
 from .fs import FileSystem
 from .log import Segment, SegmentedStore
@@ -125,7 +124,7 @@ class AppendLogStore(SegmentedStore):
 
     def _scan_open(self, name: str, *, truncate_torn: bool) -> _Sealing:
         """(lock held) Replay segment ``name`` into the index; open and map it."""
-        seg = Segment(name, 0, self._path(name))
+        seg = Segment(name, 0, self.files.path(name))
         size, alive, tombs = scan_segment(self.fs, seg.path, seg.seq, truncate_torn=truncate_torn)
         for key in tombs:
             self._forget(key)
@@ -152,15 +151,15 @@ class AppendLogStore(SegmentedStore):
         """(lock held) The seq of a new active or spare segment, with the one just below it
         kept in ``_below``: a merge of the segments folded before it took over is named by
         that seq, so it sorts after them and before this one (``version.py``: by seq)."""
-        below = self._next_seq()
-        seq = self._next_seq()
+        below = self.files.next_seq()
+        seq = self.files.next_seq()
         self._below[seq] = below
         return seq
 
     def _create_segment(self, seq: int) -> Segment:
         """An empty, writable segment file with its descriptors open (no lock needed)."""
         name = self._segment_name(0, seq)
-        seg = Segment(name, 0, self._path(name))
+        seg = Segment(name, 0, self.files.path(name))
         self._open_fds(seg, 0)
         return seg
 
@@ -234,16 +233,8 @@ class AppendLogStore(SegmentedStore):
 
     def put(self, key: bytes, value: bytes) -> None:
         if self._closed:
-            self._check_open()
-        if (
-            type(key) is not bytes
-            or type(value) is not bytes
-            or not key
-            or len(key) > MAX_KEY_BYTES
-            or len(value) > MAX_VALUE_BYTES
-        ):
-            key = check_key(key)
-            value = check_value(value, key)
+            self.check_open()
+        key, value = check_put(key, value)
         body = _BODY(len(key), len(value), 0) + key + value
         rec = _CRC(crc32c(body)) + body
         with self._lock:
@@ -271,7 +262,7 @@ class AppendLogStore(SegmentedStore):
             raise
 
     def delete(self, key: bytes) -> None:
-        self._check_open()
+        self.check_open()
         key = check_key(key)
         with self._lock:
             if self._lookup(key) is None:
@@ -286,7 +277,7 @@ class AppendLogStore(SegmentedStore):
                 self._roll()
 
     def write_batch(self, ops: Iterable[tuple[bytes, bytes | None]]) -> None:
-        self._check_open()
+        self.check_open()
         checked = check_ops(ops)
         if not checked:
             return
@@ -312,7 +303,7 @@ class AppendLogStore(SegmentedStore):
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         if self._closed:
-            self._check_open()
+            self.check_open()
         if type(key) is not bytes or not key or len(key) > MAX_KEY_BYTES:
             key = check_key(key)
         return self._disk_get(key, default)  # type: ignore[no-any-return]
@@ -322,7 +313,7 @@ class AppendLogStore(SegmentedStore):
         return len(self._index)
 
     def flush(self) -> None:
-        self._check_open()
+        self.check_open()
         with self._lock:
             seg = self._active
             if seg is None:
@@ -448,7 +439,7 @@ class AppendLogStore(SegmentedStore):
             seg.map(self.fs, seg.rfd)  # reads of it take the fast path
         self._folds += 1
         if self._spare is None:
-            self._post(self._make_spare)
+            self.tasks.post(self._make_spare)
 
     # ------------------------------------------------------------------ snapshots
 
@@ -540,7 +531,7 @@ class AppendLogStore(SegmentedStore):
             memory_bytes=s["index_bytes"]
             + 100 * len(self._alive)
             + (len(seg.wbuf) if seg is not None else 0),
-            files=self._version.names(),
+            files=self.files.version.names(),
         )
         return s
 

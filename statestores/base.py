@@ -1,9 +1,29 @@
 """The :class:`Store` every engine subclasses: argument checks, options, the data API and
 the mapping protocol over it, snapshots and restores, and opening and closing a directory.
 
-The live file set, file lifetimes and background work it builds on are
-:class:`~statestores.core.StoreCore`'s; an engine implements the hooks marked *engine
-hook* in both.
+A store *has* its parts, each in a module of its own: the live file set with its numbering
+and pins (:class:`~statestores.files.FileSet`, ``store.files``), the store lock and the
+maintainer thread's work (:class:`~statestores.tasks.Tasks`, ``store.tasks``), the
+subscribers and the events queued for them (:class:`~statestores.delivery.Delivery`,
+``store.delivery``) and what :mod:`statestores.snapshots` remembers
+(:class:`~statestores.snapshots.SnapshotState`), which that module reaches only through
+the methods of :class:`~statestores.snapshots.SnapshotHost` declared there. An engine
+implements the hooks its one Protocol, :class:`statestores.engine.Engine`, declares.
+
+**Files.** All durable state is a :class:`~statestores.version.Version`: a set of files
+whose names never change meaning (names carry a sequence number from
+``files.next_seq()``, which continues above every name the directory or the remote has
+seen). Every change of the set is one :meth:`Store._edit`: it persists ``CURRENT``,
+queues the edit for subscribers (:meth:`Store.subscribe`), and is the one place that
+decides when a file is deleted — once no version names it, no snapshot, upload or restore
+pins it (an upload keeps its pin while its snapshot is one of the newest
+``snapshots.KEEP_LOCAL``), and every subscriber has been handed the edit that removed it.
+
+**Threads.** One lock (``self._lock``, the ``RLock`` of ``self.tasks``) guards the
+engine's state; the caller's thread takes it for every operation. Background work
+(flushes, merges, seals) runs elsewhere and its results are installed by the store's
+maintainer thread. Nobody waits for background work while holding the lock: waiting is
+``self.tasks.wait(...)``, which releases it.
 """
 
 from __future__ import annotations
@@ -12,8 +32,9 @@ import abc
 import concurrent.futures
 import logging
 import os
-from collections.abc import Iterable, Iterator
-from typing import Any
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, ClassVar
 
 from remotes.base import Remote
 
@@ -24,14 +45,19 @@ from .checks import (
     Option,
     check_key,
     check_ops,
+    check_put,
     check_value,
+    parse_options,
 )
 from .checksum import file_crc
-from .core import StoreCore, Subscriber
-from .errors import StoreError
+from .delivery import Delivery, Subscriber
+from .errors import StoreClosedError, StoreError
+from .files import FileSet
 from .fs import FileSystem
 from .snapshot_info import Frozen, RestoreInfo, SnapshotInfo
-from .version import FileEntry
+from .snapshots import SnapshotState
+from .tasks import Tasks
+from .version import FileEntry, VersionEdit
 
 log = logging.getLogger("statestores")
 
@@ -46,6 +72,7 @@ __all__ = [
     "MAX_VALUE_BYTES",
     "check_key",
     "check_value",
+    "check_put",
     "check_ops",
     "file_crc",
 ]
@@ -54,8 +81,16 @@ _MISSING = object()
 _LOCK_NAME = "LOCK"
 
 
-class Store(StoreCore):
+class Store(abc.ABC):
     """A key-value store over bytes with incremental snapshots. See :func:`statestores.open`."""
+
+    engine: ClassVar[str] = ""
+    #: Prefix of every data file name of this engine (``<prefix>-…``).
+    PREFIX: ClassVar[str] = ""
+    #: Engine options (beyond ``sync``): name → :class:`Option`.
+    OPTIONS: ClassVar[dict[str, Option]] = {}
+    #: Default for ``sync`` when the caller does not give one.
+    DEFAULT_SYNC: ClassVar[str] = "os"
 
     #: An engine's WAL descriptor, if it keeps one (closed by the default :meth:`_abandon`).
     _wal_fd: int | None
@@ -69,8 +104,25 @@ class Store(StoreCore):
         _opened: dict[str, Any] | None = None,
         **options: Any,
     ) -> None:
-        super().__init__(directory, remote, fs, options)
-        #: files a replica opened already (``_preopen``, by name; ``statestores.replica``):
+        if remote is not None and not isinstance(remote, Remote):
+            raise TypeError(f"remote must be a remotes.Remote, got {type(remote).__name__}")
+        self.options = self.parse_options(options)
+        self.sync: str = self.options["sync"]
+        self.directory = os.path.abspath(os.fspath(directory))
+        self.fs = fs if fs is not None else FileSystem()
+        self.remote = remote
+        #: the parts (constant after construction)
+        self.tasks = Tasks(f"statestores-{self.engine}-maint")
+        self.files = FileSet(self.fs, self.directory, self.PREFIX, fsync=self.sync == "fsync")
+        self.delivery = Delivery(self.files, self.tasks)
+        self.snapshot_state = SnapshotState()
+        self._lock = self.tasks.lock
+        self._closed = False
+        self._paused = 0  # > 0: no new background merge starts (restore, close)
+        #: Values expiring at or before this time (ms) are dropped by merges; None: none
+        #: set yet (:meth:`set_expiry_horizon`, :mod:`statestores.expiry`).
+        self._horizon: int | None = None
+        #: files a replica opened already (:meth:`preopen`, by name; ``statestores.replica``):
         #: ``_open`` takes them instead of opening those files again, the rest are dropped
         self._opened: dict[str, Any] = dict(_opened or {})
         self.fs.makedirs(self.directory)
@@ -87,43 +139,40 @@ class Store(StoreCore):
         except BaseException:
             self._opened.clear()
             self._closed = True
-            self._maint.stop()
+            self.tasks.maintainer.stop()
             self._abandon()
             self.fs.unlock(self._lock_fd)
             raise
 
+    @classmethod
+    def parse_options(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """``given`` checked against this engine's options, defaults filled in."""
+        return parse_options(cls.engine, cls.OPTIONS, cls.DEFAULT_SYNC, given)
+
     # ------------------------------------------------------------------ engine hooks
+    # What an engine provides, with the contracts, is :class:`statestores.engine.Engine`;
+    # these are its declarations and the defaults of the optional ones.
 
     @classmethod
-    def _preopen(cls, fs: FileSystem, path: str, entry: FileEntry) -> Any | None:
-        """Engine hook: open the file ``entry`` at ``path`` as ``_open`` would, for a replica
-        that may be promoted (``_open`` then finds it in ``self._opened``); None: nothing
-        to open ahead (the default)."""
+    def preopen(cls, fs: FileSystem, path: str, entry: FileEntry) -> Any | None:
+        """Engine hook (``Engine.preopen``); default: nothing to open ahead."""
         return None
 
     def _has_local_state(self) -> bool:
-        """Engine hook: whether the directory holds any state of this engine."""
         return current.exists(self.fs, self.directory)
 
     @abc.abstractmethod
-    def _open(self) -> None:
-        """Engine hook: load whatever the directory holds (after a clean close or a crash).
-        Start from :meth:`_load_version`."""
+    def _open(self) -> None: ...
 
     def _open_empty(self) -> None:
-        """Engine hook: set up an empty store that is about to be restored. Default: ``_open``."""
         self._open()
 
     @abc.abstractmethod
-    def _close(self) -> None:
-        """Engine hook (lock held, background idle): flush per ``sync``, release resources."""
+    def _close(self) -> None: ...
 
     def _abandon(self) -> None:
-        """Engine hook: drop resources without writing anything (a failed open).
-
-        The default closes a WAL descriptor kept in ``self._wal_fd``; engines holding more
-        extend it and call ``super()._abandon()``.
-        """
+        """Default: close a WAL descriptor kept in ``self._wal_fd``; engines holding more
+        extend it and call ``super()._abandon()``."""
         fd = getattr(self, "_wal_fd", None)
         if fd is not None:
             try:
@@ -133,8 +182,24 @@ class Store(StoreCore):
             self._wal_fd = None
 
     @abc.abstractmethod
-    def _stats(self) -> dict[str, Any]:
-        """Engine hook: engine-specific statistics."""
+    def _freeze(self) -> Frozen: ...
+
+    @abc.abstractmethod
+    def _install(
+        self, entries: list[FileEntry], replaced: frozenset[str] = frozenset()
+    ) -> None: ...
+
+    def _idle(self) -> bool:
+        return True
+
+    def _kick(self) -> None:  # noqa: B027 - optional hook
+        """Default: no background work."""
+
+    def _abandon_merge(self) -> None:  # noqa: B027 - optional hook
+        """Default: nothing (the store waits for the merge in flight)."""
+
+    @abc.abstractmethod
+    def _stats(self) -> dict[str, Any]: ...
 
     @abc.abstractmethod
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
@@ -166,23 +231,177 @@ class Store(StoreCore):
         worker's event loop for 2.5 s.) Engines implement :meth:`_prefixed`."""
         if not isinstance(prefix, bytes):
             raise TypeError(f"prefix must be bytes, got {type(prefix).__name__}")
-        self._check_open()
+        self.check_open()
         return self._prefixed(prefix)
 
     def _prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Engine hook of :meth:`prefixed` (``prefix`` checked, the store open). Default:
-        filter and sort :meth:`items`."""
+        """Default: filter and sort :meth:`items`."""
         return iter(sorted(kv for kv in self.items() if kv[0].startswith(prefix)))
 
     @abc.abstractmethod
     def flush(self) -> None:
         """Push buffered writes to files (durability per ``sync``)."""
 
-    def _compact(self) -> None:
-        """Engine hook (lock held, called by :meth:`compact`): merge every file once into
-        the fewest the engine keeps, dropping overwritten values, tombstones and values
-        expired at the horizon; wait for it (releasing the lock). Default: nothing (an
-        engine without merges)."""
+    def _compact(self) -> None:  # noqa: B027 - optional hook
+        """Default: nothing (an engine without merges)."""
+
+    # ------------------------------------------------------------------ files and versions
+
+    def check_open(self) -> None:
+        """Raise :class:`StoreClosedError` if the store is closed."""
+        if self._closed:
+            raise StoreClosedError(f"store at {self.directory} is closed")
+
+    @property
+    def local_background(self) -> bool:
+        """Background jobs run in this process when the file system is not the real one
+        (a test's FaultyFS must see the job's writes, crash included)."""
+        return type(self.fs) is not FileSystem
+
+    @property
+    def _bg_fs(self) -> FileSystem | None:
+        """The file system a background job uses: ours when it runs locally."""
+        return self.fs if self.local_background else None
+
+    def _edit(self, added: Iterable[FileEntry] = (), removed: Iterable[str] = ()) -> VersionEdit:
+        """(lock held) The one way the live file set changes: apply, persist, publish, and
+        delete what the edit removed once nothing needs it."""
+        edit = self.files.apply(added, removed)
+        self.delivery.publish(edit)
+        return edit
+
+    def _reset_version(self, entries: Iterable[FileEntry]) -> VersionEdit:
+        """(lock held) One edit that makes the version exactly ``entries``."""
+        return self._edit(*self.files.reset_to(entries))
+
+    def version(self) -> tuple[int, list[FileEntry]]:
+        """``(seq, files)``: the live version's number and its files (age order per kind)."""
+        self.check_open()
+        with self._lock:
+            v = self.files.version
+            return v.seq, sorted(v.files.values(), key=lambda e: (e.kind, -e.level, e.seq))
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call ``callback(event)`` for every later :class:`VersionEdit`, in sequence order,
+        after it is durable, and for every :class:`SnapshotMark` (a snapshot this store
+        completed) at its place in that order; returns a function that unsubscribes.
+
+        Files an edit removes, and the files a mark names, stay on disk until the callback
+        returned. The callback runs
+        on the store's maintainer thread: it must hand the edit to a thread of its own
+        (e.g. put it on a queue) and never call back into the store or block.
+        """
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {type(callback).__name__}")
+        self.check_open()
+        with self._lock:
+            self.delivery.add(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self.delivery.remove(callback)
+
+        return unsubscribe
+
+    # ------------------------------------------------------------------ background work
+
+    def _quiesce(self, *, abandon: bool = False) -> None:
+        """Stop starting merges and wait, without holding the lock, until none is in flight.
+        ``abandon``: a restore, which replaces the files a merge in flight reads — drop its
+        result instead of waiting for it (``_abandon_merge``)."""
+        with self._lock:
+            self._paused += 1
+            if abandon:
+                self._abandon_merge()
+            self.tasks.wait_quietly(self._idle)
+
+    def _resume(self) -> None:
+        with self._lock:
+            self._paused = max(0, self._paused - 1)
+            if not self._paused and not self._closed:
+                self._kick()
+
+    def pause_merges(self) -> Callable[[], None]:
+        """Start no new merge until the returned function is called (once; later calls do
+        nothing). A merge in flight finishes; flushes go on. For a store whose files are
+        being shipped to a new owner: a merge then would ship its state a second time."""
+        with self._lock:
+            self.check_open()
+            self._paused += 1
+        resumed = threading.Event()
+
+        def resume() -> None:
+            if not resumed.is_set():
+                resumed.set()
+                self._resume()
+
+        return resume
+
+    def settle(self) -> None:
+        """Wait until no background flush, merge, seal or other maintainer task of this
+        store is in flight (e.g. before looking at its files)."""
+        for _ in range(100):
+            with self._lock:
+                self.tasks.wait(
+                    lambda: self._closed or (self._idle() and self.delivery.idle())
+                )
+                if self._closed:
+                    return
+            marker = threading.Event()
+            if not self.tasks.maintainer.post(marker.set):
+                return
+            marker.wait()  # the inbox is FIFO: everything posted before the marker has run
+            with self._lock:
+                if self._idle() and self.delivery.idle():
+                    return
+
+    # ------------------------------------------------------------------ snapshots' host
+    # What :mod:`statestores.snapshots` may do to a store (its ``SnapshotHost`` Protocol).
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The store lock (for the parts and modules that share it)."""
+        return self._lock
+
+    def file_path(self, name: str) -> str:
+        """The path of the store's file ``name``."""
+        return self.files.path(name)
+
+    def freeze_files(self) -> Frozen:
+        """(lock held) Name the files that hold all state written so far (``_freeze``)."""
+        return self._freeze()
+
+    def pin_files(self, names: Iterable[str]) -> None:
+        """Keep ``names`` on disk until :meth:`unpin_files`."""
+        with self._lock:
+            self.files.pin(names)
+
+    def unpin_files(self, names: Iterable[str]) -> None:
+        """Release a pin of each of ``names``; delete those nothing needs any more."""
+        with self._lock:
+            self.files.unpin(names)
+
+    def publish_snapshot(self, snapshot_id: int, entries: Iterable[FileEntry]) -> None:
+        """Tell subscribers that snapshot ``snapshot_id`` (``entries``) is complete; its
+        files stay on disk until every subscriber has been handed the mark."""
+        with self._lock:
+            if not self._closed:
+                self.delivery.publish_mark(snapshot_id, entries)
+
+    def pause_for_restore(self) -> None:
+        """Start no merge, drop the one in flight, wait until background work is idle."""
+        self._quiesce(abandon=True)
+
+    def resume_after_restore(self) -> None:
+        """Undo :meth:`pause_for_restore`."""
+        self._resume()
+
+    def install_snapshot(
+        self, entries: list[FileEntry], replaced: frozenset[str], seq_floor: int
+    ) -> None:
+        """(lock held) Become exactly ``entries``, numbering new files above ``seq_floor``."""
+        self.files.skip_to(seq_floor)
+        self._install(entries, replaced)
 
     # ------------------------------------------------------------------ expiry
 
@@ -215,9 +434,9 @@ class Store(StoreCore):
         merge already running finishes first. Raises :class:`StoreError` if the merge
         failed (the store stays as it was), or if merges are paused (:meth:`pause_merges`:
         the store's files are being shipped elsewhere)."""
-        self._check_open()
+        self.check_open()
         with self._lock:
-            self._check_open()
+            self.check_open()
             if self._paused:
                 raise StoreError(
                     f"compact() of {self.directory}: merges are paused (pause_merges() or a "
@@ -286,12 +505,12 @@ class Store(StoreCore):
         taken or restored. ``delay``: seconds the upload waits before it starts (a caller
         freezing many stores at once spreads their uploads out this way).
         """
-        self._check_open()
+        self.check_open()
         return snapshots.freeze(self, self._require_remote("snapshot"), snapshot_id, delay)
 
     def snapshots(self) -> list[int]:
         """Ids of the complete snapshots in the remote, ascending."""
-        self._check_open()
+        self.check_open()
         return self._require_remote("snapshots()").list_snapshots()
 
     def restore(self, snapshot_id: int | None = None) -> RestoreInfo:
@@ -305,7 +524,7 @@ class Store(StoreCore):
         older, and a caller replaying what followed it may read values as live that the
         old horizon had expired — it sets the horizon again when it knows.
         """
-        self._check_open()
+        self.check_open()
         remote = self._require_remote("restore")
         with self._lock:
             self._horizon = None  # before the restore's merges may start
@@ -315,15 +534,15 @@ class Store(StoreCore):
 
     def stats(self) -> dict[str, Any]:
         """Memory, disk, files and engine-specific counters (a fresh dict each call)."""
-        self._check_open()
+        self.check_open()
         with self._lock:
             s = self._stats()
-            s["version"] = self._version.seq
+            s["version"] = self.files.version.seq
         s.setdefault("engine", self.engine)
         s.setdefault("directory", self.directory)
         s.setdefault("disk_bytes", _dir_bytes(self.directory))
-        s["pinned_files"] = len(self._pins)
-        s["last_snapshot_id"] = self._last_snapshot_id
+        s["pinned_files"] = len(self.files.pins)
+        s["last_snapshot_id"] = self.snapshot_state.last_id
         return s
 
     def close(self) -> None:
@@ -340,14 +559,13 @@ class Store(StoreCore):
                     self._close()
                 finally:
                     self._closed = True
-                    self._cond.notify_all()
+                    self.tasks.notify()
         finally:
-            self._maint.stop()  # delivers queued edits, then ends (we hold no lock here)
-            if self._uploader is not None:
-                self._uploader.shutdown(wait=True)
+            self.tasks.maintainer.stop()  # delivers queued edits, then ends (we hold no lock)
+            snapshots.shutdown(self)
             try:
                 with self._lock:
-                    self._remove_strays()
+                    self.files.remove_strays()
             except OSError as exc:  # e.g. a FaultyFS that died: nothing more to clean
                 log.debug("removing leftovers of %s failed: %s", self.directory, exc)
             self.fs.unlock(self._lock_fd)

@@ -14,6 +14,7 @@ __all__ = [
     "Option",
     "check_key",
     "check_value",
+    "check_put",
     "check_ops",
     "parse_options",
 ]
@@ -55,6 +56,22 @@ def check_value(value: object, key: bytes = b"") -> bytes:
             f"{MAX_VALUE_BYTES} bytes"
         )
     return value
+
+
+def check_put(key: object, value: object) -> tuple[bytes, bytes]:
+    """``(key, value)`` of a ``put`` checked: both ``bytes`` (a ``bytearray`` or
+    ``memoryview`` is copied), the key non-empty, both within their limits; otherwise a
+    ``TypeError``/``ValueError`` naming them. Every engine's ``put`` calls it first."""
+    if (
+        type(key) is not bytes
+        or type(value) is not bytes
+        or not key
+        or len(key) > MAX_KEY_BYTES
+        or len(value) > MAX_VALUE_BYTES
+    ):
+        key = check_key(key)
+        return key, check_value(value, key)
+    return key, value
 
 
 def check_ops(ops: Iterable[tuple[bytes, bytes | None]]) -> list[tuple[bytes, bytes | None]]:

@@ -11,7 +11,17 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .appendlog import AppendLogStore
     from .base import Store
+    from .engine import Engine
+    from .hybridlog import HybridLogStore
+    from .lsm import LSMStore
+    from .memonly import MemOnlyStore
+
+    #: mypy checks here that every engine class implements the one engine Protocol.
+    _IMPLEMENT_ENGINE: tuple[type[Engine], ...] = (
+        LSMStore, AppendLogStore, HybridLogStore, MemOnlyStore,
+    )
 
 __all__ = ["ENGINES", "engine_class"]
 

@@ -55,12 +55,11 @@ from typing import Any
 from . import background, records
 from .base import (
     MAX_KEY_BYTES,
-    MAX_VALUE_BYTES,
     Frozen,
     Option,
     check_key,
     check_ops,
-    check_value,
+    check_put,
 )
 from .errors import BackgroundBusy
 from .fs import FileSystem
@@ -168,15 +167,15 @@ class HybridLogStore(SegmentedStore):
                 self._mut = {}
                 self._fresh = {}
         elif wals:
-            self._wal_fd = self.fs.open_append(self._path(wals[-1]))
-            self._wal_size = self.fs.size(self._path(wals[-1]))
+            self._wal_fd = self.fs.open_append(self.files.path(wals[-1]))
+            self._wal_size = self.fs.size(self.files.path(wals[-1]))
         else:
             self._edit([self._new_wal()])
         self._open_done()
 
     def _replay(self, name: str) -> dict[bytes, bytes | None]:
         """The records of WAL ``name`` as a region (last record per key), truncating a torn tail."""
-        path = self._path(name)
+        path = self.files.path(name)
         buf = self.fs.read_file(path)
         res = records.ScanResult(0, False)
         region: dict[bytes, bytes | None] = {}
@@ -194,8 +193,8 @@ class HybridLogStore(SegmentedStore):
                 self.fs.fsync(self._wal_fd)
             self.fs.close(self._wal_fd)
             self._wal_fd = None
-        name = f"{self.PREFIX}-w-{self._next_seq():010d}.wal"
-        self._wal_fd = self.fs.open_append(self._path(name))
+        name = f"{self.PREFIX}-w-{self.files.next_seq():010d}.wal"
+        self._wal_fd = self.fs.open_append(self.files.path(name))
         self._wal_size = 0
         self._wals.append(name)
         return FileEntry(name, "wal")
@@ -232,7 +231,7 @@ class HybridLogStore(SegmentedStore):
         except BaseException:
             # cut a partly written record off, so later appends do not follow garbage
             try:
-                self.fs.truncate(self._path(self._wals[-1]), self._wal_size)
+                self.fs.truncate(self.files.path(self._wals[-1]), self._wal_size)
             except OSError:
                 pass
             raise
@@ -242,16 +241,8 @@ class HybridLogStore(SegmentedStore):
 
     def put(self, key: bytes, value: bytes) -> None:
         if self._closed:
-            self._check_open()
-        if (
-            type(key) is not bytes
-            or type(value) is not bytes
-            or not key
-            or len(key) > MAX_KEY_BYTES
-            or len(value) > MAX_VALUE_BYTES
-        ):
-            key = check_key(key)
-            value = check_value(value, key)
+            self.check_open()
+        key, value = check_put(key, value)
         with self._lock:
             m = self._mut
             if key not in m:
@@ -269,7 +260,7 @@ class HybridLogStore(SegmentedStore):
                 m[key] = value
 
     def delete(self, key: bytes) -> None:
-        self._check_open()
+        self.check_open()
         key = check_key(key)
         with self._lock:
             m = self._mut
@@ -284,7 +275,7 @@ class HybridLogStore(SegmentedStore):
             self._bound_wal()
 
     def write_batch(self, ops: Iterable[tuple[bytes, bytes | None]]) -> None:
-        self._check_open()
+        self.check_open()
         checked = check_ops(ops)
         if not checked:
             return
@@ -300,7 +291,7 @@ class HybridLogStore(SegmentedStore):
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         if self._closed:
-            self._check_open()
+            self.check_open()
         if type(key) is not bytes or not key or len(key) > MAX_KEY_BYTES:
             key = check_key(key)
         v = self._mut.get(key, _MISSING)
@@ -325,7 +316,7 @@ class HybridLogStore(SegmentedStore):
 
     def flush(self) -> None:
         """Write both in-memory regions to a log file (durable per ``sync``)."""
-        self._check_open()
+        self.check_open()
         with self._lock:
             if self._mut or self._ro or self._flushing:
                 self._flush_all(inline=True)
@@ -343,7 +334,7 @@ class HybridLogStore(SegmentedStore):
         if self._handoffs >= MAX_HANDOFFS:
             # wait (releasing the lock) for a hand-off slot; meanwhile another writer may
             # flush, or close may (then this write is in its log file: no error to raise)
-            self._wait(lambda: self._handoffs < MAX_HANDOFFS or self._closed)
+            self.tasks.wait(lambda: self._handoffs < MAX_HANDOFFS or self._closed)
             if (
                 self._closed
                 or self._wal_fd is None
@@ -399,7 +390,7 @@ class HybridLogStore(SegmentedStore):
         if self._fresh is not None:
             self._fresh = {}
         if inline:
-            seq = self._next_seq()
+            seq = self.files.next_seq()
             region = _Region(dicts, wals, self._segment_name(0, seq), seq)
             self._flushing = (*self._flushing, region)
             self._write_region(region)
@@ -407,7 +398,7 @@ class HybridLogStore(SegmentedStore):
             self._start_region(dicts, wals)
 
     def _start_region(self, dicts: list[dict[bytes, bytes | None]], wals: list[str]) -> None:
-        seq = self._next_seq()
+        seq = self.files.next_seq()
         region = _Region(dicts, list(wals), self._segment_name(0, seq), seq)
         self._wals = [w for w in self._wals if w not in region.wals]
         self._flushing = (*self._flushing, region)  # readable from now until installed
@@ -431,7 +422,7 @@ class HybridLogStore(SegmentedStore):
             region.failed = True  # stays in memory (and its WALs on disk); close or flush() retries
             raise
         with self._lock:
-            seg = Segment(region.name, 0, self._path(region.name))
+            seg = Segment(region.name, 0, self.files.path(region.name))
             seg.open_sealed(self.fs)
             # the commit point
             self._edit(
@@ -502,18 +493,18 @@ class HybridLogStore(SegmentedStore):
         merged = self._fresh
         assert merged is not None
         self._fresh = {}
-        tail = _Tail(f"{self.PREFIX}-w-{self._next_seq():010d}.wal", merged)
+        tail = _Tail(f"{self.PREFIX}-w-{self.files.next_seq():010d}.wal", merged)
         self._wals.append(tail.name)
         self._tails = (*self._tails, tail)
         tail.future = self._hand_off(lambda: self._write_tail(tail))
 
     def _write_tail(self, tail: _Tail) -> None:
         """(maintainer, no lock) Write ``tail``, then name it in the version: all or nothing."""
-        path = self._path(tail.name)
+        path = self.files.path(tail.name)
         items = list(tail.records.items())
         try:
             done = False
-            if not self._local_background:
+            if not self.local_background:
                 try:
                     background.submit(write_tail, None, path, items, lane="flush").result()
                     done = True
@@ -595,6 +586,6 @@ class HybridLogStore(SegmentedStore):
             + sys.getsizeof(self._mut)
             + sys.getsizeof(self._ro),
             flushing_regions=len(self._flushing),
-            files=self._version.names(),
+            files=self.files.version.names(),
         )
         return s

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from . import expiry, records
-from .base import MAX_KEY_BYTES, MAX_VALUE_BYTES, Frozen, Store, check_key, check_ops, check_value
+from .base import MAX_KEY_BYTES, Frozen, Store, check_key, check_ops, check_put
 from .errors import CorruptionError
 from .version import FileEntry
 
@@ -57,7 +57,7 @@ class MemOnlyStore(Store):
         self._wal_name: str | None = None
         self._wal_bytes = 0
         self._dumps = 0
-        version = self._load_version()
+        version = self.files.load()
         dumps = version.of_kind("dump")
         wals = version.of_kind("wal")
         self._dump_name: str | None = dumps[-1].name if dumps else None
@@ -66,16 +66,16 @@ class MemOnlyStore(Store):
         wal = wals[-1].name if wals else None
         if wal:
             self._load_records(wal, truncate_torn=True)
-            self._wal_bytes = self.fs.size(self._path(wal))
+            self._wal_bytes = self.fs.size(self.files.path(wal))
             self._wal_name = wal
         if self.sync != "none":
             if wal:
-                self._wal_fd = self.fs.open_append(self._path(wal))
+                self._wal_fd = self.fs.open_append(self.files.path(wal))
             else:
                 self._start_wal()
 
     def _load_records(self, name: str, *, truncate_torn: bool) -> None:
-        path = self._path(name)
+        path = self.files.path(name)
         buf = self.fs.read_file(path)
         res = records.ScanResult(0, False)
         data = self._data
@@ -90,7 +90,7 @@ class MemOnlyStore(Store):
             self.fs.truncate(path, res.valid_end)
 
     def _next_name(self, ext: str) -> str:
-        return f"mem-{self._next_seq():010d}.{ext}"
+        return f"mem-{self.files.next_seq():010d}.{ext}"
 
     def _new_wal(self) -> FileEntry:
         """Open a new, empty WAL (not yet in the version) in place of the current one."""
@@ -98,7 +98,7 @@ class MemOnlyStore(Store):
             self.fs.close(self._wal_fd)
             self._wal_fd = None
         self._wal_name = self._next_name("wal")
-        self._wal_fd = self.fs.open_new(self._path(self._wal_name))
+        self._wal_fd = self.fs.open_new(self.files.path(self._wal_name))
         self._wal_bytes = 0
         return FileEntry(self._wal_name, "wal")
 
@@ -119,23 +119,15 @@ class MemOnlyStore(Store):
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         if self._closed:
-            self._check_open()
+            self.check_open()
         if type(key) is not bytes or not key or len(key) > MAX_KEY_BYTES:
             key = check_key(key)
         return self._data.get(key, default)
 
     def put(self, key: bytes, value: bytes) -> None:
         if self._closed:
-            self._check_open()
-        if (
-            type(key) is not bytes
-            or type(value) is not bytes
-            or not key
-            or len(key) > MAX_KEY_BYTES
-            or len(value) > MAX_VALUE_BYTES
-        ):
-            key = check_key(key)
-            value = check_value(value, key)
+            self.check_open()
+        key, value = check_put(key, value)
         with self._lock:
             if self._wal_fd is not None:
                 self._append(records.encode(key, value))
@@ -144,7 +136,7 @@ class MemOnlyStore(Store):
                 self._dirty.add(key)
 
     def delete(self, key: bytes) -> None:
-        self._check_open()
+        self.check_open()
         key = check_key(key)
         with self._lock:
             if self._wal_fd is not None:
@@ -155,7 +147,7 @@ class MemOnlyStore(Store):
                 self._bound_dirty()
 
     def write_batch(self, ops: Iterable[tuple[bytes, bytes | None]]) -> None:
-        self._check_open()
+        self.check_open()
         checked = check_ops(ops)
         if not checked:
             return
@@ -185,7 +177,7 @@ class MemOnlyStore(Store):
         self._enc, self._dirty = {}, None
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
-        self._check_open()
+        self.check_open()
         with self._lock:
             snapshot = list(self._data.items())
         return iter(snapshot)
@@ -200,7 +192,7 @@ class MemOnlyStore(Store):
         return len(self._data)
 
     def flush(self) -> None:
-        self._check_open()
+        self.check_open()
         with self._lock:
             if self._wal_fd is None:
                 self._dump()
@@ -269,7 +261,7 @@ class MemOnlyStore(Store):
         fresh WAL) current."""
         self._drop_expired()
         name = self._next_name("dump")
-        path = self._path(name)
+        path = self.files.path(name)
         tmp = path + ".tmp"
         enc = self._encoded()
         fd = self.fs.open_new(tmp)
@@ -342,5 +334,5 @@ class MemOnlyStore(Store):
             "wal_bytes": self._wal_bytes,
             "dumps": self._dumps,
             "expired_dropped": self._expired_dropped,
-            "files": self._version.names(),
+            "files": self.files.version.names(),
         }

@@ -16,8 +16,11 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
+from collections import deque
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from remotes.base import Remote
 from remotes.manifest import FileInfo, Manifest
@@ -36,12 +39,9 @@ from .fs import FileSystem
 from .snapshot_info import Frozen, RestoreInfo, SnapshotInfo
 from .version import FileEntry, decode_entries, encode_entries, seq_of
 
-if TYPE_CHECKING:
-    from .core import StoreCore
-
 __all__ = [
-    "Frozen", "SnapshotInfo", "RestoreInfo", "file_crc", "freeze", "restore", "ship",
-    "wait_uploads",
+    "Frozen", "SnapshotInfo", "RestoreInfo", "SnapshotState", "SnapshotHost", "file_crc",
+    "freeze", "restore", "ship", "trust", "wait_uploads",
 ]
 
 log = logging.getLogger("statestores")
@@ -57,6 +57,79 @@ MAX_UPLOAD_DELAY = 60.0
 KEEP_LOCAL = 2
 
 
+@dataclass
+class SnapshotState:
+    """What a store remembers of its snapshots (a part every store holds; this module is
+    the only one that reads or writes it, on the caller's and the uploader's thread)."""
+
+    #: the id of the newest snapshot taken or restored; a new one must be greater
+    last_id: int | None = None
+    #: the thread uploads run on, in call order (started by the first snapshot)
+    uploader: concurrent.futures.ThreadPoolExecutor | None = None
+    #: uploads queued and not yet waited for (:func:`wait_uploads`)
+    pending: list[concurrent.futures.Future[SnapshotInfo]] = field(default_factory=list)
+    #: the file names of the newest uploaded snapshots, oldest first, kept pinned so a
+    #: rollback to one of them needs no download (:data:`KEEP_LOCAL`; the uploader owns it)
+    kept: deque[tuple[str, ...]] = field(default_factory=deque)
+    #: cache of ``remote.list_files()``: name → size; None: ask the remote
+    remote_files: dict[str, int] | None = None
+    #: name → FileInfo of files the remote holds, known without reading them
+    file_infos: dict[str, FileInfo] | None = None
+    #: name → (size, crc32c) of files checked against their crc when they arrived here
+    #: (a promoted replica's): a restore trusts them instead of reading them again
+    verified: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+class SnapshotHost(Protocol):
+    """What this module needs of a store: the friendship it is granted, declared.
+
+    :class:`~statestores.base.Store` implements it; the methods marked *lock held* expect
+    the caller to hold :attr:`lock`.
+    """
+
+    @property
+    def directory(self) -> str: ...
+    @property
+    def fs(self) -> FileSystem: ...
+    @property
+    def engine(self) -> str: ...
+    @property
+    def lock(self) -> AbstractContextManager[Any]: ...
+    @property
+    def snapshot_state(self) -> SnapshotState: ...
+    @property
+    def local_background(self) -> bool: ...
+
+    def check_open(self) -> None:
+        """Raise :class:`StoreClosedError` if the store is closed."""
+
+    def file_path(self, name: str) -> str:
+        """The path of the store's file ``name``."""
+
+    def freeze_files(self) -> Frozen:
+        """(lock held) Name the files that hold all state written so far (engine hook)."""
+
+    def pin_files(self, names: Iterable[str]) -> None:
+        """Keep ``names`` on disk until :meth:`unpin_files`."""
+
+    def unpin_files(self, names: Iterable[str]) -> None:
+        """Release a pin of each of ``names``; delete those nothing needs any more."""
+
+    def publish_snapshot(self, snapshot_id: int, entries: Iterable[FileEntry]) -> None:
+        """Tell the store's subscribers that snapshot ``snapshot_id`` is complete."""
+
+    def pause_for_restore(self) -> None:
+        """Start no merge, drop the one in flight, wait until background work is idle."""
+
+    def resume_after_restore(self) -> None:
+        """Undo :meth:`pause_for_restore`."""
+
+    def install_snapshot(
+        self, entries: list[FileEntry], replaced: frozenset[str], seq_floor: int
+    ) -> None:
+        """(lock held) Become exactly ``entries``, numbering new files above ``seq_floor``."""
+
+
 def _check_id(snapshot_id: object, what: str) -> int:
     if isinstance(snapshot_id, bool) or not isinstance(snapshot_id, int):
         raise TypeError(
@@ -68,7 +141,7 @@ def _check_id(snapshot_id: object, what: str) -> int:
 
 
 def freeze(
-    store: StoreCore, remote: Remote, snapshot_id: int, delay: float = 0.0
+    store: SnapshotHost, remote: Remote, snapshot_id: int, delay: float = 0.0
 ) -> concurrent.futures.Future[SnapshotInfo]:
     """Freeze ``store`` now (cheap: the engine hands work to its maintainer) and queue the
     upload, which starts ``delay`` seconds from now at the earliest."""
@@ -82,33 +155,34 @@ def freeze(
             f"delay must be a number of seconds in [0, {MAX_UPLOAD_DELAY}], got {delay!r:.40}"
         )
     t0 = time.perf_counter()
-    with store._lock:
-        store._check_open()
-        if store._last_snapshot_id is not None and snapshot_id <= store._last_snapshot_id:
+    state = store.snapshot_state
+    with store.lock:
+        store.check_open()
+        if state.last_id is not None and snapshot_id <= state.last_id:
             raise ValueError(
                 f"snapshot_id {snapshot_id} must be greater than the last snapshot id "
-                f"{store._last_snapshot_id} of this store"
+                f"{state.last_id} of this store"
             )
-        frozen = store._freeze()
-        store._pin(frozen.names)
-        store._last_snapshot_id = snapshot_id
-        if store._uploader is None:
-            store._uploader = concurrent.futures.ThreadPoolExecutor(
+        frozen = store.freeze_files()
+        store.pin_files(frozen.names)
+        state.last_id = snapshot_id
+        if state.uploader is None:
+            state.uploader = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="statestores-upload"
             )
-        uploader = store._uploader
+        uploader = state.uploader
     freeze_s = time.perf_counter() - t0
     fut = uploader.submit(
         upload, store, remote, snapshot_id, frozen, freeze_s, time.monotonic() + delay
     )
-    store._pending_uploads = [f for f in store._pending_uploads if not f.done()] + [fut]
+    state.pending = [f for f in state.pending if not f.done()] + [fut]
     return fut
 
 
-def _known_infos(store: StoreCore, remote: Remote) -> dict[str, FileInfo]:
+def _known_infos(store: SnapshotHost, remote: Remote) -> dict[str, FileInfo]:
     """Checksums of files the remote holds, known without reading them: from earlier
     uploads and downloads of this store object, seeded once from the remote's latest manifest."""
-    infos = store._file_infos
+    infos = store.snapshot_state.file_infos
     if infos is None:
         infos = {}
         latest = remote.latest_snapshot()
@@ -117,7 +191,7 @@ def _known_infos(store: StoreCore, remote: Remote) -> dict[str, FileInfo]:
                 infos.update(remote.read_manifest(latest).files)
             except (RemoteError, ValueError) as exc:
                 log.warning("reading manifest %s of %s failed: %s", latest, store.directory, exc)
-        store._file_infos = infos
+        store.snapshot_state.file_infos = infos
     return infos
 
 
@@ -149,7 +223,7 @@ def ship(
     return infos, shipped, sent, read
 
 
-def upload(store: StoreCore, remote: Remote, snapshot_id: int, frozen: Frozen, freeze_s: float,
+def upload(store: SnapshotHost, remote: Remote, snapshot_id: int, frozen: Frozen, freeze_s: float,
            start_at: float = 0.0) -> SnapshotInfo:
     """(uploader thread) Wait for the frozen files, upload what the remote lacks, publish.
 
@@ -164,20 +238,22 @@ def upload(store: StoreCore, remote: Remote, snapshot_id: int, frozen: Frozen, f
         time.sleep(wait)
     t0 = time.perf_counter()
     names = frozen.names
+    state = store.snapshot_state
     uploaded = False
     try:
         for f in frozen.pending:
             f.result()  # a failed background write fails the snapshot
         entries = frozen.finalize() if frozen.finalize is not None else frozen.entries
-        if store._remote_files is None:
-            store._remote_files = dict(remote.list_files())
-        have = store._remote_files
+        if state.remote_files is None:
+            state.remote_files = dict(remote.list_files())
+        have = state.remote_files
         known = _known_infos(store, remote)
         files = [
-            (e.name, store._path(e.name), known.get(e.name), have.get(e.name)) for e in entries
+            (e.name, store.file_path(e.name), known.get(e.name), have.get(e.name))
+            for e in entries
         ]
         meta = {"files": encode_entries(entries)}
-        local = not remote.shareable or store._local_background
+        local = not remote.shareable or store.local_background
         fut = background.submit(
             ship, store.fs if local else None, remote, snapshot_id, store.engine, files, meta,
             lane="upload", local=local,
@@ -186,19 +262,19 @@ def upload(store: StoreCore, remote: Remote, snapshot_id: int, frozen: Frozen, f
         known.update(infos)
         for name in shipped:
             have[name] = infos[name].size
-        store._publish_mark(snapshot_id, entries)  # before the unpin below: replicas link its files
+        store.publish_snapshot(snapshot_id, entries)  # before the unpin: replicas link its files
         uploaded = True
     except RemoteError:
-        store._remote_files = None
+        state.remote_files = None
         raise
     except (OSError, BackgroundBusy, BackgroundDied) as exc:
-        store._remote_files = None
+        state.remote_files = None
         raise RemoteError(f"snapshot {snapshot_id} of {store.directory} failed: {exc}") from exc
     finally:
         if uploaded:
             _keep(store, names)
         else:
-            store._unpin(names)
+            store.unpin_files(names)
     info_out = SnapshotInfo(
         snapshot_id, len(shipped), sent, len(infos), sum(i.size for i in infos.values()), freeze_s,
         time.perf_counter() - t0, read,
@@ -213,9 +289,10 @@ def upload(store: StoreCore, remote: Remote, snapshot_id: int, frozen: Frozen, f
     return info_out
 
 
-def wait_uploads(store: StoreCore) -> None:
+def wait_uploads(store: SnapshotHost) -> None:
     """Wait for every queued upload (their errors belong to the callers of ``snapshot_async``)."""
-    pending, store._pending_uploads = store._pending_uploads, []
+    state = store.snapshot_state
+    pending, state.pending = state.pending, []
     for f in pending:
         try:
             f.result()
@@ -234,15 +311,30 @@ def manifest_entries(manifest: Manifest) -> list[FileEntry]:
     return entries
 
 
-def _keep(store: StoreCore, names: Iterable[str]) -> None:
+def _keep(store: SnapshotHost, names: Iterable[str]) -> None:
     """(uploader thread) Keep the pinned ``names`` of the snapshot just uploaded; release
     the oldest kept beyond :data:`KEEP_LOCAL` (deleting what no version names)."""
-    store._kept.append(tuple(names))
-    while len(store._kept) > KEEP_LOCAL:
-        store._unpin(store._kept.popleft())
+    kept = store.snapshot_state.kept
+    kept.append(tuple(names))
+    while len(kept) > KEEP_LOCAL:
+        store.unpin_files(kept.popleft())
 
 
-def restore(store: StoreCore, remote: Remote, snapshot_id: int | None) -> RestoreInfo:
+def trust(store: SnapshotHost, verified: dict[str, tuple[int, int]]) -> None:
+    """Let a restore of ``store`` trust these files' ``(size, crc32c)`` without reading
+    them again (a promoted replica checked them when they arrived)."""
+    store.snapshot_state.verified = dict(verified)
+
+
+def shutdown(store: SnapshotHost) -> None:
+    """(close) Wait for the queued uploads and end the uploader thread."""
+    wait_uploads(store)
+    uploader = store.snapshot_state.uploader
+    if uploader is not None:
+        uploader.shutdown(wait=True)
+
+
+def restore(store: SnapshotHost, remote: Remote, snapshot_id: int | None) -> RestoreInfo:
     """Make ``store`` exactly snapshot ``snapshot_id`` (``None``: the latest)."""
     t0 = time.perf_counter()
     wait_uploads(store)
@@ -263,56 +355,63 @@ def restore(store: StoreCore, remote: Remote, snapshot_id: int | None) -> Restor
         )
     entries = manifest_entries(manifest)
     remote_files = remote.list_files()
-    downloaded = nbytes = 0
-    replaced: set[str] = set()
     wanted = list(manifest.files)
     # Pinned, a local file the snapshot names survives a merge that finishes meanwhile:
     # the merge's edit removes it from the version, the pin keeps it on disk.
-    with store._lock:
-        store._pin(wanted)
+    store.pin_files(wanted)
     try:
-        fs = store.fs
-        for name, info in manifest.files.items():
-            path = store._path(name)
-            if fs.exists(path) and (
-                (store._verified.get(name) == (info.size, info.crc) and fs.size(path) == info.size)
-                or file_crc(fs, path) == (info.size, info.crc)
-            ):
-                continue
-            if name not in remote_files:
-                raise RemoteError(
-                    f"snapshot {snapshot_id} names file {name!r}, which the remote lacks"
-                )
-            tmp = path + ".download"
-            nbytes += remote.get_file(name, tmp)
-            if file_crc(fs, tmp) != (info.size, info.crc):
-                fs.remove(tmp)
-                raise CorruptionError(
-                    f"remote:{name}",
-                    f"downloaded file does not match snapshot {snapshot_id}'s checksum",
-                )
-            fs.rename(tmp, path)
-            replaced.add(name)
-            downloaded += 1
+        replaced, nbytes = _fetch(store, remote, manifest, remote_files)
         next_seq = 1 + max((seq_of(n) for n in remote_files), default=0)
-        store._quiesce(abandon=True)  # a merge of what is being replaced: not waited for
+        store.pause_for_restore()  # a merge of what is being replaced: not waited for
         try:
-            with store._lock:
-                store._check_open()
-                store._seq = max(store._seq, next_seq - 1)
-                store._install(entries, frozenset(replaced))
-                store._last_snapshot_id = snapshot_id
-                store._publish_mark(snapshot_id, entries)  # replicas now hold this snapshot too
-                store._remote_files = dict(remote_files)
-                known = store._file_infos if store._file_infos is not None else {}
+            with store.lock:
+                store.check_open()
+                store.install_snapshot(entries, frozenset(replaced), next_seq - 1)
+                state = store.snapshot_state
+                state.last_id = snapshot_id
+                store.publish_snapshot(snapshot_id, entries)  # replicas now hold it too
+                state.remote_files = dict(remote_files)
+                known = state.file_infos if state.file_infos is not None else {}
                 known.update(manifest.files)
-                store._file_infos = known
+                state.file_infos = known
         finally:
-            store._resume()
+            store.resume_after_restore()
     finally:
-        with store._lock:
-            store._unpin(wanted)
+        store.unpin_files(wanted)
     return RestoreInfo(
-        snapshot_id, downloaded, nbytes, len(manifest.files), manifest.total_bytes,
+        snapshot_id, len(replaced), nbytes, len(manifest.files), manifest.total_bytes,
         time.perf_counter() - t0,
     )
+
+
+def _fetch(
+    store: SnapshotHost, remote: Remote, manifest: Manifest, remote_files: dict[str, int]
+) -> tuple[set[str], int]:
+    """Download the files of ``manifest`` the directory lacks or holds damaged; return
+    their names and the bytes downloaded."""
+    fs = store.fs
+    verified = store.snapshot_state.verified
+    replaced: set[str] = set()
+    nbytes = 0
+    for name, info in manifest.files.items():
+        path = store.file_path(name)
+        if fs.exists(path) and (
+            (verified.get(name) == (info.size, info.crc) and fs.size(path) == info.size)
+            or file_crc(fs, path) == (info.size, info.crc)
+        ):
+            continue
+        if name not in remote_files:
+            raise RemoteError(
+                f"snapshot {manifest.snapshot_id} names file {name!r}, which the remote lacks"
+            )
+        tmp = path + ".download"
+        nbytes += remote.get_file(name, tmp)
+        if file_crc(fs, tmp) != (info.size, info.crc):
+            fs.remove(tmp)
+            raise CorruptionError(
+                f"remote:{name}",
+                f"downloaded file does not match snapshot {manifest.snapshot_id}'s checksum",
+            )
+        fs.rename(tmp, path)
+        replaced.add(name)
+    return replaced, nbytes

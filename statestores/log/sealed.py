@@ -94,19 +94,19 @@ class SealedSegments(Store):
         """
         self._init_segments()
         self._paused += 1
-        version = self._load_version()
+        version = self.files.load()
         if seal_older_wals:
             wals = version.of_kind("wal")
             older = wals[:-1] if wals and wals[-1].seq > self._newest_level0(version) else wals
             if older:
-                keep = [e for e in older if self.fs.size(self._path(e.name)) > 0]
+                keep = [e for e in older if self.fs.size(self.files.path(e.name)) > 0]
                 self._edit([FileEntry(e.name, "segment", 0) for e in keep], [e.name for e in older])
         segs = version.of_kind("segment")
         missing = [e for e in segs if hint_name(e.name) not in version]
         added = []
         for e in missing:
             size, alive, tombs = scan_segment(
-                self.fs, self._path(e.name), e.seq, truncate_torn=True
+                self.fs, self.files.path(e.name), e.seq, truncate_torn=True
             )
             keys = sorted(alive)
             self._write_hint(
@@ -142,7 +142,7 @@ class SealedSegments(Store):
         out: list[FileEntry] = []
         for e in entries:
             size, alive, tombs = scan_segment(
-                self.fs, self._path(e.name), e.seq, truncate_torn=False
+                self.fs, self.files.path(e.name), e.seq, truncate_torn=False
             )
             if not size:
                 continue
@@ -196,7 +196,7 @@ class SealedSegments(Store):
         futs = list(
             {id(f): f for s in unhinted if (f := s.hint_future) is not None}.values()
         ) + list(pending)
-        return self._frozen_version(
+        return self.files.frozen(
             skip=[*skip, *(s.name for s in unhinted)], extra=sealing + list(extra), pending=futs
         )
 
@@ -204,10 +204,10 @@ class SealedSegments(Store):
         """Open the sealed segments (oldest first) and index them from their hints."""
         loaded: list[hints.Hint] = []
         for e in entries:
-            seg = Segment(e.name, e.level, self._path(e.name))
+            seg = Segment(e.name, e.level, self.files.path(e.name))
             seg.open_sealed(self.fs)
             try:
-                hpath = self._path(hint_name(e.name))
+                hpath = self.files.path(hint_name(e.name))
                 h = hints.decode(self.fs.read_file(hpath), hpath, seq=seg.seq)
                 if h.data_size != seg.size:
                     raise CorruptionError(
@@ -292,7 +292,7 @@ class SealedSegments(Store):
         process's GIL (a region flushed at each snapshot round slowed the epochs after it).
         """
         fsync = self.sync == "fsync"
-        if in_background and not self._local_background:
+        if in_background and not self.local_background:
             try:
                 fut = background.submit(
                     write_segment, None, self.directory, name, seq, items, fsync, lane="flush"

@@ -71,8 +71,8 @@ class SegmentedStore(SealedSegments):
         wait, releasing the lock, while ``MAX_HANDOFFS`` are in flight — the write path's
         backpressure. When this returns the lock is held again and a slot is free."""
         if self._handoffs >= MAX_HANDOFFS:
-            self._wait(lambda: self._handoffs < MAX_HANDOFFS or self._closed)
-            self._check_open()
+            self.tasks.wait(lambda: self._handoffs < MAX_HANDOFFS or self._closed)
+            self.check_open()
 
     def _hand_off(self, job: Callable[[], None]) -> concurrent.futures.Future[None]:
         """(lock held, after :meth:`_reserve_handoff`) Run ``job`` on the maintainer; the
@@ -91,15 +91,15 @@ class SegmentedStore(SealedSegments):
             finally:
                 with self._lock:
                     self._handoffs -= 1
-                    self._notify()
+                    self.tasks.notify()
 
-        self._post(run)
+        self.tasks.post(run)
         return fut
 
     def _drain_handoffs(self) -> None:
         """(lock held) Wait, releasing the lock, until every hand-off is done."""
         if self._handoffs:
-            self._wait(lambda: not self._handoffs or self._closed)
+            self.tasks.wait(lambda: not self._handoffs or self._closed)
 
     # ------------------------------------------------------------------ reads
 
@@ -151,7 +151,7 @@ class SegmentedStore(SealedSegments):
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         """Every live pair once (values read in chunks, so memory stays bounded)."""
-        self._check_open()
+        self.check_open()
         self._await_index()
         with self._lock:
             keys = list(self._index)
@@ -173,7 +173,7 @@ class SegmentedStore(SealedSegments):
         """The live pairs of ``keys``, in their order, values read 1,024 at a time."""
         for i in range(0, len(keys), 1024):
             with self._lock:
-                self._check_open()
+                self.check_open()
                 chunk = [(k, self._get_any(k)) for k in keys[i : i + 1024]]
             for k, v in chunk:
                 if v is not _MISSING:
@@ -219,7 +219,9 @@ class SegmentedStore(SealedSegments):
             n = next((i for i, s in enumerate(inputs) if not s.hinted), len(inputs))
             if n < limit:
                 continue
-            self._start_merge(inputs[:n], self._next_seq(), level + 1, drop_tombstones=first == 0)
+            self._start_merge(
+                inputs[:n], self.files.next_seq(), level + 1, drop_tombstones=first == 0
+            )
             return
 
     def _start_merge(
@@ -249,13 +251,13 @@ class SegmentedStore(SealedSegments):
                 wals,
                 self._horizon,
                 lane="merge",
-                local=self._local_background,
+                local=self.local_background,
             )
         except BackgroundBusy as exc:
             log.debug("merge in %s postponed: %s", self.directory, exc)
             return False
         self._merge = MergeJob(inputs, out, seq, level, fut, wals, on_failure)
-        fut.add_done_callback(self._on_done(self._merge_done))
+        fut.add_done_callback(self.tasks.on_done(self._merge_done))
         return True
 
     def _merge_done(self, fut: concurrent.futures.Future[Any]) -> None:
@@ -265,7 +267,7 @@ class SegmentedStore(SealedSegments):
             pre: hints.Hint | None = None
             if job is not None and job.future is fut and fut.exception() is None:
                 # decode the output's hint before taking the lock: it is the slow part
-                path = self._path(hint_name(job.out_name)) + ".tmp"
+                path = self.files.path(hint_name(job.out_name)) + ".tmp"
                 try:
                     pre = hints.decode(self.fs.read_file(path), path, seq=job.out_seq)
                 except (OSError, CorruptionError):
@@ -276,14 +278,14 @@ class SegmentedStore(SealedSegments):
                 try:
                     self._finish_merge(pre)
                 finally:
-                    self._notify()
+                    self.tasks.notify()
                 r = self._redirect
             # point the index at the output in chunks, letting writers in between
             while r is not None:
                 with self._lock:
                     chunk = None if self._paused or self._closed else REDIRECT_CHUNK
                     if self._redirect is not r or self._redirect_step(r, chunk):
-                        self._notify()
+                        self.tasks.notify()
                         return
                 # a lock is not fair: give a waiting writer the chance to take it
                 time.sleep(YIELD_SECONDS)
@@ -292,7 +294,7 @@ class SegmentedStore(SealedSegments):
             with self._lock:
                 self._merge = None
                 self._redirect = None
-                self._notify()
+                self.tasks.notify()
 
     def _finish_merge(self, pre: hints.Hint | None = None) -> None:
         """(lock held, merge future done) Install the merge output in place of its inputs.
@@ -303,8 +305,8 @@ class SegmentedStore(SealedSegments):
         job = self._merge
         assert job is not None
         self._merge = None
-        out_path = self._path(job.out_name)
-        out_hint = self._path(hint_name(job.out_name))
+        out_path = self.files.path(job.out_name)
+        out_hint = self.files.path(hint_name(job.out_name))
         try:
             size, _live, _tombs, dropped, n_expired = job.future.result()
             if self._closed:
@@ -410,8 +412,10 @@ class SegmentedStore(SealedSegments):
         self._paused += 1  # no level merge starts in between
         try:
             self._drain_handoffs()
-            self._wait(lambda: (self._merge is None and self._redirect is None) or self._closed)
-            self._check_open()
+            self.tasks.wait(
+                lambda: (self._merge is None and self._redirect is None) or self._closed
+            )
+            self.check_open()
             self._await_index()  # the redirect after the merge needs the whole index
             n = next((i for i, s in enumerate(self._sealed) if not s.hinted), len(self._sealed))
             inputs = self._sealed[:n]  # oldest first; a segment sealed meanwhile stays newer
@@ -419,15 +423,15 @@ class SegmentedStore(SealedSegments):
                 return
             # alone at its level, older than any level-0 segment sealed from now on
             level = max(1, max(s.level for s in inputs))
-            while not self._start_merge(inputs, self._next_seq(), level, drop_tombstones=True):
-                self._cond.wait(0.05)  # the merge lane is full: try again shortly
-                self._check_open()
+            while not self._start_merge(inputs, self.files.next_seq(), level, drop_tombstones=True):
+                self.tasks.cond.wait(0.05)  # the merge lane is full: try again shortly
+                self.check_open()
             job = self._merge
             assert job is not None
-            self._wait(
+            self.tasks.wait(
                 lambda: (self._merge is not job and self._redirect is None) or self._closed
             )
-            self._check_open()
+            self.check_open()
             exc = job.future.exception()
             if exc is not None:
                 raise StoreError(f"compaction of {self.directory} failed: {exc}") from exc

@@ -1,6 +1,6 @@
 """The ``lsm`` engine: memtable + WAL, run files with Bloom filters and fence pointers,
-tiered background merges. See :mod:`.engine` (over :mod:`.reads` and :mod:`.writes`, which
-share :mod:`.state`) and ``statestores/FORMAT.md`` § lsm."""
+tiered background merges. See :mod:`.engine` (holding the parts :mod:`.wals`, :mod:`.cache`
+and :mod:`.merges`; lookups in :mod:`.reads`) and ``statestores/FORMAT.md`` § lsm."""
 
 from __future__ import annotations
 

@@ -1,20 +1,19 @@
-"""The state of an ``lsm`` store (see :mod:`statestores.lsm.engine`): the memtable, the
-immutable memtables being flushed, the WALs, the runs per level and the block cache — what
-the read path (:mod:`.reads`) and the write path (:mod:`.writes`) share.
+"""The bounds of an ``lsm`` store's memory (see :mod:`statestores.lsm.engine`),
+:class:`Imm`, a memtable being flushed in the background, and the levels of runs a
+version names (:func:`levels_of`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..base import Store
-from ..fs import FileSystem
+from ..version import FileEntry
 from .runfile import RunReader
 
-__all__ = ["LSMState", "Imm", "ENTRY_OVERHEAD", "MAX_IMMS", "WAL_FACTOR"]
+__all__ = ["Imm", "ENTRY_OVERHEAD", "MAX_IMMS", "WAL_FACTOR", "levels_of"]
 
 #: Estimated bytes a memtable entry costs beyond its key and value (two bytes objects
 #: and a dict slot); used for ``memtable_bytes`` and ``memory_bytes``.
@@ -42,57 +41,19 @@ class Imm:
     )
 
 
-class LSMState(Store):
-    """The fields of an ``lsm`` store and the views derived from them."""
-
-    def _init_state(self) -> None:
-        o = self.options
-        self._mem_limit: int = o["memtable_bytes"]
-        self._wal_limit: int = WAL_FACTOR * o["memtable_bytes"]
-        self._max_runs: int = o["max_runs_per_level"]
-        self._run_opts = {
-            "density_factor": o["density_factor"],
-            "block_bytes": o["block_bytes"],
-            "bloom_fpr": o["bloom_fpr"],
-            "fsync": self.sync == "fsync",
-        }
-        self._cache_limit: int = o["cache_bytes"]
-        self._mem: dict[bytes, bytes | None] = {}
-        self._mem_bytes = 0
-        self._levels: list[list[RunReader]] = []
-        self._runs: tuple[RunReader, ...] = ()  # newest first, across levels
-        self._wals: list[str] = []  # oldest first; the last is active when _wal_fd is set
-        self._wal_fd: int | None = None
-        #: (name, descriptor): the next WAL, in the version
-        self._spare_wal: tuple[str, int] | None = None
-        self._fds_to_close: list[int] = []  # sealed WALs' descriptors, closed by the maintainer
-        self._wal_bytes = 0
-        self._imms: tuple[Imm, ...] = ()  # oldest first; replaced whole (lock-free readers)
-        self._cache: OrderedDict[int, dict[bytes, bytes | None]] = OrderedDict()
-        self._cache_sizes: dict[int, int] = {}
-        self._cache_used = 0
-        self._misses = 0
-        self._merge: (
-            tuple[concurrent.futures.Future[dict[str, Any]], int, list[RunReader], str] | None
-        ) = None
-        self._flushes = 0
-        self._merges_done = 0
-        self._merge_errors = 0
-        self._expired_dropped = 0  # values merges found expired (dropped or made tombstones)
-        self._fsync = self.sync == "fsync"
-        # The plain FileSystem's write is os.write plus a short-write loop; calling
-        # os.write directly on the put path saves a call and a memoryview. Any other
-        # FileSystem (FaultyFS) keeps seeing every write.
-        self._raw_write = type(self.fs) is FileSystem
-
-    def _rebuild_runs(self) -> None:
-        while self._levels and not self._levels[-1]:
-            self._levels.pop()
-        self._runs = tuple(r for lv in self._levels for r in reversed(lv))
-
-    def _all_wals(self) -> list[str]:
-        return [w for imm in self._imms for w in imm.wals] + self._wals
-
-    def _sealed_wals(self) -> list[str]:
-        own = self._wals[:-1] if self._wal_fd is not None else self._wals
-        return [w for imm in self._imms for w in imm.wals] + own
+def levels_of(
+    runs: Iterable[FileEntry],
+    have: dict[str, RunReader],
+    open_run: Callable[[FileEntry], RunReader],
+) -> list[list[RunReader]]:
+    """The levels of ``runs`` (oldest first per level), reusing the readers in ``have``
+    (by name, at the same level), opening the others with ``open_run``."""
+    levels: list[list[RunReader]] = []
+    for e in runs:
+        while len(levels) <= e.level:
+            levels.append([])
+        r = have.get(e.name)
+        if r is None or r.level != e.level:
+            r = open_run(e)
+        levels[e.level].append(r)
+    return levels

@@ -8,11 +8,20 @@ uploaded as is. A flush of the memtable retires every WAL.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from ..errors import CorruptionError
 from ..fs import FileSystem
 from ..records import ScanResult, scan
+from .state import ENTRY_OVERHEAD
 
-__all__ = ["replay", "Replayed", "read_sealed"]
+__all__ = ["replay", "replay_all", "Replayed", "read_sealed", "weight"]
+
+
+def weight(mem: dict[bytes, bytes | None]) -> int:
+    """What ``mem``'s records weigh in a memtable (its ``memtable_bytes``)."""
+    return sum(len(k) + (len(v) if v else 0) + ENTRY_OVERHEAD for k, v in mem.items())
 
 
 def replay(
@@ -56,3 +65,31 @@ def read_sealed(fs: FileSystem, path: str) -> Replayed:
     records: dict[bytes, bytes | None] = {}
     size, _n = replay(fs, path, records, truncate_torn=False)
     return Replayed(size, records)
+
+
+def replay_all(
+    fs: FileSystem, path_of: Callable[[str], str], names: list[str], opened: dict[str, Any],
+    mem: dict[bytes, bytes | None],
+) -> tuple[list[str], list[str], int]:
+    """(open) Replay the WALs ``names`` (oldest first) into ``mem``, taking those a replica
+    read ahead from ``opened``; return the non-empty ones, the empty ones, and what
+    ``mem`` weighs. The newest non-empty WAL may end torn (it was active at a crash; an
+    empty spare may follow it): it is cut at its last whole record."""
+    kept: list[str] = []
+    empty: list[str] = []
+    sizes = [fs.size(path_of(n)) for n in names]
+    last = max((i for i, n in enumerate(sizes) if n), default=-1)
+    weights: list[int] | None = []  # of the WALs read ahead, if all were
+    for i, name in enumerate(names):
+        ahead = opened.pop(name, None)
+        if isinstance(ahead, Replayed) and ahead.size == sizes[i]:
+            mem.update(ahead.records)
+            size = ahead.size
+            if weights is not None:
+                weights.append(ahead.nbytes)
+        else:
+            size, _n = replay(fs, path_of(name), mem, truncate_torn=i == last)
+            weights = None if size else weights
+        (kept if size else empty).append(name)
+    # (a key in two WALs counts twice in their sum: the memtable flushes no later)
+    return kept, empty, sum(weights) if weights is not None else weight(mem)

@@ -5,7 +5,7 @@ A :class:`Follower` installs each edit's files — built by the primary, with th
 holds every file of its newest snapshot marks. It never flushes, merges or builds an
 index: :meth:`Follower.promote` writes ``CURRENT`` for the version it holds and opens the
 engine on those very files, whose open path reads the shipped hints and footers — or takes
-what the follower read of them ahead (``Store._preopen``: an lsm run's fence index and
+what the follower read of them ahead (``Store.preopen``: an lsm run's fence index and
 Bloom filter, a sealed WAL's records — held in memory as the promoted store will hold them).
 
 Its own state is the ``FOLLOW`` document (``FORMAT.md`` § "FOLLOW"), rewritten atomically
@@ -33,7 +33,7 @@ from ..checksum import file_crc
 from ..engines import engine_class
 from ..errors import CorruptionError, SnapshotNotFoundError, StoreClosedError, StoreError
 from ..fs import FileSystem
-from ..snapshots import manifest_entries
+from ..snapshots import manifest_entries, trust
 from ..version import FileEntry, encode_entries, seq_of
 from .directory import LOCK_NAME as _LOCK_NAME
 from .directory import PART as _PART
@@ -92,7 +92,7 @@ class Follower:
         self.engine_cls = engine_class(engine)
         self.engine = engine
         self.options = options
-        self.engine_cls._parse_options(dict(options))  # bad options fail now, not at promote
+        self.engine_cls.parse_options(dict(options))  # bad options fail now, not at promote
         if isinstance(keep_marks, bool) or not isinstance(keep_marks, int) or keep_marks < 1:
             raise ValueError(f"keep_marks must be an int >= 1, got {keep_marks!r}")
         self.directory = os.path.abspath(os.fspath(directory))
@@ -105,7 +105,7 @@ class Follower:
         self._seeded: dict[str, tuple[int, int]] = {}
         self._stop_at: int | None = None
         self.fs = FileSystem()
-        self._sync = self.engine_cls._parse_options(dict(options))["sync"] == "fsync"
+        self._sync = self.engine_cls.parse_options(dict(options))["sync"] == "fsync"
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._closed = False
@@ -113,7 +113,7 @@ class Follower:
         self._holds: Counter[str] = Counter()
         self._checked: dict[str, tuple[int, int]] = {}  # name → (size, crc32c) verified on arrival
         self._counts: Counter[str] = Counter()
-        #: the needed files the engine opens ahead (``Store._preopen``: an lsm run's index and
+        #: the needed files the engine opens ahead (``Store.preopen``: an lsm run's index and
         #: Bloom filter, a sealed WAL's records), by name, so a promotion does not read them;
         #: owned by the follow thread until :meth:`promote` (after it stopped) hands them over
         self._opened: dict[str, Any] = {}
@@ -277,7 +277,7 @@ class Follower:
             if n in self._opened or self._stop.is_set():
                 continue
             try:
-                opened = self.engine_cls._preopen(self.fs, self._path(n), e)
+                opened = self.engine_cls.preopen(self.fs, self._path(n), e)
             except (OSError, StoreError) as exc:  # the promotion opens it and says what is wrong
                 log.warning("replica %s: cannot open %s ahead: %s", self.directory, n, exc)
                 continue
@@ -557,7 +557,7 @@ class Follower:
             log.info("replica %s moved to %s", self.directory, target)
         opened, self._opened = {n: self._opened[n] for n in names if n in self._opened}, {}
         store = self.engine_cls(target, _opened=opened, **{**self.options, **options})
-        store._verified = {n: self._checked[n] for n in names if n in self._checked}
+        trust(store, {n: self._checked[n] for n in names if n in self._checked})
         return store
 
     def _stop_following(self) -> None:

@@ -97,7 +97,7 @@ class Shipper:
         self.followers = 0  # streams open now
         #: This shipper's lineage: followers resume only a stream of the same origin.
         self.origin = uuid.uuid4().hex
-        with store._lock, self._lock:  # no edit between reading the version and subscribing
+        with store.lock, self._lock:  # no edit between reading the version and subscribing
             seq, files = store.version()
             #: the live version's shipped files: name → (entry, its staged link)
             self._live = {
@@ -113,7 +113,7 @@ class Shipper:
         """(lock held) The staged link of the store's file ``name`` as it is now: the one
         staged before if it is still referenced and the same file, else a new generation
         (the store keeps the file on disk while we are called)."""
-        src = self.store._path(name)
+        src = self.store.file_path(name)
         st = os.stat(src)
         stat = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         cur = self._current.get(name)

@@ -301,7 +301,7 @@ def test_a_snapshot_tail_is_written_by_the_maintainer_not_the_freeze(tmp_path: P
             s.put(b"k%04d" % i, b"b")
         s.delete(b"k0001")
         gate = threading.Event()
-        s._maint.post(gate.wait, 30)
+        s.tasks.maintainer.post(gate.wait, 30)
         fut = s.snapshot_async(2)
         tails = [w for w in s.stats()["wals"] if not (tmp_path / "db" / w).exists()]
         assert len(tails) == 1, s.stats()["wals"]  # named, not yet written

@@ -36,8 +36,8 @@ def settle(store: LSMStore, *, dead: bool = False) -> None:
         store.settle()
         return
     futs = [imm.future for imm in store._imms]
-    if store._merge is not None:
-        futs.append(store._merge[0])
+    if store._merges.job is not None:
+        futs.append(store._merges.job[0])
     concurrent.futures.wait(futs, timeout=30)
     time.sleep(0.05)
 
@@ -571,11 +571,11 @@ def test_a_restore_does_not_wait_for_a_merge_in_flight(tmp_path: Path, monkeypat
         db.snapshot(1)
         want = dict(db.items())
         i = 0
-        while db._merge is None and i < 5000:  # write until a merge is in flight (held)
+        while db._merges.job is None and i < 5000:  # write until a merge is in flight (held)
             db.put(b"x%05d" % i, b"w" * 20)
             i += 1
-        assert db._merge is not None
-        held_merge, name = db._merge[0], db._merge[3]
+        assert db._merges.job is not None
+        held_merge, name = db._merges.job[0], db._merges.job[3]
         info = db.restore(1)
         assert not merged.is_set(), "the restore waited for the merge in flight"
         assert not gate.is_set() and info.files_downloaded == 0

@@ -370,6 +370,7 @@ def test_a_promoted_lsm_replica_reads_none_of_its_runs_again(tmp_path: Path, mon
     WAL: the promotion opens no run and replays no WAL, also into another directory, and
     the store merges those runs at their new paths."""
     from statestores.lsm import engine as lsm_engine
+    from statestores.lsm import wal as lsm_wal
 
     opts = {**TINY["lsm"], "memtable_bytes": 1 << 16}  # the snapshot's last writes stay in its WAL
     db = statestores.open("lsm", tmp_path / "primary", remote=remotes.PathRemote(tmp_path / "remote"), **opts)
@@ -397,12 +398,13 @@ def test_a_promoted_lsm_replica_reads_none_of_its_runs_again(tmp_path: Path, mon
 
     def promoted(name: str, ahead: bool) -> tuple[statestores.Store, list[str]]:
         if not ahead:
-            monkeypatch.setattr(lsm_engine.LSMStore, "_preopen", classmethod(lambda cls, fs, path, e: None))
+            monkeypatch.setattr(lsm_engine.LSMStore, "preopen", classmethod(lambda cls, fs, path, e: None))
         f = statestores.follow("lsm", tmp_path / name, LocalSource(shipper), **opts)
         f.wait(snapshot_id=1)
         opened.clear()
         monkeypatch.setattr(lsm_engine, "RunReader", Counting)
         monkeypatch.setattr(lsm_engine, "replay", counting_replay)
+        monkeypatch.setattr(lsm_wal, "replay", counting_replay)  # open replays in wal.py
         store = f.promote(1, directory=tmp_path / f"{name}-promoted")
         monkeypatch.undo()
         return store, list(opened)

@@ -173,7 +173,7 @@ class Harness:
         handed off meanwhile stay in flight across the next steps (microseconds each), so
         snapshots and restores meet regions still being written, whatever the machine's
         speed."""
-        self.store._maint.post(time.sleep, seconds)
+        self.store.tasks.maintainer.post(time.sleep, seconds)
 
     # ------------------------------------------------------------------ snapshots
 
