@@ -15,7 +15,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from sfaas.errors import ReplayError
 from sfaas.runtime import wire
@@ -84,13 +85,13 @@ def _owners(m: RoundManifest) -> list[int]:
 
 async def _partitions(bootstrap: str, topic: str) -> int:
     """How many partitions ``topic`` has (0: it does not exist)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
     try:
-        metadata = await consumer._client.fetch_all_metadata()  # (no public call for it)
-        return len(metadata.partitions_for_topic(topic) or ())
+        (found,) = await admin.describe_topics([topic])
+        return 0 if found.get("error_code") else len(found.get("partitions") or ())
     finally:
-        await consumer.stop()
+        await admin.close()
 
 
 async def read_recorded(settings: Settings, app_name: str, m: RoundManifest,
