@@ -47,6 +47,7 @@ from worker.protocols.lease import EpochLeaseHolder
 from worker.protocols.rounds import RoundTaker
 from worker.state import Pending, WorkerState
 from worker.tasks import Tasks
+from worker.traces import EpochTraces
 from worker.world import World
 
 log = logging.getLogger("sfaas.worker")
@@ -100,8 +101,8 @@ class EpochRunner:
         self._idle_reported = True
         self._age_sum = 0.0
         self._age_n = 0
-        #: when each epoch not yet committed began (``time.time_ns()``; only while tracing)
-        self._began_ns: dict[int, int] = {}
+        #: the spans of the epochs and their requests (``worker.traces``; only while tracing)
+        self._traces = EpochTraces(settings.namespace, settings.trace_slow)
 
     # -- what the lease needs (``LeaseHost``) -----------------------------------------------------
     @property
@@ -152,7 +153,7 @@ class EpochRunner:
             return None
         t0 = time.perf_counter()
         if tracing.ON:
-            self._began_ns[begin.epoch] = time.time_ns()
+            self._traces.began(begin.epoch, begin.now)
         self._replay = begin.replay
         if begin.replay:  # the batch as logged, each item with the now it ran with (recovery)
             batch = st.loop.begin_replay(begin.epoch, st.take_replay(begin.epoch))
@@ -204,6 +205,8 @@ class EpochRunner:
             st.log_pos = md.offset + 1
         self._calls.reported_epoch = begin.epoch
         self._metrics.executed(t0)
+        if tracing.ON:
+            self._traces.reported(begin.epoch)
         self.report()
 
     def report(self) -> None:
@@ -241,6 +244,8 @@ class EpochRunner:
         loop = self._state.loop
         assert loop is not None
         t0 = time.perf_counter()
+        if tracing.ON:
+            self._traces.committing(epoch)
         if self.mode == "cross" and conflicts:
             candidates = loop.apply(conflicts, aborts)
             # the epoch's own commits and aborts are final now: their replies leave while
@@ -257,7 +262,7 @@ class EpochRunner:
             self._reply(fates)
         self._metrics.committed(fates, self._state.answered, t0)
         if tracing.ON:
-            self._traced(epoch, fates)
+            self._traces.committed(epoch, fates, self._replay, self._state.index)
         self._world.committed(fates, self._replay)
         if marker is not None:
             self._snapshot(epoch, marker)
@@ -289,26 +294,6 @@ class EpochRunner:
                 continue
             self._egress.add(req.reply_partition, reply.encode(), f.item.partition, f.item.offset)
             st.applied_item(f.item)
-
-    def _traced(self, epoch: int, fates: list[Fate[Pending]]) -> None:
-        """A span of each decided request that carries its caller's trace context: its
-        execution here, from the epoch's begin to its reply (``sfaas.runtime.tracing``)."""
-        began = self._began_ns.get(epoch) or time.time_ns()
-        for e in [e for e in self._began_ns if e <= epoch]:  # (and any rolled back)
-            del self._began_ns[e]
-        for f in fates:
-            req = f.item.request
-            if req.traceparent is None:
-                continue
-            error = None if f.committed else f"{f.value[0]}: {f.value[1]}"[:200]
-            tracing.record(f"execute {req.operator}.{req.function}", req.traceparent,
-                           began, {
-                               "sfaas.request_id": req.rid, "sfaas.epoch": epoch,
-                               "sfaas.worker": self._state.index, "sfaas.tid": f.tid,
-                               "sfaas.attempts": f.item.attempts, "sfaas.replay": self._replay,
-                               "sfaas.fallback": f.fallback,
-                               "sfaas.outcome": "committed" if f.committed else "aborted"},
-                           error)
 
     def _diverged(self, req: wire.Request, before: wire.Reply, after: wire.Reply) -> None:
         """A replayed request answered otherwise than before the crash: say so, loudly."""
