@@ -102,7 +102,8 @@ class EpochRunner:
         self._age_sum = 0.0
         self._age_n = 0
         #: the spans of the epochs and their requests (``worker.traces``; only while tracing)
-        self._traces = EpochTraces(settings.namespace, settings.trace_slow)
+        self._traces = EpochTraces(settings.namespace, settings.trace_slow,
+                                   metrics.latency)
 
     # -- what the lease needs (``LeaseHost``) -----------------------------------------------------
     @property

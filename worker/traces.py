@@ -15,7 +15,9 @@ the commit, when every outcome is known:
   ``traceparent``, from the epoch's begin to its reply, linked to this worker's epoch
   span. Kept when its caller's trace is sampled (head sampling) — or, tail sampling, when
   it aborted or took longer than ``trace_slow`` from its client's send to its reply,
-  at most :data:`TAIL_PER_SECOND` a second.
+  at most :data:`TAIL_PER_SECOND` a second. Its trace id becomes the exemplar of its
+  bucket of the worker's request-latency histogram (``sfaas_request_latency_seconds``,
+  scraped as OpenMetrics).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sfaas.runtime import tracing
+from sfaas.runtime.metrics import Buckets
 from sfaas.runtime.txn.loop import Fate
 from worker.state import Pending
 
@@ -40,8 +43,11 @@ class EpochTraces:
     runs one epoch at a time, so at most two: the one committing, the next begun), and
     their spans once committed."""
 
-    def __init__(self, namespace: str, slow: float) -> None:
+    def __init__(self, namespace: str, slow: float, latency: Buckets | None = None) -> None:
         self._namespace = namespace
+        #: the worker's request-latency histogram: a kept request's trace id becomes its
+        #: bucket's exemplar (``/metrics`` in OpenMetrics)
+        self._latency = latency
         self._index = -1
         self._slow_ns = int(slow * 1e9)
         self._slow = slow
@@ -123,7 +129,10 @@ class EpochTraces:
             "sfaas.tid": f.tid, "sfaas.attempts": f.item.attempts, "sfaas.replay": replay,
             "sfaas.fallback": f.fallback, "sfaas.kept": why,
             "sfaas.outcome": "committed" if f.committed else "aborted"}
-        if req.sent_at > 0:
-            attributes["sfaas.latency_ms"] = round((wall - req.sent_at) * 1000, 3)
-        tracing.record(f"execute {req.operator}.{req.function}", req.traceparent, began,
-                       attributes, error, keep=why != "head", links=[link])
+        latency = max(0.0, wall - req.sent_at) if req.sent_at > 0 else None
+        if latency is not None:
+            attributes["sfaas.latency_ms"] = round(latency * 1000, 3)
+        span = tracing.record(f"execute {req.operator}.{req.function}", req.traceparent, began,
+                              attributes, error, keep=why != "head", links=[link])
+        if latency is not None and self._latency is not None and tracing.is_recording(span):
+            self._latency.exemplar(latency, f"{span.get_span_context().trace_id:032x}")

@@ -240,7 +240,7 @@ def epoch_parent(namespace: str, epoch: int, now: float) -> Any:
 
 def is_recording(span_: Any) -> bool:
     """Whether ``span_`` (from :func:`start`/:func:`record`) is recorded (exported)."""
-    return bool(span_.is_recording()) if hasattr(span_, "is_recording") else False
+    return bool(span_.get_span_context().trace_flags.sampled)
 
 
 def _sampler_and_ids() -> tuple[Any, Any]:

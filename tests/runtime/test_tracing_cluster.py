@@ -82,6 +82,15 @@ def _wait_for_spans(jaeger: Endpoints, trace_id: str) -> list[dict[str, Any]]:
     return spans
 
 
+def _openmetrics(url: str) -> str:
+    """A scrape of ``url`` asking for OpenMetrics, the format that carries exemplars."""
+    req = urllib.request.Request(url, headers={
+        "Accept": "application/openmetrics-text; version=1.0.0; charset=utf-8"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
+        return str(resp.read().decode())
+
+
 def _refs(span: dict[str, Any], kind: str) -> list[tuple[str, str]]:
     return [(r["traceID"], r["spanID"]) for r in span["references"] if r["refType"] == kind]
 
@@ -147,6 +156,8 @@ def test_a_call_through_the_gateway_is_one_trace_from_the_caller_to_the_worker(
             assert (status, doc) == (200, {"result": 5})
             spans = _wait_for_spans(jaeger, trace_id)
             epoch_spans = _epoch_spans(jaeger, spans)
+            exposition = {p.index: _openmetrics(p.metrics)
+                          for p in cluster.ps(cs) if p.role == "worker" and p.metrics}
             worker_log = "\n".join(p.read_text() for p in cluster.state_dir(cs).glob("w*.log"))
 
     brief = [(s["service"], s["operationName"]) for s in spans]
@@ -169,6 +180,11 @@ def test_a_call_through_the_gateway_is_one_trace_from_the_caller_to_the_worker(
     assert tags["sfaas.worker"] in (0, 1) and tags["sfaas.outcome"] == "committed", tags
     assert tags["sfaas.kept"] == "head", tags
     _assert_epoch_trace(epoch_spans, executed)
+    # the request's latency bucket on its worker names its trace (an OpenMetrics exemplar)
+    text = exposition[tags["sfaas.worker"]]
+    assert any(line.startswith("sfaas_request_latency_seconds_bucket{")
+               and f'# {{trace_id="{trace_id}"}}' in line for line in text.splitlines()), \
+        [x for x in text.splitlines() if "latency_seconds_bucket" in x]
     # the workers logged JSON lines (SFAAS_LOG_FORMAT=json), through the structured fields
     lines = [json.loads(x) for x in worker_log.splitlines() if x.startswith("{")]
     assert any(x["logger"].startswith("sfaas") and "message" in x for x in lines), \
