@@ -165,7 +165,8 @@ class Coordinator(Service):
         s = self.settings
         return take(self.app_name, s.namespace, s.heartbeat_timeout,
                              (s.secret, s.minio_secret_key, s.minio_access_key), self.state,
-                             self.standbys, self.rescale, self.rounds, self.inbox.qsize())
+                             self.standbys, self.rescale, self.rounds, self.inbox.qsize(),
+                             s.jaeger_ui)
 
     def wake(self) -> None:
         """Begin an epoch soon even if no worker has work (an idle cluster must reach the

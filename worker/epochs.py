@@ -28,7 +28,7 @@ import logging
 import time
 from typing import Any
 
-from sfaas.runtime import tracing, wire
+from sfaas.runtime import wire
 from sfaas.runtime.epochlog import EpochRecord
 from sfaas.runtime.kafka import Reachability
 from sfaas.runtime.settings import Settings
@@ -58,6 +58,11 @@ __all__ = ["EpochRunner"]
 def astuple_head(r: wire.Reply) -> tuple[str, bool, Any, str | None, str | None]:
     """A reply without its traceback (what a replay must reproduce)."""
     return r.rid, r.ok, r.value, r.error_type, r.reason
+
+
+def _fresh(view: list[wire.SlowRequest] | None) -> tuple[list[wire.SlowRequest], bool]:
+    """``Heartbeat.slow`` and ``slow_fresh`` of a changed view (None: unchanged)."""
+    return ([], False) if view is None else (view, True)
 
 
 class EpochRunner:
@@ -101,7 +106,8 @@ class EpochRunner:
         self._idle_reported = True
         self._age_sum = 0.0
         self._age_n = 0
-        #: the spans of the epochs and their requests (``worker.traces``; only while tracing)
+        #: the spans of the epochs and their requests (``worker.traces``: only while
+        #: tracing), and the slowest and aborted requests of the last minute
         self._traces = EpochTraces(settings.namespace, settings.trace_slow,
                                    metrics.latency)
 
@@ -153,8 +159,7 @@ class EpochRunner:
                         st.engine.epoch, extra={"worker": st.index})
             return None
         t0 = time.perf_counter()
-        if tracing.ON:
-            self._traces.began(begin.epoch, begin.now)
+        self._traces.began(begin.epoch, begin.now)
         self._replay = begin.replay
         if begin.replay:  # the batch as logged, each item with the now it ran with (recovery)
             batch = st.loop.begin_replay(begin.epoch, st.take_replay(begin.epoch))
@@ -206,8 +211,7 @@ class EpochRunner:
             st.log_pos = md.offset + 1
         self._calls.reported_epoch = begin.epoch
         self._metrics.executed(t0)
-        if tracing.ON:
-            self._traces.reported(begin.epoch)
+        self._traces.reported(begin.epoch)
         self.report()
 
     def report(self) -> None:
@@ -245,8 +249,7 @@ class EpochRunner:
         loop = self._state.loop
         assert loop is not None
         t0 = time.perf_counter()
-        if tracing.ON:
-            self._traces.committing(epoch)
+        self._traces.committing(epoch)
         if self.mode == "cross" and conflicts:
             candidates = loop.apply(conflicts, aborts)
             # the epoch's own commits and aborts are final now: their replies leave while
@@ -262,8 +265,7 @@ class EpochRunner:
             fates = await loop.commit(conflicts, aborts)
             self._reply(fates)
         self._metrics.committed(fates, self._state.answered, t0)
-        if tracing.ON:
-            self._traces.committed(epoch, fates, self._replay, self._state.index)
+        self._traces.committed(epoch, fates, self._replay, self._state.index)
         self._world.committed(fates, self._replay)
         if marker is not None:
             self._snapshot(epoch, marker)
@@ -356,7 +358,8 @@ class EpochRunner:
             if not self._uplink.closed:  # (while the coordinator restarts, nobody listens)
                 self._uplink.send(wire.Heartbeat(
                     self._state.index, lp.committed, self._metrics.heartbeat_latency(),
-                    time.monotonic(), self._reach.silence()))
+                    time.monotonic(), self._reach.silence(),
+                    *_fresh(self._traces.slow.fresh(time.time()))))
             self._probe = asyncio.ensure_future(self._reach.probe())  # (one broker, in turn)
             await asyncio.sleep(beat)
             if fence is not None and not fence.valid():

@@ -1,8 +1,10 @@
-"""A worker's spans (issue 50): one per epoch it runs, one per traced request it decided.
+"""A worker's spans (issue 50): one per epoch it runs, one per traced request it decided —
+and its slow-request view (``worker.slowest``), fed from the same timestamps.
 
-Called by ``worker.epochs`` only when tracing is on (``if tracing.ON:`` at each hook),
-from timestamps taken at the epoch's begin, report and commit; the spans are made after
-the commit, when every outcome is known:
+Called by ``worker.epochs`` at each epoch's begin, report, Commit and after its replies
+are queued: four clock reads an epoch, whether tracing is on or not (the slow-request view
+needs them); with tracing on (``tracing.ON``) the spans are made after the commit, when
+every outcome is known:
 
 - **the epoch** (``epoch``, with ``sfaas.epoch``): a child of the coordinator's span of the
   same epoch, whose ids both derive from the epoch and its ``now``
@@ -29,6 +31,7 @@ from typing import Any
 from sfaas.runtime import tracing
 from sfaas.runtime.metrics import Buckets
 from sfaas.runtime.txn.loop import Fate
+from worker.slowest import SlowRequests
 from worker.state import Pending
 
 __all__ = ["EpochTraces", "TAIL_PER_SECOND"]
@@ -55,6 +58,8 @@ class EpochTraces:
         self._stamps: dict[int, list[Any]] = {}
         self._second = 0
         self._tail_left = TAIL_PER_SECOND
+        #: the slowest and aborted requests of the last minute (the status page's view)
+        self.slow = SlowRequests()
 
     def began(self, epoch: int, now: float) -> None:
         self._stamps[epoch] = [time.time_ns(), now, 0, 0]
@@ -77,11 +82,16 @@ class EpochTraces:
         for e in [e for e in self._stamps if e < epoch]:  # (rolled back, never committed)
             del self._stamps[e]
         began, now, reported, committing = stamp or (end, None, 0, 0)
-        kept = [(f, why) for f in fates if (why := self._keeps(f, wall)) is not None]
-        link = self._epoch(epoch, now, (began, reported, committing, end), len(fates), replay,
-                           bool(kept)) if now is not None else None
-        for f, why in kept:
-            self._request(f, epoch, began, why, replay, link, wall)
+        stamps = (began, reported or end, committing or end, end)
+        trace_ids: dict[str, str] = {}
+        if tracing.ON:
+            kept = [(f, why) for f in fates if (why := self._keeps(f, wall)) is not None]
+            link = self._epoch(epoch, now, stamps, len(fates), replay,
+                               bool(kept)) if now is not None else None
+            for f, why in kept:
+                trace_ids[f.item.request.rid] = self._request(f, epoch, began, why, replay,
+                                                              link, wall)
+        self.slow.observe(epoch, fates, stamps, trace_ids, wall)
 
     def _epoch(self, epoch: int, now: float, stamps: tuple[int, int, int, int], requests: int,
                replay: bool, kept: bool) -> Any:
@@ -94,8 +104,7 @@ class EpochTraces:
             "sfaas.replay": replay}, under=parent, keep=keep)
         recorded = tracing.is_recording(span)
         if recorded:
-            for name, t0, t1 in (("execute", began, reported or end),
-                                 ("commit", committing or end, end)):
+            for name, t0, t1 in (("execute", began, reported), ("commit", committing, end)):
                 tracing.record(name, None, t0, {"sfaas.epoch": epoch}, end_ns=t1, under=span,
                                kind="internal")
         tracing.end(span, end)
@@ -121,7 +130,8 @@ class EpochTraces:
         return why
 
     def _request(self, f: Fate[Pending], epoch: int, began: int, why: str, replay: bool,
-                 link: Any, wall: float) -> None:
+                 link: Any, wall: float) -> str:
+        """Record ``f``'s span; its trace id (hex)."""
         req = f.item.request
         error = None if f.committed else f"{f.value[0]}: {f.value[1]}"[:200]
         attributes = {
@@ -134,5 +144,7 @@ class EpochTraces:
             attributes["sfaas.latency_ms"] = round(latency * 1000, 3)
         span = tracing.record(f"execute {req.operator}.{req.function}", req.traceparent, began,
                               attributes, error, keep=why != "head", links=[link])
+        trace_id = f"{span.get_span_context().trace_id:032x}"
         if latency is not None and self._latency is not None and tracing.is_recording(span):
-            self._latency.exemplar(latency, f"{span.get_span_context().trace_id:032x}")
+            self._latency.exemplar(latency, trace_id)
+        return trace_id

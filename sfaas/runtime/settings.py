@@ -281,6 +281,10 @@ class Settings:
         if not 0 <= self.epoch_lease <= 10_000:
             raise ConfigError(
                 f"epoch_lease must be between 0 and 10000 epochs, got {self.epoch_lease}")
+        if self.jaeger_ui and not re.fullmatch(r"https?://[^\s\"'<>]+", self.jaeger_ui):
+            raise ConfigError("jaeger_ui (SFAAS_JAEGER_UI) must be an http:// or https:// URL "
+                              "(the Jaeger UI, e.g. http://127.0.0.1:16686), "
+                              f"got {self.jaeger_ui!r:.80}")
         if not 0 <= self.trace_slow <= 3600:
             raise ConfigError("trace_slow (SFAAS_TRACE_SLOW) must be seconds between 0 and 3600, "
                               f"got {self.trace_slow}")

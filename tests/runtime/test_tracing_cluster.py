@@ -82,6 +82,20 @@ def _wait_for_spans(jaeger: Endpoints, trace_id: str) -> list[dict[str, Any]]:
     return spans
 
 
+def _slow_view_link(status_json: str, trace_id: str) -> list[str] | None:
+    """The request cell of the status page's slow-request view that links to trace
+    ``trace_id`` (the workers send their view on their next heartbeat; None: none came)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(status_json, timeout=5) as resp:
+            tables = {t["id"]: t for t in json.loads(resp.read())["tables"]}
+        for row in tables["slow"]["rows"]:
+            if isinstance(row[0], list) and row[0][1].endswith(trace_id):
+                return list(row[0])
+        time.sleep(0.3)
+    return None
+
+
 def _openmetrics(url: str) -> str:
     """A scrape of ``url`` asking for OpenMetrics, the format that carries exemplars."""
     req = urllib.request.Request(url, headers={
@@ -148,6 +162,7 @@ def test_a_call_through_the_gateway_is_one_trace_from_the_caller_to_the_worker(
         mp.setenv("SFAAS_LOG_FORMAT", "json")
         mp.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp_endpoint)
         mp.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
+        mp.setenv("SFAAS_JAEGER_UI", jaeger.jaeger_url)
         mp.delenv("OTEL_SERVICE_NAME", raising=False)
         mp.delenv("OTEL_TRACES_SAMPLER", raising=False)
         with app_cluster(kafka, minio, tmp_path, APP) as cs, gateway(cs, tmp_path) as gw:
@@ -158,6 +173,9 @@ def test_a_call_through_the_gateway_is_one_trace_from_the_caller_to_the_worker(
             epoch_spans = _epoch_spans(jaeger, spans)
             exposition = {p.index: _openmetrics(p.metrics)
                           for p in cluster.ps(cs) if p.role == "worker" and p.metrics}
+            (status,) = [p.metrics.rsplit("/", 1)[0] + "/status.json"
+                         for p in cluster.ps(cs) if p.role == "coordinator"]
+            link = _slow_view_link(status, trace_id)
             worker_log = "\n".join(p.read_text() for p in cluster.state_dir(cs).glob("w*.log"))
 
     brief = [(s["service"], s["operationName"]) for s in spans]
@@ -180,6 +198,8 @@ def test_a_call_through_the_gateway_is_one_trace_from_the_caller_to_the_worker(
     assert tags["sfaas.worker"] in (0, 1) and tags["sfaas.outcome"] == "committed", tags
     assert tags["sfaas.kept"] == "head", tags
     _assert_epoch_trace(epoch_spans, executed)
+    # the status page's slow-request view links the request to its trace in Jaeger
+    assert link == [tags["sfaas.request_id"], f"{jaeger.jaeger_url}/trace/{trace_id}"], link
     # the request's latency bucket on its worker names its trace (an OpenMetrics exemplar)
     text = exposition[tags["sfaas.worker"]]
     assert any(line.startswith("sfaas_request_latency_seconds_bucket{")
