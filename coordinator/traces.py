@@ -42,8 +42,11 @@ def epoch_span(epoch: int, now: float, stamps: Sequence[int],
     namespace, slow = _config
     began, reported, ended = stamps
     keep = ended - began > slow * 1e9
+    ids = tracing.epoch_ids(namespace, epoch, now)
+    if not keep and not tracing.root_keeps(ids[0]):
+        return  # (dropped: no span made at all)
     root = tracing.start("epoch", began, {"sfaas.epoch": epoch, **attributes}, keep=keep,
-                         ids=tracing.epoch_ids(namespace, epoch, now))
+                         ids=ids)
     if tracing.is_recording(root):
         tracing.record("barrier", None, began, {"sfaas.epoch": epoch}, end_ns=reported,
                        under=root, kind="internal")

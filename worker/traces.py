@@ -99,6 +99,8 @@ class EpochTraces:
         began, reported, committing, end = stamps
         keep = kept or end - began > self._slow_ns
         parent = tracing.epoch_parent(self._namespace, epoch, now)
+        if not keep and not parent.trace_flags.sampled:
+            return None  # (dropped: no span made at all)
         span = tracing.start("epoch", began, {
             "sfaas.epoch": epoch, "sfaas.worker": self._index, "sfaas.requests": requests,
             "sfaas.replay": replay}, under=parent, keep=keep)

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("sfaas.runtime.tracing")
 
 __all__ = ["ON", "setup", "traceparent", "span", "record", "start", "end", "sampled", "epoch_ids",
-           "epoch_parent", "is_recording", "current_ids", "shutdown"]
+           "epoch_parent", "root_keeps", "is_recording", "current_ids", "shutdown"]
 
 #: Whether this process traces (set once by :func:`setup`). Read it as ``tracing.ON``
 #: (the module's attribute, not a copy imported by name).
@@ -236,6 +236,12 @@ def epoch_parent(namespace: str, epoch: int, now: float) -> Any:
     trace_id, span_id = epoch_ids(namespace, epoch, now)
     flags = TraceFlags.SAMPLED if _tail.root_keeps(trace_id) else TraceFlags.DEFAULT
     return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+
+
+def root_keeps(trace_id: int) -> bool:
+    """Whether the sampler keeps a new trace with this id (an epoch's: :func:`epoch_ids`) —
+    asked first, so an epoch nobody keeps costs no span object."""
+    return bool(_tail.root_keeps(trace_id))
 
 
 def is_recording(span_: Any) -> bool:
