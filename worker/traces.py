@@ -98,9 +98,10 @@ class EpochTraces:
         """This worker's span of the epoch (the context of it if recorded, else None)."""
         began, reported, committing, end = stamps
         keep = kept or end - began > self._slow_ns
-        parent = tracing.epoch_parent(self._namespace, epoch, now)
-        if not keep and not parent.trace_flags.sampled:
+        if not keep and not tracing.root_keeps(tracing.epoch_ids(self._namespace, epoch,
+                                                                 now)[0]):
             return None  # (dropped: no span made at all)
+        parent = tracing.epoch_parent(self._namespace, epoch, now)
         span = tracing.start("epoch", began, {
             "sfaas.epoch": epoch, "sfaas.worker": self._index, "sfaas.requests": requests,
             "sfaas.replay": replay}, under=parent, keep=keep)

@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import struct
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,9 @@ ON = False
 HEADERS = (b"traceparent", b"tracestate")
 #: Values of ``OTEL_TRACES_EXPORTER`` this module knows.
 EXPORTERS = ("otlp", "console", "none")
+
+#: what an epoch's trace ids hash (its number and its Begin's now)
+_EPOCH = struct.Struct("<qd")
 
 _tracer: Any = None
 _provider: Any = None
@@ -224,7 +228,8 @@ def sampled(traceparent_: str | None) -> bool:
 def epoch_ids(namespace: str, epoch: int, now: float) -> tuple[int, int]:
     """``(trace id, root span id)`` of epoch ``epoch`` begun at ``now`` (its ``Begin``'s):
     the same in every process that knows the epoch, and for its replay."""
-    digest = hashlib.blake2b(f"{namespace}/{epoch}/{now!r}".encode(), digest_size=24).digest()
+    digest = hashlib.blake2b(_EPOCH.pack(epoch, now), digest_size=24,
+                             key=namespace.encode()[:64]).digest()
     return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:], "big") or 1
 
 
@@ -260,6 +265,8 @@ def _sampler_and_ids() -> tuple[Any, Any]:
             self.inner, self.keep = inner, False
             #: the sampler of a trace's root (a parent-based sampler's ``root``)
             self.root: sampling.Sampler = getattr(inner, "_root", inner)
+            self.bound: int | None = self.root.bound \
+                if isinstance(self.root, sampling.TraceIdRatioBased) else None
 
         def should_sample(self, parent_context: Any, trace_id: int, name: str, kind: Any = None,
                           attributes: Any = None, links: Any = None,
@@ -270,6 +277,8 @@ def _sampler_and_ids() -> tuple[Any, Any]:
                                             links, trace_state)
 
         def root_keeps(self, trace_id: int) -> bool:
+            if self.bound is not None:  # (a trace id ratio: its rule, without its objects)
+                return bool(trace_id & 0xFFFFFFFFFFFFFFFF < self.bound)
             decision = self.root.should_sample(None, trace_id, "epoch").decision
             return bool(decision == sampling.Decision.RECORD_AND_SAMPLE)
 

@@ -180,3 +180,16 @@ def test_the_coordinators_and_a_workers_epoch_spans_are_one_trace() -> None:
     assert (root["attrs"]["sfaas.epoch"], worker["attrs"]["sfaas.epoch"]) == (5, 5)
     assert worker["attrs"]["sfaas.worker"] == 1
     assert {s["name"] for s in spans if s["parent"] == root["span"]} >= {"barrier", "commit"}
+
+
+def test_a_recovery_is_kept_with_a_span_per_step_whatever_the_sampler() -> None:
+    spans = _spans(
+        "from coordinator.traces import steps_span\n"
+        "n = time.time_ns()\n"
+        "steps_span('recovery', n, [('detect+restart', n, n + 10), ('restore', n + 10, n + 20),\n"
+        "                           ('replay', n + 20, n + 30)], {'sfaas.attempt': 2})\n",
+        OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG="0")
+    (root,) = [s for s in spans if s["parent"] is None]
+    assert root["name"] == "recovery" and root["attrs"] == {"sfaas.attempt": 2}
+    assert sorted(s["name"] for s in spans if s["parent"] == root["span"]) == \
+        ["detect+restart", "replay", "restore"]

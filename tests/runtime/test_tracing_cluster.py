@@ -13,6 +13,7 @@ import json
 import secrets
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,6 +81,25 @@ def _wait_for_spans(jaeger: Endpoints, trace_id: str) -> list[dict[str, Any]]:
             return spans
         time.sleep(0.3)
     return spans
+
+
+def _round_spans(jaeger: Endpoints, namespace: str) -> list[dict[str, Any]]:
+    """The spans of a snapshot round of this cluster (its coordinator's process has its
+    namespace), the round's first: what Jaeger's search finds within ARRIVAL s."""
+    query = urllib.parse.urlencode({"service": "sfaas-coordinator",
+                                    "operation": "snapshot round", "limit": 20})
+    deadline = time.monotonic() + ARRIVAL
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{jaeger.jaeger_url}/api/traces?{query}",
+                                    timeout=5) as resp:
+            traces = json.loads(resp.read())["data"] or []
+        for trace in traces:
+            tags = {t["key"]: t["value"] for p in trace["processes"].values() for t in p["tags"]}
+            spans = sorted(_spans(trace), key=lambda s: bool(s["references"]))
+            if tags.get("sfaas.namespace") == namespace and len(spans) == 3:
+                return spans
+        time.sleep(0.5)
+    return []
 
 
 def _slow_view_link(status_json: str, trace_id: str) -> list[str] | None:
@@ -176,6 +196,7 @@ def test_a_call_through_the_gateway_is_one_trace_from_the_caller_to_the_worker(
             (status,) = [p.metrics.rsplit("/", 1)[0] + "/status.json"
                          for p in cluster.ps(cs) if p.role == "coordinator"]
             link = _slow_view_link(status, trace_id)
+            rounds = _round_spans(jaeger, cs.namespace)
             worker_log = "\n".join(p.read_text() for p in cluster.state_dir(cs).glob("w*.log"))
 
     brief = [(s["service"], s["operationName"]) for s in spans]
@@ -198,6 +219,9 @@ def test_a_call_through_the_gateway_is_one_trace_from_the_caller_to_the_worker(
     assert tags["sfaas.worker"] in (0, 1) and tags["sfaas.outcome"] == "committed", tags
     assert tags["sfaas.kept"] == "head", tags
     _assert_epoch_trace(epoch_spans, executed)
+    # a snapshot round (one a second here) is a span of the coordinator, a child per step
+    assert rounds and rounds[0]["tags"]["sfaas.round"] >= 1, rounds
+    assert {s["operationName"] for s in rounds[1:]} == {"workers' snapshots", "publish"}
     # the status page's slow-request view links the request to its trace in Jaeger
     assert link == [tags["sfaas.request_id"], f"{jaeger.jaeger_url}/trace/{trace_id}"], link
     # the request's latency bucket on its worker names its trace (an OpenMetrics exemplar)
