@@ -21,7 +21,8 @@ from coordinator.gathering import Gathering
 from coordinator.inbox import Inbox
 from coordinator.needs import EpochEnds, EpochObserver, Workers
 from coordinator.state import ClusterState
-from sfaas.runtime import wire
+from coordinator.traces import epoch_span
+from sfaas.runtime import tracing, wire
 from sfaas.runtime.txn.loop import idle_after, merge_votes
 
 log = logging.getLogger("sfaas.coordinator")
@@ -63,11 +64,12 @@ class EagerEpochs:
                 await asyncio.sleep(wait)  # requests gather: fewer, fuller epochs
             began = time.perf_counter()
             self._inbox.take_wakeup()
-            epoch = state.next_epoch()
-            self._workers.broadcast(wire.Begin(epoch, time.time(), None))
+            epoch, now = state.next_epoch(), time.time()
+            self._workers.broadcast(wire.Begin(epoch, now, None))
             t_begin = time.perf_counter()
             reports = await self._barrier.wait(epoch)
             t_exec = time.perf_counter()
+            stamps = [time.time_ns()] if tracing.ON else None
             self._phases(t_begin - t_idle, t_exec - t_begin)
             conflicts, aborts = merge_votes((r.conflicts, r.aborts) for r in reports)
             idle = (idle_after((r.pending for r in reports), conflicts)
@@ -81,6 +83,11 @@ class EagerEpochs:
             self._workers.broadcast(wire.Commit(
                 epoch, [wire.Conflict(t, b) for t, b in conflicts.items()],
                 [wire.Aborted(t, e, r) for t, (e, r) in aborts.items()], idle, marker))
+            if stamps is not None:
+                end = time.time_ns()
+                epoch_span(epoch, now, (int(now * 1e9), stamps[0], end), {
+                    "sfaas.roots": roots, "sfaas.conflicts": len(conflicts),
+                    "sfaas.aborts": len(aborts), "sfaas.round": marker or 0})
             if switching:
                 assert marker is not None
                 await self._ends.switch(marker)  # no epoch begins until the new membership runs

@@ -26,6 +26,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from coordinator.slowview import SlowView
 from coordinator.snapshot import ClusterSnapshot, RoundsView
 from coordinator.state import Member
 from sfaas.runtime import wire
@@ -102,6 +103,8 @@ class CoordinatorMetrics:
         self.uploaded_bytes_total = 0
         self._rounds_seen = 0  # the newest round already in round_seconds
         self.latency: dict[int, _Latency] = {}
+        #: the workers' slowest and aborted requests of the last minute (the status page)
+        self.slow = SlowView()
         self.samples: collections.deque[Sample] = collections.deque(
             maxlen=int(WINDOW_SECONDS / SAMPLE_SECONDS) + 1)
         self.server: HttpServer | None = None
@@ -117,6 +120,7 @@ class CoordinatorMetrics:
 
     def heartbeat(self, m: Member, msg: wire.Heartbeat) -> None:
         """Worker ``m``'s heartbeat; its latency counts are taken if well-formed."""
+        self.slow.heartbeat(m.index, msg)
         counts = msg.latency
         if (not isinstance(counts, list) or len(counts) != len(LATENCY_BOUNDS) + 1
                 or not all(type(n) is int and n >= 0 for n in counts)):

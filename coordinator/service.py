@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from coordinator import traces
 from coordinator.barrier import Barrier
 from coordinator.boundary import Boundary
 from coordinator.bulletin import Bulletin
@@ -60,6 +61,7 @@ class Coordinator(Service):
     def __init__(self, settings: Settings, app_name: str) -> None:
         s = self.settings = settings
         self.app_name = app_name
+        traces.configure(s.namespace, s.trace_slow)
         self.state = ClusterState(s.workers)
         self.inbox = Inbox()
         self.startup = Startup(s, app_name, self.state, self._rounds_remote)
@@ -163,7 +165,8 @@ class Coordinator(Service):
         s = self.settings
         return take(self.app_name, s.namespace, s.heartbeat_timeout,
                              (s.secret, s.minio_secret_key, s.minio_access_key), self.state,
-                             self.standbys, self.rescale, self.rounds, self.inbox.qsize())
+                             self.standbys, self.rescale, self.rounds, self.inbox.qsize(),
+                             s.jaeger_ui)
 
     def wake(self) -> None:
         """Begin an epoch soon even if no worker has work (an idle cluster must reach the

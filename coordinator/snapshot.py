@@ -100,6 +100,8 @@ class ClusterSnapshot:
     recovery_stopped: str = ""
     inbox: int = 0
     rounds: RoundsView = field(default_factory=RoundsView)
+    #: the Jaeger UI request ids link to (the setting ``jaeger_ui``; empty: no links)
+    jaeger_ui: str = ""
 
     def standbys_of(self, slot: int) -> list[StandbyView]:
         return [sb for sb in self.standbys if sb.of == slot]
@@ -115,7 +117,7 @@ def redact(text: str, secrets: tuple[str, ...]) -> str:
 
 def take(app: str, namespace: str, heartbeat_timeout: float, secrets: tuple[str, ...],
          state: ClusterView, standbys: Standbys, rescale: Rescaler, rounds: RoundKeeper,
-         inbox: int) -> ClusterSnapshot:
+         inbox: int, jaeger_ui: str = "") -> ClusterSnapshot:
     """The snapshot of these parts now (on the event loop that owns them)."""
     s = state.stats
     return ClusterSnapshot(
@@ -137,4 +139,5 @@ def take(app: str, namespace: str, heartbeat_timeout: float, secrets: tuple[str,
         rounds=RoundsView(rounds.completed, rounds.failed, tuple(rounds.history),
                           tuple((t, r, redact(why, secrets)) for t, r, why in rounds.failures),
                           rounds.last_complete),
+        jaeger_ui=jaeger_ui,
     )

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from coordinator.metrics import WINDOW_SECONDS, CoordinatorMetrics, Sample, operator_bytes
+from coordinator.slowview import COLUMNS
 from coordinator.snapshot import ClusterSnapshot, MemberView
 from sfaas.runtime.lifecycle import Service
 from sfaas.runtime.metrics import LATENCY_BOUNDS, quantile
@@ -197,6 +198,9 @@ def _tables(c: ClusterSnapshot, m: CoordinatorMetrics, workers: list[list[str]],
          "empty": "none",
          "columns": ["when", "worker", "function", "key", "request", "reply before the crash",
                      "reply in the replay"], "rows": diverged_rows},
+        {"id": "slow", "title": "Slowest and aborted requests (last minute)",
+         "empty": "none in the last minute", "columns": COLUMNS,
+         "rows": m.slow.rows(now, c.jaeger_ui)},
         {"id": "stores", "title": "State per operator (newest round)",
          "empty": "no complete round yet",
          "columns": ["operator", "partitions", "state", "files", "uploaded in the round"],
@@ -276,11 +280,19 @@ def as_json(c: ClusterSnapshot, m: CoordinatorMetrics) -> str:
     return json.dumps(data(c, m))
 
 
+def _cell(cell: str | list[str]) -> str:
+    """A cell's HTML: its text, or ``[text, URL]`` a link (a request's trace)."""
+    e = html.escape
+    if isinstance(cell, list):
+        return f'<td><a href="{e(cell[1])}" target="_blank" rel="noopener">{e(cell[0])}</a></td>'
+    return f"<td>{e(cell)}</td>"
+
+
 def _table(t: dict[str, Any]) -> str:
     e = html.escape
     head = "".join(f"<th>{e(col)}</th>" for col in t["columns"])
     if t["rows"]:
-        body = "".join("<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in row) + "</tr>"
+        body = "".join("<tr>" + "".join(_cell(cell) for cell in row) + "</tr>"
                        for row in t["rows"])
     else:
         body = f'<tr class="empty"><td colspan="{len(t["columns"])}">{e(t["empty"])}</td></tr>'

@@ -167,3 +167,20 @@ def test_the_dashboard_queries_only_metrics_a_running_cluster_exports(observed_c
             wanted = {x.strip() for x in labels.split(",")} - {"instance", "job", "le"}
             if exported[metric]:  # (a family without samples yet says nothing about its labels)
                 assert wanted <= exported[metric], (e, wanted, exported[metric])
+
+
+@pytest.mark.parametrize("file", FILES)
+def test_jaeger_is_an_optional_service_every_process_sends_its_spans_to(file: str) -> None:
+    doc = _compose(file)
+    jaeger = doc["services"]["jaeger"]
+    assert jaeger["profiles"] == ["tracing"]  # off unless `--profile tracing`
+    assert jaeger["image"] == "jaegertracing/all-in-one:1.76.0"
+    assert any(_resolve(p).endswith(":16686:16686") for p in jaeger["ports"])
+    for name, svc in _ours(doc).items():
+        env = {k: _resolve(v) for k, v in svc["environment"].items()}
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318", name
+        assert _settings_of(svc).tracing is False  # (SFAAS_TRACING=1 turns it on)
+        s = Settings.load(env={**env, "SFAAS_TRACING": "1"})
+        assert s.tracing and s.trace_slow == 0.1
+    if "ha" in file:  # on the network the processes reach Kafka and MinIO on
+        assert jaeger["networks"] == ["data"]

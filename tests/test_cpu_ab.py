@@ -102,3 +102,21 @@ def test_the_help_prints() -> None:
     """(A help text holding a bare ``%`` once made ``--help`` raise in argparse.)"""
     text = cpu_ab.parser().format_help()
     assert "--curve" in text and "90% committed" in text
+
+
+def test_the_tracing_ab_runs_three_sides_of_this_checkout_against_tracing_off() -> None:
+    from benchmarks.runtime import tracing_ab
+
+    args = tracing_ab.parser().parse_args(["--pairs", "3", "--seconds", "15"])
+    argv = tracing_ab.cpu_ab_args(args, "http://127.0.0.1:4318")
+    ns = cpu_ab.parser().parse_args(argv)
+    cpu_ab.check_args(ns)  # (what cpu_ab.py accepts)
+    assert cpu_ab.parse_refs(ns.ref) == [("off", "worktree"), ("on1", "worktree"),
+                                         ("on100", "worktree")]
+    env = cpu_ab.parse_env(ns.env, ["off", "on1", "on100"])
+    assert env["off"]["SFAAS_TRACING"] == "0" and env["on100"]["SFAAS_TRACING"] == "1"
+    assert (env["on1"]["OTEL_TRACES_SAMPLER"], env["on1"]["OTEL_TRACES_SAMPLER_ARG"]) == \
+        ("parentbased_traceidratio", "0.01")
+    assert {e["OTEL_EXPORTER_OTLP_ENDPOINT"] for e in env.values()} == {"http://127.0.0.1:4318"}
+    assert (ns.rates, ns.pairs, ns.seconds, ns.workers, ns.requests_seconds) == \
+        ("1000", 3, 15.0, 2, 0.0)

@@ -44,6 +44,10 @@ HA = ["--set", "workers=3,standbys=1,partitions=12,gateway.enabled=true,"
 #: More environment, as a user would give it on the command line (a number, a field ref).
 EXTRA = ["--set", "extraEnv[0].name=SFAAS_HEARTBEAT_TIMEOUT,extraEnv[0].value=5,"
          "extraEnv[1].name=NODE,extraEnv[1].valueFrom.fieldRef.fieldPath=spec.nodeName"]
+#: Tracing on, to the chart's own Jaeger, 1 % head sampling.
+TRACING = ["--set", "tracing.enabled=true,tracing.jaeger.enabled=true,"
+           "tracing.sampler=parentbased_traceidratio,tracing.samplerArg=0.01,"
+           "tracing.jaegerUi=http://127.0.0.1:16686"]
 #: Credential variables: never a plain value in a manifest.
 CREDENTIALS = {"SFAAS_SECRET", "SFAAS_MINIO_ACCESS_KEY", "SFAAS_MINIO_SECRET_KEY",
                "SFAAS_GATEWAY_TOKEN"}
@@ -160,8 +164,8 @@ def test_the_chart_lints(tools: Tools) -> None:
         assert "0 chart(s) failed" in proc.stdout
 
 
-@pytest.mark.parametrize("values", [[], HA, HA + EXTRA],
-                         ids=["default-values", "ha-values", "extra-env"])
+@pytest.mark.parametrize("values", [[], HA, HA + EXTRA, HA + TRACING],
+                         ids=["default-values", "ha-values", "extra-env", "tracing"])
 def test_every_rendered_object_validates_strictly(tools: Tools, values: list[str]) -> None:
     text = _render(tools, *values)
     n = len(_objects(text))
@@ -324,6 +328,38 @@ def test_the_service_monitor_scrapes_every_process_at_its_metrics_port(tools: To
     for _, c in _containers(objs):  # the port named "metrics" is SFAAS_METRICS_PORT
         (port,) = [p for p in c["ports"] if p["name"] == "metrics"]
         assert str(port["containerPort"]) == _plain_env(c, "p")["SFAAS_METRICS_PORT"]
+
+
+def test_tracing_is_off_by_default_and_on_sends_every_process_to_the_charts_jaeger(
+        tools: Tools) -> None:
+    plain = _objects(_render(tools, *HA))
+    assert not [o for o in plain if "jaeger" in o["metadata"]["name"]]
+    for _, c in _containers(plain):
+        assert not {"SFAAS_TRACING", "OTEL_EXPORTER_OTLP_ENDPOINT"} & set(_plain_env(c, "p"))
+    objs = _objects(_render(tools, *HA, *TRACING))
+    dep = _one(objs, "Deployment", f"{RELEASE}-sfaas-jaeger")
+    (j,) = dep["spec"]["template"]["spec"]["containers"]
+    assert j["image"] == "jaegertracing/all-in-one:1.76.0"
+    svc = _one(objs, "Service", f"{RELEASE}-sfaas-jaeger")
+    assert {p["port"] for p in svc["spec"]["ports"]} == {16686, 4317, 4318}
+    names = set()
+    for workload, c in _containers(objs):
+        if c["name"] == "jaeger":
+            continue
+        names.add(workload["metadata"]["name"])
+        env = _plain_env(c, "p")
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == f"http://{RELEASE}-sfaas-jaeger:4318"
+        assert (env["OTEL_TRACES_SAMPLER"], env["OTEL_TRACES_SAMPLER_ARG"]) == \
+            ("parentbased_traceidratio", "0.01")
+        s = Settings.load(env=env)
+        assert s.tracing and s.trace_slow == 0.1 and s.jaeger_ui == "http://127.0.0.1:16686"
+    assert len(names) >= 3  # the coordinator, the workers (and standbys), the gateway
+    # on without anywhere to send the spans: refused, naming the values
+    proc = _template(tools, "--set", "tracing.enabled=true")
+    assert proc.returncode != 0 and "tracing.otlpEndpoint" in proc.stderr
+    own = _objects(_render(tools, "--set", "tracing.enabled=true,"
+                           "tracing.otlpEndpoint=http://collector:4318"))
+    assert not [o for o in own if "jaeger" in o["metadata"]["name"]]
 
 
 def test_the_install_notes_say_how_to_reach_the_cluster(tools: Tools, tmp_path: Path) -> None:

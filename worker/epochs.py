@@ -27,10 +27,9 @@ import logging
 import time
 from typing import Any
 
-from sfaas.runtime import tracing, wire
+from sfaas.runtime import wire
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.txn.determinism import check_local
-from sfaas.runtime.txn.loop import Fate
 from worker.cuts import RoundCut
 from worker.epoch_log import EpochLogWriter
 from worker.links import CoordinatorLink, PeerLinks
@@ -39,8 +38,9 @@ from worker.peers import Peers
 from worker.protocols.fallback import CrossFallback
 from worker.protocols.lease import EpochLeaseHolder
 from worker.replies import Replies
-from worker.state import Pending, WorkerState
+from worker.state import WorkerState
 from worker.tasks import Tasks
+from worker.traces import EpochTraces
 from worker.world import World
 
 log = logging.getLogger("sfaas.worker")
@@ -80,8 +80,9 @@ class EpochRunner:
         self.lease = EpochLeaseHolder(self)
         # the coordinator starts idle: the first records must wake it up
         self._idle_reported = True
-        #: when each epoch not yet committed began (``time.time_ns()``; only while tracing)
-        self._began_ns: dict[int, int] = {}
+        #: the spans of the epochs and their requests (``worker.traces``: only while
+        #: tracing), and the slowest and aborted requests of the last minute
+        self.traces = EpochTraces(settings.namespace, settings.trace_slow, metrics.latency)
 
     # -- what the lease needs (``LeaseHost``) -----------------------------------------------------
     @property
@@ -148,8 +149,7 @@ class EpochRunner:
                         st.engine.epoch, extra={"worker": st.index})
             return None
         t0 = time.perf_counter()
-        if tracing.ON:
-            self._began_ns[begin.epoch] = time.time_ns()
+        self.traces.began(begin.epoch, begin.now)
         self._replay = begin.replay
         if begin.replay:  # the batch as logged, each item with the now it ran with (recovery)
             batch = st.loop.begin_replay(begin.epoch, st.take_replay(begin.epoch))
@@ -179,6 +179,7 @@ class EpochRunner:
             return
         self._calls.reported_epoch = begin.epoch
         self._metrics.executed(t0)
+        self.traces.reported(begin.epoch)
         self.report()
 
     def report(self) -> None:
@@ -216,6 +217,7 @@ class EpochRunner:
         loop = self._state.loop
         assert loop is not None
         t0 = time.perf_counter()
+        self.traces.committing(epoch)
         if self.mode == "cross" and conflicts:
             candidates = loop.apply(conflicts, aborts)
             # the epoch's own commits and aborts are final now: their replies leave while
@@ -231,28 +233,7 @@ class EpochRunner:
             fates = await loop.commit(conflicts, aborts)
             self._replies.reply(fates)
         self._metrics.committed(fates, self._state.answered, t0)
-        if tracing.ON:
-            self._traced(epoch, fates)
+        self.traces.committed(epoch, fates, self._replay, self._state.index)
         self._world.committed(fates, self._replay)
         if marker is not None:
             self._cut.take(epoch, marker)
-
-    def _traced(self, epoch: int, fates: list[Fate[Pending]]) -> None:
-        """A span of each decided request that carries its caller's trace context: its
-        execution here, from the epoch's begin to its reply (``sfaas.runtime.tracing``)."""
-        began = self._began_ns.get(epoch) or time.time_ns()
-        for e in [e for e in self._began_ns if e <= epoch]:  # (and any rolled back)
-            del self._began_ns[e]
-        for f in fates:
-            req = f.item.request
-            if req.traceparent is None:
-                continue
-            error = None if f.committed else f"{f.value[0]}: {f.value[1]}"[:200]
-            tracing.record(f"execute {req.operator}.{req.function}", req.traceparent,
-                           began, {
-                               "sfaas.request_id": req.rid, "sfaas.epoch": epoch,
-                               "sfaas.worker": self._state.index, "sfaas.tid": f.tid,
-                               "sfaas.attempts": f.item.attempts, "sfaas.replay": self._replay,
-                               "sfaas.fallback": f.fallback,
-                               "sfaas.outcome": "committed" if f.committed else "aborted"},
-                           error)

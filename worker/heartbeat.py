@@ -17,7 +17,7 @@ from sfaas.runtime.kafka import Reachability
 from sfaas.runtime.settings import Settings
 from worker.fence import FenceLease
 from worker.links import CoordinatorLink
-from worker.needs import Latency
+from worker.needs import Latency, SlowView
 from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker")
@@ -29,16 +29,24 @@ class Heartbeat:
     """This worker's heartbeats (see the module docstring)."""
 
     def __init__(self, settings: Settings, state: WorkerState, uplink: CoordinatorLink,
-                 metrics: Latency, fence: FenceLease | None = None) -> None:
+                 metrics: Latency, fence: FenceLease | None = None,
+                 slow: SlowView | None = None) -> None:
         self._settings = settings
         self._state = state
         self._uplink = uplink
         self._metrics = metrics
         #: the coordinator's lease on this process (``worker.fence``)
         self._fence = fence
+        #: the slowest and aborted requests of the last minute (the status page's view)
+        self._slow = slow
         #: whether this process reaches any Kafka broker (its heartbeats say so)
         self._reach = Reachability(settings.kafka)
         self._probe: asyncio.Future[None] | None = None
+
+    def _slow_fields(self) -> tuple[list[wire.SlowRequest], bool]:
+        """``Heartbeat.slow`` and ``slow_fresh``: the view if it changed since the last beat."""
+        view = None if self._slow is None else self._slow.fresh(time.time())
+        return ([], False) if view is None else (view, True)
 
     async def run(self) -> None:
         """Tell the coordinator this worker lives, every quarter of its timeout (the first
@@ -57,7 +65,7 @@ class Heartbeat:
             if not self._uplink.closed:  # (while the coordinator restarts, nobody listens)
                 self._uplink.send(wire.Heartbeat(
                     self._state.index, lp.committed, self._metrics.heartbeat_latency(),
-                    time.monotonic(), self._reach.silence()))
+                    time.monotonic(), self._reach.silence(), *self._slow_fields()))
             self._probe = asyncio.ensure_future(self._reach.probe())  # (one broker, in turn)
             await asyncio.sleep(beat)
             if fence is not None and not fence.valid():

@@ -28,6 +28,7 @@ port                     needed by                        filled by
 :class:`Standbys`        rescale                          ``Replication`` (``worker.replication``)
 :class:`Rescaled`        rescale                          ``Departures`` (``worker.quiesce``)
 :class:`Latency`         heartbeat                        ``WorkerMetrics`` (``worker.metrics``)
+:class:`SlowView`        heartbeat                        ``SlowRequests`` (``worker.slowest``)
 :class:`Divergences`     replies                          ``WorkerMetrics``
 :class:`EngineStarter`   stores (start-up)                ``Worker``
 =======================  ===============================  ========================================
@@ -48,7 +49,8 @@ if TYPE_CHECKING:
 
 __all__ = ["AckedReplies", "CallsSeen", "Commits", "Completions", "Directions", "Divergences",
            "EngineStarter", "Halting", "HeldReads", "Latency", "PeerSends", "Quiet",
-           "Rescaled", "Room", "Spawner", "Standbys", "Votes", "WorkArrived", "WorldRollback"]
+           "Rescaled", "Room", "SlowView", "Spawner", "Standbys", "Votes", "WorkArrived",
+           "WorldRollback"]
 
 
 # -- work and replies --------------------------------------------------------------------------
@@ -191,6 +193,12 @@ class Latency(Protocol):
     def heartbeat_latency(self) -> list[int]: ...
     def mean_age(self) -> float | None: ...
     def reset_ages(self) -> None: ...
+
+
+class SlowView(Protocol):
+    """The slowest and aborted requests of the last minute, as a heartbeat carries them."""
+
+    def fresh(self, wall: float) -> list[wire.SlowRequest] | None: ...
 
 
 class Divergences(Protocol):

@@ -121,7 +121,6 @@ class Worker(Service):
                                      uplink=self.uplink, kafka=self.kafka, rounds=self.rounds,
                                      parts={"world": self.world.gauges,
                                             "direct": self.direct.counters})
-        self.heartbeat = Heartbeat(s, st, self.uplink, self.metrics, self.lease)
         self.epochs = EpochRunner(
             s, st, uplink=self.uplink, links=self.links, calls=self.calls,
             fallback=self.fallback, metrics=self.metrics, tasks=self.tasks, world=self.world,
@@ -130,6 +129,8 @@ class Worker(Service):
                             egress=self.egress, metrics=self.metrics, uplink=self.uplink),
             cut=RoundCut(s, st, rounds=self.rounds, direct=self.direct, egress=self.egress,
                          kafka=self.kafka, uplink=self.uplink))
+        self.heartbeat = Heartbeat(s, st, self.uplink, self.metrics, self.lease,
+                                   slow=self.epochs.traces.slow)
         # the loops between parts (worker.needs): a reply acknowledged completes its request
         # in the ingress; work queued wakes the epochs; a call served reports the epoch
         # again; the fallback phase frees room for the peers' held calls

@@ -35,9 +35,10 @@ from coordinator.barrier import Barrier
 from coordinator.inbox import Inbox, Interrupted, Lost
 from coordinator.needs import Recoveries
 from coordinator.state import ClusterState
+from coordinator.traces import steps_span
 from remotes import Remote
 from sfaas.errors import ChannelClosed, RecoveryStopped
-from sfaas.runtime import wire
+from sfaas.runtime import tracing, wire
 from sfaas.runtime.protocols.rounds import Rounds
 from sfaas.runtime.txn.loop import merge_votes
 
@@ -75,7 +76,7 @@ class Recovery:
     async def run(self) -> None:
         """Recover; returns once live epochs may run."""
         state = self._state
-        t0 = time.monotonic()
+        t0, t0_ns = time.monotonic(), time.time_ns()
         last, same = "", 0  # the last permanent failure, and how often in a row
         while True:
             attempt = state.begin_recovery()
@@ -84,13 +85,16 @@ class Recovery:
                 await self._wait_for_members(attempt)
                 self._inbox.discard()  # from before this attempt: stale reports, loss markers
                 phases: dict[str, float] = {"detect+restart": time.monotonic() - t0}
+                steps = [time.time_ns()]
                 t = time.monotonic()
                 round_id = await self._latest_round()
                 epochs = await self._roll_back(attempt, round_id)
                 phases["restore"] = time.monotonic() - t
+                steps.append(time.time_ns())
                 t = time.monotonic()
                 await self._replay(epochs)
                 phases["replay"] = time.monotonic() - t
+                steps.append(time.time_ns())
             except (_Retry, Interrupted) as exc:
                 if isinstance(exc, _Retry) and exc.permanent:
                     # "the same way": the same error but for the numbers in it (which
@@ -109,6 +113,12 @@ class Recovery:
                     "seconds": time.monotonic() - t0, **phases}
             state.recovered(info)
             self._recoveries.recovered(info)
+            if tracing.ON:
+                steps_span("recovery", t0_ns, [("detect+restart", t0_ns, steps[0]),
+                                               ("restore", steps[0], steps[1]),
+                                               ("replay", steps[1], steps[2])], {
+                    "sfaas.attempt": attempt, "sfaas.round": round_id,
+                    "sfaas.epochs_replayed": len(epochs)})
             log.warning("recovery %d done in %.2f s: rolled back to round %d, replayed %d epochs "
                         "(%s)", attempt, time.monotonic() - t0, round_id, len(epochs),
                         ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))

@@ -26,8 +26,9 @@ from typing import Any, TypeVar
 
 from coordinator.needs import Switched
 from coordinator.state import Layout
+from coordinator.traces import steps_span
 from remotes import Remote
-from sfaas.runtime import wire
+from sfaas.runtime import tracing, wire
 from sfaas.runtime.lifecycle import Service
 from sfaas.runtime.protocols.rounds import (
     RoundManifest,
@@ -281,6 +282,7 @@ class RoundKeeper(Service):
     async def _publish(self, manifest: RoundManifest) -> None:
         assert self._rounds is not None
         self._written.clear()
+        reported = time.time_ns()  # (every worker's report is in)
         try:
             known, self._index = self._index, None  # (unknown until this publish returns)
             retained, dropped = await _in_background(
@@ -293,6 +295,8 @@ class RoundKeeper(Service):
             self._switch_at.pop(manifest.round, None)
             self.failed += 1
             self.failures.append((time.time(), manifest.round, f"publishing failed: {exc}"))
+            if tracing.ON:
+                self._traced(manifest, reported, f"publishing failed: {exc}")
             self._publishing = None
             self._written.set()
             return
@@ -305,6 +309,8 @@ class RoundKeeper(Service):
         if switch is not None:  # the round names the new map: it is in force from now on
             switch[2].adopt(manifest.round)
         self._written.set()
+        if tracing.ON:
+            self._traced(manifest, reported)
         log.info("snapshot round %d complete: epoch %d, %d stores, %d files, %.1f MB uploaded, "
                  "published %.2f s after its marker", manifest.round, manifest.epoch,
                  len(manifest.stores), manifest.files, manifest.bytes_uploaded / 1e6,
@@ -317,6 +323,16 @@ class RoundKeeper(Service):
         self._publishing = None
         if self._gc_due >= GC_EVERY and time.monotonic() - self._collected_at >= GC_PERIOD:
             self._collect()
+
+    @staticmethod
+    def _traced(manifest: RoundManifest, reported: int, error: str | None = None) -> None:
+        """The round's span: its marker → every worker's report → the manifest published."""
+        started = int(manifest.started * 1e9)
+        steps_span("snapshot round", started, [("workers' snapshots", started, reported),
+                                               ("publish", reported, time.time_ns())], {
+            "sfaas.round": manifest.round, "sfaas.epoch": manifest.epoch,
+            "sfaas.files": manifest.files, "sfaas.bytes_uploaded": manifest.bytes_uploaded},
+            error)
 
     def _collect(self) -> None:
         """Start collecting the garbage the rounds published so far left (one collection

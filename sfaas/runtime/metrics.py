@@ -20,6 +20,7 @@ import asyncio
 import bisect
 import logging
 import math
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily
+from prometheus_client.samples import Exemplar
 
 from sfaas.errors import ClusterError
 from sfaas.runtime.channels import TRAFFIC
@@ -49,14 +51,24 @@ PHASE_BOUNDS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 
 class Buckets:
     """A histogram: ``counts[i]`` observations ``<= bounds[i]`` and above the bound before
-    (the last count: above every bound), and their sum. Not thread-safe: one owner thread."""
+    (the last count: above every bound), and their sum; each bucket may carry an exemplar,
+    the trace id of one observation in it (OpenMetrics). Not thread-safe: one owner thread."""
 
-    __slots__ = ("bounds", "counts", "sum")
+    __slots__ = ("bounds", "counts", "sum", "exemplars")
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds = tuple(bounds)
         self.counts = [0] * (len(self.bounds) + 1)
         self.sum = 0.0
+        #: per bucket, the newest ``(trace id, value, unix time)`` given (None: none yet)
+        self.exemplars: list[tuple[str, float, float] | None] | None = None
+
+    def exemplar(self, value: float, trace_id: str) -> None:
+        """``value`` (observed too, by whoever observes) was that of a traced request: its
+        bucket's exemplar names trace ``trace_id`` (32 hex digits) from now on."""
+        if self.exemplars is None:
+            self.exemplars = [None] * len(self.counts)
+        self.exemplars[bisect.bisect_left(self.bounds, value)] = (trace_id, value, time.time())
 
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
@@ -68,10 +80,14 @@ class Buckets:
 
     def add_to(self, family: Any, labels: Sequence[str] = ()) -> None:
         """Add this histogram as one sample set of a ``HistogramMetricFamily``."""
-        cumulative, running = [], 0
-        for bound, n in zip((*self.bounds, math.inf), self.counts, strict=True):
+        cumulative: list[Any] = []
+        running = 0
+        ex = self.exemplars or [None] * len(self.counts)
+        for bound, n, e in zip((*self.bounds, math.inf), self.counts, ex, strict=True):
             running += n
-            cumulative.append(("+Inf" if bound == math.inf else repr(bound), running))
+            le = "+Inf" if bound == math.inf else repr(bound)
+            cumulative.append((le, running) if e is None else
+                              (le, running, Exemplar({"trace_id": e[0]}, e[1], e[2])))
         family.add_metric(list(labels), cumulative, self.sum)
 
 
@@ -153,7 +169,14 @@ class HttpServer:
         self._server: asyncio.Server | None = None
         self.port = 0
 
-    def _metrics(self) -> tuple[str, bytes]:
+    def _metrics(self, openmetrics: bool = False) -> tuple[str, bytes]:
+        """The registry in Prometheus' text format, or (``openmetrics``: the scraper's
+        ``Accept`` asked for it) in OpenMetrics, whose histograms carry exemplars."""
+        if openmetrics:
+            from prometheus_client.openmetrics import exposition
+
+            body: bytes = exposition.generate_latest(self.registry)  # type: ignore[no-untyped-call]
+            return exposition.CONTENT_TYPE_LATEST, body
         return CONTENT_TYPE_LATEST, generate_latest(self.registry)
 
     async def start(self, host: str, port: int, setting: str = "SFAAS_METRICS_PORT") -> int:
@@ -196,7 +219,10 @@ class HttpServer:
                                     f"not found; try {routes}\n".encode())
             else:
                 try:
-                    ctype, body = route()
+                    if route == self._metrics and b"application/openmetrics-text" in head:
+                        ctype, body = self._metrics(openmetrics=True)
+                    else:
+                        ctype, body = route()
                 except Exception:
                     log.exception("serving %s failed", target)
                     await self._respond(writer, 500, "text/plain",

@@ -107,6 +107,14 @@ class Settings:
     #: ``OTEL_*`` variables (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_TRACES_SAMPLER``, …).
     #: Off, nothing of OpenTelemetry is imported and no span is made.
     tracing: bool = False
+    #: With tracing on, a request slower than this many seconds (from its client's send to
+    #: its reply) or aborted has its span kept even when the head sampler
+    #: (``OTEL_TRACES_SAMPLER``) dropped its trace — tail sampling, at most
+    #: ``TAIL_PER_SECOND`` spans a second per process; so is an epoch that took longer.
+    trace_slow: float = 0.1
+    #: The Jaeger UI the status page links a request's trace to (empty: no links), e.g.
+    #: ``http://127.0.0.1:16686``.
+    jaeger_ui: str = ""
     #: The coordinator creates this file once all workers are ready (used by ``sfaas up``).
     ready_file: str = ""
     #: Seconds between snapshot rounds; 0 turns rounds off (benchmarks). A round costs what
@@ -273,6 +281,13 @@ class Settings:
         if not 0 <= self.epoch_lease <= 10_000:
             raise ConfigError(
                 f"epoch_lease must be between 0 and 10000 epochs, got {self.epoch_lease}")
+        if self.jaeger_ui and not re.fullmatch(r"https?://[^\s\"'<>]+", self.jaeger_ui):
+            raise ConfigError("jaeger_ui (SFAAS_JAEGER_UI) must be an http:// or https:// URL "
+                              "(the Jaeger UI, e.g. http://127.0.0.1:16686), "
+                              f"got {self.jaeger_ui!r:.80}")
+        if not 0 <= self.trace_slow <= 3600:
+            raise ConfigError("trace_slow (SFAAS_TRACE_SLOW) must be seconds between 0 and 3600, "
+                              f"got {self.trace_slow}")
         if not 0 <= self.epoch_gather <= 1:
             raise ConfigError("epoch_gather (SFAAS_EPOCH_GATHER) must be between 0 and 1 second, "
                               f"got {self.epoch_gather}")

@@ -43,6 +43,7 @@ from sfaas.runtime.protocols.membership import (
     Peer,
     Ready,
     Register,
+    SlowRequest,
     Stop,
 )
 from sfaas.runtime.protocols.reads import Placement, Read, ReadReply, Where
@@ -67,7 +68,7 @@ from sfaas.runtime.protocols.standby import Follow, Promote
 __all__ = [
     "ProtocolError", "Message", "MESSAGES",
     # membership
-    "Register", "Assign", "Ready", "Heartbeat", "Alive", "Stop", "Peer",
+    "Register", "Assign", "Ready", "Heartbeat", "Alive", "Stop", "Peer", "SlowRequest",
     # epochs, and leased epochs
     "Begin", "Report", "Commit", "Wakeup", "Conflict", "Aborted", "EpochLease", "Wake",
     # snapshot rounds, recovery, standbys

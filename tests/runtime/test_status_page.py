@@ -1,7 +1,8 @@
 """The coordinator's status page in a real headless Chromium (Selenium + Debian's ``chromium``
 and ``chromium-driver``, which ``./run test`` installs when missing): ``sfaas status`` gives
 its URL, the page shows both workers with their partitions and health, and its numbers
-move under load without a reload (its script polls ``/status.json``).
+move under load without a reload (its script polls ``/status.json``), and its slow-request
+view lists the slowest and the aborted requests of the last minute with their phases.
 
 ``SFAAS_STATUS_SCREENSHOT=some.png`` saves the page, as the test last saw it, there;
 otherwise the screenshot goes to the test's temporary directory.
@@ -71,10 +72,13 @@ def _card(d: Any, key: str) -> str:
 
 
 def _rows(d: Any, table: str) -> list[list[str]]:
-    from selenium.webdriver.common.by import By
-
-    return [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-            for tr in d.find_elements(By.CSS_SELECTOR, f"table#{table} tbody tr:not(.empty)")]
+    # (read in one script: the page refills its tables every poll, and elements found in
+    # one call may be gone by the next)
+    rows: list[list[str]] = d.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]))"
+        ".map(tr => Array.from(tr.cells).map(td => td.innerText.trim()))",
+        f"table#{table} tbody tr:not(.empty)")
+    return rows
 
 
 @pytest.mark.timeout(240)
@@ -118,6 +122,19 @@ def test_the_status_page_shows_both_workers_and_its_numbers_move_under_load(
     rounds = _wait("a snapshot round", lambda: _rows(d, "rounds"))
     assert int(rounds[0][0]) >= 1 and _card(d, "round").startswith("#")
     assert {r[0] for r in _wait("the operators' state", lambda: _rows(d, "stores"))} == {"accounts", "counters"}
+    # the slow-request view: the slowest and the aborted requests of the load, with phases
+    slow = _wait("slow and aborted requests", lambda: (rows := _rows(d, "slow"))
+                 and any(r[3].startswith("Abort") for r in rows)
+                 and any(r[3] == "committed" for r in rows) and rows)
+    assert len(slow) <= 2 * 20  # (each worker: its 10 slowest and 10 newest aborted)
+    for r in slow:
+        assert r[1] in ("accounts.deposit", "accounts.transfer", "counters.bump"), r
+        assert r[2] in ("0", "1") and all(c.endswith("ms") for c in r[4:9]), r
+        assert float(r[4].split()[0]) >= float(r[6].split()[0]), r  # latency ≥ executed
+    aborted = [r for r in slow if r[3] != "committed"]
+    assert all(r[1] == "accounts.transfer" and "insufficient" in r[3] for r in aborted), aborted
+    committed = [float(r[4].split()[0]) for r in slow if r[3] == "committed"]
+    assert committed == sorted(committed, reverse=True)
     points = d.execute_script("return document.querySelectorAll('#chart polyline')[0].getAttribute('points')")
     assert len(points.split()) >= 2, points
 
@@ -135,3 +152,24 @@ def test_text_from_the_network_is_escaped_in_the_page() -> None:
     html = _table({"id": "workers", "title": "Workers", "empty": "none", "columns": ["name"],
                    "rows": [['<script>alert("x")</script>']]})
     assert "<script>" not in html and "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html
+
+
+def test_a_request_links_to_its_trace_when_the_jaeger_ui_is_set() -> None:
+    from coordinator.slowview import SlowView
+    from coordinator.status import _table
+    from sfaas.runtime import wire
+
+    view, now = SlowView(), time.time()
+    row = wire.SlowRequest("r-1", "accounts.transfer", "Abort: no", now - 1, 7, 0.25, 0.1,
+                           0.1, 0.03, 0.02, 1, True, 0, "ab" * 16)
+    old = row._replace(rid="r-old", at=now - 120, trace_id="")
+    view.heartbeat(1, wire.Heartbeat(1, 0, slow=[row, old], slow_fresh=True))
+    view.heartbeat(1, wire.Heartbeat(1, 0))  # (unchanged: the view stays)
+    (cells,) = view.rows(now, "http://127.0.0.1:16686/")  # (the old one is past the minute)
+    assert cells[0] == ["r-1", "http://127.0.0.1:16686/trace/" + "ab" * 16]
+    assert cells[1:12] == ["accounts.transfer", "1", "Abort: no", "250.0 ms", "100.0 ms",
+                           "100.0 ms", "30.0 ms", "20.0 ms", "1", "yes", "0"]
+    assert view.rows(now)[0][0] == "r-1"  # no UI: no link
+    html = _table({"id": "slow", "title": "Slow", "empty": "none", "columns": ["request"],
+                   "rows": [[cells[0]]]})
+    assert f'<a href="http://127.0.0.1:16686/trace/{"ab" * 16}"' in html

@@ -103,3 +103,93 @@ def test_the_log_format_setting_is_checked() -> None:
     assert Settings.load(env={"SFAAS_TRACING": "1"}).tracing is True
     with pytest.raises(ConfigError, match="log_format .SFAAS_LOG_FORMAT. must be 'text' or"):
         Settings.load(env={"SFAAS_LOG_FORMAT": "yaml"})
+
+
+SPANS = (
+    "import json, time\n"
+    "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
+    "from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter\n"
+    "from sfaas.runtime import tracing, wire\n"
+    "from sfaas.runtime.settings import Settings\n"
+    "assert tracing.setup(Settings.load(), 'probe')\n"
+    "mem = InMemorySpanExporter()\n"
+    "tracing._provider.add_span_processor(SimpleSpanProcessor(mem))\n"
+    "def dump():\n"
+    "    for s in mem.get_finished_spans():\n"
+    "        print(json.dumps({'name': s.name, 'trace': f'{s.context.trace_id:032x}',\n"
+    "            'span': f'{s.context.span_id:016x}',\n"
+    "            'parent': s.parent and f'{s.parent.span_id:016x}',\n"
+    "            'links': [f'{x.context.span_id:016x}' for x in s.links],\n"
+    "            'attrs': dict(s.attributes)}))\n"
+)
+
+
+def _spans(code: str, **env: str) -> list[dict[str, object]]:
+    out = _python(SPANS + code + "dump()\n", SFAAS_TRACING="1", OTEL_TRACES_EXPORTER="none",
+                  **env)
+    return [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+
+
+def test_a_slow_or_aborted_request_keeps_its_span_though_its_trace_was_not_sampled() -> None:
+    unsampled = TRACEPARENT[:-2] + "00"
+    spans = _spans(
+        "from sfaas.runtime.txn.loop import Fate\n"
+        "from worker.state import Pending\n"
+        "from worker.traces import EpochTraces\n"
+        "from coordinator import traces\n"
+        "traces.configure('ns', 0.1)\n"
+        "def fate(rid, ok, age, tp):\n"
+        "    req = wire.Request(rid, 'accounts', 'k', 'f', [], 0, time.time() - age, None, tp)\n"
+        "    return Fate(7, Pending(req, partition=0), ok, 1 if ok else ('Abort', 'no'))\n"
+        "t = EpochTraces('ns', 0.1)\n"
+        "t.began(5, 1234.5); t.reported(5); t.committing(5)\n"
+        f"t.committed(5, [fate('fast', True, 0.001, {unsampled!r}),\n"
+        f"               fate('slow', True, 0.5, {unsampled!r}),\n"
+        f"               fate('aborted', False, 0.001, {unsampled!r}),\n"
+        f"               fate('head', True, 0.001, {TRACEPARENT!r})], False, 1)\n"
+        "n = time.time_ns()\n"
+        "traces.epoch_span(6, 99.0, (n, n, n), {})\n"  # (a fast epoch the sampler drops)
+        "print('IDS', *tracing.epoch_ids('ns', 5, 1234.5))\n",
+        OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG="0")
+    requests = {s["attrs"]["sfaas.request_id"]: s for s in spans
+                if s["name"] == "execute accounts.f"}
+    assert sorted(requests) == ["aborted", "head", "slow"]
+    assert {k: s["attrs"]["sfaas.kept"] for k, s in requests.items()} == \
+        {"aborted": "aborted", "head": "head", "slow": "slow"}
+    epoch = [s for s in spans if s["name"] == "epoch"]
+    assert len(epoch) == 1 and epoch[0]["attrs"]["sfaas.epoch"] == 5  # (not epoch 6)
+    assert all(s["links"] == [epoch[0]["span"]] for s in requests.values())
+    assert all(s["trace"] == TRACEPARENT.split("-")[1] for s in requests.values())
+    children = sorted(s["name"] for s in spans if s["parent"] == epoch[0]["span"])
+    assert children == ["commit", "execute"]
+
+
+def test_the_coordinators_and_a_workers_epoch_spans_are_one_trace() -> None:
+    spans = _spans(
+        "from sfaas.runtime.txn.loop import Fate\n"
+        "from worker.traces import EpochTraces\n"
+        "from coordinator import traces\n"
+        "traces.configure('ns', 0.1)\n"
+        "n = time.time_ns()\n"
+        "traces.epoch_span(5, 1234.5, (n, n + 1000, n + 2000), {'sfaas.roots': 3})\n"
+        "t = EpochTraces('ns', 0.1)\n"
+        "t.began(5, 1234.5); t.committed(5, [], False, 1)\n")
+    by = {(s["name"], s["parent"] is None): s for s in spans}
+    root, worker = by[("epoch", True)], by[("epoch", False)]
+    assert worker["trace"] == root["trace"] and worker["parent"] == root["span"]
+    assert (root["attrs"]["sfaas.epoch"], worker["attrs"]["sfaas.epoch"]) == (5, 5)
+    assert worker["attrs"]["sfaas.worker"] == 1
+    assert {s["name"] for s in spans if s["parent"] == root["span"]} >= {"barrier", "commit"}
+
+
+def test_a_recovery_is_kept_with_a_span_per_step_whatever_the_sampler() -> None:
+    spans = _spans(
+        "from coordinator.traces import steps_span\n"
+        "n = time.time_ns()\n"
+        "steps_span('recovery', n, [('detect+restart', n, n + 10), ('restore', n + 10, n + 20),\n"
+        "                           ('replay', n + 20, n + 30)], {'sfaas.attempt': 2})\n",
+        OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG="0")
+    (root,) = [s for s in spans if s["parent"] is None]
+    assert root["name"] == "recovery" and root["attrs"] == {"sfaas.attempt": 2}
+    assert sorted(s["name"] for s in spans if s["parent"] == root["span"]) == \
+        ["detect+restart", "replay", "restore"]

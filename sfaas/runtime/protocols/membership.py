@@ -9,7 +9,7 @@ from typing import ClassVar, NamedTuple
 
 from sfaas.runtime.protocols.base import Message
 
-__all__ = ["Peer", "Register", "Assign", "Ready", "Heartbeat", "Alive", "Stop"]
+__all__ = ["Peer", "Register", "Assign", "Ready", "Heartbeat", "Alive", "Stop", "SlowRequest"]
 
 
 class Peer(NamedTuple):
@@ -71,6 +71,31 @@ class Ready(Message):
     index: int
 
 
+class SlowRequest(NamedTuple):
+    """One of a worker's slowest or aborted requests of the last minute, with its phases
+    in seconds (``worker.slowest``; the status page's slow-request view): ``queued`` its
+    client's send → the Begin of the epoch it was decided in (earlier epochs it re-ran in
+    included), ``executed`` that Begin → the worker's report, ``barrier`` → the Commit,
+    ``commit`` → its reply queued (the fallback phase included). ``outcome``:
+    ``committed``, or the abort's ``error type: reason``; ``trace_id``: its trace when one
+    was recorded (else empty)."""
+
+    rid: str
+    function: str
+    outcome: str
+    at: float
+    epoch: int
+    latency: float
+    queued: float
+    executed: float
+    barrier: float
+    commit: float
+    attempts: int
+    fallback: bool
+    effects: int
+    trace_id: str
+
+
 @dataclass(slots=True)
 class Heartbeat(Message):
     """Worker → coordinator: still alive (with counters for ``sfaas ps``). ``latency``: the
@@ -88,6 +113,10 @@ class Heartbeat(Message):
     #: each broker in turn; ``sfaas.runtime.kafka.Reachability``): a worker cut from Kafka
     #: and not from the coordinator is replaced (``coordinator.watchdog``)
     kafka_silent: float = 0.0
+    #: the worker's slowest and aborted requests of the last minute, when ``slow_fresh``
+    #: (they changed since its last beat; else the coordinator keeps what it has)
+    slow: list[SlowRequest] = dataclasses.field(default_factory=list)
+    slow_fresh: bool = False
 
 
 @dataclass(slots=True)

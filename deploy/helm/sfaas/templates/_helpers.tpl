@@ -153,7 +153,43 @@ by every template that renders a process, so `helm template` and `helm install` 
 {{- else if or $v.existingSecret $v.s3.secretKey }}
 {{ include "sfaas.secretEnv" (dict "ctx" . "env" "SFAAS_MINIO_SECRET_KEY" "key" "minio-secret-key") }}
 {{- end }}
+{{- include "sfaas.tracingEnv" . }}
 {{- include "sfaas.extraEnv" . }}
+{{- end -}}
+
+{{/* Tracing's environment (tracing.enabled): SFAAS_TRACING and the standard OTEL_*
+variables, the endpoint the chart's Jaeger when none is given. */}}
+{{- define "sfaas.tracingEnv" -}}
+{{- $t := .Values.tracing -}}
+{{- if $t.enabled }}
+- name: SFAAS_TRACING
+  value: "1"
+- name: SFAAS_TRACE_SLOW
+  value: {{ $t.slow | toString | quote }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ include "sfaas.otlpEndpoint" . | quote }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ $t.sampler | quote }}
+{{- with $t.samplerArg }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ . | toString | quote }}
+{{- end }}
+{{- with $t.jaegerUi }}
+- name: SFAAS_JAEGER_UI
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "sfaas.jaegerService" -}}{{ include "sfaas.fullname" . }}-jaeger{{- end -}}
+{{- define "sfaas.otlpEndpoint" -}}
+{{- if .Values.tracing.otlpEndpoint -}}
+{{- .Values.tracing.otlpEndpoint -}}
+{{- else if .Values.tracing.jaeger.enabled -}}
+{{- printf "http://%s:4318" (include "sfaas.jaegerService" .) -}}
+{{- else -}}
+{{- fail "tracing.enabled needs somewhere to send the spans: set tracing.otlpEndpoint, or tracing.jaeger.enabled=true" -}}
+{{- end -}}
 {{- end -}}
 
 {{/* extraEnv, each value a string (as `--set extraEnv[0].value=5` gives a number). */}}
