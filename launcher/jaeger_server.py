@@ -22,7 +22,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.minio_server import _fetch_go_toolchain, _go_version
+from launcher.minio_server import go_to_build
 from launcher.procs import (
     _JAEGER,
     JAEGER_MODULE,
@@ -37,7 +37,6 @@ from launcher.procs import (
     _spawn,
     _stop,
     _wait_ready,
-    _which,
     adopt_running,
 )
 
@@ -110,14 +109,7 @@ def ensure_jaeger_binary(progress: Progress = True) -> Path:
     with _file_lock(s.cache_dir / ".jaeger-build.lock"):
         if os.access(binary, os.X_OK):  # built by another process while we waited
             return binary
-        go = _which("go", ("/usr/local/go/bin/go", "/usr/lib/go/bin/go"))
-        if go is None:
-            raise ServiceError(
-                "building Jaeger needs Go, and `go` is not on PATH: `apt-get install golang-go` "
-                "(an older Go fetches a newer one from the module proxy), or put a jaeger "
-                f"binary at {binary}")
-        if _go_version(go) < (1, 21):
-            go = _fetch_go_toolchain(go, s, say)
+        go = go_to_build("Jaeger", binary, s, say)
         binary.parent.mkdir(parents=True, exist_ok=True)
         # (GOTOOLCHAIN auto: Debian's Go pins "local"; Jaeger's go.mod may ask for a newer one)
         env = dict(os.environ, GOFLAGS="-mod=mod", GOTOOLCHAIN="auto")

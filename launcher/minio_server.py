@@ -55,15 +55,7 @@ def ensure_minio_binary(progress: Progress = True) -> Path:
     with _file_lock(s.cache_dir / ".minio-build.lock"):
         if os.access(binary, os.X_OK):  # built by another process while we waited
             return binary
-        go = _which("go", ("/usr/local/go/bin/go", "/usr/lib/go/bin/go"))
-        if go is None:
-            raise ServiceError(
-                "building MinIO needs Go, and `go` is not on PATH: `apt-get install golang-go` "
-                "(any version: an older Go fetches Go >= 1.24 from the module proxy), or install "
-                "Go from https://go.dev/dl, or put a minio binary at " + str(binary)
-            )
-        if _go_version(go) < (1, 21):
-            go = _fetch_go_toolchain(go, s, say)
+        go = go_to_build("MinIO", binary, s, say)
         binary.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=binary.parent, prefix=".gobin-") as gobin:
             env = dict(os.environ, GOBIN=gobin, GOFLAGS="-mod=mod")
@@ -84,6 +76,20 @@ def ensure_minio_binary(progress: Progress = True) -> Path:
             os.replace(Path(gobin) / "minio", binary)
             say(f"built {binary} in {time.monotonic() - t0:.0f}s")
     return binary
+
+
+def go_to_build(what: str, binary: Path, s: ServiceSettings, say: Callable[[str], None]) -> str:
+    """The ``go`` to build ``what`` (whose binary belongs at ``binary``) with: the one on
+    PATH, or a Go >= 1.24 it fetches when it is older than 1.21; a clear error without one."""
+    go = _which("go", ("/usr/local/go/bin/go", "/usr/lib/go/bin/go"))
+    if go is None:
+        raise ServiceError(
+            f"building {what} needs Go, and `go` is not on PATH: `apt-get install golang-go` "
+            "(any version: an older Go fetches Go >= 1.24 from the module proxy), or install "
+            f"Go from https://go.dev/dl, or put a {what.lower()} binary at {binary}")
+    if _go_version(go) < (1, 21):
+        go = _fetch_go_toolchain(go, s, say)
+    return go
 
 
 def _fetch_go_toolchain(go: str, s: ServiceSettings, say: Callable[[str], None]) -> str:
