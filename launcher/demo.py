@@ -86,8 +86,9 @@ def _kill_a_worker(s: Settings, t0: float, what: dict[str, Any]) -> None:
 
 
 async def _egress_duplicates(cs: Settings, rids: list[str]) -> tuple[int, int]:
-    """``(request ids answered more than once, request ids never answered)`` in the egress
-    topic, read as a Kafka consumer that wants each reply once reads it (``read_committed``)."""
+    """``(request ids answered more than once, request ids answered)`` in the egress topic,
+    read as a Kafka consumer that wants each reply once reads it (``read_committed``). A
+    direct call's reply went to its client's channel, not to the topic."""
     from aiokafka import TopicPartition
 
     from sfaas.runtime.kafka import read_range
@@ -101,7 +102,7 @@ async def _egress_duplicates(cs: Settings, rids: list[str]) -> tuple[int, int]:
         for _, v in recs:
             rid = Reply.decode(v).rid
             seen[rid] = seen.get(rid, 0) + 1
-    return sum(1 for r in rids if seen.get(r, 0) > 1), sum(1 for r in rids if r not in seen)
+    return sum(1 for r in rids if seen.get(r, 0) > 1), sum(1 for r in rids if r in seen)
 
 
 async def _load(s0: Settings, s: Settings, seconds: float, rate: float, accounts: int,
@@ -137,7 +138,7 @@ async def _load(s0: Settings, s: Settings, seconds: float, rate: float, accounts
     summary = res.summary()
     conserved = sum(balances) == START_BALANCE * accounts
     nonneg = min(balances) >= 0
-    dups, missing = await _egress_duplicates(s, res.rids)
+    dups, in_topic = await _egress_duplicates(s, res.rids)
     rounds = await asyncio.to_thread(_rounds, s0)
     print()
     if kill:
@@ -155,10 +156,10 @@ async def _load(s0: Settings, s: Settings, seconds: float, rate: float, accounts
     print(f"  total balance    {sum(balances)} (expected {START_BALANCE * accounts}): "
           f"{'conserved' if conserved else 'NOT CONSERVED'}")
     print(f"  negative balance {'none' if nonneg else 'FOUND'}")
-    print(f"  egress topic     {len(res.rids) - dups - missing} of {len(res.rids)} "
-          f"request ids answered exactly once ({dups} duplicated, {missing} missing)")
+    print(f"  egress topic     {in_topic} request ids answered through Kafka, {dups} of them "
+          f"more than once; the other {len(res.rids) - in_topic} directly on their channels")
     print(f"  snapshot rounds  {rounds}")
-    return conserved and nonneg and res.lost == 0 and dups == 0 and missing == 0
+    return conserved and nonneg and res.lost == 0 and dups == 0
 
 
 def _rounds(s: Settings) -> str:
