@@ -2,22 +2,26 @@
 replies are in.
 
 A committed (or finally aborted) request's reply is queued here by the epoch's commit and
-produced, in commit order, to the reply partition the request named — inside a Kafka
-transaction of this worker's *slot*: one transactional producer per slot, its id
-``<egress topic>.slot-<index>`` (:func:`transactional_id`), started when the slot is taken
-(``worker.membership``). Whatever is queued while a transaction commits goes into the next
-one, so a loaded worker commits many replies at once and an idle one one at a time. When a
-transaction commits, its requests are *completed*: their ingress offsets may be committed to
-the consumer group (``sfaas.runtime.txn.offsets``) and they stop counting against the
-worker's in-flight limit (``worker.ingress``), which is what bounds the replies queued here.
+produced at once, in commit order, to the reply partition the request named — inside a
+Kafka transaction of this worker's *slot*. The slot has two transactional producers, its
+*lanes* (ids ``<egress topic>.slot-<index>`` and ``…-<index>.1``, :func:`transactional_id`),
+started when the slot is taken (``worker.membership``). One lane's transaction is open and
+takes every reply as it comes, for ``reply_commit_ms`` (a window: a transaction costs the
+broker an AddPartitionsToTxn, an EndTxn and a marker per partition, whatever it holds); then
+it commits, and the other lane opens the next transaction — so a reply never waits for a
+commit before it is sent. A snapshot round and a recovery (:meth:`Egress.durable`) commit
+the open transaction at once. When a transaction commits, its requests are *completed*:
+their ingress offsets may be committed to the consumer group (``sfaas.runtime.txn.offsets``)
+and they stop counting against the worker's in-flight limit (``worker.ingress``), which is
+what bounds the replies queued here.
 
 Why transactions: the slot's next process (a replacement, a promoted standby) starts its
-producer with the same id, and the broker then fences the previous one — aborting its open
-transaction and refusing whatever it still sends, including bytes a killed process left in
-its socket that reach the broker late (after a cut heals). Without that, a dead worker's
-reply could land in the egress topic *after* its successor's recovery read the topic
-(``worker.protocols.recovery``, step 4), and the replay would produce it a second time (the
-nemesis caught 4 such replies, seed 4251531938). The recovery reads the topic
+producers with the same ids, and the broker then fences the previous ones — aborting their
+open transactions and refusing whatever they still send, including bytes a killed process
+left in its socket that reach the broker late (after a cut heals). Without that, a dead
+worker's reply could land in the egress topic *after* its successor's recovery read the
+topic (``worker.protocols.recovery``, step 4), and the replay would produce it a second
+time (the nemesis caught 4 such replies, seed 4251531938). The recovery reads the topic
 ``read_committed``, so it sees exactly the replies that count, and a replay produces the
 others. Readers that want every reply once read ``read_committed`` too (docs/guide: the
 Kafka path); ``sfaas.Client`` reads uncommitted replies for latency and keeps the first per
@@ -25,7 +29,7 @@ request id — an aborted reply is the same bytes its replay commits.
 
 A transaction that fails because the producer is stuck or fenced (:data:`RETRY`: the broker
 appended nothing that counts — the transaction is aborted) is tried again through a new
-producer of the same id, at most ``worker.clients.RESENDS`` times, each under the
+producer of the lane's id, at most ``worker.clients.RESENDS`` times, each under the
 coordinator's lease (a new producer fences every older one, so only the slot's owner may
 start one). A transaction that fails otherwise (Kafka unreachable past the producer's
 retries: its commit may have landed) is not tried again, and its replies are not completed:
@@ -54,7 +58,8 @@ from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker")
 
-__all__ = ["Egress", "Uplink", "Clients", "GEN_HEADER", "RETRY", "transactional_id"]
+__all__ = ["Egress", "Lane", "Uplink", "Clients", "GEN_HEADER", "RETRY", "LANES",
+           "transactional_id"]
 
 #: The Kafka header on every reply: ``b"<slot>.<generation>"`` of the process that made it.
 GEN_HEADER = "sfaas-gen"
@@ -65,12 +70,21 @@ RETRY = (*DESYNCED, IllegalOperation)
 
 #: (reply partition, encoded reply, ingress partition, ingress offset)
 Queued = tuple[int, bytes, int, int]
+#: The slot's lanes: transactional producers used in turn (see the module docstring).
+LANES = 2
+#: A transaction commits once it holds this many replies, whatever its window.
+MAX_TXN_REPLIES = 5000
 
 
-def transactional_id(egress_topic: str, slot: int) -> str:
-    """The transactional id of slot ``slot``'s replies: the same in every process that holds
-    the slot, so each new one fences the one before."""
-    return f"{egress_topic}.slot-{slot}"
+def transactional_id(egress_topic: str, slot: int, lane: int = 0) -> str:
+    """The transactional id of slot ``slot``'s replies in ``lane``: the same in every
+    process that holds the slot, so each new one fences the one before."""
+    return f"{egress_topic}.slot-{slot}" + (f".{lane}" if lane else "")
+
+
+class Unstarted(Exception):
+    """The lane's producer failed before (or never started): its transaction goes straight
+    to a new producer."""
 
 
 class Uplink(Protocol):
@@ -87,6 +101,29 @@ class Clients(Protocol):
     whose group the ingress offsets are committed to."""
 
     consumer: Any
+
+
+class Lane:
+    """One transactional producer of the slot and the transaction it has open; the
+    :class:`Egress` task that drains the queue owns it."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.producer: Any = None
+        self.txn_id = ""
+        #: the last transaction failed: the next one starts with a new producer
+        self.broken = False
+        #: the open transaction: its replies, their deliveries, when it began, and why it
+        #: cannot commit (None: it can)
+        self.batch: list[Queued] = []
+        self.sent: list[Any] = []
+        self.opened = 0.0
+        self.error: BaseException | None = None
+        #: the commit under way (None: none)
+        self.commit: asyncio.Task[None] | None = None
+
+    def busy(self) -> bool:
+        return self.commit is not None and not self.commit.done()
 
 
 class Egress:
@@ -107,14 +144,16 @@ class Egress:
         self._kafka = kafka
         self._uplink = uplink
         self._completed = completed
-        #: replies queued and not yet in a transaction, in commit order
+        #: replies queued and not yet sent, in commit order
         self.replies: list[Queued] = []
         self.event = asyncio.Event()
         #: per egress partition, one past the highest offset of a reply committed
         self.acked: dict[int, int] = {}
-        #: the slot's transactional producer (None until :meth:`start`) and its id
-        self.producer: Any = None
-        self.txn_id = ""
+        #: the slot's producers, used in turn; ``_at``: the lane whose transaction takes replies
+        self.lanes = tuple(Lane(i) for i in range(LANES))
+        self._at = 0
+        #: seconds a transaction stays open for more replies (``reply_commit_ms``)
+        self.window = settings.reply_commit_ms / 1000
         #: makes an unstarted transactional producer for an id (a seam: tests give fakes)
         self.new_producer: Callable[[str], Any] = lambda tid: make_producer(
             settings.kafka, settings.linger_ms, transactional_id=tid)
@@ -122,32 +161,37 @@ class Egress:
         self.renewals = 0
         #: transactions committed so far
         self.transactions = 0
-        #: the one task that runs transactions, one after the other (None: none running)
+        #: the one task that sends replies and starts commits (None: none running)
         self._drain: asyncio.Task[None] | None = None
-        #: the last transaction failed: the next one starts with a new producer
-        self._broken = False
+        #: callers waiting for every reply to commit: the open transaction commits at once
+        self._urgent = 0
+        self._more = asyncio.Event()
         #: replaced producers stopping (held: the loop keeps weak references)
         self._retiring: set[asyncio.Task[None]] = set()
 
     async def start(self, slot: int) -> None:
-        """Start slot ``slot``'s producer (kept if it is the one running): from here on the
-        broker refuses the slot's earlier processes, and their open transaction is aborted."""
-        tid = transactional_id(self._state.egress_topic, slot)
-        if self.producer is not None and tid == self.txn_id and not self._broken:
+        """Start slot ``slot``'s producers (kept if they are the ones running): from here on
+        the broker refuses the slot's earlier processes, and their open transactions are
+        aborted."""
+        await asyncio.gather(*(self._start(lane, slot) for lane in self.lanes))
+
+    async def _start(self, lane: Lane, slot: int) -> None:
+        tid = transactional_id(self._state.egress_topic, slot, lane.index)
+        if lane.producer is not None and tid == lane.txn_id and not lane.broken:
             return
-        old, self.producer, self.txn_id = self.producer, None, tid
+        old, lane.producer, lane.txn_id = lane.producer, None, tid
         if old is not None:
             self._retire(old)
-        self.producer = await start_kafka(lambda: self.new_producer(tid), self._settings.kafka,
+        lane.producer = await start_kafka(lambda: self.new_producer(tid), self._settings.kafka,
                                           index=slot)
-        self._broken = False
+        lane.broken = False
 
     async def stop(self) -> None:
-        """Stop the producer after the replies queued (the worker stops)."""
-        if self._drain is not None and not self._drain.done():
-            await asyncio.gather(self._drain, return_exceptions=True)
-        if self.producer is not None:
-            await self.producer.stop()
+        """Stop the producers after the replies queued (the worker stops)."""
+        await self.flush()
+        for lane in self.lanes:
+            if lane.producer is not None:
+                await lane.producer.stop()
         while stopping := [t for t in self._retiring if not t.done()]:
             await asyncio.gather(*stopping)
 
@@ -155,6 +199,7 @@ class Egress:
         """Queue one reply to the request read at ingress ``partition:offset`` (-1: none)."""
         self.replies.append((reply_partition, value, partition, offset))
         self.event.set()
+        self._more.set()
 
     def completes(self, ingress: Completions) -> None:
         """Acknowledged replies complete their requests in ``ingress`` (a loop between
@@ -170,57 +215,145 @@ class Egress:
         while True:
             await self.event.wait()
             self.event.clear()
-            await self.flush()
+            await asyncio.shield(self._draining())
+
+    def _draining(self) -> asyncio.Task[None]:
+        task = self._drain
+        if task is None or task.done():
+            task = self._drain = asyncio.get_running_loop().create_task(self._drain_all())
+        return task
+
+    def _pending(self) -> bool:
+        return bool(self.replies) or any(lane.batch or lane.busy() for lane in self.lanes) \
+            or (self._drain is not None and not self._drain.done())
 
     async def flush(self) -> None:
-        """Produce every reply queued so far; returns once each is committed (or failed for
-        good). One task runs the transactions; whoever calls this waits for it."""
-        while self.replies or (self._drain is not None and not self._drain.done()):
-            task = self._drain
-            if task is None or task.done():
-                task = self._drain = asyncio.get_running_loop().create_task(self._drain_all())
-            await asyncio.shield(task)  # (a caller cancelled leaves the transaction running)
+        """Send every reply queued so far and commit it at once; returns once each is
+        committed (or failed for good). Whoever calls this waits for the egress' tasks (a
+        caller cancelled leaves them running)."""
+        self._urgent += 1
+        self._more.set()
+        try:
+            while self._pending():
+                await asyncio.shield(self._draining())
+                for lane in self.lanes:
+                    if lane.commit is not None and lane.busy():
+                        await asyncio.shield(lane.commit)
+                    elif lane.commit is not None and lane.commit.done():
+                        lane.commit.result()  # (a zombie's commit raised Fenced: so does this)
+        finally:
+            self._urgent -= 1
 
     async def durable(self) -> None:
         """Every reply queued so far is committed (or failed for good)."""
         await self.flush()
 
     async def _drain_all(self) -> None:
-        while self.replies:
-            await self._leased()
-            batch, self.replies = self.replies, []
-            await self._transact(batch)
+        """Send queued replies into the open transaction; commit it when its window ends (at
+        once when someone flushes), and go on in the other lane. Returns once nothing is
+        queued and no transaction is open."""
+        loop = asyncio.get_running_loop()
+        while True:
+            lane = self.lanes[self._at]
+            if self.replies:
+                await self._leased()
+                batch, self.replies = self.replies, []
+                await self._send(lane, batch)
+                continue
+            if not lane.batch:
+                return
+            wait = lane.opened + self.window - loop.time()
+            if self._urgent or wait <= 0 or len(lane.batch) >= MAX_TXN_REPLIES or lane.error:
+                self._commit(lane)
+                self._at = (self._at + 1) % LANES
+                continue
+            self._more.clear()
+            try:
+                await asyncio.wait_for(self._more.wait(), wait)
+            except TimeoutError:
+                pass
+
+    async def _send(self, lane: Lane, batch: list[Queued]) -> None:
+        """Hand ``batch`` to ``lane``'s transaction (opened here if none is)."""
+        if not lane.batch:
+            if lane.commit is not None:  # (its last transaction must have ended)
+                await asyncio.gather(lane.commit, return_exceptions=True)
+                lane.commit.result()
+            lane.opened, lane.sent, lane.error = asyncio.get_running_loop().time(), [], None
+            try:
+                if lane.broken or lane.producer is None:
+                    raise Unstarted(f"reply producer {lane.index} needs renewing")
+                await lane.producer.begin_transaction()
+            except Exception as e:
+                lane.error = e
+        lane.batch.extend(batch)
+        if lane.error is not None:
+            return
+        st = self._state
+        headers = [(GEN_HEADER, f"{st.index}.{st.generation}".encode())]
+        try:
+            for p, value, _, _ in batch:
+                lane.sent.append(await lane.producer.send(st.egress_topic, value, partition=p,
+                                                          headers=headers))
+        except Exception as e:
+            lane.error = e
+
+    def _commit(self, lane: Lane) -> None:
+        """Commit ``lane``'s open transaction in the background."""
+        batch, sent, error = lane.batch, lane.sent, lane.error
+        lane.batch, lane.sent, lane.error = [], [], None
+        lane.commit = asyncio.get_running_loop().create_task(
+            self._finish(lane, batch, sent, error))
+
+    async def _finish(self, lane: Lane, batch: list[Queued], sent: list[Any],
+                      error: BaseException | None) -> None:
+        if error is None:
+            try:
+                mds = await asyncio.gather(*sent)
+                await self._leased()  # (the commit makes them visible: only under the lease)
+                await lane.producer.commit_transaction()
+            except Fenced:
+                raise
+            except Exception as e:
+                error = e
+            else:
+                self._done(batch, list(mds))
+                return
+        lane.broken = True
+        if isinstance(error, (*RETRY, Unstarted)):
+            await self._transact(lane, batch, error)
+        else:
+            await self._give_up(lane, batch, error)
 
     async def _leased(self) -> None:
         lease = self._lease
         if lease is not None and not lease.valid():
             await lease.held()
 
-    async def _transact(self, batch: list[Queued]) -> None:
-        """Produce ``batch`` in one transaction, tried again through a new producer while it
-        fails with one of :data:`RETRY` (see the module docstring)."""
-        exc: BaseException = RuntimeError("no transaction tried")
-        for _ in range(1 + RESENDS):
+    async def _transact(self, lane: Lane, batch: list[Queued], exc: BaseException) -> None:
+        """Produce ``batch`` in one transaction through a new producer of ``lane``'s id,
+        tried again while it fails with one of :data:`RETRY` (see the module docstring)."""
+        for _ in range(RESENDS):
             try:
-                if self._broken or self.producer is None:
-                    await self._renew(exc)
-                mds = await self._one(batch)
+                await self._renew(lane, exc)
+                mds = await self._one(lane, batch)
             except Fenced:
                 raise
             except Exception as e:
-                exc, self._broken = e, True
+                exc, lane.broken = e, True
                 if not isinstance(e, RETRY):
                     break
                 continue
-            self.transactions += 1
-            for md, (_, _, partition, offset) in zip(mds, batch, strict=True):
-                self._acked(md, partition, offset)
+            self._done(batch, mds)
             return
-        if self._broken and not isinstance(exc, RETRY):
+        await self._give_up(lane, batch, exc)
+
+    async def _give_up(self, lane: Lane, batch: list[Queued], exc: BaseException) -> None:
+        if lane.broken and not isinstance(exc, (*RETRY, Unstarted)):
             # (before anyone reads the topic: a new producer's start waits until a commit
             # whose answer was lost is complete, or aborts it)
             try:
-                await self._renew(exc)
+                await self._renew(lane, exc)
             except Fenced:
                 raise
             except Exception as e:
@@ -229,10 +362,15 @@ class Egress:
         for _, _, partition, offset in batch:
             self._failed(partition, offset, exc)
 
-    async def _one(self, batch: list[Queued]) -> list[Any]:
-        """One transaction of ``batch``: the metadata of each reply once it committed."""
+    def _done(self, batch: list[Queued], mds: list[Any]) -> None:
+        self.transactions += 1
+        for md, (_, _, partition, offset) in zip(mds, batch, strict=True):
+            self._acked(md, partition, offset)
+
+    async def _one(self, lane: Lane, batch: list[Queued]) -> list[Any]:
+        """One transaction of ``batch`` at once: the metadata of each reply once it committed."""
         st = self._state
-        producer, topic = self.producer, st.egress_topic
+        producer, topic = lane.producer, st.egress_topic
         headers = [(GEN_HEADER, f"{st.index}.{st.generation}".encode())]
         await producer.begin_transaction()
         futs = [await producer.send(topic, value, partition=p, headers=headers)
@@ -242,22 +380,22 @@ class Egress:
         await producer.commit_transaction()
         return list(mds)
 
-    async def _renew(self, exc: BaseException) -> None:
-        """A new producer of the same id in place of the current one (``exc``: why); it
+    async def _renew(self, lane: Lane, exc: BaseException) -> None:
+        """A new producer of ``lane``'s id in place of its current one (``exc``: why); it
         fences the old one, whose open transaction the broker aborts."""
         await self._leased()  # (a new producer fences every older one: the owner's act)
         slot = self._state.index
-        if self.producer is not None:
+        if lane.producer is not None:
             log.warning("the reply transaction failed (%s: %s): replacing the producer and "
                         "trying again", type(exc).__name__, exc, extra={"worker": slot})
-            self._retire(self.producer)
-            self.producer = None
-        tid = self.txn_id or transactional_id(self._state.egress_topic, slot)
-        self.producer = await start_kafka(lambda: self.new_producer(tid), self._settings.kafka,
+            self._retire(lane.producer)
+            lane.producer = None
+        tid = lane.txn_id or transactional_id(self._state.egress_topic, slot, lane.index)
+        lane.producer = await start_kafka(lambda: self.new_producer(tid), self._settings.kafka,
                                           RENEW_PATIENCE, slot)
-        self.txn_id = tid
+        lane.txn_id = tid
         self.renewals += 1
-        self._broken = False
+        lane.broken = False
 
     def _retire(self, old: Any) -> None:
         async def stop() -> None:

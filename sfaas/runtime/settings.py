@@ -98,6 +98,13 @@ class Settings:
     fetch_wait_ms: int = 250
     #: Kafka producer linger (ms).
     linger_ms: int = 0
+    #: How long (ms) a worker's reply transaction stays open for more replies before it
+    #: commits (``worker.egress``). Replies are produced as they come — ``sfaas.Client``
+    #: sees them at once — and each transaction costs the broker a few requests and a
+    #: marker per partition, so a longer window means fewer transactions; ``read_committed``
+    #: readers of the egress topic see a reply up to this much later. 0: each batch of
+    #: replies commits at once. A snapshot round and a recovery commit at once, whatever it is.
+    reply_commit_ms: int = 50
     #: Logging level of the process.
     log_level: str = "INFO"
     #: Log lines as ``text`` or ``json`` (JSON lines: a line's structured fields, and the
@@ -212,7 +219,7 @@ class Settings:
         self._validate_names()
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be 0-65535 (0: any free port), got {self.port}")
-        for name in ("fetch_wait_ms", "linger_ms"):
+        for name in ("fetch_wait_ms", "linger_ms", "reply_commit_ms"):
             if not 0 <= getattr(self, name) <= 60_000:
                 raise ConfigError(
                     f"{name} must be 0-60000 milliseconds, got {getattr(self, name)}")

@@ -37,13 +37,15 @@ from worker.state import WorkerState
 OUT = "fuzz.out"
 
 
-def _worker(tmp_path: Path, first: TxnProducer, factory: Factory) -> Worker:
-    """A bare worker with rounds on (a reply that fails for good makes it leave), its reply
-    producer ``first`` and new ones from ``factory``."""
-    w = bare_worker(str(tmp_path), snapshot_interval=1.0)
+def _worker(tmp_path: Path, first: TxnProducer, factory: Factory, **settings: Any) -> Worker:
+    """A bare worker with rounds on (a reply that fails for good makes it leave), its first
+    lane's reply producer ``first``, the second lane's a fresh one, and new ones from
+    ``factory``."""
+    w = bare_worker(str(tmp_path), snapshot_interval=1.0, **settings)
     w.state.egress_topic = OUT
-    w.egress.producer, w.egress.new_producer = first, factory
-    w.egress.txn_id = transactional_id(OUT, w.state.index)
+    w.egress.new_producer = factory
+    for lane, producer in zip(w.egress.lanes, (first, TxnProducer(factory.offsets)), strict=True):
+        lane.producer, lane.txn_id = producer, transactional_id(OUT, w.state.index, lane.index)
     return w
 
 
@@ -124,26 +126,63 @@ async def test_a_commit_that_may_have_landed_is_not_tried_again(tmp_path: Path) 
     await _closing(w, test)
 
 
-async def test_replies_queued_during_a_commit_go_into_the_next_and_durable_waits(
+async def test_replies_are_sent_at_once_and_commit_together_when_the_window_ends(
         tmp_path: Path) -> None:
+    """A transaction stays open ``reply_commit_ms`` for more replies: each reply is handed
+    to Kafka as it comes (an uncommitted reader sees it), and the replies of one window
+    commit as one transaction, with nobody flushing."""
+    factory = Factory()
+    first = TxnProducer(factory.offsets)
+    w = _worker(tmp_path, first, factory, reply_commit_ms=200)
+
+    async def test() -> None:
+        running = asyncio.ensure_future(w.egress.run())
+        _queue(w, range(1))
+        await asyncio.sleep(0.02)
+        assert _rids([v for _, v, _, _ in first.sent]) == ["r0"] and first.committed == []
+        _queue(w, range(1, 3))
+        await asyncio.sleep(0.02)
+        assert len(first.sent) == 3 and first.committed == []  # sent, the window still open
+        assert w.state.offsets.in_flight == 3  # (completed only once committed)
+        for _ in range(100):
+            if first.committed:
+                break
+            await asyncio.sleep(0.01)
+        assert [_rids([v for _, v, _, _ in t]) for t in first.committed] == [["r0", "r1", "r2"]]
+        assert w.state.offsets.in_flight == 0 and w.egress.transactions == 1
+        running.cancel()
+
+    await _closing(w, test)
+
+
+async def test_replies_queued_during_a_commit_go_out_in_the_other_lane_and_durable_waits(
+        tmp_path: Path) -> None:
+    """While one lane's transaction commits, replies are not held back: the slot's other
+    producer sends them in its own transaction; ``durable`` (a round, a recovery) commits
+    the open one at once and waits for both."""
     hold = asyncio.Event()
     factory = Factory()
     first = TxnProducer(factory.offsets, hold=hold)
-    w = _worker(tmp_path, first, factory)
+    w = _worker(tmp_path, first, factory, reply_commit_ms=0)
+    second = w.egress.lanes[1].producer
 
     async def test() -> None:
         running = asyncio.ensure_future(w.egress.run())
         _queue(w, range(1))
         await asyncio.sleep(0.01)  # the first transaction waits at its commit
         _queue(w, range(1, 4))
-        durable = asyncio.ensure_future(w.egress.durable())
-        also = asyncio.ensure_future(w.egress.flush())  # (a second caller: no second transaction)
         await asyncio.sleep(0.01)
-        assert not durable.done() and w.state.offsets.in_flight == 4
+        assert _rids([v for _, v, _, _ in second.sent]) == ["r1", "r2", "r3"]  # not held back
+        durable = asyncio.ensure_future(w.egress.durable())
+        also = asyncio.ensure_future(w.egress.flush())  # (a second caller: no third transaction)
+        await asyncio.sleep(0.01)
+        assert not durable.done() and w.state.offsets.in_flight == 1
         hold.set()
         await asyncio.gather(durable, also)
-        assert [_rids([v for _, v, _, _ in t]) for t in first.committed] == [["r0"], ["r1", "r2", "r3"]]
+        assert [_rids([v for _, v, _, _ in t]) for t in first.committed] == [["r0"]]
+        assert [_rids([v for _, v, _, _ in t]) for t in second.committed] == [["r1", "r2", "r3"]]
         assert w.state.offsets.in_flight == 0 and w.egress.transactions == 2
+        assert factory.made == []  # (both lanes' own producers: nothing renewed)
         running.cancel()
 
     await _closing(w, test)
@@ -208,14 +247,14 @@ def test_a_dead_workers_reply_is_not_seen_twice_after_its_successors_replay(kafk
         dead._lease = lease
         await dead.start(0)
         killed, wake = asyncio.Event(), asyncio.Event()
-        original = dead.producer.commit_transaction
+        original = dead.lanes[0].producer.commit_transaction
 
         async def commit() -> None:  # (paused here, past its lease, before its commit)
             killed.set()
             await wake.wait()
             await original()
 
-        dead.producer.commit_transaction = commit
+        dead.lanes[0].producer.commit_transaction = commit
         r1 = wire.Reply("r1", True, next(counter)).encode()
         dead.add(0, r1, -1, -1)
         dying = asyncio.ensure_future(dead.flush())
@@ -237,7 +276,8 @@ def test_a_dead_workers_reply_is_not_seen_twice_after_its_successors_replay(kafk
         committed = await read_range(s.kafka, tps, committed=True)
         everything = await read_range(s.kafka, tps)
         await successor.stop()
-        await dead.producer.stop()
+        for lane in dead.lanes:
+            await lane.producer.stop()
         assert _rids([v for recs in committed.values() for _, v in recs]) == ["r1"]
         assert sorted(_rids([v for recs in everything.values() for _, v in recs])) == ["r1", "r1"]
         assert successor.transactions == 1 and dead.transactions == 0 and closed == []

@@ -252,7 +252,7 @@ def test_egress_stamps_replies_with_the_generation_and_a_fenced_worker_produces_
         w = bare_worker(str(tmp_path), snapshot_interval=1.0)
         w.state.generation = 1234
         prod = TxnProducer()
-        w.egress.producer = prod
+        w.egress.lanes[0].producer = w.egress.lanes[1].producer = prod
         clock = Clock(10.0)
         lease = FenceLease(T, lambda: w.uplink.closed, clock=clock, exit=exits.append)
         w.egress._lease = lease

@@ -112,10 +112,10 @@ def _wired(snapshot_interval: float, uplink: Any) -> Any:
     producer = TxnProducer(manual=True)
     kafka = SimpleNamespace(consumer=_FakeConsumer())
     settings = SimpleNamespace(max_batch=1, snapshot_interval=snapshot_interval, kafka="fake:1",
-                               linger_ms=0)
+                               linger_ms=0, reply_commit_ms=0)
     w = SimpleNamespace(offsets=state.offsets, consumer=kafka.consumer, producer=producer, coord=uplink)
     w.egress = Egress(settings, state, kafka, uplink)  # type: ignore[arg-type]
-    w.egress.producer = producer
+    w.egress.lanes[0].producer = w.egress.lanes[1].producer = producer
     w.egress.new_producer = lambda tid: TxnProducer(producer.offsets)
     w.ingress = Ingress(settings, state, kafka, w.egress, SimpleNamespace(work_arrived=lambda: None))  # type: ignore[arg-type]
     w.egress.completes(w.ingress)
