@@ -112,6 +112,15 @@ def test_a_replay_that_diverges_is_reported_on_the_status_page(
                                               [f"name-{i}-{j}" for j in range(20)])
                                        for i in range(10)))
         asyncio.run(go())
+
+        async def committed() -> int:  # (the replay compares with committed replies only:
+            for _ in range(300):         # a reply transaction stays open reply_commit_ms)
+                raw = await _read_topic(cs, cs.topics("world")[1], PARTITIONS, committed=True)
+                if (n := sum(len(recs) for recs in raw.values())) >= 20:
+                    return n
+                await asyncio.sleep(0.1)
+            return n
+        assert asyncio.run(committed()) == 20
         assert _kill(s, "worker", random.Random(SEED)) is not None
         url = cluster.status_url(s)
 
