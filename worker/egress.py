@@ -82,6 +82,13 @@ def transactional_id(egress_topic: str, slot: int, lane: int = 0) -> str:
     return f"{egress_topic}.slot-{slot}" + (f".{lane}" if lane else "")
 
 
+def _seen(task: asyncio.Task[None]) -> None:
+    """(A commit's exception — ``Fenced``, with which the process leaves — is raised to
+    whoever waits for it next; marked seen so that one nobody waits for is not logged.)"""
+    if not task.cancelled():
+        task.exception()
+
+
 class Unstarted(Exception):
     """The lane's producer failed before (or never started): its transaction goes straight
     to a new producer."""
@@ -304,6 +311,7 @@ class Egress:
         lane.batch, lane.sent, lane.error = [], [], None
         lane.commit = asyncio.get_running_loop().create_task(
             self._finish(lane, batch, sent, error))
+        lane.commit.add_done_callback(_seen)
 
     async def _finish(self, lane: Lane, batch: list[Queued], sent: list[Any],
                       error: BaseException | None) -> None:

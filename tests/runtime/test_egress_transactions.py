@@ -227,12 +227,13 @@ def _egress(s: Settings, topic: str, generation: int, closed: list[str]) -> Egre
 
 
 def test_a_dead_workers_reply_is_not_seen_twice_after_its_successors_replay(kafka: Any) -> None:
-    """The dead worker produced reply r1 and was killed before its commit (its bytes are in
-    the topic); the successor starts the slot's producer, reads the topic as its recovery
-    does, finds r1 not answered and produces it in its replay. ``read_committed`` sees r1
-    once, from the successor; the topic holds the dead copy too (what an idempotent producer
-    left visible), and the dead process can commit nothing any more."""
-    s = Settings(kafka=kafka.kafka_bootstrap)
+    """The dead worker produced replies r1 and r2 — one in each of its slot's two lanes —
+    and was killed before either commit (their bytes are in the topic); the successor
+    starts the slot's producers, reads the topic as its recovery does, finds neither
+    answered and produces both in its replay. ``read_committed`` sees each once, from the
+    successor; the topic holds the dead copies too (what an idempotent producer left
+    visible), and the dead process can commit nothing any more."""
+    s = Settings(kafka=kafka.kafka_bootstrap, reply_commit_ms=0)
     topic = f"{fresh_namespace()}.out"
     closed: list[str] = []
     exits: list[int] = []
@@ -246,40 +247,47 @@ def test_a_dead_workers_reply_is_not_seen_twice_after_its_successors_replay(kafk
         lease.grant(0.0)
         dead._lease = lease
         await dead.start(0)
-        killed, wake = asyncio.Event(), asyncio.Event()
-        original = dead.lanes[0].producer.commit_transaction
+        held, wake = [asyncio.Event(), asyncio.Event()], asyncio.Event()
+        for lane in dead.lanes:
+            original = lane.producer.commit_transaction
 
-        async def commit() -> None:  # (paused here, past its lease, before its commit)
-            killed.set()
-            await wake.wait()
-            await original()
+            async def commit(original: Any = original, at: asyncio.Event = held[lane.index]) -> None:
+                at.set()  # (paused here, past its lease, before its commit)
+                await wake.wait()
+                await original()
 
-        dead.lanes[0].producer.commit_transaction = commit
-        r1 = wire.Reply("r1", True, next(counter)).encode()
+            lane.producer.commit_transaction = commit
+        r1, r2 = (wire.Reply(f"r{i}", True, next(counter)).encode() for i in (1, 2))
         dead.add(0, r1, -1, -1)
         dying = asyncio.ensure_future(dead.flush())
-        await asyncio.wait_for(killed.wait(), 20)
+        await asyncio.wait_for(held[0].wait(), 20)
+        dead.add(1, r2, -1, -1)  # (lane 0 commits: the next reply goes out in lane 1)
+        dying2 = asyncio.ensure_future(dead.flush())
+        await asyncio.wait_for(held[1].wait(), 20)
         tps = {TopicPartition(topic, p): 0 for p in range(2)}
         raw = await read_range(s.kafka, tps)
-        assert _rids([v for recs in raw.values() for _, v in recs]) == ["r1"]  # in the log
-        await successor.start(0)  # fences the dead one: its open transaction is aborted
+        assert sorted(_rids([v for recs in raw.values() for _, v in recs])) == ["r1", "r2"]
+        await successor.start(0)  # fences both dead lanes: their open transactions abort
         seen = await read_range(s.kafka, tps, committed=True)
-        assert [v for recs in seen.values() for _, v in recs] == []  # not answered: replay it
+        assert [v for recs in seen.values() for _, v in recs] == []  # not answered: replay
         successor.add(0, r1, -1, -1)
+        successor.add(1, r2, -1, -1)
         await successor.flush()
         # the dead process wakes and commits: refused, and it renews nothing (a new producer
         # of the slot's id would fence its successor): its lease ran out long ago
         now[0] = 100.0
         wake.set()
-        with pytest.raises(Fenced):
-            await dying
+        for flushing in (dying, dying2):
+            with pytest.raises(Fenced):
+                await flushing
         committed = await read_range(s.kafka, tps, committed=True)
         everything = await read_range(s.kafka, tps)
         await successor.stop()
         for lane in dead.lanes:
             await lane.producer.stop()
-        assert _rids([v for recs in committed.values() for _, v in recs]) == ["r1"]
-        assert sorted(_rids([v for recs in everything.values() for _, v in recs])) == ["r1", "r1"]
+        assert sorted(_rids([v for recs in committed.values() for _, v in recs])) == ["r1", "r2"]
+        assert sorted(_rids([v for recs in everything.values() for _, v in recs])) == \
+            ["r1", "r1", "r2", "r2"]
         assert successor.transactions == 1 and dead.transactions == 0 and closed == []
         assert exits[:1] == [EXIT_FENCED]
 
