@@ -253,17 +253,27 @@ _GETTERS = {
 }
 
 
+# of a class with optional last fields (``Message.OPTIONAL``): their names, last first, and
+# the getter of the fields up to each of them (the message without the trailing None ones)
+# (at least two fields stay: a getter of one returns the value, not a tuple)
+_SHORTER = {
+    cls: [(fields[i].name, operator.attrgetter(*(g.name for g in fields[:i])))
+          for i in range(len(fields) - 1, len(fields) - 1 - cls.OPTIONAL, -1)]
+    for cls in _TAGS.values() if cls.OPTIONAL
+    for fields in [dataclasses.fields(cls)] if len(fields) - cls.OPTIONAL >= 2
+}
+assert set(_SHORTER) == {cls for cls in _TAGS.values() if cls.OPTIONAL}
+
+
 def _to_list(msg: Message) -> list[Any]:
     get, single = _GETTERS[type(msg)]
-    values = get(msg)
-    if single:
-        return [msg.TAG, values]
     if msg.OPTIONAL:  # (the trailing optional fields that are None are left out)
-        n = len(values)
-        while n > len(values) - msg.OPTIONAL and values[n - 1] is None:
-            n -= 1
-        return [msg.TAG, *values[:n]]
-    return [msg.TAG, *values]
+        for name, shorter in _SHORTER[type(msg)]:
+            if getattr(msg, name) is not None:
+                break
+            get = shorter
+    values = get(msg)
+    return [msg.TAG, values] if single else [msg.TAG, *values]
 
 
 def encode_frame(messages: list[Message]) -> bytes:
