@@ -83,16 +83,17 @@ def _spans(trace: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _wait_for_spans(jaeger: Endpoints, trace_id: str) -> list[dict[str, Any]]:
-    """The trace's spans once it holds the gateway's and a worker's (or what it holds
-    after :data:`ARRIVAL` seconds)."""
+    """The trace's spans once it holds the gateway's and a worker's request span (or what
+    it holds after :data:`ARRIVAL` seconds; a worker's span of a call the request made
+    comes before, at the call)."""
     deadline = time.monotonic() + ARRIVAL
     spans: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         trace = _trace(jaeger, trace_id)
         spans = _spans(trace) if trace else []
-        services_seen = {s["service"] for s in spans}
-        if "sfaas-gateway" in services_seen \
-                and any(s.startswith("sfaas-worker-") for s in services_seen):
+        if "sfaas-gateway" in {s["service"] for s in spans} \
+                and any(s["service"].startswith("sfaas-worker-")
+                        and s["operationName"].startswith("execute ") for s in spans):
             return spans
         time.sleep(0.3)
     return spans
@@ -296,28 +297,10 @@ def test_a_call_through_the_gateway_is_one_trace_from_the_caller_to_the_worker(
             link = _slow_view_link(status, trace_id)
             rounds = _round_spans(jaeger, cs.namespace)
             worker_log = "\n".join(p.read_text() for p in cluster.state_dir(cs).glob("w*.log"))
-            # a transfer from a key of worker 0 to one of worker 1
-            transfer_id = secrets.token_hex(16)
-            assert gw.call("accounts", _worker_key(0, "from-"), "transfer",
-                           _worker_key(1, "to-"), 2, headers=_parent(transfer_id)) \
-                == (200, {"result": -2})
-            transfer = _wait_until(jaeger, transfer_id, lambda sp: {
-                "execute accounts.transfer", "call accounts.deposit"} <= _names(sp))
-            transfer_epoch = _epoch_spans(jaeger, transfer)
-            # an effect, a post-commit action and a timer
-            audited_id = secrets.token_hex(16)
-            assert gw.call("accounts", "audit-1", "audited", 3, headers=_parent(audited_id)) \
-                == (200, {"result": 3})
-            audited = _wait_until(jaeger, audited_id, lambda sp: {
-                "execute accounts.audited", "effect _note"} <= _names(sp))
-            audit = next((s for s in audited if s["operationName"] == "execute accounts.audited"),
-                         None)
-            action = _linked(jaeger, "after_commit ", audit) if audit else None
-            timer = _linked(jaeger, "timer ", audit) if audit else None
-            conflicted = _conflict(gw, jaeger, _worker_key(1, "hot-"))
+            transfer, audited, conflicted = _transfer_world_and_conflict(gw, jaeger)
 
-    _assert_a_transfer_is_a_span_on_each_worker(transfer, transfer_epoch)
-    _assert_the_world_in_the_trace(audited, action, timer)
+    _assert_a_transfer_is_a_span_on_each_worker(*transfer)
+    _assert_the_world_in_the_trace(*audited)
     _assert_a_conflict_shows_its_rerun(conflicted)
 
     brief = [(s["service"], s["operationName"]) for s in spans]
@@ -356,6 +339,28 @@ def test_a_call_through_the_gateway_is_one_trace_from_the_caller_to_the_worker(
         worker_log[-2000:]
 
 
+def _transfer_world_and_conflict(gw: Any, jaeger: Endpoints) -> tuple[Any, Any, Any]:
+    """What the cluster's traces show of a transfer from a key of worker 0 to one of worker
+    1 (its spans, its epoch's), of a function with an effect, an action and a timer (its
+    spans, the action's span, the timer's), and of a transfer that conflicted."""
+    transfer_id = secrets.token_hex(16)
+    assert gw.call("accounts", _worker_key(0, "from-"), "transfer", _worker_key(1, "to-"), 2,
+                   headers=_parent(transfer_id)) == (200, {"result": -2})
+    transfer = _wait_until(jaeger, transfer_id, lambda sp: {
+        "execute accounts.transfer", "call accounts.deposit"} <= _names(sp))
+    transfer_epoch = _epoch_spans(jaeger, transfer)
+    audited_id = secrets.token_hex(16)
+    assert gw.call("accounts", "audit-1", "audited", 3, headers=_parent(audited_id)) \
+        == (200, {"result": 3})
+    audited = _wait_until(jaeger, audited_id, lambda sp: {
+        "execute accounts.audited", "effect _note"} <= _names(sp))
+    audit = next((s for s in audited if s["operationName"] == "execute accounts.audited"), None)
+    action = _linked(jaeger, "after_commit ", audit) if audit else None
+    timer = _linked(jaeger, "timer ", audit) if audit else None
+    conflicted = _conflict(gw, jaeger, _worker_key(1, "hot-"))
+    return (transfer, transfer_epoch), (audited, action, timer), conflicted
+
+
 def _assert_a_transfer_is_a_span_on_each_worker(spans: list[dict[str, Any]],
                                                 epoch_spans: list[dict[str, Any]]) -> None:
     """The root's span on worker 0, the call's on worker 1, a child of it; the root's epoch
@@ -363,7 +368,8 @@ def _assert_a_transfer_is_a_span_on_each_worker(spans: list[dict[str, Any]],
     brief = [(s["service"], s["operationName"], s["references"]) for s in spans]
     assert len({s["traceID"] for s in spans}) == 1, brief
     (root,) = [s for s in spans if s["operationName"] == "execute accounts.transfer"]
-    calls = [s for s in spans if s["operationName"] == "call accounts.deposit"]
+    calls = [s for s in spans if s["operationName"] == "call accounts.deposit"
+             and s["service"].startswith("sfaas-worker-")]  # (not a client's span)
     # (slot 0 and 1; a process's service name is its own, whichever slot it took)
     assert (root["tags"]["sfaas.worker"], root["tags"]["sfaas.outcome"]) == (0, "committed")
     assert [(c["tags"]["sfaas.worker"], c["service"] != root["service"]) for c in calls] == \
