@@ -19,7 +19,16 @@ every outcome is known:
   it aborted or took longer than ``trace_slow`` from its client's send to its reply,
   at most :data:`TAIL_PER_SECOND` a second. Its trace id becomes the exemplar of its
   bucket of the worker's request-latency histogram (``sfaas_request_latency_seconds``,
-  scraped as OpenMetrics).
+  scraped as OpenMetrics). It begins at the Begin of the first epoch the request ran in;
+  its children ``re-run`` (each later epoch it ran in), ``fallback`` (each fallback phase
+  it re-ran in) and ``re-run alone`` come from stamps kept only with tracing on. Its span
+  id is known before it is made (``tracing.request_span_id``), so spans recorded earlier,
+  elsewhere, are its children:
+- **a call served for a peer** (``call <operator>.<function>``, :func:`call_span`), when
+  the ``wire.Call`` carries the root's context (:class:`TraceContexts`: its trace sampled);
+- **an effect** (``effect <function>``), and — in traces of their own, linked to it — an
+  ``after_commit`` action and a fired timer (:class:`WorldSpans`, ``worker.world``);
+- and under the worker's epoch span, ``epoch-log write`` and ``fallback phase``.
 """
 
 from __future__ import annotations

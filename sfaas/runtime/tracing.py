@@ -14,8 +14,8 @@ span processor's delay and queue) and ``OTEL_TRACES_EXPORTER`` (``otlp``, ``cons
 ``none``). Spans are exported in the background and flushed when the process exits.
 
 A trace context travels as a W3C ``traceparent``: the HTTP header at the gateway, the
-request record's ``traceparent`` field from a client to the worker
-(``sfaas/runtime/FORMAT.md``).
+request record's ``traceparent`` field from a client to the worker, a peer ``Call``'s from
+the worker running the request to the workers it calls (``sfaas/runtime/FORMAT.md``).
 
 **Epoch traces.** Each epoch is a trace of its own whose ids every process derives from
 what it already knows of the epoch (:func:`epoch_ids`: the namespace, the epoch number and
