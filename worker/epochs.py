@@ -27,7 +27,7 @@ import logging
 import time
 from typing import Any
 
-from sfaas.runtime import wire
+from sfaas.runtime import tracing, wire
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.txn.determinism import check_local
 from worker.cuts import RoundCut
@@ -83,6 +83,7 @@ class EpochRunner:
         #: the spans of the epochs and their requests (``worker.traces``: only while
         #: tracing), and the slowest and aborted requests of the last minute
         self.traces = EpochTraces(settings.namespace, settings.trace_slow, metrics.latency)
+        self.traces.timers = world.traced.timers  # (the timers set by traced transactions)
 
     # -- what the lease needs (``LeaseHost``) -----------------------------------------------------
     @property
@@ -170,6 +171,7 @@ class EpochRunner:
                 self._metrics.aged(begin.now - item.request.sent_at)
         # the epoch-log write overlaps execution; the report (hence every reply of this
         # epoch, anywhere) waits for it to be durable
+        logging_ns = time.time_ns() if tracing.ON else 0
         sent = await self._epoch_log.send(begin, self._world.effects.journals)
         await st.loop.execute()
         if self._settings.check_determinism and not begin.replay:
@@ -177,6 +179,8 @@ class EpochRunner:
             await check_local(st.engine, st.loop.batch, st.loop.outcomes, st.loop.request_of)
         if sent is not None and not await self._epoch_log.durable(begin.epoch, sent):
             return
+        if logging_ns and sent is not None:
+            self.traces.logged(begin.epoch, logging_ns)
         self._calls.reported_epoch = begin.epoch
         self._metrics.executed(t0)
         self.traces.reported(begin.epoch)
@@ -218,14 +222,19 @@ class EpochRunner:
         assert loop is not None
         t0 = time.perf_counter()
         self.traces.committing(epoch)
+        batch = loop.batch  # (the epoch's, for its spans: settle starts a new list)
         if self.mode == "cross" and conflicts:
             candidates = loop.apply(conflicts, aborts)
             # the epoch's own commits and aborts are final now: their replies leave while
             # the conflicting ones re-run (a replay after a crash reproduces both)
             fates = loop.decided(conflicts, aborts)
             self._replies.reply(fates)
+            phase_ns = time.time_ns() if tracing.ON else 0
             fb = await self._fallback.run(epoch, loop, candidates, set(conflicts))
+            ended_ns = time.time_ns() if phase_ns else 0
             await loop.rerun_deviated(fb)  # (the phase ended everywhere: alone, in tid order)
+            if phase_ns:
+                self.traces.phase(epoch, phase_ns, ended_ns)
             late = loop.settle(conflicts, aborts, fb, decided_done=True)
             self._replies.reply(late)
             fates += late
@@ -233,7 +242,8 @@ class EpochRunner:
             fates = await loop.commit(conflicts, aborts)
             self._replies.reply(fates)
         self._metrics.committed(fates, self._state.answered, t0)
-        self.traces.committed(epoch, fates, self._replay, self._state.index)
+        self.traces.committed(epoch, fates, self._replay, self._state.index, batch, conflicts,
+                              self._state.recovery)
         self._world.committed(fates, self._replay)
         if marker is not None:
             self._cut.take(epoch, marker)

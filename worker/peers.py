@@ -25,16 +25,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from sfaas.runtime import channels, wire
+from sfaas.runtime import channels, tracing, wire
 from sfaas.runtime.codec import check_arguments
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.txn.engine import Engine, Outcome
 from worker.links import PeerLinks
 from worker.needs import Spawner, Votes
 from worker.state import WorkerState
+from worker.traces import call_span
 
 log = logging.getLogger("sfaas.worker")
 
@@ -73,6 +75,8 @@ class PeersWorld(Protocol):
     finished effects go."""
 
     def for_call(self, tid: int) -> tuple[str, dict[str, Any]]: ...
+
+    def trace_of(self, tid: int) -> str | None: ...
 
     def on_call(self, msg: wire.Call) -> None: ...
 
@@ -163,8 +167,9 @@ class Peers:
             self.sent[dest] += 1
         chan = self._links.channels[dest]
         scope, journal = self._world.for_call(tid) if self._world is not None else ("", {})
+        trace = self._world.trace_of(tid) if tracing.ON and self._world is not None else None
         chan.send(wire.Call(eng.epoch, st.index, cid, tid, now, operator, key, function, argv,
-                            depth, st.recovery, fallback, scope, journal))
+                            depth, st.recovery, fallback, scope, journal, trace))
         try:
             await chan.wait_room()  # a peer reading slower than we call: wait (channels.HIGH_WATER)
             return await fut
@@ -270,8 +275,11 @@ class Peers:
     async def _serve_call(self, msg: wire.Call) -> None:
         if self._world is not None:
             self._world.on_call(msg)
+        start_ns = time.time_ns() if tracing.ON and msg.traceparent is not None else 0
         ok, value = await self._engine().serve(msg.tid, msg.now, msg.operator, msg.key,
                                                msg.function, msg.args, msg.depth)
+        if start_ns:
+            call_span(msg, start_ns, ok, value, self._state.index)
         self.served[msg.src] += 1
         result = wire.Result(msg.call_id, ok, value if ok else list(value))
         if self.reported_epoch == msg.epoch:

@@ -25,7 +25,7 @@ import logging
 import time
 from typing import Any
 
-from sfaas.runtime import wire
+from sfaas.runtime import tracing, wire
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.txn import internal
 from sfaas.runtime.txn.actions import Actions
@@ -35,6 +35,7 @@ from sfaas.runtime.txn.loop import Fate
 from sfaas.runtime.txn.timers import TimerIndex
 from worker.needs import HeldReads, PeerSends, WorkArrived
 from worker.state import Pending, WorkerState
+from worker.traces import TraceContexts, WorldSpans
 
 log = logging.getLogger("sfaas.worker.world")
 
@@ -62,6 +63,8 @@ class World:
         #: between a recovery's rollback and the end of its replay
         self.replaying = False
         self._wake: asyncio.TimerHandle | None = None
+        #: with tracing on: the trace contexts of this epoch's traced transactions
+        self.traced = TraceContexts()
 
     def wakes(self, epochs: WorkArrived) -> None:
         """Work queued here wakes ``epochs`` (a loop between parts: ``worker.service``)."""
@@ -77,6 +80,9 @@ class World:
         engine.on_record = self._on_record
         engine.idempotency_retention = self._retention
         self.timers.load(engine.stores)
+        if tracing.ON:  # (spans of the effects and actions of traced transactions)
+            self.effects.spans = self.actions.spans = WorldSpans(
+                self.traced, lambda: self._state.index)
 
     def start(self) -> None:
         """Running: start the actions the stores hold."""
@@ -99,6 +105,8 @@ class World:
         self._wake_epochs()
 
     def _on_record(self, operator: str, key: str, value: bytes | None) -> None:
+        if tracing.ON:
+            self.traced.on_record(key, value)
         self.timers.on_record(operator, key, value)
         self.actions.on_record(operator, key, value)
 
@@ -129,6 +137,8 @@ class World:
         """The epoch's runs see their requests' journals."""
         fx = self.effects
         fx.begin_epoch()
+        if tracing.ON:
+            self.traced.begin(batch, self._state.recovery)
         for tid, item in batch:
             req = item.request
             fx.begin(tid, req.rid, item.journal, req.idempotency_key,
@@ -141,8 +151,16 @@ class World:
         fx = self.effects
         return fx.scopes.get(tid, ""), fx.journals.get(tid, {})
 
+    def trace_of(self, tid: int) -> str | None:
+        """With tracing on: the trace context a call of ``tid`` to a peer carries (the
+        root request's span, when its trace is sampled), else None."""
+        return self.traced.of.get(tid)
+
     def on_call(self, msg: wire.Call) -> None:
-        """A peer's call: its function sees the transaction's journal."""
+        """A peer's call: its function sees the transaction's journal (and its spans go
+        into the root request's trace)."""
+        if tracing.ON:
+            self.traced.joined(msg)
         if msg.scope:
             self.effects.begin(msg.tid, msg.scope, msg.journal)
 

@@ -14,8 +14,8 @@ span processor's delay and queue) and ``OTEL_TRACES_EXPORTER`` (``otlp``, ``cons
 ``none``). Spans are exported in the background and flushed when the process exits.
 
 A trace context travels as a W3C ``traceparent``: the HTTP header at the gateway, the
-request record's ``traceparent`` field from a client to the worker
-(``sfaas/runtime/FORMAT.md``).
+request record's ``traceparent`` field from a client to the worker, a peer ``Call``'s from
+the worker running the request to the workers it calls (``sfaas/runtime/FORMAT.md``).
 
 **Epoch traces.** Each epoch is a trace of its own whose ids every process derives from
 what it already knows of the epoch (:func:`epoch_ids`: the namespace, the epoch number and
@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("sfaas.runtime.tracing")
 
 __all__ = ["ON", "setup", "traceparent", "span", "record", "start", "end", "sampled", "epoch_ids",
-           "epoch_parent", "root_keeps", "is_recording", "current_ids", "shutdown"]
+           "epoch_parent", "root_keeps", "is_recording", "current_ids", "shutdown",
+           "request_span_id", "child_of", "link_to"]
 
 #: Whether this process traces (set once by :func:`setup`). Read it as ``tracing.ON``
 #: (the module's attribute, not a copy imported by name).
@@ -154,17 +155,26 @@ def span(name: str, kind: str = "internal", carrier: Mapping[str, str] | None = 
 
 def record(name: str, parent: str | None, start_ns: int, attributes: Mapping[str, Any],
            error: str | None = None, *, keep: bool = False, end_ns: int | None = None,
-           links: Iterable[Any] = (), kind: str = "server", under: Any = None) -> Any:
+           links: Iterable[Any] = (), kind: str = "server", under: Any = None,
+           span_id: int | None = None) -> Any:
     """A span ``name`` that began at ``start_ns`` (``time.time_ns()``) and ends at
     ``end_ns`` (default now); its parent the W3C ``traceparent`` ``parent`` (what a worker
     did for a request of that trace), or ``under`` (a span or span context of this
     process), or none (a new trace). ``error``: its status is an error with that
     description; ``keep``: recorded even if the sampler would drop it (tail sampling);
     ``links``: span contexts it links to. Returns the span (ended), whose
-    ``get_span_context()`` others may link to or parent under. Only when :data:`ON`."""
+    ``get_span_context()`` others may link to or parent under; ``span_id``: its span id
+    (:func:`request_span_id`, which spans recorded before it were parented under), else a
+    random one. Only when :data:`ON`."""
     from opentelemetry.trace import SpanKind, Status, StatusCode
 
-    done = _start(name, parent, under, start_ns, attributes, keep, links, SpanKind[kind.upper()])
+    if span_id is not None:
+        _ids.force = (0, span_id)  # (a child takes its parent's trace id: only the span id)
+    try:
+        done = _start(name, parent, under, start_ns, attributes, keep, links,
+                      SpanKind[kind.upper()])
+    finally:
+        _ids.force = None
     if error is not None:
         done.set_status(Status(StatusCode.ERROR, error))
     done.end(end_ns)
@@ -223,6 +233,28 @@ def sampled(traceparent_: str | None) -> bool:
     # (version 00's flags end at 55; a later version may append fields after them)
     return traceparent_ is not None and len(traceparent_) >= 55 \
         and traceparent_[54] in "13579bdf"
+
+
+def request_span_id(rid: str, recovery: int) -> int:
+    """The span id of a worker's ``execute`` span of request ``rid`` (made after its
+    commit), known before it is made: the spans of its calls, re-runs and effects on any
+    worker are its children (:func:`child_of`). ``recovery``: the worker's recovery count
+    (a replay's span is another span)."""
+    digest = hashlib.blake2b(f"{recovery}\x00{rid}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") or 1
+
+
+def child_of(traceparent_: str, span_id: int) -> str:
+    """The ``traceparent`` of span ``span_id`` in the (sampled) trace of ``traceparent_``."""
+    return f"00-{traceparent_[3:35]}-{span_id:016x}-01"
+
+
+def link_to(traceparent_: str) -> Any:
+    """The span context a ``traceparent`` names, to link a span to (:func:`record`)."""
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    return SpanContext(int(traceparent_[3:35], 16), int(traceparent_[36:52], 16),
+                       is_remote=True, trace_flags=TraceFlags(int(traceparent_[53:55], 16)))
 
 
 def epoch_ids(namespace: str, epoch: int, now: float) -> tuple[int, int]:
@@ -289,7 +321,7 @@ def _sampler_and_ids() -> tuple[Any, Any]:
         force: tuple[int, int] | None = None
 
         def generate_trace_id(self) -> int:
-            return self.force[0] if self.force else super().generate_trace_id()
+            return self.force[0] if self.force and self.force[0] else super().generate_trace_id()
 
         def generate_span_id(self) -> int:
             return self.force[1] if self.force else super().generate_span_id()

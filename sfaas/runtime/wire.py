@@ -119,6 +119,8 @@ for _cls in MESSAGES:
     assert _cls.TAG not in _TAGS, _cls
     _TAGS[_cls.TAG] = _cls
 _NFIELDS = {tag: len(dataclasses.fields(cls)) for tag, cls in _TAGS.items()}
+#: the fewest fields a message of each tag may have on the wire (``Message.OPTIONAL``)
+_MIN_FIELDS = {tag: _NFIELDS[tag] - cls.OPTIONAL for tag, cls in _TAGS.items()}
 
 
 # -- field checks (what decode_frame accepts) ---------------------------------------------------
@@ -235,6 +237,11 @@ def _check_message(msg: Message) -> None:
     if isinstance(msg, Report) and len(msg.sent) != len(msg.served):
         raise ProtocolError("Report sent/served counters differ in length "
                             f"({len(msg.sent)}, {len(msg.served)})")
+    if isinstance(msg, Call) and msg.traceparent is not None \
+            and not _is_traceparent(msg.traceparent):
+        raise ProtocolError("Call.traceparent must be a W3C traceparent (00-<32 hex>-<16 "
+                            f"hex>-<2 hex>, at most {MAX_TRACEPARENT} characters), got "
+                            f"{_brief(msg.traceparent)}")
 
 
 # attrgetter per class (dataclasses.fields() is far too slow for the hot path), and whether
@@ -246,8 +253,25 @@ _GETTERS = {
 }
 
 
+# of a class with optional last fields (``Message.OPTIONAL``): their names, last first, and
+# the getter of the fields up to each of them (the message without the trailing None ones)
+# (at least two fields stay: a getter of one returns the value, not a tuple)
+_SHORTER = {
+    cls: [(fields[i].name, operator.attrgetter(*(g.name for g in fields[:i])))
+          for i in range(len(fields) - 1, len(fields) - 1 - cls.OPTIONAL, -1)]
+    for cls in _TAGS.values() if cls.OPTIONAL
+    for fields in [dataclasses.fields(cls)] if len(fields) - cls.OPTIONAL >= 2
+}
+assert set(_SHORTER) == {cls for cls in _TAGS.values() if cls.OPTIONAL}
+
+
 def _to_list(msg: Message) -> list[Any]:
     get, single = _GETTERS[type(msg)]
+    if msg.OPTIONAL:  # (the trailing optional fields that are None are left out)
+        for name, shorter in _SHORTER[type(msg)]:
+            if getattr(msg, name) is not None:
+                break
+            get = shorter
     values = get(msg)
     return [msg.TAG, values] if single else [msg.TAG, *values]
 
@@ -290,10 +314,11 @@ def decode_frame(payload: bytes) -> list[Message]:
         if cls is None:
             raise ProtocolError(f"unknown message tag {item[0]}")
         fields = item[1:]
-        if len(fields) != _NFIELDS[item[0]]:
-            raise ProtocolError(
-                f"{cls.__name__} needs {_NFIELDS[item[0]]} fields, got {len(fields)}")
-        for (name, check), value in zip(_CHECKS[item[0]], fields, strict=True):
+        if not _MIN_FIELDS[item[0]] <= len(fields) <= _NFIELDS[item[0]]:
+            optional = cls.OPTIONAL and f" (the last {cls.OPTIONAL} optional)"
+            raise ProtocolError(f"{cls.__name__} needs {_NFIELDS[item[0]]} fields"
+                                f"{optional or ''}, got {len(fields)}")
+        for (name, check), value in zip(_CHECKS[item[0]], fields, strict=False):
             if not check(value):
                 raise ProtocolError(
                     f"{cls.__name__}.{name} has the wrong type or shape: {_brief(value)}")

@@ -193,3 +193,102 @@ def test_a_recovery_is_kept_with_a_span_per_step_whatever_the_sampler() -> None:
     assert root["name"] == "recovery" and root["attrs"] == {"sfaas.attempt": 2}
     assert sorted(s["name"] for s in spans if s["parent"] == root["span"]) == \
         ["detect+restart", "replay", "restore"]
+
+
+def _call(traceparent: str | None = None) -> wire.Call:
+    return wire.Call(3, 1, 9, 42, 1.5, "accounts", "k", "deposit", [5], 1, 0, False, "r1", {},
+                     traceparent)
+
+
+def test_a_call_without_a_trace_context_has_no_more_bytes_and_decodes_as_none() -> None:
+    plain = wire.encode_frame([_call()])
+    assert len(msgpack.unpackb(plain)[0]) == 1 + 14  # (the tag and the fields before it)
+    assert wire.decode_frame(plain) == [_call()]
+    assert wire.decode_frame(plain)[0].traceparent is None
+    traced = wire.encode_frame([_call(TRACEPARENT)])
+    assert msgpack.unpackb(traced)[0][-1] == TRACEPARENT
+    assert wire.decode_frame(traced) == [_call(TRACEPARENT)]
+    # (the channels pack message by message: the same bytes)
+    assert wire.join_frame([wire.encode_message(_call())]) == plain
+
+
+@pytest.mark.parametrize("bad", [
+    "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",  # upper case
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",  # no flags
+    TRACEPARENT + "-" + "0" * 250,  # longer than MAX_TRACEPARENT
+    "x" * 55,
+])
+def test_a_call_with_a_malformed_or_too_long_trace_context_is_refused_naming_it(
+        bad: str) -> None:
+    frame = msgpack.packb([[21, *msgpack.unpackb(wire.encode_frame([_call()]))[0][1:], bad]])
+    with pytest.raises(wire.ProtocolError, match="Call.traceparent must be a W3C traceparent"):
+        wire.decode_frame(frame)
+
+
+def test_a_call_with_a_trace_context_of_the_wrong_type_or_too_many_fields_is_refused() -> None:
+    fields = msgpack.unpackb(wire.encode_frame([_call()]))[0][1:]
+    with pytest.raises(wire.ProtocolError, match="Call.traceparent has the wrong type"):
+        wire.decode_frame(msgpack.packb([[21, *fields, 17]]))
+    with pytest.raises(wire.ProtocolError, match=r"Call needs 15 fields \(the last 1 optional\)"):
+        wire.decode_frame(msgpack.packb([[21, *fields, TRACEPARENT, "more"]]))
+    with pytest.raises(wire.ProtocolError, match=r"Call needs 15 fields"):
+        wire.decode_frame(msgpack.packb([[21, *fields[:-1]]]))
+
+
+def test_a_requests_calls_reruns_fallback_and_effects_are_spans_under_its_span() -> None:
+    spans = _spans(
+        "from sfaas.runtime.txn.loop import Fate\n"
+        "from worker.state import Pending\n"
+        "from worker.traces import EpochTraces, TraceContexts, WorldSpans, call_span\n"
+        f"req = wire.Request('r1', 'accounts', 'k', 'transfer', [], 0, time.time(), None,\n"
+        f"                   {TRACEPARENT!r})\n"
+        "item = Pending(req, partition=0)\n"
+        "t, ctx = EpochTraces('ns', 0.1), TraceContexts()\n"
+        "t.timers = ctx.timers\n"
+        # epoch 5: the request conflicts, re-runs in the fallback phase, deviates: later
+        "t.began(5, 100.0); ctx.begin([(7, item)], 0); n = time.time_ns()\n"
+        "t.logged(5, n); t.reported(5); t.committing(5)\n"
+        "msg = wire.Call(5, 0, 1, 7, 100.0, 'accounts', 'bob', 'deposit', [], 1, 0, False,\n"
+        "                'r1', {}, ctx.of[7])\n"
+        "call_span(msg, time.time_ns(), True, 1, 1)\n"
+        "world = WorldSpans(ctx, lambda: 0)\n"
+        "world.effect_ran(world.effect_context(7), 'r1:accounts:k:0', 'notify', n,\n"
+        "                 (False, ['OSError', 'down']))\n"
+        "ctx.on_record('\\x00a7.0\\x00k', b'x')\n"
+        "world.action_ran(world.action_context('\\x00a7.0\\x00k'), 'mail', n, 2)\n"
+        "t.phase(5, time.time_ns(), time.time_ns())\n"
+        "item.attempts = 1\n"
+        "t.committed(5, [], False, 0, [(7, item)], {7: 3}, 0)\n"
+        # epoch 6: it re-runs, conflicts again and commits in the fallback phase
+        "t.began(6, 101.0); t.reported(6); t.committing(6)\n"
+        "t.phase(6, time.time_ns(), time.time_ns())\n"
+        "item.attempts = 1\n"
+        "t.committed(6, [Fate(7, item, True, 1, fallback=True)], False, 0, [(7, item)],\n"
+        "            {7: 3}, 0)\n"
+        "print('SPAN', f'{tracing.request_span_id(\"r1\", 0):016x}')\n")
+    by_name: dict[str, list[dict[str, object]]] = {}
+    for s in spans:
+        by_name.setdefault(str(s["name"]), []).append(s)
+    (execute,) = by_name["execute accounts.transfer"]
+    trace_id = TRACEPARENT.split("-")[1]
+    assert execute["trace"] == trace_id and execute["attrs"]["sfaas.first_epoch"] == 5
+    # the call served on the other worker, the effect: children of the request's span
+    (call,) = by_name["call accounts.deposit"]
+    assert (call["trace"], call["parent"]) == (trace_id, execute["span"])
+    assert (call["attrs"]["sfaas.epoch"], call["attrs"]["sfaas.tid"]) == (5, 7)
+    (effect,) = by_name["effect notify"]
+    assert effect["parent"] == execute["span"]
+    # an action runs in a trace of its own, linked to the request's span
+    (action,) = by_name["after_commit mail"]
+    assert action["trace"] != trace_id and action["links"] == [execute["span"]]
+    # the re-run (epoch 6) and the two fallback phases it ran in, under it
+    (rerun,) = by_name["re-run"]
+    assert rerun["parent"] == execute["span"]
+    assert (rerun["attrs"]["sfaas.epoch"], rerun["attrs"]["sfaas.attempt"]) == (6, 1)
+    fallbacks = sorted((s["attrs"]["sfaas.epoch"], s["attrs"]["sfaas.outcome"])
+                       for s in by_name["fallback"] if s["parent"] == execute["span"])
+    assert fallbacks == [(5, "again later"), (6, "committed")]
+    # the worker's epoch span has the epoch-log write and the fallback phase
+    epoch5 = next(s for s in by_name["epoch"] if s["attrs"]["sfaas.epoch"] == 5)
+    assert {str(s["name"]) for s in spans if s["parent"] == epoch5["span"]} == \
+        {"execute", "commit", "epoch-log write", "fallback phase"}

@@ -5,7 +5,14 @@ a gateway with ``SFAAS_TRACING=1``, a call through the gateway carrying a W3C
 server span (a child of the caller's span), the client's span, and the worker's span of the
 request's execution, with its epoch, worker and request id — linked to the span of that
 epoch on the worker, in the epoch's own trace, under the coordinator's span of the same
-epoch."""
+epoch.
+
+The same cluster runs (``tests.runtime.traced_shop``) a transfer whose root runs on one
+worker and calls a key of the other — a span on each worker in the one trace, the callee's
+``call`` span a child of the root's ``execute`` span — bursts of transfers into one hot key
+until one conflicts and shows its ``fallback``/``re-run`` span, and a function whose
+``ctx.run`` effect is a span of its request, whose ``after_commit`` action and timer are
+spans linked to it."""
 
 from __future__ import annotations
 
@@ -15,7 +22,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +31,14 @@ import pytest
 
 from launcher import cluster, services
 from launcher.services import Endpoints, ServiceError
-from tests.gateway.conftest import APP, app_cluster, gateway
+from sfaas.runtime.partitioning import default_owners, partition_of
+from tests.gateway.conftest import app_cluster, gateway
+from tests.runtime.test_recovery import PARTITIONS
+
+#: the shop of the gateway's tests, with a transfer and a function touching the world
+APP = "tests.runtime.traced_shop:app"
+#: bursts of concurrent transfers into one key sent at most, until one of them conflicts
+BURSTS = 8
 
 #: Seconds the spans may take from the processes to Jaeger's query API (the processes
 #: export every 200 ms here: OTEL_BSP_SCHEDULE_DELAY).
@@ -68,16 +83,17 @@ def _spans(trace: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _wait_for_spans(jaeger: Endpoints, trace_id: str) -> list[dict[str, Any]]:
-    """The trace's spans once it holds the gateway's and a worker's (or what it holds
-    after :data:`ARRIVAL` seconds)."""
+    """The trace's spans once it holds the gateway's and a worker's request span (or what
+    it holds after :data:`ARRIVAL` seconds; a worker's span of a call the request made
+    comes before, at the call)."""
     deadline = time.monotonic() + ARRIVAL
     spans: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         trace = _trace(jaeger, trace_id)
         spans = _spans(trace) if trace else []
-        services_seen = {s["service"] for s in spans}
-        if "sfaas-gateway" in services_seen \
-                and any(s.startswith("sfaas-worker-") for s in services_seen):
+        if "sfaas-gateway" in {s["service"] for s in spans} \
+                and any(s["service"].startswith("sfaas-worker-")
+                        and s["operationName"].startswith("execute ") for s in spans):
             return spans
         time.sleep(0.3)
     return spans
@@ -172,6 +188,88 @@ def _assert_epoch_trace(epoch_spans: list[dict[str, Any]], executed: dict[str, A
                       ("sfaas-coordinator", "barrier"), ("sfaas-coordinator", "commit")}, phases
 
 
+def _parent(trace_id: str) -> dict[str, str]:
+    """A caller's sampled ``traceparent`` header in trace ``trace_id``."""
+    return {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"}
+
+
+def _names(spans: list[dict[str, Any]]) -> set[str]:
+    return {s["operationName"] for s in spans}
+
+
+def _wait_until(jaeger: Endpoints, trace_id: str,
+                done: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+    """The trace's spans once ``done`` says they are all there (or what Jaeger holds after
+    :data:`ARRIVAL` seconds)."""
+    deadline = time.monotonic() + ARRIVAL
+    spans: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        trace = _trace(jaeger, trace_id)
+        spans = _spans(trace) if trace else []
+        if spans and done(spans):
+            return spans
+        time.sleep(0.3)
+    return spans
+
+
+def _worker_key(worker: int, prefix: str) -> str:
+    """A key of the operator ``accounts`` on worker ``worker`` of a new 2-worker cluster."""
+    owners = default_owners(PARTITIONS, 2)
+    return next(k for k in (f"{prefix}{i}" for i in range(1000))
+                if owners[partition_of("accounts", k, PARTITIONS)] == worker)
+
+
+def _linked(jaeger: Endpoints, prefix: str, span: dict[str, Any]) -> dict[str, Any] | None:
+    """A worker's span whose operation starts with ``prefix`` and that links to ``span``
+    (in a trace of its own); None: none within :data:`ARRIVAL` seconds."""
+    deadline = time.monotonic() + ARRIVAL
+    while time.monotonic() < deadline:
+        for service in ("sfaas-worker-0", "sfaas-worker-1"):
+            with urllib.request.urlopen(f"{jaeger.jaeger_url}/api/services/{service}/operations",
+                                        timeout=5) as resp:
+                operations = json.loads(resp.read())["data"] or []
+            for op in (o for o in operations if o.startswith(prefix)):
+                query = urllib.parse.urlencode({"service": service, "operation": op,
+                                                "limit": 50})
+                with urllib.request.urlopen(f"{jaeger.jaeger_url}/api/traces?{query}",
+                                            timeout=5) as resp:
+                    traces = json.loads(resp.read())["data"] or []
+                for trace in traces:
+                    for sp in _spans(trace):
+                        if (span["traceID"], span["spanID"]) in _refs(sp, "FOLLOWS_FROM"):
+                            return sp
+        time.sleep(0.5)
+    return None
+
+
+def _settled(spans: list[dict[str, Any]]) -> bool:
+    """Whether a transfer's trace holds its request's span and, if it re-ran, the spans of
+    its re-runs or fallback phase."""
+    executed = [s for s in spans if s["operationName"] == "execute accounts.transfer"]
+    if not executed:
+        return False
+    tags = executed[0]["tags"]
+    return not (tags["sfaas.attempts"] or tags["sfaas.fallback"]) \
+        or bool(_names(spans) & {"re-run", "fallback"})
+
+
+def _conflict(gw: Any, jaeger: Endpoints, hot: str) -> list[dict[str, Any]]:
+    """The spans of a transfer into ``hot`` that conflicted with another one: bursts of
+    six at once until one did (at most :data:`BURSTS`); [] if none did."""
+    for burst in range(BURSTS):
+        ids = [secrets.token_hex(16) for _ in range(6)]
+        with ThreadPoolExecutor(len(ids)) as pool:
+            answers = list(pool.map(
+                lambda i, b=burst, t=ids: gw.call("accounts", f"burst{b}-{i}", "transfer", hot, 1,
+                                                  headers=_parent(t[i])), range(len(ids))))
+        assert all(status == 200 for status, _ in answers), answers
+        for trace_id in ids:
+            spans = _wait_until(jaeger, trace_id, _settled)
+            if _names(spans) & {"re-run", "fallback"}:
+                return spans
+    return []
+
+
 @pytest.mark.timeout(900)  # (a first run builds Jaeger: several minutes)
 def test_a_call_through_the_gateway_is_one_trace_from_the_caller_to_the_worker(
         kafka: Any, minio: Any, jaeger: Endpoints, tmp_path: Path) -> None:
@@ -185,7 +283,8 @@ def test_a_call_through_the_gateway_is_one_trace_from_the_caller_to_the_worker(
         mp.setenv("SFAAS_JAEGER_UI", jaeger.jaeger_url)
         mp.delenv("OTEL_SERVICE_NAME", raising=False)
         mp.delenv("OTEL_TRACES_SAMPLER", raising=False)
-        with app_cluster(kafka, minio, tmp_path, APP) as cs, gateway(cs, tmp_path) as gw:
+        with app_cluster(kafka, minio, tmp_path, APP) as cs, \
+                gateway(cs, tmp_path, app=APP) as gw:
             status, doc = gw.call("accounts", "traced-alice", "deposit", 5,
                                   headers={"traceparent": f"00-{trace_id}-{caller}-01"})
             assert (status, doc) == (200, {"result": 5})
@@ -198,6 +297,11 @@ def test_a_call_through_the_gateway_is_one_trace_from_the_caller_to_the_worker(
             link = _slow_view_link(status, trace_id)
             rounds = _round_spans(jaeger, cs.namespace)
             worker_log = "\n".join(p.read_text() for p in cluster.state_dir(cs).glob("w*.log"))
+            transfer, audited, conflicted = _transfer_world_and_conflict(gw, jaeger)
+
+    _assert_a_transfer_is_a_span_on_each_worker(*transfer)
+    _assert_the_world_in_the_trace(*audited)
+    _assert_a_conflict_shows_its_rerun(conflicted)
 
     brief = [(s["service"], s["operationName"]) for s in spans]
     assert all(s["traceID"] == trace_id for s in spans), brief
@@ -233,3 +337,85 @@ def test_a_call_through_the_gateway_is_one_trace_from_the_caller_to_the_worker(
     lines = [json.loads(x) for x in worker_log.splitlines() if x.startswith("{")]
     assert any(x["logger"].startswith("sfaas") and "message" in x for x in lines), \
         worker_log[-2000:]
+
+
+def _transfer_world_and_conflict(gw: Any, jaeger: Endpoints) -> tuple[Any, Any, Any]:
+    """What the cluster's traces show of a transfer from a key of worker 0 to one of worker
+    1 (its spans, its epoch's), of a function with an effect, an action and a timer (its
+    spans, the action's span, the timer's), and of a transfer that conflicted."""
+    transfer_id = secrets.token_hex(16)
+    assert gw.call("accounts", _worker_key(0, "from-"), "transfer", _worker_key(1, "to-"), 2,
+                   headers=_parent(transfer_id)) == (200, {"result": -2})
+    transfer = _wait_until(jaeger, transfer_id, lambda sp: {
+        "execute accounts.transfer", "call accounts.deposit"} <= _names(sp))
+    transfer_epoch = _epoch_spans(jaeger, transfer)
+    audited_id = secrets.token_hex(16)
+    assert gw.call("accounts", "audit-1", "audited", 3, headers=_parent(audited_id)) \
+        == (200, {"result": 3})
+    audited = _wait_until(jaeger, audited_id, lambda sp: {
+        "execute accounts.audited", "effect _note"} <= _names(sp))
+    audit = next((s for s in audited if s["operationName"] == "execute accounts.audited"), None)
+    action = _linked(jaeger, "after_commit ", audit) if audit else None
+    timer = _linked(jaeger, "timer ", audit) if audit else None
+    conflicted = _conflict(gw, jaeger, _worker_key(1, "hot-"))
+    return (transfer, transfer_epoch), (audited, action, timer), conflicted
+
+
+def _assert_a_transfer_is_a_span_on_each_worker(spans: list[dict[str, Any]],
+                                                epoch_spans: list[dict[str, Any]]) -> None:
+    """The root's span on worker 0, the call's on worker 1, a child of it; the root's epoch
+    span has its epoch-log write."""
+    brief = [(s["service"], s["operationName"], s["references"]) for s in spans]
+    assert len({s["traceID"] for s in spans}) == 1, brief
+    (root,) = [s for s in spans if s["operationName"] == "execute accounts.transfer"]
+    calls = [s for s in spans if s["operationName"] == "call accounts.deposit"
+             and s["service"].startswith("sfaas-worker-")]  # (not a client's span)
+    # (slot 0 and 1; a process's service name is its own, whichever slot it took)
+    assert (root["tags"]["sfaas.worker"], root["tags"]["sfaas.outcome"]) == (0, "committed")
+    assert [(c["tags"]["sfaas.worker"], c["service"] != root["service"]) for c in calls] == \
+        [(1, True)], brief
+    (call,) = calls
+    assert _refs(call, "CHILD_OF") == [(root["traceID"], root["spanID"])], brief
+    assert (call["tags"]["sfaas.epoch"], call["tags"]["sfaas.tid"], call["tags"]["sfaas.worker"],
+            call["tags"]["sfaas.caller"]) == (root["tags"]["sfaas.epoch"],
+                                              root["tags"]["sfaas.tid"], 1, 0), call["tags"]
+    assert {"sfaas-worker-0", "sfaas-worker-1"} <= {s["service"] for s in spans}
+    # its worker's span of the epoch it committed in: the phases and the epoch-log write
+    _assert_epoch_trace(epoch_spans, root)
+    [(_, linked)] = _refs(root, "FOLLOWS_FROM")
+    phases = {s["operationName"] for s in epoch_spans if _refs(s, "CHILD_OF")
+              and _refs(s, "CHILD_OF")[0][1] == linked}
+    assert {"execute", "commit", "epoch-log write"} <= phases, phases
+
+
+def _assert_the_world_in_the_trace(spans: list[dict[str, Any]], action: dict[str, Any] | None,
+                                   timer: dict[str, Any] | None) -> None:
+    """The effect is a child of its request's span, which re-ran once it finished; the
+    action and the timer, in traces of their own, link to it."""
+    brief = [(s["service"], s["operationName"]) for s in spans]
+    executed = [s for s in spans if s["operationName"] == "execute accounts.audited"]
+    effects = [s for s in spans if s["operationName"] == "effect _note"]
+    assert len(executed) == 1 and len(effects) == 1, brief
+    root, effect = executed[0], effects[0]
+    assert _refs(effect, "CHILD_OF") == [(root["traceID"], root["spanID"])]
+    assert effect["duration"] >= 0 and effect["tags"]["sfaas.effect_key"].startswith(
+        root["tags"]["sfaas.request_id"]), effect["tags"]
+    reruns = [s for s in spans if s["operationName"] == "re-run"]
+    assert [(r["tags"]["sfaas.after"], _refs(r, "CHILD_OF")) for r in reruns] == \
+        [("effect", [(root["traceID"], root["spanID"])])], brief
+    assert action is not None and action["operationName"] == \
+        "after_commit tests.runtime.traced_shop:mail", action
+    assert action["traceID"] != root["traceID"]
+    assert timer is not None and timer["operationName"] == "timer accounts", timer
+
+
+def _assert_a_conflict_shows_its_rerun(spans: list[dict[str, Any]]) -> None:
+    """A transfer that conflicted has its fallback phase (or re-runs) under its span."""
+    assert spans, f"no transfer of {BURSTS} bursts into one key conflicted"
+    (root,) = [s for s in spans if s["operationName"] == "execute accounts.transfer"]
+    assert root["tags"]["sfaas.fallback"] or root["tags"]["sfaas.attempts"] > 0, root["tags"]
+    again = [s for s in spans if s["operationName"] in ("re-run", "fallback")]
+    assert again and all(_refs(s, "CHILD_OF") == [(root["traceID"], root["spanID"])]
+                         for s in again), again
+    assert all(isinstance(s["tags"]["sfaas.epoch"], int)
+               and isinstance(s["tags"]["sfaas.attempt"], int) for s in again), again

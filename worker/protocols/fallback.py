@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from sfaas.runtime import wire
+from sfaas.runtime import tracing, wire
 from sfaas.runtime.txn.loop import Participant
 from worker.needs import CallsSeen, PeerSends, Room, Spawner
 from worker.state import WorkerState
+from worker.traces import call_span
 
 log = logging.getLogger("sfaas.worker")
 
@@ -142,8 +144,11 @@ class CrossFallback:
         eng = self._state.engine
         assert eng is not None
         self._world.on_call(msg)  # (the transaction's journal)
+        start_ns = time.time_ns() if tracing.ON and msg.traceparent is not None else 0
         ok, value = await eng.serve(msg.tid, msg.now, msg.operator, msg.key, msg.function,
                                     msg.args, msg.depth)
+        if start_ns:
+            call_span(msg, start_ns, ok, value, self._state.index)
         self._links.send_to(msg.src, wire.Result(msg.call_id, ok, value if ok else list(value)))
 
     def _finish(self, tid: int, commit: bool) -> None:

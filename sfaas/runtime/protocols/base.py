@@ -19,7 +19,12 @@ class Message:
 
     Fields are encoded in declaration order; a field of rows (``list[Row]``, ``Row`` a
     ``NamedTuple``) is a list of msgpack arrays on the wire and decodes into ``Row``s. A
-    sender may still give plain lists or tuples as rows: the bytes are the same.
+    sender may still give plain lists or tuples as rows: the bytes are the same. The last
+    ``OPTIONAL`` fields may be absent (see it).
     """
 
     TAG: ClassVar[int] = 0
+    #: How many of its last fields are optional on the wire: each defaults to None, and a
+    #: sender leaves out the trailing ones that are None (no bytes for them); the decoder
+    #: takes from ``len(fields) - OPTIONAL`` fields up, the missing ones None.
+    OPTIONAL: ClassVar[int] = 0

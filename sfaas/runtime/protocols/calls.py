@@ -32,6 +32,7 @@ class Call(Message):
     """
 
     TAG: ClassVar[int] = 21
+    OPTIONAL: ClassVar[int] = 1  # (traceparent)
     epoch: int
     src: int
     call_id: int
@@ -51,6 +52,10 @@ class Call(Message):
     #: ``ctx.run`` outcomes (effect key → ``[ok, value]``): a function here sees the same ones
     scope: str = ""
     journal: dict[str, Any] = field(default_factory=dict)
+    #: the W3C trace context the callee's span of this call is a child of (the root
+    #: request's span, ``worker.traces``): only with tracing on and the root's trace
+    #: sampled — else None, and absent on the wire
+    traceparent: str | None = None
 
 
 @dataclass(slots=True)

@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from sfaas.context import EFFECT_KEY
 from sfaas.runtime.codec import unpack
@@ -25,7 +26,18 @@ from sfaas.runtime.txn.internal import ACTION, ACTION_B, resolve_function
 
 log = logging.getLogger("sfaas.actions")
 
-__all__ = ["Actions"]
+__all__ = ["Actions", "ActionSpans"]
+
+
+class ActionSpans(Protocol):
+    """What traces the actions (the worker's, with tracing on: ``worker.traces``)."""
+
+    def action_context(self, key: str) -> Any:
+        """The trace context of the transaction that wrote action record ``key`` (None:
+        not traced, or not known here)."""
+
+    def action_ran(self, context: Any, name: str, start_ns: int, tries: int) -> None:
+        """Action ``name`` returned after ``tries`` tries, begun at ``start_ns``."""
 
 
 class Actions:
@@ -51,6 +63,8 @@ class Actions:
         #: follow the records (off during a recovery's replay: ``load`` after it)
         self.live = True
         self.ran = self.tries_failed = 0
+        #: with tracing on, a span of each action a traced transaction wrote
+        self.spans: ActionSpans | None = None
 
     @property
     def pending(self) -> int:
@@ -79,12 +93,15 @@ class Actions:
         where = (operator, key)
         if where in self.running or where in self.finishing:
             return False
+        context = self.spans.action_context(key) if self.spans is not None else None
         self.running[where] = asyncio.get_running_loop().create_task(
-            self._run(operator, key, unpack(raw)))
+            self._run(operator, key, unpack(raw), context))
         return True
 
-    async def _run(self, operator: str, key: str, record: list[Any]) -> None:
+    async def _run(self, operator: str, key: str, record: list[Any], context: Any = None,
+                   ) -> None:
         name, args, akey = record
+        start_ns = time.time_ns() if context is not None else 0
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.limit)
         delay = self.backoff[0]
@@ -108,6 +125,8 @@ class Actions:
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.backoff[1])
         self.ran += 1
+        if context is not None and self.spans is not None:
+            self.spans.action_ran(context, name, start_ns, tries)
         self.running.pop((operator, key), None)
         self.finishing.add((operator, key))
         self._done(operator, key)

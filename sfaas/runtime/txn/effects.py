@@ -42,8 +42,9 @@ import functools
 import hashlib
 import inspect
 import logging
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from sfaas.context import EFFECT_KEY
 from sfaas.errors import EffectFailed, NotSerializable
@@ -51,8 +52,8 @@ from sfaas.runtime.codec import pack, unpack
 
 log = logging.getLogger("sfaas.effects")
 
-__all__ = ["Effects", "SUSPENDED", "raise_outcome", "DONE_CACHE", "MAX_THREADS", "call_any",
-           "effect_scope"]
+__all__ = ["Effects", "EffectSpans", "SUSPENDED", "raise_outcome", "DONE_CACHE", "MAX_THREADS",
+           "call_any", "effect_scope"]
 
 #: Threads running sync effects (and, separately, sync post-commit actions) at once per
 #: process: a sync ``fn`` needs one while it runs; ``async def`` ones need none.
@@ -113,6 +114,17 @@ def raise_outcome(outcome: Outcome) -> Any:
     raise EffectFailed(f"{etype}: {message}", etype)
 
 
+class EffectSpans(Protocol):
+    """What traces the effects (the worker's, with tracing on: ``worker.traces``)."""
+
+    def effect_context(self, tid: int) -> Any:
+        """The trace context of transaction ``tid``'s effects (None: not traced)."""
+
+    def effect_ran(self, context: Any, key: str, name: str, start_ns: int,
+                   outcome: Outcome) -> None:
+        """Effect ``key`` (function ``name``) ran from ``start_ns`` to now."""
+
+
 class Effects:
     """The effects of one process's transactions (see the module docstring).
 
@@ -151,6 +163,8 @@ class Effects:
         #: finished outcomes by effect key, the newest ``DONE_CACHE`` (never run twice here)
         self._done: collections.OrderedDict[str, Outcome] = collections.OrderedDict()
         self.started = self.finished = self.failed = 0
+        #: with tracing on, a span of each effect run of a traced transaction
+        self.spans: EffectSpans | None = None
 
     # -- what the engine asks ---------------------------------------------------------------
     def rid(self, tid: int) -> str:
@@ -210,19 +224,24 @@ class Effects:
                 self._waiters[key].add(tid)
             else:
                 self._waiters[key] = {tid}
+                context = self.spans.effect_context(tid) if self.spans is not None else None
                 self.running[key] = asyncio.get_running_loop().create_task(
-                    self._run(key, fn, args))
+                    self._run(key, fn, args, context))
                 self.started += 1
 
     # -- running ------------------------------------------------------------------------------
-    async def _run(self, key: str, fn: Callable[..., Any], args: Sequence[Any]) -> None:
+    async def _run(self, key: str, fn: Callable[..., Any], args: Sequence[Any],
+                   context: Any = None) -> None:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.limit)
         try:
             async with self._slots:
+                start_ns = time.time_ns() if context is not None else 0
                 outcome = await self._call(key, fn, args)
         finally:
             self.running.pop(key, None)
+        if context is not None and self.spans is not None:
+            self.spans.effect_ran(context, key, _name(fn), start_ns, outcome)
         self.finished += 1
         self._remember(key, outcome)
         for tid in sorted(self._waiters.pop(key, ())):
