@@ -216,7 +216,9 @@ class Worker(Service):
             if not self.lost_coordinator or self.settings.snapshot_interval <= 0:
                 break
             # the coordinator closed the channel of a worker it declared lost: such a
-            # worker's lease has run out (worker.fence), so it leaves here
+            # worker's lease has run out (worker.fence), so it leaves here — unless it ran
+            # throughout and the silence was the coordinator's (paused, being restarted;
+            # or this worker's heartbeat task left its channel): then it rejoins below
             self.lease.check()
             # with rounds on, a restarted coordinator rolls everyone back to the newest
             # round: keep the stores and wait for it instead of restarting this process
