@@ -97,16 +97,19 @@ def _exit_now(code: int) -> None:
 class FenceLease:
     """A worker's lease (see the module docstring).
 
-    ``closed()``: the coordinator's channel is closed; ``clock``: a monotonic clock (a fake
-    one in tests); ``exit``: how a fenced worker leaves (default: ``os._exit``; ``None``
-    raises :class:`Fenced` instead).
+    ``closed()``: the coordinator's channel is closed; ``rejoins``: a worker awake
+    throughout rejoins the coordinator instead of leaving (with snapshot rounds on: without
+    them a lost coordinator ends the cluster); ``clock``: a monotonic clock (a fake one in
+    tests); ``exit``: how a fenced worker leaves (default: ``os._exit``; ``None`` raises
+    :class:`Fenced` instead).
     """
 
-    def __init__(self, timeout: float, closed: Callable[[], bool], *,
+    def __init__(self, timeout: float, closed: Callable[[], bool], *, rejoins: bool = True,
                  clock: Callable[[], float] = time.monotonic,
                  exit: Callable[[int], None] | None = _exit_now) -> None:
         self._timeout = timeout
         self._closed = closed
+        self._rejoins = rejoins
         self._clock = clock
         self._exit = exit
         #: the lease runs until this time (``clock``); -inf: none yet, +inf: not enforced
@@ -165,9 +168,11 @@ class FenceLease:
     def awake(self) -> bool:
         """Did this process run throughout since it sent the beat its lease runs from (no
         gap between ticks longer than :meth:`_still`, none going on)? Then a silence since
-        is the coordinator's, not a pause of this process."""
+        is the coordinator's, not a pause of this process (always False when the worker
+        does not rejoin: ``rejoins``)."""
         sent = self.until - self._timeout * LEASE_FRACTION
-        return self._clock() - self._ticked <= self._still() and self._still_until < sent
+        return (self._rejoins and self._clock() - self._ticked <= self._still()
+                and self._still_until < sent)
 
     def coordinator_silent(self) -> bool:
         """Awake, the coordinator's channel open and the lease expired by more than T: the

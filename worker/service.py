@@ -97,7 +97,8 @@ class Worker(Service):
         self.tasks = Tasks()
         self.uplink = CoordinatorLink(secret)
         #: the coordinator's lease on this process: nothing acts without it (``worker.fence``)
-        self.lease = self.uplink.lease = FenceLease(s.heartbeat_timeout, self.uplink.is_closed)
+        self.lease = self.uplink.lease = FenceLease(s.heartbeat_timeout, self.uplink.is_closed,
+                                                    rejoins=s.snapshot_interval > 0)
         self.links = PeerLinks(secret, 2 * s.heartbeat_timeout + 2.0, gate=self.lease.check)
         self.kafka = KafkaClients(s)
         #: the replication server (rescales ship stores too: on with rounds or standbys)

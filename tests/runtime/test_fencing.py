@@ -150,6 +150,21 @@ def test_a_worker_that_ran_while_its_coordinator_stood_still_rejoins_instead_of_
     assert not late.awake() and not late.coordinator_silent()
     with pytest.raises(Fenced, match="lease expired"):
         late.check()
+    # without snapshot rounds nothing can be rejoined: an awake worker leaves as before
+    clock3, closed3 = Clock(), [False]
+    alone = FenceLease(T, lambda: closed3[0], rejoins=False, clock=clock3, exit=None)
+    alone.tick()
+    clock3.t = 100.2
+    alone.grant(100.2)
+    while clock3.t < 103.5:
+        clock3.t += T / 4
+        alone.tick()
+        if clock3.t > 101.2 + T:
+            break
+        alone.check()
+    assert not alone.awake() and not alone.coordinator_silent()
+    with pytest.raises(Fenced, match="lease expired"):
+        alone.check()
 
 
 def test_answers_renew_the_lease_while_the_worker_acts_on_something_else() -> None:
