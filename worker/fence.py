@@ -18,10 +18,22 @@ epoch-log record, committing ingress offsets, reporting a round, answering a rec
 sending a ``Call``/``Result`` to peers — the worker checks its lease (:meth:`FenceLease.valid`:
 one clock read and a compare). With an expired lease it acts on nothing, and:
 
-* if the lease expired by more than T, or the coordinator's channel is closed, it is
-  fenced: one clear log line, then ``os._exit(EXIT_FENCED)`` at once — no flush of the
-  producer, no offset commit, no clean stop that would act — and its supervisor starts
-  a fresh process, which registers as a new member;
+* if the lease expired by more than T, or the coordinator's channel is closed, and this
+  process was not :meth:`~FenceLease.awake` throughout, it is fenced: one clear log line,
+  then ``os._exit(EXIT_FENCED)`` at once — no flush of the producer, no offset commit, no
+  clean stop that would act — and its supervisor starts a fresh process, which registers
+  as a new member;
+* if it was awake throughout — its own event loop ran at least every T/2
+  (:meth:`FenceLease.tick`, from the heartbeat task) since the beat its lease runs from —
+  the silence was the coordinator's (paused, or stopped and being restarted): it acts on
+  nothing, leaves the coordinator's channel (the heartbeat task closes it once the lease
+  expired by more than T) and rejoins the coordinator in its slot
+  (``worker.membership.Membership.rejoin``), keeping its stores, like a worker whose
+  coordinator died. A coordinator that declared this worker lost meanwhile gives the slot
+  to its standby or a replacement and refuses the rejoin, and the worker leaves then
+  (fenced); or, with the slot still empty, takes it back and rolls everyone back, as for
+  any replacement. A fresh process would have done the same, 1–2 s later: the restart's
+  backoff, its imports, its Kafka clients;
 * otherwise it waits for the next ``Alive`` (:meth:`FenceLease.held`). A worker whose event loop
   was merely busy for longer than T/2 (a long merge, a GC pause) is in this case: its
   beats went out late, but the coordinator heard them, and the answers renew the lease
@@ -33,9 +45,8 @@ that records the beat; it never blocks its loop for long — slow work, MinIO an
 runs in threads). The worker reads the answers on a task of their own
 (``worker.links.CoordinatorLink``), never behind a slow message it is acting on. A
 worker whose loop is blocked past ``1.5 × T`` after its last acknowledged beat is fenced on
-waking: the coordinator heard nothing for at least T by then and declared it lost (a
-worker of a silent coordinator, paused or gone, is fenced the same way — the resumed or
-restarted coordinator recovers with fresh processes). The heartbeat task checks this every
+waking: the coordinator heard nothing for at least T by then and declared it lost (its
+loop stood still for the pause, so it was not awake). The heartbeat task checks this every
 T/4, so an idle zombie leaves too.
 
 What the lease cannot stop: bytes handed to the OS or to the Kafka producer before the
@@ -86,16 +97,19 @@ def _exit_now(code: int) -> None:
 class FenceLease:
     """A worker's lease (see the module docstring).
 
-    ``closed()``: the coordinator's channel is closed; ``clock``: a monotonic clock (a fake
-    one in tests); ``exit``: how a fenced worker leaves (default: ``os._exit``; ``None``
-    raises :class:`Fenced` instead).
+    ``closed()``: the coordinator's channel is closed; ``rejoins``: a worker awake
+    throughout rejoins the coordinator instead of leaving (with snapshot rounds on: without
+    them a lost coordinator ends the cluster); ``clock``: a monotonic clock (a fake one in
+    tests); ``exit``: how a fenced worker leaves (default: ``os._exit``; ``None`` raises
+    :class:`Fenced` instead).
     """
 
-    def __init__(self, timeout: float, closed: Callable[[], bool], *,
+    def __init__(self, timeout: float, closed: Callable[[], bool], *, rejoins: bool = True,
                  clock: Callable[[], float] = time.monotonic,
                  exit: Callable[[int], None] | None = _exit_now) -> None:
         self._timeout = timeout
         self._closed = closed
+        self._rejoins = rejoins
         self._clock = clock
         self._exit = exit
         #: the lease runs until this time (``clock``); -inf: none yet, +inf: not enforced
@@ -108,6 +122,9 @@ class FenceLease:
         self.generation = 0
         #: while rejoining a restarted coordinator nothing may act, but nothing fences
         self._waiting = False
+        #: the last :meth:`tick` (``clock``), and when the last stall seen by one ended
+        self._ticked = -math.inf
+        self._still_until = math.inf
 
     # -- granting -----------------------------------------------------------------------------
     def grant(self, sent: float) -> None:
@@ -134,6 +151,35 @@ class FenceLease:
         self._waiting = True
         self.until = -math.inf
 
+    # -- this process' own liveness ----------------------------------------------------------
+    def tick(self) -> None:
+        """This process' event loop runs now (the heartbeat task, every T/4): a longer gap
+        than :meth:`_still` since the last tick was a pause or a stall of its own."""
+        now = self._clock()
+        if now - self._ticked > self._still():
+            self._still_until = now
+        self._ticked = now
+
+    def _still(self) -> float:
+        """The longest gap between ticks of a process that counts as awake: the lease (T/2).
+        Its beats then left at most 3T/4 apart, within the coordinator's T."""
+        return self._timeout * LEASE_FRACTION
+
+    def awake(self) -> bool:
+        """Did this process run throughout since it sent the beat its lease runs from (no
+        gap between ticks longer than :meth:`_still`, none going on)? Then a silence since
+        is the coordinator's, not a pause of this process (always False when the worker
+        does not rejoin: ``rejoins``)."""
+        sent = self.until - self._timeout * LEASE_FRACTION
+        return (self._rejoins and self._clock() - self._ticked <= self._still()
+                and self._still_until < sent)
+
+    def coordinator_silent(self) -> bool:
+        """Awake, the coordinator's channel open and the lease expired by more than T: the
+        coordinator stands still (paused, or stuck): leave its channel and rejoin it."""
+        return (not self._waiting and not self._closed()
+                and self.expired_for() > self._timeout and self.awake())
+
     # -- checking -----------------------------------------------------------------------------
     def valid(self) -> bool:
         """May the worker act now? (the hot-path check: one clock read)"""
@@ -144,11 +190,13 @@ class FenceLease:
         return self._clock() - self.until
 
     def check(self) -> bool:
-        """True: the lease holds. False: it does not — and if it is past saving the worker
-        is fenced (it leaves; see the module docstring)."""
+        """True: the lease holds. False: it does not — and if it is past saving and this
+        process was not awake throughout, the worker is fenced (it leaves; see the module
+        docstring)."""
         if self.valid():
             return True
-        if not self._waiting and (self._closed() or self.expired_for() > self._timeout):
+        if not self._waiting and (self._closed() or self.expired_for() > self._timeout) \
+                and not self.awake():
             self.fence()
         return False
 
@@ -158,10 +206,12 @@ class FenceLease:
         while not self.check():
             if self.fenced:  # (only with an ``exit`` that returns: tests)
                 raise Fenced(self.fenced)
+            # (until the next answer, or until the lease is past saving; past it and not
+            # fenced, this process is awake: check again after a tick's gap)
             left = self._timeout - self.expired_for()
+            wait = None if self._waiting else max(0.01, left) if left > 0 else self._still()
             try:
-                await asyncio.wait_for(self._renewed.wait(), max(0.01, left) if
-                                       not self._waiting else None)
+                await asyncio.wait_for(self._renewed.wait(), wait)
             except TimeoutError:
                 pass
 

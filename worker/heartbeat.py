@@ -2,8 +2,9 @@
 
 Every quarter of ``heartbeat_timeout`` the worker tells the coordinator it lives (the first
 beat at once: its answer starts the lease, ``worker.fence``), with how far its epochs got
-and whether it reaches a Kafka broker; it leaves when the lease is past saving, and logs
-the epochs' counters now and then.
+and whether it reaches a Kafka broker; it leaves when the lease is past saving (or, when
+the coordinator stood still while this process ran, leaves the coordinator's channel to
+rejoin it: ``worker.fence``), and logs the epochs' counters now and then.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from sfaas.runtime import wire
 from sfaas.runtime.kafka import Reachability
 from sfaas.runtime.settings import Settings
-from worker.fence import FenceLease
+from worker.fence import LEASE_FRACTION, FenceLease
 from worker.links import CoordinatorLink
 from worker.needs import Latency, SlowView
 from worker.state import WorkerState
@@ -43,6 +44,16 @@ class Heartbeat:
         self._reach = Reachability(settings.kafka)
         self._probe: asyncio.Future[None] | None = None
 
+    def _leave_silent(self, fence: FenceLease) -> None:
+        """The coordinator stands still while this process runs: close its channel, so the
+        worker rejoins it (``worker.service.Worker._follow``) instead of leaving."""
+        if fence.coordinator_silent():
+            log.warning("no word from the coordinator for %.1f s while this worker ran: "
+                        "leaving its channel to rejoin it", fence.expired_for()
+                        + self._settings.heartbeat_timeout * LEASE_FRACTION,
+                        extra={"worker": self._state.index})
+            self._uplink.close()
+
     def _slow_fields(self) -> tuple[list[wire.SlowRequest], bool]:
         """``Heartbeat.slow`` and ``slow_fresh``: the view if it changed since the last beat."""
         view = None if self._slow is None else self._slow.fresh(time.time())
@@ -68,9 +79,12 @@ class Heartbeat:
                     time.monotonic(), self._reach.silence(), *self._slow_fields()))
             self._probe = asyncio.ensure_future(self._reach.probe())  # (one broker, in turn)
             await asyncio.sleep(beat)
-            if fence is not None and not fence.valid():
-                await asyncio.sleep(0.05)  # (answers waiting in the socket are read first)
-                fence.check()
+            if fence is not None:
+                fence.tick()  # (this process runs: a long gap before it was a pause of its own)
+                if not fence.valid():
+                    await asyncio.sleep(0.05)  # (answers waiting in the socket are read first)
+                    fence.check()
+                    self._leave_silent(fence)
             age = self._metrics.mean_age()
             if age is not None and time.monotonic() - last_log >= 5.0:
                 last_log = time.monotonic()

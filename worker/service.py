@@ -97,7 +97,8 @@ class Worker(Service):
         self.tasks = Tasks()
         self.uplink = CoordinatorLink(secret)
         #: the coordinator's lease on this process: nothing acts without it (``worker.fence``)
-        self.lease = self.uplink.lease = FenceLease(s.heartbeat_timeout, self.uplink.is_closed)
+        self.lease = self.uplink.lease = FenceLease(s.heartbeat_timeout, self.uplink.is_closed,
+                                                    rejoins=s.snapshot_interval > 0)
         self.links = PeerLinks(secret, 2 * s.heartbeat_timeout + 2.0, gate=self.lease.check)
         self.kafka = KafkaClients(s)
         #: the replication server (rescales ship stores too: on with rounds or standbys)
@@ -216,7 +217,9 @@ class Worker(Service):
             if not self.lost_coordinator or self.settings.snapshot_interval <= 0:
                 break
             # the coordinator closed the channel of a worker it declared lost: such a
-            # worker's lease has run out (worker.fence), so it leaves here
+            # worker's lease has run out (worker.fence), so it leaves here — unless it ran
+            # throughout and the silence was the coordinator's (paused, being restarted;
+            # or this worker's heartbeat task left its channel): then it rejoins below
             self.lease.check()
             # with rounds on, a restarted coordinator rolls everyone back to the newest
             # round: keep the stores and wait for it instead of restarting this process

@@ -104,6 +104,69 @@ def test_waiting_to_rejoin_acts_on_nothing_and_is_not_fenced() -> None:
         lease.fence("could not rejoin the coordinator")
 
 
+def test_a_worker_that_ran_while_its_coordinator_stood_still_rejoins_instead_of_leaving() -> None:
+    """The coordinator paused (the pauses series: SIGSTOP, then its supervisor replaces it):
+    a worker that ran throughout — its heartbeat task ticked every T/4 — holds an expired
+    lease but is not fenced; once the lease expired by more than T it leaves the channel to
+    rejoin. A worker that was itself paused (no tick for the pause) is fenced as before."""
+    clock, closed = Clock(), [False]
+    lease = _lease(clock, closed)
+    lease.tick()
+    clock.t = 100.2
+    lease.grant(100.2)  # the last beat the coordinator answered; then it stood still
+    while clock.t < 103.5:  # (to 103.7: expired by 2.5 s)
+        clock.t += T / 4
+        lease.tick()
+        assert not lease.valid() or clock.t < 101.2
+        assert lease.check() is lease.valid() and not lease.fenced  # acts on nothing, stays
+    assert lease.coordinator_silent()  # expired by more than T: leave the channel, rejoin
+    closed[0] = True  # (or the supervisor killed the coordinator: the channel closed)
+    assert not lease.coordinator_silent()
+    assert lease.check() is False and not lease.fenced
+    lease.suspend()  # rejoining: nothing acts until the new coordinator's Assign
+    lease.grant(103.1)
+    assert lease.check()
+
+    # the same silence, but this worker stood still for it: a zombie, fenced on waking
+    clock, closed = Clock(), [False]
+    zombie = _lease(clock, closed)
+    zombie.tick()
+    clock.t = 100.2
+    zombie.grant(100.2)
+    clock.t = 100.4
+    zombie.tick()
+    clock.t = 106.4  # SIGCONT: the channel closed meanwhile, no tick yet
+    closed[0] = True
+    with pytest.raises(Fenced, match="its channel is closed"):
+        zombie.check()
+    # ... and a tick after the pause does not make it awake again
+    clock2, closed2 = Clock(), [False]
+    late = _lease(clock2, closed2)
+    late.tick()
+    clock2.t = 100.2
+    late.grant(100.2)
+    clock2.t = 106.4
+    late.tick()
+    assert not late.awake() and not late.coordinator_silent()
+    with pytest.raises(Fenced, match="lease expired"):
+        late.check()
+    # without snapshot rounds nothing can be rejoined: an awake worker leaves as before
+    clock3, closed3 = Clock(), [False]
+    alone = FenceLease(T, lambda: closed3[0], rejoins=False, clock=clock3, exit=None)
+    alone.tick()
+    clock3.t = 100.2
+    alone.grant(100.2)
+    while clock3.t < 103.5:
+        clock3.t += T / 4
+        alone.tick()
+        if clock3.t > 101.2 + T:
+            break
+        alone.check()
+    assert not alone.awake() and not alone.coordinator_silent()
+    with pytest.raises(Fenced, match="lease expired"):
+        alone.check()
+
+
 def test_answers_renew_the_lease_while_the_worker_acts_on_something_else() -> None:
     """The coordinator's channel is read by a task of its own: an ``Alive`` renews the lease
     although nobody asks for the next message (the worker is busy with a recovery)."""
