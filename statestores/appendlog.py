@@ -30,9 +30,10 @@ Files (``FORMAT.md`` § appendlog): ``al-<level>-<seq>.log``, ``al-<level>-<seq>
 from __future__ import annotations
 
 import array
+import functools
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,15 +41,10 @@ from typing import Any
 from crc32c import crc32c
 
 from . import records
-from .checks import (
-    MAX_KEY_BYTES,
-    Option,
-    check_key,
-    check_ops,
-    check_put,
-)
+from .base import Store
+from .checks import MAX_KEY_BYTES, Option, check_key, check_ops, check_put
 from .fs import FileSystem
-from .log import Segment, SegmentedStore
+from .log import Handoffs, Segment, Segments, levels, pairs
 from .log.segment import hint_name, scan_segment
 from .snapshot_info import Frozen as _Frozen
 from .version import FileEntry
@@ -72,23 +68,39 @@ class _Sealing:
     atombs: set[bytes]  # keys whose last record here is a delete
 
 
-class AppendLogStore(SegmentedStore):
-    """Bitcask: append-only segments, an in-memory hash index, hint files, background merges."""
+class AppendLogStore(Store):
+    """Bitcask: append-only segments, an in-memory hash index, hint files, background merges.
+
+    Holds its parts: the sealed segments with their index and merges (``segments``,
+    :class:`~.log.sealed.Segments`) and the seals handed to the maintainer (``handoffs``,
+    :class:`~.log.store.Handoffs`); the active, spare and folded segments are its own.
+    """
 
     engine = "appendlog"
     PREFIX = "al"
     DEFAULT_SYNC = "os"
+    #: The background lanes it uses (started at open).
+    LANES = ("merge",)
     OPTIONS = {
         "threshold": Option(
             16 << 20, int, lambda v: 1 <= v <= 1 << 34,
             "an int in [1, 2**34] (bytes of the active segment before it is sealed)",
         ),
-        **SegmentedStore.SEGMENT_OPTIONS,
+        **levels.SEGMENT_OPTIONS,
     }
+
+    segments: Segments
+    handoffs: Handoffs
 
     # ------------------------------------------------------------------ open / close
 
     def _open(self) -> None:
+        self.handoffs = Handoffs(self.tasks, self, self.directory)
+        self.segments = Segments(
+            self, self.fs, self.files, self.tasks, self.handoffs, prefix=self.PREFIX,
+            fsync=self.sync == "fsync", max_runs=self.options["max_runs_per_level"],
+            local=self.local_background,
+        )
         self._active: Segment | None = None
         self._alive: dict[bytes, int] = {}  # the active segment's live keys → addresses
         self._atombs: set[bytes] = set()  # keys whose last record in the active segment is a delete
@@ -99,7 +111,8 @@ class AppendLogStore(SegmentedStore):
         self._folds = 0
         #: Segments a snapshot folded (oldest first): readable ``wal`` entries, not yet hinted.
         self._folded: list[_Sealing] = []
-        self._fold_cap = self._snapshot_wal_cap()
+        self._merging: list[_Sealing] = []  # folded segments being merged (_merge_folded)
+        self._fold_cap = levels.snapshot_wal_cap(self.options["max_snapshot_wals"], self.directory)
         #: active/spare segment seq → a seq allocated just before it: the name of the
         #: segment the folded ones are merged into when that segment takes over (see _merge_folded)
         self._below: dict[int, int] = {}
@@ -107,14 +120,14 @@ class AppendLogStore(SegmentedStore):
         #: The next active segment, created (and listed in the version) ahead of time, so
         #: that a roll — and so a snapshot's freeze — is a pointer swap with no syscall.
         self._spare: Segment | None = None
-        wals = self._open_segments(seal_older_wals=True)
+        wals = self.segments.open(seal_older_wals=True)
         if wals:
             with self._lock:  # the index may be adopted by its builder thread meanwhile
                 self._open_active(wals[-1].name)
             self._edit([self._new_spare()])
         else:
             self._edit([self._start_active(), self._new_spare()])
-        self._open_done()
+        self.segments.open_done(self.LANES)
 
     def _open_active(self, name: str) -> None:
         """Reopen the active segment: replay its records, truncating a torn tail."""
@@ -127,19 +140,19 @@ class AppendLogStore(SegmentedStore):
         seg = Segment(name, 0, self.files.path(name))
         size, alive, tombs = scan_segment(self.fs, seg.path, seg.seq, truncate_torn=truncate_torn)
         for key in tombs:
-            self._forget(key)
-        self._index.update(alive)
+            self.segments.forget(key)
+        self.segments.update(alive)
         self._open_fds(seg, size)
         if size:
             seg.map(self.fs, seg.rfd)  # type: ignore[arg-type]
-        self._segs[seg.seq] = seg
+        self.segments.track(seg)
         return _Sealing(seg, alive, tombs)
 
     def _start_active(self) -> FileEntry:
         """A new, empty active segment (the caller puts the entry into its edit)."""
         seg = self._create_segment(self._reserve_seq())
         self._active = seg
-        self._segs[seg.seq] = seg
+        self.segments.track(seg)
         return FileEntry(seg.name, "wal")
 
     def _new_spare(self) -> FileEntry:
@@ -158,7 +171,7 @@ class AppendLogStore(SegmentedStore):
 
     def _create_segment(self, seq: int) -> Segment:
         """An empty, writable segment file with its descriptors open (no lock needed)."""
-        name = self._segment_name(0, seq)
+        name = self.segments.segment_name(0, seq)
         seg = Segment(name, 0, self.files.path(name))
         self._open_fds(seg, 0)
         return seg
@@ -176,22 +189,23 @@ class AppendLogStore(SegmentedStore):
         seg = self._active
         if seg is not None:  # empty
             seg.close(self.fs)
-            del self._segs[seg.seq]
+            self.segments.untrack(seg)
             self._active = None
             self._edit((), [seg.name])
         spare, self._spare = self._spare, None
         if spare is not None:
             spare.close(self.fs)
             self._edit((), [spare.name])
-        self._drop_segments()
+        self.segments.drop()
 
     def _abandon(self) -> None:
         spare = getattr(self, "_spare", None)
         if spare is not None:
             spare.close(self.fs)
         super()._abandon()
-        if hasattr(self, "_segs"):
-            self._drop_segments()
+        segments: Segments | None = getattr(self, "segments", None)
+        if segments is not None:
+            segments.drop()
 
     # ------------------------------------------------------------------ writes
 
@@ -248,7 +262,8 @@ class AppendLogStore(SegmentedStore):
                 seg.size = seg.flushed = seg.size + len(rec)
             else:
                 self._emit(seg, rec)
-            self._index[key] = self._alive[key] = addr
+            self._alive[key] = addr
+            self.segments.point(key, addr)
             if self._atombs:
                 self._atombs.discard(key)
             if seg.size >= self._threshold:
@@ -265,12 +280,12 @@ class AppendLogStore(SegmentedStore):
         self.check_open()
         key = check_key(key)
         with self._lock:
-            if self._lookup(key) is None:
+            if self.segments.lookup(key) is None:
                 return  # nothing live to shadow: older records are shadowed already
             seg = self._active
             assert seg is not None
             self._emit(seg, records.encode(key, None))
-            self._forget(key)
+            self.segments.forget(key)
             self._alive.pop(key, None)
             self._atombs.add(key)
             if seg.size >= self._threshold:
@@ -287,15 +302,17 @@ class AppendLogStore(SegmentedStore):
             assert seg is not None
             addr = seg.base + seg.size
             self._emit(seg, data)
-            index, alive, atombs = self._index, self._alive, self._atombs
+            point, forget = self.segments.point, self.segments.forget
+            alive, atombs = self._alive, self._atombs
             for k, v in checked:
                 if v is None:
-                    self._forget(k)
+                    forget(k)
                     alive.pop(k, None)
                     atombs.add(k)
                     addr += _REC + len(k)
                 else:
-                    index[k] = alive[k] = addr
+                    point(k, addr)
+                    alive[k] = addr
                     atombs.discard(k)
                     addr += _REC + len(k) + len(v)
             if seg.size >= self._threshold:
@@ -306,11 +323,25 @@ class AppendLogStore(SegmentedStore):
             self.check_open()
         if type(key) is not bytes or not key or len(key) > MAX_KEY_BYTES:
             key = check_key(key)
-        return self._disk_get(key, default)  # type: ignore[no-any-return]
+        return self.segments.get(key, default)  # type: ignore[no-any-return]
 
     def __len__(self) -> int:
-        self._await_index()
-        return len(self._index)
+        self.segments.await_index()
+        return len(self.segments.index)
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every live pair once (values read in chunks, so memory stays bounded)."""
+        self.check_open()
+        return pairs(self, self._keys(None))
+
+    def _prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The in-memory keys walked, only the matches' values read."""
+        return pairs(self, self._keys(prefix))
+
+    def _keys(self, prefix: bytes | None) -> list[bytes]:
+        self.segments.await_index()
+        with self._lock:
+            return levels.live_keys(self.segments.index, prefix, ())
 
     def flush(self) -> None:
         self.check_open()
@@ -334,7 +365,7 @@ class AppendLogStore(SegmentedStore):
         if not self._rolling():
             return
         if not inline:
-            self._reserve_handoff()  # first: waiting releases the lock
+            self.handoffs.reserve()  # first: waiting releases the lock
             if not self._rolling():
                 return
         batch, self._folded = self._folded, []
@@ -345,25 +376,22 @@ class AppendLogStore(SegmentedStore):
         for b in batch:
             # readable through its descriptors until the maintainer maps it
             b.seg.hint_ready = False
-            self._sealed.append(b.seg)
+            self.segments.add_sealed(b.seg)
         make_spare = start_new and self._spare is None
-
-        def seal() -> None:
-            for b in batch:
-                self._seal(b)
-            if make_spare:
-                self._make_spare()
-
         if inline:
-            seal()
+            self._seal_all(batch, make_spare)
         else:
-            fut = self._hand_off(seal)
+            fut = self.handoffs.hand_off(functools.partial(self._seal_all, batch, make_spare))
             for b in batch:
                 b.seg.hint_future = fut
 
-    def _compact_prepare(self) -> None:
-        """(lock held) Before a compaction: seal the folded segments and the active one."""
-        self._roll()
+    def _seal_all(self, batch: list[_Sealing], make_spare: bool) -> None:
+        """(maintainer, or inline at close) :meth:`_seal` each of ``batch``; then create
+        the next spare segment if ``make_spare``."""
+        for b in batch:
+            self._seal(b)
+        if make_spare:
+            self._make_spare()
 
     def _rolling(self) -> bool:
         seg = self._active
@@ -386,7 +414,7 @@ class AppendLogStore(SegmentedStore):
                 self._edit([self._start_active()])
             else:
                 self._active = spare
-                self._segs[spare.seq] = spare
+                self.segments.track(spare)
         return done
 
     def _seal(self, b: _Sealing) -> None:
@@ -394,7 +422,7 @@ class AppendLogStore(SegmentedStore):
         seg = b.seg
         keys = sorted(b.alive)  # hint keys are sorted (binary search before the index is built)
         addrs = array.array("Q", map(b.alive.__getitem__, keys))
-        self._write_hint(seg.name, seg.seq, seg.size, keys, addrs, sorted(b.atombs))
+        self.segments.write_hint(seg.name, seg.seq, seg.size, keys, addrs, sorted(b.atombs))
         with self._lock:
             seg.seal(self.fs)
             # the commit point
@@ -403,7 +431,7 @@ class AppendLogStore(SegmentedStore):
                 [seg.name],
             )
             seg.hint_ready = True
-            self._kick()
+            self.segments.kick()
 
     def _make_spare(self) -> None:
         """(maintainer) Create the next spare segment, unless one exists or the store closed."""
@@ -453,7 +481,9 @@ class AppendLogStore(SegmentedStore):
             self._roll()  # a restore would scan too many, and no merge could start: hint them all
         # folded segments are ``wal`` entries already; the active one and the spare are still
         # written to
-        return self._frozen([s.name for s in (self._active, self._spare) if s is not None])
+        return self.segments.frozen(
+            [s.name for s in (self._active, self._spare) if s is not None]
+        )
 
     def _merge_folded(self) -> bool:
         """(lock held, after a fold) Start merging the folded segments into one sealed
@@ -467,23 +497,26 @@ class AppendLogStore(SegmentedStore):
         which every folded segment precedes."""
         active = self._active
         out_seq = self._below.get(active.seq) if active is not None else None
-        if out_seq is None or not self._may_merge():
+        if out_seq is None or not self.segments.may_merge():
             return False
-        batch = self._folded
-
-        def refold() -> (
-            None
-        ):  # failed: older than any folded since; sealed by a roll, or merged again
-            self._folded[:0] = batch
-
-        if not self._start_merge(
-            [b.seg for b in batch], out_seq, 0, drop_tombstones=not self._sealed, wals=True,
-            on_failure=refold,
+        batch, self._folded = self._folded, []
+        self._merging = batch  # before the merge starts: a test's inline merge ends in it
+        if not self.segments.start_merge(
+            [b.seg for b in batch], out_seq, 0,
+            drop_tombstones=not self.segments.sealed_count(), owner=self,
         ):
+            self._folded, self._merging = batch, []
             return False
-        self._folded = []
         self._folded_merges += 1
         return True
+
+    def folded_merge_ended(self, ok: bool) -> None:
+        """(lock held; ``log.host.FoldedOwner``) The merge :meth:`_merge_folded` started
+        ended; if it failed, its segments are folded again — older than any folded since,
+        sealed by a roll or merged again."""
+        batch, self._merging = self._merging, []
+        if not ok:
+            self._folded[:0] = batch
 
     def _install(self, entries: list[FileEntry], replaced: frozenset[str] = frozenset()) -> None:
         seg = self._active
@@ -499,10 +532,10 @@ class AppendLogStore(SegmentedStore):
         # a segment of the snapshot (folded ones being merged while a newer segment was
         # sealed) is hinted here and loaded in its place; the newer ones are replayed last
         wals = sorted((e for e in entries if e.kind == "wal"), key=lambda e: e.seq)
-        top = self._newest_level0(entries)
+        top = levels.newest_level0(entries)
         older = [e for e in wals if e.seq < top]
-        new = self._install_segments(
-            [e for e in entries if e.kind != "wal"] + self._hint_segments(older)
+        new = self.segments.install(
+            [e for e in entries if e.kind != "wal"] + self.segments.hint_segments(older)
         )
         for e in wals[len(older):]:
             # after the segments: newer
@@ -517,11 +550,11 @@ class AppendLogStore(SegmentedStore):
     # ------------------------------------------------------------------ stats
 
     def _stats(self) -> dict[str, Any]:
-        s = self._segment_stats()
+        s = self.segments.stats()
         seg = self._active
         active_bytes = seg.size if seg is not None else 0
         s.update(
-            keys=len(self._index),
+            keys=len(self.segments.index),
             active_bytes=active_bytes,
             rolls=self._rolls,
             folds=self._folds,
@@ -535,4 +568,16 @@ class AppendLogStore(SegmentedStore):
         )
         return s
 
+    # ------------------------------------------------------------------ background work
 
+    def _idle(self) -> bool:
+        return self.segments.idle()
+
+    def _kick(self) -> None:
+        self.segments.kick()
+
+    def _compact(self) -> None:
+        """(lock held) Seal the folded segments and the active one, then merge every sealed
+        segment into one (:meth:`Segments.compact`)."""
+        self._roll()
+        self.segments.compact()

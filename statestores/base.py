@@ -355,6 +355,22 @@ class Store(abc.ABC):
                 if self._idle() and self.delivery.idle():
                     return
 
+    # ------------------------------------------------------------------ the parts' host
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def merges_paused(self) -> bool:
+        """No new merge may start (:meth:`pause_merges`, a restore, a close, an open)."""
+        return self._paused > 0
+
+    def edit_files(
+        self, added: Iterable[FileEntry] = (), removed: Iterable[str] = ()
+    ) -> VersionEdit:
+        """(lock held) :meth:`_edit`, for the parts an engine holds (``log.host``)."""
+        return self._edit(added, removed)
+
     # ------------------------------------------------------------------ snapshots' host
     # What :mod:`statestores.snapshots` may do to a store (its ``SnapshotHost`` Protocol).
 

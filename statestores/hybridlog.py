@@ -44,28 +44,20 @@ Files (``FORMAT.md`` § hybridlog): ``hl-<level>-<seq>.log``, ``hl-<level>-<seq>
 
 from __future__ import annotations
 
-import concurrent.futures
+import functools
 import logging
 import os
 import sys
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from . import background, records
-from .base import (
-    MAX_KEY_BYTES,
-    Frozen,
-    Option,
-    check_key,
-    check_ops,
-    check_put,
-)
+from .base import MAX_KEY_BYTES, Frozen, Option, Store, check_key, check_ops, check_put
 from .errors import BackgroundBusy
 from .fs import FileSystem
-from .log import Segment, SegmentedStore
+from .log import Handoffs, Segments, levels, pairs
+from .log.regions import Region, Tail, write_tail
 from .log.segment import hint_name
-from .log.store import MAX_HANDOFFS
 from .version import FileEntry
 
 __all__ = ["HybridLogStore"]
@@ -75,39 +67,13 @@ log = logging.getLogger("statestores")
 _MISSING: Any = object()
 
 
-def write_tail(fs: FileSystem | None, path: str, items: list[tuple[bytes, bytes | None]]) -> None:
-    """Write a snapshot tail: ``items`` as one batch (all or nothing), atomically (a temp
-    file, then a rename). Runs in the ``flush`` background process (``fs`` None: the real
-    file system), or on the maintainer thread with a test's file system."""
-    fs = fs if fs is not None else FileSystem()
-    fs.write_file_atomic(path, records.encode_batch(items), sync=False)
+class HybridLogStore(Store):
+    """FASTER's HybridLog: mutable / read-only in-memory regions over log files.
 
-
-@dataclass(eq=False)
-class _Tail:
-    """A snapshot tail being written by the maintainer: ``name`` holds ``records`` (the
-    last record per key written since the previous tail or flush) once ``future`` resolves."""
-
-    name: str
-    records: dict[bytes, bytes | None]
-    future: concurrent.futures.Future[None] | None = None
-
-
-@dataclass(eq=False)
-class _Region:
-    """In-memory records handed to the maintainer to become log file ``name``: readable
-    until that file is installed. ``dicts`` oldest first; ``wals`` hold exactly them."""
-
-    dicts: list[dict[bytes, bytes | None]]
-    wals: list[str]
-    name: str
-    seq: int
-    future: concurrent.futures.Future[None] | None = None
-    failed: bool = field(default=False)
-
-
-class HybridLogStore(SegmentedStore):
-    """FASTER's HybridLog: mutable / read-only in-memory regions over log files."""
+    Holds its parts: the log files with their index and merges (``segments``,
+    :class:`~.log.sealed.Segments`) and the region flushes and tails handed to the
+    maintainer (``handoffs``, :class:`~.log.store.Handoffs`); the regions and WALs are its own.
+    """
 
     engine = "hybridlog"
     PREFIX = "hl"
@@ -124,23 +90,32 @@ class HybridLogStore(SegmentedStore):
             64 << 20, int, lambda v: 1 <= v <= 1 << 40,
             "an int in [1, 2**40] (bytes of the active WAL before both regions are flushed)",
         ),
-        **SegmentedStore.SEGMENT_OPTIONS,
+        **levels.SEGMENT_OPTIONS,
     }
+
+    segments: Segments
+    handoffs: Handoffs
 
     # ------------------------------------------------------------------ open / close
 
     def _open(self) -> None:
+        self.handoffs = Handoffs(self.tasks, self, self.directory)
+        self.segments = Segments(
+            self, self.fs, self.files, self.tasks, self.handoffs, prefix=self.PREFIX,
+            fsync=self.sync == "fsync", max_runs=self.options["max_runs_per_level"],
+            local=self.local_background,
+        )
         self._mut: dict[bytes, bytes | None] = {}
         self._ro: dict[bytes, bytes | None] = {}
-        self._flushing: tuple[_Region, ...] = ()  # oldest first; replaced whole (lock-free readers)
+        self._flushing: tuple[Region, ...] = ()  # oldest first; replaced whole (lock-free readers)
         self._lag: int = self.options["ro_lag_interval"]
         self._flush_at: int = self.options["flush_interval"]
         self._wal_max: int = self.options["max_wal_bytes"]
-        self._wal_cap = self._snapshot_wal_cap()
+        self._wal_cap = levels.snapshot_wal_cap(self.options["max_snapshot_wals"], self.directory)
         # sync="none", once snapshots are taken: the records of the mutable regions turned
         # read-only since the last tail or flush (the next snapshot's tail); None: not kept
         self._fresh: dict[bytes, bytes | None] | None = None
-        self._tails: tuple[_Tail, ...] = ()  # being written, oldest first; replaced whole
+        self._tails: tuple[Tail, ...] = ()  # being written, oldest first; replaced whole
         self._wal_fd: int | None = None
         self._wal_size = 0  # bytes of whole records in the active WAL
         self._wals: list[str] = []  # WALs oldest → newest; the last is the active one
@@ -148,7 +123,7 @@ class HybridLogStore(SegmentedStore):
         self._advances = 0
         self._flushes = 0
         self._appends = 0
-        wals = [e.name for e in self._open_segments()]
+        wals = [e.name for e in self.segments.open()]
         for i, w in enumerate(wals):
             region = self._replay(w)
             if i < len(wals) - 1:
@@ -171,7 +146,7 @@ class HybridLogStore(SegmentedStore):
             self._wal_size = self.fs.size(self.files.path(wals[-1]))
         else:
             self._edit([self._new_wal()])
-        self._open_done()
+        self.segments.open_done(self.LANES)
 
     def _replay(self, name: str) -> dict[bytes, bytes | None]:
         """The records of WAL ``name`` as a region (last record per key), truncating a torn tail."""
@@ -205,12 +180,13 @@ class HybridLogStore(SegmentedStore):
         if self._wal_fd is not None:
             self.fs.close(self._wal_fd)
             self._wal_fd = None
-        self._drop_segments()
+        self.segments.drop()
 
     def _abandon(self) -> None:
         super()._abandon()
-        if hasattr(self, "_segs"):
-            self._drop_segments()
+        segments: Segments | None = getattr(self, "segments", None)
+        if segments is not None:
+            segments.drop()
 
     # ------------------------------------------------------------------ the WAL
 
@@ -302,11 +278,11 @@ class HybridLogStore(SegmentedStore):
                 if flushing:
                     v = self._flushing_get(flushing, key)
                 if v is _MISSING:
-                    return self._disk_get(key, default)  # type: ignore[no-any-return]
+                    return self.segments.get(key, default)  # type: ignore[no-any-return]
         return default if v is None else v
 
     @staticmethod
-    def _flushing_get(flushing: tuple[_Region, ...], key: bytes) -> Any:
+    def _flushing_get(flushing: tuple[Region, ...], key: bytes) -> Any:
         for region in reversed(flushing):
             for d in reversed(region.dicts):
                 v = d.get(key, _MISSING)
@@ -331,10 +307,10 @@ class HybridLogStore(SegmentedStore):
         the regions' log file is installed."""
         if self._wal_fd is None or self._wal_size < self._wal_max:
             return
-        if self._handoffs >= MAX_HANDOFFS:
+        if self.handoffs.full:
             # wait (releasing the lock) for a hand-off slot; meanwhile another writer may
             # flush, or close may (then this write is in its log file: no error to raise)
-            self.tasks.wait(lambda: self._handoffs < MAX_HANDOFFS or self._closed)
+            self.handoffs.wait_slot()
             if (
                 self._closed
                 or self._wal_fd is None
@@ -350,7 +326,7 @@ class HybridLogStore(SegmentedStore):
         """(lock held) Move the read-only boundary to the tail; hand the read-only region
         off once it holds ``flush_interval`` records."""
         if len(self._ro) + len(self._mut) >= self._flush_at:
-            self._reserve_handoff()  # first: waiting releases the lock
+            self.handoffs.reserve()  # first: waiting releases the lock
         self._ro.update(self._mut)
         if self._fresh is not None:
             self._fresh.update(self._mut)
@@ -373,12 +349,12 @@ class HybridLogStore(SegmentedStore):
         """(lock held) Both in-memory regions become one log file: handed off, or written
         here with ``inline`` (after every earlier hand-off, waited for without the lock)."""
         if inline:
-            self._drain_handoffs()  # first: waiting releases the lock
+            self.handoffs.drain()  # first: waiting releases the lock
             dicts = [d for r in self._flushing for d in r.dicts] + [self._ro, self._mut]
             wals = [w for r in self._flushing for w in r.wals]
             self._flushing = ()
         else:
-            self._reserve_handoff()  # first: waiting releases the lock
+            self.handoffs.reserve()  # first: waiting releases the lock
             dicts = [self._ro, self._mut]
             wals = []
         if self._wal_fd is not None:
@@ -391,7 +367,7 @@ class HybridLogStore(SegmentedStore):
             self._fresh = {}
         if inline:
             seq = self.files.next_seq()
-            region = _Region(dicts, wals, self._segment_name(0, seq), seq)
+            region = Region(dicts, wals, self.segments.segment_name(0, seq), seq)
             self._flushing = (*self._flushing, region)
             self._write_region(region)
         else:
@@ -399,45 +375,48 @@ class HybridLogStore(SegmentedStore):
 
     def _start_region(self, dicts: list[dict[bytes, bytes | None]], wals: list[str]) -> None:
         seq = self.files.next_seq()
-        region = _Region(dicts, list(wals), self._segment_name(0, seq), seq)
+        region = Region(dicts, list(wals), self.segments.segment_name(0, seq), seq)
         self._wals = [w for w in self._wals if w not in region.wals]
         self._flushing = (*self._flushing, region)  # readable from now until installed
-        region.future = self._hand_off(lambda: self._write_region(region, in_background=True))
+        region.future = self.handoffs.hand_off(
+            functools.partial(self._write_region, region, in_background=True)
+        )
 
-    def _write_region(self, region: _Region, *, in_background: bool = False) -> None:
+    def _write_region(self, region: Region, *, in_background: bool = False) -> None:
         """Write ``region`` as a log file + hint (no lock: the files are new; in the
         background process when ``in_background``), then install it with one version
         edit and drop it from memory."""
         merged: dict[bytes, bytes | None] = {}
         for d in region.dicts:
             merged.update(d)
-        index = self._index
-        exact = self._pending is None
-        items = self._region_items(merged, index, exact)  # expired values dropped there
+        items = self.segments.region_items(merged)  # expired values dropped there
         try:
-            size, keys, addrs, tombs = self._write_segment(
+            _size, keys, addrs, tombs = self.segments.write_segment(
                 region.name, region.seq, items, in_background=in_background
             )
         except BaseException:
             region.failed = True  # stays in memory (and its WALs on disk); close or flush() retries
             raise
         with self._lock:
-            seg = Segment(region.name, 0, self.files.path(region.name))
-            seg.open_sealed(self.fs)
-            # the commit point
-            self._edit(
-                [FileEntry(seg.name, "segment", 0), FileEntry(hint_name(seg.name), "hint", 0)],
-                region.wals,
-            )
-            self._sealed.append(seg)
-            self._segs[seg.seq] = seg
-            index = self._index
-            index.update(zip(keys, addrs, strict=True))
-            for k in tombs:
-                self._forget(k)
+            # the commit point: the log file in, the WALs it covers out; then the index
+            self.segments.add_written(region.name, keys, addrs, tombs, region.wals)
             self._flushing = tuple(r for r in self._flushing if r is not region)  # after the index
             self._flushes += 1
-            self._kick()
+            self.segments.kick()
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every live pair once (values read in chunks, so memory stays bounded)."""
+        self.check_open()
+        return pairs(self, self._keys(None))
+
+    def _prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The in-memory keys walked, only the matches' values read."""
+        return pairs(self, self._keys(prefix))
+
+    def _keys(self, prefix: bytes | None) -> list[bytes]:
+        self.segments.await_index()
+        with self._lock:
+            return levels.live_keys(self.segments.index, prefix, self._memory_keys())
 
     def _memory_keys(self) -> Iterable[bytes]:
         return (
@@ -479,7 +458,7 @@ class HybridLogStore(SegmentedStore):
         extra += [FileEntry(t.name, "wal") for t in self._tails if t.name not in covered]
         pending = [r.future for r in self._flushing if r.future is not None]
         pending += [t.future for t in self._tails if t.future is not None and t.name not in covered]
-        return self._frozen([*active, *covered], extra, pending)
+        return self.segments.frozen([*active, *covered], extra, pending)
 
     def _start_tail(self) -> None:
         """(lock held, ``sync="none"``) Seal the records of the regions turned read-only
@@ -493,12 +472,12 @@ class HybridLogStore(SegmentedStore):
         merged = self._fresh
         assert merged is not None
         self._fresh = {}
-        tail = _Tail(f"{self.PREFIX}-w-{self.files.next_seq():010d}.wal", merged)
+        tail = Tail(f"{self.PREFIX}-w-{self.files.next_seq():010d}.wal", merged)
         self._wals.append(tail.name)
         self._tails = (*self._tails, tail)
-        tail.future = self._hand_off(lambda: self._write_tail(tail))
+        tail.future = self.handoffs.hand_off(functools.partial(self._write_tail, tail))
 
-    def _write_tail(self, tail: _Tail) -> None:
+    def _write_tail(self, tail: Tail) -> None:
         """(maintainer, no lock) Write ``tail``, then name it in the version: all or nothing."""
         path = self.files.path(tail.name)
         items = list(tail.records.items())
@@ -520,7 +499,7 @@ class HybridLogStore(SegmentedStore):
             self._tails = tuple(t for t in self._tails if t is not tail)
             self._edit([FileEntry(tail.name, "wal")])  # a region covering it removes it again
 
-    def _tail_failed(self, tail: _Tail) -> None:
+    def _tail_failed(self, tail: Tail) -> None:
         """(lock held) ``tail`` could not be written: the snapshot that sealed it fails (its
         upload waits for it), and its keys go back into the next tail — with the values
         the read-only region holds now — unless a region handed off since covers them."""
@@ -537,7 +516,7 @@ class HybridLogStore(SegmentedStore):
 
     def _install(self, entries: list[FileEntry], replaced: frozenset[str] = frozenset()) -> None:
         wals = sorted((e for e in entries if e.kind == "wal"), key=lambda e: e.seq)
-        new = self._install_segments([e for e in entries if e.kind != "wal"])
+        new = self.segments.install([e for e in entries if e.kind != "wal"])
         self._mut = {}
         self._ro = {}
         self._fresh = {} if self.sync == "none" else None
@@ -557,8 +536,8 @@ class HybridLogStore(SegmentedStore):
     # ------------------------------------------------------------------ stats
 
     def _stats(self) -> dict[str, Any]:
-        s = self._segment_stats()
-        index = self._index
+        s = self.segments.stats()
+        index = self.segments.index
         mem: dict[bytes, bytes | None] = {}
         for r in self._flushing:
             for d in r.dicts:
@@ -589,3 +568,17 @@ class HybridLogStore(SegmentedStore):
             files=self.files.version.names(),
         )
         return s
+
+    # ------------------------------------------------------------------ background work
+
+    def _idle(self) -> bool:
+        return self.segments.idle()
+
+    def _kick(self) -> None:
+        self.segments.kick()
+
+    def _compact(self) -> None:
+        """(lock held) Both regions into a log file, as :meth:`flush` does, then every log
+        file merged into one (:meth:`Segments.compact`)."""
+        self.flush()
+        self.segments.compact()

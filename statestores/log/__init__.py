@@ -1,17 +1,21 @@
-"""Log segments and what AppendLog and HybridLog share about them.
+"""Log segments and what AppendLog and HybridLog hold of them.
 
 ``segment`` (one log file, writing and scanning it), ``merge`` (the background merge),
 ``index`` (the hash index before it is complete, and redirects after a merge),
-``sealed`` (the sealed segments, their hints and the hash index over them), ``store``
-(:class:`SegmentedStore`: hand-offs, reads, merges, on top of ``sealed``).
+``levels`` (the order of sealed segments: which a merge takes, where its output goes),
+``sealed`` (:class:`Segments`: the sealed segments, their hash index and merges, a part
+the engine holds), ``store`` (:class:`Handoffs`, the engine's work handed to the
+maintainer; :func:`pairs`), ``host`` (what those parts need of the engine, declared).
 """
 
 from __future__ import annotations
 
 from .merge import MergeFailed, merge_segments
+from .sealed import Segments
 from .segment import Segment, hint_name, write_records
-from .store import SegmentedStore
+from .store import Handoffs, pairs
 
 __all__ = [
-    "Segment", "SegmentedStore", "MergeFailed", "merge_segments", "write_records", "hint_name",
+    "Segment", "Segments", "Handoffs", "pairs", "MergeFailed", "merge_segments",
+    "write_records", "hint_name",
 ]

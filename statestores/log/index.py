@@ -12,6 +12,7 @@ import bisect
 import threading
 
 from .. import hints
+from ..hints import OFFSET_BITS
 from .segment import Segment
 
 __all__ = ["PendingIndex", "Redirect", "BUILD_SLICE"]
@@ -34,6 +35,28 @@ class Redirect:
         self.pos = 0
         self.gone = gone
         self.inputs = inputs
+
+    def step(self, index: dict[bytes, int], limit: int | None) -> bool:
+        """(lock held) Redirect up to ``limit`` entries of ``index`` from the merge inputs
+        to the output (``None``: all); True when every one is done."""
+        get = index.get
+        gone = self.gone
+        n = len(self.keys)
+        total = n + len(self.drop)
+        end = total if limit is None else min(total, self.pos + limit)
+        if self.pos < n:
+            stop = min(end, n)
+            for k, a in zip(self.keys[self.pos : stop], self.addrs[self.pos : stop], strict=True):
+                cur = get(k)
+                if cur is not None and (cur >> OFFSET_BITS) in gone:
+                    index[k] = a
+        if end > n:
+            for k in self.drop[max(self.pos, n) - n : end - n]:
+                cur = get(k)
+                if cur is not None and (cur >> OFFSET_BITS) in gone:
+                    del index[k]
+        self.pos = end
+        return end >= total
 
 
 class PendingIndex:

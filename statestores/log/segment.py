@@ -24,7 +24,7 @@ from ..fs import FileSystem
 from ..hints import OFFSET_BITS
 from ..version import seq_of
 
-__all__ = ["Segment", "write_records", "hint_name", "scan_segment"]
+__all__ = ["Segment", "write_records", "hint_name", "scan_segment", "hint_scanned"]
 
 _HEADER = records.HEADER
 _BODY_PACK = struct.Struct("<IIB").pack
@@ -264,3 +264,19 @@ def write_hint(
         os.path.join(directory, hint_name(name)), hints.encode(seq, size, keys, addrs, tombs),
         sync=fsync,
     )
+
+
+def hint_scanned(
+    fs: FileSystem, directory: str, name: str, seq: int, *, truncate_torn: bool, fsync: bool,
+    skip_empty: bool = False,
+) -> int:
+    """Scan segment ``name`` and write its hint; its valid size (``skip_empty``: an empty
+    one gets no hint)."""
+    size, alive, tombs = scan_segment(
+        fs, os.path.join(directory, name), seq, truncate_torn=truncate_torn
+    )
+    if size or not skip_empty:
+        keys = sorted(alive)
+        addrs = array.array("Q", map(alive.__getitem__, keys))
+        write_hint(fs, directory, name, seq, size, keys, addrs, sorted(tombs), fsync)
+    return size

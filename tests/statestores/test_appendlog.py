@@ -22,8 +22,9 @@ import remotes
 import statestores
 from statestores import background
 from statestores import log as logfile
+from statestores.appendlog import AppendLogStore
+from statestores.hybridlog import HybridLogStore
 from statestores.log import sealed
-from statestores.log import store as logstore
 from statestores.maintainer import Maintainer
 from statestores.testing import FaultyFS, InjectedFault, inline_post
 
@@ -70,7 +71,7 @@ def apply_all(s: statestores.Store, ops: list[tuple[bytes, bytes | None]], model
 def test_rolls_and_merges_keep_every_value(
     tmp_path: Path, inline_merges: None, monkeypatch: pytest.MonkeyPatch, chunk: int
 ) -> None:
-    monkeypatch.setattr(logstore, "REDIRECT_CHUNK", chunk)  # 3: index redirects take many steps
+    monkeypatch.setattr(sealed, "REDIRECT_CHUNK", chunk)  # 3: index redirects take many steps
     model: dict[bytes, bytes] = {}
     with statestores.open("appendlog", tmp_path, **TINY) as s:
         apply_all(s, random_ops(1, 2000), model)
@@ -374,7 +375,7 @@ def test_appendlog_matches_a_dict(inline_merges: None) -> None:
 
 @pytest.mark.parametrize("engine", ["appendlog", "hybridlog"])
 def test_background_merges_while_reading_and_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
-    monkeypatch.setattr(logstore, "REDIRECT_CHUNK", 64)
+    monkeypatch.setattr(sealed, "REDIRECT_CHUNK", 64)
     opts: dict[str, Any] = (
         {"threshold": 4096, "max_runs_per_level": 2}
         if engine == "appendlog"
@@ -470,8 +471,8 @@ def test_failed_merges_leave_the_store_intact_and_back_off(tmp_path: Path, monke
 
 def pending(s: statestores.Store) -> object:
     """The interim (hint-based) index of a log-structured store, None once the hash index is built."""
-    assert isinstance(s, logfile.SegmentedStore)
-    return s._pending
+    assert isinstance(s, AppendLogStore | HybridLogStore)
+    return s.segments.pending
 
 
 @pytest.fixture
@@ -480,7 +481,7 @@ def lazy_index(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     on its own: the store must answer everything from the sorted hints (plus the writes
     since open) until something needs the full index and builds it in place."""
     monkeypatch.setattr(sealed, "LAZY_INDEX_KEYS", 0)
-    monkeypatch.setattr(logfile.SegmentedStore, "_start_index_build", lambda self, pending: None)
+    monkeypatch.setattr(sealed.Segments, "_start_index_build", lambda self, pending: None)
     yield
 
 
@@ -552,5 +553,5 @@ def test_appendlog_matches_a_dict_when_the_index_is_adopted_at_once(
     """The other extreme: the builder finishes before open goes on (e.g. before the
     active segment is replayed)."""
     monkeypatch.setattr(sealed, "LAZY_INDEX_KEYS", 0)
-    monkeypatch.setattr(logfile.SegmentedStore, "_start_index_build", logfile.SegmentedStore._index_builder)
+    monkeypatch.setattr(sealed.Segments, "_start_index_build", sealed.Segments._index_builder)
     run_machine(machine("appendlog", TINY))

@@ -261,7 +261,7 @@ def test_a_failed_merge_cycle_raises_and_keeps_the_data(
         raise OSError("disk full (injected)")
 
     monkeypatch.setattr("statestores.lsm.merge.merge_runs", broken)
-    monkeypatch.setattr("statestores.log.store.merge_segments", broken)
+    monkeypatch.setattr("statestores.log.sealed.merge_segments", broken)
     with statestores.open(engine, tmp_path / "db", fs=FaultyFS(), **LAYERED[engine]) as db:
         db.put(b"k", expiry.encode(PAST))
         db.put(b"p", b"plain")

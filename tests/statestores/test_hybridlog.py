@@ -64,7 +64,7 @@ def test_regions_are_written_in_the_background_process(tmp_path: Path, monkeypat
     """A handed-off region (and a snapshot's freeze) becomes its log file in the ``flush``
     background process: encoding every record never holds the serving process's GIL."""
     from statestores import background
-    from statestores.log import store as log_store
+    from statestores.log import sealed as log_sealed
 
     if background.mode() != "process":
         pytest.skip("background mode 'thread' (SFAAS_BACKGROUND, set_mode) runs background work in this process")
@@ -75,7 +75,7 @@ def test_regions_are_written_in_the_background_process(tmp_path: Path, monkeypat
         lanes.append((fn.__name__, lane))
         return real_submit(fn, *args, lane=lane, local=local)
 
-    monkeypatch.setattr(log_store.background, "submit", recording_submit)
+    monkeypatch.setattr(log_sealed.background, "submit", recording_submit)
     with statestores.open("hybridlog", tmp_path, ro_lag_interval=4, flush_interval=8) as s:
         for i in range(12):
             s.put(b"k%d" % i, b"v%d" % i)

@@ -19,7 +19,7 @@ from statestores.snapshots import SnapshotState
 from statestores.tasks import Tasks
 
 #: engine → its levels of inheritance within statestores (the engine class counts as 1).
-DEPTH = {"lsm": 2, "appendlog": 4, "hybridlog": 4, "memonly": 2}
+DEPTH = {"lsm": 2, "appendlog": 2, "hybridlog": 2, "memonly": 2}
 
 
 def _depth(cls: type) -> int:
