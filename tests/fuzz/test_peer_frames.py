@@ -219,15 +219,23 @@ async def test_an_oversized_frame_is_refused_before_its_body_arrives() -> None:
         await asyncio.wait_for(chan.recv(), 1)
 
 
-def _peer_frames(draw: st.DrawFn) -> list[bytes]:
-    """A peer's frames: valid ones (calls and results to serve), possibly ending in a
-    hostile frame, or a hostile first frame (instead of the Hello)."""
+def _peer_frames(draw: st.DrawFn) -> tuple[int, list[bytes]]:
+    """The receiver's epoch, and a peer's frames: valid ones (calls and results to serve;
+    in ``valid`` mode one call of this epoch from the channel's peer first, which the
+    handler serves), possibly ending in a hostile frame, or a hostile first frame (instead
+    of the Hello)."""
+    epoch = draw(st.integers(0, 3))
     mode = draw(st.sampled_from(["valid", "valid", "hostile-last", "hostile-first", "impostor",
                                  "short"]))
     hello = wire.encode_frame([wire.Hello(draw(st.sampled_from([1] * 9 + [0, 2, -1])))])
     if mode == "hostile-first":
         hello = draw(st.one_of(frames_of([wire.Hello]), frame_payloads(PEER_CLASSES)))
     rest = draw(st.lists(frames_of(PEER_CLASSES), max_size=4))
+    if mode == "valid":  # (random calls name another epoch almost always: one that does not)
+        call = draw(message_of([wire.Call]))
+        assert isinstance(call, wire.Call)
+        call.epoch, call.src, call.recovery, call.fallback, call.depth = epoch, 1, 0, False, 0
+        rest.insert(0, wire.encode_frame([call]))
     if mode == "hostile-last":
         rest.append(draw(frame_payloads(PEER_CLASSES)))
     if mode == "impostor":  # worker 1's channel carrying a call from another worker
@@ -238,7 +246,8 @@ def _peer_frames(draw: st.DrawFn) -> list[bytes]:
     if mode == "short":  # a message missing fields
         cls = draw(st.sampled_from(PEER_CLASSES))
         rest.append(msgpack.packb([[cls.TAG, *range(draw(st.integers(0, 2)))]]))
-    return [wire.encode_frame([wire.Hello(1)]) if mode in ("impostor", "short") else hello, *rest]
+    return epoch, [wire.encode_frame([wire.Hello(1)]) if mode in ("impostor", "short") else hello,
+                   *rest]
 
 
 peer_inputs = st.composite(_peer_frames)
@@ -253,9 +262,10 @@ def worker_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     min_accepted=0.04,
                     stages=["not valid msgpack", "needs N fields", "says it is worker", "sent a Call as worker"])
 @fuzz(share=0.2)
-@given(frames=peer_inputs(), epoch=st.integers(0, 3))
-async def test_worker_peer_handler_serves_or_refuses(frames: list[bytes], epoch: int, worker_home: Path,
+@given(inputs=peer_inputs())
+async def test_worker_peer_handler_serves_or_refuses(inputs: tuple[int, list[bytes]], worker_home: Path,
                                                      outcomes: Outcomes) -> None:
+    epoch, frames = inputs
     w = bare_worker(str(worker_home / "w"))
     try:
         w.state.engine.begin(epoch)  # type: ignore[union-attr]

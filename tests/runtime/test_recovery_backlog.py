@@ -28,7 +28,8 @@ import pytest
 
 from launcher import cluster
 from sfaas.client import Client
-from tests.runtime.test_recovery import chaos_settings, log_tails
+from tests.runtime.test_recovery import PARTITIONS, chaos_settings, log_tails
+from tests.runtime.test_rounds import _read_topic
 
 DEPOSITS = 60_000
 ACCOUNTS = 500
@@ -56,6 +57,15 @@ def test_a_recovery_reading_sixty_thousand_requests_back_ends_and_keeps_each_onc
                 await asyncio.gather(*(one(i) for i in range(DEPOSITS)))
 
         asyncio.run(deposits())
+
+        async def committed() -> int:  # (a reply transaction stays open reply_commit_ms:
+            for _ in range(100):         # the kill must find every reply committed)
+                raw = await _read_topic(cs, cs.topics("ledger")[1], PARTITIONS, committed=True)
+                if (n := sum(len(recs) for recs in raw.values())) >= DEPOSITS:
+                    return n
+                await asyncio.sleep(0.1)
+            return n
+        assert asyncio.run(committed()) == DEPOSITS
         victim = next(p for p in cluster.ps(s) if p.role == "worker" and p.alive)
         os.kill(victim.pid, signal.SIGKILL)
         killed = time.monotonic()
