@@ -95,6 +95,9 @@ async def _egress_duplicates(cs: Settings, rids: list[str]) -> tuple[int, int]:
     from sfaas.runtime.wire import Reply
 
     topic = cs.topics("bank")[1]
+    # (a worker's last reply transaction commits within reply_commit_ms of its last reply;
+    # read_committed sees it only then)
+    await asyncio.sleep(cs.reply_commit_ms / 1000 + 0.5)
     raw = await read_range(cs.kafka, {TopicPartition(topic, p): 0 for p in range(cs.partitions)},
                            committed=True)
     seen: dict[str, int] = {}
