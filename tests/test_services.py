@@ -144,7 +144,10 @@ def _listening(pid: int) -> set[tuple[str, int]]:
     """The (address, port) TCP sockets process ``pid`` listens on (Linux /proc)."""
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
-        target = os.readlink(fd)
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:  # (closed since the listing: a connection, not a listener)
+            continue
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
     out = set()
