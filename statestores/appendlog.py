@@ -44,7 +44,7 @@ from . import records
 from .base import Store
 from .checks import MAX_KEY_BYTES, Option, check_key, check_ops, check_put
 from .fs import FileSystem
-from .log import Handoffs, Segment, Segments, levels, pairs
+from .log import Handoffs, Segment, Segments, levels, live_pairs
 from .log.segment import hint_name, scan_segment
 from .snapshot_info import Frozen as _Frozen
 from .version import FileEntry
@@ -332,16 +332,12 @@ class AppendLogStore(Store):
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         """Every live pair once (values read in chunks, so memory stays bounded)."""
         self.check_open()
-        return pairs(self, self._keys(None))
+        return live_pairs(self, self.segments, None, tuple)
 
     def _prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """The in-memory keys walked, only the matches' values read."""
-        return pairs(self, self._keys(prefix))
+        return live_pairs(self, self.segments, prefix, tuple)
 
-    def _keys(self, prefix: bytes | None) -> list[bytes]:
-        self.segments.await_index()
-        with self._lock:
-            return levels.live_keys(self.segments.index, prefix, ())
 
     def flush(self) -> None:
         self.check_open()

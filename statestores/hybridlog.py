@@ -55,7 +55,7 @@ from . import background, records
 from .base import MAX_KEY_BYTES, Frozen, Option, Store, check_key, check_ops, check_put
 from .errors import BackgroundBusy
 from .fs import FileSystem
-from .log import Handoffs, Segments, levels, pairs
+from .log import Handoffs, Segments, levels, live_pairs
 from .log.regions import Region, Tail, write_tail
 from .log.segment import hint_name
 from .version import FileEntry
@@ -407,16 +407,12 @@ class HybridLogStore(Store):
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         """Every live pair once (values read in chunks, so memory stays bounded)."""
         self.check_open()
-        return pairs(self, self._keys(None))
+        return live_pairs(self, self.segments, None, self._memory_keys)
 
     def _prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """The in-memory keys walked, only the matches' values read."""
-        return pairs(self, self._keys(prefix))
+        return live_pairs(self, self.segments, prefix, self._memory_keys)
 
-    def _keys(self, prefix: bytes | None) -> list[bytes]:
-        self.segments.await_index()
-        with self._lock:
-            return levels.live_keys(self.segments.index, prefix, self._memory_keys())
 
     def _memory_keys(self) -> Iterable[bytes]:
         return (

@@ -1,7 +1,8 @@
 """What the parts of an AppendLog or HybridLog store need of the store holding them,
 declared: :class:`SegmentsHost` (:class:`~.sealed.Segments`), :class:`HandoffHost`
 (:class:`~.store.Handoffs`), :class:`Readable` (:func:`~.store.pairs`), and
-:class:`FoldedOwner`, what a merge of ``wal`` inputs tells their owner. The engines
+:class:`FoldedOwner`, what a merge of ``wal`` inputs tells their owner; and
+:class:`Indexed`, what :func:`~.store.live_pairs` needs of the sealed segments. The engines
 implement them (``Store`` gives all but :class:`FoldedOwner`); the parts call nothing
 else of the store.
 """
@@ -17,7 +18,7 @@ from typing import Protocol
 from ..version import FileEntry, VersionEdit
 from .segment import Segment
 
-__all__ = ["HandoffHost", "SegmentsHost", "FoldedOwner", "Readable", "MergeJob"]
+__all__ = ["HandoffHost", "SegmentsHost", "FoldedOwner", "Readable", "Indexed", "MergeJob"]
 
 
 class HandoffHost(Protocol):
@@ -67,6 +68,17 @@ class Readable(Protocol):
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         """The value of ``key``, or ``default`` if it has none."""
+
+
+class Indexed(Protocol):
+    """What :func:`~.store.live_pairs` needs of the sealed segments
+    (:class:`~.sealed.Segments`): their hash index, once complete."""
+
+    @property
+    def index(self) -> dict[bytes, int]: ...
+
+    def await_index(self) -> None:
+        """Wait until the index is complete (it is built in the background on open)."""
 
 
 @dataclass

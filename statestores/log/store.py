@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..tasks import Tasks
-from .host import HandoffHost, Readable
+from . import levels
+from .host import HandoffHost, Indexed, Readable
 
 log = logging.getLogger("statestores")
 
@@ -100,3 +101,15 @@ def pairs(store: Readable, keys: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
         for k, v in chunk:
             if v is not _MISSING and v is not None:  # (never None: the default stands for none)
                 yield k, v
+
+
+def live_pairs(store: Readable, segments: Indexed, prefix: bytes | None,
+               memory: Callable[[], Iterable[bytes]]) -> Iterator[tuple[bytes, bytes]]:
+    """The live pairs of ``segments``' index and of the keys ``memory()`` gives (those the
+    store holds in memory, perhaps deleted), each once; with a ``prefix``, only its
+    matches, sorted. The keys are taken now, under the store lock; their values are read
+    as the pairs are walked (:func:`pairs`)."""
+    segments.await_index()
+    with store.lock:
+        keys = levels.live_keys(segments.index, prefix, memory())
+    return pairs(store, keys)

@@ -98,7 +98,7 @@ class LSMStore(Store):
         self._runs: tuple[RunReader, ...] = ()  # newest first, across levels
         self._wal = Wals(self.fs, self.files, self.tasks, fsync=self._fsync)
         self._cache = BlockCache(o["cache_bytes"])
-        self._merges = Merges(self.fs, self.files, self.tasks, self._run_opts)
+        self._merges = Merges(self.fs, self.files, self.tasks, self._run_opts, self)
         self._flushes = 0
         # The plain FileSystem's write is os.write plus a short-write loop; calling
         # os.write directly on the put path saves a call and a memoryview. Any other
@@ -445,7 +445,7 @@ class LSMStore(Store):
         """(lock held, no merge running) :meth:`Merges.start` for this store."""
         return self._merges.start(
             inputs, target, drop=drop, horizon=self._horizon, bg_fs=self._bg_fs,
-            local=self.local_background, on_done=self._finish_merge,
+            local=self.local_background,
         )
 
     def _compact(self) -> None:
@@ -476,8 +476,9 @@ class LSMStore(Store):
             if not self._paused and not self._closed:
                 self._kick()
 
-    def _finish_merge(self, fut: concurrent.futures.Future[dict[str, Any]]) -> None:
-        """(maintainer) Install a finished merge: one edit adds the output, removes the inputs."""
+    def merge_ended(self, fut: concurrent.futures.Future[dict[str, Any]]) -> None:
+        """(maintainer thread; ``MergesHost``) Install a finished merge: one edit adds the
+        output, removes the inputs."""
         with self._lock:
             try:
                 self._install_merge(fut)

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from .. import background
 from ..errors import BackgroundBusy
@@ -22,7 +21,7 @@ from ..tasks import Tasks
 from . import merge as merge_mod
 from .runfile import RunReader
 
-__all__ = ["MergeJob", "Merges"]
+__all__ = ["MergeJob", "Merges", "MergesHost"]
 
 log = logging.getLogger("statestores.lsm")
 
@@ -36,17 +35,26 @@ class MergeJob(NamedTuple):
     name: str
 
 
+class MergesHost(Protocol):
+    """What :class:`Merges` needs of the store holding it."""
+
+    def merge_ended(self, fut: concurrent.futures.Future[dict[str, Any]]) -> None:
+        """(maintainer thread) The merge ``fut`` ended: install it (:meth:`Merges.take`)."""
+
+
 class Merges:
     """The one merge of an lsm store in flight, if any, and what merges did so far."""
 
     def __init__(
-        self, fs: FileSystem, files: FileSet, tasks: Tasks, run_opts: dict[str, Any]
+        self, fs: FileSystem, files: FileSet, tasks: Tasks, run_opts: dict[str, Any],
+        host: MergesHost,
     ) -> None:
         #: constant after construction
         self.fs = fs
         self.files = files
         self.tasks = tasks
         self.run_opts = run_opts
+        self._host = host
         self.job: MergeJob | None = None
         self.done = 0
         self.errors = 0
@@ -61,11 +69,10 @@ class Merges:
         horizon: int | None,
         bg_fs: FileSystem | None,
         local: bool,
-        on_done: Callable[[concurrent.futures.Future[dict[str, Any]]], None],
     ) -> bool:
         """(lock held, no merge running) Merge ``inputs`` (oldest first) into one run of
-        level ``target`` in the background; ``on_done(future)`` runs on the maintainer
-        thread when it ends. False if the lane is full. ``drop``: nothing older than the
+        level ``target`` in the background; the host's ``merge_ended(future)`` runs on the
+        maintainer thread when it ends. False if the lane is full. ``drop``: nothing older than the
         inputs exists, so tombstones — and values expired at ``horizon`` — vanish."""
         assert self.job is None, "one merge at a time"
         name = f"lsm-L{target}-{self.files.next_seq():010d}.run"
@@ -80,7 +87,7 @@ class Merges:
             log.debug("merge of %s postponed: %s", self.files.directory, exc)
             return False
         self.job = MergeJob(fut, target, inputs, name)
-        fut.add_done_callback(self.tasks.on_done(on_done))
+        fut.add_done_callback(self.tasks.on_done(self._host.merge_ended))
         return True
 
     def abandon(self) -> None:
