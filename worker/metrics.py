@@ -34,8 +34,6 @@ from worker.clients import KafkaClients
 from worker.egress import Egress
 from worker.ingress import Ingress
 from worker.links import CoordinatorLink, PeerLinks
-from worker.peers import Peers
-from worker.protocols.rounds import RoundTaker
 from worker.state import WorkerState
 
 if TYPE_CHECKING:
@@ -80,8 +78,7 @@ class WorkerMetrics:
 
     def __init__(
         self, settings: Settings, app_name: str, name: str, state: WorkerState, *, ingress: Ingress,
-        egress: Egress, calls: Peers, links: PeerLinks, uplink: CoordinatorLink,
-        kafka: KafkaClients, rounds: RoundTaker,
+        egress: Egress, links: PeerLinks, uplink: CoordinatorLink, kafka: KafkaClients,
         parts: Mapping[str, Callable[[], dict[str, float]]] | None = None,
     ) -> None:
         self._settings = settings
@@ -90,13 +87,13 @@ class WorkerMetrics:
         self._state = state
         self._ingress = ingress
         self._egress = egress
-        self._calls = calls
         self._links = links
         self._uplink = uplink
         self._kafka = kafka
-        self._rounds = rounds
         #: the counters of parts by name: "world" (``worker.world.World.gauges``), "direct"
-        #: (``worker.direct.DirectIngress.counters``)
+        #: (``worker.direct.DirectIngress.counters``), "rounds"
+        #: (``worker.protocols.rounds.RoundTaker.counters``), "calls"
+        #: (``worker.peers.Peers.gauges``)
         self._parts = dict(parts or {})
         self.latency = Buckets(LATENCY_BOUNDS)
         self.phases = {"execute": Buckets(PHASE_BOUNDS), "commit": Buckets(PHASE_BOUNDS)}
@@ -213,13 +210,14 @@ class WorkerMetrics:
         yield from self._direct_metrics()
         yield from self._ingress_lag()
         yield from store_metrics(st.engine.stores if st.engine is not None else {})
-        if st.engine is not None:  # (the rounds begin with the engine)
+        rounds = self._parts.get("rounds", dict)()
+        if st.engine is not None and rounds:  # (the rounds begin with the engine)
             yield CounterMetricFamily("sfaas_worker_snapshots",
                                       "Snapshot rounds this worker took part in",
-                                      value=self._rounds.taken)
+                                      value=rounds["taken"])
             yield CounterMetricFamily("sfaas_worker_snapshots_failed",
                                       "Snapshot rounds this worker's part failed",
-                                      value=self._rounds.failed)
+                                      value=rounds["failed"])
         yield CounterMetricFamily("sfaas_worker_recoveries",
                                   "Recoveries this worker rolled back for", value=st.recovery)
         yield CounterMetricFamily("sfaas_worker_producer_renewals",
@@ -260,7 +258,7 @@ class WorkerMetrics:
         q.add_metric(["ingress"], len(loop.queue) if loop is not None else 0)
         q.add_metric(["rerun"], loop.sequencer.pending_retries if loop is not None else 0)
         q.add_metric(["egress"], len(self._egress.replies))
-        q.add_metric(["deferred_calls"], self._calls.deferred_n)
+        q.add_metric(["deferred_calls"], self._parts.get("calls", dict)().get("deferred_calls", 0))
         yield q
         yield GaugeMetricFamily("sfaas_worker_in_flight_requests",
                                 "Requests taken from Kafka and not completed (bounded by the "

@@ -19,9 +19,10 @@ port                     needed by                        filled by
 :class:`Room`            fallback                         ``Peers`` (``worker.peers``)
 :class:`CallsSeen`       fallback                         ``World`` (``worker.world``)
 :class:`Votes`           peers                            ``EpochRunner``
-:class:`Commits`         inbox                            ``EpochRunner``
+:class:`Commits`         inbox                            ``EpochCommitter`` (``worker.commits``)
 :class:`Directions`      inbox                            ``Worker`` (``worker.service``)
-:class:`Halting`         quiescer, departures             ``EpochRunner``
+:class:`Halting`         quiescer                         ``Peers``
+:class:`LeaseEnd`        quiescer, departures             ``EpochLeaseHolder`` (the lease)
 :class:`Quiet`           rollback, the rejoin             ``Quiescer`` (``worker.quiesce``)
 :class:`WorldRollback`   rollback, replay                 ``World``
 :class:`AckedReplies`    replay                           ``Egress`` (``worker.egress``)
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from worker.replication import Shipping
 
 __all__ = ["AckedReplies", "CallsSeen", "Commits", "Completions", "Directions", "Divergences",
-           "EngineStarter", "Halting", "HeldReads", "Latency", "PeerSends", "Quiet",
+           "EngineStarter", "Halting", "HeldReads", "Latency", "LeaseEnd", "PeerSends", "Quiet",
            "Rescaled", "Room", "SlowView", "Spawner", "Standbys", "Votes", "WorkArrived",
            "WorldRollback"]
 
@@ -88,6 +89,9 @@ class Spawner(Protocol):
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]: ...
     def add(self, task: asyncio.Future[Any]) -> None: ...
+
+    def cancel(self) -> list[asyncio.Future[Any]]:
+        """Cancel every task running; returns them (to wait for)."""
 
 
 class Room(Protocol):
@@ -176,11 +180,15 @@ class Rescaled(Protocol):
         """The direct requests ``rids`` of partitions leaving were dropped."""
 
 
-class Halting(Protocol):
-    """The epochs, as a recovery or a rescale stops them."""
+class LeaseEnd(Protocol):
+    """The epochs' lease, as a recovery or a rescale ends it."""
 
     def end_lease(self) -> None:
         """No epoch begins on its own any more."""
+
+
+class Halting(Protocol):
+    """The epochs' executions and calls, as a recovery stops them."""
 
     async def halt(self) -> None:
         """Cancel every execution and call in flight; forget the fallback's held messages."""

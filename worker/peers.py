@@ -69,6 +69,9 @@ class FallbackInbox(Protocol):
 
     def on_finished(self, msg: wire.Finished) -> None: ...
 
+    def reset(self) -> None:
+        """Forget what is held (a recovery)."""
+
 
 class PeersWorld(Protocol):
     """What calls need of ``worker.world.World``: the journals calls carry, and where
@@ -136,6 +139,20 @@ class Peers:
         for fut in self._calls.values():
             if not fut.done():
                 fut.cancel()
+
+    def gauges(self) -> dict[str, float]:
+        """What ``worker.metrics`` shows of the calls: those deferred."""
+        return {"deferred_calls": self.deferred_n}
+
+    async def halt(self) -> None:
+        """Cancel every execution and call in flight, wait for them; forget the fallback
+        phase's held messages (a recovery starts from a quiet worker;
+        ``worker.needs.Halting``)."""
+        running = self._tasks.cancel()
+        self.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        self.reset()
+        self._fallback.reset()
 
     def reset(self) -> None:
         """Forget every call in flight, once the epoch's tasks ended (a recovery: their

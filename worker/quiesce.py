@@ -14,7 +14,7 @@ import logging
 from worker.direct import DirectIngress
 from worker.egress import Egress
 from worker.ingress import Ingress
-from worker.needs import Halting
+from worker.needs import Halting, LeaseEnd
 from worker.state import WorkerState
 from worker.world import World
 
@@ -27,10 +27,11 @@ class Quiescer:
     """Stops ingest and every execution in flight; waits until the replies already made are
     acknowledged (``worker.needs.Quiet``)."""
 
-    def __init__(self, state: WorkerState, epochs: Halting, ingress: Ingress,
-                 direct: DirectIngress, egress: Egress) -> None:
+    def __init__(self, state: WorkerState, lease: LeaseEnd, halting: Halting,
+                 ingress: Ingress, direct: DirectIngress, egress: Egress) -> None:
         self._state = state
-        self._epochs = epochs
+        self._lease = lease
+        self._halting = halting
         self._ingress = ingress
         self._direct = direct
         self._egress = egress
@@ -38,10 +39,10 @@ class Quiescer:
     async def quiesce(self) -> None:
         """Stop ingest and every execution in flight; wait until the replies already made
         are acknowledged (recovery starts from a quiet worker)."""
-        self._epochs.end_lease()  # no epoch begins on its own any more
+        self._lease.end_lease()  # no epoch begins on its own any more
         await self._ingress.pause()
         self._direct.rollback()  # (its clients send again what has no answer)
-        await self._epochs.halt()
+        await self._halting.halt()
         self._state.drop_replays()
         try:
             await self._egress.durable()
@@ -55,13 +56,13 @@ class Departures:
     that their lease is over, the world that stores moved, the direct ingress which of its
     requests were dropped."""
 
-    def __init__(self, epochs: Halting, world: World, direct: DirectIngress) -> None:
-        self._epochs = epochs
+    def __init__(self, lease: LeaseEnd, world: World, direct: DirectIngress) -> None:
+        self._lease = lease
         self._world = world
         self._direct = direct
 
     def lease_over(self) -> None:
-        self._epochs.end_lease()
+        self._lease.end_lease()
 
     def moved(self) -> None:
         self._world.moved()

@@ -3,7 +3,7 @@
 Life of a worker: register with the coordinator (``worker.membership``), receive its slot
 and the membership, connect to every peer, assign itself its ingress partitions, then
 follow the coordinator (``worker.inbox``): epochs (``worker.epochs``: Begin → execute →
-Report → Commit, or leased, ``worker.protocols.lease``), snapshot rounds
+Report; ``worker.commits``: Commit; or leased, ``worker.protocols.lease``), snapshot rounds
 (``worker.protocols.rounds``), recoveries (``worker.protocols.recovery``) and rescales
 (``worker.protocols.rescale``).
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from typing import Any
 
 from sfaas.app import App
 from sfaas.errors import EXIT_RETIRED, ClusterError
@@ -36,6 +37,7 @@ from sfaas.runtime.state import PartitionStores
 from sfaas.runtime.txn.engine import Engine
 from statestores import background
 from worker.clients import KafkaClients
+from worker.commits import EpochCommitter
 from worker.cuts import RoundCut
 from worker.direct import DirectIngress
 from worker.egress import Egress
@@ -50,6 +52,7 @@ from worker.membership import Membership
 from worker.metrics import WorkerMetrics
 from worker.peers import Peers
 from worker.protocols.fallback import CrossFallback
+from worker.protocols.lease import EpochLeaseHolder
 from worker.protocols.reads import ReadServer
 from worker.protocols.recovery import Recovery, RollBack
 from worker.protocols.replay import Replay
@@ -72,6 +75,8 @@ from worker.startup import (
 )
 from worker.state import WorkerState
 from worker.tasks import Tasks
+from worker.traces import EpochTraces
+from worker.watch import EpochWatch
 from worker.world import World
 
 log = logging.getLogger("sfaas.worker")
@@ -118,20 +123,13 @@ class Worker(Service):
         self.rounds = RoundTaker(st.index, self.uplink.send, self._held_by_standbys,
                                  s.snapshot_interval)
         self.metrics = WorkerMetrics(s, app.name, self.name, st, ingress=self.ingress,
-                                     egress=self.egress, calls=self.calls, links=self.links,
-                                     uplink=self.uplink, kafka=self.kafka, rounds=self.rounds,
+                                     egress=self.egress, links=self.links, uplink=self.uplink,
+                                     kafka=self.kafka,
                                      parts={"world": self.world.gauges,
-                                            "direct": self.direct.counters})
-        self.epochs = EpochRunner(
-            s, st, uplink=self.uplink, links=self.links, calls=self.calls,
-            fallback=self.fallback, metrics=self.metrics, tasks=self.tasks, world=self.world,
-            epoch_log=EpochLogWriter(st, self.kafka, self.uplink, self.lease),
-            replies=Replies(s, st, direct=self.direct, completions=self.ingress,
-                            egress=self.egress, metrics=self.metrics, uplink=self.uplink),
-            cut=RoundCut(s, st, rounds=self.rounds, direct=self.direct, egress=self.egress,
-                         kafka=self.kafka, uplink=self.uplink))
-        self.heartbeat = Heartbeat(s, st, self.uplink, self.metrics, self.lease,
-                                   slow=self.epochs.traces.slow)
+                                            "direct": self.direct.counters,
+                                            "rounds": self.rounds.counters,
+                                            "calls": self.calls.gauges})
+        self._epoch_parts()
         # the loops between parts (worker.needs): a reply acknowledged completes its request
         # in the ingress; work queued wakes the epochs; a call served reports the epoch
         # again; the fallback phase frees room for the peers' held calls
@@ -141,11 +139,12 @@ class Worker(Service):
         self.calls.reports_to(self.epochs)
         self.fallback.frees_room_in(self.calls)
         #: stops ingest and executions for a recovery or a rejoin
-        self.quiet = Quiescer(st, self.epochs, self.ingress, self.direct, self.egress)
+        self.quiet = Quiescer(st, self.epoch_lease, self.calls, self.ingress, self.direct,
+                              self.egress)
         #: rescaling: stores moving in and out
         self.moving = Moving(s, app, self.name, secret, st, uplink=self.uplink, links=self.links,
                              ingress=self.ingress, standbys=self.replication,
-                             rescaled=Departures(self.epochs, self.world, self.direct))
+                             rescaled=Departures(self.epoch_lease, self.world, self.direct))
         self.recovery = Recovery(
             s, app, st, uplink=self.uplink,
             rollback=RollBack(s, app, st, quiet=self.quiet, world=self.world,
@@ -155,10 +154,34 @@ class Worker(Service):
         self.membership = Membership(s, app, self.name, secret, st, uplink=self.uplink,
                                      links=self.links, kafka=self.kafka, moving=self.moving,
                                      egress=self.egress)
-        self.inbox = CoordinatorInbox(self.uplink, self.tasks, epochs=self.epochs,
+        self.inbox = CoordinatorInbox(self.uplink, self.tasks, epochs=self.commits,
                                       directions=self, state=st)
         self.lost_coordinator = False
         self._require_parts()
+
+    def _epoch_parts(self) -> None:
+        """The epochs' parts: begin/execute/report, commit, the lease, what watches them."""
+        s, st = self.settings, self.state
+        #: the spans and slow-request view of the epochs (``worker.traces``), and with the
+        #: metrics what both halves of an epoch tell of its progress (``worker.watch``)
+        traces = EpochTraces(s.namespace, s.trace_slow, self.metrics.latency)
+        traces.timers = self.world.traced.timers  # (the timers set by traced transactions)
+        watch = EpochWatch(self.metrics, traces)
+        #: epochs this worker begins and commits itself, under the coordinator's lease
+        #: (``worker.protocols.lease``: this worker is its ``LeaseHost``)
+        self.epoch_lease = EpochLeaseHolder(self)
+        self.epochs = EpochRunner(
+            s, st, uplink=self.uplink, calls=self.calls, world=self.world, watch=watch,
+            epoch_log=EpochLogWriter(st, self.kafka, self.uplink, self.lease),
+            lease=self.epoch_lease)
+        self.commits = EpochCommitter(
+            self.mode, st, fallback=self.fallback, world=self.world, watch=watch,
+            replies=Replies(s, st, direct=self.direct, completions=self.ingress,
+                            egress=self.egress, metrics=self.metrics, uplink=self.uplink),
+            cut=RoundCut(s, st, rounds=self.rounds, direct=self.direct, egress=self.egress,
+                         kafka=self.kafka, uplink=self.uplink))
+        self.heartbeat = Heartbeat(s, st, self.uplink, self.metrics, self.lease,
+                                   slow=traces.slow)
 
     def _require_parts(self) -> None:
         """The parts with a lifetime, in the order they start (``worker.startup``): each
@@ -179,6 +202,32 @@ class Worker(Service):
         self.requires(MetricsServer(self.metrics), joining, stores, self.replication,
                       self.server, Rounds(self.rounds).requires(stores),
                       Rescales(self.moving).requires(stores), peering, ingest, tasks, world)
+
+    # -- what the epochs' lease needs (``worker.protocols.lease.LeaseHost``) ----------------------
+    @property
+    def index(self) -> int:
+        return self.state.index
+
+    @property
+    def n_workers(self) -> int:
+        return self.state.n_workers
+
+    def tasks_add(self, task: asyncio.Future[Any]) -> None:
+        self.tasks.add(task)
+
+    def send_peers(self, msg: wire.Message) -> None:
+        self.links.send_all(msg)
+
+    def start_epoch(self, begin: wire.Begin) -> None:
+        """Begin epoch ``begin.epoch`` now (the coordinator's Begin, or the lease's) and run
+        its roots in a task."""
+        t0 = self.epochs.begin(begin)
+        if t0 is not None:
+            self.tasks.spawn(self.epochs.execute(begin, t0))
+
+    async def commit_epoch(self, epoch: int, conflicts: dict[int, int],
+                           aborts: dict[int, tuple[str, str]], marker: int | None) -> None:
+        await self.commits.commit_epoch(epoch, conflicts, aborts, marker)
 
     async def _held_by_standbys(self, round_id: int) -> object:
         """A round's report waits until the standbys hold the round (``Shipping.wait_marks``)."""
@@ -238,9 +287,9 @@ class Worker(Service):
         """Act on one message of the coordinator (but a Commit); False: stop following
         (``worker.needs.Directions``)."""
         if isinstance(msg, wire.Begin):
-            self.epochs.start_epoch(msg)
+            self.start_epoch(msg)
         elif isinstance(msg, wire.EpochLease):
-            self.epochs.lease.grant(msg)
+            self.epoch_lease.grant(msg)
         elif isinstance(msg, wire.Recover):
             await self.recovery.run(msg)  # awaited: the replay's Begins come after it
         elif isinstance(msg, wire.Ship):

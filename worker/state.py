@@ -118,6 +118,8 @@ class WorkerState:
         self.engine: Engine | None = None
         #: the epoch loop's state (queue, batch, re-runs, counters); made with the engine
         self.loop: Participant[Pending] | None = None
+        #: the epoch running now is a recovery's replay (set at each Begin)
+        self.replaying = False
         # -- the requests taken ---------------------------------------------------------------
         self.offsets = OffsetTracker()
         self.applied = OffsetTracker()
@@ -252,6 +254,10 @@ class WorkerState:
         for tid, item in batch:
             item.journal = dict(journals.get(tid, {}))
         return batch
+
+    def epoch_began(self, replay: bool) -> None:
+        """An epoch began: a recovery's replay, or live."""
+        self.replaying = replay
 
     def drop_replays(self) -> None:
         """Forget the replays planned (a recovery starts over)."""

@@ -275,7 +275,7 @@ async def run_epochs(w: Worker, first: int = 1, limit: int = 20) -> int:
             await w.epochs.execute(begin, t0)
         reports = [m for m in coord.sent if isinstance(m, wire.Report)]
         conflicts, aborts = merge_votes((r.conflicts, r.aborts) for r in reports[-1:])
-        await w.epochs.commit(wire.Commit(epoch, [wire.Conflict(t, b) for t, b in conflicts.items()],
+        await w.commits.commit(wire.Commit(epoch, [wire.Conflict(t, b) for t, b in conflicts.items()],
                                           [wire.Aborted(t, e, r) for t, (e, r) in aborts.items()],
                                       False, None))
     raise AssertionError(f"work left after {limit} epochs")

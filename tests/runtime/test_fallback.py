@@ -286,7 +286,7 @@ async def test_worker_commit_replies_from_the_fallback_phase() -> None:
     loop.begin(1, 0.0)
     await loop.execute()
     conflicts, aborts = loop.votes()
-    await w.epochs.commit(wire.Commit(1, [wire.Conflict(t, b) for t, b in conflicts.items()],
+    await w.commits.commit(wire.Commit(1, [wire.Conflict(t, b) for t, b in conflicts.items()],
                                       [wire.Aborted(t, e, r) for t, (e, r) in aborts.items()],
                                       False, None))
     replies = {msgpack.unpackb(v)[0]: msgpack.unpackb(v) for _, v, _, _ in w.egress.replies}

@@ -153,9 +153,7 @@ class FakeWorker:
                         max(self.queue, int(self.busy)),
                         self.lease.run)
         self.net.reports.append(r)
-        if self.lease.active:
-            self.send_peers(r)
-        self.lease.on_report(r)
+        self.lease.reported(r)  # (to the peers under a lease, as worker.epochs does)
 
     def _serve(self, call: _Call) -> None:
         self.served[call.src] += 1
@@ -308,7 +306,7 @@ def test_a_report_or_wake_of_another_run_is_not_taken_for_this_runs() -> None:
         w.lease.on_wake(wire.Wake(1, 7, 42))
         await asyncio.sleep(0.01)
         assert w.epoch == 7
-        w.lease.reset()  # a recovery: nothing begins on its own, whatever arrives
+        w.lease.end_lease()  # a recovery: nothing begins on its own, whatever arrives
         w.lease.on_report(wire.Report(7, 1, 0, [], [], [0, 0], [0, 0], 0, 42))
         w.lease.on_wake(wire.Wake(1, 8, 42))
         await asyncio.sleep(0.05)

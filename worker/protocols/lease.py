@@ -23,7 +23,7 @@ and then:
 The coordinator begins the first epoch of a leased run itself (a ``Begin`` followed by the
 ``EpochLease``): at start-up, after a recovery and after a rescale. Each run has a random
 id that its Reports and Wakes carry; a recovery (or a lost coordinator) ends the lease
-(:meth:`EpochLeaseHolder.reset`), and what still travels from the old run is dropped by
+(:meth:`EpochLeaseHolder.end_lease`), and what still travels from the old run is dropped by
 its id.
 """
 
@@ -88,9 +88,9 @@ class EpochLeaseHolder:
     def active(self) -> bool:
         return self.upto > 0
 
-    def reset(self) -> None:
+    def end_lease(self) -> None:
         """A recovery or a new membership: the lease is over (the coordinator begins the
-        next run with a Begin and a new EpochLease)."""
+        next run with a Begin and a new EpochLease); ``worker.needs.LeaseEnd``."""
         self.upto = 0
         self.run = 0
         self.markers.clear()
@@ -138,6 +138,13 @@ class EpochLeaseHolder:
             return  # a late copy: that epoch is over here
         self.reports.setdefault(r.epoch, {})[r.index] = r
         self.advance()
+
+    def reported(self, r: wire.Report) -> None:
+        """This worker's own report (sent to the coordinator): under a lease, also to
+        every peer."""
+        if self.active:
+            self._host.send_peers(r)
+        self.on_report(r)
 
     def receive(self, msg: wire.Report | wire.Wake) -> None:
         """A peer's Report or Wake."""

@@ -51,6 +51,10 @@ class RoundTaker:
         self.taken = 0
         self.failed = 0
 
+    def counters(self) -> dict[str, float]:
+        """What ``worker.metrics`` shows of the rounds: taken, and failed."""
+        return {"taken": self.taken, "failed": self.failed}
+
     def take(
         self, round_id: int, epoch: int, stores: Mapping[StoreKey, Store],
         ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int],
