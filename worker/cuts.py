@@ -52,7 +52,7 @@ class RoundCut:
                 marker, st.index, epoch, [], {}, {}, {}, [], 0,
                 "snapshot rounds are off on this worker (snapshot_interval=0)"))
             return
-        ingress, skip, retries = st.cut()
+        cut = st.cut(epoch, dict(self._egress.acked))
         direct = [r.encode() for r in self._direct.cut(marker, epoch)]
 
         async def durable() -> None:
@@ -64,5 +64,4 @@ class RoundCut:
             await self._egress.durable()
             await asyncio.gather(*acks)
 
-        self._rounds.take(marker, epoch, st.engine.stores, ingress, skip, dict(self._egress.acked),
-                          retries, st.log_pos, durable)
+        self._rounds.take(marker, cut, st.engine.stores, durable)

@@ -90,6 +90,29 @@ def request_of(item: Pending) -> RootCall:
     return RootCall(r.operator, r.key, r.function, r.args)
 
 
+@dataclass(frozen=True)
+class Cut:
+    """This worker's part of a snapshot round's cut, from :meth:`WorkerState.cut` to the
+    round's report (``worker.protocols.rounds``, ``wire.Snapshotted``): where a replay from
+    the round starts. ``ingress``: per owned partition, the first offset not applied;
+    ``skip``: the offsets above it that are; ``retries``: the re-runs (and runs parked at
+    an effect) waiting; ``egress``: per egress partition, the offset after the last reply
+    acknowledged; ``epoch_log``: one past this worker's newest epoch-log record."""
+
+    epoch: int
+    ingress: dict[int, int]
+    skip: dict[int, list[int]]
+    retries: list[wire.Retry]
+    egress: dict[int, int]
+    epoch_log: int
+
+    def report(self, round_id: int, index: int, stores: list[wire.StoreCut],
+               error: str) -> wire.Snapshotted:
+        """The round's report of this cut, with the stores' part and any ``error``."""
+        return wire.Snapshotted(round_id, index, self.epoch, stores, self.ingress, self.skip,
+                                self.egress, self.retries, self.epoch_log, error)
+
+
 class WorkerState:
     """One worker's slot, partition map, epoch loop and request bookkeeping (see the
     module docstring). ``max_batch`` and ``local_fallback`` configure each epoch loop."""
@@ -309,9 +332,9 @@ class WorkerState:
         return [item.request.rid for item in dropped if item.direct]
 
     # -- a snapshot round's cut ------------------------------------------------------------------
-    def cut(self) -> tuple[dict[int, int], dict[int, list[int]], list[wire.Retry]]:
-        """Where a replay from a round taken now starts: per partition the first offset
-        not applied, the offsets above it that are, and the waiting re-runs."""
+    def cut(self, epoch: int, egress: dict[int, int]) -> Cut:
+        """Where a replay from a round taken now, at epoch ``epoch``'s commit, starts
+        (``egress``: the replies' acknowledged offsets, the egress's)."""
         assert self.loop is not None
         ingress = dict(self.start_offsets)
         ingress.update(self.applied.watermarks())
@@ -320,7 +343,8 @@ class WorkerState:
         waiting = [*self.loop.sequencer.retries(), *sorted(self.loop.parked.items())]
         retries = [wire.Retry(tid, item.partition, item.offset, item.now, dict(item.journal))
                    for tid, item in waiting if item.offset >= 0]
-        return ingress, self.applied.completed_above(), retries
+        return Cut(epoch, ingress, self.applied.completed_above(), retries, egress,
+                   self.log_pos)
 
     def direct_waiting(self) -> list[tuple[int, Pending]]:
         """``(tid, item)`` of the direct requests waiting to re-run or parked at an effect

@@ -11,6 +11,7 @@ import pytest
 from sfaas.runtime import wire
 from statestores import SnapshotInfo
 from worker.protocols.rounds import UPLOAD_SPACING, RoundTaker
+from worker.state import Cut
 
 
 class _Store:
@@ -41,7 +42,7 @@ async def test_a_rounds_uploads_start_spread_over_at_most_half_an_interval(inter
     async def durable() -> None:
         return None
 
-    taker.take(7, 42, stores, {0: 10}, {}, {0: 3}, [], 5, durable)  # type: ignore[arg-type]
+    taker.take(7, Cut(42, {0: 10}, {}, [], {0: 3}, 5), stores, durable)  # type: ignore[arg-type]
     delays = [s.calls[0][1] for s in stores.values()]
     assert all(s.calls == [(7, d)] for s, d in zip(stores.values(), delays, strict=True))  # each frozen once, now
     step = min(UPLOAD_SPACING, interval / 2 / n)
@@ -58,5 +59,8 @@ async def test_a_rounds_uploads_start_spread_over_at_most_half_an_interval(inter
     assert len(sent) == 1
     report = sent[0]
     assert isinstance(report, wire.Snapshotted) and report.round == 7 and report.error == ""
+    # (the cut travels whole, from WorkerState.cut to the report)
+    assert (report.epoch, report.ingress, report.skip, report.egress, report.retries,
+            report.epoch_log) == (42, {0: 10}, {}, {0: 3}, [], 5)
     assert [(c.operator, c.partition, c.engine) for c in report.stores] == [
         ("op", p, "memonly") for p in range(n)]

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from sfaas.runtime import wire
 from sfaas.runtime.state import StoreKey
 from statestores import SnapshotInfo, Store
+from worker.state import Cut
 
 log = logging.getLogger("sfaas.worker.snapshots")
 
@@ -55,13 +56,11 @@ class RoundTaker:
         """What ``worker.metrics`` shows of the rounds: taken, and failed."""
         return {"taken": self.taken, "failed": self.failed}
 
-    def take(
-        self, round_id: int, epoch: int, stores: Mapping[StoreKey, Store],
-        ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int],
-        retries: list[wire.Retry], epoch_log: int, durable: Callable[[], Awaitable[None]],
-    ) -> None:
-        """Freeze every store for round ``round_id`` now; report when the uploads ended and
-        ``durable()`` (the replies of what the cut holds are acknowledged) returned."""
+    def take(self, round_id: int, cut: Cut, stores: Mapping[StoreKey, Store],
+             durable: Callable[[], Awaitable[None]]) -> None:
+        """Freeze every store for round ``round_id`` now, at ``cut``; report when the
+        uploads ended and ``durable()`` (the replies of what the cut holds are
+        acknowledged) returned."""
         t0 = time.perf_counter()
         futures: list[tuple[StoreKey, str, concurrent.futures.Future[SnapshotInfo]]] = []
         errors: list[str] = []
@@ -75,19 +74,16 @@ class RoundTaker:
         freeze_ms = 1000 * (time.perf_counter() - t0)
         log.debug("round %d: froze %d stores in %.1f ms", round_id, len(futures), freeze_ms)
         task = asyncio.get_running_loop().create_task(
-            self._report(round_id, epoch, futures, errors, ingress, skip, egress, retries,
-                         epoch_log, durable()),
+            self._report(round_id, cut, futures, errors, durable()),
             name=f"round-{round_id}",
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _report(
-        self, round_id: int, epoch: int,
+        self, round_id: int, cut: Cut,
         futures: list[tuple[StoreKey, str, concurrent.futures.Future[SnapshotInfo]]],
-        errors: list[str],
-        ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int],
-        retries: list[wire.Retry], epoch_log: int, durable: Awaitable[None],
+        errors: list[str], durable: Awaitable[None],
     ) -> None:
         cuts: list[wire.StoreCut] = []
         try:
@@ -111,8 +107,7 @@ class RoundTaker:
             self.failed += 1
             log.warning("round %d: this worker's snapshot failed: %s", round_id, error,
                         extra={"worker": self.index})
-        self._send(wire.Snapshotted(round_id, self.index, epoch, cuts,
-                                    ingress, skip, egress, retries, epoch_log, error))
+        self._send(cut.report(round_id, self.index, cuts, error))
 
     async def close(self) -> None:
         """Wait for the reports still pending (their uploads finish or fail first)."""
