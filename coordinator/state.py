@@ -31,7 +31,7 @@ def next_generation(last: int) -> int:
     than the restart takes (NTP slews, it does not jump; a counter restored from the newest
     round would survive a jump, but the round is written after the assignment it would
     have to cover). Peers refuse a process whose generation is older than the one their
-    membership names (``worker.peers``), so a higher one never locks anyone out."""
+    membership names (``worker.calls``), so a higher one never locks anyone out."""
     return max(last + 1, time.time_ns() // 1000)
 
 

@@ -3,7 +3,7 @@
 - **At most six collaborators a part.** A collaborator is another object a part keeps: an
   instance attribute assigned straight from a method parameter whose type is not a plain
   value — whether given to the constructor or later, by the method that closes a loop once
-  both ends exist (``Peers.reports_to``, ``Ingress.wakes``). The process's settings, its
+  both ends exist (``PeerCalls.reports_to``, ``Ingress.wakes``). The process's settings, its
   state (``WorkerState``, ``ClusterState``, read by every part and written only through its
   own methods: ``tests/test_state_owners.py``) and the app are not counted, nor are plain
   values and containers of them. A part past six does two jobs: split it (as the epochs

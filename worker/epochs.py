@@ -2,7 +2,7 @@
 
 ``Begin n``   take a bounded batch of requests (re-runs first), give each a tid, run all
               roots concurrently; calls to keys of other workers go over peer channels
-              (``worker.peers``). When my roots are done, ``Report`` my conflicts, user
+              (``worker.calls``). When my roots are done, ``Report`` my conflicts, user
               aborts and call counters; report again after each call I serve later (see
               ``wire.Report``).
 ``Commit n``  is ``worker.commits``': apply, the fallback phase, the replies, a round's cut.
@@ -21,9 +21,9 @@ import time
 from sfaas.runtime import tracing, wire
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.txn.determinism import check_local
+from worker.calls import PeerCalls
 from worker.epoch_log import EpochLogWriter
 from worker.links import CoordinatorLink
-from worker.peers import Peers
 from worker.protocols.lease import EpochLeaseHolder
 from worker.state import WorkerState
 from worker.watch import EpochWatch
@@ -40,7 +40,7 @@ class EpochRunner:
     ``worker.commits``'."""
 
     def __init__(
-        self, settings: Settings, state: WorkerState, *, uplink: CoordinatorLink, calls: Peers,
+        self, settings: Settings, state: WorkerState, *, uplink: CoordinatorLink, calls: PeerCalls,
         world: World, epoch_log: EpochLogWriter, watch: EpochWatch, lease: EpochLeaseHolder,
     ) -> None:
         self._check = settings.check_determinism

@@ -21,7 +21,7 @@ from sfaas.runtime.state import PartitionStores
 from worker.clients import KafkaClients
 from worker.egress import Egress
 from worker.links import CoordinatorLink, PeerLinks
-from worker.protocols.rescale import Moving, join_as_receiver
+from worker.protocols.rescale import StoreMoves, join_as_receiver
 from worker.protocols.standby import run_standby
 from worker.state import WorkerState
 
@@ -36,7 +36,7 @@ class Membership:
 
     def __init__(
         self, settings: Settings, app: App, name: str, secret: str, state: WorkerState, *,
-        uplink: CoordinatorLink, links: PeerLinks, kafka: KafkaClients, moving: Moving,
+        uplink: CoordinatorLink, links: PeerLinks, kafka: KafkaClients, moving: StoreMoves,
         egress: Egress,
     ) -> None:
         self._settings = settings

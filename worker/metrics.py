@@ -93,7 +93,7 @@ class WorkerMetrics:
         #: the counters of parts by name: "world" (``worker.world.World.gauges``), "direct"
         #: (``worker.direct.DirectIngress.counters``), "rounds"
         #: (``worker.protocols.rounds.RoundTaker.counters``), "calls"
-        #: (``worker.peers.Peers.gauges``)
+        #: (``worker.calls.PeerCalls.gauges``)
         self._parts = dict(parts or {})
         self.latency = Buckets(LATENCY_BOUNDS)
         self.phases = {"execute": Buckets(PHASE_BOUNDS), "commit": Buckets(PHASE_BOUNDS)}

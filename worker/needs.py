@@ -16,12 +16,12 @@ port                     needed by                        filled by
 :class:`HeldReads`       world                            ``Ingress``
 :class:`PeerSends`       world, fallback                  ``PeerLinks`` (``worker.links``)
 :class:`Spawner`         peers, fallback, inbox           ``Tasks`` (``worker.tasks``)
-:class:`Room`            fallback                         ``Peers`` (``worker.peers``)
+:class:`Room`            fallback                         ``PeerCalls`` (``worker.calls``)
 :class:`CallsSeen`       fallback                         ``World`` (``worker.world``)
 :class:`Votes`           peers                            ``EpochRunner``
 :class:`Commits`         inbox                            ``EpochCommitter`` (``worker.commits``)
 :class:`Directions`      inbox                            ``Worker`` (``worker.service``)
-:class:`Halting`         quiescer                         ``Peers``
+:class:`Halting`         quiescer                         ``PeerCalls``
 :class:`LeaseEnd`        quiescer, departures             ``EpochLeaseHolder`` (the lease)
 :class:`Quiet`           rollback, the rejoin             ``Quiescer`` (``worker.quiesce``)
 :class:`WorldRollback`   rollback, replay                 ``World``

@@ -8,7 +8,7 @@ Report; ``worker.commits``: Commit; or leased, ``worker.protocols.lease``), snap
 (``worker.protocols.rescale``).
 
 Requests come in through ``worker.ingress`` and their replies leave through
-``worker.egress``; calls between workers go over ``worker.peers``.
+``worker.egress``; calls between workers go over ``worker.calls``.
 
 :class:`Worker` only wires the parts — each takes the few others it needs, through the
 ports ``worker.needs`` declares; the loops between parts (a reply acknowledged completes
@@ -36,6 +36,7 @@ from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import PartitionStores
 from sfaas.runtime.txn.engine import Engine
 from statestores import background
+from worker.calls import PeerCalls
 from worker.clients import KafkaClients
 from worker.commits import EpochCommitter
 from worker.cuts import RoundCut
@@ -50,13 +51,12 @@ from worker.ingress import IN_FLIGHT_BATCHES, Ingress
 from worker.links import CoordinatorLink, PeerLinks
 from worker.membership import Membership
 from worker.metrics import WorkerMetrics
-from worker.peers import Peers
 from worker.protocols.fallback import CrossFallback
 from worker.protocols.lease import EpochLeaseHolder
 from worker.protocols.reads import ReadServer
 from worker.protocols.recovery import Recovery, RollBack
 from worker.protocols.replay import Replay
-from worker.protocols.rescale import Moving
+from worker.protocols.rescale import StoreMoves
 from worker.protocols.rounds import RoundTaker
 from worker.quiesce import Departures, Quiescer
 from worker.replication import Replication
@@ -119,7 +119,7 @@ class Worker(Service):
         self.world = World(s, st, self.links, reads=self.ingress)
         self.fallback = CrossFallback(st, self.links, self.tasks, self.world)
         #: calls to and from peers within an epoch (the engine's router)
-        self.calls = Peers(s, st, self.links, self.fallback, self.tasks, world=self.world)
+        self.calls = PeerCalls(s, st, self.links, self.fallback, self.tasks, world=self.world)
         self.rounds = RoundTaker(st.index, self.uplink.send, self._held_by_standbys,
                                  s.snapshot_interval)
         self.metrics = WorkerMetrics(s, app.name, self.name, st, ingress=self.ingress,
@@ -142,9 +142,10 @@ class Worker(Service):
         self.quiet = Quiescer(st, self.epoch_lease, self.calls, self.ingress, self.direct,
                               self.egress)
         #: rescaling: stores moving in and out
-        self.moving = Moving(s, app, self.name, secret, st, uplink=self.uplink, links=self.links,
-                             ingress=self.ingress, standbys=self.replication,
-                             rescaled=Departures(self.epoch_lease, self.world, self.direct))
+        self.moving = StoreMoves(s, app, self.name, secret, st, uplink=self.uplink,
+                                 links=self.links, ingress=self.ingress,
+                                 standbys=self.replication,
+                                 rescaled=Departures(self.epoch_lease, self.world, self.direct))
         self.recovery = Recovery(
             s, app, st, uplink=self.uplink,
             rollback=RollBack(s, app, st, quiet=self.quiet, world=self.world,

@@ -25,6 +25,7 @@ from sfaas.runtime.lifecycle import Service
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import PartitionStores, open_stores
 from sfaas.runtime.txn.engine import Engine
+from worker.calls import PeerCalls
 from worker.clients import KafkaClients
 from worker.direct import DirectIngress
 from worker.egress import Egress
@@ -35,8 +36,7 @@ from worker.links import CoordinatorLink, PeerLinks
 from worker.membership import Membership
 from worker.metrics import WorkerMetrics
 from worker.needs import EngineStarter
-from worker.peers import Peers
-from worker.protocols.rescale import Moving
+from worker.protocols.rescale import StoreMoves
 from worker.protocols.rounds import RoundTaker
 from worker.replication import Replication
 from worker.state import WorkerState
@@ -69,7 +69,7 @@ class PeerServer(Service):
     part = "peer server"
 
     def __init__(self, settings: Settings, secret: str, direct: DirectIngress,
-                 calls: Peers) -> None:
+                 calls: PeerCalls) -> None:
         self._settings = settings
         self._secret = secret
         self._direct = direct
@@ -189,7 +189,7 @@ class Rescales(Service):
 
     part = "moving"
 
-    def __init__(self, moving: Moving) -> None:
+    def __init__(self, moving: StoreMoves) -> None:
         self._moving = moving
 
     async def on_stop(self) -> None:

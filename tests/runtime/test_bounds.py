@@ -25,8 +25,8 @@ from sfaas.errors import ClusterError, RequestTimeout
 from sfaas.runtime import channels, wire
 from tests.fuzz.harness import FakeChannel, bare_coordinator, bare_worker, message_of, settings
 from worker import ingress as ingress_module
+from worker.calls import DEFERRED_BATCHES
 from worker.ingress import IN_FLIGHT_BATCHES, IngressRewound
-from worker.peers import DEFERRED_BATCHES
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """Fencing a zombie worker, without a cluster: the lease's arithmetic on a fake clock, the
 generation checks of peer channels, a lease-gated channel and egress, the epoch log's
 generation, and the supervisor's decision to kill a silent child (``worker/fence.py``,
-``worker/peers.py``, ``launcher/supervisor.py``, ``sfaas/runtime/liveness.py``)."""
+``worker/calls.py``, ``launcher/supervisor.py``, ``sfaas/runtime/liveness.py``)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from sfaas.runtime import channels, liveness, wire
 from sfaas.runtime.epochlog import EpochRecord
 from tests.fuzz.harness import FakeChannel, bare_worker
 from tests.runtime.txn_fakes import TxnProducer
+from worker.calls import stale_generation
 from worker.fence import LEASE_FRACTION, Fenced, FenceLease
 from worker.links import CoordinatorLink
-from worker.peers import stale_generation
 
 T = 2.0  # heartbeat_timeout
 

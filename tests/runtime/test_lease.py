@@ -5,7 +5,7 @@ together and wake up together, and take a round's marker at the lease's epoch.
 A simulated cluster: ``n`` :class:`worker.protocols.lease.EpochLeaseHolder` objects on fake workers, joined by
 a network that delivers each channel's messages in order after random delays. Each epoch
 a worker calls random peers (a call served after the callee reported makes it report
-again, before the result, as ``worker.peers`` does), votes random conflicts and aborts,
+again, before the result, as ``worker.calls`` does), votes random conflicts and aborts,
 and takes the work that arrived (at random times, ``work_arrived``). The seed of a failing
 case is in the assertion message.
 """

@@ -13,7 +13,7 @@ peers' — then it runs its roots that deviated once more, alone on its own keys
 A peer may begin the phase before this worker read its Commit: its fallback calls and
 ``Finished`` messages for the current epoch wait here until the phase begins; together
 with the calls deferred for a later epoch they are bounded by
-``worker.peers.DEFERRED_BATCHES`` (the peers' channels are not read meanwhile).
+``worker.calls.DEFERRED_BATCHES`` (the peers' channels are not read meanwhile).
 """
 
 from __future__ import annotations

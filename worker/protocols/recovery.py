@@ -50,7 +50,7 @@ from statestores.errors import (
 from worker.links import CoordinatorLink, PeerLinks
 from worker.needs import Quiet, WorldRollback
 from worker.protocols.replay import Logs, Raw, Replay, direct_items, replay_batch
-from worker.protocols.rescale import Moving
+from worker.protocols.rescale import StoreMoves
 from worker.state import WorkerState
 
 if TYPE_CHECKING:
@@ -179,7 +179,7 @@ class RollBack:
     round."""
 
     def __init__(self, settings: Settings, app: App, state: WorkerState, *, quiet: Quiet,
-                 world: WorldRollback, moving: Moving, links: PeerLinks) -> None:
+                 world: WorldRollback, moving: StoreMoves, links: PeerLinks) -> None:
         self._settings = settings
         self._app = app
         self._state = state

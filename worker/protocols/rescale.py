@@ -48,7 +48,7 @@ from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker.moving")
 
-__all__ = ["Moving", "join_as_receiver", "FOLLOW_TIMEOUT", "MERGE_HOLD"]
+__all__ = ["StoreMoves", "join_as_receiver", "FOLLOW_TIMEOUT", "MERGE_HOLD"]
 
 #: Seconds a receiver may take to catch up with a moving store's version.
 FOLLOW_TIMEOUT = 240.0
@@ -56,7 +56,7 @@ FOLLOW_TIMEOUT = 240.0
 MERGE_HOLD = 60.0
 
 
-class Moving:
+class StoreMoves:
     """The moving stores of one worker (see the module docstring).
 
     ``standbys``: the worker's replication server (its ``shipping`` None without one);
@@ -267,7 +267,8 @@ class Moving:
 
 
 async def join_as_receiver(
-    mv: Moving, uplink: CoordinatorLink, first: wire.Move, on_slot: Callable[[wire.Reassign], None],
+    mv: StoreMoves, uplink: CoordinatorLink, first: wire.Move,
+    on_slot: Callable[[wire.Reassign], None],
 ) -> tuple[wire.Reassign, PartitionStores]:
     """A joining worker: follow the partitions coming to it until ``Reassign``; returns it
     and the stores taken over. ``on_slot(reassign)`` takes the slot before the takeover:

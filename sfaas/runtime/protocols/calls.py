@@ -1,5 +1,5 @@
 """Worker ↔ worker: calls to keys another worker owns, their results, and the fallback
-phase's notices (``worker.peers``, ``worker.protocols.fallback``)."""
+phase's notices (``worker.calls``, ``worker.protocols.fallback``)."""
 
 from __future__ import annotations
 

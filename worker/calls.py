@@ -1,11 +1,11 @@
-"""Peers: calls between workers within an epoch, over the authenticated peer channels.
+"""PeerCalls: calls between workers within an epoch, over the authenticated peer channels.
 
-A root running here that touches a key of another worker calls it (:meth:`Peers.remote_call`,
+A root running here that touches a key of another worker calls it (:meth:`PeerCalls.remote_call`,
 the engine's router); a call from a peer runs here as part of the same epoch
-(:meth:`Peers.on_call`). Per epoch each worker counts the calls it sent to and served for
+(:meth:`PeerCalls.on_call`). Per epoch each worker counts the calls it sent to and served for
 every peer; its ``wire.Report`` carries both, so the coordinator's barrier knows when no
 call is still travelling. A call served after this worker reported its epoch needs a fresh
-report, sent before the call's result (:meth:`Peers.flush_late`).
+report, sent before the call's result (:meth:`PeerCalls.flush_late`).
 
 A call for an epoch this worker has not begun (a peer began it first) is *deferred* until
 its Begin — and a fallback call or ``Finished`` for an epoch whose Commit this worker has
@@ -40,7 +40,7 @@ from worker.traces import call_span
 
 log = logging.getLogger("sfaas.worker")
 
-__all__ = ["Peers", "DEFERRED_BATCHES", "FallbackInbox", "stale_generation"]
+__all__ = ["PeerCalls", "DEFERRED_BATCHES", "FallbackInbox", "stale_generation"]
 
 #: Calls from peers for an epoch not begun yet, held until its Begin: at most this many ×
 #: ``max_batch`` (see the module docstring).
@@ -86,7 +86,7 @@ class PeersWorld(Protocol):
     def on_effect_done(self, msg: wire.EffectDone) -> None: ...
 
 
-class Peers:
+class PeerCalls:
     """One worker's calls to and from its peers (see the module docstring).
 
     ``tasks``: where a call served runs (a recovery cancels them); ``epochs``: report this
@@ -124,7 +124,7 @@ class Peers:
         self._epochs = epochs
 
     def _votes(self) -> Votes:
-        assert self._epochs is not None, "Peers.reports_to: not wired"
+        assert self._epochs is not None, "PeerCalls.reports_to: not wired"
         return self._epochs
 
     def begin(self, epoch: int, n_workers: int) -> None:
