@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from launcher import alive, replay
 from sfaas.errors import (
@@ -30,6 +30,14 @@ from sfaas.runtime.settings import Settings
 __all__ = ["main"]
 
 log = logging.getLogger("launcher")
+
+
+
+class SubParsers(Protocol):
+    """What the commands' builders use of ``ArgumentParser.add_subparsers()``'s result
+    (argparse names its type only privately)."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -60,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _process_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _process_commands(sub: SubParsers) -> None:
     """``services``, ``coordinator``, ``worker``, ``up``: what starts processes."""
     sv = sub.add_parser("services", help="local Kafka and MinIO (and Jaeger) as background "
                                          "processes")
@@ -110,7 +118,7 @@ def _process_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         "SFAAS_METRICS_PORT)")
 
 
-def _cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _cluster_commands(sub: SubParsers) -> None:
     """``status``, ``snapshots``, ``alive``, ``replay``, ``supervise``, ``ps``, ``scale``,
     ``down``: what looks at or changes a cluster."""
     st = sub.add_parser("status",
@@ -147,7 +155,7 @@ def _cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     d.add_argument("--namespace")
 
 
-def _client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _client_commands(sub: SubParsers) -> None:
     """``call``, ``gateway``, ``state``, ``demo``: what talks to an app."""
     cl = sub.add_parser("call", help="call a function through Kafka and print the result as JSON")
     _common(cl)

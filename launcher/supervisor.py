@@ -172,7 +172,7 @@ class Supervisor:
         c.args += ["--metrics-port", str(port)]
         c.metrics = local_url(host, port, "/metrics")
 
-    def _start(self, c: Child) -> None:
+    def start(self, c: Child) -> None:
         c.alive_file = str(self.state_dir / f"{c.role}-{c.index}.alive")
         try:
             os.unlink(c.alive_file)  # (a previous process's file says nothing of this one)
@@ -240,7 +240,7 @@ class Supervisor:
                     and now >= c.next_start):
                 c.next_start = 0.0
                 c.restarts += 1
-                self._start(c)
+                self.start(c)
                 changed = True
             if c.alive and c.last_exit and now - c.last_exit > HEALTHY_AFTER:
                 c.backoff = 0.0  # healthy for a while: a later crash restarts at once again
@@ -292,7 +292,7 @@ class Supervisor:
                       str(self.state_dir / f"worker-{i}.log"))
             self.metrics(c)
             self.children.append(c)
-            self._start(c)
+            self.start(c)
         self.write()
 
     def stop(self) -> None:
@@ -346,7 +346,7 @@ def supervise(state_dir: str, workers: int) -> int:
     signal.signal(signal.SIGINT, on_term)
     signal.signal(signal.SIGHUP, on_hup)
     for c in children:
-        sup._start(c)
+        sup.start(c)
     sup.write()
     while not stop:
         if rescale:

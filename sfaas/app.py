@@ -209,6 +209,11 @@ class FunctionRef(Generic[P, R]):
     def __call__(self, ctx: Any, /, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
         return self.fn(ctx, *args, **kwargs)
 
+    def positional(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The arguments of a call of this function, keyword ones put at their parameters'
+        positions (:meth:`Function.positional`)."""
+        return self._function.positional(self.operator, args, kwargs)
+
     def check_app(self, app: str) -> None:
         """Raise :class:`UnknownFunction` unless this is a function of the app named ``app``
         (a call goes by names: another app's handle would reach whatever this one has
@@ -245,8 +250,7 @@ def call_target(target: FunctionRef[..., Any] | str, /, *rest: Any,
         if not rest:
             raise BadArguments(f"a call of {target.operator}.{target.name} needs a key: "
                                f"({target.__name__}, key, *args)")
-        return (target.operator, rest[0], target.name,
-                target._function.positional(target.operator, rest[1:], kwargs))
+        return (target.operator, rest[0], target.name, target.positional(rest[1:], kwargs))
     if isinstance(target, str):
         if len(rest) < 2:
             raise BadArguments(f"a call of operator {target!r:.60} by name needs "

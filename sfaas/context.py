@@ -89,7 +89,8 @@ class Context:
                  "_calls")
 
     def __init__(
-        self, engine: Transactions, tid: int, now: float, operator: str, key: str, depth: int
+        self, engine: Transactions, tid: int, now: float, operator: str, key: str, depth: int,
+        sends: list[Any],
     ) -> None:
         self._engine = engine
         self._tid = tid
@@ -99,7 +100,8 @@ class Context:
         self.operator = operator
         #: The key this call runs on.
         self.key = key
-        self._pending: list[Any] | None = None
+        #: the ``send`` tasks, in order (the engine's list: it awaits them after the call)
+        self._pending = sends
         self._rng: _random.Random | None = None
         #: every ``call``/``run`` made, as written, to find one never awaited (see
         #: :meth:`unawaited_call`)
@@ -256,10 +258,7 @@ class Context:
                 await asyncio.wait([previous])  # its failure is reported by its own task
             return await coro
 
-        task = asyncio.ensure_future(in_order())
-        if self._pending is None:
-            self._pending = []
-        self._pending.append(task)
+        self._pending.append(asyncio.ensure_future(in_order()))
 
     def random(self) -> float:
         """A float in [0, 1), deterministic per (transaction, operator, key, draw)."""

@@ -421,7 +421,7 @@ def test_the_supervisor_kills_and_restarts_a_stopped_child(tmp_path: Path, monke
         child = Child("worker", 0, ["worker", "--name", "w0"], str(tmp_path / "w.log"))
         sup = Supervisor(tmp_path, {"app": "ledger"}, [child])
         assert sup.max_age == 1.5  # heartbeat_timeout + 1 s
-        sup._start(child)
+        sup.start(child)
         first = child.pid
         try:
             deadline = time.monotonic() + 30

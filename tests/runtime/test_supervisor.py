@@ -29,7 +29,7 @@ def test_a_crashing_process_is_restarted_with_backoff_then_given_up(tmp_path: Pa
     # `sfaas no-such-command` exits at once with argparse's usage error (code 2)
     child = Child("worker", 0, ["no-such-command"], str(tmp_path / "w.log"))
     sup = Supervisor(tmp_path, {"app": "t"}, [child])
-    sup._start(child)
+    sup.start(child)
     t0 = time.monotonic()
     _run(sup, lambda: bool(child.gave_up))
     assert child.gave_up, "the supervisor never gave up"
@@ -56,7 +56,7 @@ def test_workers_killed_from_outside_are_restarted_at_once_and_never_given_up(
     child = Child("worker", 0, ["supervise", "--state-dir", str(inner), "--workers", "0"],
                   str(tmp_path / "w.log"))
     sup = Supervisor(tmp_path, {"app": "t"}, [child])
-    sup._start(child)
+    sup.start(child)
     try:
         for kills in range(1, MAX_CRASHES + 3):
             time.sleep(0.25)
@@ -95,7 +95,7 @@ def test_with_standbys_a_dead_worker_is_restarted_after_the_failover_not_during_
     for standbys in (0, 1):
         child = Child("worker", 0, ["no-such-command"], str(tmp_path / f"w{standbys}.log"))
         sup = Supervisor(tmp_path, {"app": "t", "standbys": standbys}, [child])
-        sup._start(child)
+        sup.start(child)
         while child.alive:  # until the supervisor saw it exit
             sup.poll()
             time.sleep(0.01)
@@ -121,7 +121,7 @@ def test_stop_terminates_children_and_does_not_restart_them(tmp_path: Path) -> N
     child = Child("coordinator", 0, ["supervise", "--state-dir", str(inner), "--workers", "0"],
                   str(tmp_path / "c.log"))
     sup = Supervisor(tmp_path, {}, [child])
-    sup._start(child)
+    sup.start(child)
     time.sleep(1.0)
     assert child.proc is not None and child.proc.poll() is None
     sup.stop()

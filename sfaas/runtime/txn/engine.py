@@ -366,17 +366,19 @@ class Engine:
         if fb is not None and tid in fb.declared.get((operator, key), ()):
             await fb.turn(tid, (operator, key))
         try:
-            fn = (internal.IMPLEMENTATIONS[function] if function[:1] == "\x00"
-                  else self.app.resolve(operator, function).fn)
-            ctx = Context(self, tid, now, operator, key, depth)
+            sends: list[Any] = []
+            ctx = Context(self, tid, now, operator, key, depth, sends)
             try:
-                result = await fn(ctx, *args)
+                if function[:1] == "\x00":  # the runtime's own (timers, idempotency, actions)
+                    result = await internal.IMPLEMENTATIONS[function](ctx, self, depth, *args)
+                else:
+                    result = await self.app.resolve(operator, function).fn(ctx, *args)
             finally:
                 missed = ctx.unawaited_call()
-                if ctx._pending:
+                if sends:
                     # Sends complete within the call; their failures are recorded by
                     # Engine.call on this worker, which aborts the transaction.
-                    await asyncio.gather(*ctx._pending, return_exceptions=True)
+                    await asyncio.gather(*sends, return_exceptions=True)
             if missed is not None:
                 raise NotAwaited(f"{operator}.{function} on key {key!r} returned without awaiting "
                                  f"{missed}: that call never ran (write `await {missed}`)")

@@ -123,32 +123,33 @@ def parse_timer_id(tid: object) -> tuple[str, str]:
     return operator, key
 
 
-async def fire_timer(ctx: Any, key: str) -> Any:
+async def fire_timer(ctx: Any, eng: Any, depth: int, key: str) -> Any:
     """Deliver the timer stored at ``key`` (nothing if it was cancelled meanwhile): delete it
     and make its call, in this one transaction."""
-    eng, tid, op = ctx._engine, ctx.tid, ctx.operator
+    tid, op = ctx.tid, ctx.operator
     record = eng.read(tid, op, key, None)
     if record is None:
         return None
     eng.remove(tid, op, key)
     operator, target, function, args, _due = record
-    return await eng.call(tid, ctx.now(), operator, target, function, args, ctx._depth + 1)
+    return await eng.call(tid, ctx.now(), operator, target, function, args, depth + 1)
 
 
-async def remove_record(ctx: Any, key: str) -> bool:
+async def remove_record(ctx: Any, eng: Any, _depth: int, key: str) -> bool:
     """Delete the runtime record at ``key`` (a cancelled timer, a timer whose call aborted,
     an action that ran); whether there was one."""
-    eng, tid, op = ctx._engine, ctx.tid, ctx.operator
+    tid, op = ctx.tid, ctx.operator
     found = eng.read(tid, op, key, None) is not None
     if found:
         eng.remove(tid, op, key)
     return found
 
 
-async def record_abort(ctx: Any, key: str, error_type: str, reason: str, now: float) -> bool:
+async def record_abort(ctx: Any, eng: Any, _depth: int, key: str, error_type: str, reason: str,
+                       now: float) -> bool:
     """Keep the abort of an idempotent request as its outcome (unless one is kept already:
     a duplicate that got it), with a timer that drops it when its window ends."""
-    eng, tid, op = ctx._engine, ctx.tid, ctx.operator
+    tid, op = ctx.tid, ctx.operator
     if eng.read(tid, op, key, None) is not None:
         return False
     eng.write(tid, op, key, [False, [error_type, reason], now])
@@ -159,10 +160,10 @@ async def record_abort(ctx: Any, key: str, error_type: str, reason: str, now: fl
     return True
 
 
-async def expire_outcome(ctx: Any, key: str) -> bool:
+async def expire_outcome(ctx: Any, eng: Any, _depth: int, key: str) -> bool:
     """Drop an idempotent request's kept outcome whose window ended (not one a later request
     wrote since, whose own timer drops it)."""
-    eng, tid, op = ctx._engine, ctx.tid, ctx.operator
+    tid, op = ctx.tid, ctx.operator
     kept = eng.read(tid, op, key, None)
     if kept is None or ctx.now() - float(kept[2]) < eng.idempotency_retention:
         return False
@@ -170,7 +171,8 @@ async def expire_outcome(ctx: Any, key: str) -> bool:
     return True
 
 
-#: name → the coroutine function (each takes the context and the record's key)
+#: name → the coroutine function (each takes the context, the engine running it, the call's
+#: depth and the record's key, then its own arguments: ``Engine.run``)
 IMPLEMENTATIONS: dict[str, Any] = {
     FIRE_TIMER: fire_timer, CANCEL_TIMER: remove_record, DROP_TIMER: remove_record,
     ACTION_DONE: remove_record, IDEM_ABORT: record_abort, IDEM_EXPIRE: expire_outcome,
