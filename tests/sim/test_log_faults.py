@@ -4,8 +4,12 @@ real broker's failure does to the product's clients, and a run replays from its 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +24,7 @@ from aiokafka.errors import (
 from sfaas.sim import clock
 from sfaas.sim.log import Faults, SimKafka
 
+ROOT = Path(__file__).resolve().parents[2]
 T = "ns.app.t"
 TP = TopicPartition(T, 0)
 
@@ -217,3 +222,12 @@ def test_a_seed_replays_byte_for_byte_and_another_seed_differs() -> None:
     assert _trace(2) != first
     random.seed(99)  # (the global random source plays no part)
     assert _trace(1) == first
+
+
+def test_a_seed_replays_in_another_process_whatever_its_hash_seed() -> None:
+    """(str hashing differs between processes: no set or dict order of str may leak in)"""
+    probe = "import sys; from tests.sim.test_log_faults import _trace; sys.stdout.buffer.write(_trace(1))"
+    outs = [subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": h, "PYTHONPATH": str(ROOT)}).stdout
+            for h in ("1", "2")]
+    assert outs == [_trace(1)] * 2
