@@ -109,7 +109,7 @@ class SimProducer:
         """Queue a record; the future ends with its ``RecordMetadata`` or its error."""
         if self._closed:
             raise ProducerClosed()
-        if self._tid is not None and self._txn is None:
+        if self._tid is not None and (self._txn is None or self._fatal is not None):
             raise IllegalOperation("Can't send messages while not in transaction")
         parts = self._partitions(topic)
         if partition is None:

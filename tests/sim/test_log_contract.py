@@ -12,6 +12,7 @@ from aiokafka.errors import (
     ConsumerStoppedError,
     IllegalOperation,
     OffsetOutOfRangeError,
+    ProducerClosed,
     ProducerFenced,
     TopicAlreadyExistsError,
 )
@@ -126,6 +127,12 @@ def test_read_committed_stops_at_the_open_transaction_and_skips_aborted(side: Si
         assert await drain(rc, {tp: 5}) == [(0, 0, b"committed"), (0, 4, b"plain")]
         assert rc.highwater(tp) == 7 and rc.last_stable_offset(tp) == 5
         assert values(await rc.getmany(timeout_ms=300)) == []  # nothing past the open one
+        latest = await started(s.consumer(enable_auto_commit=False,
+                                          isolation_level="read_committed"))
+        latest.assign([tp])
+        await latest.seek_to_end(tp)
+        assert await latest.position(tp) == 5  # (read_committed: the end is the LSO)
+        await latest.stop()
         ru = await started(s.consumer(enable_auto_commit=False, auto_offset_reset="earliest"))
         ru.assign([tp])
         assert await ru.end_offsets([tp]) == {tp: 7}
@@ -136,6 +143,8 @@ def test_read_committed_stops_at_the_open_transaction_and_skips_aborted(side: Si
         # the marker takes offset 7; the open records are read now, in offset order
         assert await drain(rc, {tp: 8}) == [(0, 5, b"open"), (0, 6, b"after-open")]
         assert await rc.end_offsets([tp]) == {tp: 8}
+        await rc.seek_to_end(tp)
+        assert await rc.position(tp) == 8
         for client in (rc, ru, s.open_producer):  # type: ignore[attr-defined]
             await client.stop()
     side.run(body)
@@ -158,6 +167,8 @@ def test_a_new_producer_of_a_transactional_id_fences_the_old(side: Side) -> None
             await old.commit_transaction()
         with pytest.raises(AssertionError):  # (aiokafka: fatal state, no new transaction)
             await old.begin_transaction()
+        with pytest.raises(IllegalOperation):  # (nor a send)
+            await old.send(t, b"zombie-3", partition=0)
         await new.begin_transaction()
         await (await new.send(t, b"successor", partition=0))
         await new.commit_transaction()
@@ -262,4 +273,24 @@ def test_admin_topics_and_cluster(side: Side) -> None:
         cluster = await admin.describe_cluster()
         assert len(cluster["brokers"]) >= 1 and "node_id" in cluster["brokers"][0]
         await admin.close()
+    side.run(body)
+
+
+def test_keys_headers_and_a_stopped_producer(side: Side) -> None:
+    async def body(s: Side) -> None:
+        t = await s.topic(1)
+        tp = TopicPartition(t, 0)
+        p = await started(s.producer())
+        fut = await p.send(t, b"v", key=b"k", partition=0, headers=[("sfaas-gen", b"0.1")])
+        await p.flush()
+        assert fut.done() and (await fut).offset == 0
+        await p.stop()
+        with pytest.raises(ProducerClosed):
+            await p.send(t, b"after", partition=0)
+        c = await started(s.consumer(enable_auto_commit=False, auto_offset_reset="earliest"))
+        c.assign([tp])
+        (rec,) = (await c.getmany(timeout_ms=2000))[tp]
+        assert (rec.key, rec.value, list(rec.headers)) == (b"k", b"v", [("sfaas-gen", b"0.1")])
+        assert (rec.topic, rec.partition, rec.offset) == (t, 0, 0)
+        await c.stop()
     side.run(body)

@@ -79,6 +79,22 @@ def test_a_desynced_producer_stays_stuck_on_that_partition() -> None:
     sim(body)
 
 
+def test_an_empty_fetch_waits_out_its_timeout_and_returns_nothing() -> None:
+    async def body(kafka: SimKafka) -> None:
+        loop = asyncio.get_running_loop()
+        p = kafka.producer()
+        await p.start()
+        await (await p.send(T, b"x", partition=0))
+        kafka.faults.empty_fetch = 1.0
+        c = kafka.consumer(auto_offset_reset="earliest")
+        await c.start()
+        c.assign([TP])
+        assert await c.getmany(timeout_ms=1500) == {} and loop.time() == 1.5
+        kafka.faults.empty_fetch = 0.0
+        assert [r.value for r in (await c.getmany(timeout_ms=1500))[TP]] == [b"x"]
+    sim(body)
+
+
 def test_an_outage_holds_sends_until_it_ends_or_their_timeout() -> None:
     async def body(kafka: SimKafka) -> None:
         loop = asyncio.get_running_loop()
