@@ -1,0 +1,153 @@
+"""The product's own Kafka code, unchanged, on the simulated Kafka and the virtual loop.
+
+The Kafka port the simulator needs (sfaas/sim/README.md, "Next") is put in place here by
+replacing the three aiokafka names ``sfaas.runtime.kafka`` builds its clients with; every
+producer, consumer and admin client ``make_producer``, ``make_consumer``, ``ensure_topics``
+and ``read_range`` make is then a simulated one."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import OutOfOrderSequenceNumber
+
+from sfaas.errors import EXIT_FENCED, ClusterError
+from sfaas.runtime import kafka as runtime_kafka
+from sfaas.runtime import wire
+from sfaas.runtime.kafka import ensure_topics, make_producer, read_range
+from sfaas.runtime.settings import Settings
+from sfaas.sim import clock
+from sfaas.sim.log import SimKafka
+from worker.clients import KafkaClients
+from worker.egress import Egress
+from worker.fence import Fenced, FenceLease
+from worker.state import WorkerState
+
+SETTINGS = Settings(kafka="sim:9092", reply_commit_ms=0)
+
+
+def on_sim(monkeypatch: pytest.MonkeyPatch,
+           body: Callable[[SimKafka], Awaitable[None]], seed: int = 11) -> None:
+    """Run ``body`` on the virtual loop with ``sfaas.runtime.kafka``'s clients simulated."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, clock.VirtualLoop)
+        sim = SimKafka(loop.random)
+        monkeypatch.setattr(runtime_kafka, "AIOKafkaProducer", sim.producer)
+        monkeypatch.setattr(runtime_kafka, "AIOKafkaConsumer", sim.consumer)
+        monkeypatch.setattr(runtime_kafka, "AIOKafkaAdminClient", sim.admin)
+        await body(sim)
+    clock.run(main(), seed=seed)
+
+
+def test_read_range_waits_out_a_stale_leader_and_misses_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recovery's read (``read_range``) asked while a stale leader answers four records
+    short: it asks again until the leader is current, then returns every record."""
+    async def body(sim: SimKafka) -> None:
+        loop = asyncio.get_running_loop()
+        await ensure_topics(SETTINGS.kafka, {"ns.app.epochs": 1})
+        tp = TopicPartition("ns.app.epochs", 0)
+        p = make_producer(SETTINGS.kafka, durable=True)
+        await p.start()
+        for i in range(10):
+            await (await p.send(tp.topic, bytes([i]), partition=0))
+        sim.stale_leader(tp, 3.0, behind=4)
+        t0 = loop.time()
+        got = await read_range(SETTINGS.kafka, {tp: 2}, at_least={tp: 10})
+        assert got == {0: [(o, bytes([o])) for o in range(2, 10)]}
+        assert loop.time() - t0 >= 3.0
+        sim.stale_leader(tp, 600.0, behind=4)  # past its patience: it says so
+        t0 = loop.time()
+        with pytest.raises(ClusterError, match="cannot read"):
+            await read_range(SETTINGS.kafka, {tp: 2}, at_least={tp: 10}, patience=30.0)
+        assert 30.0 <= loop.time() - t0 < 31.0
+    on_sim(monkeypatch, body)
+
+
+def test_kafka_clients_renew_a_desynced_producer_and_the_record_lands_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async def body(sim: SimKafka) -> None:
+        await ensure_topics(SETTINGS.kafka, {"ns.app.epochs": 1})
+        clients = KafkaClients(SETTINGS)  # (its new_producer: make_producer, simulated)
+        await clients.start_producer(0)
+        sim.faults.desync = 1.0
+        sent = await clients.send("ns.app.epochs", b"record", 0)
+        with pytest.raises(OutOfOrderSequenceNumber):
+            await asyncio.shield(sent.delivery)
+        sim.faults.desync = 0.0
+        md = await clients.delivered(sent)
+        assert md.offset == 0 and clients.producer_renewals == 1
+        got = await read_range(SETTINGS.kafka, {TopicPartition("ns.app.epochs", 0): 0})
+        assert got == {0: [(0, b"record")]}
+        await clients.stop_producer()
+    on_sim(monkeypatch, body)
+
+
+def _egress(topic: str, generation: int, closed: list[str]) -> Egress:
+    st = WorkerState(1, False)
+    st.index, st.generation, st.egress_topic = 0, generation, topic
+    uplink = SimpleNamespace(closed=False, close=lambda: closed.append(f"gen {generation}"))
+    return Egress(SETTINGS, st, SimpleNamespace(consumer=None), uplink,  # type: ignore[arg-type]
+                  completed=SimpleNamespace(complete=lambda p, o: None))
+
+
+def _rids(raw: dict[int, list[tuple[int, bytes]]]) -> list[str]:
+    return sorted(wire.Reply.decode(v).rid for recs in raw.values() for _, v in recs)
+
+
+def test_a_dead_workers_reply_is_seen_once_after_its_successor(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scenario of tests/runtime/test_egress_transactions.py's real-Kafka test, on the
+    simulation: a worker paused before committing r1 and r2 (one per lane) is replaced;
+    its successor's producers fence it, a ``read_committed`` read finds neither answered,
+    the successor commits both; the dead one wakes and is refused."""
+    async def body(sim: SimKafka) -> None:
+        topic, closed, exits, counter = "ns.app.out", [], [], itertools.count()
+        await ensure_topics(SETTINGS.kafka, {topic: 2})
+        dead, successor = _egress(topic, 1, closed), _egress(topic, 2, closed)
+        now = [0.0]
+        lease = FenceLease(2.0, lambda: False, clock=lambda: now[0], exit=exits.append)
+        lease.grant(0.0)
+        dead._lease = lease
+        await dead.start(0)
+        held, wake = [asyncio.Event(), asyncio.Event()], asyncio.Event()
+        for lane in dead.lanes:
+            original = lane.producer.commit_transaction
+
+            async def commit(original: Any = original, at: asyncio.Event = held[lane.index]) -> None:
+                at.set()
+                await wake.wait()
+                await original()
+            lane.producer.commit_transaction = commit
+        r1, r2 = (wire.Reply(f"r{i}", True, next(counter)).encode() for i in (1, 2))
+        dead.add(0, r1, -1, -1)
+        dying = asyncio.ensure_future(dead.flush())
+        await held[0].wait()
+        dead.add(1, r2, -1, -1)
+        dying2 = asyncio.ensure_future(dead.flush())
+        await held[1].wait()
+        tps = {TopicPartition(topic, p): 0 for p in range(2)}
+        assert _rids(await read_range(SETTINGS.kafka, tps)) == ["r1", "r2"]
+        await successor.start(0)
+        assert _rids(await read_range(SETTINGS.kafka, tps, committed=True)) == []
+        successor.add(0, r1, -1, -1)
+        successor.add(1, r2, -1, -1)
+        await successor.flush()
+        now[0] = 100.0
+        wake.set()
+        for flushing in (dying, dying2):
+            with pytest.raises(Fenced):
+                await flushing
+        assert _rids(await read_range(SETTINGS.kafka, tps, committed=True)) == ["r1", "r2"]
+        assert _rids(await read_range(SETTINGS.kafka, tps)) == ["r1", "r1", "r2", "r2"]
+        assert successor.transactions == 1 and dead.transactions == 0 and closed == []
+        assert exits[:1] == [EXIT_FENCED]
+        await successor.stop()
+    on_sim(monkeypatch, body)
