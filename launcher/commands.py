@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from launcher import alive, replay
+from launcher import alive, ready, replay
 from sfaas.errors import (
     EXIT_RECOVERY_STOPPED,
     EXIT_START_AGAIN,
@@ -119,8 +119,8 @@ def _process_commands(sub: SubParsers) -> None:
 
 
 def _cluster_commands(sub: SubParsers) -> None:
-    """``status``, ``snapshots``, ``alive``, ``replay``, ``supervise``, ``ps``, ``scale``,
-    ``down``: what looks at or changes a cluster."""
+    """``status``, ``snapshots``, ``alive``, ``ready``, ``replay``, ``supervise``, ``ps``,
+    ``scale``, ``down``: what looks at or changes a cluster."""
     st = sub.add_parser("status",
                         help="print (and open) the URL of the running cluster's status page")
     st.add_argument("--namespace")
@@ -133,6 +133,7 @@ def _cluster_commands(sub: SubParsers) -> None:
     sn.add_argument("--json", action="store_true", help="machine-readable output")
 
     alive.add_arguments(sub.add_parser("alive", help=alive.HELP))
+    ready.add_arguments(sub.add_parser("ready", help=ready.HELP))
 
     rp = sub.add_parser("replay", help=replay.HELP)
     _common(rp)
@@ -527,7 +528,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "services": _services, "coordinator": _coordinator, "worker": _worker, "up": _up,
     "status": _status, "supervise": _supervise, "ps": _ps, "down": _down, "scale": _scale,
     "gateway": _gateway, "state": _state, "call": _call, "snapshots": _snapshots, "demo": _demo,
-    "replay": replay.run,
+    "replay": replay.run, "ready": ready.run,
 }
 
 

@@ -256,7 +256,7 @@ def test_the_workers_are_statefulsets_with_a_volume_each(tools: Tools) -> None:
                 and o["metadata"]["name"].endswith("-standby")], "standbys: 0 runs no standby"
 
 
-def test_the_coordinator_is_one_pod_ready_once_the_workers_joined(tools: Tools) -> None:
+def test_the_coordinator_is_one_pod_ready_once_a_call_would_succeed(tools: Tools) -> None:
     objs = _objects(_render(tools, *HA))
     dep = _one(objs, "Deployment", f"{RELEASE}-sfaas-coordinator")
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
@@ -264,8 +264,13 @@ def test_the_coordinator_is_one_pod_ready_once_the_workers_joined(tools: Tools) 
     env = _plain_env(c, "coordinator-pod")
     ns = _parser().parse_args(c["args"])
     assert ns.command == "coordinator" and ns.coordinator == "0.0.0.0:7700"
-    # ready = the ready file exists (coordinator/ready_file.py: once every worker joined)
-    assert c["readinessProbe"]["exec"]["command"] == ["test", "-f", env["SFAAS_READY_FILE"]]
+    # ready = a client's call would succeed: `sfaas ready` (launcher/ready.py) reads a key
+    # from every partition's owner through this coordinator
+    probe = c["readinessProbe"]
+    ready = _parser().parse_args(probe["exec"]["command"][1:])
+    assert probe["exec"]["command"][0] == "sfaas" and ready.command == "ready"
+    assert ready.coordinator == "127.0.0.1:7700" and ready.timeout == 5.0
+    assert probe["timeoutSeconds"] > ready.timeout and "checkSeconds" not in probe
     assert c["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
     svc = _one(objs, "Service", f"{RELEASE}-sfaas-coordinator")
     assert {p["port"] for p in svc["spec"]["ports"]} == {7700, 9400}

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +66,25 @@ def test_right_after_up_a_get_and_a_call_succeed_directly_and_nothing_went_throu
         assert (answered, calls_fell_back) == (1, 0)
         # neither the probe nor these wrote a request to the ingress topic
         assert asyncio.run(_ingress_records(s, "ledger", PARTITIONS)) == 0
+        # `sfaas ready` (the chart's readiness probe) runs the same check, once
+        ready = _sfaas_ready(cs)
+        assert ready.returncode == 0, ready.stderr
+        assert f"the owners of all {PARTITIONS} partitions answered" in ready.stdout
     except BaseException:
         print(log_tails(s))
         raise
     finally:
         cluster.down(s)
+    gone = _sfaas_ready(cs)  # (the cluster is down: its coordinator does not answer)
+    assert gone.returncode == 1 and "not ready" in gone.stderr
+    assert cs.coordinator in gone.stderr, gone.stderr
+
+
+def _sfaas_ready(cs: Settings) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SFAAS_SECRET": cs.secret, "SFAAS_NAMESPACE": cs.namespace}
+    return subprocess.run([sys.executable, "-m", "sfaas", "ready", "--app", APP,
+                           "--coordinator", cs.coordinator, "--timeout", "10"],
+                          capture_output=True, text=True, env=env, timeout=60)
 
 
 # -- the probe against an in-memory stand-in of the client's reads (``sfaas.reads``) ---------
