@@ -140,6 +140,11 @@ class PeerCalls:
             if not fut.done():
                 fut.cancel()
 
+    def reported(self, epoch: int) -> None:
+        """This worker reported epoch ``epoch``: a call served for it from now on makes it
+        report again (:meth:`flush_late`)."""
+        self.reported_epoch = epoch
+
     def gauges(self) -> dict[str, float]:
         """What ``worker.metrics`` shows of the calls: those deferred."""
         return {"deferred_calls": self.deferred_n}

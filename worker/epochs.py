@@ -108,7 +108,7 @@ class EpochRunner:
             return
         if logging_ns and sent is not None:
             self._watch.logged(begin.epoch, logging_ns)
-        self._calls.reported_epoch = begin.epoch
+        self._calls.reported(begin.epoch)
         self._watch.reported(begin.epoch, t0)
         self.report()
 
