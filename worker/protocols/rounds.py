@@ -9,6 +9,12 @@ interval in all), so their requests and MinIO's CPU do not all land on the cores
 When they end, one ``wire.Snapshotted`` goes to the coordinator — with ``error`` set if
 any store failed (MinIO down): the round then fails and the coordinator retries at the
 next interval.
+
+A round whose stores were restored before its report went out (a recovery rolled the
+worker back: the coordinator gave the round up) is reported by nobody: a restore abandons
+the uploads still running (``statestores.snapshots.SnapshotAbandoned``), and a report with
+the old cut's positions must never reach a coordinator whose round in flight bears the same
+id (a restarted coordinator numbers rounds from the last *published* one).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from sfaas.runtime import wire
 from sfaas.runtime.state import StoreKey
 from statestores import SnapshotInfo, Store
+from statestores.snapshots import restores
 
 log = logging.getLogger("sfaas.worker.snapshots")
 
@@ -47,9 +54,11 @@ class RoundTaker:
         #: awaited before a report: the standbys hold the round (``Shipping.wait_marks``)
         self._held = held
         self._tasks: set[asyncio.Task[None]] = set()
-        #: rounds this worker took part in, and how many failed
+        #: rounds this worker took part in, how many failed, and how many a rollback gave
+        #: up before they were reported (not reported, nor counted as taken)
         self.taken = 0
         self.failed = 0
+        self.abandoned = 0
 
     def take(
         self, round_id: int, epoch: int, stores: Mapping[StoreKey, Store],
@@ -62,6 +71,7 @@ class RoundTaker:
         futures: list[tuple[StoreKey, str, concurrent.futures.Future[SnapshotInfo]]] = []
         errors: list[str] = []
         spacing = min(UPLOAD_SPACING, self.interval / 2 / max(1, len(stores)))
+        before = [(store, restores(store)) for store in stores.values()]
         for i, (key, store) in enumerate(stores.items()):
             try:
                 futures.append((key, store.engine,
@@ -72,7 +82,7 @@ class RoundTaker:
         log.debug("round %d: froze %d stores in %.1f ms", round_id, len(futures), freeze_ms)
         task = asyncio.get_running_loop().create_task(
             self._report(round_id, epoch, futures, errors, ingress, skip, egress, retries,
-                         epoch_log, durable()),
+                         epoch_log, durable(), before),
             name=f"round-{round_id}",
         )
         self._tasks.add(task)
@@ -84,6 +94,7 @@ class RoundTaker:
         errors: list[str],
         ingress: dict[int, int], skip: dict[int, list[int]], egress: dict[int, int],
         retries: list[wire.Retry], epoch_log: int, durable: Awaitable[None],
+        before: list[tuple[Store, int]],
     ) -> None:
         cuts: list[wire.StoreCut] = []
         try:
@@ -101,6 +112,11 @@ class RoundTaker:
                                       info.bytes_total, engines[(op, p)]))
         if self._held is not None and not errors:
             await self._held(round_id)
+        if any(restores(store) != n for store, n in before):
+            self.abandoned += 1
+            log.info("round %d: given up by a rollback before its report (not sent)", round_id,
+                     extra={"worker": self.index})
+            return
         self.taken += 1
         error = "; ".join(errors)[:2000]
         if error:
