@@ -13,9 +13,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from remotes.errors import RemoteError
+
 from .version import FileEntry
 
-__all__ = ["Frozen", "SnapshotInfo", "RestoreInfo"]
+__all__ = ["Frozen", "SnapshotInfo", "RestoreInfo", "SnapshotAbandoned"]
+
+
+class SnapshotAbandoned(RemoteError):
+    """The snapshot's upload was abandoned: a restore to an older snapshot replaced the
+    state it froze before the upload ended. The snapshot is not complete as far as its
+    caller knows (its manifest may or may not have been written, never before every file
+    it names); nothing may reference it."""
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,22 @@ for the files, uploads only those the remote lacks, and publishes the manifest l
 A restore pins the snapshot's files (so nothing deletes them while it downloads), fetches
 the missing or damaged ones, waits for background work to stop (without holding the
 store lock), and asks the engine to become exactly that version.
+
+A restore waits for the queued uploads first. A caller that gives up the newer snapshots
+before it restores an older one (a runtime's rollback: their round will never complete) says
+so with :func:`abandon_uploads`, and the restore then does not wait them out (a remote
+coming back from an outage kept them retrying with backoff for seconds): each one's future
+fails at once with :class:`SnapshotAbandoned`; one that has not started never starts, one
+that is running finishes or fails on the uploader thread as before — its files, then its
+manifest, last — but publishes no mark to the store's subscribers and keeps none of its
+files pinned.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -36,12 +46,13 @@ from .errors import (
     StoreError,
 )
 from .fs import FileSystem
-from .snapshot_info import Frozen, RestoreInfo, SnapshotInfo
+from .snapshot_info import Frozen, RestoreInfo, SnapshotAbandoned, SnapshotInfo
 from .version import FileEntry, decode_entries, encode_entries, seq_of
 
 __all__ = [
-    "Frozen", "SnapshotInfo", "RestoreInfo", "SnapshotState", "SnapshotHost", "file_crc",
-    "freeze", "restore", "ship", "trust", "wait_uploads",
+    "Frozen", "SnapshotInfo", "RestoreInfo", "SnapshotAbandoned", "SnapshotState",
+    "SnapshotHost", "abandon_uploads", "file_crc", "freeze", "restore", "restores", "ship",
+    "trust", "wait_uploads",
 ]
 
 log = logging.getLogger("statestores")
@@ -57,6 +68,47 @@ MAX_UPLOAD_DELAY = 60.0
 KEEP_LOCAL = 2
 
 
+class Upload:
+    """One queued upload: its snapshot id, the uploader thread's future (``done``: ends
+    when the thread is through with it), the caller's (``outcome``), and whether a restore
+    abandoned it (:func:`abandon_uploads`)."""
+
+    __slots__ = ("snapshot_id", "done", "outcome", "abandoned")
+
+    def __init__(self, snapshot_id: int) -> None:
+        self.snapshot_id = snapshot_id
+        self.done: concurrent.futures.Future[SnapshotInfo] | None = None
+        self.outcome: concurrent.futures.Future[SnapshotInfo] = concurrent.futures.Future()
+        self.abandoned = threading.Event()
+
+    def abandon(self, target: int) -> None:
+        """(store lock held) A rollback to snapshot ``target`` replaces the state this
+        upload froze: it publishes nothing, and its caller learns so now."""
+        self.abandoned.set()
+        _settle(self.outcome, None, SnapshotAbandoned(
+            f"snapshot {self.snapshot_id}'s upload was abandoned: the store is rolled back to "
+            f"snapshot {target}"))
+
+    def settled(self, done: concurrent.futures.Future[SnapshotInfo]) -> None:
+        """(uploader thread) ``done`` ended: hand its outcome to the caller, unless the
+        upload was abandoned meanwhile."""
+        exc = done.exception()
+        _settle(self.outcome, None if exc is not None else done.result(), exc)
+
+
+def _settle(fut: concurrent.futures.Future[SnapshotInfo], result: SnapshotInfo | None,
+            exc: BaseException | None) -> None:
+    """Complete ``fut`` unless it already is (an upload's outcome is decided once: by the
+    uploader, or by a restore abandoning it, whichever comes first)."""
+    try:
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)  # type: ignore[arg-type]
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
 @dataclass
 class SnapshotState:
     """What a store remembers of its snapshots (a part every store holds; this module is
@@ -66,8 +118,10 @@ class SnapshotState:
     last_id: int | None = None
     #: the thread uploads run on, in call order (started by the first snapshot)
     uploader: concurrent.futures.ThreadPoolExecutor | None = None
-    #: uploads queued and not yet waited for (:func:`wait_uploads`)
-    pending: list[concurrent.futures.Future[SnapshotInfo]] = field(default_factory=list)
+    #: uploads queued and not yet waited for (:func:`wait_uploads`), in queue order
+    pending: list[Upload] = field(default_factory=list)
+    #: rollbacks so far (:func:`restores`): a snapshot taken before one was rolled back
+    restores: int = 0
     #: the file names of the newest uploaded snapshots, oldest first, kept pinned so a
     #: rollback to one of them needs no download (:data:`KEEP_LOCAL`; the uploader owns it)
     kept: deque[tuple[str, ...]] = field(default_factory=deque)
@@ -170,13 +224,19 @@ def freeze(
             state.uploader = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="statestores-upload"
             )
-        uploader = state.uploader
-    freeze_s = time.perf_counter() - t0
-    fut = uploader.submit(
-        upload, store, remote, snapshot_id, frozen, freeze_s, time.monotonic() + delay
-    )
-    state.pending = [f for f in state.pending if not f.done()] + [fut]
-    return fut
+        job = Upload(snapshot_id)
+        # (submitted under the lock, so a restore sees every queued upload in ``pending``)
+        job.done = state.uploader.submit(
+            upload, store, remote, snapshot_id, frozen, time.perf_counter() - t0,
+            time.monotonic() + delay, job,
+        )
+        job.done.add_done_callback(job.settled)
+        state.pending = [u for u in state.pending if not _ended(u)] + [job]
+    return job.outcome
+
+
+def _ended(job: Upload) -> bool:
+    return job.done is not None and job.done.done()
 
 
 def _known_infos(store: SnapshotHost, remote: Remote) -> dict[str, FileInfo]:
@@ -224,7 +284,7 @@ def ship(
 
 
 def upload(store: SnapshotHost, remote: Remote, snapshot_id: int, frozen: Frozen, freeze_s: float,
-           start_at: float = 0.0) -> SnapshotInfo:
+           start_at: float = 0.0, job: Upload | None = None) -> SnapshotInfo:
     """(uploader thread) Wait for the frozen files, upload what the remote lacks, publish.
 
     The checksums, uploads and the manifest run in the ``upload`` background process when
@@ -232,10 +292,14 @@ def upload(store: SnapshotHost, remote: Remote, snapshot_id: int, frozen: Frozen
     remote, the real file system): the transfers' CPU then never competes with the store's
     own process for its GIL, and runs at the background processes' lower priority. This
     thread only waits for it. It starts at ``start_at`` (``time.monotonic()``) at the earliest.
+
+    ``job`` abandoned (:meth:`Upload.abandon`): the upload stops before its transfers if
+    they have not begun; after them it publishes no mark and keeps none of its files.
     """
+    abandoned = job.abandoned if job is not None else threading.Event()
     wait = start_at - time.monotonic()
     if wait > 0:
-        time.sleep(wait)
+        abandoned.wait(wait)
     t0 = time.perf_counter()
     names = frozen.names
     state = store.snapshot_state
@@ -243,6 +307,9 @@ def upload(store: SnapshotHost, remote: Remote, snapshot_id: int, frozen: Frozen
     try:
         for f in frozen.pending:
             f.result()  # a failed background write fails the snapshot
+        if abandoned.is_set():
+            raise SnapshotAbandoned(f"snapshot {snapshot_id} of {store.directory}: abandoned "
+                                    "before its upload began")
         entries = frozen.finalize() if frozen.finalize is not None else frozen.entries
         if state.remote_files is None:
             state.remote_files = dict(remote.list_files())
@@ -262,8 +329,16 @@ def upload(store: SnapshotHost, remote: Remote, snapshot_id: int, frozen: Frozen
         known.update(infos)
         for name in shipped:
             have[name] = infos[name].size
-        store.publish_snapshot(snapshot_id, entries)  # before the unpin: replicas link its files
-        uploaded = True
+        with store.lock:  # (a restore abandons it under the lock: before or after this)
+            if not abandoned.is_set():
+                # (before the unpin: replicas link its files)
+                store.publish_snapshot(snapshot_id, entries)
+                uploaded = True
+        if not uploaded:
+            raise SnapshotAbandoned(f"snapshot {snapshot_id} of {store.directory}: abandoned "
+                                    "while it was uploaded (its manifest is no round's)")
+    except SnapshotAbandoned:
+        raise
     except RemoteError:
         state.remote_files = None
         raise
@@ -289,15 +364,49 @@ def upload(store: SnapshotHost, remote: Remote, snapshot_id: int, frozen: Frozen
     return info_out
 
 
-def wait_uploads(store: SnapshotHost) -> None:
-    """Wait for every queued upload (their errors belong to the callers of ``snapshot_async``)."""
+def wait_uploads(store: SnapshotHost, *, abandoned: bool = True) -> None:
+    """Wait for every queued upload (their errors belong to the callers of ``snapshot_async``).
+
+    ``abandoned=False``: not for those :func:`abandon_uploads` gave up (they end on their
+    own; :func:`shutdown` waits for them). Uploads run in queue order: one queued behind an
+    abandoned one still waits for it.
+    """
     state = store.snapshot_state
-    pending, state.pending = state.pending, []
-    for f in pending:
+    with store.lock:
+        wait = [u for u in state.pending if abandoned or not u.abandoned.is_set()]
+        state.pending = [u for u in state.pending if u not in wait]
+    for u in wait:
+        assert u.done is not None
         try:
-            f.result()
+            u.done.result()
+        except SnapshotAbandoned as exc:
+            log.info("%s", exc)
         except Exception as exc:
             log.warning("snapshot upload failed: %s", exc)
+
+
+def abandon_uploads(store: SnapshotHost, target: int) -> int:
+    """A rollback of ``store`` to snapshot ``target`` (0: to the empty state) begins: give up
+    the queued uploads of newer snapshots (see the module docstring), so that the restore
+    which follows does not wait for them, and count the rollback (:func:`restores`).
+    Returns how many it gave up."""
+    _check_id(target, "target")
+    state = store.snapshot_state
+    with store.lock:
+        state.restores += 1
+        newer = [u for u in state.pending
+                 if u.snapshot_id > target and not u.abandoned.is_set() and not _ended(u)]
+        for u in newer:
+            u.abandon(target)
+        # (the abandoned ones stay queued: close() waits for them)
+    return len(newer)
+
+
+def restores(store: SnapshotHost) -> int:
+    """How many rollbacks ``store`` went through (restores, :func:`abandon_uploads`): a
+    snapshot taken before the count moved was rolled back (its round, if any, was given up
+    by whoever rolled the store back)."""
+    return store.snapshot_state.restores
 
 
 def manifest_entries(manifest: Manifest) -> list[FileEntry]:
@@ -335,9 +444,11 @@ def shutdown(store: SnapshotHost) -> None:
 
 
 def restore(store: SnapshotHost, remote: Remote, snapshot_id: int | None) -> RestoreInfo:
-    """Make ``store`` exactly snapshot ``snapshot_id`` (``None``: the latest)."""
+    """Make ``store`` exactly snapshot ``snapshot_id`` (``None``: the latest).
+
+    Waits for the queued uploads first, but for those :func:`abandon_uploads` gave up."""
     t0 = time.perf_counter()
-    wait_uploads(store)
+    wait_uploads(store, abandoned=False)
     if snapshot_id is None:
         latest = remote.latest_snapshot()
         if latest is None:
@@ -368,6 +479,7 @@ def restore(store: SnapshotHost, remote: Remote, snapshot_id: int | None) -> Res
                 store.check_open()
                 store.install_snapshot(entries, frozenset(replaced), next_seq - 1)
                 state = store.snapshot_state
+                state.restores += 1
                 state.last_id = snapshot_id
                 store.publish_snapshot(snapshot_id, entries)  # replicas now hold it too
                 state.remote_files = dict(remote_files)

@@ -10,6 +10,7 @@ import pytest
 
 from sfaas.runtime import wire
 from statestores import SnapshotInfo
+from statestores.snapshots import SnapshotAbandoned, SnapshotState
 from worker.protocols.rounds import UPLOAD_SPACING, RoundTaker
 from worker.state import Cut
 
@@ -22,6 +23,7 @@ class _Store:
     def __init__(self) -> None:
         self.calls: list[tuple[int, float]] = []
         self.upload: concurrent.futures.Future[SnapshotInfo] = concurrent.futures.Future()
+        self.snapshot_state = SnapshotState()  # (counts its restores)
 
     def snapshot_async(self, snapshot_id: int, *, delay: float = 0.0) -> concurrent.futures.Future[SnapshotInfo]:
         self.calls.append((snapshot_id, delay))
@@ -64,3 +66,44 @@ async def test_a_rounds_uploads_start_spread_over_at_most_half_an_interval(inter
             report.epoch_log) == (42, {0: 10}, {}, {0: 3}, [], 5)
     assert [(c.operator, c.partition, c.engine) for c in report.stores] == [
         ("op", p, "memonly") for p in range(n)]
+
+
+@pytest.mark.parametrize("upload", ["abandoned", "done"])
+async def test_a_round_rolled_back_before_its_report_is_not_reported(upload: str) -> None:
+    """A recovery restored the stores after the freeze: the round's report (its cut's old
+    positions) must never go out, not even as a failure — a restarted coordinator may have
+    a round in flight under the same id (statestores abandons the uploads still running,
+    or they had ended already and the report was waiting for the replies' acks)."""
+    sent: list[wire.Message] = []
+    taker = RoundTaker(0, sent.append, interval=1.0)
+    stores = {("op", p): _Store() for p in range(2)}
+    acked = asyncio.Event()
+
+    async def durable() -> None:
+        await acked.wait()
+
+    taker.take(7, Cut(42, {0: 10}, {}, [], {0: 3}, 5), stores, durable)  # type: ignore[arg-type]
+    for s in stores.values():
+        if upload == "done":
+            s.upload.set_result(_info(7))
+        s.snapshot_state.restores += 1  # a rollback restored it
+        if upload == "abandoned":
+            s.upload.set_exception(SnapshotAbandoned("restored to snapshot 5"))
+    acked.set()
+    await taker.close()
+    assert sent == [] and taker.abandoned == 1 and taker.taken == 0
+
+
+async def test_a_round_taken_after_a_rollback_is_reported() -> None:
+    sent: list[wire.Message] = []
+    taker = RoundTaker(0, sent.append, interval=1.0)
+    stores = {("op", 0): _Store()}
+    stores["op", 0].snapshot_state.restores = 3  # (restored before the freeze: no matter)
+
+    async def durable() -> None:
+        return None
+
+    taker.take(8, Cut(50, {0: 10}, {}, [], {0: 3}, 5), stores, durable)  # type: ignore[arg-type]
+    stores["op", 0].upload.set_result(_info(8))
+    await taker.close()
+    assert len(sent) == 1 and isinstance(sent[0], wire.Snapshotted) and sent[0].round == 8

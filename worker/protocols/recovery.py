@@ -7,7 +7,9 @@ a dead one alike — does the same (global rollback, Styx's way):
    let replies already handed to Kafka finish (they are correct: deterministic);
 2. reconnect peers whose address changed (a replaced worker);
 3. restore every store to the round (``restore`` downloads only files the local directory
-   lacks; round 0 = the empty state before any round);
+   lacks; round 0 = the empty state before any round), giving up first the uploads of
+   newer rounds (``statestores.snapshots.abandon_uploads``: they will never complete, and a
+   MinIO coming back from an outage kept the rollback waiting seconds behind their retries);
 4. read the epoch log after the round (``sfaas.runtime.epochlog``), this worker's ingress from the
    round's positions, and the egress topic from the round's positions, ``read_committed``
    (request ids already answered: their replies are not produced again; a dead
@@ -47,6 +49,7 @@ from statestores.errors import (
     StoreClosedError,
     StoreError,
 )
+from statestores.snapshots import abandon_uploads
 from worker.links import CoordinatorLink, PeerLinks
 from worker.needs import Quiet, WorldRollback
 from worker.protocols.replay import Logs, Raw, Replay, direct_items, replay_batch
@@ -227,10 +230,12 @@ class RollBack:
 
         def restore(op: str, p: int, store: Store) -> float:
             """(a thread) Store ``(op, p)`` back to the round."""
+            gave_up = abandon_uploads(store, m.round)
             if m.round > 0:
                 info = store.restore(m.round)
-                log.info("restored %s/p%d to round %d: %d of %d files downloaded", op, p, m.round,
-                         info.files_downloaded, info.files_total, extra={"worker": me})
+                log.info("restored %s/p%d to round %d: %d of %d files downloaded; %d uploads of "
+                         "later rounds given up", op, p, m.round, info.files_downloaded,
+                         info.files_total, gave_up, extra={"worker": me})
             else:  # no round yet: back to empty
                 store.write_batch([(k, None) for k, _ in store.items()])
             return time.perf_counter() - since

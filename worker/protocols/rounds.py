@@ -9,6 +9,12 @@ interval in all), so their requests and MinIO's CPU do not all land on the cores
 When they end, one ``wire.Snapshotted`` goes to the coordinator — with ``error`` set if
 any store failed (MinIO down): the round then fails and the coordinator retries at the
 next interval.
+
+A round whose stores were restored before its report went out (a recovery rolled the
+worker back: the coordinator gave the round up) is reported by nobody: a restore abandons
+the uploads still running (``statestores.snapshots.SnapshotAbandoned``), and a report with
+the old cut's positions must never reach a coordinator whose round in flight bears the same
+id (a restarted coordinator numbers rounds from the last *published* one).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from sfaas.runtime import wire
 from sfaas.runtime.state import StoreKey
 from statestores import SnapshotInfo, Store
+from statestores.snapshots import restores
 from worker.state import Cut
 
 log = logging.getLogger("sfaas.worker.snapshots")
@@ -48,9 +55,11 @@ class RoundTaker:
         #: awaited before a report: the standbys hold the round (``Shipping.wait_marks``)
         self._held = held
         self._tasks: set[asyncio.Task[None]] = set()
-        #: rounds this worker took part in, and how many failed
+        #: rounds this worker took part in, how many failed, and how many a rollback gave
+        #: up before they were reported (not reported, nor counted as taken)
         self.taken = 0
         self.failed = 0
+        self.abandoned = 0
 
     def counters(self) -> dict[str, float]:
         """What ``worker.metrics`` shows of the rounds: taken, and failed."""
@@ -65,6 +74,7 @@ class RoundTaker:
         futures: list[tuple[StoreKey, str, concurrent.futures.Future[SnapshotInfo]]] = []
         errors: list[str] = []
         spacing = min(UPLOAD_SPACING, self.interval / 2 / max(1, len(stores)))
+        before = [(store, restores(store)) for store in stores.values()]
         for i, (key, store) in enumerate(stores.items()):
             try:
                 futures.append((key, store.engine,
@@ -74,7 +84,7 @@ class RoundTaker:
         freeze_ms = 1000 * (time.perf_counter() - t0)
         log.debug("round %d: froze %d stores in %.1f ms", round_id, len(futures), freeze_ms)
         task = asyncio.get_running_loop().create_task(
-            self._report(round_id, cut, futures, errors, durable()),
+            self._report(round_id, cut, futures, errors, durable(), before),
             name=f"round-{round_id}",
         )
         self._tasks.add(task)
@@ -83,7 +93,7 @@ class RoundTaker:
     async def _report(
         self, round_id: int, cut: Cut,
         futures: list[tuple[StoreKey, str, concurrent.futures.Future[SnapshotInfo]]],
-        errors: list[str], durable: Awaitable[None],
+        errors: list[str], durable: Awaitable[None], before: list[tuple[Store, int]],
     ) -> None:
         cuts: list[wire.StoreCut] = []
         try:
@@ -101,6 +111,11 @@ class RoundTaker:
                                       info.bytes_total, engines[(op, p)]))
         if self._held is not None and not errors:
             await self._held(round_id)
+        if any(restores(store) != n for store, n in before):
+            self.abandoned += 1
+            log.info("round %d: given up by a rollback before its report (not sent)", round_id,
+                     extra={"worker": self.index})
+            return
         self.taken += 1
         error = "; ".join(errors)[:2000]
         if error:
