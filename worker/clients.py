@@ -53,6 +53,7 @@ from aiokafka.errors import (
 
 from sfaas.errors import ClusterError
 from sfaas.runtime.kafka import make_consumer, make_producer
+from sfaas.runtime.ports import KafkaPort
 from sfaas.runtime.settings import Settings
 from worker.fence import FenceLease
 
@@ -124,15 +125,18 @@ async def hand_over(kafka: HasProducer, topic: str, value: bytes, partition: int
 class KafkaClients:
     """The producer and the consumer (None until started) and the consumer's group."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, kafka: KafkaPort | None = None) -> None:
+        """``kafka``: the Kafka port its clients are made by (``sfaas.runtime.ports``; the
+        process's when None)."""
         self._settings = settings
+        self._port = kafka
         self.producer: Any = None
         self.consumer: Any = None
         #: the group ``consumer`` was started in
         self.group = ""
         #: makes a producer, not started (a seam: tests give fakes)
         self.new_producer: Callable[[], Any] = lambda: make_producer(
-            settings.kafka, settings.linger_ms, durable=True)
+            settings.kafka, settings.linger_ms, durable=True, kafka=kafka)
         #: producers replaced so far (stuck in ``OutOfOrderSequenceNumber`` and the like)
         self.producer_renewals = 0
         #: the renewal under way (one at a time), and the replaced producers stopping
@@ -151,7 +155,8 @@ class KafkaClients:
         if self.consumer is not None:
             await self.consumer.stop()
         self.consumer = await start_kafka(
-            lambda: make_consumer(s.kafka, group, s.fetch_wait_ms), s.kafka, index=index)
+            lambda: make_consumer(s.kafka, group, s.fetch_wait_ms, kafka=self._port), s.kafka,
+            index=index)
         self.group = group
 
     # -- a stuck producer (see the module docstring) ----------------------------------------------
