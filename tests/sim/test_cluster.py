@@ -1,0 +1,50 @@
+"""A whole cluster in one process (``sfaas.sim.cluster``): the real coordinator and workers
+on the simulated Kafka, object store, network and clock, a bank workload, its invariants,
+and a seed that gives the same trace twice — in one process and in two."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from examples.bank import app
+from sfaas.sim.__main__ import ROLES
+from sfaas.sim.cluster import Bank, simulate
+
+SEEDS = range(10)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_every_request_is_answered_once_and_money_is_conserved(seed: int) -> None:
+    print(f"seed {seed}")
+    o = simulate(app, ROLES, seed, workers=2, bank=Bank(accounts=6, transfers=60))
+    assert o.violations == []
+    assert o.sent == 6 + 60 + 6 == len(o.replies) and not o.duplicates
+    assert sum(o.balances.values()) == 6 * 100 and len(o.balances) == 6
+    assert o.committed >= 6 + 6 and o.aborted == o.sent - o.committed
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_seed_gives_the_same_trace_twice(seed: int) -> None:
+    print(f"seed {seed}")
+    runs = [simulate(app, ROLES, seed, workers=3, bank=Bank(transfers=80)) for _ in range(2)]
+    assert runs[0].trace == runs[1].trace and len(runs[0].trace) > 300
+    other = simulate(app, ROLES, seed + 100, workers=3, bank=Bank(transfers=80))
+    assert other.trace != runs[0].trace  # (the seed matters)
+
+
+def test_the_command_prints_the_same_trace_twice_in_two_processes() -> None:
+    """Across processes too: string hashing (``PYTHONHASHSEED``) differs between them."""
+    print("seed 5")
+    outs = []
+    for hashseed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=hashseed)
+        run = subprocess.run([sys.executable, "-m", "sfaas.sim", "--app", "examples.bank:app",
+                              "--seed", "5", "--transfers", "40", "--trace"],
+                             capture_output=True, text=True, env=env, check=True)
+        outs.append(run.stdout)
+    assert outs[0] == outs[1]
+    assert outs[0].startswith("seed 5\n") and "sent 56, answered 56" in outs[0]
