@@ -43,14 +43,21 @@ def main(argv: list[str] | None = None) -> int:
                    help="simulated seconds each phase may wait for its replies")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--transfers", type=int, default=200)
+    p.add_argument("--crash", metavar="AT,DOWN", default="",
+                   help="worker 1 crashes AT simulated seconds in; a fresh one replaces it "
+                        "DOWN seconds later (e.g. 2,1)")
     p.add_argument("--trace", action="store_true", help="print every line of the trace")
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
     app = _load(ns.app)
+    crash = None
+    if ns.crash:
+        at, _, down = ns.crash.partition(",")
+        crash = (float(at), float(down or 1.0))
     print(f"seed {ns.seed}")
     t0 = time.perf_counter()
     o = simulate(app, ROLES, ns.seed, seconds=ns.seconds, workers=ns.workers,
-                 bank=Bank(transfers=ns.transfers))
+                 bank=Bank(transfers=ns.transfers), crash=crash)
     wall = time.perf_counter() - t0
     if ns.trace:
         print("\n".join(o.trace))

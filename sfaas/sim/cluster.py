@@ -62,6 +62,14 @@ class Roles:
     worker: Callable[[Settings, App, str, ports.Ports], Process]
 
 
+#: The snapshot interval of a run with crashes: rounds on — so the epoch log is written
+#: and a lost worker is recovered (from round 0, replaying the log) — but never due. A
+#: round is timed by wall-clock reads in ``coordinator/protocols/rounds.py`` and uploads
+#: on threads in ``statestores/snapshots.py``, neither on a port yet: a round due in a
+#: run would start at an epoch the wall clock picks.
+NEVER_DUE = 1e9
+
+
 @dataclass
 class Bank:
     """The bank workload (see the module docstring)."""
@@ -88,18 +96,26 @@ class Outcome:
     balances: dict[str, int] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     simulated_seconds: float = 0.0
+    #: objects in the simulated store at the end (snapshots, manifests, rounds)
+    objects: int = 0
 
 
 class SimCluster:
     """One simulated cluster (see the module docstring); :meth:`run` on a VirtualLoop."""
 
     def __init__(self, app: App, roles: Roles, seed: int, *, workers: int = 2,
-                 partitions: int = 4, seconds: float = 60.0, bank: Bank | None = None) -> None:
+                 partitions: int = 4, seconds: float = 60.0, bank: Bank | None = None,
+                 rounds: float = 0.0, crash: tuple[float, float] | None = None) -> None:
         self.app = app
         self.roles = roles
         self.workers = workers
         self.partitions = partitions
         self.seconds = seconds
+        #: the snapshot interval (0: no rounds; then a lost worker stops the cluster)
+        self.rounds = rounds
+        #: ``(at, down)``: worker 1 crashes ``at`` simulated seconds into the run and a
+        #: fresh process takes its slot ``down`` seconds later (None: no crash)
+        self.crash = crash
         self.bank = bank or Bank()
         self.outcome = Outcome(seed)
         self._tasks: list[asyncio.Task[None]] = []
@@ -113,7 +129,8 @@ class SimCluster:
         return Settings.load({
             "secret": SECRET, "home": self._home, "kafka": "sim:9092", "minio": "sim:9000",
             "workers": self.workers, "partitions": self.partitions, "store": "memonly",
-            "snapshot_interval": 0, "metrics_port": 0, "coordinator": "127.0.0.1:7700",
+            "snapshot_interval": self.rounds, "background": "thread", "metrics_port": 0,
+            "coordinator": "127.0.0.1:7700",
             "namespace": "sim",
             # (the gathering window is timed by wall-clock reads in coordinator/epochs.py,
             # not by a port yet: a window > 0 makes runs of one seed differ)
@@ -125,9 +142,9 @@ class SimCluster:
         rng = loop.random
         self.kafka = SimKafka(random.Random(rng.getrandbits(64)),
                               on_event=self.outcome.trace.append)  # (its lines say the time)
-        objects = SimObjectStore(random.Random(rng.getrandbits(64)), sleep=loop.clock.advance,
-                                 clock=loop.time)
-        net = SimNetwork(random.Random(rng.getrandbits(64)))
+        objects = self.objects = SimObjectStore(random.Random(rng.getrandbits(64)),
+                                                sleep=loop.clock.advance, clock=loop.time)
+        net = self.net = SimNetwork(random.Random(rng.getrandbits(64)))
         self._home = tempfile.mkdtemp(prefix="sfaas-sim-")
         try:
             s = self._settings()
@@ -137,11 +154,16 @@ class SimCluster:
                 name = f"worker-{i}"
                 self._start(name, self._worker,
                             process_ports(name, self.kafka, objects, net, loop.clock), s)
+            if self.crash is not None:
+                faults = loop.create_task(self._crash(s, *self.crash))
             await self._drive(s, random.Random(rng.getrandbits(64)))
+            if self.crash is not None:
+                await faults
         finally:
             await self._stop()
             shutil.rmtree(self._home, ignore_errors=True)
         self.outcome.simulated_seconds = loop.time()
+        self.outcome.objects = len(objects.objects)
         return self.outcome
 
     def _start(self, name: str,
@@ -158,6 +180,27 @@ class SimCluster:
 
     async def _worker(self, name: str, s: Settings, its: ports.Ports) -> None:
         await self.roles.worker(s, self.app, name, its).run()
+
+    async def _crash(self, s: Settings, at: float, down: float) -> None:
+        """Worker 1 dies (its connections break, its task is cancelled), and a fresh
+        process takes its slot ``down`` seconds later."""
+        await asyncio.sleep(at)
+        name = "worker-1"
+        self._trace(f"fault crash {name}")
+        self.net.crash(name)
+        victim = next(t for t in self._tasks if t.get_name() == name)
+        victim.cancel()
+        try:
+            await victim
+        except BaseException as exc:  # (how it ended is not the run's business)
+            self._trace(f"{name} ended: {type(exc).__name__}")
+        self._tasks.remove(victim)
+        await asyncio.sleep(down)
+        self._trace(f"fault restart {name}")
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, clock.VirtualLoop)
+        self._start(name, self._worker,
+                    process_ports(name, self.kafka, self.objects, self.net, loop.clock), s)
 
     async def _stop(self) -> None:
         for task in reversed(self._tasks):
@@ -263,7 +306,10 @@ class SimCluster:
 
 
 def simulate(app: App, roles: Roles, seed: int, *, seconds: float = 60.0, workers: int = 2,
-             bank: Bank | None = None) -> Outcome:
-    """Run one simulated cluster of ``app`` for ``seed`` (see the module docstring)."""
-    cluster = SimCluster(app, roles, seed, workers=workers, seconds=seconds, bank=bank)
+             bank: Bank | None = None, crash: tuple[float, float] | None = None) -> Outcome:
+    """Run one simulated cluster of ``app`` for ``seed`` (see the module docstring);
+    ``crash``: ``(at, down)``, worker 1 crashes and a fresh process replaces it — with
+    rounds on (:data:`NEVER_DUE`) the cluster recovers from the epoch log."""
+    cluster = SimCluster(app, roles, seed, workers=workers, seconds=seconds, bank=bank,
+                         rounds=NEVER_DUE if crash else 0.0, crash=crash)
     return clock.run(cluster.run(), seed=seed)
