@@ -35,6 +35,14 @@ def _load(ref: str) -> App:
     return app
 
 
+def _pair(text: str) -> tuple[float, float] | None:
+    """``"AT,SECONDS"`` (SECONDS 1 when left out); None for ``""``."""
+    if not text:
+        return None
+    at, _, seconds = text.partition(",")
+    return float(at), float(seconds or 1.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sfaas.sim", description=__doc__)
     p.add_argument("--app", required=True, help="module:attribute of the App")
@@ -46,18 +54,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--crash", metavar="AT,DOWN", default="",
                    help="worker 1 crashes AT simulated seconds in; a fresh one replaces it "
                         "DOWN seconds later (e.g. 2,1)")
+    p.add_argument("--cut", metavar="AT,FOR", default="",
+                   help="worker 1 and the coordinator cut apart AT simulated seconds in, "
+                        "healed FOR seconds later (e.g. 1,1)")
     p.add_argument("--trace", action="store_true", help="print every line of the trace")
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
     app = _load(ns.app)
-    crash = None
-    if ns.crash:
-        at, _, down = ns.crash.partition(",")
-        crash = (float(at), float(down or 1.0))
+    crash, cut = _pair(ns.crash), _pair(ns.cut)
     print(f"seed {ns.seed}")
     t0 = time.perf_counter()
     o = simulate(app, ROLES, ns.seed, seconds=ns.seconds, workers=ns.workers,
-                 bank=Bank(transfers=ns.transfers), crash=crash)
+                 bank=Bank(transfers=ns.transfers), crash=crash, cut=cut)
     wall = time.perf_counter() - t0
     if ns.trace:
         print("\n".join(o.trace))

@@ -105,7 +105,8 @@ class SimCluster:
 
     def __init__(self, app: App, roles: Roles, seed: int, *, workers: int = 2,
                  partitions: int = 4, seconds: float = 60.0, bank: Bank | None = None,
-                 rounds: float = 0.0, crash: tuple[float, float] | None = None) -> None:
+                 rounds: float = 0.0, crash: tuple[float, float] | None = None,
+                 cut: tuple[float, float] | None = None) -> None:
         self.app = app
         self.roles = roles
         self.workers = workers
@@ -116,6 +117,9 @@ class SimCluster:
         #: ``(at, down)``: worker 1 crashes ``at`` simulated seconds into the run and a
         #: fresh process takes its slot ``down`` seconds later (None: no crash)
         self.crash = crash
+        #: ``(at, for)``: worker 1 and the coordinator are cut apart ``at`` seconds into the
+        #: run (their channel breaks, no new one connects) and healed ``for`` seconds later
+        self.cut = cut
         self.bank = bank or Bank()
         self.outcome = Outcome(seed)
         self._tasks: list[asyncio.Task[None]] = []
@@ -154,11 +158,12 @@ class SimCluster:
                 name = f"worker-{i}"
                 self._start(name, self._worker,
                             process_ports(name, self.kafka, objects, net, loop.clock), s)
-            if self.crash is not None:
-                faults = loop.create_task(self._crash(s, *self.crash))
+            faults = [loop.create_task(self._crash(s, *self.crash))] if self.crash else []
+            if self.cut:
+                faults.append(loop.create_task(self._cut(*self.cut)))
             await self._drive(s, random.Random(rng.getrandbits(64)))
-            if self.crash is not None:
-                await faults
+            for task in faults:
+                await task
         finally:
             await self._stop()
             shutil.rmtree(self._home, ignore_errors=True)
@@ -201,6 +206,15 @@ class SimCluster:
         assert isinstance(loop, clock.VirtualLoop)
         self._start(name, self._worker,
                     process_ports(name, self.kafka, self.objects, self.net, loop.clock), s)
+
+    async def _cut(self, at: float, seconds: float) -> None:
+        """Worker 1 and the coordinator cut apart for ``seconds``, then healed."""
+        await asyncio.sleep(at)
+        self._trace("fault cut worker-1 coordinator")
+        self.net.cut("worker-1", "coordinator")
+        await asyncio.sleep(seconds)
+        self._trace("fault heal worker-1 coordinator")
+        self.net.heal("worker-1", "coordinator")
 
     async def _stop(self) -> None:
         for task in reversed(self._tasks):
@@ -306,10 +320,12 @@ class SimCluster:
 
 
 def simulate(app: App, roles: Roles, seed: int, *, seconds: float = 60.0, workers: int = 2,
-             bank: Bank | None = None, crash: tuple[float, float] | None = None) -> Outcome:
+             bank: Bank | None = None, crash: tuple[float, float] | None = None,
+             cut: tuple[float, float] | None = None) -> Outcome:
     """Run one simulated cluster of ``app`` for ``seed`` (see the module docstring);
     ``crash``: ``(at, down)``, worker 1 crashes and a fresh process replaces it — with
-    rounds on (:data:`NEVER_DUE`) the cluster recovers from the epoch log."""
+    rounds on (:data:`NEVER_DUE`) the cluster recovers from the epoch log; ``cut``:
+    ``(at, for)``, worker 1 and the coordinator cut apart for a while."""
     cluster = SimCluster(app, roles, seed, workers=workers, seconds=seconds, bank=bank,
-                         rounds=NEVER_DUE if crash else 0.0, crash=crash)
+                         rounds=NEVER_DUE if crash or cut else 0.0, crash=crash, cut=cut)
     return clock.run(cluster.run(), seed=seed)
