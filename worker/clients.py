@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -52,8 +51,9 @@ from aiokafka.errors import (
 )
 
 from sfaas.errors import ClusterError
+from sfaas.runtime import ports
 from sfaas.runtime.kafka import make_consumer, make_producer
-from sfaas.runtime.ports import KafkaPort
+from sfaas.runtime.ports import ClockPort, KafkaPort
 from sfaas.runtime.settings import Settings
 from worker.fence import FenceLease
 
@@ -73,10 +73,11 @@ RENEW_PATIENCE = 10.0
 
 
 async def start_kafka(make: Callable[[], Any], where: str, patience: float = 120.0,
-                      index: int = -1) -> Any:
+                      index: int = -1, *, clock: ClockPort | None = None) -> Any:
     """Start the Kafka client ``make()`` gives, retrying while the broker at ``where`` is
-    unreachable, at most ``patience`` seconds."""
-    deadline = time.monotonic() + patience
+    unreachable, at most ``patience`` seconds of ``clock`` (the process's when None)."""
+    clock = clock or ports.current().clock
+    deadline = clock.monotonic() + patience
     while True:
         client = make()
         try:
@@ -84,7 +85,7 @@ async def start_kafka(make: Callable[[], Any], where: str, patience: float = 120
             return client
         except Exception as exc:
             await client.stop()
-            if time.monotonic() > deadline:
+            if clock.monotonic() > deadline:
                 raise ClusterError(f"Kafka at {where} unreachable for {patience:.0f} s: "
                                    f"{exc}") from exc
             log.warning("Kafka at %s unreachable (%s); retrying", where, exc,
