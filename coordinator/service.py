@@ -45,6 +45,8 @@ from remotes import Remote
 from sfaas.errors import ClusterError, RecoveryStopped
 from sfaas.runtime.kafka import consumer_group, silence_limit
 from sfaas.runtime.lifecycle import Service
+from sfaas.runtime.ports import Ports
+from sfaas.runtime.ports import current as current_ports
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import rounds_remote, store_remote
 
@@ -58,13 +60,17 @@ class Coordinator(Service):
 
     part = "coordinator"
 
-    def __init__(self, settings: Settings, app_name: str) -> None:
+    def __init__(self, settings: Settings, app_name: str, ports: Ports | None = None) -> None:
+        """``ports``: where the process gets its outside world (``sfaas.runtime.ports``;
+        the process's — :data:`~sfaas.runtime.ports.REAL` in production — when None)."""
         s = self.settings = settings
         self.app_name = app_name
+        self.ports = ports or current_ports()
         traces.configure(s.namespace, s.trace_slow)
         self.state = ClusterState(s.workers)
         self.inbox = Inbox()
-        self.startup = Startup(s, app_name, self.state, self._rounds_remote)
+        self.startup = Startup(s, app_name, self.state, self._rounds_remote,
+                               kafka=self.ports.kafka, clock=self.ports.clock)
         self.ready_file = ReadyFile(s.ready_file, self.snapshot)
         self.rounds = RoundKeeper(s.snapshot_interval, s.snapshot_retain, self.state.layout,
                                   self._rounds_remote, self._store_remote)
@@ -182,12 +188,13 @@ class Coordinator(Service):
         self.inbox.interrupt()
 
     def _rounds_remote(self) -> Remote:
-        return rounds_remote(self.settings, self.app_name)
+        return rounds_remote(self.settings, self.app_name, objects=self.ports.objects)
 
     def _store_remote(self, operator: str, partition: int) -> Remote:
-        return store_remote(self.settings, self.app_name, operator, partition)
+        return store_remote(self.settings, self.app_name, operator, partition,
+                            objects=self.ports.objects)
 
 
-async def run_coordinator(settings: Settings, app_name: str) -> None:
+async def run_coordinator(settings: Settings, app_name: str, ports: Ports | None = None) -> None:
     """Run a coordinator for ``app_name`` until cancelled or a worker is lost."""
-    await Coordinator(settings, app_name).run()
+    await Coordinator(settings, app_name, ports).run()

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 
 from coordinator.state import ClusterState
 from remotes import Remote
 from sfaas.errors import ClusterError
+from sfaas.runtime import ports
 from sfaas.runtime.kafka import ensure_topics
 from sfaas.runtime.lifecycle import Service
 from sfaas.runtime.partitioning import default_owners
+from sfaas.runtime.ports import ClockPort, KafkaPort
 from sfaas.runtime.protocols.rounds import Rounds
 from sfaas.runtime.settings import Settings
 
@@ -36,11 +37,15 @@ class Startup(Service):
     part = "topics"
 
     def __init__(self, settings: Settings, app: str, state: ClusterState,
-                 rounds_remote: Callable[[], Remote]) -> None:
+                 rounds_remote: Callable[[], Remote], *, kafka: KafkaPort | None = None,
+                 clock: ClockPort | None = None) -> None:
         self._settings = settings
         self._app = app
         self._state = state
         self._rounds_remote = rounds_remote
+        #: the Kafka and clock ports (``sfaas.runtime.ports``; the process's when None)
+        self._kafka = kafka or ports.current().kafka
+        self._clock = clock or ports.current().clock
         #: set by the start: a restarted coordinator recovers before any epoch
         self.resumed = False
 
@@ -50,40 +55,46 @@ class Startup(Service):
         topics = {ingress: s.partitions, egress: s.partitions}
         if s.snapshot_interval > 0:
             topics[s.epoch_log_topic(app)] = 1
-        partitions = (await create_topics(s.kafka, topics, s.replication))[ingress]
+        partitions = (await create_topics(s.kafka, topics, s.replication, port=self._kafka,
+                                          clock=self._clock))[ingress]
         if partitions < s.workers:
             raise ClusterError(f"topic {ingress} has {partitions} partitions < {s.workers} workers")
         state.configure(partitions, s.workers, default_owners(partitions, s.workers))
         self.resumed = s.snapshot_interval > 0 and await epoch_log_used(
-            s.kafka, s.epoch_log_topic(app))
+            s.kafka, s.epoch_log_topic(app), port=self._kafka)
         if self.resumed:
             state.resume()  # (the ready file says so from its first writing)
-            resumed = await resumed_map(self._rounds_remote, partitions, s.workers)
+            resumed = await resumed_map(self._rounds_remote, partitions, s.workers,
+                                        clock=self._clock)
             if resumed is not None:
                 state.configure(partitions, *resumed)
 
 
-async def create_topics(kafka: str, topics: dict[str, int], replication: int = 1,
+async def create_topics(kafka: str, topics: dict[str, int], replication: int = 1, *,
+                        port: KafkaPort | None = None, clock: ClockPort | None = None,
                         ) -> dict[str, int]:
     """Create ``topics`` (name → partitions) if missing; their partition counts. A broker
-    that is restarting must not make the supervisor give up on us: retried for a while."""
-    deadline = time.monotonic() + PATIENCE
+    that is restarting must not make the supervisor give up on us: retried for a while.
+    ``port``, ``clock``: the Kafka and clock ports (the process's when None)."""
+    clock = clock or ports.current().clock
+    deadline = clock.monotonic() + PATIENCE
     while True:
         try:
-            return await ensure_topics(kafka, topics, replication)
+            return await ensure_topics(kafka, topics, replication, kafka=port)
         except Exception as exc:
-            if time.monotonic() > deadline:
+            if clock.monotonic() > deadline:
                 raise
             log.warning("Kafka at %s unreachable (%s); retrying", kafka, exc)
             await asyncio.sleep(1.0)
 
 
-async def epoch_log_used(kafka: str, topic: str) -> bool:
+async def epoch_log_used(kafka: str, topic: str, *, port: KafkaPort | None = None) -> bool:
     """Does the epoch log hold anything (an earlier coordinator ran epochs)?"""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
 
     tp = TopicPartition(topic, 0)
-    consumer = AIOKafkaConsumer(bootstrap_servers=kafka, enable_auto_commit=False)
+    consumer = (port or ports.current().kafka).consumer(bootstrap_servers=kafka,
+                                                        enable_auto_commit=False)
     await consumer.start()
     try:
         return bool((await consumer.end_offsets([tp]))[tp])
@@ -92,17 +103,19 @@ async def epoch_log_used(kafka: str, topic: str) -> bool:
 
 
 async def resumed_map(rounds_remote: Callable[[], Remote], partitions: int,
-                      workers: int) -> tuple[int, list[int]] | None:
+                      workers: int, *, clock: ClockPort | None = None,
+                      ) -> tuple[int, list[int]] | None:
     """A restarted coordinator: the membership size and partition map of the newest round
     (a rescale may have changed them since the cluster started); None: keep the default
     map of ``workers`` (the settings') slots."""
-    deadline = time.monotonic() + PATIENCE
+    clock = clock or ports.current().clock
+    deadline = clock.monotonic() + PATIENCE
     while True:
         try:
             latest = await asyncio.to_thread(Rounds(rounds_remote()).latest)
             break
         except Exception as exc:  # MinIO down: the recovery that follows needs it anyway
-            if time.monotonic() > deadline:
+            if clock.monotonic() > deadline:
                 raise
             log.warning("cannot read the snapshot rounds (%s); retrying", exc)
             await asyncio.sleep(1.0)

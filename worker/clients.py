@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -52,7 +51,9 @@ from aiokafka.errors import (
 )
 
 from sfaas.errors import ClusterError
+from sfaas.runtime import ports
 from sfaas.runtime.kafka import make_consumer, make_producer
+from sfaas.runtime.ports import ClockPort, KafkaPort
 from sfaas.runtime.settings import Settings
 from worker.fence import FenceLease
 
@@ -72,10 +73,11 @@ RENEW_PATIENCE = 10.0
 
 
 async def start_kafka(make: Callable[[], Any], where: str, patience: float = 120.0,
-                      index: int = -1) -> Any:
+                      index: int = -1, *, clock: ClockPort | None = None) -> Any:
     """Start the Kafka client ``make()`` gives, retrying while the broker at ``where`` is
-    unreachable, at most ``patience`` seconds."""
-    deadline = time.monotonic() + patience
+    unreachable, at most ``patience`` seconds of ``clock`` (the process's when None)."""
+    clock = clock or ports.current().clock
+    deadline = clock.monotonic() + patience
     while True:
         client = make()
         try:
@@ -83,7 +85,7 @@ async def start_kafka(make: Callable[[], Any], where: str, patience: float = 120
             return client
         except Exception as exc:
             await client.stop()
-            if time.monotonic() > deadline:
+            if clock.monotonic() > deadline:
                 raise ClusterError(f"Kafka at {where} unreachable for {patience:.0f} s: "
                                    f"{exc}") from exc
             log.warning("Kafka at %s unreachable (%s); retrying", where, exc,
@@ -124,15 +126,18 @@ async def hand_over(kafka: HasProducer, topic: str, value: bytes, partition: int
 class KafkaClients:
     """The producer and the consumer (None until started) and the consumer's group."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, kafka: KafkaPort | None = None) -> None:
+        """``kafka``: the Kafka port its clients are made by (``sfaas.runtime.ports``; the
+        process's when None)."""
         self._settings = settings
+        self._port = kafka
         self.producer: Any = None
         self.consumer: Any = None
         #: the group ``consumer`` was started in
         self.group = ""
         #: makes a producer, not started (a seam: tests give fakes)
         self.new_producer: Callable[[], Any] = lambda: make_producer(
-            settings.kafka, settings.linger_ms, durable=True)
+            settings.kafka, settings.linger_ms, durable=True, kafka=kafka)
         #: producers replaced so far (stuck in ``OutOfOrderSequenceNumber`` and the like)
         self.producer_renewals = 0
         #: the renewal under way (one at a time), and the replaced producers stopping
@@ -151,7 +156,8 @@ class KafkaClients:
         if self.consumer is not None:
             await self.consumer.stop()
         self.consumer = await start_kafka(
-            lambda: make_consumer(s.kafka, group, s.fetch_wait_ms), s.kafka, index=index)
+            lambda: make_consumer(s.kafka, group, s.fetch_wait_ms, kafka=self._port), s.kafka,
+            index=index)
         self.group = group
 
     # -- a stuck producer (see the module docstring) ----------------------------------------------

@@ -50,6 +50,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import IllegalOperation
 
 from sfaas.runtime.kafka import make_producer
+from sfaas.runtime.ports import KafkaPort
 from sfaas.runtime.settings import Settings
 from worker.clients import DESYNCED, RENEW_PATIENCE, RESENDS, start_kafka
 from worker.fence import Fenced, FenceLease
@@ -142,7 +143,10 @@ class Egress:
     """
 
     def __init__(self, settings: Settings, state: WorkerState, kafka: Clients, uplink: Uplink,
-                 completed: Completions | None = None, lease: FenceLease | None = None) -> None:
+                 completed: Completions | None = None, lease: FenceLease | None = None,
+                 kafka_port: KafkaPort | None = None) -> None:
+        """``kafka_port``: what :attr:`new_producer` makes producers with
+        (``sfaas.runtime.ports``; the process's when None)."""
         self._settings = settings
         self._rounds_on = settings.snapshot_interval > 0
         #: replies leave, and offsets are committed, only under the lease (``worker.fence``)
@@ -163,7 +167,7 @@ class Egress:
         self.window = settings.reply_commit_ms / 1000
         #: makes an unstarted transactional producer for an id (a seam: tests give fakes)
         self.new_producer: Callable[[str], Any] = lambda tid: make_producer(
-            settings.kafka, settings.linger_ms, transactional_id=tid)
+            settings.kafka, settings.linger_ms, transactional_id=tid, kafka=kafka_port)
         #: producers replaced so far (stuck, fenced or failed transactions)
         self.renewals = 0
         #: transactions committed so far

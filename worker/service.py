@@ -32,6 +32,8 @@ from sfaas.app import App
 from sfaas.errors import EXIT_RETIRED, ClusterError
 from sfaas.runtime import wire
 from sfaas.runtime.lifecycle import Service
+from sfaas.runtime.ports import Ports
+from sfaas.runtime.ports import current as current_ports
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import PartitionStores
 from sfaas.runtime.txn.engine import Engine
@@ -89,9 +91,13 @@ class Worker(Service):
 
     part = "worker"
 
-    def __init__(self, settings: Settings, app: App, name: str | None = None) -> None:
+    def __init__(self, settings: Settings, app: App, name: str | None = None,
+                 ports: Ports | None = None) -> None:
+        """``ports``: where the process gets its outside world (``sfaas.runtime.ports``;
+        the process's — :data:`~sfaas.runtime.ports.REAL` in production — when None)."""
         s = self.settings = settings
         self.app = app
+        self.ports = ports or current_ports()
         self.name = name or f"worker-{os.getpid()}"
         secret = self.secret = settings.shared_secret()
         self.mode = s.fallback_phase()
@@ -105,10 +111,11 @@ class Worker(Service):
         self.lease = self.uplink.lease = FenceLease(s.heartbeat_timeout, self.uplink.is_closed,
                                                     rejoins=s.snapshot_interval > 0)
         self.links = PeerLinks(secret, 2 * s.heartbeat_timeout + 2.0, gate=self.lease.check)
-        self.kafka = KafkaClients(s)
+        self.kafka = KafkaClients(s, self.ports.kafka)
         #: the replication server (rescales ship stores too: on with rounds or standbys)
         self.replication = Replication(s, secret)
-        self.egress = Egress(s, st, self.kafka, self.uplink, lease=self.lease)
+        self.egress = Egress(s, st, self.kafka, self.uplink, lease=self.lease,
+                             kafka_port=self.ports.kafka)
         self.ingress = Ingress(s, st, self.kafka, self.egress)
         #: clients' direct state reads
         self.reads = ReadServer(st)
@@ -188,10 +195,10 @@ class Worker(Service):
         """The parts with a lifetime, in the order they start (``worker.startup``): each
         after what it needs; stopped in reverse."""
         s, st = self.settings, self.state
-        self.server = PeerServer(s, self.secret, self.direct, self.calls)
+        self.server = PeerServer(s, self.secret, self.direct, self.calls, self.ports.network)
         joining = Joining(st, self.membership, self.uplink, self.links, self.server,
                           self.replication)
-        stores = Stores(s, self.app, st, joining, self).requires(joining)
+        stores = Stores(s, self.app, st, joining, self, self.ports.objects).requires(joining)
         self.replication.ships(stores).requires(stores)  # (stops before the stores close)
         self.server.requires(stores)  # (stops taking peers before the stores close)
         peering = Peering(st, joining, self.links).requires(joining)
@@ -311,10 +318,11 @@ class Worker(Service):
         return True
 
 
-async def run_worker(settings: Settings, app: App, name: str | None = None) -> None:
+async def run_worker(settings: Settings, app: App, name: str | None = None,
+                     ports: Ports | None = None) -> None:
     """Run one worker until it is stopped; raises :class:`ClusterError` if it lost the
     coordinator."""
-    w = Worker(settings, app, name)
+    w = Worker(settings, app, name, ports)
     await w.run()
     if w.state.retired:
         log.info("retired by a rescale; exiting with code %d", EXIT_RETIRED)

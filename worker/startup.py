@@ -22,6 +22,7 @@ import logging
 from sfaas.app import App
 from sfaas.runtime import channels, wire
 from sfaas.runtime.lifecycle import Service
+from sfaas.runtime.ports import NetworkPort, ObjectsPort
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import PartitionStores, open_stores
 from sfaas.runtime.txn.engine import Engine
@@ -69,9 +70,11 @@ class PeerServer(Service):
     part = "peer server"
 
     def __init__(self, settings: Settings, secret: str, direct: DirectIngress,
-                 calls: PeerCalls) -> None:
+                 calls: PeerCalls, network: NetworkPort | None = None) -> None:
         self._settings = settings
         self._secret = secret
+        #: where it listens (``sfaas.runtime.ports``; the process's when None)
+        self._network = network
         self._direct = direct
         self._calls = calls
         self._server: asyncio.Server | None = None
@@ -81,7 +84,8 @@ class PeerServer(Service):
     async def listen(self) -> int:
         """Listen (before the join: the port goes in the ``Register``); the port."""
         s = self._settings
-        self._server = await channels.serve(s.host, s.port, self._secret, self._on_peer)
+        self._server = await channels.serve(s.host, s.port, self._secret, self._on_peer,
+                                            network=self._network)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -140,12 +144,14 @@ class Stores(Service):
     part = "stores"
 
     def __init__(self, settings: Settings, app: App, state: WorkerState, joining: Joining,
-                 starter: EngineStarter) -> None:
+                 starter: EngineStarter, objects: ObjectsPort | None = None) -> None:
         self._settings = settings
         self._app = app
         self._state = state
         self._joining = joining
         self._starter = starter
+        #: the stores' remotes' object store (``sfaas.runtime.ports``)
+        self._objects = objects
         self._engine: Engine | None = None
         #: the stores opened (None until started)
         self.opened: PartitionStores | None = None
@@ -163,7 +169,7 @@ class Stores(Service):
             promoted = None
         self.promoted = promoted is not None
         stores = promoted if promoted is not None else open_stores(
-            self._settings, self._app, mine, st.partitions)
+            self._settings, self._app, mine, st.partitions, objects=self._objects)
         self._engine = self._starter.start_engine(stores)
         self.opened = stores
 

@@ -35,6 +35,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from sfaas.errors import AuthenticationError, ChannelClosed
+from sfaas.runtime import ports
+from sfaas.runtime.ports import NetworkPort
 from sfaas.runtime.wire import Message, ProtocolError, decode_frame, encode_message, join_frame
 
 log = logging.getLogger("sfaas.runtime.channels")
@@ -225,10 +227,13 @@ def _tune(writer: asyncio.StreamWriter) -> None:
             pass
 
 
-async def connect(host: str, port: int, secret: str | bytes, *, timeout: float = 10.0) -> Channel:
-    """Open an authenticated channel to ``host:port``."""
+async def connect(host: str, port: int, secret: str | bytes, *, timeout: float = 10.0,
+                  network: NetworkPort | None = None) -> Channel:
+    """Open an authenticated channel to ``host:port`` over ``network``'s streams (the
+    process's network port when None: ``sfaas.runtime.ports``)."""
     key = secret.encode() if isinstance(secret, str) else secret
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    net = network or ports.current().network
+    reader, writer = await asyncio.wait_for(net.open_connection(host, port), timeout)
     _tune(writer)
     try:
         await asyncio.wait_for(_client_handshake(reader, writer, key), HANDSHAKE_TIMEOUT)
@@ -246,8 +251,10 @@ async def serve(
     port: int,
     secret: str | bytes,
     handler: Callable[[Channel], Awaitable[None]],
+    *, network: NetworkPort | None = None,
 ) -> asyncio.Server:
-    """Accept authenticated channels on ``host:port`` (0: any free port) and run ``handler``.
+    """Accept authenticated channels on ``host:port`` (0: any free port) and run ``handler``,
+    over ``network``'s streams (the process's network port when None).
 
     Unauthenticated peers are logged and dropped; a handler's exception is logged and
     closes only that channel.
@@ -257,7 +264,9 @@ async def serve(
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await accept(reader, writer, key, handler)
 
-    return await asyncio.start_server(on_connect, host, port)
+    server: asyncio.Server = await (network or ports.current().network).start_server(
+        on_connect, host, port)
+    return server
 
 
 async def accept(

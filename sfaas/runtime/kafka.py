@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 from aiokafka.errors import OffsetOutOfRangeError, TopicAlreadyExistsError
 
 from sfaas.errors import ClusterError
+from sfaas.runtime import ports
+from sfaas.runtime.ports import ClockPort, KafkaPort
 
 log = logging.getLogger("sfaas.runtime.kafka")
 
@@ -22,10 +23,12 @@ __all__ = [
 
 
 async def ensure_topics(bootstrap: str, topics: dict[str, int], replication: int = 1,
-                        ) -> dict[str, int]:
+                        *, kafka: KafkaPort | None = None) -> dict[str, int]:
     """Create the ``topic → partitions`` that do not exist (each partition on
-    ``replication`` brokers); return the actual partition counts."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    ``replication`` brokers); return the actual partition counts. ``kafka``: the Kafka
+    port (``sfaas.runtime.ports``; the process's when None), as in every function here."""
+    admin = (kafka or ports.current().kafka).admin(bootstrap_servers=bootstrap,
+                                                   request_timeout_ms=15000)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -94,7 +97,10 @@ class Reachability:
     waits on it alone, and aiokafka's metadata refresh can wait behind it for its request
     timeout.)"""
 
-    def __init__(self, bootstrap: str, timeout: float = 0.5) -> None:
+    def __init__(self, bootstrap: str, timeout: float = 0.5, *, kafka: KafkaPort | None = None,
+                 clock: ClockPort | None = None) -> None:
+        self._kafka = kafka or ports.current().kafka
+        self._clock = clock or ports.current().clock
         self._hosts = [(h, int(p)) for h, p in (e.strip().rsplit(":", 1)
                                                 for e in bootstrap.split(",") if e.strip())]
         self._timeout = timeout
@@ -112,16 +118,14 @@ class Reachability:
             return
         self._probing = True
         if self._last_ok is None:
-            self._last_ok = time.monotonic()
+            self._last_ok = self._clock.monotonic()
         host, port = self._hosts[self._turn % len(self._hosts)]
         self._turn += 1
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
-                                               self._timeout)
-            writer.close()
-            self._last_ok, self._silent = time.monotonic(), 0.0
+            await asyncio.wait_for(self._kafka.probe(host, port), self._timeout)
+            self._last_ok, self._silent = self._clock.monotonic(), 0.0
         except (OSError, TimeoutError):  # (unreachable, refused, a name that no longer resolves)
-            self._silent = time.monotonic() - self._last_ok
+            self._silent = self._clock.monotonic() - self._last_ok
         finally:
             self._probing = False
 
@@ -139,7 +143,8 @@ def silence_limit(bootstrap: str, heartbeat_timeout: float) -> float:
 
 
 def make_producer(bootstrap: str, linger_ms: int = 0, *, durable: bool = False,
-                  transactional_id: str | None = None) -> AIOKafkaProducer:
+                  transactional_id: str | None = None,
+                  kafka: KafkaPort | None = None) -> AIOKafkaProducer:
     """A producer tuned for low latency with batching under load.
 
     ``durable`` (workers: the epoch log): ``acks=all`` and idempotence, so an acknowledged
@@ -152,7 +157,7 @@ def make_producer(bootstrap: str, linger_ms: int = 0, *, durable: bool = False,
         "transactional_id": transactional_id,
         "transaction_timeout_ms": TRANSACTION_TIMEOUT_MS,
     }
-    return AIOKafkaProducer(
+    return (kafka or ports.current().kafka).producer(
         bootstrap_servers=bootstrap,
         linger_ms=linger_ms,
         acks="all" if durable else 1,
@@ -169,9 +174,10 @@ def consumer_group(settings: Any, app: str) -> str:
     return f"{settings.namespace}.{app}.workers"
 
 
-def make_consumer(bootstrap: str, group: str | None, fetch_wait_ms: int) -> AIOKafkaConsumer:
+def make_consumer(bootstrap: str, group: str | None, fetch_wait_ms: int, *,
+                  kafka: KafkaPort | None = None) -> AIOKafkaConsumer:
     """A manually assigned consumer (no rebalancing) with a short fetch wait."""
-    return AIOKafkaConsumer(
+    return (kafka or ports.current().kafka).consumer(
         bootstrap_servers=bootstrap,
         group_id=group,
         enable_auto_commit=False,
@@ -210,6 +216,7 @@ async def read_range(
     bootstrap: str, starts: dict[TopicPartition, int],
     at_least: dict[TopicPartition, int] | None = None,
     patience: float = READ_RANGE_PATIENCE, *, committed: bool = False,
+    kafka: KafkaPort | None = None,
 ) -> dict[int, list[tuple[int, bytes]]]:
     """Records of each partition from its start offset to its end now:
     partition → [(offset, value)]. ``committed``: ``read_committed`` — no record of an
@@ -229,7 +236,7 @@ async def read_range(
     if not starts:
         return out
     need = {tp: max(starts[tp], (at_least or {}).get(tp, 0)) for tp in starts}
-    consumer = AIOKafkaConsumer(
+    consumer = (kafka or ports.current().kafka).consumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="none",
         isolation_level="read_committed" if committed else "read_uncommitted",
         max_partition_fetch_bytes=FETCH_PARTITION_BYTES, fetch_max_wait_ms=50,

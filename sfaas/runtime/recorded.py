@@ -16,13 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from aiokafka import TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
 from sfaas.errors import ReplayError
-from sfaas.runtime import wire
+from sfaas.runtime import ports, wire
 from sfaas.runtime.epochlog import EpochRecord, decode_record
 from sfaas.runtime.kafka import read_range
 from sfaas.runtime.partitioning import default_owners
+from sfaas.runtime.ports import KafkaPort, ObjectsPort
 from sfaas.runtime.protocols.rounds import RoundManifest, Rounds
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import rounds_remote
@@ -53,11 +53,13 @@ def empty_round(partitions: int, workers: int) -> RoundManifest:
                          {}, {}, (), 0)
 
 
-def read_round(settings: Settings, app_name: str, round_id: int,
+def read_round(settings: Settings, app_name: str, round_id: int, *,
+               objects: ObjectsPort | None = None,
                ) -> tuple[RoundManifest, list[tuple[int, list[int]]]]:
     """(blocking) Round ``round_id``'s manifest and the partition maps of the rounds after
-    it; :class:`ReplayError` naming the retained rounds when it is not one of them."""
-    rounds = Rounds(rounds_remote(settings, app_name))
+    it; :class:`ReplayError` naming the retained rounds when it is not one of them.
+    ``objects``: the object port (``sfaas.runtime.ports``; the process's when None)."""
+    rounds = Rounds(rounds_remote(settings, app_name, objects=objects))
     try:
         ids = rounds.ids()
         if round_id not in ids:
@@ -83,9 +85,9 @@ def _owners(m: RoundManifest) -> list[int]:
     return list(m.owners) or default_owners(m.partitions, m.workers)
 
 
-async def _partitions(bootstrap: str, topic: str) -> int:
+async def _partitions(bootstrap: str, topic: str, kafka: KafkaPort) -> int:
     """How many partitions ``topic`` has (0: it does not exist)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = kafka.admin(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         (found,) = await admin.describe_topics([topic])
@@ -96,22 +98,25 @@ async def _partitions(bootstrap: str, topic: str) -> int:
 
 async def read_recorded(settings: Settings, app_name: str, m: RoundManifest,
                         maps: list[tuple[int, list[int]]],
-                        say: Callable[[str], None] = lambda _: None) -> Recorded:
-    """The epoch log, ingress and committed replies after round ``m`` of ``app_name``."""
+                        say: Callable[[str], None] = lambda _: None, *,
+                        kafka: KafkaPort | None = None) -> Recorded:
+    """The epoch log, ingress and committed replies after round ``m`` of ``app_name``, read
+    through ``kafka`` (the Kafka port; the process's when None)."""
     log_topic = settings.epoch_log_topic(app_name)
     in_topic, out_topic = settings.topics(app_name)
-    outs = await _partitions(settings.kafka, out_topic)
-    if not await _partitions(settings.kafka, log_topic):
+    port = kafka or ports.current().kafka
+    outs = await _partitions(settings.kafka, out_topic, port)
+    if not await _partitions(settings.kafka, log_topic, port):
         raise ReplayError(f"topic {log_topic} does not exist: app {app_name!r} never ran with "
                           f"snapshot rounds in namespace {settings.namespace!r}")
     say(f"reading {log_topic} from offset {m.epoch_log}, {in_topic} and {out_topic} "
         f"(Kafka at {settings.kafka})")
     raw_log, raw_in, raw_out = await asyncio.gather(
-        read_range(settings.kafka, {TopicPartition(log_topic, 0): m.epoch_log}),
+        read_range(settings.kafka, {TopicPartition(log_topic, 0): m.epoch_log}, kafka=port),
         read_range(settings.kafka, {TopicPartition(in_topic, p): m.ingress.get(p, 0)
-                                    for p in range(m.partitions)}),
+                                    for p in range(m.partitions)}, kafka=port),
         read_range(settings.kafka, {TopicPartition(out_topic, p): m.egress.get(p, 0)
-                                    for p in range(outs)}, committed=True))
+                                    for p in range(outs)}, committed=True, kafka=port))
     records = []
     for off, value in raw_log[0]:
         rec = decode_record(value, f"{log_topic}@{off}")

@@ -30,7 +30,9 @@ import statestores
 from remotes import Remote
 from sfaas.app import App
 from sfaas.errors import ConfigError
+from sfaas.runtime import ports
 from sfaas.runtime.partitioning import partition_of
+from sfaas.runtime.ports import ObjectsPort
 from sfaas.runtime.settings import Settings
 from statestores import Store
 
@@ -49,24 +51,19 @@ StoreKey = tuple[str, int]
 ROUNDS_DIR = "_rounds"
 
 
-def _minio(settings: Settings, prefix: str) -> Remote:
-    from remotes.minio import MinioRemote, RetryPolicy
-
-    # a short retry budget: a round against a MinIO that is down fails within seconds
-    # and is retried at the next interval, instead of stalling the uploader for minutes
-    return MinioRemote(settings.minio, settings.minio_access_key, settings.minio_secret_key,
-                       settings.bucket, prefix=prefix, retry=RetryPolicy(deadline=5.0))
-
-
-def store_remote(settings: Settings, app: str, operator: str, partition: int) -> Remote:
-    """The remote of ``operator``'s store of ``partition``."""
-    return _minio(settings, f"{settings.namespace}/{app}/{operator}/p{partition}")
+def store_remote(settings: Settings, app: str, operator: str, partition: int, *,
+                 objects: ObjectsPort | None = None) -> Remote:
+    """The remote of ``operator``'s store of ``partition``, from ``objects`` (the object
+    port: ``sfaas.runtime.ports``; the process's when None — MinIO in production)."""
+    return (objects or ports.current().objects).remote(
+        settings, f"{settings.namespace}/{app}/{operator}/p{partition}")
 
 
-def rounds_remote(settings: Settings, app: str) -> Remote:
+def rounds_remote(settings: Settings, app: str, *, objects: ObjectsPort | None = None) -> Remote:
     """The remote whose blobs hold the app's snapshot rounds (see
-    :mod:`sfaas.runtime.protocols.rounds`)."""
-    return _minio(settings, f"{settings.namespace}/{app}/{ROUNDS_DIR}")
+    :mod:`sfaas.runtime.protocols.rounds`), from ``objects`` as :func:`store_remote`."""
+    return (objects or ports.current().objects).remote(
+        settings, f"{settings.namespace}/{app}/{ROUNDS_DIR}")
 
 
 class PartitionStores(Mapping[StoreKey, Store]):
@@ -259,13 +256,15 @@ def store_engine(app: App, operator: str, store: str = "") -> tuple[str, dict[st
 
 
 def open_stores(
-    settings: Settings, app: App, partitions: Iterable[int], n_partitions: int
+    settings: Settings, app: App, partitions: Iterable[int], n_partitions: int, *,
+    objects: ObjectsPort | None = None,
 ) -> PartitionStores:
     """A worker's stores: :func:`open_partition_stores` under ``{home}/data/{namespace}/{app}``
-    with ``settings.store`` and, when snapshot rounds are on, each store's MinIO remote;
-    refused in a namespace whose data directory holds another app's (:func:`check_namespace`)."""
+    with ``settings.store`` and, when snapshot rounds are on, each store's remote (from
+    ``objects``, as :func:`store_remote`); refused in a namespace whose data directory
+    holds another app's (:func:`check_namespace`)."""
     def remote_of(op: str, p: int) -> Remote:
-        return store_remote(settings, app.name, op, p)
+        return store_remote(settings, app.name, op, p, objects=objects)
 
     check_namespace(settings, app.name)
     if settings.snapshot_interval > 0:

@@ -1,13 +1,13 @@
 """The product's own Kafka code, unchanged, on the simulated Kafka and the virtual loop.
 
-The Kafka port the simulator needs (sfaas/sim/README.md, "Next") is put in place here by
-replacing the three aiokafka names ``sfaas.runtime.kafka`` builds its clients with; every
-producer, consumer and admin client ``make_producer``, ``make_consumer``, ``ensure_topics``
-and ``read_range`` make is then a simulated one."""
+The Kafka port (``sfaas.runtime.ports``) is filled with the simulated log for the body's
+task (``ports.context``): every producer, consumer and admin client ``make_producer``,
+``make_consumer``, ``ensure_topics`` and ``read_range`` make is then a simulated one."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
@@ -18,12 +18,12 @@ from aiokafka import TopicPartition
 from aiokafka.errors import OutOfOrderSequenceNumber
 
 from sfaas.errors import EXIT_FENCED, ClusterError
-from sfaas.runtime import kafka as runtime_kafka
-from sfaas.runtime import wire
+from sfaas.runtime import ports, wire
 from sfaas.runtime.kafka import ensure_topics, make_producer, read_range
 from sfaas.runtime.settings import Settings
 from sfaas.sim import clock
 from sfaas.sim.log import SimKafka
+from sfaas.sim.ports import SimKafkaPort
 from worker.clients import KafkaClients
 from worker.egress import Egress
 from worker.fence import Fenced, FenceLease
@@ -34,15 +34,13 @@ SETTINGS = Settings(kafka="sim:9092", reply_commit_ms=0)
 
 def on_sim(monkeypatch: pytest.MonkeyPatch,
            body: Callable[[SimKafka], Awaitable[None]], seed: int = 11) -> None:
-    """Run ``body`` on the virtual loop with ``sfaas.runtime.kafka``'s clients simulated."""
+    """Run ``body`` on the virtual loop with the process's Kafka port simulated."""
     async def main() -> None:
         loop = asyncio.get_running_loop()
         assert isinstance(loop, clock.VirtualLoop)
         sim = SimKafka(loop.random)
-        monkeypatch.setattr(runtime_kafka, "AIOKafkaProducer", sim.producer)
-        monkeypatch.setattr(runtime_kafka, "AIOKafkaConsumer", sim.consumer)
-        monkeypatch.setattr(runtime_kafka, "AIOKafkaAdminClient", sim.admin)
-        await body(sim)
+        sim_ports = dataclasses.replace(ports.REAL, kafka=SimKafkaPort(sim))
+        await asyncio.create_task(body(sim), context=ports.context(sim_ports))
     clock.run(main(), seed=seed)
 
 

@@ -1,0 +1,83 @@
+"""``python -m sfaas.sim --app M:APP --seed N [--seconds S]``: one simulated cluster of the
+app (``sfaas.sim.cluster``), its seed, outcome and trace digest (``--trace``: every line);
+exit 1 when an invariant failed."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import logging
+import sys
+import time
+
+from coordinator.service import Coordinator
+from sfaas.app import App
+from sfaas.sim.cluster import Bank, Roles, simulate
+from worker.service import Worker
+
+#: the real processes (``python -m`` is the command: it may load the services)
+ROLES = Roles(coordinator=Coordinator, worker=Worker)
+
+
+def _load(ref: str) -> App:
+    module, sep, name = ref.partition(":")
+    if not sep or not module or not name:
+        raise SystemExit(f"--app must be module:attribute (e.g. examples.bank:app), got {ref!r}")
+    app = getattr(importlib.import_module(module), name)
+    if not isinstance(app, App):
+        raise SystemExit(f"{ref} is a {type(app).__name__}, not an sfaas.App")
+    need = {"deposit", "transfer", "balance"}
+    op = app.operators.get("accounts")
+    if op is None or need - set(op.functions):
+        raise SystemExit(f"{ref}: the bank workload needs an operator 'accounts' with the "
+                         f"functions {sorted(need)} (as examples.bank:app)")
+    return app
+
+
+def _pair(text: str) -> tuple[float, float] | None:
+    """``"AT,SECONDS"`` (SECONDS 1 when left out); None for ``""``."""
+    if not text:
+        return None
+    at, _, seconds = text.partition(",")
+    return float(at), float(seconds or 1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sfaas.sim", description=__doc__)
+    p.add_argument("--app", required=True, help="module:attribute of the App")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--seconds", type=float, default=60.0,
+                   help="simulated seconds each phase may wait for its replies")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--transfers", type=int, default=200)
+    p.add_argument("--crash", metavar="AT,DOWN", default="",
+                   help="worker 1 crashes AT simulated seconds in; a fresh one replaces it "
+                        "DOWN seconds later (e.g. 2,1)")
+    p.add_argument("--cut", metavar="AT,FOR", default="",
+                   help="worker 1 and the coordinator cut apart AT simulated seconds in, "
+                        "healed FOR seconds later (e.g. 1,1)")
+    p.add_argument("--trace", action="store_true", help="print every line of the trace")
+    ns = p.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
+    app = _load(ns.app)
+    crash, cut = _pair(ns.crash), _pair(ns.cut)
+    print(f"seed {ns.seed}")
+    t0 = time.perf_counter()
+    o = simulate(app, ROLES, ns.seed, seconds=ns.seconds, workers=ns.workers,
+                 bank=Bank(transfers=ns.transfers), crash=crash, cut=cut)
+    wall = time.perf_counter() - t0
+    if ns.trace:
+        print("\n".join(o.trace))
+    digest = hashlib.sha256("\n".join(o.trace).encode()).hexdigest()[:16]
+    print(f"sent {o.sent}, answered {len(o.replies)} ({o.committed} committed, {o.aborted} "
+          f"aborted), balances sum {sum(o.balances.values())}; {len(o.trace)} trace lines, "
+          f"digest {digest}")
+    print(f"{o.simulated_seconds:.2f} simulated s in {wall:.2f} wall s", file=sys.stderr)
+    for v in o.violations:
+        print(f"VIOLATION: {v}")
+    return 1 if o.violations else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,79 @@
+"""The simulated fillings of the product's ports (``sfaas.runtime.ports``).
+
+One simulated process gets ``Ports(kafka=SimKafkaPort(sim), objects=SimObjects(store),
+network=net.port(name), clock=VirtualClockPort(clock))``: every process of a run shares
+the log, the object store, the switch and the clock, and the network knows each
+process by its name (so a partition can cut two of them apart).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sfaas.runtime.ports import Ports
+from sfaas.sim.clock import VirtualClock
+from sfaas.sim.log import SimKafka
+from sfaas.sim.network import SimNetwork
+from sfaas.sim.objects import SimObjectStore
+
+if TYPE_CHECKING:
+    from remotes import Remote
+    from sfaas.runtime.settings import Settings
+
+__all__ = ["SimKafkaPort", "SimObjects", "VirtualClockPort", "WALL_START", "process_ports"]
+
+#: What ``time()`` reads at virtual time 0 (2027-01-01 UTC): a fixed wall clock, so the
+#: wall times a run reads are a function of its seed too.
+WALL_START = 1_798_761_600.0
+
+
+class SimKafkaPort:
+    """The Kafka port on a :class:`SimKafka`; a probe fails while the cluster is out."""
+
+    def __init__(self, sim: SimKafka) -> None:
+        self.sim = sim
+
+    def producer(self, **kwargs: Any) -> Any:
+        return self.sim.producer(**kwargs)
+
+    def consumer(self, **kwargs: Any) -> Any:
+        return self.sim.consumer(**kwargs)
+
+    def admin(self, **kwargs: Any) -> Any:
+        return self.sim.admin(**kwargs)
+
+    async def probe(self, host: str, port: int) -> None:
+        broker = self.sim.broker
+        if broker.now() < broker.down_until:
+            raise ConnectionRefusedError(111, f"{host}:{port}: the simulated Kafka is out")
+
+
+class SimObjects:
+    """The object port on a :class:`SimObjectStore` (one bucket: the settings' is ignored)."""
+
+    def __init__(self, store: SimObjectStore) -> None:
+        self.store = store
+
+    def remote(self, settings: Settings, prefix: str) -> Remote:
+        return self.store.remote(prefix)
+
+
+class VirtualClockPort:
+    """The clock port on a :class:`VirtualClock`: ``monotonic()`` is virtual time,
+    ``time()`` is :data:`WALL_START` plus it."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self._clock = clock
+
+    def monotonic(self) -> float:
+        return self._clock.now
+
+    def time(self) -> float:
+        return WALL_START + self._clock.now
+
+
+def process_ports(name: str, kafka: SimKafka, objects: SimObjectStore, net: SimNetwork,
+                  clock: VirtualClock) -> Ports:
+    """The ports of the simulated process ``name``."""
+    return Ports(kafka=SimKafkaPort(kafka), objects=SimObjects(objects),
+                 network=net.port(name), clock=VirtualClockPort(clock))
