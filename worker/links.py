@@ -154,7 +154,8 @@ class PeerLinks:
         #: a peer that stays unreachable was lost too: fail soon, the coordinator recovers
         self._timeout = connect_timeout
         self.channels: dict[int, Any] = {}  # ``channels.Channel``s (fake ones in the tests)
-        self._addrs: dict[int, tuple[Any, ...]] = {}
+        #: peer → the address and this worker's generation its channel was opened with
+        self._addrs: dict[int, tuple[tuple[Any, ...], int]] = {}
         #: the lease's check (``worker.fence.FenceLease.check``): what a channel queued leaves
         #: only while it holds (``channels.Channel.gate``)
         self.gate = gate
@@ -179,13 +180,16 @@ class PeerLinks:
                 pass
 
     async def connect(self, peers: Sequence[Sequence[Any]], me: int) -> None:
-        """Connect to every peer whose channel is missing, closed or at a new address."""
+        """Connect to every peer whose channel is missing, closed, at a new address, or
+        opened under an older generation of this worker (its ``Hello`` said that one: after
+        a rejoin the peer refuses what it sends, ``worker.calls.stale_generation``)."""
         for j, peer in enumerate(peers):
             host, port = peer[0], peer[1]
             if j == me:
                 continue
             old = self.channels.get(j)
-            if old is not None and not old.closed and self._addrs.get(j) == tuple(peer):
+            if (old is not None and not old.closed
+                    and self._addrs.get(j) == (tuple(peer), self.generation)):
                 continue
             if old is not None:
                 old.close()
@@ -193,7 +197,7 @@ class PeerLinks:
             ch.gate = self.gate
             ch.send(wire.Hello(me, self.generation))
             self.channels[j] = ch
-            self._addrs[j] = tuple(peer)
+            self._addrs[j] = (tuple(peer), self.generation)
 
     def drop_from(self, n_workers: int) -> None:
         """Close the channels to workers ``n_workers`` and above (the membership shrank)."""
