@@ -234,61 +234,63 @@ def test_a_dead_workers_reply_is_not_seen_twice_after_its_successors_replay(kafk
     successor; the topic holds the dead copies too (what an idempotent producer left
     visible), and the dead process can commit nothing any more."""
     s = Settings(kafka=kafka.kafka_bootstrap, reply_commit_ms=0)
-    topic = f"{fresh_namespace()}.out"
+    asyncio.run(asyncio.wait_for(dead_worker_replaced(s, f"{fresh_namespace()}.out"), 90))
+
+
+async def dead_worker_replaced(s: Settings, topic: str) -> None:
+    """The scenario of the test above, on whatever Kafka ``s`` names (the real broker here;
+    the simulated one in ``tests/sim/test_product_on_sim.py``)."""
     closed: list[str] = []
     exits: list[int] = []
     counter = itertools.count()
+    await ensure_topics(s.kafka, {topic: 2})
+    dead, successor = _egress(s, topic, 1, closed), _egress(s, topic, 2, closed)
+    now = [0.0]
+    lease = FenceLease(2.0, lambda: False, clock=lambda: now[0], exit=exits.append)
+    lease.grant(0.0)
+    dead._lease = lease
+    await dead.start(0)
+    held, wake = [asyncio.Event(), asyncio.Event()], asyncio.Event()
+    for lane in dead.lanes:
+        original = lane.producer.commit_transaction
 
-    async def go() -> None:
-        await ensure_topics(s.kafka, {topic: 2})
-        dead, successor = _egress(s, topic, 1, closed), _egress(s, topic, 2, closed)
-        now = [0.0]
-        lease = FenceLease(2.0, lambda: False, clock=lambda: now[0], exit=exits.append)
-        lease.grant(0.0)
-        dead._lease = lease
-        await dead.start(0)
-        held, wake = [asyncio.Event(), asyncio.Event()], asyncio.Event()
-        for lane in dead.lanes:
-            original = lane.producer.commit_transaction
+        async def commit(original: Any = original, at: asyncio.Event = held[lane.index]) -> None:
+            at.set()  # (paused here, past its lease, before its commit)
+            await wake.wait()
+            await original()
 
-            async def commit(original: Any = original, at: asyncio.Event = held[lane.index]) -> None:
-                at.set()  # (paused here, past its lease, before its commit)
-                await wake.wait()
-                await original()
+        lane.producer.commit_transaction = commit
+    r1, r2 = (wire.Reply(f"r{i}", True, next(counter)).encode() for i in (1, 2))
+    dead.add(0, r1, -1, -1)
+    dying = asyncio.ensure_future(dead.flush())
+    await asyncio.wait_for(held[0].wait(), 20)
+    dead.add(1, r2, -1, -1)  # (lane 0 commits: the next reply goes out in lane 1)
+    dying2 = asyncio.ensure_future(dead.flush())
+    await asyncio.wait_for(held[1].wait(), 20)
+    tps = {TopicPartition(topic, p): 0 for p in range(2)}
 
-            lane.producer.commit_transaction = commit
-        r1, r2 = (wire.Reply(f"r{i}", True, next(counter)).encode() for i in (1, 2))
-        dead.add(0, r1, -1, -1)
-        dying = asyncio.ensure_future(dead.flush())
-        await asyncio.wait_for(held[0].wait(), 20)
-        dead.add(1, r2, -1, -1)  # (lane 0 commits: the next reply goes out in lane 1)
-        dying2 = asyncio.ensure_future(dead.flush())
-        await asyncio.wait_for(held[1].wait(), 20)
-        tps = {TopicPartition(topic, p): 0 for p in range(2)}
-        raw = await read_range(s.kafka, tps)
-        assert sorted(_rids([v for recs in raw.values() for _, v in recs])) == ["r1", "r2"]
-        await successor.start(0)  # fences both dead lanes: their open transactions abort
-        seen = await read_range(s.kafka, tps, committed=True)
-        assert [v for recs in seen.values() for _, v in recs] == []  # not answered: replay
-        successor.add(0, r1, -1, -1)
-        successor.add(1, r2, -1, -1)
-        await successor.flush()
-        # the dead process wakes and commits: refused, and it renews nothing (a new producer
-        # of the slot's id would fence its successor): its lease ran out long ago
-        now[0] = 100.0
-        wake.set()
-        for flushing in (dying, dying2):
-            with pytest.raises(Fenced):
-                await flushing
-        committed = await read_range(s.kafka, tps, committed=True)
-        everything = await read_range(s.kafka, tps)
-        await successor.stop()
-        for lane in dead.lanes:
-            await lane.producer.stop()
-        assert sorted(_rids([v for recs in committed.values() for _, v in recs])) == ["r1", "r2"]
-        assert sorted(_rids([v for recs in everything.values() for _, v in recs])) == \
-            ["r1", "r1", "r2", "r2"]
-        assert successor.transactions == 1 and dead.transactions == 0 and closed == []
-        assert exits[:1] == [EXIT_FENCED]
+    async def rids(committed: bool = False) -> list[str]:
+        raw = await read_range(s.kafka, tps, committed=committed)
+        return sorted(_rids([v for recs in raw.values() for _, v in recs]))
 
-    asyncio.run(asyncio.wait_for(go(), 90))
+    assert await rids() == ["r1", "r2"]
+    await successor.start(0)  # fences both dead lanes: their open transactions abort
+    assert await rids(committed=True) == []  # not answered: replay
+    successor.add(0, r1, -1, -1)
+    successor.add(1, r2, -1, -1)
+    await successor.flush()
+    # the dead process wakes and commits: refused, and it renews nothing (a new producer
+    # of the slot's id would fence its successor): its lease ran out long ago
+    now[0] = 100.0
+    wake.set()
+    for flushing in (dying, dying2):
+        with pytest.raises(Fenced):
+            await flushing
+    committed, everything = await rids(committed=True), await rids()
+    await successor.stop()
+    for lane in dead.lanes:
+        await lane.producer.stop()
+    assert committed == ["r1", "r2"]
+    assert everything == ["r1", "r1", "r2", "r2"]
+    assert successor.transactions == 1 and dead.transactions == 0 and closed == []
+    assert exits[:1] == [EXIT_FENCED]

@@ -8,26 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 from collections.abc import Awaitable, Callable
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import OutOfOrderSequenceNumber
 
-from sfaas.errors import EXIT_FENCED, ClusterError
-from sfaas.runtime import ports, wire
+from sfaas.errors import ClusterError
+from sfaas.runtime import ports
 from sfaas.runtime.kafka import ensure_topics, make_producer, read_range
 from sfaas.runtime.settings import Settings
 from sfaas.sim import clock
 from sfaas.sim.log import SimKafka
 from sfaas.sim.ports import SimKafkaPort
+from tests.runtime.test_egress_transactions import dead_worker_replaced
 from worker.clients import KafkaClients
-from worker.egress import Egress
-from worker.fence import Fenced, FenceLease
-from worker.state import WorkerState
 
 SETTINGS = Settings(kafka="sim:9092", reply_commit_ms=0)
 
@@ -88,64 +83,13 @@ def test_kafka_clients_renew_a_desynced_producer_and_the_record_lands_once(
     on_sim(monkeypatch, body)
 
 
-def _egress(topic: str, generation: int, closed: list[str]) -> Egress:
-    st = WorkerState(1, False)
-    st.index, st.generation, st.egress_topic = 0, generation, topic
-    uplink = SimpleNamespace(closed=False, close=lambda: closed.append(f"gen {generation}"))
-    return Egress(SETTINGS, st, SimpleNamespace(consumer=None), uplink,  # type: ignore[arg-type]
-                  completed=SimpleNamespace(complete=lambda p, o: None))
-
-
-def _rids(raw: dict[int, list[tuple[int, bytes]]]) -> list[str]:
-    return sorted(wire.Reply.decode(v).rid for recs in raw.values() for _, v in recs)
-
-
 def test_a_dead_workers_reply_is_seen_once_after_its_successor(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The scenario of tests/runtime/test_egress_transactions.py's real-Kafka test, on the
-    simulation: a worker paused before committing r1 and r2 (one per lane) is replaced;
-    its successor's producers fence it, a ``read_committed`` read finds neither answered,
-    the successor commits both; the dead one wakes and is refused."""
+    """The scenario of tests/runtime/test_egress_transactions.py's real-Kafka test
+    (``dead_worker_replaced``), the same code, on the simulation: a worker paused before
+    committing r1 and r2 (one per lane) is replaced; its successor's producers fence it, a
+    ``read_committed`` read finds neither answered, the successor commits both; the dead
+    one wakes and is refused."""
     async def body(sim: SimKafka) -> None:
-        topic, closed, exits, counter = "ns.app.out", [], [], itertools.count()
-        await ensure_topics(SETTINGS.kafka, {topic: 2})
-        dead, successor = _egress(topic, 1, closed), _egress(topic, 2, closed)
-        now = [0.0]
-        lease = FenceLease(2.0, lambda: False, clock=lambda: now[0], exit=exits.append)
-        lease.grant(0.0)
-        dead._lease = lease
-        await dead.start(0)
-        held, wake = [asyncio.Event(), asyncio.Event()], asyncio.Event()
-        for lane in dead.lanes:
-            original = lane.producer.commit_transaction
-
-            async def commit(original: Any = original, at: asyncio.Event = held[lane.index]) -> None:
-                at.set()
-                await wake.wait()
-                await original()
-            lane.producer.commit_transaction = commit
-        r1, r2 = (wire.Reply(f"r{i}", True, next(counter)).encode() for i in (1, 2))
-        dead.add(0, r1, -1, -1)
-        dying = asyncio.ensure_future(dead.flush())
-        await held[0].wait()
-        dead.add(1, r2, -1, -1)
-        dying2 = asyncio.ensure_future(dead.flush())
-        await held[1].wait()
-        tps = {TopicPartition(topic, p): 0 for p in range(2)}
-        assert _rids(await read_range(SETTINGS.kafka, tps)) == ["r1", "r2"]
-        await successor.start(0)
-        assert _rids(await read_range(SETTINGS.kafka, tps, committed=True)) == []
-        successor.add(0, r1, -1, -1)
-        successor.add(1, r2, -1, -1)
-        await successor.flush()
-        now[0] = 100.0
-        wake.set()
-        for flushing in (dying, dying2):
-            with pytest.raises(Fenced):
-                await flushing
-        assert _rids(await read_range(SETTINGS.kafka, tps, committed=True)) == ["r1", "r2"]
-        assert _rids(await read_range(SETTINGS.kafka, tps)) == ["r1", "r1", "r2", "r2"]
-        assert successor.transactions == 1 and dead.transactions == 0 and closed == []
-        assert exits[:1] == [EXIT_FENCED]
-        await successor.stop()
+        await dead_worker_replaced(SETTINGS, "ns.app.out")
     on_sim(monkeypatch, body)
