@@ -52,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="simulated seconds each phase may wait for its replies")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--transfers", type=int, default=200)
+    p.add_argument("--accounts", type=int, default=Bank.accounts)
+    p.add_argument("--rate", type=float, default=Bank.rate,
+                   help="transfers sent per simulated second")
+    p.add_argument("--idle", type=float, default=0.0,
+                   help="simulated seconds the cluster idles before the balances")
     p.add_argument("--crash", metavar="AT,DOWN", default="",
                    help="worker 1 crashes AT simulated seconds in; a fresh one replaces it "
                         "DOWN seconds later (e.g. 2,1)")
@@ -77,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seed {ns.seed}" + (f" faults {sched}" if sched.faults() else ""))
     t0 = time.perf_counter()
     o = simulate(app, ROLES, ns.seed, seconds=ns.seconds, workers=ns.workers,
-                 bank=Bank(transfers=ns.transfers), schedule=sched)
+                 bank=Bank(accounts=ns.accounts, transfers=ns.transfers, rate=ns.rate,
+                           idle=ns.idle),
+                 schedule=sched)
     wall = time.perf_counter() - t0
     if ns.trace:
         print("\n".join(o.trace))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from sfaas.app import App
 from sfaas.sim.cluster import Bank, Outcome, Roles, simulate
-from sfaas.sim.faults import FAULTS, Schedule, draw
+from sfaas.sim.faults import FAULTS, HOT, HOT_RATE, Schedule, draw
 
 __all__ = ["DEFAULT_BUDGET", "Finding", "Report", "command", "run_budget", "shrink"]
 
@@ -36,8 +36,10 @@ def command(seed: int, schedule: Schedule, app: str = APP) -> str:
 
 
 def run_seed(app: App, roles: Roles, seed: int, schedule: Schedule) -> Outcome:
-    return simulate(app, roles, seed, workers=WORKERS, bank=Bank(transfers=TRANSFERS),
-                    schedule=schedule)
+    bank = Bank(transfers=TRANSFERS)
+    if schedule.hot:
+        bank = Bank(transfers=TRANSFERS, accounts=HOT, rate=HOT_RATE)
+    return simulate(app, roles, seed, workers=WORKERS, bank=bank, schedule=schedule)
 
 
 @dataclass

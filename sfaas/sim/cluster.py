@@ -36,7 +36,7 @@ from sfaas.sim.faults import Schedule, Stale
 from sfaas.sim.log import Faults, SimKafka
 from sfaas.sim.network import SimNetwork
 from sfaas.sim.objects import ObjectFaults, SimObjectStore
-from sfaas.sim.ports import process_ports
+from sfaas.sim.ports import SimKafkaPort, process_ports
 
 log = logging.getLogger("sfaas.sim.cluster")
 
@@ -92,6 +92,8 @@ class Bank:
     #: requests per simulated second
     rate: float = 200.0
     operator: str = "accounts"
+    #: simulated seconds the cluster idles after the transfers, before the balances
+    idle: float = 0.0
 
 
 @dataclass
@@ -143,6 +145,8 @@ class SimCluster:
         self._stopping = False
         #: process name → how often it exited on its own (the supervisor's backoff)
         self._exits: dict[str, int] = {}
+        #: process name → the ports of its current incarnation
+        self._ports: dict[str, ports.Ports] = {}
         self._bootstrap = ""
 
     def _trace(self, line: str) -> None:
@@ -207,6 +211,7 @@ class SimCluster:
         task = asyncio.get_running_loop().create_task(process(name, s, its), name=name,
                                                       context=ports.context(its))
         self._tasks.append(task)
+        self._ports[name] = its
         task.add_done_callback(lambda t: self._exited(t, process, s))
 
     def _exited(self, task: asyncio.Task[None],
@@ -250,6 +255,9 @@ class SimCluster:
         name = "worker-1"
         self._trace(f"fault crash {name}")
         self.net.crash(name)
+        kafka = self._ports[name].kafka
+        assert isinstance(kafka, SimKafkaPort)
+        kafka.kill()  # (its task's ``finally`` still runs: it must not reach Kafka)
         victim = next(t for t in self._tasks if t.get_name() == name)
         victim.cancel()
         try:
@@ -328,6 +336,7 @@ class SimCluster:
                                  [dst, rng.randint(1, b.opening)])
                 await asyncio.sleep(rng.expovariate(b.rate))
             await self._answered(loop.time() + self.seconds)
+            await asyncio.sleep(b.idle)
             reads = [await self._send(ingress, n, "balance", []) for n in names]
             await self._answered(loop.time() + self.seconds)
         finally:

@@ -13,6 +13,10 @@ Faults a schedule may hold (each drawn or left out by the seed):
 - ``kafka_errors``: each produce request fails (timed out, nothing appended) with this
   probability;
 - ``object_errors``: each object-store call fails (``RemoteError``) with this probability.
+
+And the workload's shape: ``hot`` — :data:`HOT` accounts at :data:`HOT_RATE` requests per
+second (conflicting transactions in most epochs: the cross-worker fallback's ordered
+locks), else the ``Bank`` defaults (8 accounts, 200 per second).
 """
 
 from __future__ import annotations
@@ -20,7 +24,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-__all__ = ["Schedule", "draw", "STALE_TOPICS"]
+__all__ = ["Schedule", "draw", "STALE_TOPICS", "HOT", "HOT_RATE"]
+
+#: a hot workload: accounts, and requests per simulated second
+HOT, HOT_RATE = 3, 2000.0
+#: about how long a hot workload sends (its faults land in it)
+HOT_LOAD_SECONDS = 0.1
 
 #: the topics a stale leader may answer, by the short names the flags use
 STALE_TOPICS = ("epochs", "in", "out")
@@ -57,6 +66,8 @@ class Schedule:
     stale: Stale | None = None
     kafka_errors: float = 0.0
     object_errors: float = 0.0
+    #: the workload: a few hot accounts (not a fault: kept when shrinking)
+    hot: bool = False
 
     def args(self) -> list[str]:
         """The ``python -m sfaas.sim`` flags that give this schedule."""
@@ -71,6 +82,8 @@ class Schedule:
             out += ["--kafka-errors", f"{self.kafka_errors:g}"]
         if self.object_errors:
             out += ["--object-errors", f"{self.object_errors:g}"]
+        if self.hot:
+            out += ["--accounts", str(HOT), "--rate", f"{HOT_RATE:g}"]
         return out
 
     def faults(self) -> int:
@@ -83,7 +96,7 @@ class Schedule:
         return Schedule(**{**self.__dict__, name: off})
 
     def __str__(self) -> str:
-        return " ".join(self.args()) or "(no faults)"
+        return " ".join(self.args()) or "(none)"
 
 
 #: the fields of a schedule, in the order shrinking drops them
@@ -98,9 +111,11 @@ def draw(seed: int, *, load_seconds: float = 1.0, partitions: int = 4) -> Schedu
     """The schedule of ``seed`` (its own ``random.Random``, apart from the run's):
     ``load_seconds`` is about how long the workload sends (faults land in it)."""
     rng = random.Random(f"sfaas.sim.faults {seed}")
+    hot = rng.random() < 0.3
+    load = HOT_LOAD_SECONDS if hot else load_seconds
 
     def when() -> float:
-        return _r(rng.uniform(0.1, load_seconds))
+        return _r(rng.uniform(0.02, load))
 
     crash = (when(), _r(rng.uniform(0.05, 1.0))) if rng.random() < 0.5 else None
     cut = (when(), _r(rng.uniform(0.1, 2.0))) if rng.random() < 0.35 else None
@@ -114,4 +129,4 @@ def draw(seed: int, *, load_seconds: float = 1.0, partitions: int = 4) -> Schedu
         stale = Stale(at, _r(rng.uniform(0.2, 3.0)), topic, part, rng.randint(1, 20))
     kafka_errors = rng.choice((0.0, 0.0, 0.005, 0.02))
     object_errors = rng.choice((0.0, 0.0, 0.05, 0.2))
-    return Schedule(crash, cut, outage, stale, kafka_errors, object_errors)
+    return Schedule(crash, cut, outage, stale, kafka_errors, object_errors, hot)
