@@ -78,11 +78,12 @@ def shrink(app: App, roles: Roles, seed: int, schedule: Schedule) -> Schedule:
 def run_budget(app: App, roles: Roles, budget: float, *, first: int = 0,
                only: int | None = None, shrinking: bool = True,
                known: dict[int, str] | None = None, app_ref: str = APP,
+               last: int | None = None,
                say: Callable[[str], None] = print) -> Report:
     """Seeds from ``first`` on (or ``only``), each under the faults it draws, until
     ``budget`` wall seconds are spent (at least one seed); stops at the first failing seed
     not in ``known`` (seed → the reported product bug it fails by: run and printed, not
-    counted)."""
+    counted); ``last``: no seed after it."""
     report, known = Report(), known or {}
     t0 = time.perf_counter()
     seed = first if only is None else only
@@ -112,7 +113,8 @@ def run_budget(app: App, roles: Roles, budget: float, *, first: int = 0,
         elif seed in known:
             say(f"seed {seed} is listed as known ({known[seed]}) but passes now")
         seed += 1
-        if only is not None or time.perf_counter() - t0 >= budget:
+        if only is not None or time.perf_counter() - t0 >= budget or (
+                last is not None and seed > last):
             break
     report.wall = time.perf_counter() - t0
     say(f"{len(report.seeds)} seeds ({report.seeds[0]}..{report.seeds[-1]}) in "

@@ -8,6 +8,7 @@ printed; a failing one with the command that replays it and a shorter schedule.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -20,14 +21,20 @@ from tests.sim import leaky_bank
 #: Seeds that fail on main today, each by a product bug reported (sfaas/sim/README.md
 #: "Findings"), not fixed yet: run and printed, not counted. A seed listed here that
 #: passes is printed as such (remove it once the bug is fixed).
-STALE_EGRESS = "A: a fresh worker's recovery reads a stale egress end, replies twice"
-EGRESS_RETRY = "B: a reply transaction retried across a recovery, replies twice"
-KNOWN: dict[int, str] = {}
+A = "A: a fresh worker's recovery reads a stale egress end and replies twice"
+B = "B: after failed produces a replay diverges; the recovery never finishes"
+KNOWN: dict[int, str] = {
+    88: B, 89: B, 112: A, 158: A, 176: A, 214: A, 275: A, 303: A, 305: B, 345: B, 394: B,
+    577: B, 636: B, 644: A, 648: B}
+#: the seeds surveyed on main for KNOWN (0..699, 2026-11-29): a default run stops there; a
+#: run with SFAAS_SIM_BUDGET set goes on (what it finds past them is new)
+SURVEYED = 700
 
 
 def test_seeds_within_the_budget_keep_every_invariant() -> None:
     budget, first, only = from_env()
-    report = run_budget(app, ROLES, budget, first=first, only=only, known=KNOWN)
+    last = None if "SFAAS_SIM_BUDGET" in os.environ else SURVEYED - 1
+    report = run_budget(app, ROLES, budget, first=first, only=only, known=KNOWN, last=last)
     assert not report.findings, "\n".join(
         f"seed {f.seed}: {f.violations}\nreplay: {command(f.seed, f.schedule)}"
         for f in report.findings)
