@@ -14,6 +14,7 @@ import time
 from coordinator.service import Coordinator
 from sfaas.app import App
 from sfaas.sim.cluster import Bank, Roles, simulate
+from sfaas.sim.faults import Schedule, Stale
 from worker.service import Worker
 
 #: the real processes (``python -m`` is the command: it may load the services)
@@ -51,21 +52,39 @@ def main(argv: list[str] | None = None) -> int:
                    help="simulated seconds each phase may wait for its replies")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--transfers", type=int, default=200)
+    p.add_argument("--accounts", type=int, default=Bank.accounts)
+    p.add_argument("--rate", type=float, default=Bank.rate,
+                   help="transfers sent per simulated second")
+    p.add_argument("--idle", type=float, default=0.0,
+                   help="simulated seconds the cluster idles before the balances")
     p.add_argument("--crash", metavar="AT,DOWN", default="",
                    help="worker 1 crashes AT simulated seconds in; a fresh one replaces it "
                         "DOWN seconds later (e.g. 2,1)")
     p.add_argument("--cut", metavar="AT,FOR", default="",
                    help="worker 1 and the coordinator cut apart AT simulated seconds in, "
                         "healed FOR seconds later (e.g. 1,1)")
+    p.add_argument("--outage", metavar="AT,FOR", default="",
+                   help="Kafka unreachable AT simulated seconds in, for FOR seconds")
+    p.add_argument("--stale", metavar="AT,FOR,TOPIC,PART,BEHIND", default="",
+                   help="a stale leader answers TOPIC (epochs, in, out) partition PART, "
+                        "BEHIND records short, AT seconds in for FOR seconds")
+    p.add_argument("--kafka-errors", type=float, default=0.0, metavar="P",
+                   help="each produce request times out with probability P")
+    p.add_argument("--object-errors", type=float, default=0.0, metavar="P",
+                   help="each object-store call fails with probability P")
     p.add_argument("--trace", action="store_true", help="print every line of the trace")
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
     app = _load(ns.app)
-    crash, cut = _pair(ns.crash), _pair(ns.cut)
-    print(f"seed {ns.seed}")
+    sched = Schedule(crash=_pair(ns.crash), cut=_pair(ns.cut), outage=_pair(ns.outage),
+                     stale=Stale.parse(ns.stale) if ns.stale else None,
+                     kafka_errors=ns.kafka_errors, object_errors=ns.object_errors)
+    print(f"seed {ns.seed}" + (f" faults {sched}" if sched.faults() else ""))
     t0 = time.perf_counter()
     o = simulate(app, ROLES, ns.seed, seconds=ns.seconds, workers=ns.workers,
-                 bank=Bank(transfers=ns.transfers), crash=crash, cut=cut)
+                 bank=Bank(accounts=ns.accounts, transfers=ns.transfers, rate=ns.rate,
+                           idle=ns.idle),
+                 schedule=sched)
     wall = time.perf_counter() - t0
     if ns.trace:
         print("\n".join(o.trace))

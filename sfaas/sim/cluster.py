@@ -32,10 +32,11 @@ from sfaas.runtime import ports, wire
 from sfaas.runtime.partitioning import partition_of
 from sfaas.runtime.settings import Settings
 from sfaas.sim import clock
-from sfaas.sim.log import SimKafka
+from sfaas.sim.faults import Schedule, Stale
+from sfaas.sim.log import Faults, SimKafka
 from sfaas.sim.network import SimNetwork
-from sfaas.sim.objects import SimObjectStore
-from sfaas.sim.ports import process_ports
+from sfaas.sim.objects import ObjectFaults, SimObjectStore
+from sfaas.sim.ports import SimKafkaPort, process_ports
 
 log = logging.getLogger("sfaas.sim.cluster")
 
@@ -70,6 +71,17 @@ class Roles:
 NEVER_DUE = 1e9
 
 
+#: seconds each simulated Kafka request takes in a run with faults: a fetch answered at
+#: once lets a consumer that keeps being rewound (a stale leader) spin without virtual time
+#: passing, so the stale leader never ends (``worker/ingress.py:Ingress._rewound`` gives up
+#: after 10 s read from ``time.monotonic``, the wall clock)
+KAFKA_LATENCY = (0.0005, 0.002)
+
+
+#: the supervisor's restart backoff: (first, longest) seconds (``launcher/supervisor.py``)
+RESTART_BACKOFF = (0.2, 5.0)
+
+
 @dataclass
 class Bank:
     """The bank workload (see the module docstring)."""
@@ -80,6 +92,8 @@ class Bank:
     #: requests per simulated second
     rate: float = 200.0
     operator: str = "accounts"
+    #: simulated seconds the cluster idles after the transfers, before the balances
+    idle: float = 0.0
 
 
 @dataclass
@@ -106,7 +120,8 @@ class SimCluster:
     def __init__(self, app: App, roles: Roles, seed: int, *, workers: int = 2,
                  partitions: int = 4, seconds: float = 60.0, bank: Bank | None = None,
                  rounds: float = 0.0, crash: tuple[float, float] | None = None,
-                 cut: tuple[float, float] | None = None) -> None:
+                 cut: tuple[float, float] | None = None,
+                 schedule: Schedule | None = None) -> None:
         self.app = app
         self.roles = roles
         self.workers = workers
@@ -120,10 +135,19 @@ class SimCluster:
         #: ``(at, for)``: worker 1 and the coordinator are cut apart ``at`` seconds into the
         #: run (their channel breaks, no new one connects) and healed ``for`` seconds later
         self.cut = cut
+        #: the other faults (Kafka's and the object store's: ``sfaas.sim.faults``)
+        self.schedule = schedule or Schedule()
         self.bank = bank or Bank()
         self.outcome = Outcome(seed)
         self._tasks: list[asyncio.Task[None]] = []
         self._home = ""
+        self._producer: Any = None
+        self._stopping = False
+        #: process name → how often it exited on its own (the supervisor's backoff)
+        self._exits: dict[str, int] = {}
+        #: process name → the ports of its current incarnation
+        self._ports: dict[str, ports.Ports] = {}
+        self._bootstrap = ""
 
     def _trace(self, line: str) -> None:
         now = asyncio.get_running_loop().time()
@@ -144,9 +168,13 @@ class SimCluster:
         loop = asyncio.get_running_loop()
         assert isinstance(loop, clock.VirtualLoop), "a simulated cluster runs on a VirtualLoop"
         rng = loop.random
+        sched = self.schedule
         self.kafka = SimKafka(random.Random(rng.getrandbits(64)),
+                              Faults(send_error=sched.kafka_errors,
+                                     latency=KAFKA_LATENCY if sched.faults() else (0, 0)),
                               on_event=self.outcome.trace.append)  # (its lines say the time)
         objects = self.objects = SimObjectStore(random.Random(rng.getrandbits(64)),
+                                                ObjectFaults(error=sched.object_errors),
                                                 sleep=loop.clock.advance, clock=loop.time)
         net = self.net = SimNetwork(random.Random(rng.getrandbits(64)))
         self._home = tempfile.mkdtemp(prefix="sfaas-sim-")
@@ -161,6 +189,10 @@ class SimCluster:
             faults = [loop.create_task(self._crash(s, *self.crash))] if self.crash else []
             if self.cut:
                 faults.append(loop.create_task(self._cut(*self.cut)))
+            if sched.outage:
+                faults.append(loop.create_task(self._outage(*sched.outage)))
+            if sched.stale:
+                faults.append(loop.create_task(self._stale(s, sched.stale)))
             await self._drive(s, random.Random(rng.getrandbits(64)))
             for task in faults:
                 await task
@@ -179,6 +211,36 @@ class SimCluster:
         task = asyncio.get_running_loop().create_task(process(name, s, its), name=name,
                                                       context=ports.context(its))
         self._tasks.append(task)
+        self._ports[name] = its
+        task.add_done_callback(lambda t: self._exited(t, process, s))
+
+    def _exited(self, task: asyncio.Task[None],
+                process: Callable[[str, Settings, ports.Ports], Coroutine[Any, Any, None]],
+                s: Settings) -> None:
+        """The supervisor (``launcher/supervisor.py``): a process that exits on its own is
+        restarted — at once the first time, then after a backoff doubling from 0.2 s to
+        5 s (:data:`RESTART_BACKOFF`). A crash (a cancellation) is restarted by ``_crash``."""
+        if task.cancelled() or self._stopping:
+            return
+        name = task.get_name()
+        exc = task.exception()
+        n = self._exits[name] = self._exits.get(name, 0) + 1
+        delay = 0.0 if n == 1 else min(RESTART_BACKOFF[1], RESTART_BACKOFF[0] * 2 ** (n - 2))
+        self._trace(f"exit {name}: {type(exc).__name__ if exc else 'returned'}; "
+                    f"restart in {delay:g} s")
+        self._tasks.remove(task)
+        asyncio.get_running_loop().call_later(delay, self._restart, name, process, s)
+
+    def _restart(self, name: str,
+                 process: Callable[[str, Settings, ports.Ports], Coroutine[Any, Any, None]],
+                 s: Settings) -> None:
+        if self._stopping:
+            return
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, clock.VirtualLoop)
+        self._trace(f"restart {name}")
+        self._start(name, process,
+                    process_ports(name, self.kafka, self.objects, self.net, loop.clock), s)
 
     async def _coordinator(self, name: str, s: Settings, its: ports.Ports) -> None:
         await self.roles.coordinator(s, self.app.name, its).run()
@@ -193,6 +255,9 @@ class SimCluster:
         name = "worker-1"
         self._trace(f"fault crash {name}")
         self.net.crash(name)
+        kafka = self._ports[name].kafka
+        assert isinstance(kafka, SimKafkaPort)
+        kafka.kill()  # (its task's ``finally`` still runs: it must not reach Kafka)
         victim = next(t for t in self._tasks if t.get_name() == name)
         victim.cancel()
         try:
@@ -216,7 +281,23 @@ class SimCluster:
         self._trace("fault heal worker-1 coordinator")
         self.net.heal("worker-1", "coordinator")
 
+    async def _outage(self, at: float, seconds: float) -> None:
+        """Kafka unreachable for ``seconds`` from ``at`` on."""
+        await asyncio.sleep(at)
+        self.kafka.outage(seconds)
+
+    async def _stale(self, s: Settings, stale: Stale) -> None:
+        """A stale leader answers one partition for a while (``sfaas.sim.faults``)."""
+        await asyncio.sleep(stale.at)
+        ingress, egress = s.topics(self.app.name)
+        topic = {"in": ingress, "out": egress,
+                 "epochs": s.epoch_log_topic(self.app.name)}[stale.topic]
+        tp = TopicPartition(topic, stale.partition)
+        if stale.partition < len(self.kafka.broker.topics.get(topic, [])):
+            self.kafka.stale_leader(tp, stale.seconds, stale.behind)
+
     async def _stop(self) -> None:
+        self._stopping = True
         for task in reversed(self._tasks):
             if not task.done():
                 task.cancel()
@@ -236,8 +317,9 @@ class SimCluster:
         ingress, egress = s.topics(self.app.name)
         while ingress not in await self._topics():
             await asyncio.sleep(0.1)
-        producer = self.kafka.producer(bootstrap_servers=s.kafka)
-        await producer.start()
+        self._bootstrap = s.kafka
+        self._producer = self.kafka.producer(bootstrap_servers=s.kafka)
+        await self._producer.start()
         consumer = self.kafka.consumer(bootstrap_servers=s.kafka, enable_auto_commit=False,
                                        isolation_level="read_committed",
                                        auto_offset_reset="earliest")
@@ -247,18 +329,19 @@ class SimCluster:
         b, names = self.bank, [f"acct{i}" for i in range(self.bank.accounts)]
         try:
             for name in names:
-                await self._send(producer, ingress, name, "deposit", [b.opening])
+                await self._send(ingress, name, "deposit", [b.opening])
             for _ in range(b.transfers):
                 src, dst = rng.sample(names, 2)
-                await self._send(producer, ingress, src, "transfer",
+                await self._send(ingress, src, "transfer",
                                  [dst, rng.randint(1, b.opening)])
                 await asyncio.sleep(rng.expovariate(b.rate))
             await self._answered(loop.time() + self.seconds)
-            reads = [await self._send(producer, ingress, n, "balance", []) for n in names]
+            await asyncio.sleep(b.idle)
+            reads = [await self._send(ingress, n, "balance", []) for n in names]
             await self._answered(loop.time() + self.seconds)
         finally:
             reader.cancel()
-            await producer.stop()
+            await self._producer.stop()
             await consumer.stop()
         self._check(names, reads)
 
@@ -270,7 +353,7 @@ class SimCluster:
         finally:
             await admin.close()
 
-    async def _send(self, producer: Any, topic: str, key: str, function: str,
+    async def _send(self, topic: str, key: str, function: str,
                     args: list[Any]) -> str:
         o = self.outcome
         rid = f"r{o.sent}"
@@ -279,17 +362,32 @@ class SimCluster:
                            asyncio.get_running_loop().time())
         self._trace(f"send {rid} {key}.{function}{args}")
         part = partition_of(self.bank.operator, key, self.partitions)
-        await (await producer.send(topic, req.encode(), partition=part))
-        return rid
+        value = req.encode()
+        while True:  # (a client retrying a failed send, knowing whether it landed)
+            try:
+                await (await self._producer.send(topic, value, partition=part))
+                return rid
+            except Exception as exc:
+                self._trace(f"send {rid} failed: {type(exc).__name__}")
+                landed = self.kafka.broker.partition(TopicPartition(topic, part)).entries
+                if any(e.value == value for e in landed[-50:]):
+                    return rid
+                await self._producer.stop()  # (a producer out of sequence stays stuck)
+                self._producer = self.kafka.producer(bootstrap_servers=self._bootstrap)
+                await self._producer.start()
 
     async def _read(self, consumer: Any) -> None:
         o = self.outcome
+        at: dict[TopicPartition, int] = {}  # the next offset wanted, per partition
         while True:
             got = await consumer.getmany(timeout_ms=100)
             for tp in sorted(got, key=lambda t: (t.topic, t.partition)):
                 for record in got[tp]:
+                    if record.offset < at.get(tp, 0):  # (rewound: a stale leader's reset)
+                        continue
+                    at[tp] = record.offset + 1
                     reply = wire.Reply.decode(record.value)
-                    self._trace(f"reply {reply.rid} ok={reply.ok} {reply.value!r} "
+                    self._trace(f"reply {reply.rid}@{record.offset} ok={reply.ok} {reply.value!r} "
                                 f"{reply.error_type or ''}")
                     if reply.rid in o.replies:
                         o.duplicates.append(reply.rid)
@@ -321,11 +419,17 @@ class SimCluster:
 
 def simulate(app: App, roles: Roles, seed: int, *, seconds: float = 60.0, workers: int = 2,
              bank: Bank | None = None, crash: tuple[float, float] | None = None,
-             cut: tuple[float, float] | None = None) -> Outcome:
+             cut: tuple[float, float] | None = None,
+             schedule: Schedule | None = None) -> Outcome:
     """Run one simulated cluster of ``app`` for ``seed`` (see the module docstring);
     ``crash``: ``(at, down)``, worker 1 crashes and a fresh process replaces it — with
     rounds on (:data:`NEVER_DUE`) the cluster recovers from the epoch log; ``cut``:
-    ``(at, for)``, worker 1 and the coordinator cut apart for a while."""
+    ``(at, for)``, worker 1 and the coordinator cut apart for a while; ``schedule``: all of
+    a run's faults (``sfaas.sim.faults``; its crash and cut stand in for the two above)."""
+    if schedule is not None:
+        crash, cut = schedule.crash or crash, schedule.cut or cut
+    faulty = crash or cut or (schedule is not None and schedule.faults())
     cluster = SimCluster(app, roles, seed, workers=workers, seconds=seconds, bank=bank,
-                         rounds=NEVER_DUE if crash or cut else 0.0, crash=crash, cut=cut)
+                         rounds=NEVER_DUE if faulty else 0.0, crash=crash, cut=cut,
+                         schedule=schedule)
     return clock.run(cluster.run(), seed=seed)

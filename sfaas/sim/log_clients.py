@@ -66,6 +66,8 @@ class SimProducer:
         self._closed = False
         #: a fatal error (fenced): every transactional call fails from here on
         self._fatal: KafkaError | None = None
+        #: the process holding this producer died (:meth:`kill`)
+        self._dead = False
         self._txn: Txn | None = None
         #: the first error of the open transaction's sends (its commit raises it)
         self._txn_error: BaseException | None = None
@@ -123,6 +125,16 @@ class SimProducer:
             self._delivering = asyncio.get_running_loop().create_task(self._deliver())
         return fut
 
+    def kill(self) -> None:
+        """The process holding this producer died: nothing it queued, has in flight or
+        does later reaches the log (a cancelled task's ``finally`` would still commit)."""
+        self._dead = self._closed = True
+        self._fatal = ProducerFenced()
+        while self._queue:
+            fut = self._queue.popleft()[2]
+            if not fut.done():
+                fut.set_exception(ProducerClosed())
+
     async def _deliver(self) -> None:
         while self._queue:
             tp, record, fut = self._queue.popleft()
@@ -144,6 +156,8 @@ class SimProducer:
         if wait := b.latency():
             await asyncio.sleep(wait)
         await until_reachable(b, tp, self._request_timeout)
+        if self._dead:
+            raise ProducerClosed()
         if self._tid is not None and (b.fenced(self._tid, self._epoch)
                                       or txn is None or txn.state != "open"):
             self._fatal = ProducerFenced()

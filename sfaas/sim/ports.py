@@ -32,9 +32,17 @@ class SimKafkaPort:
 
     def __init__(self, sim: SimKafka) -> None:
         self.sim = sim
+        self.producers: list[Any] = []
 
     def producer(self, **kwargs: Any) -> Any:
-        return self.sim.producer(**kwargs)
+        p = self.sim.producer(**kwargs)
+        self.producers.append(p)
+        return p
+
+    def kill(self) -> None:
+        """The process died: its producers reach the log no more (``SimProducer.kill``)."""
+        for p in self.producers:
+            p.kill()
 
     def consumer(self, **kwargs: Any) -> Any:
         return self.sim.consumer(**kwargs)

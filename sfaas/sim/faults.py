@@ -1,0 +1,132 @@
+"""A seed's fault schedule (issue 51): what goes wrong in one simulated cluster run, and
+when — a function of the seed only (:func:`draw`), printed as the command-line flags that
+replay it (:meth:`Schedule.args`).
+
+Faults a schedule may hold (each drawn or left out by the seed):
+
+- ``crash``: worker 1 crashes at ``at`` and a fresh process takes its slot ``down`` later;
+- ``cut``: worker 1 and the coordinator cut apart at ``at`` for ``for`` seconds;
+- ``outage``: Kafka unreachable at ``at`` for ``for`` seconds;
+- ``stale``: a stale leader answers one partition (the epoch log, an ingress partition or
+  the egress) at ``at`` for ``for`` seconds, ``behind`` records short — timed near a
+  recovery (after the crash or the cut) when there is one, where recovery reads it;
+- ``kafka_errors``: each produce request fails (timed out, nothing appended) with this
+  probability;
+- ``object_errors``: each object-store call fails (``RemoteError``) with this probability.
+
+And the workload's shape: ``hot`` — :data:`HOT` accounts at :data:`HOT_RATE` requests per
+second (conflicting transactions in most epochs: the cross-worker fallback's ordered
+locks), else the ``Bank`` defaults (8 accounts, 200 per second).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+__all__ = ["Schedule", "draw", "STALE_TOPICS", "HOT", "HOT_RATE"]
+
+#: a hot workload: accounts, and requests per simulated second
+HOT, HOT_RATE = 3, 2000.0
+#: about how long a hot workload sends (its faults land in it)
+HOT_LOAD_SECONDS = 0.1
+
+#: the topics a stale leader may answer, by the short names the flags use
+STALE_TOPICS = ("epochs", "in", "out")
+
+Pair = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class Stale:
+    at: float
+    seconds: float
+    topic: str  # one of STALE_TOPICS
+    partition: int
+    behind: int
+
+    def flag(self) -> str:
+        return f"{self.at:g},{self.seconds:g},{self.topic},{self.partition},{self.behind}"
+
+    @classmethod
+    def parse(cls, text: str) -> Stale:
+        at, seconds, topic, partition, behind = text.split(",")
+        if topic not in STALE_TOPICS:
+            raise ValueError(f"--stale: the topic is one of {STALE_TOPICS}, not {topic!r}")
+        return cls(float(at), float(seconds), topic, int(partition), int(behind))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One run's faults (see the module docstring); all off by default."""
+
+    crash: Pair | None = None
+    cut: Pair | None = None
+    outage: Pair | None = None
+    stale: Stale | None = None
+    kafka_errors: float = 0.0
+    object_errors: float = 0.0
+    #: the workload: a few hot accounts (not a fault: kept when shrinking)
+    hot: bool = False
+
+    def args(self) -> list[str]:
+        """The ``python -m sfaas.sim`` flags that give this schedule."""
+        out: list[str] = []
+        for name in ("crash", "cut", "outage"):
+            pair = getattr(self, name)
+            if pair is not None:
+                out += [f"--{name}", f"{pair[0]:g},{pair[1]:g}"]
+        if self.stale is not None:
+            out += ["--stale", self.stale.flag()]
+        if self.kafka_errors:
+            out += ["--kafka-errors", f"{self.kafka_errors:g}"]
+        if self.object_errors:
+            out += ["--object-errors", f"{self.object_errors:g}"]
+        if self.hot:
+            out += ["--accounts", str(HOT), "--rate", f"{HOT_RATE:g}"]
+        return out
+
+    def faults(self) -> int:
+        return len([f for f in (self.crash, self.cut, self.outage, self.stale,
+                                self.kafka_errors, self.object_errors) if f])
+
+    def without(self, name: str) -> Schedule:
+        """This schedule less one fault (shrinking)."""
+        off: object = 0.0 if name in ("kafka_errors", "object_errors") else None
+        return Schedule(**{**self.__dict__, name: off})
+
+    def __str__(self) -> str:
+        return " ".join(self.args()) or "(none)"
+
+
+#: the fields of a schedule, in the order shrinking drops them
+FAULTS = ("crash", "cut", "outage", "stale", "kafka_errors", "object_errors")
+
+
+def _r(x: float) -> float:
+    return round(x, 2)
+
+
+def draw(seed: int, *, load_seconds: float = 1.0, partitions: int = 4) -> Schedule:
+    """The schedule of ``seed`` (its own ``random.Random``, apart from the run's):
+    ``load_seconds`` is about how long the workload sends (faults land in it)."""
+    rng = random.Random(f"sfaas.sim.faults {seed}")
+    hot = rng.random() < 0.3
+    load = HOT_LOAD_SECONDS if hot else load_seconds
+
+    def when() -> float:
+        return _r(rng.uniform(0.02, load))
+
+    crash = (when(), _r(rng.uniform(0.05, 1.0))) if rng.random() < 0.5 else None
+    cut = (when(), _r(rng.uniform(0.1, 2.0))) if rng.random() < 0.35 else None
+    outage = (when(), _r(rng.uniform(0.1, 3.0))) if rng.random() < 0.25 else None
+    stale = None
+    if rng.random() < 0.5:
+        recoveries = [sum(p) for p in (crash, cut) if p is not None]
+        at = _r(rng.choice(recoveries) + rng.uniform(0.0, 0.3)) if recoveries else when()
+        topic = rng.choice(STALE_TOPICS)
+        part = rng.randrange(partitions) if topic == "in" else 0
+        stale = Stale(at, _r(rng.uniform(0.2, 3.0)), topic, part, rng.randint(1, 20))
+    kafka_errors = rng.choice((0.0, 0.0, 0.005, 0.02))
+    object_errors = rng.choice((0.0, 0.0, 0.05, 0.2))
+    return Schedule(crash, cut, outage, stale, kafka_errors, object_errors, hot)

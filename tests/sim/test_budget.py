@@ -1,0 +1,88 @@
+"""The seed budget (issue 51): simulated bank clusters under the faults each seed draws
+(``sfaas.sim.faults``), for a wall budget (``sfaas.sim.budget``). Every seed run is
+printed; a failing one with the command that replays it and a shorter schedule.
+
+``SFAAS_SIM_BUDGET=600`` (wall seconds; default 45) for a nightly-style run,
+``SFAAS_SIM_SEED=N`` to replay one seed, ``SFAAS_SIM_FIRST=N`` to start elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from examples.bank import app
+from sfaas.sim.__main__ import ROLES
+from sfaas.sim.budget import TRANSFERS, command, from_env, run_budget, run_seed
+from sfaas.sim.faults import Schedule, Stale, draw
+from tests.sim import leaky_bank
+
+#: Seeds that fail on main today, each by a product bug reported (sfaas/sim/README.md
+#: "Findings"), not fixed yet: run and printed, not counted. A seed listed here that
+#: passes is printed as such (remove it once the bug is fixed).
+A = "A: a fresh worker's recovery reads a stale egress end and replies twice"
+B = "B: after failed produces a replay diverges; the recovery never finishes"
+KNOWN: dict[int, str] = {
+    88: B, 89: B, 112: A, 158: A, 176: A, 214: A, 275: A, 303: A, 305: B, 345: B, 394: B,
+    577: B, 636: B, 644: A, 648: B}
+#: the seeds surveyed on main for KNOWN (0..699, 2026-11-29): a default run stops there; a
+#: run with SFAAS_SIM_BUDGET set goes on (what it finds past them is new)
+SURVEYED = 700
+
+
+def test_seeds_within_the_budget_keep_every_invariant() -> None:
+    budget, first, only = from_env()
+    last = None if "SFAAS_SIM_BUDGET" in os.environ else SURVEYED - 1
+    report = run_budget(app, ROLES, budget, first=first, only=only, known=KNOWN, last=last)
+    assert not report.findings, "\n".join(
+        f"seed {f.seed}: {f.violations}\nreplay: {command(f.seed, f.schedule)}"
+        for f in report.findings)
+
+
+def test_a_planted_bug_fails_the_budget_with_its_replay_command(capsys: object) -> None:
+    """A bank that leaks a credit on big transfers: the budget stops at the first seed,
+    prints it and the command, and that command fails the same way."""
+    lines: list[str] = []
+    report = run_budget(leaky_bank.app, ROLES, 30.0, app_ref="tests.sim.leaky_bank:app",
+                        say=lines.append)
+    print("\n".join(lines))
+    [f] = report.findings
+    assert any("balances sum to" in v for v in f.violations)
+    replay = next(line for line in lines if line.startswith("replay: "))
+    assert replay == "replay: " + command(f.seed, f.schedule, "tests.sim.leaky_bank:app")
+    argv = replay.removeprefix("replay: python ").split()
+    run = subprocess.run([sys.executable, *argv], capture_output=True, text=True)
+    assert run.returncode == 1 and "VIOLATION: balances sum to" in run.stdout
+
+
+def test_a_seeds_faults_are_a_function_of_the_seed() -> None:
+    schedules = [draw(seed) for seed in range(200)]
+    assert schedules == [draw(seed) for seed in range(200)]
+    kinds = {name for s in schedules for name in ("crash", "cut", "outage", "stale",
+                                                  "kafka_errors", "object_errors")
+             if getattr(s, name)}
+    assert len(kinds) == 6  # (every kind of fault is drawn by some seed)
+    assert len(set(schedules)) > 150
+
+
+def test_a_faulty_seed_gives_the_same_trace_twice() -> None:
+    seed = next(s for s in range(100) if draw(s).faults() >= 4)
+    print(f"seed {seed} faults {draw(seed)}")
+    runs = [run_seed(app, ROLES, seed, draw(seed)) for _ in range(2)]
+    assert runs[0].trace == runs[1].trace
+    assert sum(" fault " in line for line in runs[0].trace) >= 2
+
+
+def test_the_flags_give_the_schedule_back() -> None:
+    """What a failure prints is what the command runs."""
+    from sfaas.sim.__main__ import _pair
+    s = Schedule(crash=(0.5, 0.25), cut=(1.0, 2.0), outage=(0.3, 1.5),
+                 stale=Stale(1.2, 0.8, "epochs", 0, 7), kafka_errors=0.02, object_errors=0.2)
+    args = s.args()
+    flags = dict(zip(args[::2], args[1::2], strict=True))
+    assert Schedule(crash=_pair(flags["--crash"]), cut=_pair(flags["--cut"]),
+                    outage=_pair(flags["--outage"]), stale=Stale.parse(flags["--stale"]),
+                    kafka_errors=float(flags["--kafka-errors"]),
+                    object_errors=float(flags["--object-errors"])) == s
+    assert f"--transfers {TRANSFERS}" in command(3, s)
