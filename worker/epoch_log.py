@@ -8,6 +8,7 @@ under the coordinator's lease (``worker.fence``).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Mapping
@@ -35,6 +36,8 @@ class EpochLogWriter:
         self._uplink = uplink
         #: the coordinator's lease on this process: the log is written only under it
         self._fence = fence
+        #: the deliveries of the records handed to Kafka and not yet in the log or failed
+        self._in_flight: set[asyncio.Future[Any]] = set()
 
     async def send(self, begin: wire.Begin,
                    journals: Mapping[int, dict[str, Any]]) -> Sent | None:
@@ -52,7 +55,19 @@ class EpochLogWriter:
         fence = self._fence
         if fence is not None and not fence.valid():
             await fence.held()
-        return await self._kafka.send(st.log_topic, rec.encode(), 0)
+        sent = await self._kafka.send(st.log_topic, rec.encode(), 0)
+        self._in_flight.add(sent.delivery)
+        sent.delivery.add_done_callback(self._in_flight.discard)
+        return sent
+
+    async def settle(self) -> None:
+        """Wait until every record handed to Kafka is in the log or failed (``Settling``,
+        ``worker.needs``). A recovery reads the log after this: a record still in flight
+        when the epochs halted must not land after that read — the recovery would not
+        replay its epoch and take its requests again as new ones, and a later recovery
+        would find the record and run them twice."""
+        if self._in_flight:
+            await asyncio.gather(*list(self._in_flight), return_exceptions=True)
 
     async def durable(self, epoch: int, sent: Sent) -> bool:
         """Wait until the record ``sent`` is in the log; False (the worker leaves the

@@ -24,6 +24,7 @@ port                     needed by                        filled by
 :class:`Halting`         quiescer                         ``PeerCalls``
 :class:`LeaseEnd`        quiescer, departures             ``EpochLeaseHolder`` (the lease)
 :class:`Quiet`           rollback, the rejoin             ``Quiescer`` (``worker.quiesce``)
+:class:`Settling`        quiescer                         ``EpochLogWriter`` (``worker.epoch_log``)
 :class:`WorldRollback`   rollback, replay                 ``World``
 :class:`AckedReplies`    replay                           ``Egress`` (``worker.egress``)
 :class:`Standbys`        rescale                          ``Replication`` (``worker.replication``)
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AckedReplies", "CallsSeen", "Commits", "Completions", "Directions", "Divergences",
            "EngineStarter", "Halting", "HeldReads", "Latency", "LeaseEnd", "PeerSends", "Quiet",
+           "Settling",
            "Rescaled", "Room", "SlowView", "Spawner", "Standbys", "Votes", "WorkArrived",
            "WorldRollback"]
 
@@ -185,6 +187,13 @@ class LeaseEnd(Protocol):
 
     def end_lease(self) -> None:
         """No epoch begins on its own any more."""
+
+
+class Settling(Protocol):
+    """The epoch log, as a recovery starts from a quiet worker."""
+
+    async def settle(self) -> None:
+        """Wait until every record handed to Kafka is in the log or failed."""
 
 
 class Halting(Protocol):

@@ -14,7 +14,7 @@ import logging
 from worker.direct import DirectIngress
 from worker.egress import Egress
 from worker.ingress import Ingress
-from worker.needs import Halting, LeaseEnd
+from worker.needs import Halting, LeaseEnd, Settling
 from worker.state import WorkerState
 from worker.world import World
 
@@ -28,10 +28,12 @@ class Quiescer:
     acknowledged (``worker.needs.Quiet``)."""
 
     def __init__(self, state: WorkerState, lease: LeaseEnd, halting: Halting,
-                 ingress: Ingress, direct: DirectIngress, egress: Egress) -> None:
+                 ingress: Ingress, direct: DirectIngress, egress: Egress,
+                 epoch_log: Settling) -> None:
         self._state = state
         self._lease = lease
         self._halting = halting
+        self._epoch_log = epoch_log
         self._ingress = ingress
         self._direct = direct
         self._egress = egress
@@ -43,6 +45,9 @@ class Quiescer:
         await self._ingress.pause()
         self._direct.rollback()  # (its clients send again what has no answer)
         await self._halting.halt()
+        # (an epoch's record still in flight lands now or never: the recovery's read of
+        # the log must see every record it will ever hold of the epochs before it)
+        await self._epoch_log.settle()
         self._state.drop_replays()
         try:
             await self._egress.durable()

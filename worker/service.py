@@ -147,7 +147,7 @@ class Worker(Service):
         self.fallback.frees_room_in(self.calls)
         #: stops ingest and executions for a recovery or a rejoin
         self.quiet = Quiescer(st, self.epoch_lease, self.calls, self.ingress, self.direct,
-                              self.egress)
+                              self.egress, self.epoch_log)
         #: rescaling: stores moving in and out
         self.moving = StoreMoves(s, app, self.name, secret, st, uplink=self.uplink,
                                  links=self.links, ingress=self.ingress,
@@ -178,10 +178,10 @@ class Worker(Service):
         #: epochs this worker begins and commits itself, under the coordinator's lease
         #: (``worker.protocols.lease``: this worker is its ``LeaseHost``)
         self.epoch_lease = EpochLeaseHolder(self)
+        self.epoch_log = EpochLogWriter(st, self.kafka, self.uplink, self.lease)
         self.epochs = EpochRunner(
             s, st, uplink=self.uplink, calls=self.calls, world=self.world, watch=watch,
-            epoch_log=EpochLogWriter(st, self.kafka, self.uplink, self.lease),
-            lease=self.epoch_lease)
+            epoch_log=self.epoch_log, lease=self.epoch_lease)
         self.commits = EpochCommitter(
             self.mode, st, fallback=self.fallback, world=self.world, watch=watch,
             replies=Replies(s, st, direct=self.direct, completions=self.ingress,

@@ -257,3 +257,44 @@ async def test_stopping_during_a_renewal_stops_the_new_producer_and_the_replaced
     gate.set()
     await asyncio.wait_for(asyncio.gather(renewing, stopping), 5)
     assert made and made[0].started and made[0].stopped and old.stopped
+
+
+async def test_a_recovery_reads_the_log_only_once_the_records_in_flight_landed(
+        tmp_path: Path) -> None:
+    """Found by the simulator (issue 51, seed 88): an epoch's record still in flight when a
+    recovery halted the epochs landed after the recovery read the log, so that recovery did
+    not replay the epoch and its requests were taken again as new ones; a later recovery
+    found the record and ran them twice. The worker's quiesce (what a recovery or a rejoin
+    starts with) now returns only once every record handed to Kafka landed or failed."""
+    w = _worker(tmp_path)
+    first, _ = _producers(w, first_stuck=False, new_stuck=False)
+    held: list[asyncio.Future[Any]] = []
+
+    async def slow_send(topic: str, value: bytes, partition: int,
+                        headers: Any = None) -> asyncio.Future[Any]:
+        first.sent.append((topic, value, partition, headers))
+        held.append(asyncio.get_running_loop().create_future())  # (the broker's answer)
+        return held[-1]
+
+    first.send = slow_send  # type: ignore[method-assign]
+
+    async def test() -> None:
+        _queue_request(w)
+        begin = wire.Begin(1, 1001.0)
+        t0 = w.epochs.begin(begin)
+        assert t0 is not None
+        executing = w.tasks.spawn(w.epochs.execute(begin, t0))
+        for _ in range(100):
+            if held:
+                break
+            await asyncio.sleep(0)
+        assert _records(first, LOG_TOPIC), "the epoch's record was not handed to Kafka"
+        quiescing = asyncio.ensure_future(w.quiet.quiesce())
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert executing.cancelled()  # (the epoch itself was halted)
+        assert not quiescing.done(), "the quiesce returned with a record still in flight"
+        held[0].set_result(SimpleNamespace(topic=LOG_TOPIC, partition=0, offset=0))
+        await asyncio.wait_for(quiescing, 5)
+
+    await _closing(w, test)
