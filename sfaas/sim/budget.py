@@ -10,7 +10,6 @@ first seed; the seeds go on from it).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -121,11 +120,3 @@ def run_budget(app: App, roles: Roles, budget: float, *, first: int = 0,
         f"{report.wall:.1f} wall s, {report.simulated:.1f} simulated s; "
         f"{len(report.findings)} failing, {len(report.known)} known")
     return report
-
-
-def from_env() -> tuple[float, int, int | None]:
-    """``(budget, first, only)`` from ``SFAAS_SIM_BUDGET``, ``SFAAS_SIM_FIRST`` and
-    ``SFAAS_SIM_SEED``."""
-    only = os.environ.get("SFAAS_SIM_SEED")
-    return (float(os.environ.get("SFAAS_SIM_BUDGET", DEFAULT_BUDGET)),
-            int(os.environ.get("SFAAS_SIM_FIRST", "0")), int(only) if only else None)

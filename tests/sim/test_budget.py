@@ -14,7 +14,7 @@ import sys
 
 from examples.bank import app
 from sfaas.sim.__main__ import ROLES
-from sfaas.sim.budget import TRANSFERS, command, from_env, run_budget, run_seed
+from sfaas.sim.budget import DEFAULT_BUDGET, TRANSFERS, command, run_budget, run_seed
 from sfaas.sim.faults import Schedule, Stale, draw
 from tests.sim import leaky_bank
 
@@ -29,6 +29,14 @@ KNOWN: dict[int, str] = {
 #: the seeds surveyed on main for KNOWN (0..699, 2026-11-29): a default run stops there; a
 #: run with SFAAS_SIM_BUDGET set goes on (what it finds past them is new)
 SURVEYED = 700
+
+
+def from_env() -> tuple[float, int, int | None]:
+    """``(budget, first, only)`` from ``SFAAS_SIM_BUDGET``, ``SFAAS_SIM_FIRST`` and
+    ``SFAAS_SIM_SEED`` (the test's knobs: the simulator reads no environment)."""
+    only = os.environ.get("SFAAS_SIM_SEED")
+    return (float(os.environ.get("SFAAS_SIM_BUDGET", DEFAULT_BUDGET)),
+            int(os.environ.get("SFAAS_SIM_FIRST", "0")), int(only) if only else None)
 
 
 def test_seeds_within_the_budget_keep_every_invariant() -> None:
