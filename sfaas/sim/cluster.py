@@ -37,6 +37,7 @@ from sfaas.sim.log import Faults, SimKafka
 from sfaas.sim.network import SimNetwork
 from sfaas.sim.objects import ObjectFaults, SimObjectStore
 from sfaas.sim.ports import SimKafkaPort, process_ports
+from statestores import background
 
 log = logging.getLogger("sfaas.sim.cluster")
 
@@ -162,7 +163,12 @@ class SimCluster:
             "namespace": "sim",
             # (the gathering window is timed by wall-clock reads in coordinator/epochs.py,
             # not by a port yet: a window > 0 makes runs of one seed differ)
-            "epoch_gather": 0.0}, env={})
+            "epoch_gather": 0.0,
+            # (so are the heartbeats' silences and the fence lease, worker/heartbeat.py and
+            # worker/fence.py: a run slower in wall time than its simulated time — a loaded
+            # machine — would see a coordinator fall silent that never did in the run, and
+            # a seed's trace would change; a run lasts far less than this)
+            "heartbeat_timeout": 600.0}, env={})
 
     async def run(self) -> Outcome:
         loop = asyncio.get_running_loop()
@@ -432,4 +438,8 @@ def simulate(app: App, roles: Roles, seed: int, *, seconds: float = 60.0, worker
     cluster = SimCluster(app, roles, seed, workers=workers, seconds=seconds, bank=bank,
                          rounds=NEVER_DUE if faulty else 0.0, crash=crash, cut=cut,
                          schedule=schedule)
-    return clock.run(cluster.run(), seed=seed)
+    mode = background.mode()
+    try:
+        return clock.run(cluster.run(), seed=seed)
+    finally:
+        background.set_mode(mode)  # (a Worker sets it for the process: "thread" in a run)

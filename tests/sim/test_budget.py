@@ -23,8 +23,10 @@ from tests.sim import leaky_bank
 #: passes is printed as such (remove it once the bug is fixed).
 A = "A: a fresh worker's recovery reads a stale egress end and replies twice"
 B = "B: after failed produces a replay diverges; the recovery never finishes"
+U = ("unanswered requests after recoveries, not diagnosed (found once the sim's heartbeat "
+     "timeout left the wall clock out of its runs)")
 KNOWN: dict[int, str] = {
-    89: B, 112: A, 158: A, 176: A, 214: A, 275: A, 303: A, 305: B, 345: B, 577: B, 644: A,
+    89: B, 158: A, 176: A, 214: A, 275: A, 303: A, 305: B, 438: U, 503: U, 577: B, 644: A,
     648: B}
 #: the seeds surveyed on main for KNOWN (0..699, 2026-11-29): a default run stops there; a
 #: run with SFAAS_SIM_BUDGET set goes on (what it finds past them is new)
