@@ -54,7 +54,7 @@ from sfaas.runtime.codec import check_arguments
 from sfaas.runtime.kafka import make_consumer, make_producer, partition_count
 from sfaas.runtime.partitioning import partition_of
 from sfaas.runtime.settings import Settings
-from sfaas.runtime.wire import MAX_RID, ProtocolError, Reply, Request
+from sfaas.runtime.wire import FENCE, MAX_RID, ProtocolError, Reply, Request
 
 log = logging.getLogger("sfaas.client")
 
@@ -224,6 +224,8 @@ class Client:
             data = await self._consumer.getmany(timeout_ms=1000, max_records=10000)
             for records in data.values():
                 for rec in records:
+                    if rec.value == FENCE:  # (a recovery's, in an aborted transaction)
+                        continue
                     try:
                         reply = Reply.decode(rec.value)
                     except ProtocolError as exc:

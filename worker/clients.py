@@ -170,7 +170,10 @@ class KafkaClients:
         """The metadata of ``sent``'s record once the broker has it, sent again through a
         new producer if its own is stuck (:meth:`resend`)."""
         try:
-            return await sent.delivery
+            # (shielded: a caller cancelled — the epoch halted by a recovery — must not
+            # cancel the delivery; the record may still land, and the epoch log's settle
+            # waits for it: worker.epoch_log)
+            return await asyncio.shield(sent.delivery)
         except DESYNCED as exc:
             return await self.resend(sent, exc, fence)
 

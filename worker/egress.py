@@ -43,12 +43,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from aiokafka import TopicPartition
 from aiokafka.errors import IllegalOperation
 
+from sfaas.runtime import wire
 from sfaas.runtime.kafka import make_producer
 from sfaas.runtime.ports import KafkaPort
 from sfaas.runtime.settings import Settings
@@ -220,6 +221,33 @@ class Egress:
     def acked_offsets(self) -> dict[int, int]:
         """Egress partition → the offset after this process's last acknowledged reply."""
         return dict(self.acked)
+
+    async def fence(self, partitions: Iterable[int]) -> dict[int, int]:
+        """For a recovery's ``read_committed`` read of the replies (every reply queued is
+        committed first, ``worker.quiesce``): per egress partition in ``partitions``, the
+        offset of a fence record (``wire.FENCE``) this worker just wrote there through the
+        partition's leader, in a transaction it then aborts. The read must reach it: every
+        reply committed before is before it — whatever a stale leader answers — and a
+        ``read_committed`` reader never sees the record. Raises when it cannot be written
+        (the recovery fails, and is retried)."""
+        parts = sorted(partitions)
+        lane = self.lanes[self._at]
+        if lane.batch or lane.busy():
+            raise RuntimeError("replies are still being produced; the recovery fences after "
+                               "they are committed")
+        if lane.broken or lane.producer is None:
+            await self._renew(lane, Unstarted("the reply producer failed before the fence"))
+        await self._leased()  # (the abort ends a transaction of the slot: the owner's act)
+        st, producer = self._state, lane.producer
+        await producer.begin_transaction()
+        try:
+            futs = [await producer.send(st.egress_topic, wire.FENCE, partition=p) for p in parts]
+            mds = await asyncio.gather(*futs)
+        except BaseException:
+            lane.broken = True  # (renewed before its next transaction)
+            raise
+        await producer.abort_transaction()
+        return {md.partition: int(md.offset) for md in mds}
 
     async def run(self) -> None:
         """Produce queued replies as they come (the worker's egress task)."""

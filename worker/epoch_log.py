@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sfaas.runtime import wire
-from sfaas.runtime.epochlog import EpochRecord
+from sfaas.runtime.epochlog import EpochRecord, FenceRecord
 from worker.clients import KafkaClients, Sent
 from worker.fence import FenceLease
 from worker.links import CoordinatorLink
@@ -38,6 +38,9 @@ class EpochLogWriter:
         self._fence = fence
         #: the deliveries of the records handed to Kafka and not yet in the log or failed
         self._in_flight: set[asyncio.Future[Any]] = set()
+        #: the log offset of this process's newest fence record (-1: none yet), named by
+        #: every record sent after it (``sfaas.runtime.epochlog``, "Fences")
+        self.fenced_at = -1
 
     async def send(self, begin: wire.Begin,
                    journals: Mapping[int, dict[str, Any]]) -> Sent | None:
@@ -47,7 +50,8 @@ class EpochLogWriter:
         assert st.loop is not None
         if not (st.log_topic and st.loop.batch and not begin.replay):
             return None
-        rec = EpochRecord.of(begin.epoch, st.index, begin.now, st.loop.batch, st.generation)
+        rec = EpochRecord.of(begin.epoch, st.index, begin.now, st.loop.batch, st.generation,
+                             self.fenced_at)
         if rec.journals:  # (what the runs see: the journals as installed at the Begin)
             seen = journals
             rec = dataclasses.replace(rec, journals=tuple(
@@ -68,6 +72,21 @@ class EpochLogWriter:
         would find the record and run them twice."""
         if self._in_flight:
             await asyncio.gather(*list(self._in_flight), return_exceptions=True)
+
+    async def fence(self, attempt: int) -> int:
+        """Write this worker's fence record for recovery ``attempt`` (after :meth:`settle`)
+        and wait until it is in the log; returns one past its offset, an end the
+        recovery's read must reach. Records this process or an earlier one of its slot
+        sent before it and landing after it are void (``sfaas.runtime.epochlog``,
+        "Fences"). Raises if it cannot be written (the recovery fails and is retried)."""
+        st = self._state
+        rec = FenceRecord(st.index, st.generation, attempt)
+        if self._fence is not None and not self._fence.valid():
+            await self._fence.held()
+        md = await self._kafka.delivered(await self._kafka.send(st.log_topic, rec.encode(), 0),
+                                         self._fence)
+        self.fenced_at = md.offset
+        return int(md.offset) + 1
 
     async def durable(self, epoch: int, sent: Sent) -> bool:
         """Wait until the record ``sent`` is in the log; False (the worker leaves the

@@ -25,6 +25,7 @@ port                     needed by                        filled by
 :class:`LeaseEnd`        quiescer, departures             ``EpochLeaseHolder`` (the lease)
 :class:`Quiet`           rollback, the rejoin             ``Quiescer`` (``worker.quiesce``)
 :class:`Settling`        quiescer                         ``EpochLogWriter`` (``worker.epoch_log``)
+:class:`Fencing`         replay                           ``EpochLogWriter``
 :class:`WorldRollback`   rollback, replay                 ``World``
 :class:`AckedReplies`    replay                           ``Egress`` (``worker.egress``)
 :class:`Standbys`        rescale                          ``Replication`` (``worker.replication``)
@@ -39,7 +40,7 @@ port                     needed by                        filled by
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sfaas.runtime import wire
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AckedReplies", "CallsSeen", "Commits", "Completions", "Directions", "Divergences",
            "EngineStarter", "Halting", "HeldReads", "Latency", "LeaseEnd", "PeerSends", "Quiet",
-           "Settling",
+           "Settling", "Fencing",
            "Rescaled", "Room", "SlowView", "Spawner", "Standbys", "Votes", "WorkArrived",
            "WorldRollback"]
 
@@ -161,6 +162,9 @@ class AckedReplies(Protocol):
     def acked_offsets(self) -> dict[int, int]:
         """Egress partition → the offset after this process's last acknowledged reply."""
 
+    async def fence(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Egress partition → the offset of a fence record written there now (aborted)."""
+
 
 class Standbys(Protocol):
     """The replication server, as a rescale ships stores (None: no server here)."""
@@ -194,6 +198,13 @@ class Settling(Protocol):
 
     async def settle(self) -> None:
         """Wait until every record handed to Kafka is in the log or failed."""
+
+
+class Fencing(Protocol):
+    """The epoch log, as a recovery reads it (``sfaas.runtime.epochlog``, "Fences")."""
+
+    async def fence(self, attempt: int) -> int:
+        """Write this worker's fence for recovery ``attempt``; one past its offset."""
 
 
 class Halting(Protocol):

@@ -45,8 +45,8 @@ class Quiescer:
         await self._ingress.pause()
         self._direct.rollback()  # (its clients send again what has no answer)
         await self._halting.halt()
-        # (an epoch's record still in flight lands now or never: the recovery's read of
-        # the log must see every record it will ever hold of the epochs before it)
+        # (an epoch's record still in flight lands now, before this worker's fence, and
+        # counts; one that lands after the fence is void: sfaas.runtime.epochlog, "Fences")
         await self._epoch_log.settle()
         self._state.drop_replays()
         try:

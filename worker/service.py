@@ -158,7 +158,8 @@ class Worker(Service):
             rollback=RollBack(s, app, st, quiet=self.quiet, world=self.world,
                               moving=self.moving, links=self.links),
             replay=Replay(s, app.name, st, kafka=self.kafka, ingress=self.ingress,
-                          direct=self.direct, egress=self.egress, world=self.world))
+                          direct=self.direct, egress=self.egress, world=self.world,
+                          log=self.epoch_log))
         self.membership = Membership(s, app, self.name, secret, st, uplink=self.uplink,
                                      links=self.links, kafka=self.kafka, moving=self.moving,
                                      egress=self.egress)

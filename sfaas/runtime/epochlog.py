@@ -30,14 +30,28 @@ and the direct requests waiting to re-run. A worker writes it after the round's 
 before its round report, so a recovery to that round, reading the log from the round's
 position, finds it (``decode_record`` tells the two kinds apart).
 
+Fences. A record handed to Kafka may land long after its writer gave up on it (its
+delivery timed out, its process died or paused with the bytes in a socket), after a
+recovery has read the log: that recovery neither replays its epoch nor knows its requests
+were taken, and takes them again in a new epoch, and a later recovery would find both
+records and run those requests twice. So every worker begins each recovery's reads by
+writing a :class:`FenceRecord` through its own producer and reading the log at least up
+to it (a stale leader's short end cannot hide a record before it), and every epoch record
+names the offset of its writer's newest fence when it was sent. A record of worker ``w``
+at offset ``o`` naming fence ``f`` is *void* — no recovery replays it — when a fence of
+``w`` lies between ``f`` and ``o`` (:func:`live`): it was sent before that fence and
+landed after it, so no recovery that read the log past the fence saw it, and none ever
+will.
+
 Encoding (``sfaas/runtime/FORMAT.md`` § "Epoch log"): ``b"SFEL" | version:u8 | msgpack([epoch,
 worker, now, [[tid, partition, offset], ...], [[tid, now], ...], [[tid, {effect key: [ok,
 value]}], ...], [[tid, operator, key, function, args], ...], generation, [[tid, request
-record], ...]])``;
-versions 1 (no last five elements), 2 (no last four), 3 (no last two) and 4 (no direct
-requests) still decode. A cut record: ``b"SFDC" | 1:u8 | msgpack([round, epoch, worker,
-[[partition, reply record, age], ...], [[tid, partition, now, journal, request record],
-...]])``. Kafka checksums the record.
+record], ...], fence])``;
+versions 1 (no last six elements), 2 (no last five), 3 (no last three), 4 (no direct
+requests) and 5 (no fence, read as -1) still decode. A cut record: ``b"SFDC" | 1:u8 |
+msgpack([round, epoch, worker, [[partition, reply record, age], ...], [[tid, partition,
+now, journal, request record], ...]])``; a fence record: ``b"SFEF" | 1:u8 |
+msgpack([worker, generation, attempt])``. Kafka checksums the record.
 """
 
 from __future__ import annotations
@@ -49,13 +63,15 @@ from typing import Any, Protocol
 
 import msgpack
 
-__all__ = ["EpochRecord", "CutRecord", "EpochLogError", "Logged", "decode_record"]
+__all__ = ["AnyRecord", "CutRecord", "EpochLogError", "EpochRecord", "FenceRecord", "Logged",
+           "decode_record", "live"]
 
 _HEAD = struct.Struct("<4sB")
 _MAGIC = b"SFEL"
-_VERSION = 5
+_VERSION = 6
 # 1: no re-runs' nows; 2: no journals and runtime requests; 3: no generation; 4: no direct
-_VERSIONS = (1, 2, 3, 4, 5)
+# requests; 5: no fence
+_VERSIONS = (1, 2, 3, 4, 5, 6)
 
 
 class EpochLogError(ValueError):
@@ -99,11 +115,14 @@ class EpochRecord:
     #: ``(tid, request record)`` of the requests a client sent straight to the worker
     #: (``worker.direct``; at ingress offset -1 of their key's partition)
     direct: tuple[tuple[int, bytes], ...] = ()
+    #: the log offset of the writer's newest :class:`FenceRecord` when it sent this record
+    #: (-1: none, or a record of version 5 or older): see :func:`live`
+    fence: int = -1
 
     @classmethod
     def of(
         cls, epoch: int, worker: int, now: float, batch: Sequence[tuple[int, Logged]],
-        generation: int = 0,
+        generation: int = 0, fence: int = -1,
     ) -> EpochRecord:
         """The record of ``batch`` (``(tid, item)``), begun at ``now``: re-runs keep their
         first run's ``now``, so theirs is recorded too."""
@@ -122,7 +141,7 @@ class EpochRecord:
         return cls(epoch, worker, now, tuple((tid, it.partition, it.offset) for tid, it in batch),
                    tuple((tid, it.now) for tid, it in batch if it.now != now),
                    tuple((tid, dict(it.journal)) for tid, it in batch if it.journal),
-                   tuple(runtime), generation, tuple(direct))
+                   tuple(runtime), generation, tuple(direct), fence)
 
     def nows(self) -> list[float]:
         """The ``now`` each root of the batch ran with, in batch order: a re-run's its first
@@ -134,7 +153,8 @@ class EpochRecord:
         body: bytes = msgpack.packb(
             [self.epoch, self.worker, self.now, [list(b) for b in self.batch],
              [list(k) for k in self.kept_now], [list(j) for j in self.journals],
-             [list(r) for r in self.runtime], self.generation, [list(d) for d in self.direct]],
+             [list(r) for r in self.runtime], self.generation, [list(d) for d in self.direct],
+             self.fence],
             use_bin_type=True)
         return _HEAD.pack(_MAGIC, _VERSION) + body
 
@@ -151,16 +171,19 @@ class EpochRecord:
             d = list(d) + [[]] * (7 - len(d)) if version < 3 else list(d)
             d = d + [0] if version < 4 else d
             d = d + [[]] if version < 5 else d
-            epoch, worker, now, batch, kept, journals, runtime, generation, direct = d
+            d = d + [-1] if version < 6 else d
+            epoch, worker, now, batch, kept, journals, runtime, generation, direct, fence = d
             if type(generation) is not int or generation < 0:
                 raise ValueError(f"the generation must be an int >= 0, got {generation!r:.40}")
+            if type(fence) is not int or fence < -1:
+                raise ValueError(f"the fence must be an offset or -1, got {fence!r:.40}")
             rec = cls(int(epoch), int(worker), float(now),
                       tuple((int(t), int(p), int(o)) for t, p, o in batch),
                       tuple((int(t), float(n)) for t, n in kept),
                       tuple((int(t), _journal(j)) for t, j in journals),
                       tuple((int(t), str(op), str(k), str(f), list(a))
                             for t, op, k, f, a in runtime), generation,
-                      tuple((int(t), _record(r)) for t, r in direct))
+                      tuple((int(t), _record(r)) for t, r in direct), fence)
         except Exception as exc:
             raise EpochLogError(f"{source}: malformed body ({type(exc).__name__}: {exc})") from None
         if rec.epoch < 1 or rec.worker < 0:
@@ -241,8 +264,66 @@ class CutRecord:
         return rec
 
 
-def decode_record(data: bytes, source: str = "epoch-log record") -> EpochRecord | CutRecord:
-    """An epoch-log record of either kind (see the module docstring)."""
+_FENCE_MAGIC = b"SFEF"
+_FENCE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class FenceRecord:
+    """Worker ``worker`` (of generation ``generation``) begins recovery ``attempt`` here:
+    its records sent before this one and landing after it are void (see :func:`live`)."""
+
+    worker: int
+    generation: int
+    attempt: int
+
+    def encode(self) -> bytes:
+        body: bytes = msgpack.packb([self.worker, self.generation, self.attempt])
+        return _HEAD.pack(_FENCE_MAGIC, _FENCE_VERSION) + body
+
+    @classmethod
+    def decode(cls, data: bytes, source: str = "epoch-log fence record") -> FenceRecord:
+        magic, version = _HEAD.unpack_from(data)
+        if magic != _FENCE_MAGIC or version != _FENCE_VERSION:
+            raise EpochLogError(f"{source}: header {magic!r} v{version}, expected "
+                                f"{_FENCE_MAGIC!r} v{_FENCE_VERSION}")
+        try:
+            worker, generation, attempt = msgpack.unpackb(data[_HEAD.size:])
+            if not all(type(x) is int and x >= 0 for x in (worker, generation, attempt)):
+                raise ValueError(f"three ints >= 0 expected, got {[worker, generation, attempt]}")
+        except Exception as exc:
+            raise EpochLogError(f"{source}: malformed body ({type(exc).__name__}: {exc})") from None
+        return cls(worker, generation, attempt)
+
+
+AnyRecord = EpochRecord | CutRecord | FenceRecord
+
+
+def decode_record(data: bytes, source: str = "epoch-log record") -> AnyRecord:
+    """An epoch-log record of any kind (see the module docstring)."""
     if len(data) >= _HEAD.size and data[:4] == _CUT_MAGIC:
         return CutRecord.decode(data, source)
+    if len(data) >= _HEAD.size and data[:4] == _FENCE_MAGIC:
+        return FenceRecord.decode(data, source)
     return EpochRecord.decode(data, source)
+
+
+def live(records: Sequence[tuple[int, AnyRecord]], start: int) -> list[tuple[int, AnyRecord]]:
+    """The records of a read of the log from offset ``start`` (``(offset, record)`` in
+    offset order) that count: the epoch records a fence voids and the fences themselves
+    left out (see the module docstring, "Fences").
+
+    Worker ``w``'s epoch record at offset ``o`` is void when a fence of ``w`` lies between
+    the fence the record names and ``o``: a fence read here, or one before ``start`` that
+    a later record of ``w`` names (a record sent after a fence names it)."""
+    floor: dict[int, int] = {}
+    for _, r in records:
+        if isinstance(r, EpochRecord) and 0 <= r.fence < start:
+            floor[r.worker] = max(floor.get(r.worker, -1), r.fence)
+    out: list[tuple[int, AnyRecord]] = []
+    for o, r in records:
+        if isinstance(r, FenceRecord):
+            floor[r.worker] = max(floor.get(r.worker, -1), o)
+        elif isinstance(r, CutRecord) or r.fence >= floor.get(r.worker, -1):
+            out.append((o, r))
+    return out

@@ -19,7 +19,7 @@ from aiokafka import TopicPartition
 
 from sfaas.errors import ReplayError
 from sfaas.runtime import ports, wire
-from sfaas.runtime.epochlog import EpochRecord, decode_record
+from sfaas.runtime.epochlog import EpochRecord, decode_record, live
 from sfaas.runtime.kafka import read_range
 from sfaas.runtime.partitioning import default_owners
 from sfaas.runtime.ports import KafkaPort, ObjectsPort
@@ -117,11 +117,9 @@ async def read_recorded(settings: Settings, app_name: str, m: RoundManifest,
                                     for p in range(m.partitions)}, kafka=port),
         read_range(settings.kafka, {TopicPartition(out_topic, p): m.egress.get(p, 0)
                                     for p in range(outs)}, committed=True, kafka=port))
-    records = []
-    for off, value in raw_log[0]:
-        rec = decode_record(value, f"{log_topic}@{off}")
-        if isinstance(rec, EpochRecord) and rec.epoch > m.epoch:
-            records.append(rec)
+    decoded = [(off, decode_record(value, f"{log_topic}@{off}")) for off, value in raw_log[0]]
+    records = [rec for _, rec in live(decoded, m.epoch_log)  # (void records never count)
+               if isinstance(rec, EpochRecord) and rec.epoch > m.epoch]
     requests = {}
     for p, recs in raw_in.items():
         for off, value in recs:

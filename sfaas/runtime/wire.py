@@ -83,7 +83,7 @@ __all__ = [
     "Where", "Placement", "Read", "ReadReply", "Submit", "Answer", "Acked",
     # the codec
     "encode_frame", "encode_message", "join_frame", "decode_frame", "Request", "Reply",
-    "reply_address", "MAX_RID",
+    "reply_address", "MAX_RID", "FENCE",
 ]
 
 #: Every message class, by protocol (each ``TAG`` unique).
@@ -417,6 +417,13 @@ def _is_traceparent(v: Any) -> bool:
     parts = v[:55].split("-")
     return [len(p) for p in parts] == [2, 32, 16, 2] and all(set(p) <= _HEX for p in parts) \
         and (len(v) == 55 or v[55] == "-")
+
+
+#: The value of a fence record in the egress topic (FORMAT.md, "Requests and replies"): a
+#: record a recovering worker writes in a transaction it aborts, to learn where the
+#: partition's committed replies end (``worker.egress.Egress.fence``). A
+#: ``read_committed`` reader never sees one; any other reader skips it.
+FENCE = b""
 
 
 @dataclass(slots=True)

@@ -392,6 +392,8 @@ class SimCluster:
                     if record.offset < at.get(tp, 0):  # (rewound: a stale leader's reset)
                         continue
                     at[tp] = record.offset + 1
+                    if record.value == wire.FENCE:  # (a recovery's, aborted)
+                        continue
                     reply = wire.Reply.decode(record.value)
                     self._trace(f"reply {reply.rid}@{record.offset} ok={reply.ok} {reply.value!r} "
                                 f"{reply.error_type or ''}")

@@ -294,3 +294,40 @@ async def dead_worker_replaced(s: Settings, topic: str) -> None:
     assert everything == ["r1", "r1", "r2", "r2"]
     assert successor.transactions == 1 and dead.transactions == 0 and closed == []
     assert exits[:1] == [EXIT_FENCED]
+
+
+def test_a_recoverys_fence_bounds_the_committed_replies_and_stays_invisible(kafka: Any) -> None:
+    """The simulator's seeds 158, 176, 214, 303 and 644: a fresh worker's recovery read
+    the replies through a stale leader's short end, took replies already committed as
+    never sent and committed them twice. Now the recovery first writes a fence record to
+    every egress partition, in a transaction it aborts, and reads up to it: the fence's
+    offset is past every committed reply, a ``read_committed`` reader never sees the
+    record, and the lane commits replies again afterwards."""
+    s = Settings(kafka=kafka.kafka_bootstrap, reply_commit_ms=0)
+    asyncio.run(asyncio.wait_for(fenced(s, f"{fresh_namespace()}.out"), 90))
+
+
+async def fenced(s: Settings, topic: str) -> None:
+    await ensure_topics(s.kafka, {topic: 2})
+    egress = _egress(s, topic, 1, [])
+    await egress.start(0)
+    tps = {TopicPartition(topic, p): 0 for p in range(2)}
+    try:
+        for i, p in enumerate((0, 1, 1)):
+            egress.add(p, wire.Reply(f"r{i}", True, i).encode(), -1, -1)
+        await egress.flush()
+        ends = await egress.fence([0, 1])
+        egress.add(0, wire.Reply("r3", True, 3).encode(), -1, -1)
+        await egress.flush()
+        committed = await read_range(s.kafka, tps, committed=True)
+        everything = await read_range(s.kafka, tps)
+    finally:
+        await egress.stop()
+    before = [(p, o) for p, recs in committed.items() for o, v in recs
+              if wire.Reply.decode(v).rid != "r3"]
+    assert len(before) == 3 and all(o < ends[p] for p, o in before)
+    assert sorted(_rids([v for recs in committed.values() for _, v in recs])) == \
+        ["r0", "r1", "r2", "r3"]
+    fences = [(p, o) for p, recs in everything.items() for o, v in recs if v == wire.FENCE]
+    assert fences == [(0, ends[0]), (1, ends[1])]
+    assert ends[1] >= 2 and committed[0][-1][0] > ends[0]  # (r3: after the fence)

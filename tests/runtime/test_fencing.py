@@ -339,10 +339,13 @@ def test_egress_stamps_replies_with_the_generation_and_a_fenced_worker_produces_
 # -- the epoch log's generation -----------------------------------------------------------------------
 
 def test_epoch_log_records_carry_the_generation_and_version_3_still_decodes() -> None:
-    rec = EpochRecord(5, 1, 12.5, ((7, 0, 3),), generation=1_700_000_000_000_000)
+    rec = EpochRecord(5, 1, 12.5, ((7, 0, 3),), generation=1_700_000_000_000_000, fence=41)
     data = rec.encode()
-    assert data[4] == 5 and EpochRecord.decode(data) == rec
+    assert data[4] == 6 and EpochRecord.decode(data) == rec
     import msgpack
+
+    v5 = b"SFEL\x05" + msgpack.packb([5, 1, 12.5, [[7, 0, 3]], [], [], [], 9, []])
+    assert (EpochRecord.decode(v5).generation, EpochRecord.decode(v5).fence) == (9, -1)
 
     v3 = b"SFEL\x03" + msgpack.packb([5, 1, 12.5, [[7, 0, 3]], [], [], []])
     assert EpochRecord.decode(v3).generation == 0

@@ -289,11 +289,16 @@ async def test_a_recovery_reads_the_log_only_once_the_records_in_flight_landed(
                 break
             await asyncio.sleep(0)
         assert _records(first, LOG_TOPIC), "the epoch's record was not handed to Kafka"
+        for _ in range(100):  # (the epoch runs its request and waits for the record)
+            await asyncio.sleep(0)
         quiescing = asyncio.ensure_future(w.quiet.quiesce())
         for _ in range(50):
             await asyncio.sleep(0)
         assert executing.cancelled()  # (the epoch itself was halted)
         assert not quiescing.done(), "the quiesce returned with a record still in flight"
+        # (the halt cancelled the epoch waiting for the record, not the record's delivery:
+        # the simulator's seeds 438 and 577 saw a cancelled delivery land after the read)
+        assert not held[0].cancelled()
         held[0].set_result(SimpleNamespace(topic=LOG_TOPIC, partition=0, offset=0))
         await asyncio.wait_for(quiescing, 5)
 

@@ -10,11 +10,13 @@ a dead one alike — does the same (global rollback, Styx's way):
    lacks; round 0 = the empty state before any round), giving up first the uploads of
    newer rounds (``statestores.snapshots.abandon_uploads``: they will never complete, and a
    MinIO coming back from an outage kept the rollback waiting seconds behind their retries);
-4. read the epoch log after the round (``sfaas.runtime.epochlog``), this worker's ingress from the
-   round's positions, and the egress topic from the round's positions, ``read_committed``
-   (request ids already answered: their replies are not produced again; a dead
-   predecessor's open transaction was aborted when this slot's producer started,
-   ``worker.egress``) — these reads and the stores' restores (a thread each) run at once;
+4. read the epoch log after the round (``sfaas.runtime.epochlog``) at least up to this
+   worker's fence record, written first (a record sent before it and landing after it is
+   void: "Fences" there), this worker's ingress from the round's positions, and the
+   egress topic from the round's positions, ``read_committed`` (request ids already
+   answered: their replies are not produced again; a dead predecessor's open transaction
+   was aborted when this slot's producer started, ``worker.egress``) — these reads and
+   the stores' restores (a thread each) run at once;
 5. rebuild the epoch loop: logged batches wait for their replay epochs; requests the round
    holds are done; the round's waiting re-runs go back to the sequencer with their tids;
    everything else is queued in offset order;
@@ -122,7 +124,7 @@ class Recovery:
         steps.step("stop+peers")
         m = await self._round(msg.round)  # 3. the round
         steps.step("round")
-        raw_log, raw_in, raw_out = await self._stores_and_reads(m, steps)  # 3. and 4.
+        raw_log, raw_in, raw_out = await self._stores_and_reads(m, msg.attempt, steps)  # 3., 4.
         steps.step("stores+reads")
         # (the heartbeats go on while the records are decoded and taken: decoding 60,000
         # in one go held the loop past the heartbeat timeout, the coordinator declared the
@@ -150,13 +152,14 @@ class Recovery:
                            st.partitions)
         return m
 
-    async def _stores_and_reads(self, m: RoundManifest, steps: _Steps) -> tuple[Raw, Raw, Raw]:
+    async def _stores_and_reads(self, m: RoundManifest, attempt: int,
+                                steps: _Steps) -> tuple[Raw, Raw, Raw]:
         """Every store back to round ``m`` (threads: file moves, MinIO) while the log after
         the round, this worker's ingress and the replies already out are read; every part
         ends before this returns, failed or not (the first error raised)."""
         out_parts = await self._replay.reply_partitions()
         restores = self._rollback.restores(m, steps.t)
-        got = await asyncio.gather(restores, *self._replay.reads(m, out_parts),
+        got = await asyncio.gather(restores, *self._replay.reads(m, out_parts, attempt),
                                    return_exceptions=True)
         parts = [*(got[0] if isinstance(got[0], list) else [got[0]]), *got[1:]]
         errors = [x for x in parts if isinstance(x, BaseException)]

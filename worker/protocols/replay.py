@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from aiokafka import TopicPartition
 
 from sfaas.runtime import wire
-from sfaas.runtime.epochlog import CutRecord, EpochRecord, Logged, decode_record
+from sfaas.runtime.epochlog import AnyRecord, CutRecord, EpochRecord, Logged, decode_record, live
 from sfaas.runtime.kafka import read_range
 from sfaas.runtime.liveness import Turns
 from sfaas.runtime.protocols.rounds import RoundManifest
@@ -25,7 +25,7 @@ from sfaas.runtime.settings import Settings
 from worker.clients import KafkaClients
 from worker.direct import DirectIngress
 from worker.ingress import Ingress
-from worker.needs import AckedReplies, WorldRollback
+from worker.needs import AckedReplies, Fencing, WorldRollback
 from worker.state import Pending, WorkerState
 
 log = logging.getLogger("sfaas.worker.recovery")
@@ -72,7 +72,7 @@ class Replay:
 
     def __init__(self, settings: Settings, app_name: str, state: WorkerState, *,
                  kafka: KafkaClients, ingress: Ingress, direct: DirectIngress,
-                 egress: AckedReplies, world: WorldRollback) -> None:
+                 egress: AckedReplies, world: WorldRollback, log: Fencing) -> None:
         self._settings = settings
         self._log_topic = settings.epoch_log_topic(app_name)
         self._state = state
@@ -81,46 +81,70 @@ class Replay:
         self._direct = direct
         self._egress = egress
         self._world = world
+        self._log = log
 
     async def reply_partitions(self) -> Iterable[int]:
         """The egress topic's partitions."""
         parts: Iterable[int] = await self._kafka.producer.partitions_for(self._state.egress_topic)
         return parts
 
-    def reads(self, m: RoundManifest,
-              out_parts: Iterable[int]) -> list[Coroutine[Any, Any, Raw]]:
-        """The three reads after round ``m``: the epoch log, this worker's ingress, the
-        replies (``read_committed``: a dead predecessor's aborted replies, ``worker.egress``)."""
-        s, st, topic = self._settings, self._state, self._log_topic
+    def reads(self, m: RoundManifest, out_parts: Iterable[int],
+              attempt: int) -> list[Coroutine[Any, Any, Raw]]:
+        """The three reads after round ``m`` for recovery ``attempt``: the epoch log, this
+        worker's ingress, the replies (``read_committed``: a dead predecessor's aborted
+        replies, ``worker.egress``)."""
+        s, st = self._settings, self._state
         # (each read reaches at least what this process knows was acknowledged: a stale
         # leader's end offsets are short, and a record a recovery misses runs twice)
-        taken, acked = self._ingress.read_to(), self._egress.acked_offsets()
+        taken = self._ingress.read_to()
         return [
-            read_range(s.kafka, {TopicPartition(topic, 0): m.epoch_log},
-                       {TopicPartition(topic, 0): st.log_pos}),
+            self._read_log(m, attempt),
             read_range(s.kafka, {TopicPartition(st.ingress_topic, p): m.ingress.get(p, 0)
                                  for p in st.mine()},
                        {TopicPartition(st.ingress_topic, p): o for p, o in taken.items()}),
-            read_range(s.kafka, {TopicPartition(st.egress_topic, p): m.egress.get(p, 0)
-                                 for p in out_parts},
-                       {TopicPartition(st.egress_topic, p): o for p, o in acked.items()},
-                       committed=True),
+            self._read_replies(m, out_parts),
         ]
+
+    async def _read_log(self, m: RoundManifest, attempt: int) -> Raw:
+        """The epoch log from round ``m``'s position to at least this worker's fence for
+        ``attempt``, written first (``sfaas.runtime.epochlog``, "Fences"): every record
+        before the fence is in the read, whatever a stale leader answers, and one landing
+        after it is void."""
+        tp = TopicPartition(self._log_topic, 0)
+        end = await self._log.fence(attempt)
+        return await read_range(self._settings.kafka, {tp: m.epoch_log},
+                                {tp: max(end, self._state.log_pos)})
+
+    async def _read_replies(self, m: RoundManifest, out_parts: Iterable[int]) -> Raw:
+        """The replies committed from round ``m``'s positions, at least up to the fence
+        records this worker writes first (``worker.egress.Egress.fence``): a stale leader's
+        short end would leave replies out, and the replay would produce them again."""
+        topic, parts = self._state.egress_topic, list(out_parts)
+        acked = self._egress.acked_offsets()
+        fenced = await self._egress.fence(parts)
+        return await read_range(
+            self._settings.kafka, {TopicPartition(topic, p): m.egress.get(p, 0) for p in parts},
+            {TopicPartition(topic, p): max(fenced.get(p, 0), acked.get(p, 0)) for p in parts},
+            committed=True)
 
     async def decode(self, m: RoundManifest, raw_log: Raw, raw_out: Raw, turn: Turns) -> Logs:
         """The log's records after round ``m`` and the replies already out."""
         logs = Logs()
+        records: list[tuple[int, AnyRecord]] = []
         for o, v in raw_log[0]:
             await turn()
-            r = decode_record(v, f"{self._log_topic}@{o}")
+            records.append((o, decode_record(v, f"{self._log_topic}@{o}")))
+        for _, r in live(records, m.epoch_log):
             if isinstance(r, CutRecord):
                 if r.round == m.round:
                     logs.cuts.append(r)
-            elif r.epoch > m.epoch:
+            elif isinstance(r, EpochRecord) and r.epoch > m.epoch:
                 logs.later.append(r)
         for recs in raw_out.values():
             for _, v in recs:
                 await turn()
+                if v == wire.FENCE:  # (a recovery's: read_committed leaves them out anyway)
+                    continue
                 try:
                     reply = wire.Reply.decode(v)
                     logs.answered[reply.rid] = reply
