@@ -82,8 +82,7 @@ class Recovery:
             attempt = state.begin_recovery()
             self._inbox.rearm()
             try:
-                await self._wait_for_members(attempt)
-                self._inbox.discard()  # from before this attempt: stale reports, loss markers
+                await self.members_ready(attempt)
                 phases: dict[str, float] = {"detect+restart": time.monotonic() - t0}
                 steps = [time.time_ns()]
                 t = time.monotonic()
@@ -130,6 +129,18 @@ class Recovery:
                 m.channel.send(msg)
             except ChannelClosed:
                 raise _Retry(f"worker {m.index}'s channel closed") from None
+
+    async def members_ready(self, attempt: int) -> None:
+        """Wait until every slot has a ready process; then what the inbox holds is from
+        before this attempt (stale reports, loss markers) and dropped, and so is its loss
+        flag: every loss so far took a slot's process, and the slot has a new one now
+        (``lose`` marks the member lost before it interrupts, and nothing awaits between
+        the check and here). A loss during the wait once left the flag set, and the next
+        live epoch started a second recovery nobody needed (the simulator's seeds 438,
+        503 and 577)."""
+        await self._wait_for_members(attempt)
+        self._inbox.discard()
+        self._inbox.rearm()
 
     async def _wait_for_members(self, attempt: int) -> None:
         state = self._state

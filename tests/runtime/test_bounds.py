@@ -397,3 +397,24 @@ async def test_a_client_whose_kafka_cannot_be_reached_fails_naming_it(tmp_path: 
 def test_a_bad_in_flight_limit_is_refused() -> None:
     with pytest.raises(ValueError, match="max_in_flight must be an int >= 1, got 0"):
         Client("bounds", settings=settings("/nonexistent"), max_in_flight=0)
+
+
+async def test_a_loss_while_the_recovery_waits_for_members_is_dealt_with_there(
+        tmp_path: Path) -> None:
+    """Found by the simulator (seeds 438, 503, 577): a worker lost while the recovery waited
+    for the lost slot's new process left the inbox's loss flag set once both were back,
+    and the first live epoch started a second recovery nobody needed. Once every slot is
+    ready again, the losses so far are dealt with; a loss after that still interrupts."""
+    c = bare_coordinator(str(tmp_path))
+    m0, m1 = c.state.members
+    waiting = asyncio.create_task(c.recovery.members_ready(1))
+    await asyncio.sleep(0.05)
+    c.membership.lose(m0, "test: its channel closed")  # (slot 1 is still being restarted)
+    assert c.inbox.interrupted and not waiting.done()
+    for m in (m0, m1):
+        m.alive = True
+        c.state.mark_ready(m)
+    await asyncio.wait_for(waiting, 5)
+    assert not c.inbox.interrupted and c.inbox.empty()
+    c.membership.lose(m0, "test: lost again")
+    assert c.inbox.interrupted
