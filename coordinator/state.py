@@ -13,12 +13,11 @@ that part.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sfaas.runtime import channels, wire
+from sfaas.runtime import channels, ports, wire
 
 __all__ = ["ClusterState", "ClusterView", "EpochStats", "Layout", "Member", "next_generation"]
 
@@ -32,7 +31,12 @@ def next_generation(last: int) -> int:
     round would survive a jump, but the round is written after the assignment it would
     have to cover). Peers refuse a process whose generation is older than the one their
     membership names (``worker.calls``), so a higher one never locks anyone out."""
-    return max(last + 1, time.time_ns() // 1000)
+    return max(last + 1, int(ports.current().clock.time() * 1_000_000))
+
+
+def _monotonic() -> float:
+    """The process's monotonic clock (``sfaas.runtime.ports``: virtual in the simulator)."""
+    return ports.current().clock.monotonic()
 
 
 @dataclass
@@ -45,7 +49,7 @@ class Member:
     port: int
     pid: int
     channel: channels.Channel
-    last_seen: float = field(default_factory=time.monotonic)
+    last_seen: float = field(default_factory=_monotonic)
     committed: int = 0
     alive: bool = True
     #: set once the worker reported Ready (after its Assign)
@@ -218,13 +222,13 @@ class ClusterState:
     def replace(self, m: Member, reg: wire.Register, chan: channels.Channel) -> None:
         """A new process takes lost slot ``m``."""
         m.name, m.host, m.port, m.pid, m.channel = reg.name, reg.host, reg.port, reg.pid, chan
-        m.alive, m.last_seen, m.repl_port = True, time.monotonic(), reg.repl_port
+        m.alive, m.last_seen, m.repl_port = True, _monotonic(), reg.repl_port
         m.generation = self.new_generation()
 
     def heard(self, m: Member, beat: wire.Heartbeat | None = None) -> None:
         """``m`` sent something (a heartbeat says its newest committed epoch, and how long
         its Kafka clients have heard no broker)."""
-        m.last_seen = time.monotonic()
+        m.last_seen = _monotonic()
         if beat is not None:
             m.committed = beat.committed
             m.kafka_silent, m.kafka_heard = beat.kafka_silent, m.last_seen

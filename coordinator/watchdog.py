@@ -11,10 +11,10 @@ their primaries first.
 from __future__ import annotations
 
 import asyncio
-import time
 
 from coordinator.needs import Losses, StandbyRoles
 from coordinator.state import ClusterView, Member
+from sfaas.runtime import ports
 from sfaas.runtime.lifecycle import Service
 
 __all__ = ["STARTUP_TIMEOUT", "Watchdog"]
@@ -53,7 +53,7 @@ class Watchdog(Service):
         timeout = self._timeout
         while True:
             await asyncio.sleep(min(0.25, timeout / 4))
-            now = time.monotonic()
+            now = ports.current().clock.monotonic()  # (virtual in the simulator)
             for m in self._state.members:
                 if not m.alive:
                     # a promotion whose standby never registers runs out

@@ -74,6 +74,11 @@ RETRY = (*DESYNCED, IllegalOperation)
 Queued = tuple[int, bytes, int, int]
 #: The slot's lanes: transactional producers used in turn (see the module docstring).
 LANES = 2
+#: A stopping worker waits for its queued replies to commit at most this many heartbeat
+#: timeouts: a transaction commits only under the coordinator's lease, so a worker stopped
+#: while cut from the coordinator would wait forever (the simulator's seed 35); what it
+#: leaves uncommitted the recovery that follows its loss produces again.
+STOP_PATIENCE = 2.0
 #: A transaction commits once it holds this many replies, whatever its window.
 MAX_TXN_REPLIES = 5000
 
@@ -199,8 +204,15 @@ class Egress:
         lane.broken = False
 
     async def stop(self) -> None:
-        """Stop the producers after the replies queued (the worker stops)."""
-        await self.flush()
+        """Stop the producers after the replies queued (the worker stops), waiting for them
+        at most :data:`STOP_PATIENCE` heartbeat timeouts."""
+        patience = STOP_PATIENCE * self._settings.heartbeat_timeout
+        try:
+            await asyncio.wait_for(asyncio.shield(self.flush()), patience)
+        except TimeoutError:
+            log.warning("stopping with replies not committed after %.1f s (the coordinator's "
+                        "lease lapsed?): the recovery produces them again", patience,
+                        extra={"worker": self._state.index})
         for lane in self.lanes:
             if lane.producer is not None:
                 await lane.producer.stop()

@@ -63,13 +63,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
-import sys
 import time
 from collections.abc import Callable
 
 from sfaas.errors import EXIT_FENCED
-from sfaas.runtime import wire
+from sfaas.runtime import ports, wire
 
 log = logging.getLogger("sfaas.worker")
 
@@ -84,14 +82,8 @@ class Fenced(Exception):
 
 
 def _exit_now(code: int) -> None:
-    """Leave at once: no clean stop (it would flush replies and commit offsets)."""
-    for h in logging.getLogger().handlers + log.handlers:
-        try:
-            h.flush()
-        except Exception:  # noqa: S110 - leaving anyway
-            pass
-    sys.stderr.flush()
-    os._exit(code)
+    """Leave at once: the process's end (``sfaas.runtime.ports.ProcessPort``)."""
+    ports.current().process.exit(code)
 
 
 class FenceLease:

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
-from sfaas.runtime import wire
+from sfaas.runtime import ports, wire
 from sfaas.runtime.kafka import Reachability
 from sfaas.runtime.settings import Settings
 from worker.fence import LEASE_FRACTION, FenceLease
@@ -56,7 +55,7 @@ class Heartbeat:
 
     def _slow_fields(self) -> tuple[list[wire.SlowRequest], bool]:
         """``Heartbeat.slow`` and ``slow_fresh``: the view if it changed since the last beat."""
-        view = None if self._slow is None else self._slow.fresh(time.time())
+        view = None if self._slow is None else self._slow.fresh(ports.current().clock.time())
         return ([], False) if view is None else (view, True)
 
     async def run(self) -> None:
@@ -64,19 +63,20 @@ class Heartbeat:
         at once: its answer starts the lease); leave when the lease is past saving
         (``worker.fence``); log the epochs' counters now and then."""
         beat = self._settings.heartbeat_timeout / 4
-        last_log = time.monotonic()
+        clock = ports.current().clock  # (the process's: virtual in the simulator)
+        last_log = clock.monotonic()
         fence = self._fence
         if fence is not None:
             # assigned and not yet ready: the coordinator loses it only with its channel
             # (or after STARTUP_TIMEOUT), so the lease starts now
-            fence.grant(time.monotonic())
+            fence.grant(clock.monotonic())
         while True:
             lp = self._state.loop
             assert lp is not None
             if not self._uplink.closed:  # (while the coordinator restarts, nobody listens)
                 self._uplink.send(wire.Heartbeat(
                     self._state.index, lp.committed, self._metrics.heartbeat_latency(),
-                    time.monotonic(), self._reach.silence(), *self._slow_fields()))
+                    clock.monotonic(), self._reach.silence(), *self._slow_fields()))
             self._probe = asyncio.ensure_future(self._reach.probe())  # (one broker, in turn)
             await asyncio.sleep(beat)
             if fence is not None:
@@ -86,8 +86,8 @@ class Heartbeat:
                     fence.check()
                     self._leave_silent(fence)
             age = self._metrics.mean_age()
-            if age is not None and time.monotonic() - last_log >= 5.0:
-                last_log = time.monotonic()
+            if age is not None and clock.monotonic() - last_log >= 5.0:
+                last_log = clock.monotonic()
                 log.info("epochs=%d committed=%d reruns=%d fallbacks=%d mean request age at epoch "
                          "start %.1f ms", lp.epochs, lp.committed, lp.reruns, lp.fallbacks,
                          1000 * age)

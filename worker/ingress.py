@@ -36,15 +36,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
-import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from aiokafka import TopicPartition
 
 from sfaas.errors import BadRequest, SfaasError
-from sfaas.runtime import wire
+from sfaas.runtime import ports, wire
 from sfaas.runtime.partitioning import partition_of
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.txn.engine import describe
@@ -68,9 +66,7 @@ class IngressRewound(SfaasError):
 
 def _leave(exc: BaseException) -> None:
     """A failed ingest: the worker leaves at once (see the module docstring)."""
-    for h in logging.getLogger().handlers:
-        h.flush()
-    os._exit(1)
+    ports.current().process.exit(1)
 
 
 class Replies(Protocol):
@@ -192,7 +188,7 @@ class Ingress:
         """The consumer went back (see the module docstring): put it where ingest was and
         fetch again — a stale leader (aiokafka has no leader epochs, KIP-320) is replaced at
         the next metadata refresh — or, past :data:`REWOUND_FOR` seconds, fail."""
-        now = time.monotonic()
+        now = ports.current().clock.monotonic()
         since, last = self._rewound_since.get(tp.partition, (now, now))
         if now - last > 2.0:  # (an old episode: the partition was idle since, not rewound)
             since = now

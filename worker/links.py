@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from sfaas.errors import AuthenticationError, ChannelClosed, StartAgain
-from sfaas.runtime import channels, wire
+from sfaas.runtime import channels, ports, wire
 from worker.fence import FenceLease
 
 log = logging.getLogger("sfaas.worker")
@@ -31,12 +30,16 @@ __all__ = ["CoordinatorLink", "PeerLinks", "connect_retry", "INBOX_FRAMES"]
 
 #: Frames of the coordinator read ahead of the worker acting on them (see the docstring).
 INBOX_FRAMES = 256
+#: Seconds between looks at the coordinator's channel while waiting for the lease
+#: (``CoordinatorLink.held_unless_closed``).
+HELD_POLL = 0.1
 
 
 async def connect_retry(host: str, port: int, secret: str,
                         timeout: float = 30.0) -> channels.Channel:
     """A channel to ``host:port``, retrying until ``timeout`` seconds passed."""
-    deadline = time.monotonic() + timeout
+    clock = ports.current().clock  # (the process's: virtual in the simulator)
+    deadline = clock.monotonic() + timeout
     while True:
         try:
             return await channels.connect(host, port, secret)
@@ -46,7 +49,7 @@ async def connect_retry(host: str, port: int, secret: str,
             err: Exception = exc
         except OSError as exc:
             err = exc
-        if time.monotonic() > deadline:
+        if clock.monotonic() > deadline:
             raise StartAgain(f"cannot reach {host}:{port}: {err}")
         await asyncio.sleep(0.1)
 
@@ -69,6 +72,21 @@ class CoordinatorLink:
         :meth:`worker.fence.FenceLease.held`)."""
         if self.lease is not None and not self.lease.valid():
             await self.lease.held()
+
+    async def held_unless_closed(self) -> bool:
+        """:meth:`held`, or False as soon as the coordinator's channel is closed: a worker
+        that waits for the lease inside the inbox loop (a recovery's answer) must not wait
+        for a coordinator that is gone — only the rejoin, which that loop runs once it sees
+        the channel closed, renews the lease (the simulator's seed 309: a coordinator that
+        crashed during its workers' recovery left them waiting for ever)."""
+        while self.lease is not None and not self.lease.valid():
+            if self.closed:
+                return False
+            try:
+                await asyncio.wait_for(self.lease.held(), HELD_POLL)
+            except TimeoutError:
+                continue
+        return not self.closed
 
     async def connect(self, host: str, port: int, timeout: float = 30.0) -> None:
         self.channel = await connect_retry(host, port, self._secret, timeout)

@@ -142,8 +142,9 @@ class Directions(Protocol):
 class Quiet(Protocol):
     """Stopping every execution, as a recovery or a rejoin starts from a quiet worker."""
 
-    async def quiesce(self) -> None:
-        """Stop ingest and executions; wait until the replies made are acknowledged."""
+    async def quiesce(self, replies: bool = True) -> None:
+        """Stop ingest and executions; wait until the replies made are acknowledged
+        (``replies=False``: do not wait for them — a rejoin, whose lease they need)."""
 
 
 class WorldRollback(Protocol):

@@ -109,7 +109,8 @@ class Worker(Service):
         self.uplink = CoordinatorLink(secret)
         #: the coordinator's lease on this process: nothing acts without it (``worker.fence``)
         self.lease = self.uplink.lease = FenceLease(s.heartbeat_timeout, self.uplink.is_closed,
-                                                    rejoins=s.snapshot_interval > 0)
+                                                    rejoins=s.snapshot_interval > 0,
+                                                    clock=self.ports.clock.monotonic)
         self.links = PeerLinks(secret, 2 * s.heartbeat_timeout + 2.0, gate=self.lease.check)
         self.kafka = KafkaClients(s, self.ports.kafka)
         #: the replication server (rescales ship stores too: on with rounds or standbys)
@@ -281,7 +282,7 @@ class Worker(Service):
             self.lease.check()
             # with rounds on, a restarted coordinator rolls everyone back to the newest
             # round: keep the stores and wait for it instead of restarting this process
-            await self.quiet.quiesce()
+            await self.quiet.quiesce(replies=False)  # (their commits wait for the rejoin)
             self.lease.suspend()
             if not await self.membership.rejoin(self.server.port, self.replication.port):
                 # (nothing may act without a coordinator: leave now, no clean stop)

@@ -252,8 +252,7 @@ class Ingest(Service):
     async def on_stop(self) -> None:
         if not self._clients:
             return
-        await self._egress.flush()
-        await self._egress.stop()
+        await self._egress.stop()  # (the replies queued first, within its patience)
         await self._kafka.stop_producer()  # waits for outstanding deliveries
         await self._egress.commit_offsets()
         await self._kafka.consumer.stop()

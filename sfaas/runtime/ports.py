@@ -1,8 +1,9 @@
 """The ports a process gets its outside world from (issue 51): Kafka, the object store,
-the network and the clock.
+the network, the clock and the process's own end.
 
 A process is built with one :class:`Ports` value. :data:`REAL` fills every port with the
-real implementation — aiokafka, MinIO, asyncio's TCP streams, the system clocks — and is
+real implementation — aiokafka, MinIO, asyncio's TCP streams, the system clocks,
+``os._exit`` — and is
 what every process gets unless told otherwise; the simulator (``sfaas.sim``) fills them
 with its simulated log, object store, in-memory network and virtual clock. The product
 code reads its world through these and never asks which it got (no ``if simulated:``).
@@ -23,6 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
+import os
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -79,6 +83,14 @@ class ClockPort(Protocol):
     def time(self) -> float: ...
 
 
+class ProcessPort(Protocol):
+    """The process's end: a worker fenced or with a failed ingest leaves at once."""
+
+    def exit(self, code: int) -> None:
+        """End the process now with ``code``: nothing of it acts after this returns (the
+        real one never returns)."""
+
+
 @dataclass(frozen=True)
 class Ports:
     """Where a process gets its outside world from (see the module docstring)."""
@@ -87,6 +99,7 @@ class Ports:
     objects: ObjectsPort
     network: NetworkPort
     clock: ClockPort
+    process: ProcessPort
 
 
 class AioKafka:
@@ -145,9 +158,23 @@ class SystemClock:
         return time.time()
 
 
+class OsProcess:
+    """The real process port: ``os._exit`` after flushing the logs (no clean stop: it
+    would flush replies and commit offsets)."""
+
+    def exit(self, code: int) -> None:
+        for h in logging.getLogger().handlers + logging.getLogger("sfaas").handlers:
+            try:
+                h.flush()
+            except Exception:  # noqa: S110 - leaving anyway
+                pass
+        sys.stderr.flush()
+        os._exit(code)
+
+
 #: The real world: what every process gets unless it is built with other ports.
 REAL = Ports(kafka=AioKafka(), objects=MinioObjects(), network=TcpNetwork(),
-             clock=SystemClock())
+             clock=SystemClock(), process=OsProcess())
 
 _CURRENT: contextvars.ContextVar[Ports] = contextvars.ContextVar("sfaas_ports", default=REAL)
 

@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--crash", metavar="AT,DOWN", default="",
                    help="worker 1 crashes AT simulated seconds in; a fresh one replaces it "
                         "DOWN seconds later (e.g. 2,1)")
+    p.add_argument("--crash-coordinator", metavar="AT,DOWN", default="",
+                   help="the coordinator crashes AT simulated seconds in; a fresh one starts "
+                        "DOWN seconds later")
     p.add_argument("--cut", metavar="AT,FOR", default="",
                    help="worker 1 and the coordinator cut apart AT simulated seconds in, "
                         "healed FOR seconds later (e.g. 1,1)")
@@ -78,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     app = _load(ns.app)
     sched = Schedule(crash=_pair(ns.crash), cut=_pair(ns.cut), outage=_pair(ns.outage),
                      stale=Stale.parse(ns.stale) if ns.stale else None,
-                     kafka_errors=ns.kafka_errors, object_errors=ns.object_errors)
+                     kafka_errors=ns.kafka_errors, object_errors=ns.object_errors,
+                     coordinator=_pair(ns.crash_coordinator))
     print(f"seed {ns.seed}" + (f" faults {sched}" if sched.faults() else ""))
     t0 = time.perf_counter()
     o = simulate(app, ROLES, ns.seed, seconds=ns.seconds, workers=ns.workers,

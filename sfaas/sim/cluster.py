@@ -17,10 +17,14 @@ time: a function of the seed (``tests/sim/test_cluster.py`` runs a seed twice).
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import dataclasses
 import logging
+import os
 import random
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,7 +38,7 @@ from sfaas.runtime.settings import Settings
 from sfaas.sim import clock
 from sfaas.sim.faults import Schedule, Stale
 from sfaas.sim.log import Faults, SimKafka
-from sfaas.sim.network import SimNetwork
+from sfaas.sim.network import SimNetwork, SimNetworkPort
 from sfaas.sim.objects import ObjectFaults, SimObjectStore
 from sfaas.sim.ports import SimKafkaPort, process_ports
 from statestores import background
@@ -63,6 +67,16 @@ class Roles:
     coordinator: Callable[[Settings, str, ports.Ports], Process]
     worker: Callable[[Settings, App, str, ports.Ports], Process]
 
+
+#: The heartbeat timeout of a run: the product's default. The heartbeats, the fence lease,
+#: the coordinator's watchdog and the peers' connect deadline read the process's clock port
+#: (virtual time here), so a run that takes long in wall time sees no silence it did not
+#: simulate.
+HEARTBEAT_TIMEOUT = 2.0
+
+#: Simulated seconds a cancelled process (a crash, the run's end) has to end its task: its
+#: stop waits at most a few heartbeat timeouts (``worker.egress.STOP_PATIENCE``)
+STOP_WITHIN = 30.0
 
 #: The snapshot interval of a run with crashes: rounds on — so the epoch log is written
 #: and a lost worker is recovered (from round 0, replaying the log) — but never due. A
@@ -148,6 +162,14 @@ class SimCluster:
         self._exits: dict[str, int] = {}
         #: process name → the ports of its current incarnation
         self._ports: dict[str, ports.Ports] = {}
+        #: the tasks of processes that exited (cancelled by :meth:`_ended`): restarted
+        self._exiting: set[asyncio.Task[None]] = set()
+        #: the tasks of processes a fault crashed (``_crash`` restarts them)
+        self._crashed: set[asyncio.Task[None]] = set()
+        #: processes started so far, by name (each incarnation has a home of its own)
+        self._incarnations: dict[str, int] = {}
+        #: the tasks each process started, by ``id`` of its ports (``_own``)
+        self._owned: dict[int, weakref.WeakSet[asyncio.Task[Any]]] = {}
         self._bootstrap = ""
 
     def _trace(self, line: str) -> None:
@@ -164,15 +186,12 @@ class SimCluster:
             # (the gathering window is timed by wall-clock reads in coordinator/epochs.py,
             # not by a port yet: a window > 0 makes runs of one seed differ)
             "epoch_gather": 0.0,
-            # (so are the heartbeats' silences and the fence lease, worker/heartbeat.py and
-            # worker/fence.py: a run slower in wall time than its simulated time — a loaded
-            # machine — would see a coordinator fall silent that never did in the run, and
-            # a seed's trace would change; a run lasts far less than this)
-            "heartbeat_timeout": 600.0}, env={})
+            "heartbeat_timeout": HEARTBEAT_TIMEOUT}, env={})
 
     async def run(self) -> Outcome:
         loop = asyncio.get_running_loop()
         assert isinstance(loop, clock.VirtualLoop), "a simulated cluster runs on a VirtualLoop"
+        loop.set_task_factory(self._own)  # type: ignore[arg-type]
         rng = loop.random
         sched = self.schedule
         self.kafka = SimKafka(random.Random(rng.getrandbits(64)),
@@ -182,16 +201,14 @@ class SimCluster:
         objects = self.objects = SimObjectStore(random.Random(rng.getrandbits(64)),
                                                 ObjectFaults(error=sched.object_errors),
                                                 sleep=loop.clock.advance, clock=loop.time)
-        net = self.net = SimNetwork(random.Random(rng.getrandbits(64)))
+        self.net = SimNetwork(random.Random(rng.getrandbits(64)))
         self._home = tempfile.mkdtemp(prefix="sfaas-sim-")
         try:
             s = self._settings()
-            self._start("coordinator", self._coordinator,
-                        process_ports("coordinator", self.kafka, objects, net, loop.clock), s)
+            self._start("coordinator", self._coordinator, self._ports_of("coordinator"), s)
             for i in range(self.workers):
                 name = f"worker-{i}"
-                self._start(name, self._worker,
-                            process_ports(name, self.kafka, objects, net, loop.clock), s)
+                self._start(name, self._worker, self._ports_of(name), s)
             faults = [loop.create_task(self._crash(s, *self.crash))] if self.crash else []
             if self.cut:
                 faults.append(loop.create_task(self._cut(*self.cut)))
@@ -199,6 +216,9 @@ class SimCluster:
                 faults.append(loop.create_task(self._outage(*sched.outage)))
             if sched.stale:
                 faults.append(loop.create_task(self._stale(s, sched.stale)))
+            if sched.coordinator:
+                faults.append(loop.create_task(
+                    self._crash(s, *sched.coordinator, name="coordinator")))
             await self._drive(s, random.Random(rng.getrandbits(64)))
             for task in faults:
                 await task
@@ -214,7 +234,13 @@ class SimCluster:
                its: ports.Ports, s: Settings) -> None:
         """Run the process ``name`` as a task in a context of its own ports ``its`` (what
         the code not handed a port yet reads: ``sfaas.runtime.ports.current``)."""
-        task = asyncio.get_running_loop().create_task(process(name, s, its), name=name,
+        # (each process its own home, as on a machine of its own: a restarted coordinator
+        # may give a worker another slot, whose stores a live worker holds open in its
+        # home; and each incarnation a new one — a crashed process's stores stay open in
+        # this one OS process, where a real crash would have released their locks)
+        n = self._incarnations[name] = self._incarnations.get(name, 0) + 1
+        own = dataclasses.replace(s, home=os.path.join(self._home, f"{name}.{n}"))
+        task = asyncio.get_running_loop().create_task(process(name, own, its), name=name,
                                                       context=ports.context(its))
         self._tasks.append(task)
         self._ports[name] = its
@@ -226,10 +252,12 @@ class SimCluster:
         """The supervisor (``launcher/supervisor.py``): a process that exits on its own is
         restarted — at once the first time, then after a backoff doubling from 0.2 s to
         5 s (:data:`RESTART_BACKOFF`). A crash (a cancellation) is restarted by ``_crash``."""
-        if task.cancelled() or self._stopping:
+        if (task.cancelled() and task not in self._exiting) or task in self._crashed \
+                or self._stopping:
             return
+        self._exiting.discard(task)
         name = task.get_name()
-        exc = task.exception()
+        exc = None if task.cancelled() else task.exception()
         n = self._exits[name] = self._exits.get(name, 0) + 1
         delay = 0.0 if n == 1 else min(RESTART_BACKOFF[1], RESTART_BACKOFF[0] * 2 ** (n - 2))
         self._trace(f"exit {name}: {type(exc).__name__ if exc else 'returned'}; "
@@ -242,11 +270,47 @@ class SimCluster:
                  s: Settings) -> None:
         if self._stopping:
             return
+        self._trace(f"restart {name}")
+        self._start(name, process, self._ports_of(name), s)
+
+    def _ports_of(self, name: str) -> ports.Ports:
+        """A new process ``name``'s ports."""
         loop = asyncio.get_running_loop()
         assert isinstance(loop, clock.VirtualLoop)
-        self._trace(f"restart {name}")
-        self._start(name, process,
-                    process_ports(name, self.kafka, self.objects, self.net, loop.clock), s)
+        return process_ports(name, self.kafka, self.objects, self.net, loop.clock, self._ended)
+
+    def _ended(self, name: str, code: int) -> None:
+        """Process ``name`` exits with ``code`` (``os._exit``: the fence, a failed ingest):
+        cut off at once — nothing it still has in hand reaches the network or Kafka — and
+        its task ended; the supervisor restarts it (:meth:`_exited`)."""
+        self._trace(f"process {name} exits with {code}")
+        for task in self._tasks:
+            if task.get_name() == name:
+                self._exiting.add(task)
+        self._kill(name)
+
+    def _kill(self, name: str) -> None:
+        """The current process ``name`` dies: its network and Kafka ports go dead (nothing
+        it still does reaches anyone) and every task it started is cancelled — its root
+        task's ``finally`` still runs, as a real crash's would not."""
+        its = self._ports[name]
+        assert isinstance(its.network, SimNetworkPort) and isinstance(its.kafka, SimKafkaPort)
+        its.network.kill()
+        its.kafka.kill()
+        current = asyncio.current_task()
+        for task in list(self._owned.get(id(its), ())):
+            if task is not current and not task.done():
+                task.cancel()
+
+    def _own(self, loop: asyncio.AbstractEventLoop, coro: Any,
+             context: contextvars.Context | None = None) -> asyncio.Task[Any]:
+        """The loop's task factory: every task is noted under the ports of the process
+        that made it (:meth:`_kill` ends them all)."""
+        task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, context=context)
+        its = context.run(ports.current) if context is not None else ports.current()
+        if its is not ports.REAL:
+            self._owned.setdefault(id(its), weakref.WeakSet()).add(task)
+        return task
 
     async def _coordinator(self, name: str, s: Settings, its: ports.Ports) -> None:
         await self.roles.coordinator(s, self.app.name, its).run()
@@ -254,29 +318,24 @@ class SimCluster:
     async def _worker(self, name: str, s: Settings, its: ports.Ports) -> None:
         await self.roles.worker(s, self.app, name, its).run()
 
-    async def _crash(self, s: Settings, at: float, down: float) -> None:
-        """Worker 1 dies (its connections break, its task is cancelled), and a fresh
-        process takes its slot ``down`` seconds later."""
+    async def _crash(self, s: Settings, at: float, down: float, name: str = "worker-1") -> None:
+        """Process ``name`` (worker 1, or the coordinator) dies (its connections break, its
+        task is cancelled), and a fresh process takes its place ``down`` seconds later."""
         await asyncio.sleep(at)
-        name = "worker-1"
+        process = self._coordinator if name == "coordinator" else self._worker
         self._trace(f"fault crash {name}")
-        self.net.crash(name)
-        kafka = self._ports[name].kafka
-        assert isinstance(kafka, SimKafkaPort)
-        kafka.kill()  # (its task's ``finally`` still runs: it must not reach Kafka)
-        victim = next(t for t in self._tasks if t.get_name() == name)
-        victim.cancel()
-        try:
-            await victim
-        except BaseException as exc:  # (how it ended is not the run's business)
-            self._trace(f"{name} ended: {type(exc).__name__}")
-        self._tasks.remove(victim)
+        victim = next((t for t in self._tasks if t.get_name() == name), None)
+        if victim is None:  # (it exited on its own and waits for its restart)
+            self._trace(f"{name} is not running: nothing to crash")
+            return
+        self._crashed.add(victim)  # (restarted here, not by the supervisor)
+        self._kill(name)
+        await self._ended_within(victim, name)
+        if victim in self._tasks:
+            self._tasks.remove(victim)
         await asyncio.sleep(down)
         self._trace(f"fault restart {name}")
-        loop = asyncio.get_running_loop()
-        assert isinstance(loop, clock.VirtualLoop)
-        self._start(name, self._worker,
-                    process_ports(name, self.kafka, self.objects, self.net, loop.clock), s)
+        self._start(name, process, self._ports_of(name), s)
 
     async def _cut(self, at: float, seconds: float) -> None:
         """Worker 1 and the coordinator cut apart for ``seconds``, then healed."""
@@ -302,18 +361,31 @@ class SimCluster:
         if stale.partition < len(self.kafka.broker.topics.get(topic, [])):
             self.kafka.stale_leader(tp, stale.seconds, stale.behind)
 
+    async def _ended_within(self, task: asyncio.Task[None], name: str) -> None:
+        """Wait for a crashed process's task to end — its ``finally`` still runs (a real
+        crash runs nothing; nothing it does reaches the world any more) — for at most
+        :data:`STOP_WITHIN` s: a stop that hangs is a finding."""
+        await asyncio.wait({task}, timeout=STOP_WITHIN)
+        if not task.done():
+            self.outcome.violations.append(f"{name} did not stop within {STOP_WITHIN:g} s of "
+                                           "being cancelled")
+            return
+        exc = None if task.cancelled() else task.exception()
+        self._trace(f"{name} ended: {type(exc).__name__ if exc else 'CancelledError'}")
+
     async def _stop(self) -> None:
         self._stopping = True
         for task in reversed(self._tasks):
             if not task.done():
                 task.cancel()
+        await asyncio.wait(self._tasks, timeout=STOP_WITHIN)
         for task in self._tasks:
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-            except Exception as exc:  # a process that failed: the run says so
-                self.outcome.violations.append(f"{task.get_name()} failed: {exc!r}")
+            if not task.done():
+                self.outcome.violations.append(f"{task.get_name()} did not stop within "
+                                               f"{STOP_WITHIN:g} s of being cancelled")
+            elif not task.cancelled() and task.exception() is not None:
+                # a process that failed: the run says so
+                self.outcome.violations.append(f"{task.get_name()} failed: {task.exception()!r}")
 
     # -- the client ----------------------------------------------------------------------------
     async def _drive(self, s: Settings, rng: random.Random) -> None:

@@ -12,7 +12,9 @@ Faults a schedule may hold (each drawn or left out by the seed):
   recovery (after the crash or the cut) when there is one, where recovery reads it;
 - ``kafka_errors``: each produce request fails (timed out, nothing appended) with this
   probability;
-- ``object_errors``: each object-store call fails (``RemoteError``) with this probability.
+- ``object_errors``: each object-store call fails (``RemoteError``) with this probability;
+- ``coordinator``: the coordinator crashes at ``at`` and a fresh process starts ``down``
+  later (the workers rejoin it; drawn last, so adding it changed no earlier draw).
 
 And the workload's shape: ``hot`` — :data:`HOT` accounts at :data:`HOT_RATE` requests per
 second (conflicting transactions in most epochs: the cross-worker fallback's ordered
@@ -68,14 +70,16 @@ class Schedule:
     object_errors: float = 0.0
     #: the workload: a few hot accounts (not a fault: kept when shrinking)
     hot: bool = False
+    coordinator: Pair | None = None
 
     def args(self) -> list[str]:
         """The ``python -m sfaas.sim`` flags that give this schedule."""
         out: list[str] = []
-        for name in ("crash", "cut", "outage"):
+        for name in ("crash", "cut", "outage", "coordinator"):
             pair = getattr(self, name)
             if pair is not None:
-                out += [f"--{name}", f"{pair[0]:g},{pair[1]:g}"]
+                flag = "crash-coordinator" if name == "coordinator" else name
+                out += [f"--{flag}", f"{pair[0]:g},{pair[1]:g}"]
         if self.stale is not None:
             out += ["--stale", self.stale.flag()]
         if self.kafka_errors:
@@ -88,7 +92,7 @@ class Schedule:
 
     def faults(self) -> int:
         return len([f for f in (self.crash, self.cut, self.outage, self.stale,
-                                self.kafka_errors, self.object_errors) if f])
+                                self.kafka_errors, self.object_errors, self.coordinator) if f])
 
     def without(self, name: str) -> Schedule:
         """This schedule less one fault (shrinking)."""
@@ -100,7 +104,7 @@ class Schedule:
 
 
 #: the fields of a schedule, in the order shrinking drops them
-FAULTS = ("crash", "cut", "outage", "stale", "kafka_errors", "object_errors")
+FAULTS = ("crash", "cut", "outage", "stale", "kafka_errors", "object_errors", "coordinator")
 
 
 def _r(x: float) -> float:
@@ -129,4 +133,5 @@ def draw(seed: int, *, load_seconds: float = 1.0, partitions: int = 4) -> Schedu
         stale = Stale(at, _r(rng.uniform(0.2, 3.0)), topic, part, rng.randint(1, 20))
     kafka_errors = rng.choice((0.0, 0.0, 0.005, 0.02))
     object_errors = rng.choice((0.0, 0.0, 0.05, 0.2))
-    return Schedule(crash, cut, outage, stale, kafka_errors, object_errors, hot)
+    coordinator = (when(), _r(rng.uniform(0.05, 1.0))) if rng.random() < 0.25 else None
+    return Schedule(crash, cut, outage, stale, kafka_errors, object_errors, hot, coordinator)

@@ -302,11 +302,27 @@ class SimNetworkPort:
     def __init__(self, net: SimNetwork, name: str) -> None:
         self._net = net
         self.name = name
+        #: the process died (:meth:`kill`): it connects and listens no more
+        self.dead = False
+
+    def kill(self) -> None:
+        """The process died: its servers stop, its connections break, and it makes no new
+        one (a task of it the crash did not end yet must not reach the next incarnation's
+        peers under the same name)."""
+        self.dead = True
+        self._net.crash(self.name)
+
+    def _alive(self) -> None:
+        if self.dead:
+            raise ConnectionRefusedError(111, f"{self.name} is dead (simulated)")
 
     async def open_connection(self, host: str,
                               port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        self._alive()
         await asyncio.sleep(self._net.draw_delay())  # (the SYN's way there)
+        self._alive()
         return self._net.connect(self.name, host, port)
 
     async def start_server(self, on_connect: Connected, host: str, port: int) -> SimServer:
+        self._alive()
         return self._net.listen(self.name, on_connect, host, port)

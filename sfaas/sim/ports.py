@@ -8,7 +8,10 @@ process by its name (so a partition can cut two of them apart).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from aiokafka.errors import KafkaConnectionError
 
 from sfaas.runtime.ports import Ports
 from sfaas.sim.clock import VirtualClock
@@ -33,21 +36,32 @@ class SimKafkaPort:
     def __init__(self, sim: SimKafka) -> None:
         self.sim = sim
         self.producers: list[Any] = []
+        #: the process died (:meth:`kill`): it makes no client any more
+        self.dead = False
+
+    def _alive(self) -> None:
+        if self.dead:
+            raise KafkaConnectionError("the process is dead (simulated)")
 
     def producer(self, **kwargs: Any) -> Any:
+        self._alive()
         p = self.sim.producer(**kwargs)
         self.producers.append(p)
         return p
 
     def kill(self) -> None:
-        """The process died: its producers reach the log no more (``SimProducer.kill``)."""
+        """The process died: its producers reach the log no more (``SimProducer.kill``),
+        and it makes no new client."""
+        self.dead = True
         for p in self.producers:
             p.kill()
 
     def consumer(self, **kwargs: Any) -> Any:
+        self._alive()
         return self.sim.consumer(**kwargs)
 
     def admin(self, **kwargs: Any) -> Any:
+        self._alive()
         return self.sim.admin(**kwargs)
 
     async def probe(self, host: str, port: int) -> None:
@@ -80,8 +94,22 @@ class VirtualClockPort:
         return WALL_START + self._clock.now
 
 
+class SimProcess:
+    """The process port of simulated process ``name``: its exit is ``ended(name, code)``
+    — the cluster cuts it off at once (network, Kafka) and ends its task; the supervisor
+    restarts it."""
+
+    def __init__(self, name: str, ended: Callable[[str, int], None]) -> None:
+        self._name = name
+        self._ended = ended
+
+    def exit(self, code: int) -> None:
+        self._ended(self._name, code)
+
+
 def process_ports(name: str, kafka: SimKafka, objects: SimObjectStore, net: SimNetwork,
-                  clock: VirtualClock) -> Ports:
-    """The ports of the simulated process ``name``."""
+                  clock: VirtualClock, ended: Callable[[str, int], None]) -> Ports:
+    """The ports of the simulated process ``name`` (``ended``: what its exit does)."""
     return Ports(kafka=SimKafkaPort(kafka), objects=SimObjects(objects),
-                 network=net.port(name), clock=VirtualClockPort(clock))
+                 network=net.port(name), clock=VirtualClockPort(clock),
+                 process=SimProcess(name, ended))

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -467,3 +468,32 @@ class socket_closed:
 
     def __exit__(self, *exc: object) -> None:
         pass
+
+
+def test_a_recoverys_answer_stops_waiting_for_the_lease_once_the_coordinator_is_gone() -> None:
+    """Found by the simulator (seed 309): the coordinator crashed while its workers
+    recovered; each finished and waited for its lease to answer ``Recovered`` — inside the
+    inbox loop, which alone would see the channel closed and rejoin the next coordinator. A
+    worker awake throughout is never fenced, so it waited for ever. Now the wait ends when
+    the channel closes (False: nobody to answer), and the loop goes on to the rejoin."""
+    async def main() -> None:
+        clock = SimpleNamespace(t=100.0)
+        link = CoordinatorLink("s" * 16)
+        link.channel = SimpleNamespace(closed=False)
+        lease = link.lease = FenceLease(T, link.is_closed, clock=lambda: clock.t, exit=None)
+        lease.tick()
+        clock.t = 100.1
+        lease.grant(100.1)  # (a beat sent now was answered)
+        while clock.t < 100.1 + T * LEASE_FRACTION + 0.2:  # (awake throughout, the lease out)
+            clock.t += 0.05
+            lease.tick()
+        waiting = asyncio.ensure_future(link.held_unless_closed())
+        for _ in range(4):
+            await asyncio.sleep(0.05)
+            clock.t += 0.05
+            lease.tick()
+        assert not waiting.done() and not lease.valid() and lease.awake()
+        link.channel.closed = True
+        assert await asyncio.wait_for(waiting, 2) is False
+
+    asyncio.run(main())

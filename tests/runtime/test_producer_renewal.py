@@ -303,3 +303,30 @@ async def test_a_recovery_reads_the_log_only_once_the_records_in_flight_landed(
         await asyncio.wait_for(quiescing, 5)
 
     await _closing(w, test)
+
+
+async def test_a_rejoin_does_not_wait_for_replies_that_need_the_lease_it_renews(
+        tmp_path: Path) -> None:
+    """Found by the simulator (seed 16, once its heartbeats ran on virtual time): cut from
+    the coordinator past its lease, a worker rejoining it first quiesced — waiting for its
+    open reply transaction, whose commit waits for the lease, which only the rejoin renews:
+    it never rejoined. The rejoin's quiesce stops everything but leaves the replies to the
+    recovery that follows it; a recovery's quiesce still waits for them."""
+    w = _worker(tmp_path)
+    lease_back = asyncio.Event()  # (a reply transaction's commit, waiting for the lease)
+
+    async def durable() -> None:
+        await lease_back.wait()
+
+    w.egress.durable = durable  # type: ignore[method-assign]
+
+    async def test() -> None:
+        await asyncio.wait_for(w.quiet.quiesce(replies=False), 5)
+        recovering = asyncio.ensure_future(w.quiet.quiesce())
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert not recovering.done(), "a recovery's quiesce must wait for the replies"
+        lease_back.set()
+        await asyncio.wait_for(recovering, 5)
+
+    await _closing(w, test)

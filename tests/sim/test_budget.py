@@ -36,6 +36,14 @@ FOUND = {
     503: "a worker's own bound on the epoch log was low, and its leader stale",
     577: "the same as 438",
     648: "a recovery stuck behind an abandoned one (passes since the fences)",
+    # found once the heartbeats ran on virtual time and the coordinator could crash:
+    16: "a rejoin waited for replies that needed the lease only the rejoin renews",
+    17: "a fenced worker's restart found its own stores still open",
+    24: "a restarted coordinator's worker connecting to a peer that had left",
+    35: "a crashed worker's stop waited for ever for its replies' lease",
+    243: "a recovery's answer waited for the lease of a coordinator that was gone",
+    309: "the same as 243",
+    768: "the same as 35",
 }
 #: the seeds surveyed on main for KNOWN (0..699, 2026-11-29): a default run stops there; a
 #: run with SFAAS_SIM_BUDGET set goes on (what it finds past them is new)

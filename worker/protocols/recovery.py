@@ -112,7 +112,12 @@ class Recovery:
             error = f"{type(exc).__name__}: {exc}"[:2000]
             self._uplink.send(wire.Recovered(msg.attempt, st.index, [], error, permanent(exc)))
             return
-        await self._uplink.held()  # (a fenced worker answers nothing: worker.fence)
+        # (a fenced worker answers nothing, worker.fence; nor one whose coordinator is gone:
+        # the inbox then sees its channel closed and rejoins the next one)
+        if not await self._uplink.held_unless_closed():
+            log.warning("recovery %d done, but the coordinator's channel closed: rejoining",
+                        msg.attempt, extra={"worker": st.index})
+            return
         self._uplink.send(wire.Recovered(msg.attempt, st.index, epochs, "", False))
 
     async def recover(self, msg: wire.Recover) -> list[wire.LoggedEpoch]:
