@@ -219,6 +219,16 @@ def _journal(j: Any) -> dict[str, Any]:
     return j
 
 
+def _body(data: bytes, magic: bytes, version: int, source: str) -> bytes:
+    """The body of a record of kind ``magic``, version ``version``; the header checked."""
+    if len(data) < _HEAD.size:
+        raise EpochLogError(f"{source}: {len(data)} bytes, too short")
+    got, v = _HEAD.unpack_from(data)
+    if got != magic or v != version:
+        raise EpochLogError(f"{source}: header {got!r} v{v}, expected {magic!r} v{version}")
+    return data[_HEAD.size:]
+
+
 _CUT_MAGIC = b"SFDC"
 _CUT_VERSION = 1
 
@@ -246,13 +256,10 @@ class CutRecord:
 
     @classmethod
     def decode(cls, data: bytes, source: str = "epoch-log cut record") -> CutRecord:
-        magic, version = _HEAD.unpack_from(data)
-        if magic != _CUT_MAGIC or version != _CUT_VERSION:
-            raise EpochLogError(f"{source}: header {magic!r} v{version}, expected "
-                                f"{_CUT_MAGIC!r} v{_CUT_VERSION}")
+        body = _body(data, _CUT_MAGIC, _CUT_VERSION, source)
         try:
             rnd, epoch, worker, replies, retries = msgpack.unpackb(
-                data[_HEAD.size:], raw=False, strict_map_key=False)
+                body, raw=False, strict_map_key=False)
             rec = cls(int(rnd), int(epoch), int(worker),
                       tuple((int(p), _record(r), float(a)) for p, r, a in replies),
                       tuple((int(t), int(p), float(n), _journal(j), _record(r))
@@ -283,12 +290,9 @@ class FenceRecord:
 
     @classmethod
     def decode(cls, data: bytes, source: str = "epoch-log fence record") -> FenceRecord:
-        magic, version = _HEAD.unpack_from(data)
-        if magic != _FENCE_MAGIC or version != _FENCE_VERSION:
-            raise EpochLogError(f"{source}: header {magic!r} v{version}, expected "
-                                f"{_FENCE_MAGIC!r} v{_FENCE_VERSION}")
+        body = _body(data, _FENCE_MAGIC, _FENCE_VERSION, source)
         try:
-            worker, generation, attempt = msgpack.unpackb(data[_HEAD.size:])
+            worker, generation, attempt = msgpack.unpackb(body)
             if not all(type(x) is int and x >= 0 for x in (worker, generation, attempt)):
                 raise ValueError(f"three ints >= 0 expected, got {[worker, generation, attempt]}")
         except Exception as exc:

@@ -2,7 +2,8 @@
 can put anything on a client's reply partition), through ``Client._read_replies``.
 
 Outcomes: a reply completes the call waiting for its request id (with exactly that
-reply), or the record is skipped — counted in ``Client.rejected`` and logged. The reader
+reply), or the record is skipped — counted in ``Client.rejected`` and logged — or it is
+a recovery's fence record (``wire.FENCE``, in an aborted transaction), skipped silently. The reader
 never dies (which would leave every later call to time out) and never completes a call
 with another request's reply.
 """
@@ -39,7 +40,7 @@ def reply_fields() -> st.SearchStrategy[list[Any]]:
 def records() -> st.SearchStrategy[bytes | None]:
     valid = reply_fields().map(lambda f: msgpack.packb(f, use_bin_type=True))
     return mix((4, valid), (5, hostile(valid, packed(wrong_fields(reply_fields())), packed(deep_values()))),
-               (1, st.none()))
+               (1, st.none()), (1, st.just(wire.FENCE)))
 
 
 class _Record:
@@ -63,7 +64,7 @@ class _Consumer:
         return {}
 
 
-@pytest.mark.spread(accepted=["call completed"], min_accepted=0.2, each=["skipped"])
+@pytest.mark.spread(accepted=["call completed"], min_accepted=0.2, each=["skipped", "fence skipped"])
 @fuzz()
 @given(batch=st.lists(records(), min_size=1, max_size=10))
 async def test_client_takes_replies_and_skips_the_rest(batch: list[bytes | None], tmp_path_factory: Any,
@@ -81,8 +82,11 @@ async def test_client_takes_replies_and_skips_the_rest(batch: list[bytes | None]
     await asyncio.gather(reader, return_exceptions=True)
     # the first valid reply for each id completes its call, and nothing else does
     first: dict[str, wire.Reply] = {}
-    skipped = 0
+    skipped = fences = 0
     for value in batch:
+        if value == wire.FENCE:  # (a recovery's fence: not a reply, nor a rejected one)
+            fences += 1
+            continue
         try:
             r = wire.Reply.decode(value)  # type: ignore[arg-type]
         except wire.ProtocolError:
@@ -91,6 +95,7 @@ async def test_client_takes_replies_and_skips_the_rest(batch: list[bytes | None]
         first.setdefault(r.rid, r)
     assert c.rejected == skipped
     outcomes.add("skipped") if skipped else None
+    outcomes.add("fence skipped") if fences else None
     for rid, fut in waiting.items():
         if rid in first:
             assert fut.done() and fut.result().encode() == first[rid].encode()  # (NaN != NaN)
