@@ -68,3 +68,18 @@ def test_fence_records_round_trip_and_bad_ones_name_their_source() -> None:
     bad = EpochRecord(3, 0, 1.0, ((1, 0, 0),), fence=-2).encode()
     with pytest.raises(EpochLogError, match="the fence must be an offset or -1"):
         decode_record(bad, "log@4")
+
+
+def test_the_cluster_tests_model_counts_a_second_copy_once_and_no_void_record() -> None:
+    """The model the cluster tests check the epoch log with (``test_rounds.epoch_records``):
+    the nemesis saw a record's second copy — a retired producer delivering it late — land
+    60 epochs after the first; the recovery keys records by epoch, so the model counts the
+    first copy only, and a void record not at all. A different record of the same epoch
+    and worker stays (the tests' "logged twice" check catches it)."""
+    from tests.runtime.test_rounds import epoch_records
+
+    a, b = _rec(5, 0, -1), _rec(6, 1, -1)
+    other = EpochRecord(5, 0, 2.0, ((9, 0, 9),))
+    raw = [(0, a.encode()), (1, b.encode()), (2, FenceRecord(1, 3, 1).encode()),
+           (3, a.encode()), (4, _rec(4, 1, -1).encode()), (5, other.encode())]
+    assert [off for off, _ in epoch_records(raw)] == [0, 1, 5]

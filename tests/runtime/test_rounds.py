@@ -28,7 +28,7 @@ from remotes.errors import SnapshotNotFoundError
 from sfaas.app import App
 from sfaas.client import Client
 from sfaas.runtime import wire
-from sfaas.runtime.epochlog import EpochRecord, decode_record
+from sfaas.runtime.epochlog import EpochRecord, decode_record, live
 from sfaas.runtime.partitioning import partition_of
 from sfaas.runtime.protocols.rounds import RoundManifest, Rounds
 from sfaas.runtime.settings import Settings
@@ -107,9 +107,32 @@ async def _ingress_requests(s: Settings, app: str = "ledger") -> dict[int, list[
 
 
 def epoch_records(raw: list[tuple[int, bytes]]) -> list[tuple[int, EpochRecord]]:
-    """The epoch-log records of ``(offset, value)``, without the rounds' cut records."""
+    """The epoch records of the whole log's ``(offset, value)`` that count, as a recovery
+    replays them: no cut or fence records; none a fence voids (``sfaas.runtime.epochlog.
+    live``: sent before its writer's fence and landed after it, so no recovery replayed
+    it); and a second copy of the same bytes only once, at its first offset — a record
+    sent again through a new producer can land twice, the retired producer delivering its
+    copy late, even many epochs later (the nemesis saw epoch 536's land after 596's); a
+    recovery keys the records it replays by epoch (``worker.clients``). Both are printed."""
     decoded = [(off, decode_record(v)) for off, v in raw]
-    return [(off, r) for off, r in decoded if isinstance(r, EpochRecord)]
+    kept = live(decoded, raw[0][0] if raw else 0)
+    counted, value_at = {off for off, _ in kept}, dict(raw)
+    void = [(off, r.epoch, r.worker, r.fence) for off, r in decoded
+            if isinstance(r, EpochRecord) and off not in counted]
+    first: dict[tuple[int, int], bytes] = {}
+    out, copies = [], []
+    for off, r in kept:
+        if not isinstance(r, EpochRecord):
+            continue
+        if first.get((r.epoch, r.worker)) == value_at[off]:
+            copies.append((off, r.epoch, r.worker))
+            continue
+        first.setdefault((r.epoch, r.worker), value_at[off])
+        out.append((off, r))
+    if void or copies:
+        print(f"epoch log: void records (offset, epoch, worker, fence) {void[:10]}; second "
+              f"copies (offset, epoch, worker) {copies[:10]}")
+    return out
 
 
 def logged_request(rec: EpochRecord, tid: int, p: int, o: int,
