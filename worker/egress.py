@@ -230,10 +230,6 @@ class Egress:
         parts, closed once both exist: ``worker.service``)."""
         self._completed = ingress
 
-    def acked_offsets(self) -> dict[int, int]:
-        """Egress partition → the offset after this process's last acknowledged reply."""
-        return dict(self.acked)
-
     async def fence(self, partitions: Iterable[int]) -> dict[int, int]:
         """For a recovery's ``read_committed`` read of the replies (every reply queued is
         committed first, ``worker.quiesce``): per egress partition in ``partitions``, the

@@ -27,7 +27,7 @@ port                     needed by                        filled by
 :class:`Settling`        quiescer                         ``EpochLogWriter`` (``worker.epoch_log``)
 :class:`Fencing`         replay                           ``EpochLogWriter``
 :class:`WorldRollback`   rollback, replay                 ``World``
-:class:`AckedReplies`    replay                           ``Egress`` (``worker.egress``)
+:class:`FencedReplies`   replay                           ``Egress`` (``worker.egress``)
 :class:`Standbys`        rescale                          ``Replication`` (``worker.replication``)
 :class:`Rescaled`        rescale                          ``Departures`` (``worker.quiesce``)
 :class:`Latency`         heartbeat                        ``WorkerMetrics`` (``worker.metrics``)
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from sfaas.runtime.txn.engine import Engine
     from worker.replication import Shipping
 
-__all__ = ["AckedReplies", "CallsSeen", "Commits", "Completions", "Directions", "Divergences",
+__all__ = ["FencedReplies", "CallsSeen", "Commits", "Completions", "Directions", "Divergences",
            "EngineStarter", "Halting", "HeldReads", "Latency", "LeaseEnd", "PeerSends", "Quiet",
            "Settling", "Fencing",
            "Rescaled", "Room", "SlowView", "Spawner", "Standbys", "Votes", "WorkArrived",
@@ -157,11 +157,8 @@ class WorldRollback(Protocol):
         """The stores are back at the round (the replay follows)."""
 
 
-class AckedReplies(Protocol):
-    """The egress, as a recovery or a round asks how far its replies are acknowledged."""
-
-    def acked_offsets(self) -> dict[int, int]:
-        """Egress partition → the offset after this process's last acknowledged reply."""
+class FencedReplies(Protocol):
+    """The egress, as a recovery bounds its read of the replies already out."""
 
     async def fence(self, partitions: Iterable[int]) -> dict[int, int]:
         """Egress partition → the offset of a fence record written there now (aborted)."""

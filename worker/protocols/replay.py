@@ -25,7 +25,7 @@ from sfaas.runtime.settings import Settings
 from worker.clients import KafkaClients
 from worker.direct import DirectIngress
 from worker.ingress import Ingress
-from worker.needs import AckedReplies, Fencing, WorldRollback
+from worker.needs import FencedReplies, Fencing, WorldRollback
 from worker.state import Pending, WorkerState
 
 log = logging.getLogger("sfaas.worker.recovery")
@@ -72,7 +72,7 @@ class Replay:
 
     def __init__(self, settings: Settings, app_name: str, state: WorkerState, *,
                  kafka: KafkaClients, ingress: Ingress, direct: DirectIngress,
-                 egress: AckedReplies, world: WorldRollback, log: Fencing) -> None:
+                 egress: FencedReplies, world: WorldRollback, log: Fencing) -> None:
         self._settings = settings
         self._log_topic = settings.epoch_log_topic(app_name)
         self._state = state
@@ -111,21 +111,19 @@ class Replay:
         before the fence is in the read, whatever a stale leader answers, and one landing
         after it is void."""
         tp = TopicPartition(self._log_topic, 0)
-        end = await self._log.fence(attempt)
-        return await read_range(self._settings.kafka, {tp: m.epoch_log},
-                                {tp: max(end, self._state.log_pos)})
+        end = await self._log.fence(attempt)  # (past every record this process had acked)
+        return await read_range(self._settings.kafka, {tp: m.epoch_log}, {tp: end})
 
     async def _read_replies(self, m: RoundManifest, out_parts: Iterable[int]) -> Raw:
         """The replies committed from round ``m``'s positions, at least up to the fence
         records this worker writes first (``worker.egress.Egress.fence``): a stale leader's
         short end would leave replies out, and the replay would produce them again."""
         topic, parts = self._state.egress_topic, list(out_parts)
-        acked = self._egress.acked_offsets()
+        # (a fence follows every reply this process had acknowledged: no other bound needed)
         fenced = await self._egress.fence(parts)
         return await read_range(
             self._settings.kafka, {TopicPartition(topic, p): m.egress.get(p, 0) for p in parts},
-            {TopicPartition(topic, p): max(fenced.get(p, 0), acked.get(p, 0)) for p in parts},
-            committed=True)
+            {TopicPartition(topic, p): fenced[p] for p in parts}, committed=True)
 
     async def decode(self, m: RoundManifest, raw_log: Raw, raw_out: Raw, turn: Turns) -> Logs:
         """The log's records after round ``m`` and the replies already out."""
