@@ -200,6 +200,8 @@ class Client:
         for task in list(self._direct_tasks):
             task.cancel()
         await asyncio.gather(*self._direct_tasks, return_exceptions=True)
+        if self.calls is not None:
+            self.calls.flush()  # (the acknowledgements held: the closing channels write them)
         if self._path is not None:
             await self._path.close()
         await asyncio.gather(*self._chores, return_exceptions=True)

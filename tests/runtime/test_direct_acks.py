@@ -1,0 +1,122 @@
+"""A direct call's acknowledgement rides with the next request to the same worker, or goes
+alone after ``ACK_DELAY`` (``sfaas.direct``, issue 47): never lost, never a frame of its own
+while calls keep coming. On fakes of the client's channel seam (the cluster tests in
+``test_direct_calls.py`` run the real path)."""
+
+from __future__ import annotations
+
+import asyncio
+import faulthandler
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from sfaas import direct
+from sfaas.direct import DirectCalls
+from sfaas.runtime import wire
+
+faulthandler.dump_traceback_later(60, exit=True)
+
+
+class _Chan:
+    """A client channel: what is sent, in the loop tick (one frame) it was queued in."""
+
+    def __init__(self) -> None:
+        self.peer = "worker-0"
+        self.closed = False
+        self.frames: list[list[wire.Message]] = []
+        self._open: list[wire.Message] | None = None
+
+    def send(self, msg: wire.Message) -> None:
+        if self._open is None:  # (a Channel writes one frame per tick)
+            self._open = []
+            self.frames.append(self._open)
+            asyncio.get_running_loop().call_soon(self._end_frame)
+        self._open.append(msg)
+
+    def _end_frame(self) -> None:
+        self._open = None
+
+    def sent(self, kind: type) -> list[Any]:
+        return [m for f in self.frames for m in f if isinstance(m, kind)]
+
+
+class _Path:
+    """``sfaas.reads.DirectReads`` as the calls use it: one worker owns every partition."""
+
+    def __init__(self, chan: _Chan) -> None:
+        self.chan = chan
+        self.available = True
+        self.on_answer: Any = None
+        self.on_closed: Any = None
+
+    async def where(self, fresh: bool) -> Any:
+        return SimpleNamespace(owners=[0], peers=[SimpleNamespace(host="h", port=1)])
+
+    async def worker(self, host: str, port: int) -> _Chan:
+        return self.chan
+
+
+async def _call(calls: DirectCalls, path: _Path, rid: str) -> wire.Reply | None:
+    """One call, answered by the worker as soon as its request is sent."""
+    before = len(path.chan.sent(wire.Submit))
+    task = asyncio.create_task(calls.call(rid, b"request", 0, asyncio.get_running_loop().time() + 5))
+    while len(path.chan.sent(wire.Submit)) == before and not task.done():
+        await asyncio.sleep(0)
+    path.on_answer(path.chan, wire.Answer(wire.Reply(rid, True, 1).encode()))
+    return await task
+
+
+def test_an_acknowledgement_rides_in_the_next_requests_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(direct, "ACK_DELAY", 30.0)  # (no lone frame during the test)
+
+    async def main() -> None:
+        chan = _Chan()
+        path = _Path(chan)
+        calls = DirectCalls(path)  # type: ignore[arg-type]
+        assert (await _call(calls, path, "r1")).ok  # type: ignore[union-attr]
+        await asyncio.sleep(0.01)
+        assert chan.sent(wire.Acked) == [], "acknowledged alone before the delay"
+        assert (await _call(calls, path, "r2")).ok  # type: ignore[union-attr]
+        frame = next(f for f in chan.frames if any(isinstance(m, wire.Acked) for m in f))
+        assert [type(m) for m in frame] == [wire.Acked, wire.Submit]
+        assert frame[0].rids == ["r1"]
+        calls.flush()  # (what Client.close does before it closes the channels)
+        assert [a.rids for a in chan.sent(wire.Acked)] == [["r1"], ["r2"]]
+
+    asyncio.run(main())
+
+
+def test_a_lone_acknowledgement_goes_after_the_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(direct, "ACK_DELAY", 0.05)
+
+    async def main() -> None:
+        chan = _Chan()
+        path = _Path(chan)
+        calls = DirectCalls(path)  # type: ignore[arg-type]
+        for rid in ("a", "b"):
+            assert (await _call(calls, path, rid)).ok  # type: ignore[union-attr]
+        acked = [a.rids for a in chan.sent(wire.Acked)]
+        assert acked == [["a"]]  # (rode with b's request)
+        await asyncio.sleep(0.2)
+        acked = [a.rids for a in chan.sent(wire.Acked)]
+        assert acked == [["a"], ["b"]], acked
+        assert [type(m) for m in chan.frames[-1]] == [wire.Acked]
+
+    asyncio.run(main())
+
+
+def test_held_acknowledgements_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(direct, "ACK_DELAY", 30.0)
+    monkeypatch.setattr(direct, "MAX_ACKS", 3)
+
+    async def main() -> None:
+        chan = _Chan()
+        path = _Path(chan)
+        DirectCalls(path)  # type: ignore[arg-type]
+        for i in range(7):  # (answers to copies nobody waits for are acknowledged too)
+            path.on_answer(chan, wire.Answer(wire.Reply(f"r{i}", True, i).encode()))
+        assert [a.rids for a in chan.sent(wire.Acked)] == [["r0", "r1", "r2"], ["r3", "r4", "r5"]]
+
+    asyncio.run(main())
