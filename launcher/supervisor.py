@@ -23,9 +23,10 @@ A child that stays silent is treated as one that died: each child touches its li
 (``sfaas.runtime.liveness``; the supervisor names it ``{role}-{index}.alive`` in the state
 directory) from its event loop every quarter of ``heartbeat_timeout``; one whose file grew
 older than ``heartbeat_timeout + 1`` s (``$SFAAS_SUPERVISOR_MAX_AGE`` overrides it, 0
-turns it off) — after ``START_GRACE`` seconds of starting — is SIGKILLed, logged with its
-file's age, counted (``stalls`` in ``cluster.json``) and restarted like a crash. A stopped
-(SIGSTOP) or wedged process is replaced instead of holding its slot.
+turns it off) — after ``START_GRACE`` seconds of starting; the coordinator as soon as it
+touched its file once since it started — is SIGKILLed, logged with its file's age,
+counted (``stalls`` in ``cluster.json``) and restarted like a crash. A stopped (SIGSTOP)
+or wedged process is replaced instead of holding its slot.
 
 Rescaling (``sfaas scale``): on SIGHUP the supervisor reads the wanted number of worker
 processes from ``workers`` in its state directory and starts the missing ones (they join
@@ -76,10 +77,15 @@ START_GRACE = 15.0
 
 
 def stalled(started: float, age: float | None, now: float, limit: float,
-            grace: float = START_GRACE) -> str:
+            grace: float = START_GRACE, up_ends_grace: bool = False) -> str:
     """Why a child started at ``started`` (monotonic) whose liveness file is ``age``
-    seconds old (None: missing) is stuck at ``now`` — "" if it is not (or ``limit`` ≤ 0)."""
-    if limit <= 0 or now - started < grace:
+    seconds old (None: missing) is stuck at ``now`` — "" if it is not (or ``limit`` ≤ 0).
+    ``up_ends_grace``: once the child touched its file since it started (it is up), it is
+    held to ``limit`` at once, not only after ``grace``."""
+    if limit <= 0:
+        return ""
+    up = age is not None and age < now - started  # (touched since this start)
+    if now - started < grace and not (up_ends_grace and up):
         return ""
     if age is None:
         return f"it never touched its liveness file in {now - started:.1f} s"
@@ -202,7 +208,12 @@ class Supervisor:
         for c in self.children:
             if c.proc is None or self.stopping or c.proc.poll() is not None:
                 continue
-            why = stalled(c.started, liveness.age(c.alive_file), now, self.max_age, START_GRACE)
+            # (a coordinator loads no state at its start: once up, a silence is a stall —
+            # and a stalled coordinator stops every reply, so it goes at once; a worker's
+            # start may hold its loop restoring stores, and the cluster itself replaces a
+            # silent worker after heartbeat_timeout)
+            why = stalled(c.started, liveness.age(c.alive_file), now, self.max_age, START_GRACE,
+                          up_ends_grace=c.role == "coordinator")
             if why:
                 log.error("killing %s %d (pid %d): %s", c.role, c.index, c.pid, why)
                 c.stalls += 1

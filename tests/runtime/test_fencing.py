@@ -368,6 +368,19 @@ def test_the_watchdog_decides_from_the_files_age_after_a_grace() -> None:
     assert stalled(100.0, 500.0, 130.0, 0.0, grace=15.0) == ""  # off
 
 
+def test_a_coordinator_that_is_up_gets_no_grace() -> None:
+    """A coordinator paused a few seconds after a restart stops every reply: once it touched
+    its file since it started, the watchdog holds it to the limit at once (issue 48: a 6 s
+    pause 7 s after a restart was a 6.6 s gap, the next one 4.05 s)."""
+    assert stalled(100.0, 3.5, 107.0, 3.0, grace=15.0) == ""  # (a worker: still in its grace)
+    why = stalled(100.0, 3.5, 107.0, 3.0, grace=15.0, up_ends_grace=True)
+    assert why == "its liveness file is 3.5 s old (limit 3 s): stopped or stuck"
+    assert stalled(100.0, 1.0, 107.0, 3.0, grace=15.0, up_ends_grace=True) == ""  # fresh
+    # the file of the process before this one (older than this start): still starting
+    assert stalled(100.0, 9.0, 107.0, 3.0, grace=15.0, up_ends_grace=True) == ""
+    assert stalled(100.0, None, 107.0, 3.0, grace=15.0, up_ends_grace=True) == ""
+
+
 def test_sfaas_alive_reads_the_liveness_file(tmp_path: Path) -> None:
     f = tmp_path / "alive"
 
