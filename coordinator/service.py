@@ -73,7 +73,7 @@ class Coordinator(Service):
                                kafka=self.ports.kafka, clock=self.ports.clock)
         self.ready_file = ReadyFile(s.ready_file, self.snapshot)
         self.rounds = RoundKeeper(s.snapshot_interval, s.snapshot_retain, self.state.layout,
-                                  self._rounds_remote, self._store_remote)
+                                  self._rounds_remote, self._store_remote, clock=self.ports.clock)
         self.metrics = CoordinatorMetrics(self.snapshot)
         self.bulletin = Bulletin(self.metrics, self.rounds, self.ready_file)
         self.standbys = Standbys(self.state, s.workers, s.standbys, self.rounds, self.bulletin,

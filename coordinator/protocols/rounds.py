@@ -28,7 +28,7 @@ from coordinator.needs import Switched
 from coordinator.state import Layout
 from coordinator.traces import steps_span
 from remotes import Remote
-from sfaas.runtime import tracing, wire
+from sfaas.runtime import ports, tracing, wire
 from sfaas.runtime.lifecycle import Service
 from sfaas.runtime.protocols.rounds import (
     RoundManifest,
@@ -99,14 +99,18 @@ class RoundKeeper(Service):
 
     ``layout``: the partition map in force (a round needs every slot's report, and its
     manifest names the map epochs after it run under); ``rounds_remote``: where rounds are
-    published; ``store_remote``: a store's remote (for garbage collection)."""
+    published; ``store_remote``: a store's remote (for garbage collection); ``clock``:
+    what the rounds' due times, timeouts and collections read (the process's clock port
+    when None: virtual time in the simulator)."""
 
     part = "snapshot rounds"
 
     def __init__(
         self, interval: float, retain: int, layout: Callable[[], Layout],
         rounds_remote: Callable[[], Remote], store_remote: Callable[[str, int], Remote],
+        clock: ports.ClockPort | None = None,
     ) -> None:
+        self._clock = clock or ports.current().clock
         self.interval = interval
         self.retain = retain
         self._layout = layout
@@ -125,7 +129,7 @@ class RoundKeeper(Service):
         #: clear while a round's manifest is being written to MinIO
         self._written = asyncio.Event()
         self._written.set()
-        self._next_at = time.monotonic() + interval
+        self._next_at = self._clock.monotonic() + interval
         self._txns_at_last = -1
         #: counters for logs, ``sfaas ps`` and tests
         self.completed = 0
@@ -141,7 +145,7 @@ class RoundKeeper(Service):
         #: when that was, the rounds retained by the newest (whose stores it covers), when
         #: that was published, the task
         self._gc_due = 0
-        self._collected_at = time.monotonic()
+        self._collected_at = self._clock.monotonic()
         self._retained: list[int] = []
         self._published_at = 0.0
         self._collecting: asyncio.Task[None] | None = None
@@ -169,7 +173,7 @@ class RoundKeeper(Service):
         ``force``: a round now if none is in flight (a rescale switches at one)."""
         if not self.enabled:
             return None
-        now = time.monotonic()
+        now = self._clock.monotonic()
         self._expire(now)
         quiet = self._inflight is None and self._publishing is None
         if self._gc_due and quiet and now - self._published_at >= 2 * self.interval:
@@ -190,7 +194,7 @@ class RoundKeeper(Service):
         self._txns_at_last = txns
         round_id = self._next_id
         self._next_id += 1
-        self._inflight = _InFlight(round_id, epoch, time.time())
+        self._inflight = _InFlight(round_id, epoch, self._clock.time())
         self._next_at = now + self.interval
         return round_id
 
@@ -201,7 +205,7 @@ class RoundKeeper(Service):
             ids = await asyncio.to_thread(self._rounds.ids)
         except Exception as exc:
             log.warning("cannot read the published snapshot rounds (will retry): %s", exc)
-            self._next_at = time.monotonic() + self.interval
+            self._next_at = self._clock.monotonic() + self.interval
         else:
             self._next_id = (ids[-1] if ids else 0) + 1
             self._index = ids
@@ -212,8 +216,9 @@ class RoundKeeper(Service):
 
     def _expire(self, now_monotonic: float) -> None:
         f = self._inflight
-        if f is not None and time.time() - f.started > max(ROUND_TIMEOUT, 10 * self.interval):
-            self._fail(f"not complete after {time.time() - f.started:.0f} s "
+        age = self._clock.time() - f.started if f is not None else 0.0
+        if f is not None and age > max(ROUND_TIMEOUT, 10 * self.interval):
+            self._fail(f"not complete after {age:.0f} s "
                        f"(reports from workers {sorted(f.reports)} of {self._layout().workers})")
 
     def abort(self, why: str) -> None:
@@ -233,7 +238,7 @@ class RoundKeeper(Service):
                     self._inflight.round, why)
         self._switch_at.pop(self._inflight.round, None)
         self.failed += 1
-        self.failures.append((time.time(), self._inflight.round, why))
+        self.failures.append((self._clock.time(), self._inflight.round, why))
         self._inflight = None
 
     # -- reports ---------------------------------------------------------------------------
@@ -294,7 +299,8 @@ class RoundKeeper(Service):
                         manifest.round, exc)
             self._switch_at.pop(manifest.round, None)
             self.failed += 1
-            self.failures.append((time.time(), manifest.round, f"publishing failed: {exc}"))
+            self.failures.append((self._clock.time(), manifest.round,
+                                  f"publishing failed: {exc}"))
             if tracing.ON:
                 self._traced(manifest, reported, f"publishing failed: {exc}")
             self._publishing = None
@@ -319,9 +325,9 @@ class RoundKeeper(Service):
             log.info("snapshot rounds %s dropped (retaining %s)", dropped, retained)
         self._retained = retained
         self._gc_due += 1
-        self._published_at = time.monotonic()
+        self._published_at = self._clock.monotonic()
         self._publishing = None
-        if self._gc_due >= GC_EVERY and time.monotonic() - self._collected_at >= GC_PERIOD:
+        if self._gc_due >= GC_EVERY and self._published_at - self._collected_at >= GC_PERIOD:
             self._collect()
 
     @staticmethod
@@ -341,7 +347,7 @@ class RoundKeeper(Service):
             return
         stores = [(s.operator, s.partition) for s in self.last_complete.stores]
         self._gc_due = 0
-        self._collected_at = time.monotonic()
+        self._collected_at = self._clock.monotonic()
         self._collecting = asyncio.get_running_loop().create_task(
             self._collect_garbage(stores, self._retained))
 
@@ -355,7 +361,7 @@ class RoundKeeper(Service):
                 log.info("snapshot gc: %d store snapshots dropped, %.1f MB deleted", n, freed / 1e6)
         except Exception as exc:
             self._gc_due += 1  # retried after the next rounds, or two intervals from now
-            self._published_at = time.monotonic()
+            self._published_at = self._clock.monotonic()
             log.warning("snapshot garbage collection failed (retried later): %s", exc)
         finally:
             self._collecting = None
@@ -372,8 +378,8 @@ class RoundKeeper(Service):
     async def wait_published(self, round_id: int, timeout: float = 60.0) -> RoundManifest | None:
         """Round ``round_id``'s manifest once published; None if the round failed (or took
         longer than ``timeout`` seconds)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        deadline = self._clock.monotonic() + timeout
+        while self._clock.monotonic() < deadline:
             done = self.last_complete
             if done is not None and done.round >= round_id:
                 return done if done.round == round_id else None
