@@ -32,6 +32,9 @@ a later task of the same lane, neither ever goes on.
 ``set_mode("thread")`` (the runtime's ``SFAAS_BACKGROUND=thread``), or ``submit(...,
 local=True)``, runs tasks on the lane's dispatcher thread in this process instead (under
 profilers, on a single core, or when an argument cannot cross processes).
+``set_mode("loop")`` runs them later on the submitting thread's event loop, one at a time,
+and a store's uploads too (:func:`serial`): no thread at all, an order the loop alone
+decides — the simulator's (:mod:`statestores.bgloop`).
 """
 
 from __future__ import annotations
@@ -52,11 +55,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .bgframes import CREDENTIALS, FRAME, PICKLE, recv_frame, write_all
+from .bgloop import LoopLanes, LoopSerial, Serial, ThreadSerial, running_loop
 from .errors import BackgroundBusy, BackgroundDied
 
 __all__ = [
     "submit", "warm_up", "shutdown", "mode", "set_mode", "cpu_seconds", "MAX_QUEUED",
-    "BackgroundBusy", "BackgroundDied",
+    "BackgroundBusy", "BackgroundDied", "serial", "monotonic", "wait", "Serial", "MODES",
 ]
 
 log = logging.getLogger("statestores")
@@ -82,24 +86,51 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: Where tasks run (:func:`set_mode`); one process-wide choice, like the lanes.
 _mode = "process"
+MODES = ("process", "thread", "loop")
 
 
 def set_mode(value: str) -> str:
-    """Run this process's tasks in background processes (``"process"``, the default) or on
-    the lanes' dispatcher threads (``"thread"``); returns the mode it replaces. The runtime
+    """Run this process's tasks in background processes (``"process"``, the default), on
+    the lanes' dispatcher threads (``"thread"``) or later on the submitting thread's event
+    loop (``"loop"``, :mod:`statestores.bgloop`); returns the mode it replaces. The runtime
     sets it from its ``background`` setting (``SFAAS_BACKGROUND``); this library reads no
     environment variable of its own."""
     global _mode
-    if value not in ("process", "thread"):
+    if value not in MODES:
         raise ValueError(
-            f"background mode (SFAAS_BACKGROUND) must be 'process' or 'thread', got {value!r}")
+            f"background mode (SFAAS_BACKGROUND) must be one of {', '.join(MODES)}, "
+            f"got {value!r}")
     old, _mode = _mode, value
     return old
 
 
 def mode() -> str:
-    """``"process"`` (default) or ``"thread"``: see :func:`set_mode`."""
+    """``"process"`` (default), ``"thread"`` or ``"loop"``: see :func:`set_mode`."""
     return _mode
+
+
+def serial(name: str) -> Serial:
+    """An executor that runs tasks one at a time in submit order (a store's uploads): a
+    thread of its own, or the event loop in the ``loop`` mode. ``submit(fn, *args,
+    not_before=t)``: the loop starts the task at ``t`` (:func:`monotonic`) at the
+    earliest; a thread starts it at once, and the task waits itself (:func:`wait`)."""
+    return LoopSerial(MAX_QUEUED) if _mode == "loop" else ThreadSerial(name)
+
+
+def monotonic() -> float:
+    """The clock of :func:`serial`'s ``not_before``: ``time.monotonic()``, or in the
+    ``loop`` mode the running event loop's ``time()`` (virtual in a simulation)."""
+    loop = running_loop() if _mode == "loop" else None
+    return loop.time() if loop is not None else time.monotonic()
+
+
+def wait(event: threading.Event, seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``event`` (a task waiting for its start time, see
+    :func:`serial`); whether it is set. In the ``loop`` mode it never waits: the loop
+    started the task at its time, or a waiter runs it now, wanting it done."""
+    if _mode == "loop" or seconds <= 0:
+        return event.is_set()
+    return event.wait(seconds)
 
 
 # ---------------------------------------------------------------------- parent side
@@ -423,6 +454,7 @@ _lock = threading.Lock()
 _lanes: dict[str, _Lane] = {}
 _pid = os.getpid()
 _in_child = False  # True in a worker process: tasks there run locally (no grandchildren)
+_loop_lanes = LoopLanes(MAX_QUEUED)  # the loop mode's (they hold no thread)
 
 
 def run_tasks_here() -> None:
@@ -457,8 +489,14 @@ def submit(
     in the lane. If the worker dies while running the task the future fails with
     :class:`BackgroundDied` (the next task starts a new worker). ``local=True`` runs it on
     the lane's dispatcher thread in this process instead. Done-callbacks run on the
-    dispatcher thread: see the module docstring.
+    dispatcher thread: see the module docstring. In the ``loop`` mode the task runs later
+    on the caller's event loop, its done-callbacks there too (:mod:`statestores.bgloop`).
     """
+    if _mode == "loop" and not _in_child:
+        if lane not in LANES:
+            raise ValueError(f"unknown background lane {lane!r}; expected one of "
+                             f"{', '.join(map(repr, LANES))}")
+        return _loop_lanes.submit(lane, fn, args, lambda s: _charge(lane, s))
     fut: concurrent.futures.Future[T] = concurrent.futures.Future()
     task = _Task(fn, args, fut, local)
     for _ in range(3):
@@ -472,7 +510,8 @@ def submit(
 
 def warm_up(lane: str = "merge") -> None:
     """Start ``lane``'s worker process now (on its dispatcher thread; returns at once)."""
-    _lane(lane).warm()
+    if _mode != "loop":
+        _lane(lane).warm()
 
 
 def shutdown() -> None:

@@ -116,8 +116,9 @@ class SnapshotState:
 
     #: the id of the newest snapshot taken or restored; a new one must be greater
     last_id: int | None = None
-    #: the thread uploads run on, in call order (started by the first snapshot)
-    uploader: concurrent.futures.ThreadPoolExecutor | None = None
+    #: where uploads run, in call order: a thread, or the event loop in the background's
+    #: ``loop`` mode (made by the first snapshot, :func:`statestores.background.serial`)
+    uploader: background.Serial | None = None
     #: uploads queued and not yet waited for (:func:`wait_uploads`), in queue order
     pending: list[Upload] = field(default_factory=list)
     #: rollbacks so far (:func:`restores`): a snapshot taken before one was rolled back
@@ -221,14 +222,13 @@ def freeze(
         store.pin_files(frozen.names)
         state.last_id = snapshot_id
         if state.uploader is None:
-            state.uploader = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="statestores-upload"
-            )
+            state.uploader = background.serial("statestores-upload")
         job = Upload(snapshot_id)
+        start_at = background.monotonic() + delay
         # (submitted under the lock, so a restore sees every queued upload in ``pending``)
         job.done = state.uploader.submit(
             upload, store, remote, snapshot_id, frozen, time.perf_counter() - t0,
-            time.monotonic() + delay, job,
+            start_at, job, not_before=start_at,
         )
         job.done.add_done_callback(job.settled)
         state.pending = [u for u in state.pending if not _ended(u)] + [job]
@@ -291,15 +291,16 @@ def upload(store: SnapshotHost, remote: Remote, snapshot_id: int, frozen: Frozen
     both the remote and the file system reach the same storage from there (a MinIO or path
     remote, the real file system): the transfers' CPU then never competes with the store's
     own process for its GIL, and runs at the background processes' lower priority. This
-    thread only waits for it. It starts at ``start_at`` (``time.monotonic()``) at the earliest.
+    thread only waits for it. It starts at ``start_at`` (``background.monotonic()``) at the
+    earliest.
 
     ``job`` abandoned (:meth:`Upload.abandon`): the upload stops before its transfers if
     they have not begun; after them it publishes no mark and keeps none of its files.
     """
     abandoned = job.abandoned if job is not None else threading.Event()
-    wait = start_at - time.monotonic()
+    wait = start_at - background.monotonic()
     if wait > 0:
-        abandoned.wait(wait)
+        background.wait(abandoned, wait)
     t0 = time.perf_counter()
     names = frozen.names
     state = store.snapshot_state
@@ -440,7 +441,7 @@ def shutdown(store: SnapshotHost) -> None:
     wait_uploads(store)
     uploader = store.snapshot_state.uploader
     if uploader is not None:
-        uploader.shutdown(wait=True)
+        uploader.shutdown()
 
 
 def restore(store: SnapshotHost, remote: Remote, snapshot_id: int | None) -> RestoreInfo:

@@ -178,8 +178,9 @@ class Settings:
     #: conflicting roots re-run in the next epoch (benchmarks).
     fallback: str = "cross"
     #: Where the stores' merges, flushes and uploads run: ``process``, in background
-    #: processes (``statestores.background``), or ``thread``, on a thread of this process
-    #: (under a profiler, on one core).
+    #: processes (``statestores.background``), ``thread``, on a thread of this process
+    #: (under a profiler, on one core), or ``loop``, later on the worker's event loop (no
+    #: thread: the simulator's, ``sfaas.sim``).
     background: str = "process"
     #: The liveness file this process touches (``sfaas.runtime.liveness``); empty:
     #: ``{home}/alive``. ``sfaas up``'s supervisor gives each child its own.
@@ -329,9 +330,9 @@ class Settings:
         if self.log_format not in ("text", "json"):
             raise ConfigError("log_format (SFAAS_LOG_FORMAT) must be 'text' or 'json', "
                               f"got {self.log_format!r:.40}")
-        if self.background not in ("process", "thread"):
-            raise ConfigError("background (SFAAS_BACKGROUND) must be 'process' or 'thread', "
-                              f"got {self.background!r:.40}")
+        if self.background not in ("process", "thread", "loop"):
+            raise ConfigError("background (SFAAS_BACKGROUND) must be 'process', 'thread' or "
+                              f"'loop', got {self.background!r:.40}")
         if "\0" in self.alive_file:
             raise ConfigError("alive_file (SFAAS_ALIVE_FILE) must not contain NUL")
         if not (self.supervisor_max_age == -1 or self.supervisor_max_age >= 0):
