@@ -282,7 +282,8 @@ class RoundKeeper(Service):
         return RoundManifest(f.round, f.epoch, workers, layout.partitions, tuple(stores), ingress,
                              skip, egress, tuple(sorted(retries)),
                              min(r.epoch_log for r in f.reports.values()),
-                             started=f.started, owners=tuple(owners))
+                             started=f.started, created=self._clock.time(),
+                             owners=tuple(owners))
 
     async def _publish(self, manifest: RoundManifest) -> None:
         assert self._rounds is not None

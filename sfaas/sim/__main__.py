@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="each produce request times out with probability P")
     p.add_argument("--object-errors", type=float, default=0.0, metavar="P",
                    help="each object-store call fails with probability P")
+    p.add_argument("--rounds", type=float, default=None, metavar="S",
+                   help="the snapshot interval in simulated seconds (default: 2.5 with "
+                        "faults, none without; 0: none)")
     p.add_argument("--trace", action="store_true", help="print every line of the trace")
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     sched = Schedule(crash=_pair(ns.crash), cut=_pair(ns.cut), outage=_pair(ns.outage),
                      stale=Stale.parse(ns.stale) if ns.stale else None,
                      kafka_errors=ns.kafka_errors, object_errors=ns.object_errors,
-                     coordinator=_pair(ns.crash_coordinator))
+                     coordinator=_pair(ns.crash_coordinator), rounds=ns.rounds)
     print(f"seed {ns.seed}" + (f" faults {sched}" if sched.faults() else ""))
     t0 = time.perf_counter()
     o = simulate(app, ROLES, ns.seed, seconds=ns.seconds, workers=ns.workers,

@@ -78,11 +78,16 @@ HEARTBEAT_TIMEOUT = 2.0
 #: stop waits at most a few heartbeat timeouts (``worker.egress.STOP_PATIENCE``)
 STOP_WITHIN = 30.0
 
-#: The snapshot interval of a run with crashes: rounds on — so the epoch log is written
-#: and a lost worker is recovered (from round 0, replaying the log) — but never due. A
-#: round is timed by wall-clock reads in ``coordinator/protocols/rounds.py`` and uploads
-#: on threads in ``statestores/snapshots.py``, neither on a port yet: a round due in a
-#: run would start at an epoch the wall clock picks.
+#: The snapshot interval of a run with faults (simulated seconds): rounds on — so the
+#: epoch log is written and a lost worker is recovered — and several due in a run, so a
+#: recovery restores a real round and replays the log from there. The rounds' timing reads
+#: the clock port (``coordinator/protocols/rounds.py``) and the stores' uploads run on the
+#: loop (the background's ``loop`` mode, ``statestores/bgloop.py``): a seed's rounds start
+#: at the same epochs and end at the same virtual time in every run.
+ROUNDS = 2.5
+
+#: An interval no round comes due at (``--rounds 1e9``): rounds on, every recovery from
+#: round 0, replaying the whole epoch log (the simulator before rounds could run in it).
 NEVER_DUE = 1e9
 
 
@@ -180,7 +185,7 @@ class SimCluster:
         return Settings.load({
             "secret": SECRET, "home": self._home, "kafka": "sim:9092", "minio": "sim:9000",
             "workers": self.workers, "partitions": self.partitions, "store": "memonly",
-            "snapshot_interval": self.rounds, "background": "thread", "metrics_port": 0,
+            "snapshot_interval": self.rounds, "background": "loop", "metrics_port": 0,
             "coordinator": "127.0.0.1:7700",
             "namespace": "sim",
             # (the gathering window is timed by wall-clock reads in coordinator/epochs.py,
@@ -500,20 +505,27 @@ class SimCluster:
 def simulate(app: App, roles: Roles, seed: int, *, seconds: float = 60.0, workers: int = 2,
              bank: Bank | None = None, crash: tuple[float, float] | None = None,
              cut: tuple[float, float] | None = None,
-             schedule: Schedule | None = None) -> Outcome:
+             schedule: Schedule | None = None, rounds: float | None = None) -> Outcome:
     """Run one simulated cluster of ``app`` for ``seed`` (see the module docstring);
     ``crash``: ``(at, down)``, worker 1 crashes and a fresh process replaces it — with
-    rounds on (:data:`NEVER_DUE`) the cluster recovers from the epoch log; ``cut``:
-    ``(at, for)``, worker 1 and the coordinator cut apart for a while; ``schedule``: all of
-    a run's faults (``sfaas.sim.faults``; its crash and cut stand in for the two above)."""
+    rounds on the cluster restores the newest round and replays the epoch log after it;
+    ``cut``: ``(at, for)``, worker 1 and the coordinator cut apart for a while;
+    ``schedule``: all of a run's faults (``sfaas.sim.faults``; its crash and cut stand in
+    for the two above); ``rounds``: the snapshot interval (None: :data:`ROUNDS` in a run
+    with faults, none without; 0: none)."""
     if schedule is not None:
         crash, cut = schedule.crash or crash, schedule.cut or cut
     faulty = crash or cut or (schedule is not None and schedule.faults())
+    if rounds is None:
+        rounds = schedule.rounds if schedule is not None else None
+    if rounds is None:
+        rounds = ROUNDS if faulty else 0.0
     cluster = SimCluster(app, roles, seed, workers=workers, seconds=seconds, bank=bank,
-                         rounds=NEVER_DUE if faulty else 0.0, crash=crash, cut=cut,
-                         schedule=schedule)
-    mode = background.mode()
+                         rounds=rounds, crash=crash, cut=cut, schedule=schedule)
+    # (the stores' uploads run on the loop: each Worker sets the mode its settings name,
+    # "loop" in a run, for the whole OS process)
+    mode = background.set_mode("loop")
     try:
         return clock.run(cluster.run(), seed=seed)
     finally:
-        background.set_mode(mode)  # (a Worker sets it for the process: "thread" in a run)
+        background.set_mode(mode)

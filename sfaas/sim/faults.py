@@ -16,6 +16,10 @@ Faults a schedule may hold (each drawn or left out by the seed):
 - ``coordinator``: the coordinator crashes at ``at`` and a fresh process starts ``down``
   later (the workers rejoin it; drawn last, so adding it changed no earlier draw).
 
+And the snapshot interval, ``rounds`` (drawn after all of them): 0.1–0.6 of the load's
+length, so that several rounds complete before and between the faults, and a recovery
+restores a real round (not round 0) and replays the epoch log from there.
+
 And the workload's shape: ``hot`` — :data:`HOT` accounts at :data:`HOT_RATE` requests per
 second (conflicting transactions in most epochs: the cross-worker fallback's ordered
 locks), else the ``Bank`` defaults (8 accounts, 200 per second).
@@ -71,6 +75,9 @@ class Schedule:
     #: the workload: a few hot accounts (not a fault: kept when shrinking)
     hot: bool = False
     coordinator: Pair | None = None
+    #: the snapshot interval, simulated seconds (not a fault: kept when shrinking); None:
+    #: the simulator's default (``sfaas.sim.cluster.ROUNDS``)
+    rounds: float | None = None
 
     def args(self) -> list[str]:
         """The ``python -m sfaas.sim`` flags that give this schedule."""
@@ -88,6 +95,8 @@ class Schedule:
             out += ["--object-errors", f"{self.object_errors:g}"]
         if self.hot:
             out += ["--accounts", str(HOT), "--rate", f"{HOT_RATE:g}"]
+        if self.rounds is not None:
+            out += ["--rounds", f"{self.rounds:g}"]
         return out
 
     def faults(self) -> int:
@@ -134,4 +143,6 @@ def draw(seed: int, *, load_seconds: float = 1.0, partitions: int = 4) -> Schedu
     kafka_errors = rng.choice((0.0, 0.0, 0.005, 0.02))
     object_errors = rng.choice((0.0, 0.0, 0.05, 0.2))
     coordinator = (when(), _r(rng.uniform(0.05, 1.0))) if rng.random() < 0.25 else None
-    return Schedule(crash, cut, outage, stale, kafka_errors, object_errors, hot, coordinator)
+    rounds = max(0.01, _r(rng.uniform(0.1, 0.6) * load))
+    return Schedule(crash, cut, outage, stale, kafka_errors, object_errors, hot, coordinator,
+                    rounds)
