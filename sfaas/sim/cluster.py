@@ -205,7 +205,8 @@ class SimCluster:
                               on_event=self.outcome.trace.append)  # (its lines say the time)
         objects = self.objects = SimObjectStore(random.Random(rng.getrandbits(64)),
                                                 ObjectFaults(error=sched.object_errors),
-                                                sleep=loop.clock.advance, clock=loop.time)
+                                                sleep=loop.clock.advance, clock=loop.time,
+                                                on_event=lambda e: self._trace(f"object {e}"))
         self.net = SimNetwork(random.Random(rng.getrandbits(64)))
         self._home = tempfile.mkdtemp(prefix="sfaas-sim-")
         try:

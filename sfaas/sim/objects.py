@@ -71,8 +71,11 @@ class SimObjectStore:
     def __init__(self, rng: random.Random | None = None, faults: ObjectFaults | None = None,
                  sleep: Callable[[float], None] | None = None,
                  clock: Callable[[], float] | None = None,
-                 retry: RetryPolicy | None = None) -> None:
+                 retry: RetryPolicy | None = None,
+                 on_event: Callable[[str], None] | None = None) -> None:
         self.rng = rng if rng is not None else random.Random(0)
+        #: told of every object written or deleted (``"put KEY"``, ``"delete KEY"``)
+        self.on_event = on_event
         self.faults = faults if faults is not None else ObjectFaults()
         self.objects: dict[str, tuple[bytes, int]] = {}
         self.lock = threading.RLock()
@@ -152,6 +155,8 @@ class SimRemote(Remote):
     def _put(self, key: str, data: bytes) -> None:
         with self._store.lock:
             self._store.objects[key] = (data, self._store.stamp())
+        if self._store.on_event is not None:
+            self._store.on_event(f"put {key}")
 
     def _get(self, key: str) -> bytes | None:
         with self._store.lock:
@@ -160,7 +165,9 @@ class SimRemote(Remote):
 
     def _delete(self, key: str) -> None:
         with self._store.lock:
-            self._store.objects.pop(key, None)
+            gone = self._store.objects.pop(key, None)
+        if gone is not None and self._store.on_event is not None:
+            self._store.on_event(f"delete {key}")
 
     # -- files --
     def put_file(self, name: str, path: str | os.PathLike[str]) -> int:
