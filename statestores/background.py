@@ -55,12 +55,13 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .bgframes import CREDENTIALS, FRAME, PICKLE, recv_frame, write_all
-from .bgloop import LoopLanes, LoopSerial, Serial, ThreadSerial, running_loop
+from .bgloop import LoopLanes, LoopSerial, Serial, ThreadSerial, help_until, running_loop
 from .errors import BackgroundBusy, BackgroundDied
 
 __all__ = [
     "submit", "warm_up", "shutdown", "mode", "set_mode", "cpu_seconds", "MAX_QUEUED",
-    "BackgroundBusy", "BackgroundDied", "serial", "monotonic", "wait", "Serial", "MODES",
+    "BackgroundBusy", "BackgroundDied", "serial", "monotonic", "wait", "wait_until", "Serial",
+    "MODES",
 ]
 
 log = logging.getLogger("statestores")
@@ -122,6 +123,16 @@ def monotonic() -> float:
     ``loop`` mode the running event loop's ``time()`` (virtual in a simulation)."""
     loop = running_loop() if _mode == "loop" else None
     return loop.time() if loop is not None else time.monotonic()
+
+
+def wait_until(done: Callable[[], bool], wait: Callable[[], object]) -> None:
+    """Wait for background work until ``done()``: ``wait()`` (a condition's, an event's,
+    a future's wait) on a thread; in the ``loop`` mode, where the work is queued on this
+    very thread, run it meanwhile (:func:`statestores.bgloop.help_until`)."""
+    if _mode == "loop" and running_loop() is not None:
+        help_until(done)
+    else:
+        wait()
 
 
 def wait(event: threading.Event, seconds: float) -> bool:

@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 
 from remotes.base import Remote
 
-from . import current, expiry, snapshots
+from . import background, current, expiry, snapshots
 from .checks import (
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
@@ -350,7 +350,8 @@ class Store(abc.ABC):
             marker = threading.Event()
             if not self.tasks.maintainer.post(marker.set):
                 return
-            marker.wait()  # the inbox is FIFO: everything posted before the marker has run
+            # (the inbox is FIFO: everything posted before the marker has run)
+            background.wait_until(marker.is_set, marker.wait)
             with self._lock:
                 if self._idle() and self.delivery.idle():
                     return

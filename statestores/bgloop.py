@@ -17,8 +17,16 @@ Two rules keep it from waiting for ever:
   every store keeps — no lock held while waiting for background work — is what makes
   running it there safe: its done-callbacks run with no store lock held, as on a
   dispatcher thread.
+- **A wait for background work does it.** Every other wait for it — a store's
+  ``tasks.wait`` for a hand-off or a merge, a frozen region's future, the maintainer's
+  inbox — runs the oldest work not started yet, one task at a time, until its condition
+  holds (:func:`help_until`); the waits a store makes with its lock held release it on a
+  thread, and the lock is re-entrant here (one thread does all the work).
 - **No running loop, no deferral**: a task submitted where no event loop runs (a store
   closed after its loop ended) runs at once, on the caller's thread.
+
+A store's maintainer (``statestores.maintainer``) runs its inbox the same way: a
+:class:`LoopSerial` of its own, no thread.
 
 Queues are bounded as the lanes' are (:data:`statestores.background.MAX_QUEUED` tasks
 queued, not started, per lane and per serial executor: :class:`BackgroundBusy` beyond).
@@ -31,12 +39,19 @@ import collections
 import concurrent.futures
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from .errors import BackgroundBusy
 
-__all__ = ["Deferred", "LoopLanes", "Serial", "ThreadSerial", "LoopSerial", "running_loop"]
+__all__ = ["Deferred", "LoopLanes", "Serial", "ThreadSerial", "LoopSerial", "running_loop",
+           "help_until"]
+
+#: per event loop, its loop-mode tasks queued and not started, oldest first (what
+#: :func:`help_until` runs; a loop that ended takes its leftovers with it)
+_unstarted: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, Deferred]] = (
+    weakref.WeakKeyDictionary())
 
 
 def running_loop() -> asyncio.AbstractEventLoop | None:
@@ -53,22 +68,28 @@ class Deferred(concurrent.futures.Future[Any]):
     ``before``: run first when a waiter runs it (a serial executor's earlier tasks)."""
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...],
+                 loop: asyncio.AbstractEventLoop | None,
                  started: Callable[[Deferred], None],
                  before: Callable[[Deferred], None] | None = None,
                  charge: Callable[[float], None] | None = None) -> None:
         super().__init__()
+        self._registry = None if loop is None else _unstarted.setdefault(loop, {})
         self._fn: Callable[..., Any] | None = fn
         self._args = args
         self._started = started
         self._before = before
         self._charge = charge
         self.begun = False
+        if self._registry is not None:
+            self._registry[id(self)] = self
 
     def run(self) -> None:
         """Run the task unless it began already (the loop's callback, or a waiter's)."""
         if self.begun:
             return
         self.begun = True
+        if self._registry is not None:
+            self._registry.pop(id(self), None)
         self._started(self)
         fn, args = self._fn, self._args
         self._fn, self._args = None, ()  # (drop the arguments — a memtable — once run)
@@ -93,6 +114,10 @@ class Deferred(concurrent.futures.Future[Any]):
             return
         if self.begun:  # running, and waited for on the thread that runs it
             raise RuntimeError("a loop-mode background task waits for itself")
+        self.run_now()
+
+    def run_now(self) -> None:
+        """Run it now: first what its executor queued before it (a waiter's, a helper's)."""
         if self._before is not None:
             self._before(self)
         self.run()
@@ -106,6 +131,19 @@ class Deferred(concurrent.futures.Future[Any]):
         return super().exception(timeout)
 
 
+def help_until(done: Callable[[], bool]) -> None:
+    """Wait for background work on the thread that does it (see the module docstring):
+    run the oldest task not started until ``done()``. Raises ``RuntimeError`` when nothing
+    is left to run and ``done()`` is still false (a wait that would never end)."""
+    loop = running_loop()
+    queue = _unstarted.get(loop) if loop is not None else None
+    while not done():
+        if not queue:
+            raise RuntimeError("a wait for background work that no queued task will end "
+                               "(loop mode)")
+        next(iter(queue.values())).run_now()
+
+
 class LoopLanes:
     """The lanes of the loop mode: how many tasks each has queued, not started."""
 
@@ -116,17 +154,17 @@ class LoopLanes:
 
     def submit(self, lane: str, fn: Callable[..., Any], args: tuple[Any, ...],
                charge: Callable[[float], None]) -> Deferred:
-        task = Deferred(fn, args, lambda _: self._took(lane), charge=charge)
         loop = running_loop()
-        if loop is None:
-            task.run()  # (counted out again at once)
-            return task
         with self._lock:
-            if self._queued[lane] >= self.bound:
+            if loop is not None and self._queued[lane] >= self.bound:
                 raise BackgroundBusy(f"background lane {lane!r} has {self.bound} tasks queued "
                                      "on the event loop; try again later")
             self._queued[lane] += 1
-        loop.call_soon(task.run)
+        task = Deferred(fn, args, loop, lambda _: self._took(lane), charge=charge)
+        if loop is None:
+            task.run()  # (counted out again at once)
+        else:
+            loop.call_soon(task.run)
         return task
 
     def _took(self, lane: str) -> None:
@@ -173,15 +211,15 @@ class LoopSerial(Serial):
 
     def submit(self, fn: Callable[..., Any], *args: Any,
                not_before: float = 0.0) -> concurrent.futures.Future[Any]:
-        task = Deferred(fn, args, self._took, before=self._run_before)
         loop = running_loop()
+        if loop is not None and len(self._queue) >= self.bound:
+            raise BackgroundBusy(f"a serial executor has {self.bound} tasks queued on the "
+                                 "event loop; try again later")
+        task = Deferred(fn, args, loop, self._took, before=self._run_before)
         if loop is None:
             self._run_before(task)
             task.run()
             return task
-        if len(self._queue) >= self.bound:
-            raise BackgroundBusy(f"a serial executor has {self.bound} tasks queued on the "
-                                 "event loop; try again later")
         self._queue.append((task, not_before))
         if self._timer is None:
             self._schedule(loop)

@@ -307,6 +307,7 @@ def upload(store: SnapshotHost, remote: Remote, snapshot_id: int, frozen: Frozen
     uploaded = False
     try:
         for f in frozen.pending:
+            background.wait_until(f.done, f.result)
             f.result()  # a failed background write fails the snapshot
         if abandoned.is_set():
             raise SnapshotAbandoned(f"snapshot {snapshot_id} of {store.directory}: abandoned "

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from . import background
 from .maintainer import Maintainer
 
 __all__ = ["Tasks"]
@@ -77,13 +78,18 @@ class Tasks:
     def wait(self, predicate: Callable[[], bool]) -> None:
         """(lock held) Wait for background work until ``predicate()``, releasing the lock
         meanwhile; raises the background error if a task failed."""
-        self.cond.wait_for(lambda: predicate() or self.error is not None)
+        self._wait_for(lambda: predicate() or self.error is not None)
         if self.error is not None and not predicate():
             raise self.error
 
     def wait_quietly(self, predicate: Callable[[], bool]) -> None:
         """(lock held) Like :meth:`wait`, but a background error ends the wait silently."""
-        self.cond.wait_for(lambda: predicate() or self.error is not None)
+        self._wait_for(lambda: predicate() or self.error is not None)
+
+    def _wait_for(self, done: Callable[[], bool]) -> None:
+        """(lock held) Release the lock until ``done()`` — or, in the background's loop
+        mode, run the work queued on this thread until then (``statestores.bgloop``)."""
+        background.wait_until(done, lambda: self.cond.wait_for(done))
 
     def notify(self) -> None:
         """(lock held) Wake threads waiting in :meth:`wait` (after installing results)."""

@@ -122,3 +122,37 @@ def test_a_store_snapshots_and_restores_on_the_loop(loop_mode: None, tmp_path) -
     asyncio.run(main())
     new = {t for t in threading.enumerate() if t not in threads}
     assert not [t for t in new if t.name.startswith("statestores-")], new
+
+
+@pytest.mark.parametrize("engine", ["hybridlog", "appendlog", "lsm"])
+def test_a_store_with_background_work_runs_it_all_on_the_loop(
+        loop_mode: None, tmp_path, engine: str) -> None:
+    """Flushes, seals, merges and the maintainer's inbox run on the loop too (a wait for
+    them runs them): the values read back, a snapshot restores, and no thread started."""
+    threads = set(threading.enumerate())
+    small = ({"ro_lag_interval": 4, "flush_interval": 8} if engine == "hybridlog" else {})
+
+    async def main() -> None:
+        store = statestores.open(engine, str(tmp_path / "s"), **small,
+                                 remote=PathRemote(str(tmp_path / "r")))
+        for round_id in (1, 2):
+            for i in range(300):
+                store.put(f"k{i % 50}".encode(), f"{round_id}.{i}".encode())
+                if i % 40 == 0:
+                    await asyncio.sleep(0)  # (the loop runs what was handed to it)
+            await asyncio.wrap_future(store.snapshot_async(round_id))
+        store.put(b"k1", b"after")
+        store.flush()
+        store.compact()
+        store.restore(1)
+        assert {store.get(f"k{i}".encode()) for i in range(50)} == \
+            {f"1.{i}".encode() for i in range(250, 300)}
+        store.close()
+        again = statestores.open(engine, str(tmp_path / "s"), **small,
+                                 remote=PathRemote(str(tmp_path / "r")))
+        assert again.get(b"k49") == b"1.299"
+        again.close()
+
+    asyncio.run(main())
+    new = {t for t in threading.enumerate() if t not in threads}
+    assert not [t for t in new if t.name.startswith("statestores-")], new
