@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=float, default=None, metavar="S",
                    help="the snapshot interval in simulated seconds (default: 2.5 with "
                         "faults, none without; 0: none)")
+    p.add_argument("--store", default="memonly",
+                   help="the workers' store engine (memonly; hybridlog, appendlog, lsm: files "
+                        "on a temp dir per process, background work on the loop)")
     p.add_argument("--trace", action="store_true", help="print every line of the trace")
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
@@ -91,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     o = simulate(app, ROLES, ns.seed, seconds=ns.seconds, workers=ns.workers,
                  bank=Bank(accounts=ns.accounts, transfers=ns.transfers, rate=ns.rate,
                            idle=ns.idle),
-                 schedule=sched)
+                 schedule=sched, store=ns.store)
     wall = time.perf_counter() - t0
     if ns.trace:
         print("\n".join(o.trace))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import copy
 import dataclasses
 import logging
 import os
@@ -98,6 +99,19 @@ NEVER_DUE = 1e9
 KAFKA_LATENCY = (0.0005, 0.002)
 
 
+#: each engine's options in a run (``--store``): regions, WALs and segments small enough
+#: that a run of a few hundred writes flushes, seals and merges — so a round's snapshot
+#: names flushed files and sealed WALs, and a restore reads them back (the path of the
+#: old hybridlog tail bug, 2d6b97e)
+SMALL_STORES: dict[str, dict[str, Any]] = {
+    "memonly": {},
+    "hybridlog": {"ro_lag_interval": 4, "flush_interval": 8, "max_wal_bytes": 4096,
+                  "max_runs_per_level": 2},
+    "appendlog": {"threshold": 2048, "max_runs_per_level": 2},
+    "lsm": {"memtable_bytes": 4096, "max_runs_per_level": 2},
+}
+
+
 #: the supervisor's restart backoff: (first, longest) seconds (``launcher/supervisor.py``)
 RESTART_BACKOFF = (0.2, 5.0)
 
@@ -141,8 +155,11 @@ class SimCluster:
                  partitions: int = 4, seconds: float = 60.0, bank: Bank | None = None,
                  rounds: float = 0.0, crash: tuple[float, float] | None = None,
                  cut: tuple[float, float] | None = None,
-                 schedule: Schedule | None = None) -> None:
+                 schedule: Schedule | None = None, store: str = "memonly") -> None:
         self.app = app
+        #: the workers' store engine: ``memonly``, or one with files and background work
+        #: (``hybridlog``, ``appendlog``, ``lsm``) on the process's home, a temp dir of its own
+        self.store = store
         self.roles = roles
         self.workers = workers
         self.partitions = partitions
@@ -184,7 +201,9 @@ class SimCluster:
     def _settings(self) -> Settings:
         return Settings.load({
             "secret": SECRET, "home": self._home, "kafka": "sim:9092", "minio": "sim:9000",
-            "workers": self.workers, "partitions": self.partitions, "store": "memonly",
+            "workers": self.workers, "partitions": self.partitions,
+            # (memonly for all; another engine is the app's, with_store's small options)
+            "store": "memonly" if self.store == "memonly" else "",
             "snapshot_interval": self.rounds, "background": "loop", "metrics_port": 0,
             "coordinator": "127.0.0.1:7700",
             "namespace": "sim",
@@ -506,14 +525,15 @@ class SimCluster:
 def simulate(app: App, roles: Roles, seed: int, *, seconds: float = 60.0, workers: int = 2,
              bank: Bank | None = None, crash: tuple[float, float] | None = None,
              cut: tuple[float, float] | None = None,
-             schedule: Schedule | None = None, rounds: float | None = None) -> Outcome:
+             schedule: Schedule | None = None, rounds: float | None = None,
+             store: str = "memonly") -> Outcome:
     """Run one simulated cluster of ``app`` for ``seed`` (see the module docstring);
     ``crash``: ``(at, down)``, worker 1 crashes and a fresh process replaces it — with
     rounds on the cluster restores the newest round and replays the epoch log after it;
     ``cut``: ``(at, for)``, worker 1 and the coordinator cut apart for a while;
     ``schedule``: all of a run's faults (``sfaas.sim.faults``; its crash and cut stand in
     for the two above); ``rounds``: the snapshot interval (None: :data:`ROUNDS` in a run
-    with faults, none without; 0: none)."""
+    with faults, none without; 0: none); ``store``: the workers' store engine."""
     if schedule is not None:
         crash, cut = schedule.crash or crash, schedule.cut or cut
     faulty = crash or cut or (schedule is not None and schedule.faults())
@@ -521,8 +541,10 @@ def simulate(app: App, roles: Roles, seed: int, *, seconds: float = 60.0, worker
         rounds = schedule.rounds if schedule is not None else None
     if rounds is None:
         rounds = ROUNDS if faulty else 0.0
+    if store != "memonly":
+        app = with_store(app, store)
     cluster = SimCluster(app, roles, seed, workers=workers, seconds=seconds, bank=bank,
-                         rounds=rounds, crash=crash, cut=cut, schedule=schedule)
+                         rounds=rounds, crash=crash, cut=cut, schedule=schedule, store=store)
     # (the stores' uploads run on the loop: each Worker sets the mode its settings name,
     # "loop" in a run, for the whole OS process)
     mode = background.set_mode("loop")
@@ -530,3 +552,15 @@ def simulate(app: App, roles: Roles, seed: int, *, seconds: float = 60.0, worker
         return clock.run(cluster.run(), seed=seed)
     finally:
         background.set_mode(mode)
+
+
+def with_store(app: App, engine: str) -> App:
+    """A copy of ``app`` whose operators keep their state in ``engine`` with the small
+    options of :data:`SMALL_STORES` (``app`` itself unchanged)."""
+    if engine not in SMALL_STORES:
+        raise ValueError(f"store must be one of {sorted(SMALL_STORES)}, got {engine!r}")
+    new = copy.copy(app)
+    new.operators = {name: dataclasses.replace(op, app=new, store=engine,
+                                               store_options=dict(SMALL_STORES[engine]))
+                     for name, op in app.operators.items()}
+    return new
