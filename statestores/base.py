@@ -350,8 +350,7 @@ class Store(abc.ABC):
             marker = threading.Event()
             if not self.tasks.maintainer.post(marker.set):
                 return
-            # (the inbox is FIFO: everything posted before the marker has run)
-            background.wait_until(marker.is_set, marker.wait)
+            background.wait_until(marker.is_set, marker.wait)  # (FIFO: all before it ran)
             with self._lock:
                 if self._idle() and self.delivery.idle():
                     return
