@@ -295,15 +295,16 @@ class MemOnlyStore(Store):
 
     def _install(self, entries: list[FileEntry], replaced: frozenset[str] = frozenset()) -> None:
         dumps = [e for e in entries if e.kind == "dump"]
-        if len(dumps) != 1 or len(entries) != 1:
+        if entries and (len(dumps) != 1 or len(entries) != 1):  # (none: empty, no snapshot)
             raise CorruptionError(
                 self.directory,
                 f"a memonly snapshot names one dump file, got {[e.name for e in entries]}",
             )
         self._data = {}
         self._drop_dump_cache()
-        self._load_records(dumps[0].name, truncate_torn=False)
-        self._dump_name = dumps[0].name
+        if dumps:
+            self._load_records(dumps[0].name, truncate_torn=False)
+        self._dump_name = dumps[0].name if dumps else None
         new = list(dumps)
         if self._wal_fd is not None:
             self.fs.close(self._wal_fd)

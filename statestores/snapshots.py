@@ -51,7 +51,8 @@ from .version import FileEntry, decode_entries, encode_entries, seq_of
 
 __all__ = [
     "Frozen", "SnapshotInfo", "RestoreInfo", "SnapshotAbandoned", "SnapshotState",
-    "SnapshotHost", "abandon_uploads", "file_crc", "freeze", "restore", "restores", "ship",
+    "SnapshotHost", "abandon_uploads", "file_crc", "freeze", "restore",
+    "restore_empty", "restores", "ship",
     "trust", "wait_uploads",
 ]
 
@@ -496,6 +497,28 @@ def restore(store: SnapshotHost, remote: Remote, snapshot_id: int | None) -> Res
         snapshot_id, len(replaced), nbytes, len(manifest.files), manifest.total_bytes,
         time.perf_counter() - t0,
     )
+
+
+def restore_empty(store: SnapshotHost, remote: Remote) -> int:
+    """Make ``store`` empty, as before its first snapshot, numbering its new files above
+    every name ``remote`` holds (returned: the highest number there). A rollback to before
+    any round needs it: a round that failed after its uploads left its files in the
+    remote, and a new file of one of their names would be taken for that file — an upload
+    skips a name the remote holds at the size it knows (:func:`ship`), so a later manifest
+    would name the old bytes. Emptying the store by deleting its keys would write into its
+    current files, whose names may be such names too (sim seed 479)."""
+    wait_uploads(store, abandoned=False)
+    remote_files = remote.list_files()
+    top = max((seq_of(n) for n in remote_files), default=0)
+    store.pause_for_restore()
+    try:
+        with store.lock:
+            store.check_open()
+            store.install_snapshot([], frozenset(), top)
+            store.snapshot_state.remote_files = dict(remote_files)
+    finally:
+        store.resume_after_restore()
+    return top
 
 
 def _fetch(

@@ -23,12 +23,7 @@ from tests.sim import leaky_bank
 #: Seeds that fail on main today, each by a product bug reported (sfaas/sim/README.md
 #: "Findings"), not fixed yet: run and printed, not counted. A seed listed here that
 #: passes is printed as such (remove it once the bug is fixed).
-KNOWN: dict[int, str] = {
-    # found once rounds ran in the simulator (session 7): a restarted worker's fresh store
-    # numbers its dump from 1, a name a failed round left in the remote; the upload skips
-    # it by name and size, so round 3's manifest names the old bytes (balances sum 809)
-    479: "a fresh store reuses a file name the remote holds; its upload is skipped",
-}
+KNOWN: dict[int, str] = {}
 #: Seeds that found exactly-once bugs, since fixed (sfaas/sim/README.md "Findings"): each is
 #: run by a test of its own, whatever the budget reaches.
 FOUND = {
@@ -49,6 +44,10 @@ FOUND = {
     243: "a recovery's answer waited for the lease of a coordinator that was gone",
     309: "the same as 243",
     768: "the same as 35",
+    # found once rounds ran in the simulator (session 7): a restarted worker rolled back to
+    # round 0 numbered its store's new dump from 1, a name a failed round left in the
+    # remote; the upload skipped it by name and size, so a later round named the old bytes
+    479: "a store back to empty reused a file name the remote holds (balances 809)",
 }
 #: the seeds surveyed on main for KNOWN (0..699, 2026-11-29): a default run stops there; a
 #: run with SFAAS_SIM_BUDGET set goes on (what it finds past them is new)

@@ -276,3 +276,28 @@ def test_a_remote_only_this_process_reaches_uploads_here(engine: str, tmp_path: 
         s.put(b"after", b"x")
         s.restore(1)
         assert dict(s.items()) == model
+
+
+@pytest.mark.parametrize("engine", statestores.ENGINES)
+def test_a_store_back_to_empty_numbers_its_files_above_the_remotes(engine: str, tmp_path: Path) -> None:
+    """A worker rolled back to before any round empties its stores without a restore; a
+    round that failed after its uploads left files in the remote. New files numbered from 1
+    again would share their names — and, with the same sizes, their uploads would be
+    skipped, and the next round would name the old bytes (sim seed 479: money created)."""
+    from statestores.snapshots import restore_empty
+
+    remote = remotes.PathRemote(tmp_path / "remote")
+    with statestores.open(engine, tmp_path / "failed-round", remote=remote) as s:
+        fill(s, 0, 300, b"v")
+        s.snapshot(1)  # (its files stay in the remote)
+    with statestores.open(engine, tmp_path / "empty-again") as s:  # (opening: no remote)
+        s.put(b"before", b"the rollback")
+        s.remote = remote
+        assert restore_empty(s, remote) >= 1
+        assert dict(s.items()) == {}
+        model = fill(s, 0, 300, b"w")  # the same sizes, other bytes
+        s.snapshot(2)
+    with statestores.open(engine, tmp_path / "restored") as s:
+        s.remote = remote
+        s.restore(2)
+        assert dict(s.items()) == model

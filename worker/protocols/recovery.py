@@ -51,7 +51,7 @@ from statestores.errors import (
     StoreClosedError,
     StoreError,
 )
-from statestores.snapshots import abandon_uploads
+from statestores.snapshots import abandon_uploads, restore_empty
 from worker.links import CoordinatorLink, PeerLinks
 from worker.needs import Quiet, WorldRollback
 from worker.protocols.replay import Logs, Raw, Replay, direct_items, replay_batch
@@ -244,7 +244,9 @@ class RollBack:
                 log.info("restored %s/p%d to round %d: %d of %d files downloaded; %d uploads of "
                          "later rounds given up", op, p, m.round, info.files_downloaded,
                          info.files_total, gave_up, extra={"worker": me})
-            else:  # no round yet: back to empty
+            elif store.remote is not None:  # no round yet: back to empty, new files
+                restore_empty(store, store.remote)  # named above what failed rounds left
+            else:
                 store.write_batch([(k, None) for k, _ in store.items()])
             return time.perf_counter() - since
 
