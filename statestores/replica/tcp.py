@@ -171,10 +171,15 @@ class ShipServer(abc.ABC):
         self.close()
 
 
-def connect(host: str, port: int, secret: bytes, magic: bytes, timeout: float) -> socket.socket:
-    """The follower's half of the handshake with a :class:`ShipServer` speaking ``magic``."""
+def connect(host: str, port: int, secret: bytes, magic: bytes, timeout: float,
+            opened: Callable[[socket.socket], None] | None = None) -> socket.socket:
+    """The follower's half of the handshake with a :class:`ShipServer` speaking ``magic``.
+    ``opened``: handed the socket before the handshake, so that another thread may shut it
+    down meanwhile (a stopped server's kernel accepts the connection, then nothing comes)."""
     sock = socket.create_connection((host, port), timeout=timeout)
     try:
+        if opened is not None:
+            opened(sock)
         head = _recv_exact(sock, len(magic) + 1 + _NONCE)
         if head[: len(magic)] != magic or head[len(magic)] != _VERSION:
             raise ProtocolError(
@@ -328,7 +333,15 @@ class TcpSource:
         self._closed = False
 
     def _connect(self) -> socket.socket:
-        return connect(self.host, self.port, self._secret, _MAGIC, self.timeout)
+        return connect(self.host, self.port, self._secret, _MAGIC, self.timeout, self._opened)
+
+    def _opened(self, sock: socket.socket) -> None:
+        """(the follow thread) Closable from now on, the handshake included: a promotion
+        stops following at once, even while a paused primary never answers it."""
+        self._sock = sock
+        if self._closed:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def open(self, hello: Hello) -> Iterator[Received | Tip]:
         if self._closed:

@@ -11,6 +11,8 @@ import random
 import shutil
 import socket
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -350,3 +352,32 @@ def test_tcp_refuses_a_wrong_secret_and_an_unknown_store(tmp_path: Path) -> None
     assert SECRET.decode() not in repr(TcpSource("127.0.0.1", 1, "x", SECRET))
     shipper.close()
     db.close()
+
+
+def test_closing_a_tcp_source_ends_a_handshake_a_stopped_primary_never_answers() -> None:
+    """A paused primary's kernel still accepts the connection; then nothing comes. A standby
+    promoted meanwhile stops following at once (issue 48: a promotion waited 2.3 s, until
+    the paused primary was killed), not after the handshake's timeout."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)  # (never accepted: the kernel completes the connection anyway)
+        source = TcpSource(*listener.getsockname(), "primary", SECRET, timeout=30.0)
+        outcome: list[BaseException | None] = []
+
+        def follow() -> None:
+            try:
+                list(source.open(Hello("primary", 0, -1)))
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - what ended it is the result
+                outcome.append(exc)
+
+        t = threading.Thread(target=follow, daemon=True)
+        t.start()
+        time.sleep(0.3)  # (in the handshake)
+        assert t.is_alive()
+        started = time.monotonic()
+        source.close()
+        t.join(5)
+        assert not t.is_alive(), "close() did not end the handshake"
+        assert time.monotonic() - started < 2.0
+        assert outcome and isinstance(outcome[0], (OSError, type(None))), outcome
