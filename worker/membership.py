@@ -13,7 +13,7 @@ from aiokafka import TopicPartition
 
 from sfaas.app import App
 from sfaas.errors import ChannelClosed, ClusterError, StartAgain
-from sfaas.runtime import wire
+from sfaas.runtime import ports, wire
 from sfaas.runtime.kafka import consumer_group
 from sfaas.runtime.protocols.membership import REGISTER_AGAIN
 from sfaas.runtime.settings import Settings
@@ -26,6 +26,10 @@ from worker.protocols.standby import run_standby
 from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker")
+
+#: Seconds a worker that lost its coordinator waits for it to come back (and answer its
+#: Register) before it gives up and exits for a fresh start.
+REJOIN_PATIENCE = 120.0
 
 __all__ = ["Membership"]
 
@@ -137,6 +141,18 @@ class Membership:
         if log_tps:
             st.logged(ends[log_tps[0]])
 
+    async def _register_again(self, my_port: int, repl_port: int,
+                              timeout: float) -> tuple[wire.Message | None, float]:
+        """Connect to the coordinator and register in this worker's slot: its answer (None:
+        none) and when the Register left."""
+        s, st, up = self._settings, self._state, self._uplink
+        await up.connect(*s.coordinator_address(), timeout=timeout)
+        sent = time.monotonic()
+        up.send(wire.Register(self._name, s.host, my_port, os.getpid(), st.index, -1,
+                              repl_port, st.engine.epoch if st.engine is not None else 0))
+        msgs = await up.recv()
+        return (msgs[0] if msgs else None), sent
+
     async def warm_up(self) -> None:
         """Fetch the metadata of the app's topics into the Kafka clients now: the first offset
         lookup of a topic new to a client waits ~0.1 s for a metadata refresh, which a standby
@@ -150,17 +166,29 @@ class Membership:
 
     async def rejoin(self, my_port: int, repl_port: int) -> bool:
         """Re-register with the restarted coordinator in the same slot; False: give up (the
-        process exits and the supervisor starts a fresh one)."""
-        s, st, up = self._settings, self._state, self._uplink
+        process exits and the supervisor starts a fresh one). A coordinator that goes away
+        again before it answers (killed while restarting) is waited for again, up to
+        :data:`REJOIN_PATIENCE` seconds in all."""
+        st, up = self._state, self._uplink
         log.warning("lost the coordinator; keeping the stores and waiting for it to come back",
                     extra={"worker": st.index})
+        clock = ports.current().clock  # (the process's: virtual in the simulator)
+        deadline = clock.monotonic() + REJOIN_PATIENCE
+        while True:
+            try:
+                a, sent = await self._register_again(my_port, repl_port,
+                                                     max(1.0, deadline - clock.monotonic()))
+                break
+            except (ClusterError, ChannelClosed, OSError) as exc:
+                if clock.monotonic() >= deadline:
+                    log.error("could not rejoin the coordinator: %s", exc,
+                              extra={"worker": st.index})
+                    return False
+                log.warning("the coordinator went away before it answered (%s): waiting for "
+                            "it again", exc, extra={"worker": st.index})
+                up.close()
+                await asyncio.sleep(0.1)
         try:
-            await up.connect(*s.coordinator_address(), timeout=120.0)
-            sent = time.monotonic()
-            up.send(wire.Register(self._name, s.host, my_port, os.getpid(), st.index, -1,
-                                  repl_port, st.engine.epoch if st.engine is not None else 0))
-            msgs = await up.recv()
-            a = msgs[0] if msgs else None
             if not (isinstance(a, wire.Assign) and st.same_slot(a)):
                 log.error("the restarted coordinator assigned %r, not slot %d of %d: restarting",
                           a, st.index, st.n_workers, extra={"worker": st.index})
