@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 
 from aiokafka import TopicPartition
 
@@ -147,7 +146,7 @@ class Membership:
         none) and when the Register left."""
         s, st, up = self._settings, self._state, self._uplink
         await up.connect(*s.coordinator_address(), timeout=timeout)
-        sent = time.monotonic()
+        sent = ports.current().clock.monotonic()  # (the lease runs on the clock port)
         up.send(wire.Register(self._name, s.host, my_port, os.getpid(), st.index, -1,
                               repl_port, st.engine.epoch if st.engine is not None else 0))
         msgs = await up.recv()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,7 +17,13 @@ from sfaas import direct
 from sfaas.direct import DirectCalls
 from sfaas.runtime import wire
 
-faulthandler.dump_traceback_later(60, exit=True)
+
+@pytest.fixture(autouse=True)
+def _watchdog() -> Iterator[None]:
+    """A hang fails fast (per test: a module-level timer would end the whole session)."""
+    faulthandler.dump_traceback_later(60, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 
 class _Chan:

@@ -8,15 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from sfaas.runtime import channels, wire
 from sfaas.runtime.settings import Settings
 from worker.links import CoordinatorLink
 from worker.membership import Membership
 
-faulthandler.dump_traceback_later(60, exit=True)
+
+@pytest.fixture(autouse=True)
+def _watchdog() -> Iterator[None]:
+    """A hang fails fast (per test: a module-level timer would end the whole session)."""
+    faulthandler.dump_traceback_later(60, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 SECRET = "rejoin-test-secret-0123456789"
 
