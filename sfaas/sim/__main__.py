@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     sched = Schedule(crash=_pair(ns.crash), cut=_pair(ns.cut), outage=_pair(ns.outage),
                      stale=Stale.parse(ns.stale) if ns.stale else None,
                      kafka_errors=ns.kafka_errors, object_errors=ns.object_errors,
-                     coordinator=_pair(ns.crash_coordinator), rounds=ns.rounds)
+                     coordinator=_pair(ns.crash_coordinator), rounds=ns.rounds,
+                     store=ns.store)
     print(f"seed {ns.seed}" + (f" faults {sched}" if sched.faults() else ""))
     t0 = time.perf_counter()
     o = simulate(app, ROLES, ns.seed, seconds=ns.seconds, workers=ns.workers,

@@ -34,14 +34,13 @@ def command(seed: int, schedule: Schedule, app: str = APP) -> str:
                      str(TRANSFERS), "--workers", str(WORKERS), *schedule.args()])
 
 
-def run_seed(app: App, roles: Roles, seed: int, schedule: Schedule,
-             store: str = "memonly") -> Outcome:
-    """``seed`` under ``schedule``; ``store``: the workers' engine (``simulate``)."""
+def run_seed(app: App, roles: Roles, seed: int, schedule: Schedule) -> Outcome:
+    """``seed`` under ``schedule`` (its faults, rounds and the workers' store engine)."""
     bank = Bank(transfers=TRANSFERS)
     if schedule.hot:
         bank = Bank(transfers=TRANSFERS, accounts=HOT, rate=HOT_RATE)
     return simulate(app, roles, seed, workers=WORKERS, bank=bank, schedule=schedule,
-                    store=store)
+                    store=schedule.store)
 
 
 @dataclass

@@ -20,6 +20,10 @@ And the snapshot interval, ``rounds`` (drawn after all of them): 0.1–0.6 of th
 length, so that several rounds complete before and between the faults, and a recovery
 restores a real round (not round 0) and replays the epoch log from there.
 
+And the workers' store engine, ``store`` (drawn last of all, so that adding it changed no
+earlier draw): one of :data:`STORES` — memonly, or an engine with files whose flushes,
+seals and merges a round names and a recovery restores (``--store``).
+
 And the workload's shape: ``hot`` — :data:`HOT` accounts at :data:`HOT_RATE` requests per
 second (conflicting transactions in most epochs: the cross-worker fallback's ordered
 locks), else the ``Bank`` defaults (8 accounts, 200 per second).
@@ -30,7 +34,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-__all__ = ["Schedule", "draw", "STALE_TOPICS", "HOT", "HOT_RATE"]
+__all__ = ["Schedule", "draw", "STALE_TOPICS", "STORES", "HOT", "HOT_RATE"]
 
 #: a hot workload: accounts, and requests per simulated second
 HOT, HOT_RATE = 3, 2000.0
@@ -39,6 +43,9 @@ HOT_LOAD_SECONDS = 0.1
 
 #: the topics a stale leader may answer, by the short names the flags use
 STALE_TOPICS = ("epochs", "in", "out")
+
+#: the store engines a seed draws among (``sfaas.sim.cluster.SMALL_STORES`` and memonly)
+STORES = ("memonly", "hybridlog", "lsm", "appendlog")
 
 Pair = tuple[float, float]
 
@@ -78,6 +85,8 @@ class Schedule:
     #: the snapshot interval, simulated seconds (not a fault: kept when shrinking); None:
     #: the simulator's default (``sfaas.sim.cluster.ROUNDS``)
     rounds: float | None = None
+    #: the workers' store engine (not a fault: kept when shrinking)
+    store: str = "memonly"
 
     def args(self) -> list[str]:
         """The ``python -m sfaas.sim`` flags that give this schedule."""
@@ -97,6 +106,8 @@ class Schedule:
             out += ["--accounts", str(HOT), "--rate", f"{HOT_RATE:g}"]
         if self.rounds is not None:
             out += ["--rounds", f"{self.rounds:g}"]
+        if self.store != "memonly":
+            out += ["--store", self.store]
         return out
 
     def faults(self) -> int:
@@ -144,5 +155,6 @@ def draw(seed: int, *, load_seconds: float = 1.0, partitions: int = 4) -> Schedu
     object_errors = rng.choice((0.0, 0.0, 0.05, 0.2))
     coordinator = (when(), _r(rng.uniform(0.05, 1.0))) if rng.random() < 0.25 else None
     rounds = max(0.01, _r(rng.uniform(0.1, 0.6) * load))
+    store = rng.choice(STORES)
     return Schedule(crash, cut, outage, stale, kafka_errors, object_errors, hot, coordinator,
-                    rounds)
+                    rounds, store)

@@ -8,6 +8,7 @@ printed; a failing one with the command that replays it and a shorter schedule.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 from examples.bank import app
 from sfaas.sim.__main__ import ROLES
 from sfaas.sim.budget import DEFAULT_BUDGET, TRANSFERS, command, run_budget, run_seed
-from sfaas.sim.faults import Schedule, Stale, draw
+from sfaas.sim.faults import STORES, Schedule, Stale, draw
 from tests.sim import leaky_bank
 
 #: Seeds that fail on main today, each by a product bug reported (sfaas/sim/README.md
@@ -71,13 +72,19 @@ def test_seeds_within_the_budget_keep_every_invariant() -> None:
         for f in report.findings)
 
 
+def found(seed: int) -> Schedule:
+    """A ``FOUND`` seed's schedule on memonly, the engine it found its bug on (the budget
+    draws a seed's engine since session 8; the rest of the draw is unchanged)."""
+    return dataclasses.replace(draw(seed), store="memonly")
+
+
 @pytest.mark.parametrize("seed", sorted(FOUND))
 def test_the_seeds_that_found_bugs_keep_every_invariant(seed: int) -> None:
-    outcome = run_seed(app, ROLES, seed, draw(seed))
+    outcome = run_seed(app, ROLES, seed, found(seed))
     print(f"seed {seed} ({FOUND[seed]}): {len(outcome.replies)} of {outcome.sent} answered, "
           f"{outcome.simulated_seconds:.1f} simulated s")
     assert not outcome.violations, f"seed {seed}: {outcome.violations}\nreplay: " \
-        + command(seed, draw(seed))
+        + command(seed, found(seed))
 
 
 def test_a_planted_bug_fails_the_budget_with_its_replay_command(capsys: object) -> None:
@@ -104,6 +111,20 @@ def test_a_seeds_faults_are_a_function_of_the_seed() -> None:
              if getattr(s, name)}
     assert len(kinds) == 6  # (every kind of fault is drawn by some seed)
     assert len(set(schedules)) > 150
+    assert {s.store for s in schedules} == set(STORES)  # (and every engine)
+
+
+def test_the_store_is_drawn_last() -> None:
+    """Drawing the engine changed no earlier draw: seeds' faults, workload and rounds are
+    what they were before it (pinned from main)."""
+    before = {
+        0: "--cut 0.74,0.64 --crash-coordinator 0.37,0.71 --stale 1.43,0.53,epochs,0,5 "
+           "--object-errors 0.05 --rounds 0.21",
+        16: "--cut 0.55,1.14 --outage 0.5,1.4 --stale 1.83,1.98,epochs,0,17 --rounds 0.38",
+        479: "--crash 1,0.47 --outage 0.76,2.38 --kafka-errors 0.02 --rounds 0.35",
+    }
+    for seed, text in before.items():
+        assert str(dataclasses.replace(draw(seed), store="memonly")) == text
 
 
 def test_a_faulty_seed_gives_the_same_trace_twice() -> None:
@@ -118,11 +139,12 @@ def test_the_flags_give_the_schedule_back() -> None:
     """What a failure prints is what the command runs."""
     from sfaas.sim.__main__ import _pair
     s = Schedule(crash=(0.5, 0.25), cut=(1.0, 2.0), outage=(0.3, 1.5),
-                 stale=Stale(1.2, 0.8, "epochs", 0, 7), kafka_errors=0.02, object_errors=0.2)
+                 stale=Stale(1.2, 0.8, "epochs", 0, 7), kafka_errors=0.02, object_errors=0.2,
+                 store="lsm")
     args = s.args()
     flags = dict(zip(args[::2], args[1::2], strict=True))
     assert Schedule(crash=_pair(flags["--crash"]), cut=_pair(flags["--cut"]),
                     outage=_pair(flags["--outage"]), stale=Stale.parse(flags["--stale"]),
                     kafka_errors=float(flags["--kafka-errors"]),
-                    object_errors=float(flags["--object-errors"])) == s
+                    object_errors=float(flags["--object-errors"]), store=flags["--store"]) == s
     assert f"--transfers {TRANSFERS}" in command(3, s)
