@@ -22,7 +22,8 @@ restores a real round (not round 0) and replays the epoch log from there.
 
 And the workers' store engine, ``store`` (drawn last of all, so that adding it changed no
 earlier draw): one of :data:`STORES` — memonly, or an engine with files whose flushes,
-seals and merges a round names and a recovery restores (``--store``).
+seals and merges a round names and a recovery restores (``--store``); a file engine's
+rounds come :data:`FILE_ROUNDS` times as often.
 
 And the workload's shape: ``hot`` — :data:`HOT` accounts at :data:`HOT_RATE` requests per
 second (conflicting transactions in most epochs: the cross-worker fallback's ordered
@@ -34,7 +35,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-__all__ = ["Schedule", "draw", "STALE_TOPICS", "STORES", "HOT", "HOT_RATE"]
+__all__ = ["Schedule", "draw", "STALE_TOPICS", "STORES", "FILE_ROUNDS", "HOT", "HOT_RATE"]
 
 #: a hot workload: accounts, and requests per simulated second
 HOT, HOT_RATE = 3, 2000.0
@@ -46,6 +47,11 @@ STALE_TOPICS = ("epochs", "in", "out")
 
 #: the store engines a seed draws among (``sfaas.sim.cluster.SMALL_STORES`` and memonly)
 STORES = ("memonly", "hybridlog", "lsm", "appendlog")
+#: a file engine's rounds come this many times as often as the drawn interval: its restore
+#: bugs need a round that names what a flush or a merge left behind (a store's third round
+#: or later: hybridlog's tails and the region covering them, 2d6b97e), restored by a
+#: recovery — and the faults land in the first second
+FILE_ROUNDS = 8
 
 Pair = tuple[float, float]
 
@@ -156,5 +162,7 @@ def draw(seed: int, *, load_seconds: float = 1.0, partitions: int = 4) -> Schedu
     coordinator = (when(), _r(rng.uniform(0.05, 1.0))) if rng.random() < 0.25 else None
     rounds = max(0.01, _r(rng.uniform(0.1, 0.6) * load))
     store = rng.choice(STORES)
+    if store != "memonly":
+        rounds = max(0.01, _r(rounds / FILE_ROUNDS))
     return Schedule(crash, cut, outage, stale, kafka_errors, object_errors, hot, coordinator,
                     rounds, store)

@@ -18,13 +18,22 @@ import pytest
 from examples.bank import app
 from sfaas.sim.__main__ import ROLES
 from sfaas.sim.budget import DEFAULT_BUDGET, TRANSFERS, command, run_budget, run_seed
-from sfaas.sim.faults import STORES, Schedule, Stale, draw
+from sfaas.sim.faults import FILE_ROUNDS, STORES, Schedule, Stale, draw
 from tests.sim import leaky_bank
 
 #: Seeds that fail on main today, each by a product bug reported (sfaas/sim/README.md
 #: "Findings"), not fixed yet: run and printed, not counted. A seed listed here that
 #: passes is printed as such (remove it once the bug is fixed).
-KNOWN: dict[int, str] = {}
+KNOWN: dict[int, str] = {
+    # found once the budget drew the store engine and a file engine's rounds came 8x as
+    # often (session 8); fails on memonly too with --rounds 0.03
+    194: "a restarted coordinator read the epoch log through a stale leader, took the "
+         "cluster for a new one and ran no recovery (24 requests never answered)",
+    # the simulator's fault model, not the product's exactly-once: an object-store call
+    # fails after all its retries with p 0.2, and a recovery restoring appendlog's many
+    # small files (rounds every 0.03 s) fails whole whenever one call does: none completes
+    95: "appendlog restores under --object-errors 0.2 all fail (liveness, 47 unanswered)",
+}
 #: Seeds that found exactly-once bugs, since fixed (sfaas/sim/README.md "Findings"): each is
 #: run by a test of its own, whatever the budget reaches.
 FOUND = {
@@ -115,16 +124,21 @@ def test_a_seeds_faults_are_a_function_of_the_seed() -> None:
 
 
 def test_the_store_is_drawn_last() -> None:
-    """Drawing the engine changed no earlier draw: seeds' faults, workload and rounds are
-    what they were before it (pinned from main)."""
+    """Drawing the engine changed no earlier draw: seeds' faults and workload are what they
+    were before it (pinned from main), and their rounds too — a file engine's come
+    ``FILE_ROUNDS`` times as often."""
     before = {
-        0: "--cut 0.74,0.64 --crash-coordinator 0.37,0.71 --stale 1.43,0.53,epochs,0,5 "
-           "--object-errors 0.05 --rounds 0.21",
-        16: "--cut 0.55,1.14 --outage 0.5,1.4 --stale 1.83,1.98,epochs,0,17 --rounds 0.38",
-        479: "--crash 1,0.47 --outage 0.76,2.38 --kafka-errors 0.02 --rounds 0.35",
+        0: ("--cut 0.74,0.64 --crash-coordinator 0.37,0.71 --stale 1.43,0.53,epochs,0,5 "
+            "--object-errors 0.05", 0.21),
+        16: ("--cut 0.55,1.14 --outage 0.5,1.4 --stale 1.83,1.98,epochs,0,17", 0.38),
+        479: ("--crash 1,0.47 --outage 0.76,2.38 --kafka-errors 0.02", 0.35),
     }
-    for seed, text in before.items():
-        assert str(dataclasses.replace(draw(seed), store="memonly")) == text
+    for seed, (text, rounds) in before.items():
+        s = draw(seed)
+        assert str(dataclasses.replace(s, store="memonly", rounds=None)) == text
+        assert s.rounds == (rounds if s.store == "memonly"
+                            else max(0.01, round(rounds / FILE_ROUNDS, 2)))
+    assert {draw(seed).store for seed in before} != {"memonly"}
 
 
 def test_a_faulty_seed_gives_the_same_trace_twice() -> None:
