@@ -34,6 +34,7 @@ queued, not started, per lane and per serial executor: :class:`BackgroundBusy` b
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import concurrent.futures
@@ -172,17 +173,18 @@ class LoopLanes:
             self._queued[lane] = max(0, self._queued[lane] - 1)
 
 
-class Serial:
+class Serial(abc.ABC):
     """Runs tasks one at a time, in submit order (a store's uploads): see
     :func:`statestores.background.serial`."""
 
+    @abc.abstractmethod
     def submit(self, fn: Callable[..., Any], *args: Any,
                not_before: float = 0.0) -> concurrent.futures.Future[Any]:
-        raise NotImplementedError
+        """Queue ``fn(*args)``, to start at ``not_before`` at the earliest."""
 
+    @abc.abstractmethod
     def shutdown(self) -> None:
         """Run (or wait for) what is queued, then end."""
-        raise NotImplementedError
 
 
 class ThreadSerial(Serial):
