@@ -475,12 +475,12 @@ def restore(store: SnapshotHost, remote: Remote, snapshot_id: int | None) -> Res
     store.pin_files(wanted)
     try:
         replaced, nbytes = _fetch(store, remote, manifest, remote_files)
-        next_seq = 1 + max((seq_of(n) for n in remote_files), default=0)
+        top = _top_seq(remote_files)
         store.pause_for_restore()  # a merge of what is being replaced: not waited for
         try:
             with store.lock:
                 store.check_open()
-                store.install_snapshot(entries, frozenset(replaced), next_seq - 1)
+                store.install_snapshot(entries, frozenset(replaced), top)
                 state = store.snapshot_state
                 state.restores += 1
                 state.last_id = snapshot_id
@@ -509,7 +509,7 @@ def restore_empty(store: SnapshotHost, remote: Remote) -> int:
     current files, whose names may be such names too (sim seed 479)."""
     wait_uploads(store, abandoned=False)
     remote_files = remote.list_files()
-    top = max((seq_of(n) for n in remote_files), default=0)
+    top = _top_seq(remote_files)
     store.pause_for_restore()
     try:
         with store.lock:
@@ -519,6 +519,12 @@ def restore_empty(store: SnapshotHost, remote: Remote) -> int:
     finally:
         store.resume_after_restore()
     return top
+
+
+def _top_seq(remote_files: Iterable[str]) -> int:
+    """The highest file number a name in ``remote_files`` carries (0: none): a store's new
+    files must be numbered above it, or a new file could take an old one's name."""
+    return max((seq_of(n) for n in remote_files), default=0)
 
 
 def _fetch(
