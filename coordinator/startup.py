@@ -15,7 +15,8 @@ from coordinator.state import ClusterState
 from remotes import Remote
 from sfaas.errors import ClusterError
 from sfaas.runtime import ports
-from sfaas.runtime.kafka import ensure_topics
+from sfaas.runtime.epochlog import START_WINDOW, StartRecord, used_before
+from sfaas.runtime.kafka import ensure_topics, make_producer, read_range
 from sfaas.runtime.lifecycle import Service
 from sfaas.runtime.partitioning import default_owners
 from sfaas.runtime.ports import ClockPort, KafkaPort
@@ -61,7 +62,7 @@ class Startup(Service):
             raise ClusterError(f"topic {ingress} has {partitions} partitions < {s.workers} workers")
         state.configure(partitions, s.workers, default_owners(partitions, s.workers))
         self.resumed = s.snapshot_interval > 0 and await epoch_log_used(
-            s.kafka, s.epoch_log_topic(app), port=self._kafka)
+            s.kafka, s.epoch_log_topic(app), port=self._kafka, clock=self._clock)
         if self.resumed:
             state.resume()  # (the ready file says so from its first writing)
             resumed = await resumed_map(self._rounds_remote, partitions, s.workers,
@@ -88,18 +89,49 @@ async def create_topics(kafka: str, topics: dict[str, int], replication: int = 1
             await asyncio.sleep(1.0)
 
 
-async def epoch_log_used(kafka: str, topic: str, *, port: KafkaPort | None = None) -> bool:
-    """Does the epoch log hold anything (an earlier coordinator ran epochs)?"""
+async def epoch_log_used(kafka: str, topic: str, *, port: KafkaPort | None = None,
+                         clock: ClockPort | None = None) -> bool:
+    """Did a cluster run on the epoch log ``topic`` before this coordinator? It writes its
+    start record and reads the log up to it, so a stale leader's short end cannot make a
+    used cluster look new (``sfaas.runtime.epochlog``, "Starts"). Kafka unreachable:
+    retried for :data:`PATIENCE` seconds."""
     from aiokafka import TopicPartition
 
+    clock = clock or ports.current().clock
     tp = TopicPartition(topic, 0)
+    start = await _write_start(kafka, topic, port, clock)
+    if start == 0:
+        return False
     consumer = (port or ports.current().kafka).consumer(bootstrap_servers=kafka,
                                                         enable_auto_commit=False)
     await consumer.start()
     try:
-        return bool((await consumer.end_offsets([tp]))[tp])
+        beginning = (await consumer.beginning_offsets([tp]))[tp]
     finally:
         await consumer.stop()
+    frm = max(beginning, start - START_WINDOW)
+    got = await read_range(kafka, {tp: frm}, {tp: start + 1}, kafka=port)
+    return used_before(got[0], start, beginning)
+
+
+async def _write_start(kafka: str, topic: str, port: KafkaPort | None,
+                       clock: ClockPort) -> int:
+    """This coordinator's start record written to the epoch log (``acks=all``): its offset."""
+    deadline = clock.monotonic() + PATIENCE
+    record = StartRecord(clock.time()).encode()
+    while True:
+        producer = make_producer(kafka, durable=True, kafka=port)
+        try:
+            await producer.start()
+            try:
+                return int((await (await producer.send(topic, record, partition=0))).offset)
+            finally:
+                await producer.stop()
+        except Exception as exc:
+            if clock.monotonic() > deadline:
+                raise
+            log.warning("cannot write the start record to %s (%s); retrying", topic, exc)
+            await asyncio.sleep(1.0)
 
 
 async def resumed_map(rounds_remote: Callable[[], Remote], partitions: int,

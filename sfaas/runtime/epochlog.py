@@ -51,7 +51,16 @@ versions 1 (no last six elements), 2 (no last five), 3 (no last three), 4 (no di
 requests) and 5 (no fence, read as -1) still decode. A cut record: ``b"SFDC" | 1:u8 |
 msgpack([round, epoch, worker, [[partition, reply record, age], ...], [[tid, partition,
 now, journal, request record], ...]])``; a fence record: ``b"SFEF" | 1:u8 |
-msgpack([worker, generation, attempt])``. Kafka checksums the record.
+msgpack([worker, generation, attempt])``; a start record: ``b"SFCS" | 1:u8 | msgpack([at])``.
+Kafka checksums the record.
+
+Starts. A restarted coordinator must know whether the cluster ran before (then it recovers
+to the newest round before any epoch; a new cluster starts at once). The log's end is no
+answer: a stale leader answers one short, down to 0, and a used cluster taken for a new
+one runs no recovery — requests in flight are never answered, or consumed again. So a
+coordinator begins by writing a :class:`StartRecord` (``acks=all``: the partition's real
+leader appends it) and reads the log up to it: the cluster ran before when anything but
+start records lies before it (:func:`used_before`).
 """
 
 from __future__ import annotations
@@ -64,7 +73,7 @@ from typing import Any, Protocol
 import msgpack
 
 __all__ = ["AnyRecord", "CutRecord", "EpochLogError", "EpochRecord", "FenceRecord", "Logged",
-           "decode_record", "live"]
+           "StartRecord", "decode_record", "live", "used_before"]
 
 _HEAD = struct.Struct("<4sB")
 _MAGIC = b"SFEL"
@@ -300,7 +309,35 @@ class FenceRecord:
         return cls(worker, generation, attempt)
 
 
-AnyRecord = EpochRecord | CutRecord | FenceRecord
+_START_MAGIC = b"SFCS"
+_START_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class StartRecord:
+    """A coordinator started here, at Unix time ``at``. Its offset bounds the startup's
+    read: every record before it was in the log when the coordinator began, whatever a
+    stale leader answers (see the module docstring, "Starts"). No recovery replays it."""
+
+    at: float
+
+    def encode(self) -> bytes:
+        body: bytes = msgpack.packb([self.at])
+        return _HEAD.pack(_START_MAGIC, _START_VERSION) + body
+
+    @classmethod
+    def decode(cls, data: bytes, source: str = "epoch-log start record") -> StartRecord:
+        body = _body(data, _START_MAGIC, _START_VERSION, source)
+        try:
+            (at,) = msgpack.unpackb(body)
+            if type(at) not in (int, float) or not at >= 0:
+                raise ValueError(f"a time >= 0 expected, got {at!r:.40}")
+        except Exception as exc:
+            raise EpochLogError(f"{source}: malformed body ({type(exc).__name__}: {exc})") from None
+        return cls(float(at))
+
+
+AnyRecord = EpochRecord | CutRecord | FenceRecord | StartRecord
 
 
 def decode_record(data: bytes, source: str = "epoch-log record") -> AnyRecord:
@@ -309,13 +346,15 @@ def decode_record(data: bytes, source: str = "epoch-log record") -> AnyRecord:
         return CutRecord.decode(data, source)
     if len(data) >= _HEAD.size and data[:4] == _FENCE_MAGIC:
         return FenceRecord.decode(data, source)
+    if len(data) >= _HEAD.size and data[:4] == _START_MAGIC:
+        return StartRecord.decode(data, source)
     return EpochRecord.decode(data, source)
 
 
 def live(records: Sequence[tuple[int, AnyRecord]], start: int) -> list[tuple[int, AnyRecord]]:
     """The records of a read of the log from offset ``start`` (``(offset, record)`` in
-    offset order) that count: the epoch records a fence voids and the fences themselves
-    left out (see the module docstring, "Fences").
+    offset order) that count: the epoch records a fence voids, the fences themselves and
+    the coordinators' start records left out (see the module docstring, "Fences").
 
     Worker ``w``'s epoch record at offset ``o`` is void when a fence of ``w`` lies between
     the fence the record names and ``o``: a fence read here, or one before ``start`` that
@@ -328,6 +367,27 @@ def live(records: Sequence[tuple[int, AnyRecord]], start: int) -> list[tuple[int
     for o, r in records:
         if isinstance(r, FenceRecord):
             floor[r.worker] = max(floor.get(r.worker, -1), o)
+        elif isinstance(r, StartRecord):
+            continue
         elif isinstance(r, CutRecord) or r.fence >= floor.get(r.worker, -1):
             out.append((o, r))
     return out
+
+
+#: How many records before its start record a coordinator reads (:func:`used_before`).
+START_WINDOW = 64
+
+
+def used_before(records: Sequence[tuple[int, bytes]], start: int, beginning: int = 0) -> bool:
+    """Did a cluster run on the log before the start record at offset ``start``?
+    ``records``: ``(offset, value)`` read from ``max(beginning, start - START_WINDOW)``
+    (``beginning``: the log's first offset). Any record but a start record before
+    ``start`` says yes — one that does not decode too (a foreign writer: never take a log
+    that holds something for an empty one) — and so do offsets of the window without a
+    record, and start records alone that do not reach offset 0 (a recovery of a cluster
+    that never ran finds nothing to restore: the safe mistake)."""
+    frm = max(beginning, start - START_WINDOW)
+    before = [v for o, v in records if frm <= o < start]
+    if len(before) < start - frm or any(not v.startswith(_START_MAGIC) for v in before):
+        return True  # (offsets with no record: not ours to judge, so not empty)
+    return frm > 0

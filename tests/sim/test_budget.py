@@ -25,11 +25,6 @@ from tests.sim import leaky_bank
 #: "Findings"), not fixed yet: run and printed, not counted. A seed listed here that
 #: passes is printed as such (remove it once the bug is fixed).
 KNOWN: dict[int, str] = {
-    # found once the budget drew the store engine and a file engine's rounds came 8x as
-    # often (session 7); fails on memonly too with --rounds 0.03
-    194: "a restarted coordinator read the epoch log through a stale leader, took the "
-         "cluster for a new one and ran no recovery (24 requests never answered; its "
-         "shorter schedule answers 5 twice)",
     # the simulator's fault model, not the product's exactly-once: an object-store call
     # fails after all its retries with p 0.2, and a recovery restoring appendlog's many
     # small files (rounds every 0.03 s) fails whole whenever one call does: none completes
@@ -59,6 +54,11 @@ FOUND = {
     # round 0 numbered its store's new dump from 1, a name a failed round left in the
     # remote; the upload skipped it by name and size, so a later round named the old bytes
     479: "a store back to empty reused a file name the remote holds (balances 809)",
+    # found once the budget drew the store engine and a file engine's rounds came 8x as
+    # often (session 7): a coordinator's startup asked the epoch log's end of a stale
+    # leader, took the used cluster for a new one and recovered nothing (fixed by the
+    # start records, session 8)
+    194: "a restarted coordinator took a used cluster for a new one (24 never answered)",
 }
 #: the seeds surveyed on main for KNOWN (0..699, 2026-11-29): a default run stops there; a
 #: run with SFAAS_SIM_BUDGET set goes on (what it finds past them is new)
