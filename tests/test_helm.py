@@ -291,7 +291,7 @@ def test_every_sfaas_variable_is_a_setting_and_the_settings_load(tools: Tools) -
             s = Settings.load(env=env)  # validates every value
             assert s.app == "examples.bank:app", workload["metadata"]["name"]
             assert s.shared_secret()  # beyond loopback: refused without a secret
-            assert s.heartbeat_timeout == (5.0 if values[-2:] == EXTRA else 2.0)
+            assert s.heartbeat_timeout == (5.0 if values[-2:] == EXTRA else Settings().heartbeat_timeout)
     # a misspelt variable is caught
     bad = [{"kind": "Deployment", "spec": {"template": {"spec": {"containers": [
         {"name": "x", "env": [{"name": "SFAAS_WORKRES", "value": "2"}]}]}}}}]

@@ -142,8 +142,10 @@ class Settings:
     bucket: str = "sfaas"
     #: Seconds of silence after which the coordinator declares a worker lost and recovers
     #: (workers send a heartbeat every ``heartbeat_timeout / 4``; a closed channel is
-    #: detected at once).
-    heartbeat_timeout: float = 2.0
+    #: detected at once). 0.75 s calls a paused or cut worker lost within 1 s (the
+    #: watchdog looks every quarter); no false loss on a saturated 2-core host
+    #: (benchmarks/README.md, issue 48). Was 2.0 s.
+    heartbeat_timeout: float = 0.75
     #: Run each transaction whose calls stayed on its worker a second time against the same
     #: state before it commits, and abort it with ``NondeterminismError`` when the runs
     #: differ (``sfaas.runtime.txn.determinism``). Costs CPU; on in the test suite.

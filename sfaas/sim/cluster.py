@@ -69,10 +69,11 @@ class Roles:
     worker: Callable[[Settings, App, str, ports.Ports], Process]
 
 
-#: The heartbeat timeout of a run: the product's default. The heartbeats, the fence lease,
-#: the coordinator's watchdog and the peers' connect deadline read the process's clock port
-#: (virtual time here), so a run that takes long in wall time sees no silence it did not
-#: simulate.
+#: The heartbeat timeout of a run: the product's default until 2026-11-30 (0.75 s since),
+#: kept so the surveyed seeds and ``FOUND`` schedules replay as found. The heartbeats, the
+#: fence lease, the coordinator's watchdog and the peers' connect deadline read the
+#: process's clock port (virtual time here), so a run that takes long in wall time sees no
+#: silence it did not simulate.
 HEARTBEAT_TIMEOUT = 2.0
 
 #: Simulated seconds a cancelled process (a crash, the run's end) has to end its task: its

@@ -49,8 +49,8 @@ from tests.runtime.test_recovery import SEED, chaos_settings, log_tails
 from tests.runtime.test_standby import _wait_roles
 
 APP = "tests.runtime.apps.ledger:app"
-TIMEOUT = 2.0  # heartbeat_timeout (the default)
-PAUSE = 3 * TIMEOUT
+TIMEOUT = Settings().heartbeat_timeout  # (the default)
+PAUSE = max(3 * TIMEOUT, 6.0)  # (past the timeout, the lease and the supervisor's limit)
 #: the longest gap between replies the client may see, per paused role: finite, so a
 #: replacement that stopped working fails the test (``SFAAS_FENCING_MAX_GAP`` and
 #: ``SFAAS_FENCING_MAX_COORDINATOR_GAP`` override them). Measured on this 2-core machine
