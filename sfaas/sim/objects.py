@@ -8,19 +8,31 @@ Objects are whole ``bytes`` under S3-like keys (``<prefix>/files/<name>``,
 object atomically, as an S3 PUT does. Each write takes the next *stamp* (a counter, not the
 wall clock), which ``gc`` compares as the other remotes compare modification times.
 
-Faults, as ``remotes.minio.MinioRemote`` shows an outage to its callers — ``RemoteError``
-once its retries are spent:
+Faults, as ``remotes.minio.MinioRemote`` shows them to its callers — it retries each
+request (``remotes._retry.retry_call`` under its ``RetryPolicy``) and raises
+``RemoteError`` only once its retries are spent; the store makes the same tries:
 
-* ``error`` (a probability, drawn from the seeded ``random.Random`` per call): the call
-  fails with ``RemoteError`` after its retries (nothing changed);
-* ``latency`` (seconds, uniform in [low, high]): each call takes that long;
+* ``error`` (a probability, drawn from the seeded ``random.Random`` per *try*): the try
+  fails (nothing changed) and the call backs off as ``RetryPolicy`` says (``delay``'s
+  equal jitter, drawn from the same seeded source) and tries again; it fails with
+  ``RemoteError`` only when every try failed — ``retry.attempts`` (6) tries, or fewer once
+  the next backoff would pass ``retry.deadline`` (10 s) since the first. So a transient
+  0.2 fails a call with p 0.2**6 (6.4e-5), and 1.0 after 6 tries and 3.9–7.8 s of backoff
+  (counted in ``waited`` and against the deadline; passed through ``backoff_sleep``);
+* ``latency`` (seconds, uniform in [low, high]): each try takes that long;
 * :meth:`SimObjectStore.outage`: for a while every call keeps retrying and fails after the
   retry deadline (``RetryPolicy().deadline``, 10 s), or succeeds once the outage ends
   within it.
 
 Time passes through ``sleep`` (default: none passes; under ``sfaas.sim.clock`` give
 ``VirtualClock.advance`` and ``clock=lambda: virtual_clock.now``: a call inside the loop
-is a blocking call that took that long).
+is a blocking call that took that long), a retry's backoff through ``backoff_sleep``
+(default: none passes). Apart because the product makes its object-store calls in
+threads (``asyncio.to_thread``), its processes going on while one backs off, but the
+virtual loop runs them inline: a backoff given to ``VirtualClock.advance`` stops every
+simulated process at once, and a round's seconds of backoff under 0.2 fence the whole
+cluster (``heartbeat_timeout``, 2 s) as no real one is. ``sfaas.sim.cluster`` gives none:
+there a retried call takes no virtual time.
 """
 
 from __future__ import annotations
@@ -72,7 +84,8 @@ class SimObjectStore:
                  sleep: Callable[[float], None] | None = None,
                  clock: Callable[[], float] | None = None,
                  retry: RetryPolicy | None = None,
-                 on_event: Callable[[str], None] | None = None) -> None:
+                 on_event: Callable[[str], None] | None = None,
+                 backoff_sleep: Callable[[float], None] | None = None) -> None:
         self.rng = rng if rng is not None else random.Random(0)
         #: told of every object written or deleted (``"put KEY"``, ``"delete KEY"``)
         self.on_event = on_event
@@ -80,13 +93,17 @@ class SimObjectStore:
         self.objects: dict[str, tuple[bytes, int]] = {}
         self.lock = threading.RLock()
         self._sleep = sleep
+        self._backoff_sleep = backoff_sleep
         self._clock = clock
         self.retry = retry if retry is not None else RetryPolicy()
-        #: seconds of latency (and retrying) the calls took so far
+        #: seconds of latency, outage and backoff the calls took so far
         self.waited = 0.0
         self.down_until = float("-inf")
         self._stamp = 0
+        #: calls made, their tries, and the tries that failed (``faults.error``)
         self.calls = 0
+        self.tries = 0
+        self.failed_tries = 0
         self.number = next(_NUMBERS)
         _STORES[self.number] = self
 
@@ -110,24 +127,52 @@ class SimObjectStore:
         if self._sleep is not None and seconds > 0:
             self._sleep(seconds)
 
+    def backoff(self, failed: int) -> float:
+        """The pause before the next try after ``failed`` tries failed:
+        ``RetryPolicy.delay``'s equal jitter, drawn from the seeded source (the policy's
+        own draws from the unseeded ``random`` module)."""
+        d = min(self.retry.max_delay, self.retry.base_delay * 2.0 ** (failed - 1))
+        with self.lock:
+            return d / 2 + self.rng.uniform(0, d / 2)
+
     def call(self, op: str, key: str) -> None:
-        """One call's faults, before it acts: its latency, a drawn error, an outage."""
+        """One call's faults, before it acts: its tries as ``remotes._retry.retry_call``
+        makes them — each its latency, an outage, a drawn error — with the policy's backoff
+        between them; ``RemoteError`` once every try failed."""
+        policy = self.retry
+        spent = 0.0  # (since the first try began: retry_call's elapsed)
+        tries = 0
         with self.lock:
             self.calls += 1
-            low, high = self.faults.latency
-            latency = self.rng.uniform(low, high) if high > 0 else 0.0
-            fails = self.faults.error > 0 and self.rng.random() < self.faults.error
-        self._wait(latency)
-        if fails:
-            raise RemoteError(f"sim://{key}: {op} failed after {self.retry.attempts} tries: "
-                              "simulated error")
-        if self._clock is not None and self._clock() < self.down_until:
-            left = self.down_until - self._clock()
-            if left > self.retry.deadline:
-                self._wait(self.retry.deadline)
-                raise RemoteError(f"sim://{key}: {op} failed after {self.retry.deadline:.1f}s "
-                                  "of tries: simulated outage")
-            self._wait(left)
+        while True:
+            tries += 1
+            with self.lock:
+                self.tries += 1
+                low, high = self.faults.latency
+                latency = self.rng.uniform(low, high) if high > 0 else 0.0
+                fails = self.faults.error > 0 and self.rng.random() < self.faults.error
+            self._wait(latency)
+            spent += latency
+            if self._clock is not None and self._clock() < self.down_until:
+                left = self.down_until - self._clock()
+                if spent + left > policy.deadline:
+                    self._wait(max(0.0, policy.deadline - spent))
+                    raise RemoteError(f"sim://{key}: {op} failed after {policy.deadline:.1f}s "
+                                      "of tries: simulated outage")
+                self._wait(left)
+                spent += left
+            if not fails:
+                return
+            with self.lock:
+                self.failed_tries += 1
+            pause = self.backoff(tries) if tries < policy.attempts else 0.0
+            if tries >= policy.attempts or spent + pause > policy.deadline:
+                raise RemoteError(f"sim://{key}: {op} failed after {tries} tries in "
+                                  f"{spent:.1f}s: simulated error")
+            self.waited += pause
+            if self._backoff_sleep is not None:
+                self._backoff_sleep(pause)
+            spent += pause
 
 
 class SimRemote(Remote):
