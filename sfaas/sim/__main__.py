@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kafka-errors", type=float, default=0.0, metavar="P",
                    help="each produce request times out with probability P")
     p.add_argument("--object-errors", type=float, default=0.0, metavar="P",
-                   help="each object-store call fails with probability P")
+                   help="each object-store request fails with probability P; a call "
+                        "retries it as MinioRemote does (6 tries, backoff)")
     p.add_argument("--rounds", type=float, default=None, metavar="S",
                    help="the snapshot interval in simulated seconds (default: 2.5 with "
                         "faults, none without; 0: none)")

@@ -12,7 +12,9 @@ Faults a schedule may hold (each drawn or left out by the seed):
   recovery (after the crash or the cut) when there is one, where recovery reads it;
 - ``kafka_errors``: each produce request fails (timed out, nothing appended) with this
   probability;
-- ``object_errors``: each object-store call fails (``RemoteError``) with this probability;
+- ``object_errors``: each try of an object-store call fails with this probability; the
+  call retries as ``remotes.minio.MinioRemote`` does and fails (``RemoteError``) only when
+  every try did (``sfaas.sim.objects``);
 - ``coordinator``: the coordinator crashes at ``at`` and a fresh process starts ``down``
   later (the workers rejoin it; drawn last, so adding it changed no earlier draw).
 
