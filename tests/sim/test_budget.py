@@ -24,12 +24,7 @@ from tests.sim import leaky_bank
 #: Seeds that fail on main today, each by a product bug reported (sfaas/sim/README.md
 #: "Findings"), not fixed yet: run and printed, not counted. A seed listed here that
 #: passes is printed as such (remove it once the bug is fixed).
-KNOWN: dict[int, str] = {
-    # the simulator's fault model, not the product's exactly-once: an object-store call
-    # fails after all its retries with p 0.2, and a recovery restoring appendlog's many
-    # small files (rounds every 0.03 s) fails whole whenever one call does: none completes
-    95: "appendlog restores under --object-errors 0.2 all fail (liveness, 47 unanswered)",
-}
+KNOWN: dict[int, str] = {}
 #: Seeds that found exactly-once bugs, since fixed (sfaas/sim/README.md "Findings"): each is
 #: run by a test of its own, whatever the budget reaches.
 FOUND = {
