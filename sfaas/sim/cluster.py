@@ -320,14 +320,15 @@ class SimCluster:
     def _kill(self, name: str) -> None:
         """The current process ``name`` dies: its network and Kafka ports go dead (nothing
         it still does reaches anyone) and every task it started is cancelled — its root
-        task's ``finally`` still runs, as a real crash's would not."""
+        task's ``finally`` still runs, as a real crash's would not. So is the task that
+        called its exit, at its next ``await``: the real exit never returns, and a task
+        going on (a fenced worker's rejoin on a dead network) would hold its slot."""
         its = self._ports[name]
         assert isinstance(its.network, SimNetworkPort) and isinstance(its.kafka, SimKafkaPort)
         its.network.kill()
         its.kafka.kill()
-        current = asyncio.current_task()
         for task in list(self._owned.get(id(its), ())):
-            if task is not current and not task.done():
+            if not task.done():
                 task.cancel()
 
     def _own(self, loop: asyncio.AbstractEventLoop, coro: Any,

@@ -4,6 +4,7 @@ and a seed that gives the same trace twice — in one process and in two."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -13,8 +14,11 @@ import sys
 import pytest
 
 from examples.bank import app
+from sfaas.app import App
+from sfaas.runtime import ports
+from sfaas.runtime.settings import Settings
 from sfaas.sim.__main__ import ROLES
-from sfaas.sim.cluster import Bank, simulate
+from sfaas.sim.cluster import Bank, Process, Roles, simulate
 
 SEEDS = range(10)
 
@@ -109,3 +113,45 @@ def test_a_worker_cut_from_the_coordinator_for_a_second_recovers(seed: int) -> N
     print(f"seed {seed}")
     o = simulate(app, ROLES, seed, bank=Bank(transfers=600), cut=(1.0, 1.0))
     assert o.violations == []
+
+
+class _ExitsAndGoesOn:
+    """Worker 1's first process: the real worker, and a task of it that calls the process's
+    exit (as a fenced worker does) and then goes on awaiting, as code after a real
+    ``os._exit`` never would."""
+
+    def __init__(self, real: Process, its: ports.Ports) -> None:
+        self._real, self._its = real, its
+
+    async def run(self) -> None:
+        async def exit_and_go_on() -> None:
+            await asyncio.sleep(0.5)
+            self._its.process.exit(77)
+            while True:  # (the rejoin a fenced worker's follow task went on to)
+                await asyncio.sleep(1.0)
+
+        side = asyncio.ensure_future(exit_and_go_on())
+        try:
+            await self._real.run()
+        finally:
+            await asyncio.gather(side, return_exceptions=True)
+
+
+def test_a_process_that_exits_ends_though_the_caller_goes_on() -> None:
+    """The process port's exit ends every task of the process, the caller's at its next
+    await too: the supervisor restarts it and the cluster serves every request (found with
+    backoff on the clock: a fenced worker's rejoin went on for 120 s on a dead network and
+    its slot was never restarted)."""
+    made: list[str] = []
+
+    def worker(s: Settings, a: App, name: str, its: ports.Ports) -> Process:
+        real = ROLES.worker(s, a, name, its)
+        made.append(name)
+        return _ExitsAndGoesOn(real, its) if made.count(name) == 1 and name == "worker-1" \
+            else real
+
+    o = simulate(app, Roles(ROLES.coordinator, worker), 7, workers=2,
+                 bank=Bank(accounts=6, transfers=60))
+    assert any("process worker-1 exits with 77" in line for line in o.trace)
+    assert made.count("worker-1") >= 2  # (restarted)
+    assert o.violations == [] and o.sent == len(o.replies)
