@@ -102,8 +102,10 @@ async def epoch_log_used(kafka: str, topic: str, *, port: KafkaPort | None = Non
     start = await _write_start(kafka, topic, port, clock)
     if start == 0:
         return False
-    consumer = (port or ports.current().kafka).consumer(bootstrap_servers=kafka,
-                                                        enable_auto_commit=False)
+    # (retry_backoff_ms: the lookup waits one backoff for the topic's metadata, 100 ms
+    # by default — a tenth of a coordinator's restart)
+    consumer = (port or ports.current().kafka).consumer(
+        bootstrap_servers=kafka, enable_auto_commit=False, retry_backoff_ms=10)
     await consumer.start()
     try:
         beginning = (await consumer.beginning_offsets([tp]))[tp]
