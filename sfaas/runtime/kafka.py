@@ -210,6 +210,11 @@ async def partition_count(producer: AIOKafkaProducer, topic: str, timeout: float
 #: sends no leader epochs, KIP-320) — about a second — and a new leader needs the brokers'
 #: session timeout to be elected.
 READ_RANGE_PATIENCE = 30.0
+#: How long one poll of :func:`read_range` waits for records, ms. A partition whose last
+#: offsets hold no record to hand out (an aborted transaction's, a commit marker: every
+#: recovery's egress fence leaves both) returns none, and only the position says the read
+#: got there: a poll waiting 200 ms for records made every recovery 0.2 s longer.
+READ_POLL_MS = 10
 
 
 async def read_range(
@@ -269,7 +274,7 @@ async def read_range(
             consumer.seek(tp, at[tp])
         while [tp for tp in tps if at[tp] < ends[tp]]:
             try:
-                got = await consumer.getmany(timeout_ms=200)
+                got = await consumer.getmany(timeout_ms=READ_POLL_MS)
             except OffsetOutOfRangeError as exc:
                 tp = next(iter(exc.args[0])) if exc.args and isinstance(exc.args[0], dict) \
                     else tps[0]
