@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from remotes import Remote
     from sfaas.runtime.settings import Settings
 
-__all__ = ["SimKafkaPort", "SimObjects", "VirtualClockPort", "WALL_START", "process_ports"]
+__all__ = ["ProcessExited", "SimKafkaPort", "SimObjects", "VirtualClockPort", "WALL_START",
+           "process_ports"]
 
 #: What ``time()`` reads at virtual time 0 (2027-01-01 UTC): a fixed wall clock, so the
 #: wall times a run reads are a function of its seed too.
@@ -94,10 +95,18 @@ class VirtualClockPort:
         return WALL_START + self._clock.now
 
 
+class ProcessExited(BaseException):
+    """Raised in the task that called a simulated process's exit: the real exit never
+    returns, so neither does this one. (A cancellation alone was not enough: Python 3.11's
+    ``asyncio.wait_for`` drops a cancellation when its inner call fails at once — a dead
+    network's connect — and a fenced worker's rejoin went on for ever, its slot never
+    restarted: seed 133.)"""
+
+
 class SimProcess:
     """The process port of simulated process ``name``: its exit is ``ended(name, code)``
-    — the cluster cuts it off at once (network, Kafka) and ends its task; the supervisor
-    restarts it."""
+    — the cluster cuts it off at once (network, Kafka) and ends its tasks; the supervisor
+    restarts it — and raises :class:`ProcessExited` in the caller."""
 
     def __init__(self, name: str, ended: Callable[[str, int], None]) -> None:
         self._name = name
@@ -105,6 +114,7 @@ class SimProcess:
 
     def exit(self, code: int) -> None:
         self._ended(self._name, code)
+        raise ProcessExited(code)
 
 
 def process_ports(name: str, kafka: SimKafka, objects: SimObjectStore, net: SimNetwork,
