@@ -47,14 +47,7 @@ from sfaas.runtime.protocols.membership import (
     Stop,
 )
 from sfaas.runtime.protocols.reads import Placement, Read, ReadReply, Where
-from sfaas.runtime.protocols.recovery import (
-    Diverged,
-    LoggedEpoch,
-    Recover,
-    Recovered,
-    Replayed,
-    ReplayLogged,
-)
+from sfaas.runtime.protocols.recovery import Diverged, LoggedEpoch, Recover, Recovered
 from sfaas.runtime.protocols.rescale import (
     Following,
     Hold,
@@ -80,7 +73,7 @@ __all__ = [
     "Begin", "Report", "Commit", "Wakeup", "Conflict", "Aborted", "EpochLease", "Wake",
     # snapshot rounds, recovery, standbys
     "Snapshotted", "StoreCut", "Retry", "Recover", "Recovered", "LoggedEpoch", "Diverged", "Follow",
-    "Promote", "ReplayLogged", "Replayed",
+    "Promote",
     # rescaling
     "Scale", "Scaled", "Ship", "Shipped", "Move", "Following", "Release", "Released",
     "Reassign", "Hold", "StoreVersion", "Source",
@@ -97,7 +90,7 @@ __all__ = [
 MESSAGES: tuple[type[Message], ...] = (
     Register, Assign, Ready, Heartbeat, Alive, Stop,
     Begin, Report, Commit, Wakeup, EpochLease, Wake,
-    Snapshotted, Recover, Recovered, Diverged, Follow, Promote, ReplayLogged, Replayed,
+    Snapshotted, Recover, Recovered, Diverged, Follow, Promote,
     Scale, Scaled, Ship, Shipped, Move, Following, Release, Released, Reassign, Hold,
     Hello, Call, Finished, Result, EffectDone,
     Where, Placement, Read, ReadReply, Submit, Answer, Acked,
