@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Callable
 
 from coordinator.state import ClusterState
 from remotes import Remote
@@ -30,8 +29,6 @@ __all__ = ["Startup", "create_topics", "epoch_log_used", "resumed_map"]
 
 #: Seconds a restarting broker or MinIO may take before the coordinator gives up.
 PATIENCE = 120.0
-
-T = TypeVar("T")
 
 
 class Startup(Service):
@@ -80,24 +77,15 @@ async def create_topics(kafka: str, topics: dict[str, int], replication: int = 1
     """Create ``topics`` (name → partitions) if missing; their partition counts. A broker
     that is restarting must not make the supervisor give up on us: retried for a while.
     ``port``, ``clock``: the Kafka and clock ports (the process's when None)."""
-    return await _patiently(lambda: ensure_topics(kafka, topics, replication, kafka=port),
-                            f"Kafka at {kafka} unreachable", clock)
-
-
-async def _patiently(call: Callable[[], Awaitable[T]], trouble: str,
-                     clock: ClockPort | None = None) -> T:
-    """``call()``, tried again every second while it fails, for :data:`PATIENCE` seconds
-    (a restarting broker or MinIO must not make the supervisor give up on us); each
-    failure logged as ``trouble``."""
     clock = clock or ports.current().clock
     deadline = clock.monotonic() + PATIENCE
     while True:
         try:
-            return await call()
+            return await ensure_topics(kafka, topics, replication, kafka=port)
         except Exception as exc:
             if clock.monotonic() > deadline:
                 raise
-            log.warning("%s (%s); retrying", trouble, exc)
+            log.warning("Kafka at %s unreachable (%s); retrying", kafka, exc)
             await asyncio.sleep(1.0)
 
 
@@ -131,17 +119,21 @@ async def epoch_log_used(kafka: str, topic: str, *, port: KafkaPort | None = Non
 async def _write_start(kafka: str, topic: str, port: KafkaPort | None,
                        clock: ClockPort) -> int:
     """This coordinator's start record written to the epoch log (``acks=all``): its offset."""
+    deadline = clock.monotonic() + PATIENCE
     record = StartRecord(clock.time()).encode()
-
-    async def write() -> int:
+    while True:
         producer = make_producer(kafka, durable=True, kafka=port)
-        await producer.start()
         try:
-            return int((await (await producer.send(topic, record, partition=0))).offset)
-        finally:
-            await producer.stop()
-
-    return await _patiently(write, f"cannot write the start record to {topic}", clock)
+            await producer.start()
+            try:
+                return int((await (await producer.send(topic, record, partition=0))).offset)
+            finally:
+                await producer.stop()
+        except Exception as exc:
+            if clock.monotonic() > deadline:
+                raise
+            log.warning("cannot write the start record to %s (%s); retrying", topic, exc)
+            await asyncio.sleep(1.0)
 
 
 async def resumed_map(rounds_remote: Callable[[], Remote], partitions: int,
@@ -150,9 +142,17 @@ async def resumed_map(rounds_remote: Callable[[], Remote], partitions: int,
     """A restarted coordinator: the membership size and partition map of the newest round
     (a rescale may have changed them since the cluster started); None: keep the default
     map of ``workers`` (the settings') slots."""
-    # (MinIO down: the recovery that follows needs it anyway)
-    latest = await _patiently(lambda: asyncio.to_thread(Rounds(rounds_remote()).latest),
-                              "cannot read the snapshot rounds", clock)
+    clock = clock or ports.current().clock
+    deadline = clock.monotonic() + PATIENCE
+    while True:
+        try:
+            latest = await asyncio.to_thread(Rounds(rounds_remote()).latest)
+            break
+        except Exception as exc:  # MinIO down: the recovery that follows needs it anyway
+            if clock.monotonic() > deadline:
+                raise
+            log.warning("cannot read the snapshot rounds (%s); retrying", exc)
+            await asyncio.sleep(1.0)
     if latest is None or not latest.owners:
         return None
     if len(latest.owners) != partitions:
