@@ -2,8 +2,8 @@
 
 Each worker reports the epoch's conflicts, user aborts and call counters (``wire.Report``);
 when the counters show no call in flight (``execution_finished``) the epoch is over and its
-reports go into the ``Commit``. Used by live epochs (``coordinator.epochs``) and by a
-recovery's replay (``coordinator.protocols.recovery``).
+reports go into the ``Commit``. Used by live epochs (``coordinator.epochs``); a
+recovery's replay runs as a lease, without it (``coordinator.protocols.recovery``).
 """
 
 from __future__ import annotations

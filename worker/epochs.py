@@ -10,7 +10,8 @@
 With snapshot rounds on, each batch is written to the epoch log while it executes; the
 report (hence every reply of the epoch, anywhere) waits until the record is durable.
 Under a lease (``worker.protocols.lease``) the workers begin and commit epochs themselves:
-the report also goes to every peer, and the lease begins the next epoch.
+the report also goes to every peer, and the lease begins the next epoch; a recovery's
+replay runs as such a lease, whose reports go to the peers only.
 """
 
 from __future__ import annotations
@@ -122,12 +123,14 @@ class EpochRunner:
         self._idle_reported = pending == 0
         if self._uplink.closed:  # the coordinator is gone: this epoch is rolled back anyway
             return
+        lease = self._lease
         calls = self._calls
         rep = wire.Report(
             st.engine.epoch, st.index, len(st.loop.batch),
             [wire.Conflict(t, b) for t, b in conflicts.items()],
             [wire.Aborted(t, e, r) for t, (e, r) in aborts.items()],
-            list(calls.sent), list(calls.served), pending, self._lease.run,
+            list(calls.sent), list(calls.served), pending, lease.run,
         )
-        self._uplink.send(rep)
-        self._lease.reported(rep)
+        if not lease.replaying:  # (a leased replay's reports are the peers' alone)
+            self._uplink.send(rep)
+        lease.reported(rep)

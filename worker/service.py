@@ -239,6 +239,12 @@ class Worker(Service):
                            aborts: dict[int, tuple[str, str]], marker: int | None) -> None:
         await self.commits.commit_epoch(epoch, conflicts, aborts, marker)
 
+    def replayed(self, epoch: int) -> None:
+        """The recovery's leased replay committed its last epoch: tell the coordinator
+        (a closed channel: the next coordinator recovers anew)."""
+        if not self.uplink.closed:
+            self.uplink.send(wire.Replayed(self.state.recovery, self.state.index, epoch))
+
     async def _held_by_standbys(self, round_id: int) -> object:
         """A round's report waits until the standbys hold the round (``Shipping.wait_marks``)."""
         shipping = self.replication.shipping
@@ -300,6 +306,9 @@ class Worker(Service):
             self.start_epoch(msg)
         elif isinstance(msg, wire.EpochLease):
             self.epoch_lease.grant(msg)
+        elif isinstance(msg, wire.ReplayLogged):
+            if msg.attempt == self.state.recovery:  # (else: an abandoned recovery's)
+                self.epoch_lease.replay(msg)
         elif isinstance(msg, wire.Recover):
             await self.recovery.run(msg)  # awaited: the replay's Begins come after it
         elif isinstance(msg, wire.Ship):

@@ -9,9 +9,12 @@ After a lost worker (a closed channel at once, silence after ``heartbeat_timeout
 2. find the newest complete round in MinIO (none yet: round 0, the empty state);
 3. ``Recover`` to every worker; each rolls back and answers ``Recovered`` with the logged
    epochs after the round (``worker.protocols.recovery``);
-4. replay: each logged epoch as ``Begin(epoch, its logged now, replay=True)`` with the
-   normal barrier and ``Commit`` — same batches, same tids, same ``now``, so the same
-   results; replies already in the egress topic are not produced again;
+4. replay: ``ReplayLogged`` with every logged epoch and its ``now``; the workers run them
+   in order themselves, as a lease (``worker.protocols.lease``): each epoch begun as
+   ``Begin(epoch, its logged now, replay=True)`` once the one before committed, committed
+   when every worker's report (sent to the peers) is in — same batches, same tids, same
+   ``now``, the same merged votes, so the same results; replies already in the egress
+   topic are not produced again. Each worker answers ``Replayed`` after the last;
 5. resume live epochs above every epoch used before.
 
 A loss during any step, a worker that fails to roll back, or MinIO unreachable restarts
@@ -28,10 +31,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import secrets
 import time
 from collections.abc import Callable
 
-from coordinator.barrier import Barrier
 from coordinator.inbox import Inbox, Interrupted, Lost
 from coordinator.needs import Recoveries
 from coordinator.state import ClusterState
@@ -40,7 +43,6 @@ from remotes import Remote
 from sfaas.errors import ChannelClosed, RecoveryStopped
 from sfaas.runtime import tracing, wire
 from sfaas.runtime.protocols.rounds import Rounds
-from sfaas.runtime.txn.loop import merge_votes
 
 log = logging.getLogger("sfaas.coordinator.recovery")
 
@@ -65,11 +67,10 @@ class Recovery:
     """Recovers the cluster (see the module docstring). ``rounds_remote``: where the
     snapshot rounds are published; ``recoveries``: told the phases of each recovery done."""
 
-    def __init__(self, state: ClusterState, inbox: Inbox, barrier: Barrier,
+    def __init__(self, state: ClusterState, inbox: Inbox,
                  rounds_remote: Callable[[], Remote], recoveries: Recoveries) -> None:
         self._state = state
         self._inbox = inbox
-        self._barrier = barrier
         self._rounds_remote = rounds_remote
         self._recoveries = recoveries
 
@@ -91,7 +92,7 @@ class Recovery:
                 phases["restore"] = time.monotonic() - t
                 steps.append(time.time_ns())
                 t = time.monotonic()
-                await self._replay(epochs)
+                await self._replay(attempt, epochs)
                 phases["replay"] = time.monotonic() - t
                 steps.append(time.time_ns())
             except (_Retry, Interrupted) as exc:
@@ -188,13 +189,25 @@ class Recovery:
                 epochs[int(e)] = float(now)
         return [wire.LoggedEpoch(e, epochs[e]) for e in sorted(epochs)]
 
-    async def _replay(self, epochs: list[wire.LoggedEpoch]) -> None:
-        for e, now in epochs:
-            self._broadcast(wire.Begin(e, now, None, True))
-            reports = await self._barrier.wait(e)
-            conflicts, aborts = merge_votes((r.conflicts, r.aborts) for r in reports)
-            self._broadcast(wire.Commit(
-                e, [wire.Conflict(t, b) for t, b in conflicts.items()],
-                [wire.Aborted(t, x, y) for t, (x, y) in aborts.items()], False, None))
-        if epochs:
-            self._state.reach_epoch(epochs[-1][0])
+    async def _replay(self, attempt: int, epochs: list[wire.LoggedEpoch]) -> None:
+        """Step 4: the workers replay ``epochs`` as a lease (``wire.ReplayLogged``,
+        ``worker.protocols.lease``) — no Begin and Commit of the coordinator's per epoch,
+        whose two hops were most of a replayed epoch's time — and each answers once it
+        committed the last (``wire.Replayed``)."""
+        if not epochs:
+            return
+        run = 1 + secrets.randbelow(2**62)
+        self._broadcast(wire.ReplayLogged(attempt, run, epochs))
+        last = epochs[-1].epoch
+        done: set[int] = set()
+        while len(done) < len(self._state.members):
+            msg = await self._inbox.get()
+            if isinstance(msg, Lost):
+                raise _Retry("a worker was lost during the replay")
+            if isinstance(msg, wire.Replayed) and msg.attempt == attempt:
+                if msg.epoch != last:  # (a bug: every worker was given the same epochs)
+                    raise _Retry(f"worker {msg.index} replayed up to epoch {msg.epoch}, "
+                                 f"not {last}")
+                done.add(msg.index)
+            # anything else is from before the replay (stale reports of the lost epoch)
+        self._state.reach_epoch(last)

@@ -47,7 +47,14 @@ from sfaas.runtime.protocols.membership import (
     Stop,
 )
 from sfaas.runtime.protocols.reads import Placement, Read, ReadReply, Where
-from sfaas.runtime.protocols.recovery import Diverged, LoggedEpoch, Recover, Recovered
+from sfaas.runtime.protocols.recovery import (
+    Diverged,
+    LoggedEpoch,
+    Recover,
+    Recovered,
+    Replayed,
+    ReplayLogged,
+)
 from sfaas.runtime.protocols.rescale import (
     Following,
     Hold,
@@ -73,7 +80,7 @@ __all__ = [
     "Begin", "Report", "Commit", "Wakeup", "Conflict", "Aborted", "EpochLease", "Wake",
     # snapshot rounds, recovery, standbys
     "Snapshotted", "StoreCut", "Retry", "Recover", "Recovered", "LoggedEpoch", "Diverged", "Follow",
-    "Promote",
+    "Promote", "ReplayLogged", "Replayed",
     # rescaling
     "Scale", "Scaled", "Ship", "Shipped", "Move", "Following", "Release", "Released",
     "Reassign", "Hold", "StoreVersion", "Source",
@@ -90,7 +97,7 @@ __all__ = [
 MESSAGES: tuple[type[Message], ...] = (
     Register, Assign, Ready, Heartbeat, Alive, Stop,
     Begin, Report, Commit, Wakeup, EpochLease, Wake,
-    Snapshotted, Recover, Recovered, Diverged, Follow, Promote,
+    Snapshotted, Recover, Recovered, Diverged, Follow, Promote, ReplayLogged, Replayed,
     Scale, Scaled, Ship, Shipped, Move, Following, Release, Released, Reassign, Hold,
     Hello, Call, Finished, Result, EffectDone,
     Where, Placement, Read, ReadReply, Submit, Answer, Acked,

@@ -148,6 +148,7 @@ _ROWS: dict[tuple[str, str], st.SearchStrategy[Any]] = {
     ("Snapshotted", "retries"): st.lists(st.tuples(_int, _int, _int, _float, st.just({})).map(list), max_size=3),
     ("Reassign", "retries"): st.lists(st.tuples(_int, _int, _int, _float, st.just({})).map(list), max_size=3),
     ("Recovered", "epochs"): st.lists(st.tuples(_int, _float).map(list), max_size=3),
+    ("ReplayLogged", "epochs"): st.lists(st.tuples(_int, _float).map(list), max_size=3),
     ("Heartbeat", "slow"): st.lists(st.tuples(_str, _str, _str, _float, _int, _float, _float,
                                               _float, _float, _float, _int, st.booleans(), _int,
                                               _str).map(list), max_size=2),

@@ -25,11 +25,20 @@ The coordinator begins the first epoch of a leased run itself (a ``Begin`` follo
 id that its Reports and Wakes carry; a recovery (or a lost coordinator) ends the lease
 (:meth:`EpochLeaseHolder.end_lease`), and what still travels from the old run is dropped by
 its id.
+
+A recovery's replay runs the same way (``wire.ReplayLogged``, :meth:`EpochLeaseHolder.replay`):
+the logged epochs, given in order with their ``now``, each begun as ``Begin(replay=True)``
+once the one before committed — whatever the reports say of idleness, with no marker —
+and the Reports go to the peers only. After the last commit the worker tells the
+coordinator (``LeaseHost.replayed``) and the lease is over; the coordinator, which drove
+each replayed epoch with a Begin and a Commit (two hops per epoch), waits for that one
+answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from typing import Any, Protocol
@@ -61,6 +70,9 @@ class LeaseHost(Protocol):
     async def commit_epoch(self, epoch: int, conflicts: dict[int, int],
                            aborts: dict[int, tuple[str, str]], marker: int | None) -> None: ...
 
+    def replayed(self, epoch: int) -> None:
+        """A leased replay committed its last epoch, ``epoch``."""
+
 
 class EpochLeaseHolder:
     """One worker's side of leased epochs (see the module docstring)."""
@@ -82,6 +94,10 @@ class EpochLeaseHolder:
         self.woken = False
         #: epoch → worker index → that worker's latest report of the epoch
         self.reports: dict[int, dict[int, wire.Report]] = {}
+        #: a leased replay's epochs still to begin, in order, with the ``now`` each ran with
+        self.replays: collections.deque[wire.LoggedEpoch] = collections.deque()
+        #: a leased replay runs (its reports go to the peers only)
+        self.replaying = False
         self._committing = False
 
     @property
@@ -97,7 +113,13 @@ class EpochLeaseHolder:
         self.reports.clear()
         self.idle_at = -1
         self.woken = False
+        self.replays.clear()
+        self.replaying = False
         self._committing = False
+        # (what began and committed under the lease is over: a report of the next run's
+        # epochs, whatever their numbers, is kept from now on — a replay's start below an
+        # epoch committed before the recovery, or a restarted coordinator's)
+        self.begun = self.committed = 0
 
     # -- what arrives -----------------------------------------------------------------------------
     def grant(self, msg: wire.EpochLease) -> None:
@@ -121,6 +143,28 @@ class EpochLeaseHolder:
             own.run = self.run  # reported before the lease came: the peers need it now
             self._host.send_peers(own)
         self.advance()
+
+    def replay(self, msg: wire.ReplayLogged) -> None:
+        """A recovery's logged epochs, replayed under a lease of run ``msg.run`` (see the
+        module docstring); begins the first at once. (The recovery ended the lease before:
+        a peer's report of this run may be here already, and is kept.)"""
+        epochs = sorted(msg.epochs)
+        assert epochs, "a replay of no epoch"
+        assert len({e for e, _ in epochs}) == len(epochs), f"an epoch given twice: {epochs}"
+        self.run = msg.run
+        self.upto = epochs[-1].epoch
+        self.markers.clear()
+        self.idle_at = -1
+        self.replaying = True
+        self.replays = collections.deque(epochs)
+        for reps in self.reports.values():  # (this worker's own from before the recovery too)
+            for i in [i for i, r in reps.items() if r.run != msg.run]:
+                del reps[i]
+        self._begin_replayed()
+
+    def _begin_replayed(self) -> None:
+        e, now = self.replays.popleft()
+        self._host.start_epoch(wire.Begin(e, now, None, True))
 
     def began(self, epoch: int) -> None:
         """Epoch ``epoch`` began here (the coordinator's Begin or our own)."""
@@ -176,6 +220,13 @@ class EpochLeaseHolder:
             if execution_finished(n, {i: (r.sent, r.served) for i, r in reps.items()}):
                 self._committing = True
                 w.tasks_add(asyncio.ensure_future(self._commit(e, [reps[i] for i in sorted(reps)])))
+            return
+        if self.replaying:
+            if self.replays:
+                self._begin_replayed()
+            else:  # the replay is over: live epochs are the coordinator's again
+                self.end_lease()
+                w.replayed(e)
             return
         nxt = e + 1
         if nxt > self.upto:

@@ -21,7 +21,8 @@ a dead one alike — does the same (global rollback, Styx's way):
    holds are done; the round's waiting re-runs go back to the sequencer with their tids;
    everything else is queued in offset order;
 6. seek ingress past what was read, restart ingest, and report ``wire.Recovered`` with the
-   logged epochs to replay (the coordinator then drives them as ``Begin(replay=True)``).
+   logged epochs to replay (the coordinator then has them replayed as a lease:
+   ``wire.ReplayLogged``, ``worker.protocols.lease``).
 
 A round's report is sent only once the replies of every request it holds are acknowledged
 (``worker.epochs.EpochRunner``), so a rollback never needs a reply it cannot reproduce.

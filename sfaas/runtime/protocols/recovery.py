@@ -9,7 +9,7 @@ from typing import ClassVar, NamedTuple
 from sfaas.runtime.protocols.base import Message
 from sfaas.runtime.protocols.membership import Peer
 
-__all__ = ["Diverged", "LoggedEpoch", "Recover", "Recovered"]
+__all__ = ["Diverged", "LoggedEpoch", "Recover", "Recovered", "ReplayLogged", "Replayed"]
 
 
 class LoggedEpoch(NamedTuple):
@@ -50,6 +50,32 @@ class Recovered(Message):
     epochs: list[LoggedEpoch]
     error: str
     permanent: bool
+
+
+@dataclass(slots=True)
+class ReplayLogged(Message):
+    """Coordinator → every worker, once all answered ``Recovered`` for ``attempt``: replay
+    ``epochs`` (every worker's logged epochs after the round, in order) yourselves, as a
+    lease (``worker.protocols.lease``): each epoch begins once the one before committed,
+    each worker's Report goes to its peers only, and every worker commits an epoch on the
+    same reports — the Commit the coordinator would have sent, without its two hops per
+    epoch. ``run``: this replay's random id, which its Reports carry."""
+
+    TAG: ClassVar[int] = 38
+    attempt: int
+    run: int
+    epochs: list[LoggedEpoch]
+
+
+@dataclass(slots=True)
+class Replayed(Message):
+    """Worker → coordinator: committed every epoch of recovery ``attempt``'s replay, the
+    last being ``epoch``; live epochs may begin once every worker said so."""
+
+    TAG: ClassVar[int] = 39
+    attempt: int
+    index: int
+    epoch: int
 
 
 @dataclass(slots=True)
