@@ -242,6 +242,7 @@ class Worker(Service):
     def replayed(self, epoch: int) -> None:
         """The recovery's leased replay committed its last epoch: tell the coordinator
         (a closed channel: the next coordinator recovers anew)."""
+        self.recovery.replayed()
         if not self.uplink.closed:
             self.uplink.send(wire.Replayed(self.state.recovery, self.state.index, epoch))
 

@@ -2,7 +2,9 @@
 logged epochs go to the workers in one ``ReplayLogged`` each, which replay them as a lease
 (``worker.protocols.lease``, tested in ``test_lease``), and the replay is over once every
 worker answered ``Replayed`` — a constant number of coordinator messages, whatever the
-number of logged epochs, where a Begin and a Commit per epoch went before."""
+number of logged epochs, where a Begin and a Commit per epoch went before. A worker takes
+no requests while it replays (``worker.protocols.replay``): they could only queue, and
+their decoding took the event loop from the replay."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import pytest
 from coordinator.inbox import Inbox
 from coordinator.protocols.recovery import Recovery, _Retry
 from sfaas.runtime import wire
+from sfaas.runtime.protocols.rounds import RoundManifest
+from worker.protocols.replay import Replay
 
 
 class _Channel:
@@ -84,3 +88,49 @@ def test_nothing_to_replay_sends_nothing() -> None:
         return chans
 
     assert all(not c.sent for c in asyncio.run(go()))
+
+
+class _Taken:
+    """What a worker's ingest and direct ingress were told (``restart_at``, ``restore``)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def restart_at(self, at: dict[int, int]) -> None:
+        self.events.append(("ingest from", dict(at)))
+
+    def restore(self, cuts: list[Any], mine: set[int]) -> None:
+        self.events.append(("direct calls", sorted(mine)))
+
+    def restored(self) -> None:
+        self.events.append(("world", None))
+
+
+def _replay_part() -> tuple[Replay, _Taken, RoundManifest]:
+    taken = _Taken()
+    engine = SimpleNamespace(begin=lambda epoch: taken.events.append(("engine at", epoch)))
+    state: Any = SimpleNamespace(mine=lambda: [0, 2], engine=engine)
+    settings: Any = SimpleNamespace(epoch_log_topic=lambda app: "log")
+    fake: Any = taken
+    replay = Replay(settings, "app", state, kafka=fake, ingress=fake, direct=fake, egress=fake,
+                    world=fake, log=fake)
+    m = RoundManifest(3, 40, 0, 4, (), {0: 7, 2: 9}, {}, {}, (), 0)
+    return replay, taken, m
+
+
+def test_a_worker_takes_requests_again_only_once_its_replay_is_over() -> None:
+    replay, taken, m = _replay_part()
+    replay.live(m, {0: [(7, b"x"), (8, b"y")]}, [], later=True)
+    assert ("engine at", 40) in taken.events and ("world", None) in taken.events
+    assert not [e for e in taken.events if e[0] in ("ingest from", "direct calls")], \
+        "ingest restarted before the replay"
+    replay.replayed()
+    assert taken.events[-2:] == [("direct calls", [0, 2]), ("ingest from", {0: 9, 2: 9})]
+    replay.replayed()  # (once)
+    assert len(taken.events) == 4
+
+
+def test_a_worker_with_nothing_to_replay_takes_requests_at_once() -> None:
+    replay, taken, m = _replay_part()
+    replay.live(m, {}, [], later=False)
+    assert taken.events[-2:] == [("direct calls", [0, 2]), ("ingest from", {0: 7, 2: 9})]

@@ -121,6 +121,10 @@ class Recovery:
             return
         self._uplink.send(wire.Recovered(msg.attempt, st.index, epochs, "", False))
 
+    def replayed(self) -> None:
+        """The leased replay committed its last epoch: live again."""
+        self._replay.replayed()
+
     async def recover(self, msg: wire.Recover) -> list[wire.LoggedEpoch]:
         """Roll back to round ``msg.round``; returns the logged epochs to replay."""
         st = self._state
@@ -138,8 +142,8 @@ class Recovery:
         turn = Turns()
         logs = await self._replay.decode(m, raw_log, raw_out, turn)
         await self._replay.rebuild(m, raw_in, logs, turn)  # 5. the epoch loop
-        self._replay.live(m, raw_in, logs.cuts)  # 6. live again after the replay
         epochs = sorted({(r.epoch, r.now) for r in logs.later})
+        self._replay.live(m, raw_in, logs.cuts, bool(epochs))  # 6. live again after the replay
         steps.step("rebuild")
         self._logged(msg, m, epochs, logs, turn, steps)
         return [wire.LoggedEpoch(e, now) for e, now in epochs]

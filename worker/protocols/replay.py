@@ -82,6 +82,8 @@ class Replay:
         self._egress = egress
         self._world = world
         self._log = log
+        #: what goes live once the replay is over (:meth:`live`)
+        self._waiting: tuple[list[CutRecord], set[int], dict[int, int]] | None = None
 
     async def reply_partitions(self) -> Iterable[int]:
         """The egress topic's partitions."""
@@ -202,8 +204,10 @@ class Replay:
         self._direct.expect(item for batch in replays.values() for _, item in batch)
         return in_log
 
-    def live(self, m: RoundManifest, raw_in: Raw, cuts: list[CutRecord]) -> None:
-        """6. live again after the replay: ingest from past what was read."""
+    def live(self, m: RoundManifest, raw_in: Raw, cuts: list[CutRecord], later: bool) -> None:
+        """6. live again after the replay: ingest from past what was read. With logged
+        epochs to replay (``later``) the ingest waits until they are (:meth:`replayed`):
+        what it takes could only queue, and it would take the event loop from the replay."""
         st = self._state
         assert st.engine is not None
         mine = st.mine()
@@ -211,9 +215,19 @@ class Replay:
         for p in mine:
             recs = raw_in.get(p, [])
             at[p] = recs[-1][0] + 1 if recs else m.ingress.get(p, 0)
-        self._direct.restore(cuts, set(mine))
         st.engine.begin(m.epoch)  # a peer's replay call for epoch > m.epoch waits for its Begin
         self._world.restored()
+        self._waiting = (cuts, set(mine), at)
+        if not later:
+            self.replayed()
+
+    def replayed(self) -> None:
+        """The replay is over here: take requests again."""
+        if self._waiting is None:
+            return
+        cuts, mine, at = self._waiting
+        self._waiting = None
+        self._direct.restore(cuts, mine)
         self._ingress.restart_at(at)
 
     def _requeue_direct(self, cuts: list[CutRecord], mine: set[int],
