@@ -2,8 +2,9 @@
 
 Each worker reports the epoch's conflicts, user aborts and call counters (``wire.Report``);
 when the counters show no call in flight (``execution_finished``) the epoch is over and its
-reports go into the ``Commit``. Used by live epochs (``coordinator.epochs``); a
-recovery's replay runs as a lease, without it (``coordinator.protocols.recovery``).
+reports go into the ``Commit``. Used by live epochs (``coordinator.epochs``) and by a
+recovery's replay when it runs epoch by epoch (``coordinator.protocols.recovery``: after a
+leased replay stalled).
 """
 
 from __future__ import annotations

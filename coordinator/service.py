@@ -99,7 +99,7 @@ class Coordinator(Service):
                          self.metrics) if s.epoch_lease > 0 else
             EagerEpochs(self.state, self.inbox, self.barrier, self.membership, self.boundary,
                         self.metrics, Gathering(s.epoch_gather, s.epoch_gather_adaptive)))
-        self.recovery = Recovery(self.state, self.inbox, self._rounds_remote,
+        self.recovery = Recovery(self.state, self.inbox, self.barrier, self._rounds_remote,
                                  self.bulletin)
         # what runs before what: workers register once the layout is known, the watchdog
         # watches a formed cluster

@@ -230,7 +230,11 @@ class Worker(Service):
 
     def start_epoch(self, begin: wire.Begin) -> None:
         """Begin epoch ``begin.epoch`` now (the coordinator's Begin, or the lease's) and run
-        its roots in a task."""
+        its roots in a task. A live epoch ends a recovery's replay here, however it ran
+        (a replay the coordinator drove after a leased one stalled sends no ``Replayed``):
+        the worker takes requests again."""
+        if not begin.replay:
+            self.recovery.replayed()
         t0 = self.epochs.begin(begin)
         if t0 is not None:
             self.tasks.spawn(self.epochs.execute(begin, t0))

@@ -14,7 +14,12 @@ After a lost worker (a closed channel at once, silence after ``heartbeat_timeout
    ``Begin(epoch, its logged now, replay=True)`` once the one before committed, committed
    when every worker's report (sent to the peers) is in — same batches, same tids, same
    ``now``, the same merged votes, so the same results; replies already in the egress
-   topic are not produced again. Each worker answers ``Replayed`` after the last;
+   topic are not produced again. Each worker answers ``Replayed`` after the last.
+   A leased replay that has not answered within :func:`replay_patience` (its reports
+   travel between the workers only, so a report lost on a broken peer channel would
+   stall it with every worker alive) restarts the recovery, and the attempts that
+   follow drive each epoch themselves: ``Begin(epoch, its logged now, replay=True)``, the
+   barrier, ``Commit`` — two hops per epoch, slower, but every report comes here;
 5. resume live epochs above every epoch used before.
 
 A loss during any step, a worker that fails to roll back, or MinIO unreachable restarts
@@ -35,6 +40,7 @@ import secrets
 import time
 from collections.abc import Callable
 
+from coordinator.barrier import Barrier
 from coordinator.inbox import Inbox, Interrupted, Lost
 from coordinator.needs import Recoveries
 from coordinator.state import ClusterState
@@ -43,15 +49,31 @@ from remotes import Remote
 from sfaas.errors import ChannelClosed, RecoveryStopped
 from sfaas.runtime import tracing, wire
 from sfaas.runtime.protocols.rounds import Rounds
+from sfaas.runtime.txn.loop import merge_votes
 
 log = logging.getLogger("sfaas.coordinator.recovery")
 
-__all__ = ["Recovery", "RETRY_PAUSE", "SAME_FAILURES"]
+__all__ = ["Recovery", "RETRY_PAUSE", "SAME_FAILURES", "replay_patience"]
 
 #: Seconds between recovery attempts that failed.
 RETRY_PAUSE = 0.5
 #: Identical permanent failures in a row after which recovery stops retrying.
 SAME_FAILURES = 3
+#: How long a leased replay may take before the recovery starts again with a replay the
+#: coordinator drives: this many seconds, plus :data:`PATIENCE_PER_EPOCH` per epoch. A
+#: replay runs ~550 epochs a second on a quiet 2-core host and live epochs 110–190, so
+#: the patience is past a live-speed replay's time even on a loaded one.
+PATIENCE_BASE = 4.0
+PATIENCE_PER_EPOCH = 0.025
+
+
+def replay_patience(epochs: int) -> float:
+    """Seconds a leased replay of ``epochs`` epochs may take (see :data:`PATIENCE_BASE`)."""
+    return PATIENCE_BASE + PATIENCE_PER_EPOCH * epochs
+
+
+class _Stalled(Exception):
+    """A leased replay did not finish in time (:func:`replay_patience`)."""
 
 
 class _Retry(Exception):
@@ -67,10 +89,13 @@ class Recovery:
     """Recovers the cluster (see the module docstring). ``rounds_remote``: where the
     snapshot rounds are published; ``recoveries``: told the phases of each recovery done."""
 
-    def __init__(self, state: ClusterState, inbox: Inbox,
+    def __init__(self, state: ClusterState, inbox: Inbox, barrier: Barrier,
                  rounds_remote: Callable[[], Remote], recoveries: Recoveries) -> None:
         self._state = state
         self._inbox = inbox
+        self._barrier = barrier
+        #: leased replays that stalled (the later attempts of their recovery drive it)
+        self.stalls = 0
         self._rounds_remote = rounds_remote
         self._recoveries = recoveries
 
@@ -79,6 +104,7 @@ class Recovery:
         state = self._state
         t0, t0_ns = time.monotonic(), time.time_ns()
         last, same = "", 0  # the last permanent failure, and how often in a row
+        driven = False  # a leased replay stalled: this recovery's next attempts drive theirs
         while True:
             attempt = state.begin_recovery()
             self._inbox.rearm()
@@ -92,9 +118,19 @@ class Recovery:
                 phases["restore"] = time.monotonic() - t
                 steps.append(time.time_ns())
                 t = time.monotonic()
-                await self._replay(attempt, epochs)
+                if driven:
+                    await self._driven_replay(epochs)
+                else:
+                    await self._replay(attempt, epochs)
                 phases["replay"] = time.monotonic() - t
                 steps.append(time.time_ns())
+            except _Stalled as exc:
+                self.stalls += 1
+                driven = True
+                log.warning("recovery %d: %s; trying again with a replay driven epoch by "
+                            "epoch", attempt, exc)
+                await asyncio.sleep(RETRY_PAUSE)
+                continue
             except (_Retry, Interrupted) as exc:
                 if isinstance(exc, _Retry) and exc.permanent:
                     # "the same way": the same error but for the numbers in it (which
@@ -193,15 +229,22 @@ class Recovery:
         """Step 4: the workers replay ``epochs`` as a lease (``wire.ReplayLogged``,
         ``worker.protocols.lease``) — no Begin and Commit of the coordinator's per epoch,
         whose two hops were most of a replayed epoch's time — and each answers once it
-        committed the last (``wire.Replayed``)."""
+        committed the last (``wire.Replayed``); raises :class:`_Stalled` when they have not
+        within :func:`replay_patience`."""
         if not epochs:
             return
         run = 1 + secrets.randbelow(2**62)
         self._broadcast(wire.ReplayLogged(attempt, run, epochs))
         last = epochs[-1].epoch
+        patience = replay_patience(len(epochs))
+        deadline = time.monotonic() + patience
         done: set[int] = set()
         while len(done) < len(self._state.members):
-            msg = await self._inbox.get()
+            try:
+                msg = await asyncio.wait_for(self._inbox.get(), deadline - time.monotonic())
+            except TimeoutError:
+                raise _Stalled(f"the leased replay of {len(epochs)} epochs did not finish in "
+                               f"{patience:.1f} s (answered: {sorted(done)})") from None
             if isinstance(msg, Lost):
                 raise _Retry("a worker was lost during the replay")
             if isinstance(msg, wire.Replayed) and msg.attempt == attempt:
@@ -211,3 +254,17 @@ class Recovery:
                 done.add(msg.index)
             # anything else is from before the replay (stale reports of the lost epoch)
         self._state.reach_epoch(last)
+
+    async def _driven_replay(self, epochs: list[wire.LoggedEpoch]) -> None:
+        """Step 4 after a leased replay stalled: each logged epoch as ``Begin(epoch, its
+        logged now, replay=True)``, the barrier (every report comes here) and ``Commit``.
+        The workers go live at the first live Begin that follows (``worker.epochs``)."""
+        for e, now in epochs:
+            self._broadcast(wire.Begin(e, now, None, True))
+            reports = await self._barrier.wait(e)  # (a loss raises Interrupted: start over)
+            conflicts, aborts = merge_votes((r.conflicts, r.aborts) for r in reports)
+            self._broadcast(wire.Commit(
+                e, [wire.Conflict(t, b) for t, b in conflicts.items()],
+                [wire.Aborted(t, x, y) for t, (x, y) in aborts.items()], False, None))
+        if epochs:
+            self._state.reach_epoch(epochs[-1].epoch)

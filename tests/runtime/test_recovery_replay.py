@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from coordinator.barrier import Barrier
 from coordinator.inbox import Inbox
+from coordinator.protocols import recovery as recovery_mod
 from coordinator.protocols.recovery import Recovery, _Retry
 from sfaas.runtime import wire
 from sfaas.runtime.protocols.rounds import RoundManifest
@@ -36,7 +38,8 @@ def _recovery(n: int) -> tuple[Recovery, Inbox, list[_Channel], list[int]]:
         members=[SimpleNamespace(index=i, channel=c) for i, c in enumerate(chans)],
         reach_epoch=reached.append)
     inbox = Inbox()
-    rec = Recovery(state, inbox, lambda: None, SimpleNamespace())  # type: ignore[arg-type]
+    rec = Recovery(state, inbox, Barrier(inbox, state, SimpleNamespace()),
+                   lambda: None, SimpleNamespace())  # type: ignore[arg-type]
     return rec, inbox, chans, reached
 
 
@@ -134,3 +137,128 @@ def test_a_worker_with_nothing_to_replay_takes_requests_at_once() -> None:
     replay, taken, m = _replay_part()
     replay.live(m, {}, [], later=False)
     assert taken.events[-2:] == [("direct calls", [0, 2]), ("ingest from", {0: 7, 2: 9})]
+
+
+class _Workers:
+    """The barrier's ``Workers`` port: nobody is lost in these tests."""
+
+    def lose_slot(self, index: int, why: str) -> None:
+        raise AssertionError(f"worker {index} lost: {why}")
+
+
+def _recovering(n: int, epochs: list[wire.LoggedEpoch]) -> tuple[Recovery, Inbox, list[_Channel],
+                                                                   list[int], list[dict]]:
+    """A whole recovery (``Recovery.run``) whose rollback always answers ``epochs``."""
+    chans = [_Channel() for _ in range(n)]
+    reached: list[int] = []
+    done: list[dict] = []
+    attempts = iter(range(1, 100))
+    state: Any = SimpleNamespace(
+        members=[SimpleNamespace(index=i, channel=c) for i, c in enumerate(chans)],
+        reach_epoch=reached.append, begin_recovery=lambda: next(attempts),
+        recovered=done.append)
+    inbox = Inbox()
+    barrier = Barrier(inbox, state, _Workers())
+    rec = Recovery(state, inbox, barrier, lambda: None,  # type: ignore[arg-type]
+                   SimpleNamespace(recovered=lambda info: None))
+
+    async def ready(attempt: int) -> None:
+        inbox.discard()
+        inbox.rearm()
+
+    async def latest() -> int:
+        return 3
+
+    async def roll_back(attempt: int, round_id: int) -> list[wire.LoggedEpoch]:
+        return epochs
+
+    rec.members_ready = ready  # type: ignore[method-assign]
+    rec._latest_round = latest  # type: ignore[method-assign]
+    rec._roll_back = roll_back  # type: ignore[method-assign]
+    return rec, inbox, chans, reached, done
+
+
+async def _report_each_begin(inbox: Inbox, chans: list[_Channel]) -> None:
+    """The workers of a driven replay: each reports every replayed Begin it gets."""
+    seen = [0] * len(chans)
+    n = len(chans)
+    while True:
+        for i, c in enumerate(chans):
+            for msg in c.sent[seen[i]:]:
+                if isinstance(msg, wire.Begin):
+                    assert msg.replay, "a live Begin during the recovery"
+                    await inbox.put(wire.Report(msg.epoch, i, 1, [], [], [0] * n, [0] * n, 0, 0))
+            seen[i] = len(c.sent)
+        await asyncio.sleep(0.001)
+
+
+def test_a_stalled_leased_replay_starts_over_driven_epoch_by_epoch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nobody answers the leased replay (a report lost between two workers stalls it while
+    both stay alive): after the patience the recovery starts over, and its next attempt
+    drives each logged epoch with a Begin, the barrier and a Commit — and finishes."""
+    monkeypatch.setattr(recovery_mod, "PATIENCE_BASE", 0.2)
+    monkeypatch.setattr(recovery_mod, "PATIENCE_PER_EPOCH", 0.0)
+    monkeypatch.setattr(recovery_mod, "RETRY_PAUSE", 0.01)
+    epochs = [wire.LoggedEpoch(10 + i, 100.0 + i) for i in range(5)]
+
+    async def go() -> tuple[Recovery, list[_Channel], list[int], list[dict]]:
+        rec, inbox, chans, reached, done = _recovering(2, epochs)
+        workers = asyncio.ensure_future(_report_each_begin(inbox, chans))
+        try:
+            await asyncio.wait_for(rec.run(), 10)
+        finally:
+            workers.cancel()
+        return rec, chans, reached, done
+
+    rec, chans, reached, done = asyncio.run(go())
+    assert rec.stalls == 1
+    for c in chans:
+        kinds = [type(m).__name__ for m in c.sent]
+        assert kinds[0] == "ReplayLogged", kinds
+        begins = [m for m in c.sent if isinstance(m, wire.Begin)]
+        commits = [m for m in c.sent if isinstance(m, wire.Commit)]
+        assert [b.epoch for b in begins] == [e.epoch for e in epochs]
+        assert [b.now for b in begins] == [e.now for e in epochs]  # as logged
+        assert [m.epoch for m in commits] == [e.epoch for e in epochs]
+    assert reached == [epochs[-1].epoch]
+    assert len(done) == 1 and done[0]["attempt"] == 2 and done[0]["epochs_replayed"] == 5
+
+
+def test_a_leased_replay_answered_in_time_is_not_driven(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recovery_mod, "PATIENCE_BASE", 5.0)
+    epochs = [wire.LoggedEpoch(10, 100.0)]
+
+    async def go() -> tuple[Recovery, list[_Channel], list[dict]]:
+        rec, inbox, chans, _reached, done = _recovering(2, epochs)
+        task = asyncio.ensure_future(rec.run())
+        await asyncio.sleep(0.05)
+        for i in (0, 1):
+            await inbox.put(wire.Replayed(1, i, 10))
+        await asyncio.wait_for(task, 5)
+        return rec, chans, done
+
+    rec, chans, done = asyncio.run(go())
+    assert rec.stalls == 0 and done[0]["attempt"] == 1
+    assert all([type(m).__name__ for m in c.sent] == ["ReplayLogged"] for c in chans)
+
+
+def test_the_patience_grows_with_the_epochs_to_replay() -> None:
+    assert recovery_mod.replay_patience(0) == recovery_mod.PATIENCE_BASE
+    # ~585 epochs (a replay after a MinIO outage) at live speed on a loaded host: ~6 s
+    assert recovery_mod.replay_patience(585) > 585 / 100
+
+
+def test_a_live_begin_ends_the_replay_on_the_worker_however_it_ran() -> None:
+    """After a replay the coordinator drove (no ``Replayed`` ends it on the worker), the
+    first live Begin opens the ingest; a replayed Begin does not."""
+    from worker.service import Worker
+
+    ended: list[str] = []
+    fake: Any = SimpleNamespace(
+        recovery=SimpleNamespace(replayed=lambda: ended.append("live")),
+        epochs=SimpleNamespace(begin=lambda begin: None))
+    Worker.start_epoch(fake, wire.Begin(12, 1.0, None, True))
+    assert ended == []
+    Worker.start_epoch(fake, wire.Begin(13, 2.0, None))
+    assert ended == ["live"]
