@@ -118,6 +118,8 @@ class Membership(Service):
                     self._events.diverged(msg)
                 elif isinstance(msg, (wire.Shipped, wire.Following, wire.Released)):
                     self._rescale.on_message(msg)
+                elif isinstance(msg, wire.PeerBroken):
+                    self.peer_broken(msg)
                 elif isinstance(msg, wire.Ready):
                     self._state.mark_ready(member)
                     self._standbys.feed(member.index)
@@ -181,6 +183,26 @@ class Membership(Service):
         if self._state.joined:
             self._standbys.promote(m.index)
         self._events.changed()
+
+    def peer_broken(self, msg: wire.PeerBroken) -> None:
+        """A member's channel from a peer closed (``wire.PeerBroken``): what it carried may
+        be lost and an epoch may wait for it for ever, every worker alive — recover, as for
+        a loss, but losing nobody (the recovery's rollback connects the peers again). A
+        report of an earlier recovery's epochs, or of a peer that left or was replaced (a
+        loss, handled as one), is stale."""
+        state = self._state
+        members = {m.index: m for m in state.members}
+        peer = members.get(msg.peer)
+        if msg.recovery < state.recoveries or peer is None or not peer.alive \
+                or peer.generation != msg.generation:
+            log.info("worker %d's channel from worker %d closed (stale: %s)", msg.index,
+                     msg.peer, "an earlier recovery's" if msg.recovery < state.recoveries
+                     else "a peer gone or replaced")
+            return
+        why = f"worker {msg.index}'s channel from worker {msg.peer} closed"
+        log.warning("%s: what it carried may be lost; recovering", why)
+        self._events.member_lost(why)  # (the round in flight cannot complete either)
+        self._inbox.interrupt()
 
     def lose_slot(self, index: int, why: str) -> None:
         for m in self._state.members:

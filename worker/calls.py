@@ -19,6 +19,12 @@ A channel's ``Hello`` names the sender's generation (``wire.Assign.generation``)
 whose generation is older than the one this worker's membership names for that index —
 checked at the hello and again before each frame, since a recovery's membership may name a
 newer one later — is a fenced process's (``worker.fence``): it is refused and closed.
+
+A channel from a current peer that closes otherwise (a reset, a partition between the two
+workers) may have taken calls, results or a leased run's reports with it; the epoch
+waiting for them would wait for ever while every worker stays alive and heartbeats. So
+the worker tells the coordinator (``wire.PeerBroken``), which recovers: the rollback
+connects the peers again and the epochs since the round are replayed.
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from sfaas.errors import ChannelClosed
 from sfaas.runtime import channels, tracing, wire
 from sfaas.runtime.codec import check_arguments
 from sfaas.runtime.settings import Settings
@@ -97,8 +104,12 @@ class PeerCalls:
     def __init__(
         self, settings: Settings, state: WorkerState, links: PeerLinks, fallback: FallbackInbox,
         tasks: Spawner, epochs: Votes | None = None, world: PeersWorld | None = None,
+        broken: Callable[[int, int], None] | None = None,
     ) -> None:
         self._settings = settings
+        #: told ``(peer, its generation)`` when a channel a member opened to this worker
+        #: closes (``wire.PeerBroken``: the coordinator recovers)
+        self._broken = broken
         self._state = state
         self._links = links
         self._fallback = fallback
@@ -217,16 +228,21 @@ class PeerCalls:
         chan.gate = self._links.gate  # (results leave under this worker's lease)
         rest = first[1:]
         limit = DEFERRED_BATCHES * self._settings.max_batch
-        while True:
-            if stale_generation(st, src, gen, chan.peer):
-                chan.close()
-                return
-            for msg in rest:
-                self._take(src, msg)
-            while self.deferred_n + self._fallback.held >= limit:
-                self._deferred_room.clear()  # see DEFERRED_BATCHES
-                await self._deferred_room.wait()
-            rest = await chan.recv()
+        try:
+            while True:
+                if stale_generation(st, src, gen, chan.peer):
+                    chan.close()
+                    return
+                for msg in rest:
+                    self._take(src, msg)
+                while self.deferred_n + self._fallback.held >= limit:
+                    self._deferred_room.clear()  # see DEFERRED_BATCHES
+                    await self._deferred_room.wait()
+                rest = await chan.recv()
+        except ChannelClosed:
+            if self._broken is not None and src < st.n_workers:
+                self._broken(src, gen)
+            raise
 
     def _take(self, src: int, msg: wire.Message) -> None:
         """One message of peer ``src``."""

@@ -198,7 +198,8 @@ class PeerLinks:
                 pass
 
     async def connect(self, peers: Sequence[Sequence[Any]], me: int) -> None:
-        """Connect to every peer whose channel is missing, closed, at a new address, or
+        """Connect to every peer whose channel is missing, lost (closed, or its connection
+        gone: a channel only written to learns it no other way), at a new address, or
         opened under an older generation of this worker (its ``Hello`` said that one: after
         a rejoin the peer refuses what it sends, ``worker.calls.stale_generation``)."""
         for j, peer in enumerate(peers):
@@ -206,7 +207,7 @@ class PeerLinks:
             if j == me:
                 continue
             old = self.channels.get(j)
-            if (old is not None and not old.closed
+            if (old is not None and not old.lost
                     and self._addrs.get(j) == (tuple(peer), self.generation)):
                 continue
             if old is not None:

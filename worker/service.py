@@ -127,7 +127,8 @@ class Worker(Service):
         self.world = World(s, st, self.links, reads=self.ingress)
         self.fallback = CrossFallback(st, self.links, self.tasks, self.world)
         #: calls to and from peers within an epoch (the engine's router)
-        self.calls = PeerCalls(s, st, self.links, self.fallback, self.tasks, world=self.world)
+        self.calls = PeerCalls(s, st, self.links, self.fallback, self.tasks, world=self.world,
+                               broken=self._peer_broken)
         self.rounds = RoundTaker(st.index, self.uplink.send, self._held_by_standbys,
                                  s.snapshot_interval)
         self.metrics = WorkerMetrics(s, app.name, self.name, st, ingress=self.ingress,
@@ -242,6 +243,16 @@ class Worker(Service):
     async def commit_epoch(self, epoch: int, conflicts: dict[int, int],
                            aborts: dict[int, tuple[str, str]], marker: int | None) -> None:
         await self.commits.commit_epoch(epoch, conflicts, aborts, marker)
+
+    def _peer_broken(self, peer: int, generation: int) -> None:
+        """The channel worker ``peer`` opened to this one closed (``worker.calls``): tell
+        the coordinator, which recovers (``wire.PeerBroken``)."""
+        if self.uplink.closed:
+            return
+        log.warning("the channel from worker %d closed: telling the coordinator", peer,
+                    extra={"worker": self.state.index})
+        self.uplink.send(wire.PeerBroken(self.state.index, peer, generation,
+                                         self.state.recovery))
 
     def replayed(self, epoch: int) -> None:
         """The recovery's leased replay committed its last epoch: tell the coordinator

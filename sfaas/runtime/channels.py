@@ -103,6 +103,13 @@ class Channel:
         self.waits = 0
         writer.transport.set_write_buffer_limits(high=HIGH_WATER, low=HIGH_WATER // 4)
 
+    @property
+    def lost(self) -> bool:
+        """Closed, or its connection gone under it — the peer's end closed (the end of the
+        stream arrived: no channel is half-closed on purpose) or reset (the transport is
+        closing) — which a channel only written to learns only so, never from a read."""
+        return self.closed or self._reader.at_eof() or self._writer.transport.is_closing()
+
     def send(self, msg: Message) -> None:
         """Queue ``msg``; it leaves with everything else queued in this loop iteration."""
         if self.closed:

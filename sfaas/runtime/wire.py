@@ -50,6 +50,7 @@ from sfaas.runtime.protocols.reads import Placement, Read, ReadReply, Where
 from sfaas.runtime.protocols.recovery import (
     Diverged,
     LoggedEpoch,
+    PeerBroken,
     Recover,
     Recovered,
     Replayed,
@@ -80,7 +81,7 @@ __all__ = [
     "Begin", "Report", "Commit", "Wakeup", "Conflict", "Aborted", "EpochLease", "Wake",
     # snapshot rounds, recovery, standbys
     "Snapshotted", "StoreCut", "Retry", "Recover", "Recovered", "LoggedEpoch", "Diverged", "Follow",
-    "Promote", "ReplayLogged", "Replayed",
+    "Promote", "ReplayLogged", "Replayed", "PeerBroken",
     # rescaling
     "Scale", "Scaled", "Ship", "Shipped", "Move", "Following", "Release", "Released",
     "Reassign", "Hold", "StoreVersion", "Source",
@@ -98,6 +99,7 @@ MESSAGES: tuple[type[Message], ...] = (
     Register, Assign, Ready, Heartbeat, Alive, Stop,
     Begin, Report, Commit, Wakeup, EpochLease, Wake,
     Snapshotted, Recover, Recovered, Diverged, Follow, Promote, ReplayLogged, Replayed,
+    PeerBroken,
     Scale, Scaled, Ship, Shipped, Move, Following, Release, Released, Reassign, Hold,
     Hello, Call, Finished, Result, EffectDone,
     Where, Placement, Read, ReadReply, Submit, Answer, Acked,

@@ -9,7 +9,8 @@ from typing import ClassVar, NamedTuple
 from sfaas.runtime.protocols.base import Message
 from sfaas.runtime.protocols.membership import Peer
 
-__all__ = ["Diverged", "LoggedEpoch", "Recover", "Recovered", "ReplayLogged", "Replayed"]
+__all__ = ["Diverged", "LoggedEpoch", "PeerBroken", "Recover", "Recovered", "ReplayLogged",
+           "Replayed"]
 
 
 class LoggedEpoch(NamedTuple):
@@ -76,6 +77,20 @@ class Replayed(Message):
     attempt: int
     index: int
     epoch: int
+
+
+@dataclass(slots=True)
+class PeerBroken(Message):
+    """Worker → coordinator: the channel worker ``peer`` (at ``generation``) opened to me
+    closed while both of us are members, during the epochs after my recovery ``recovery``.
+    What it carried (calls, results, a leased run's reports) may be lost, and an epoch
+    waiting for it would wait for ever with every worker alive: the coordinator recovers."""
+
+    TAG: ClassVar[int] = 43
+    index: int
+    peer: int
+    generation: int
+    recovery: int
 
 
 @dataclass(slots=True)

@@ -1,0 +1,159 @@
+"""A channel between two workers that breaks while both stay members (``wire.PeerBroken``).
+
+What it carried — calls, their results, a leased run's reports — may be lost, and the epoch
+waiting for them would wait for ever while both workers heartbeat the coordinator: the
+simulator found every run stalled after a cut between two workers (13 of 30 seeds; all 100
+pass with this, ``tests/sim/test_peer_cut.py``). So the worker serving a channel that closes
+tells the coordinator, which recovers unless the report is stale; and the recovery's
+rollback replaces a channel whose connection is gone even if nothing ever read from it
+(``Channel.lost``)."""
+
+from __future__ import annotations
+
+import asyncio
+import faulthandler
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from coordinator.membership import Membership
+from coordinator.state import Member
+from sfaas.errors import ChannelClosed
+from sfaas.runtime import channels, wire
+from worker.calls import PeerCalls
+from worker.links import PeerLinks
+
+SECRET = "peer-broken-secret-0123456789"
+
+
+@pytest.fixture(autouse=True)
+def _watchdog() -> Iterator[None]:
+    faulthandler.dump_traceback_later(60, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+# -- the worker that served the channel tells the coordinator ----------------------------------
+class _Chan:
+    """A peer's channel: its frames, then the end of the stream."""
+
+    peer = "10.0.0.2:4000"
+
+    def __init__(self, *frames: list[wire.Message]) -> None:
+        self._frames = list(frames)
+        self.gate = None
+        self.closed = False
+
+    async def recv(self) -> list[wire.Message]:
+        if not self._frames:
+            raise ChannelClosed("channel to 10.0.0.2:4000 closed: reset (test)")
+        return self._frames.pop(0)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _calls(peer_generation: int) -> tuple[PeerCalls, list[tuple[int, int]]]:
+    told: list[tuple[int, int]] = []
+    assigned = asyncio.Event()
+    assigned.set()
+    state: Any = SimpleNamespace(index=0, n_workers=2, assigned=assigned,
+                                 peer_generation=lambda i: peer_generation)
+    settings: Any = SimpleNamespace(max_batch=100, heartbeat_timeout=1.0)
+    links: Any = SimpleNamespace(gate=None)
+    fallback: Any = SimpleNamespace(held=0)
+    calls = PeerCalls(settings, state, links, fallback, SimpleNamespace(),  # type: ignore[arg-type]
+                      broken=lambda peer, gen: told.append((peer, gen)))
+    return calls, told
+
+
+def test_a_current_peers_channel_that_closes_is_reported() -> None:
+    calls, told = _calls(peer_generation=5)
+    chan = _Chan([wire.Hello(1, 5)])
+    with pytest.raises(ChannelClosed):
+        asyncio.run(calls.serve(chan))  # type: ignore[arg-type]
+    assert told == [(1, 5)]
+
+
+def test_a_fenced_processes_channel_is_refused_not_reported() -> None:
+    calls, told = _calls(peer_generation=6)  # the membership names a newer generation
+    chan = _Chan([wire.Hello(1, 5)])
+    asyncio.run(calls.serve(chan))  # type: ignore[arg-type]
+    assert chan.closed and told == []
+
+
+# -- the coordinator recovers, unless the report is stale -----------------------------------------
+def _membership(recoveries: int) -> tuple[Membership, list[str], list[Member]]:
+    happened: list[str] = []
+    members = [Member(i, f"worker-{i}", "h", 1, 100 + i, SimpleNamespace())  # type: ignore[arg-type]
+               for i in range(2)]
+    for i, m in enumerate(members):
+        m.generation = 10 + i
+    state: Any = SimpleNamespace(members=members, recoveries=recoveries)
+    inbox: Any = SimpleNamespace(interrupt=lambda: happened.append("recover"))
+    events: Any = SimpleNamespace(member_lost=lambda why: happened.append(f"round aborted: {why}"))
+    m = Membership(state, inbox, SimpleNamespace(), SimpleNamespace(),  # type: ignore[arg-type]
+                   events, topics=("in", "out", "group"))
+    return m, happened, members
+
+
+def test_the_coordinator_recovers_on_a_current_report() -> None:
+    m, happened, _ = _membership(recoveries=3)
+    m.peer_broken(wire.PeerBroken(0, 1, 11, 3))
+    assert happened == ["round aborted: worker 0's channel from worker 1 closed", "recover"]
+
+
+@pytest.mark.parametrize("why,report", [
+    ("an earlier recovery's epochs", wire.PeerBroken(0, 1, 11, 2)),
+    ("the peer was replaced (another generation)", wire.PeerBroken(0, 1, 9, 3)),
+    ("the peer left the membership", wire.PeerBroken(0, 2, 12, 3)),
+])
+def test_a_stale_report_changes_nothing(why: str, report: wire.PeerBroken) -> None:
+    m, happened, _ = _membership(recoveries=3)
+    m.peer_broken(report)
+    assert happened == [], why
+
+
+def test_a_report_of_a_peer_already_lost_changes_nothing() -> None:
+    m, happened, members = _membership(recoveries=3)
+    members[1].alive = False  # (its loss started the recovery already)
+    m.peer_broken(wire.PeerBroken(0, 1, 11, 3))
+    assert happened == []
+
+
+def test_the_message_round_trips_through_the_codec() -> None:
+    msg = wire.PeerBroken(1, 0, 1798761600101095, 4)
+    assert wire.decode_frame(wire.join_frame([wire.encode_message(msg)])) == [msg]
+
+
+# -- a channel only written to learns its connection is gone ---------------------------------------
+def test_a_reset_connection_makes_the_written_channel_lost_and_it_is_replaced() -> None:
+    async def go() -> None:
+        served: list[channels.Channel] = []
+
+        async def peer(ch: channels.Channel) -> None:
+            served.append(ch)
+            await ch.recv()  # the Hello
+            ch._writer.transport.abort()  # a reset, as a peer's host or a middlebox sends
+
+        server = await channels.serve("127.0.0.1", 0, SECRET, peer)
+        port = server.sockets[0].getsockname()[1]
+        links = PeerLinks(SECRET, 5.0)
+        peers = [["127.0.0.1", 0], ["127.0.0.1", port]]
+        try:
+            await links.connect(peers, 0)
+            first = links.channels[1]
+            for _ in range(200):
+                if first.lost:
+                    break
+                await asyncio.sleep(0.01)
+            assert first.lost and not first.closed  # (nothing read it: only the transport knows)
+            await links.connect(peers, 0)  # the rollback's reconnect
+            assert links.channels[1] is not first and not links.channels[1].lost
+        finally:
+            links.close()
+            server.close()
+
+    asyncio.run(asyncio.wait_for(go(), 30))
