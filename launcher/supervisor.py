@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.cluster import free_port
+from launcher.spares import Spares
 from sfaas.errors import EXIT_FENCED, EXIT_RECOVERY_STOPPED, EXIT_RETIRED, EXIT_START_AGAIN
 from sfaas.runtime import liveness
 from sfaas.runtime.metrics import local_url
@@ -92,6 +93,13 @@ def stalled(started: float, age: float | None, now: float, limit: float,
     if age > limit:
         return f"its liveness file is {age:.1f} s old (limit {limit:g} s): stopped or stuck"
     return ""
+
+
+def _spares_on() -> bool:
+    try:
+        return Settings.load().supervisor_spares
+    except Exception:  # (the children fail loudly on bad settings themselves)
+        return True
 
 
 def _max_age() -> float:
@@ -143,8 +151,11 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, state_dir: Path, info: dict[str, Any], children: list[Child]) -> None:
+    def __init__(self, state_dir: Path, info: dict[str, Any], children: list[Child],
+                 spares: Spares | None = None) -> None:
         self.state_dir = state_dir
+        #: the warm spares a restart takes over (``launcher.spares``; None: cold restarts)
+        self.spares = spares
         self.info = info
         self.children = children
         self.stopping = False
@@ -179,22 +190,32 @@ class Supervisor:
         c.metrics = local_url(host, port, "/metrics")
 
     def start(self, c: Child) -> None:
+        """Start ``c`` — a restart through its role's warm spare when one is up."""
         c.alive_file = str(self.state_dir / f"{c.role}-{c.index}.alive")
         try:
             os.unlink(c.alive_file)  # (a previous process's file says nothing of this one)
         except FileNotFoundError:
             pass
-        out = open(c.log, "ab")  # noqa: SIM115 - handed to the child
-        try:
-            c.proc = subprocess.Popen(
-                [sys.executable, "-m", "sfaas", *c.args], stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-                env=dict(os.environ, **{liveness.ENV: c.alive_file}),
-            )
-        finally:
-            out.close()
-        c.pid, c.alive, c.started = c.proc.pid, True, time.monotonic()
-        log.info("started %s %d (pid %d)", c.role, c.index, c.pid)
+        env = {liveness.ENV: c.alive_file}
+        proc = None
+        if self.spares is not None:
+            proc = self.spares.take(c.role, c.args, c.log, env) if c.restarts else None
+            self.spares.later(c.role)
+        warm = proc is not None
+        if proc is None:
+            out = open(c.log, "ab")  # noqa: SIM115 - handed to the child
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "sfaas", *c.args], stdout=out,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                    env=dict(os.environ, **env),
+                )
+            finally:
+                out.close()
+        c.proc = proc
+        c.pid, c.alive, c.started = proc.pid, True, time.monotonic()
+        log.info("started %s %d (pid %d)%s", c.role, c.index, c.pid,
+                 " from its warm spare" if warm else "")
 
     def write(self) -> None:
         doc = dict(self.info, supervisor=os.getpid(), processes=[c.public() for c in self.children])
@@ -226,6 +247,8 @@ class Supervisor:
         changed = False
         now = time.monotonic()
         self.watch(now)
+        if self.spares is not None and not self.stopping:
+            self.spares.poll()
         for c in self.children:
             if c.proc is not None and c.proc.poll() is not None:
                 code = c.proc.returncode
@@ -308,6 +331,8 @@ class Supervisor:
 
     def stop(self) -> None:
         self.stopping = True
+        if self.spares is not None:
+            self.spares.stop()
         order = [c for c in self.children if c.role == "coordinator"] + \
                 [c for c in self.children if c.role != "coordinator"]
         for c in order:
@@ -339,7 +364,7 @@ def supervise(state_dir: str, workers: int) -> int:
                        str(sd / f"worker-{i}.log"))
                  for i in range(workers)]
 
-    sup = Supervisor(sd, info, children)
+    sup = Supervisor(sd, info, children, Spares(sd) if _spares_on() else None)
     for c in children:
         sup.metrics(c)
     stop = False

@@ -190,6 +190,9 @@ class Settings:
     #: Seconds of a silent liveness file after which ``sfaas up``'s supervisor replaces the
     #: process; 0 turns its watchdog off; -1: ``heartbeat_timeout + 1``.
     supervisor_max_age: float = -1.0
+    #: ``sfaas up``'s supervisor keeps a warm spare process per role (imported, waiting), so
+    #: a restarted worker or coordinator skips Python's start (``launcher.spares``).
+    supervisor_spares: bool = True
 
     @classmethod
     def load(

@@ -1,0 +1,162 @@
+"""Warm spares: a process started before it is needed, so a restart skips Python's start.
+
+A worker or coordinator that dies is replaced by a new ``python -m sfaas ROLE`` process,
+and before it can register it starts an interpreter and imports the runtime: 0.4–1.1 s on
+a 2-core host, the longest step of a killed worker's reply gap after the rollback and the
+replay (``python -m benchmarks.cluster.series``). The supervisor (``launcher.supervisor``)
+therefore keeps one *spare* per role, started a little after the role's last (re)start:
+
+- ``python -m sfaas spare ROLE`` (:func:`serve`) imports what ROLE runs (:data:`IMPORTS`)
+  and waits for one line on its stdin, a pipe from the supervisor;
+- to restart a child, the supervisor writes that line (:meth:`Spares.take`): the JSON of the
+  child's command line, its log file and the environment it adds; the spare sends its
+  output to the log, sets the environment and runs the command as ``python -m sfaas`` would
+  have — the same code, only already imported;
+- a spare whose stdin closes (the supervisor went away) exits; one that died is replaced.
+
+Nothing but the supervisor writes to a spare's stdin, and the line is JSON, never pickle.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("sfaas.supervisor")
+
+__all__ = ["Spares", "serve", "IMPORTS", "SPARE_DELAY"]
+
+#: What a spare of each role imports before it waits (what the role's process runs).
+IMPORTS: dict[str, tuple[str, ...]] = {
+    "worker": ("launcher.commands", "worker.service", "sfaas.runtime.kafka"),
+    "coordinator": ("launcher.commands", "coordinator.service", "sfaas.runtime.kafka"),
+}
+#: Seconds after a role's process (re)started before its next spare starts: the starting
+#: process gets the cores first.
+SPARE_DELAY = 2.0
+
+
+def serve(args: Sequence[str]) -> int:
+    """``python -m sfaas spare ROLE``: import ROLE's code, wait for the supervisor's line,
+    then run it (see the module docstring)."""
+    if len(args) != 1 or args[0] not in IMPORTS:
+        print(f"usage: sfaas spare {{{','.join(IMPORTS)}}} (started by the supervisor), "
+              f"got {list(args)}", file=sys.stderr)
+        return 2
+    for module in IMPORTS[args[0]]:
+        importlib.import_module(module)
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0  # the supervisor went away, or stops its spares
+    order = json.loads(line)
+    argv, logfile, env = list(order["args"]), str(order["log"]), dict(order["env"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.environ.update(env)
+    sys.argv = [sys.argv[0], *argv]
+    from launcher.commands import main
+
+    return main(argv)
+
+
+class Spares:
+    """The supervisor's spare processes, one per role at most."""
+
+    def __init__(self, state_dir: Path, roles: Sequence[str] = tuple(IMPORTS)) -> None:
+        self._dir = state_dir
+        self._roles = [r for r in roles if r in IMPORTS]
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        #: role → when its next spare may start (monotonic; absent: none due)
+        self._due: dict[str, float] = {}
+        #: restarts that took a spare, and spares started
+        self.taken = 0
+        self.started = 0
+
+    def take(self, role: str, args: Sequence[str], logfile: str,
+             env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
+        """Hand ``args`` to ``role``'s spare, which becomes that process (None: no live
+        spare; the caller starts one the cold way). A new spare follows later either way."""
+        proc = self._procs.pop(role, None)
+        self.later(role)
+        if proc is None or proc.poll() is not None or proc.stdin is None:
+            return None
+        line = json.dumps({"args": list(args), "log": logfile, "env": dict(env)}) + "\n"
+        try:
+            proc.stdin.write(line.encode())
+            proc.stdin.close()
+        except OSError as exc:  # (it died between the poll and the write)
+            log.warning("the %s spare (pid %d) could not take over: %s", role, proc.pid, exc)
+            proc.kill()
+            proc.wait()
+            return None
+        self.taken += 1
+        return proc
+
+    def later(self, role: str) -> None:
+        """A ``role`` process (re)started: its next spare starts :data:`SPARE_DELAY` s on."""
+        if role in self._roles:
+            self._due[role] = time.monotonic() + SPARE_DELAY
+
+    def poll(self) -> None:
+        """Start the spares that are due; forget the ones that died."""
+        now = time.monotonic()
+        for role in self._roles:
+            proc = self._procs.get(role)
+            if proc is not None and proc.poll() is not None:
+                log.warning("the %s spare (pid %d) exited with code %s; another follows",
+                            role, proc.pid, proc.returncode)
+                del self._procs[role]
+                self.later(role)
+            due = self._due.get(role)
+            if role not in self._procs and due is not None and now >= due:
+                del self._due[role]
+                self._procs[role] = self._start(role)
+
+    def _start(self, role: str) -> subprocess.Popen[bytes]:
+        out = open(self._dir / f"spare-{role}.log", "ab")  # noqa: SIM115 - handed to the child
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "sfaas", "spare", role], stdin=subprocess.PIPE,
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            out.close()
+        self.started += 1
+        return proc
+
+    def stop(self) -> None:
+        """Stop every spare (their stdin closes: they exit)."""
+        self._due.clear()
+        for proc in self._procs.values():
+            if proc.stdin is not None:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
+        for proc in self._procs.values():
+            try:
+                proc.wait(5.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._procs.clear()
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs.values()]
+
+    def describe(self) -> dict[str, Any]:
+        return {"spares": sorted(self._procs), "taken": self.taken, "started": self.started}
