@@ -119,7 +119,7 @@ class Membership(Service):
                 elif isinstance(msg, (wire.Shipped, wire.Following, wire.Released)):
                     self._rescale.on_message(msg)
                 elif isinstance(msg, wire.PeerBroken):
-                    self.peer_broken(msg)
+                    self.peer_broken(member, msg)
                 elif isinstance(msg, wire.Ready):
                     self._state.mark_ready(member)
                     self._standbys.feed(member.index)
@@ -184,20 +184,25 @@ class Membership(Service):
             self._standbys.promote(m.index)
         self._events.changed()
 
-    def peer_broken(self, msg: wire.PeerBroken) -> None:
+    def peer_broken(self, reporter: Member, msg: wire.PeerBroken) -> None:
         """A member's channel from a peer closed (``wire.PeerBroken``): what it carried may
         be lost and an epoch may wait for it for ever, every worker alive — recover, as for
-        a loss, but losing nobody (the recovery's rollback connects the peers again). A
-        report of an earlier recovery's epochs, or of a peer that left or was replaced (a
-        loss, handled as one), is stale."""
+        a loss, but losing nobody (the recovery's rollback connects the peers again).
+        Stale, and ignored: a report of an earlier recovery's epochs, of a peer that left
+        or was replaced (a loss, handled as one), from a worker no longer a member (a
+        rescale retired it), or during a rescale (its switch closes channels on purpose;
+        a switch that hangs is recovered by its own timeout)."""
         state = self._state
-        members = {m.index: m for m in state.members}
-        peer = members.get(msg.peer)
-        if msg.recovery < state.recoveries or peer is None or not peer.alive \
-                or peer.generation != msg.generation:
+        peer = next((m for m in state.members if m.index == msg.peer), None)
+        stale = ("an earlier recovery's" if msg.recovery < state.recoveries else
+                 "a peer gone or replaced" if peer is None or not peer.alive
+                 or peer.generation != msg.generation else
+                 "from a worker no longer a member"
+                 if not any(m is reporter for m in state.members) else
+                 "a rescale is under way" if self._rescale.under_way() else "")
+        if stale:
             log.info("worker %d's channel from worker %d closed (stale: %s)", msg.index,
-                     msg.peer, "an earlier recovery's" if msg.recovery < state.recoveries
-                     else "a peer gone or replaced")
+                     msg.peer, stale)
             return
         why = f"worker {msg.index}'s channel from worker {msg.peer} closed"
         log.warning("%s: what it carried may be lost; recovering", why)

@@ -85,7 +85,8 @@ def test_a_fenced_processes_channel_is_refused_not_reported() -> None:
 
 
 # -- the coordinator recovers, unless the report is stale -----------------------------------------
-def _membership(recoveries: int) -> tuple[Membership, list[str], list[Member]]:
+def _membership(recoveries: int, rescaling: bool = False
+                ) -> tuple[Membership, list[str], list[Member]]:
     happened: list[str] = []
     members = [Member(i, f"worker-{i}", "h", 1, 100 + i, SimpleNamespace())  # type: ignore[arg-type]
                for i in range(2)]
@@ -94,14 +95,15 @@ def _membership(recoveries: int) -> tuple[Membership, list[str], list[Member]]:
     state: Any = SimpleNamespace(members=members, recoveries=recoveries)
     inbox: Any = SimpleNamespace(interrupt=lambda: happened.append("recover"))
     events: Any = SimpleNamespace(member_lost=lambda why: happened.append(f"round aborted: {why}"))
-    m = Membership(state, inbox, SimpleNamespace(), SimpleNamespace(),  # type: ignore[arg-type]
+    rescale: Any = SimpleNamespace(under_way=lambda: rescaling)
+    m = Membership(state, inbox, SimpleNamespace(), rescale,  # type: ignore[arg-type]
                    events, topics=("in", "out", "group"))
     return m, happened, members
 
 
 def test_the_coordinator_recovers_on_a_current_report() -> None:
-    m, happened, _ = _membership(recoveries=3)
-    m.peer_broken(wire.PeerBroken(0, 1, 11, 3))
+    m, happened, members = _membership(recoveries=3)
+    m.peer_broken(members[0], wire.PeerBroken(0, 1, 11, 3))
     assert happened == ["round aborted: worker 0's channel from worker 1 closed", "recover"]
 
 
@@ -111,15 +113,27 @@ def test_the_coordinator_recovers_on_a_current_report() -> None:
     ("the peer left the membership", wire.PeerBroken(0, 2, 12, 3)),
 ])
 def test_a_stale_report_changes_nothing(why: str, report: wire.PeerBroken) -> None:
-    m, happened, _ = _membership(recoveries=3)
-    m.peer_broken(report)
+    m, happened, members = _membership(recoveries=3)
+    m.peer_broken(members[0], report)
     assert happened == [], why
 
 
 def test_a_report_of_a_peer_already_lost_changes_nothing() -> None:
     m, happened, members = _membership(recoveries=3)
     members[1].alive = False  # (its loss started the recovery already)
-    m.peer_broken(wire.PeerBroken(0, 1, 11, 3))
+    m.peer_broken(members[0], wire.PeerBroken(0, 1, 11, 3))
+    assert happened == []
+
+
+def test_a_rescale_closes_channels_on_purpose_and_recovers_nothing() -> None:
+    """A scale-down's switch: the remaining workers close their channels to the retired
+    one, which reports it (it is no longer a member); and during the switch itself."""
+    m, happened, members = _membership(recoveries=3)
+    retired = Member(2, "worker-2", "h", 1, 102, SimpleNamespace())  # type: ignore[arg-type]
+    m.peer_broken(retired, wire.PeerBroken(2, 0, 10, 3))
+    assert happened == []
+    m, happened, members = _membership(recoveries=3, rescaling=True)
+    m.peer_broken(members[0], wire.PeerBroken(0, 1, 11, 3))
     assert happened == []
 
 
