@@ -17,8 +17,10 @@ the loop's, so on ``sfaas.sim.clock.VirtualLoop`` a run is a function of its see
 Faults: :meth:`SimNetwork.cut` (a partition between two processes: their connections
 break — the readers see the end of the stream, writes are dropped, a drain raises
 ``ConnectionResetError`` — and new connections between them are refused until
-:meth:`SimNetwork.heal`), and :meth:`SimNetwork.crash` (every connection and server of a
-process gone, as when it dies).
+:meth:`SimNetwork.heal`), :meth:`SimNetwork.crash` (every connection and server of a
+process gone, as when it dies), and :meth:`SimNetwork.slow` (a slow link: every chunk
+between two processes arrives later by a fixed extra delay, still in order, until
+:meth:`SimNetwork.unslow`).
 """
 
 from __future__ import annotations
@@ -47,9 +49,12 @@ class _Pipe:
     """One direction of a connection: what the writer wrote reaches ``reader`` after a
     delay, in order; :meth:`cut` ends it at once (what is in flight is lost)."""
 
-    def __init__(self, net: SimNetwork, reader: asyncio.StreamReader) -> None:
+    def __init__(self, net: SimNetwork, reader: asyncio.StreamReader,
+                 link: frozenset[str]) -> None:
         self._net = net
         self.reader = reader
+        #: the two processes the connection joins (what :meth:`SimNetwork.slow` names)
+        self.link = link
         self._flight: deque[tuple[float, bytes | None]] = deque()  # (due, data; None: EOF)
         self._timer: asyncio.TimerHandle | None = None
         self.in_flight = 0
@@ -62,8 +67,8 @@ class _Pipe:
         if self.broken or (self.closed and data is not None):
             return
         loop = asyncio.get_running_loop()
-        due = loop.time() + self._net.draw_delay()
-        if self._flight:
+        due = loop.time() + self._net.draw_delay() + self._net.extra(self.link)
+        if self._flight:  # (in order: never before the chunk ahead, slowed or not)
             due = max(due, self._flight[-1][0])
         self._flight.append((due, data))
         if data is not None:
@@ -217,6 +222,8 @@ class SimNetwork:
         self._next_port = FIRST_PORT
         self._connections: list[_Connection] = []
         self._cuts: set[frozenset[str]] = set()
+        #: slow links: the two processes → the seconds every chunk between them takes more
+        self._slow: dict[frozenset[str], float] = {}
         #: connections made, refused (nobody listening, or cut apart)
         self.connected = 0
         self.refused = 0
@@ -240,6 +247,28 @@ class SimNetwork:
     def heal(self, a: str, b: str) -> None:
         """End the partition between ``a`` and ``b`` (broken connections stay broken)."""
         self._cuts.discard(frozenset((a, b)))
+
+    def slow(self, a: str, b: str, extra: float) -> None:
+        """Slow the link between ``a`` and ``b``: every chunk either sends to the other
+        from now on — on the connections they have and the ones they make, a connect's
+        first packet included — arrives ``extra`` seconds later than it would, until
+        :meth:`unslow`. Still in order: a chunk sent once the link is fast again arrives
+        after the slowed ones ahead of it, as on TCP."""
+        assert a != b and extra >= 0, (a, b, extra)
+        self._slow[frozenset((a, b))] = extra
+
+    def unslow(self, a: str, b: str) -> None:
+        """The link between ``a`` and ``b`` is fast again (for what is sent from now on)."""
+        self._slow.pop(frozenset((a, b)), None)
+
+    def extra(self, link: frozenset[str]) -> float:
+        """The seconds a chunk sent now on ``link`` takes more than the drawn delay."""
+        return self._slow.get(link, 0.0) if self._slow else 0.0
+
+    def connect_extra(self, client: str, host: str, port: int) -> float:
+        """The seconds ``client``'s connect to ``(host, port)`` takes more (a slow link)."""
+        server = self._servers.get((host, port)) if self._slow else None
+        return 0.0 if server is None else self.extra(frozenset((client, server.owner)))
 
     def crash(self, name: str) -> None:
         """``name`` died: its servers stop listening and its connections break."""
@@ -278,7 +307,8 @@ class SimNetwork:
             raise ConnectionRefusedError(111, f"connect to {host}:{port} refused (simulated)")
         self.connected += 1
         c_reader, s_reader = asyncio.StreamReader(), asyncio.StreamReader()
-        to_server, to_client = _Pipe(self, s_reader), _Pipe(self, c_reader)
+        link = frozenset((client, server.owner))
+        to_server, to_client = _Pipe(self, s_reader, link), _Pipe(self, c_reader, link)
         client_addr = (client, self.connected)
         c_writer = _Writer(to_server, to_client, (host, port))
         s_writer = _Writer(to_client, to_server, client_addr)
@@ -319,7 +349,8 @@ class SimNetworkPort:
     async def open_connection(self, host: str,
                               port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         self._alive()
-        await asyncio.sleep(self._net.draw_delay())  # (the SYN's way there)
+        # (the SYN's way there)
+        await asyncio.sleep(self._net.draw_delay() + self._net.connect_extra(self.name, host, port))
         self._alive()
         return self._net.connect(self.name, host, port)
 

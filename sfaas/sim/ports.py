@@ -1,9 +1,10 @@
 """The simulated fillings of the product's ports (``sfaas.runtime.ports``).
 
 One simulated process gets ``Ports(kafka=SimKafkaPort(sim), objects=SimObjects(store),
-network=net.port(name), clock=VirtualClockPort(clock))``: every process of a run shares
-the log, the object store, the switch and the clock, and the network knows each
-process by its name (so a partition can cut two of them apart).
+network=net.port(name), clock=VirtualClockPort(clock, walls.of(name)))``: every process
+of a run shares the log, the object store, the switch and the virtual clock, and the
+network knows each process by its name (so a partition can cut two of them apart). Its
+wall clock is its machine's (:class:`WallClocks`): what a clock jump steps.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from sfaas.runtime.settings import Settings
 
 __all__ = ["ProcessExited", "SimKafkaPort", "SimObjects", "VirtualClockPort", "WALL_START",
-           "process_ports"]
+           "Wall", "WallClocks", "process_ports"]
 
 #: What ``time()`` reads at virtual time 0 (2027-01-01 UTC): a fixed wall clock, so the
 #: wall times a run reads are a function of its seed too.
@@ -81,18 +82,46 @@ class SimObjects:
         return self.store.remote(prefix)
 
 
+class Wall:
+    """One machine's wall clock: how far it is off the run's (seconds; a jump steps it)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+
+class WallClocks:
+    """The wall clocks of a run's machines, one per process name. A restarted process
+    reads its name's — the clock is the machine's, and a supervisor restarts a process on
+    its machine — so a clock stepped by a jump stays stepped across restarts, as an NTP
+    step would."""
+
+    def __init__(self) -> None:
+        self._walls: dict[str, Wall] = {}
+
+    def of(self, name: str) -> Wall:
+        """The wall clock of process ``name`` (on time until a jump)."""
+        return self._walls.setdefault(name, Wall())
+
+    def jump(self, name: str, seconds: float) -> None:
+        """Step ``name``'s wall clock by ``seconds`` (back when negative): its ``time()``
+        reads that much off from now on; its ``monotonic()`` does not move."""
+        self.of(name).offset += seconds
+
+
 class VirtualClockPort:
     """The clock port on a :class:`VirtualClock`: ``monotonic()`` is virtual time,
-    ``time()`` is :data:`WALL_START` plus it."""
+    ``time()`` is :data:`WALL_START` plus it, plus the offset of the process's ``wall``
+    (none: on time)."""
 
-    def __init__(self, clock: VirtualClock) -> None:
+    def __init__(self, clock: VirtualClock, wall: Wall | None = None) -> None:
         self._clock = clock
+        self._wall = wall or Wall()
 
     def monotonic(self) -> float:
         return self._clock.now
 
     def time(self) -> float:
-        return WALL_START + self._clock.now
+        return WALL_START + self._clock.now + self._wall.offset
 
 
 class ProcessExited(BaseException):
@@ -118,8 +147,11 @@ class SimProcess:
 
 
 def process_ports(name: str, kafka: SimKafka, objects: SimObjectStore, net: SimNetwork,
-                  clock: VirtualClock, ended: Callable[[str, int], None]) -> Ports:
-    """The ports of the simulated process ``name`` (``ended``: what its exit does)."""
+                  clock: VirtualClock, ended: Callable[[str, int], None],
+                  walls: WallClocks | None = None) -> Ports:
+    """The ports of the simulated process ``name`` (``ended``: what its exit does;
+    ``walls``: the machines' wall clocks, none: every one on time)."""
+    wall = walls.of(name) if walls is not None else None
     return Ports(kafka=SimKafkaPort(kafka), objects=SimObjects(objects),
-                 network=net.port(name), clock=VirtualClockPort(clock),
+                 network=net.port(name), clock=VirtualClockPort(clock, wall),
                  process=SimProcess(name, ended))
