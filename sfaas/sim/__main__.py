@@ -13,8 +13,9 @@ import time
 
 from coordinator.service import Coordinator
 from sfaas.app import App
+from sfaas.sim import timed_faults
 from sfaas.sim.cluster import Bank, Roles, simulate
-from sfaas.sim.faults import Schedule, Stale
+from sfaas.sim.faults import Jump, Schedule, Slow, Stale
 from worker.service import Worker
 
 #: the real processes (``python -m`` is the command: it may load the services)
@@ -44,7 +45,8 @@ def _pair(text: str) -> tuple[float, float] | None:
     return float(at), float(seconds or 1.0)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command's flags."""
     p = argparse.ArgumentParser(prog="python -m sfaas.sim", description=__doc__)
     p.add_argument("--app", required=True, help="module:attribute of the App")
     p.add_argument("--seed", type=int, required=True)
@@ -71,6 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stale", metavar="AT,FOR,TOPIC,PART,BEHIND", default="",
                    help="a stale leader answers TOPIC (epochs, in, out) partition PART, "
                         "BEHIND records short, AT seconds in for FOR seconds")
+    p.add_argument("--slow", metavar="AT,FOR,A,B,EXTRA", default="",
+                   help="the link between processes A and B (coordinator, worker-N) takes "
+                        "EXTRA seconds more, in order, AT simulated seconds in for FOR "
+                        "seconds (e.g. 0.5,1,worker-1,coordinator,0.8)")
+    p.add_argument("--clock", metavar="AT,PROCESS,SECONDS", default="",
+                   help="PROCESS's wall clock (time(), not monotonic()) jumps by SECONDS "
+                        "(back when negative) AT simulated seconds in, and stays so "
+                        "(e.g. 0.4,coordinator,-12.5)")
     p.add_argument("--kafka-errors", type=float, default=0.0, metavar="P",
                    help="each produce request times out with probability P")
     p.add_argument("--object-errors", type=float, default=0.0, metavar="P",
@@ -83,14 +93,29 @@ def main(argv: list[str] | None = None) -> int:
                    help="the workers' store engine (memonly; hybridlog, appendlog, lsm: files "
                         "on a temp dir per process, background work on the loop)")
     p.add_argument("--trace", action="store_true", help="print every line of the trace")
+    return p
+
+
+def schedule(ns: argparse.Namespace) -> Schedule:
+    """The fault schedule the flags ``ns`` give (``Schedule.args`` gives the flags back)."""
+    return Schedule(crash=_pair(ns.crash), cut=_pair(ns.cut), outage=_pair(ns.outage),
+                    stale=Stale.parse(ns.stale) if ns.stale else None,
+                    kafka_errors=ns.kafka_errors, object_errors=ns.object_errors,
+                    coordinator=_pair(ns.crash_coordinator), rounds=ns.rounds,
+                    store=ns.store, slow=Slow.parse(ns.slow) if ns.slow else None,
+                    clock=Jump.parse(ns.clock) if ns.clock else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
     app = _load(ns.app)
-    sched = Schedule(crash=_pair(ns.crash), cut=_pair(ns.cut), outage=_pair(ns.outage),
-                     stale=Stale.parse(ns.stale) if ns.stale else None,
-                     kafka_errors=ns.kafka_errors, object_errors=ns.object_errors,
-                     coordinator=_pair(ns.crash_coordinator), rounds=ns.rounds,
-                     store=ns.store)
+    try:
+        sched = schedule(ns)
+        timed_faults.check(sched, ns.workers)
+    except ValueError as exc:
+        p.error(str(exc))
     print(f"seed {ns.seed}" + (f" faults {sched}" if sched.faults() else ""))
     t0 = time.perf_counter()
     o = simulate(app, ROLES, ns.seed, seconds=ns.seconds, workers=ns.workers,

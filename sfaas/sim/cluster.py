@@ -36,12 +36,12 @@ from sfaas.app import App
 from sfaas.runtime import ports, wire
 from sfaas.runtime.partitioning import partition_of
 from sfaas.runtime.settings import Settings
-from sfaas.sim import clock
+from sfaas.sim import clock, timed_faults
 from sfaas.sim.faults import Schedule, Stale
 from sfaas.sim.log import Faults, SimKafka
 from sfaas.sim.network import SimNetwork, SimNetworkPort
 from sfaas.sim.objects import ObjectFaults, SimObjectStore
-from sfaas.sim.ports import SimKafkaPort, process_ports
+from sfaas.sim.ports import SimKafkaPort, WallClocks, process_ports
 from statestores import background
 
 log = logging.getLogger("sfaas.sim.cluster")
@@ -230,6 +230,7 @@ class SimCluster:
                                                 sleep=loop.clock.advance, clock=loop.time,
                                                 on_event=lambda e: self._trace(f"object {e}"))
         self.net = SimNetwork(random.Random(rng.getrandbits(64)))
+        self.walls = WallClocks()
         self._home = tempfile.mkdtemp(prefix="sfaas-sim-")
         try:
             s = self._settings()
@@ -247,6 +248,7 @@ class SimCluster:
             if sched.coordinator:
                 faults.append(loop.create_task(
                     self._crash(s, *sched.coordinator, name="coordinator")))
+            faults += timed_faults.start(sched, self.net, self.walls, self.workers, self._trace)
             await self._drive(s, random.Random(rng.getrandbits(64)))
             for task in faults:
                 await task
@@ -305,7 +307,8 @@ class SimCluster:
         """A new process ``name``'s ports."""
         loop = asyncio.get_running_loop()
         assert isinstance(loop, clock.VirtualLoop)
-        return process_ports(name, self.kafka, self.objects, self.net, loop.clock, self._ended)
+        return process_ports(name, self.kafka, self.objects, self.net, loop.clock, self._ended,
+                             self.walls)
 
     def _ended(self, name: str, code: int) -> None:
         """Process ``name`` exits with ``code`` (``os._exit``: the fence, a failed ingest):

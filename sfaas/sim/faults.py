@@ -16,7 +16,18 @@ Faults a schedule may hold (each drawn or left out by the seed):
   call retries as ``remotes.minio.MinioRemote`` does and fails (``RemoteError``) only when
   every try did (``sfaas.sim.objects``);
 - ``coordinator``: the coordinator crashes at ``at`` and a fresh process starts ``down``
-  later (the workers rejoin it; drawn last, so adding it changed no earlier draw).
+  later (the workers rejoin it; drawn last, so adding it changed no earlier draw);
+- ``slow``: a slow link — every chunk between two processes (worker 1 and the
+  coordinator, worker 0 and the coordinator, or the two workers) sent at ``at`` or in the
+  ``for`` seconds after takes ``extra`` seconds more, in order (a chunk never overtakes
+  the one before it); ``extra`` 0.05–3 s, past the lease's round trip in most draws and
+  past the heartbeat timeout (2 s in a run) in a third (``sfaas.sim.network``);
+- ``clock``: a wall-clock jump — one process's ``time()`` (not its ``monotonic()``) steps
+  by ``seconds`` (±0.5–30 s) at ``at`` and stays off by that much, as after an NTP step; a
+  restart of the process keeps it (the clock is its machine's: ``sfaas.sim.ports``).
+
+The last two are drawn after everything else, the store included, so that adding them
+changed no earlier draw (``tests/sim/test_budget.py:test_the_store_is_drawn_last``).
 
 And the snapshot interval, ``rounds`` (drawn after all of them): 0.1–0.6 of the load's
 length, so that several rounds complete before and between the faults, and a recovery
@@ -37,7 +48,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-__all__ = ["Schedule", "draw", "STALE_TOPICS", "STORES", "FILE_ROUNDS", "HOT", "HOT_RATE"]
+__all__ = ["Schedule", "Slow", "Jump", "draw", "STALE_TOPICS", "STORES", "FILE_ROUNDS", "HOT",
+           "HOT_RATE", "LINKS", "PROCESSES"]
 
 #: a hot workload: accounts, and requests per simulated second
 HOT, HOT_RATE = 3, 2000.0
@@ -55,7 +67,20 @@ STORES = ("memonly", "hybridlog", "lsm", "appendlog")
 #: recovery — and the faults land in the first second
 FILE_ROUNDS = 8
 
+#: the links a slow-link fault slows (a run of the budget has two workers)
+LINKS = (("worker-1", "coordinator"), ("worker-0", "coordinator"), ("worker-0", "worker-1"))
+#: the processes whose wall clock a clock jump may step
+PROCESSES = ("coordinator", "worker-0", "worker-1")
+
 Pair = tuple[float, float]
+
+
+def _process(text: str, flag: str) -> str:
+    """``text`` if it names a process of a run (``coordinator`` or ``worker-N``)."""
+    index = text.removeprefix("worker-")
+    if text != "coordinator" and not (index != text and index.isdigit()):
+        raise ValueError(f"{flag}: a process is coordinator or worker-N, not {text!r}")
+    return text
 
 
 @dataclass(frozen=True)
@@ -78,6 +103,54 @@ class Stale:
 
 
 @dataclass(frozen=True)
+class Slow:
+    """A slow link: chunks between processes ``a`` and ``b`` sent in [at, at + seconds)
+    arrive ``extra`` seconds later than they would."""
+
+    at: float
+    seconds: float
+    a: str
+    b: str
+    extra: float
+
+    def flag(self) -> str:
+        return f"{self.at:g},{self.seconds:g},{self.a},{self.b},{self.extra:g}"
+
+    @classmethod
+    def parse(cls, text: str) -> Slow:
+        """``AT,FOR,A,B,EXTRA`` (e.g. ``0.5,1,worker-1,coordinator,0.8``)."""
+        try:
+            at, seconds, a, b, extra = text.split(",")
+        except ValueError:
+            raise ValueError(f"--slow is AT,FOR,A,B,EXTRA, not {text!r}") from None
+        if a == b:
+            raise ValueError(f"--slow: a link joins two processes, not {a} and itself")
+        return cls(float(at), float(seconds), _process(a, "--slow"), _process(b, "--slow"),
+                   float(extra))
+
+
+@dataclass(frozen=True)
+class Jump:
+    """A wall-clock jump: ``process``'s ``time()`` steps by ``seconds`` at ``at``."""
+
+    at: float
+    process: str
+    seconds: float
+
+    def flag(self) -> str:
+        return f"{self.at:g},{self.process},{self.seconds:g}"
+
+    @classmethod
+    def parse(cls, text: str) -> Jump:
+        """``AT,PROCESS,SECONDS`` (e.g. ``0.4,coordinator,-12.5``)."""
+        try:
+            at, process, seconds = text.split(",")
+        except ValueError:
+            raise ValueError(f"--clock is AT,PROCESS,SECONDS, not {text!r}") from None
+        return cls(float(at), _process(process, "--clock"), float(seconds))
+
+
+@dataclass(frozen=True)
 class Schedule:
     """One run's faults (see the module docstring); all off by default."""
 
@@ -95,6 +168,8 @@ class Schedule:
     rounds: float | None = None
     #: the workers' store engine (not a fault: kept when shrinking)
     store: str = "memonly"
+    slow: Slow | None = None
+    clock: Jump | None = None
 
     def args(self) -> list[str]:
         """The ``python -m sfaas.sim`` flags that give this schedule."""
@@ -106,6 +181,10 @@ class Schedule:
                 out += [f"--{flag}", f"{pair[0]:g},{pair[1]:g}"]
         if self.stale is not None:
             out += ["--stale", self.stale.flag()]
+        if self.slow is not None:
+            out += ["--slow", self.slow.flag()]
+        if self.clock is not None:
+            out += ["--clock", self.clock.flag()]
         if self.kafka_errors:
             out += ["--kafka-errors", f"{self.kafka_errors:g}"]
         if self.object_errors:
@@ -120,7 +199,8 @@ class Schedule:
 
     def faults(self) -> int:
         return len([f for f in (self.crash, self.cut, self.outage, self.stale,
-                                self.kafka_errors, self.object_errors, self.coordinator) if f])
+                                self.kafka_errors, self.object_errors, self.coordinator,
+                                self.slow, self.clock) if f])
 
     def without(self, name: str) -> Schedule:
         """This schedule less one fault (shrinking)."""
@@ -132,7 +212,8 @@ class Schedule:
 
 
 #: the fields of a schedule, in the order shrinking drops them
-FAULTS = ("crash", "cut", "outage", "stale", "kafka_errors", "object_errors", "coordinator")
+FAULTS = ("crash", "cut", "outage", "stale", "kafka_errors", "object_errors", "coordinator",
+          "slow", "clock")
 
 
 def _r(x: float) -> float:
@@ -166,5 +247,14 @@ def draw(seed: int, *, load_seconds: float = 1.0, partitions: int = 4) -> Schedu
     store = rng.choice(STORES)
     if store != "memonly":
         rounds = max(0.01, _r(rounds / FILE_ROUNDS))
+    # (drawn after all the rest: no earlier draw of any seed changed)
+    slow = None
+    if rng.random() < 0.3:
+        a, b = rng.choice(LINKS)
+        slow = Slow(when(), _r(rng.uniform(0.2, 3.0)), a, b, _r(rng.uniform(0.05, 3.0)))
+    jump = None
+    if rng.random() < 0.3:
+        process = rng.choice(PROCESSES)
+        jump = Jump(when(), process, _r(rng.choice((-1, 1)) * rng.uniform(0.5, 30.0)))
     return Schedule(crash, cut, outage, stale, kafka_errors, object_errors, hot, coordinator,
-                    rounds, store)
+                    rounds, store, slow, jump)

@@ -1,18 +1,30 @@
 """The simulator's slow link and wall-clock jump (issue 51 item 1): a slow link delays
 every chunk between two processes by its extra seconds and keeps their order; a clock jump
 moves one process's ``time()`` — not its ``monotonic()``, not another's — for good, its
-restarts included."""
+restarts included; a run with either replays byte for byte, from ``python -m sfaas.sim``
+too; and the flags a schedule prints give it back."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import faulthandler
+import hashlib
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
 
-from sfaas.runtime import channels, wire
+from examples.bank import app
+from sfaas.app import App
+from sfaas.runtime import channels, ports, wire
+from sfaas.runtime.settings import Settings
 from sfaas.sim import clock
+from sfaas.sim.__main__ import ROLES, parser, schedule
+from sfaas.sim.budget import command, run_seed
+from sfaas.sim.cluster import Process, Roles
+from sfaas.sim.faults import LINKS, PROCESSES, Jump, Schedule, Slow, Stale, draw
 from sfaas.sim.network import SimNetwork
 from sfaas.sim.ports import WALL_START, VirtualClockPort, WallClocks
 
@@ -144,3 +156,138 @@ def test_a_clock_jump_moves_that_process_time_only() -> None:
         assert restarted.time() == coord.time() == WALL_START + 6.0 + 17.5
         assert worker.time() == WALL_START + 6.0
     clock.run(body(), seed=1)
+
+
+class _Sampled:
+    """A process of the run that notes its clock port's ``time() - monotonic()`` every
+    0.05 simulated s while it runs."""
+
+    def __init__(self, real: Process, name: str, its: ports.Ports,
+                 seen: dict[str, set[float]]) -> None:
+        self._real, self._its = real, its
+        self._seen = seen.setdefault(name, set())
+
+    async def _sample(self) -> None:
+        while True:
+            self._seen.add(round(self._its.clock.time() - self._its.clock.monotonic()
+                                 - WALL_START, 6))
+            await asyncio.sleep(0.05)
+
+    async def run(self) -> None:
+        side = asyncio.ensure_future(self._sample())
+        try:
+            await self._real.run()
+        finally:
+            side.cancel()
+
+
+class _SampledRoles:
+    """The real roles, each process sampled (:class:`_Sampled`) into ``seen``."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, set[float]] = {}
+
+    def coordinator(self, s: Settings, name: str, its: ports.Ports) -> Process:
+        return _Sampled(ROLES.coordinator(s, name, its), "coordinator", its, self.seen)
+
+    def worker(self, s: Settings, a: App, name: str, its: ports.Ports) -> Process:
+        return _Sampled(ROLES.worker(s, a, name, its), name, its, self.seen)
+
+
+def test_a_clock_jump_in_a_run_shows_in_that_process_time_only() -> None:
+    """In a whole run: the clock port of worker 0 reads 20 s ahead after the jump (and on
+    time before it); the coordinator's and worker 1's never move."""
+    sampled = _SampledRoles()
+    roles = Roles(sampled.coordinator, sampled.worker)
+    sched = Schedule(clock=Jump(0.3, "worker-0", 20.0))
+    o = run_seed(app, roles, 4, sched)
+    assert o.violations == []
+    assert any(line.endswith("fault clock worker-0 +20 s") for line in o.trace)
+    assert sampled.seen == {"coordinator": {0.0}, "worker-0": {0.0, 20.0}, "worker-1": {0.0}}
+
+
+def _digest(trace: list[str]) -> str:
+    return hashlib.sha256("\n".join(trace).encode()).hexdigest()[:16]
+
+
+#: a schedule with each new fault: the slow link past the heartbeat timeout (2 s in a run)
+EACH = {
+    "slow": Schedule(slow=Slow(0.3, 1.5, "worker-1", "coordinator", 2.5)),
+    "clock": Schedule(clock=Jump(0.4, "coordinator", -25.0)),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(EACH))
+def test_a_run_with_each_fault_replays_byte_for_byte(fault: str) -> None:
+    """Twice in this process and once from the printed command: the same trace, with the
+    fault in it. (A slow link changes the trace; a clock jump shows in none of its lines —
+    nothing a run traces reads the wall clock: ``test_a_clock_jump_in_a_run_…`` shows it
+    reaches the process.)"""
+    seed, sched = 2, EACH[fault]
+    runs = [run_seed(app, ROLES, seed, sched) for _ in range(2)]
+    assert runs[0].trace == runs[1].trace
+    assert runs[0].violations == []
+    assert any(f" fault {fault} " in line for line in runs[0].trace)
+    argv = command(seed, sched).removeprefix("python ").split()
+    out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, check=True)
+    assert f"digest {_digest(runs[0].trace)}" in out.stdout
+
+
+def test_a_slow_link_changes_the_run() -> None:
+    """The slow link of :data:`EACH` (past the heartbeat timeout) against the same link
+    slowed by 0 s: another trace — worker 1's lease lapses behind the link, it is fenced
+    (exit 77), restarted, and the cluster recovers and answers everything."""
+    sched = EACH["slow"]
+    assert sched.slow is not None
+    null = dataclasses.replace(sched, slow=dataclasses.replace(sched.slow, extra=0.0))
+    runs = [run_seed(app, ROLES, 2, s) for s in (sched, null)]
+    assert [o.violations for o in runs] == [[], []]
+    unfaulted = [[line for line in o.trace if " fault " not in line] for o in runs]
+    assert unfaulted[0] != unfaulted[1]
+    assert runs[0].simulated_seconds > runs[1].simulated_seconds
+    assert any(line.endswith("process worker-1 exits with 77") for line in runs[0].trace)
+    assert not any(" exits with " in line for line in runs[1].trace)
+
+
+def test_the_flags_give_the_new_faults_back() -> None:
+    """``Schedule.args`` through the command's own parser gives the schedule back, with
+    every other fault beside the new ones; bad flags are refused by name."""
+    s = Schedule(crash=(0.5, 0.25), cut=(1.0, 2.0), outage=(0.3, 1.5),
+                 stale=Stale(1.2, 0.8, "epochs", 0, 7), kafka_errors=0.02, object_errors=0.2,
+                 coordinator=(0.7, 0.3), rounds=0.05, store="lsm",
+                 slow=Slow(0.57, 2.28, "worker-0", "worker-1", 1.57),
+                 clock=Jump(0.02, "worker-1", -16.86))
+    args = s.args()
+    assert "--slow 0.57,2.28,worker-0,worker-1,1.57" in " ".join(args)
+    assert "--clock 0.02,worker-1,-16.86" in " ".join(args)
+    assert schedule(parser().parse_args(["--app", "a:b", "--seed", "1", *args])) == s
+    for seed in range(40):
+        drawn = dataclasses.replace(draw(seed), hot=False)  # (hot: --accounts, --rate)
+        assert schedule(parser().parse_args(["--app", "a:b", "--seed", "1",
+                                             *drawn.args()])) == drawn
+    for bad in ("0.5,1,worker-1,worker-1,0.8", "0.5,1,worker-1,0.8", "0.5,1,w1,coordinator,1"):
+        with pytest.raises(ValueError, match="--slow"):
+            Slow.parse(bad)
+    for bad in ("0.4,-12", "0.4,nobody,-12"):
+        with pytest.raises(ValueError, match="--clock"):
+            Jump.parse(bad)
+    run = subprocess.run([sys.executable, "-m", "sfaas.sim", "--app", "examples.bank:app",
+                          "--seed", "1", "--clock", "0.4,worker-2,5"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "'worker-2' is no process of a run of 2 workers" in run.stderr
+
+
+def test_the_new_faults_are_drawn_by_the_seed_after_the_rest() -> None:
+    """Each drawn by some seeds (every link, every process, jumps both ways) and pinned:
+    the draw of a seed is its own (seed 0's and 1's new faults, from the session that
+    added them); the rest of each draw is ``test_budget.py``'s pin."""
+    schedules = [draw(seed) for seed in range(200)]
+    slows = [s.slow for s in schedules if s.slow is not None]
+    jumps = [s.clock for s in schedules if s.clock is not None]
+    assert 30 <= len(slows) <= 90 and 30 <= len(jumps) <= 90
+    assert {(s.a, s.b) for s in slows} == set(LINKS)
+    assert max(s.extra for s in slows) > 2.0  # (past the run's heartbeat timeout)
+    assert {j.process for j in jumps} == set(PROCESSES)
+    assert min(j.seconds for j in jumps) < -10 and max(j.seconds for j in jumps) > 10
+    assert draw(0).slow == Slow(0.57, 2.28, "worker-0", "worker-1", 1.57)
+    assert draw(1).clock == Jump(0.02, "worker-1", -16.86)

@@ -1,0 +1,71 @@
+"""The network's and the clocks' timed faults of a schedule (``sfaas.sim.faults``): a slow
+link and a wall-clock jump, each a task of the run that waits for its time, injects the
+fault, traces it (``fault slow …``, ``fault clock …``) and, for a window, undoes it.
+
+A slow link is the network's (:meth:`sfaas.sim.network.SimNetwork.slow`); a clock jump
+steps a machine's wall clock (:meth:`sfaas.sim.ports.WallClocks.jump`), which the process
+of that name reads through its clock port's ``time()`` — its incarnations after a restart
+too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from sfaas.sim.faults import Jump, Schedule, Slow
+from sfaas.sim.network import SimNetwork
+from sfaas.sim.ports import WallClocks
+
+__all__ = ["check", "clock_jump", "slow_link", "start"]
+
+Trace = Callable[[str], None]
+
+
+async def slow_link(net: SimNetwork, slow: Slow, trace: Trace) -> None:
+    """The link ``slow`` names takes ``slow.extra`` s more from ``slow.at`` for
+    ``slow.seconds``."""
+    await asyncio.sleep(slow.at)
+    trace(f"fault slow {slow.a} {slow.b} +{slow.extra:g} s")
+    net.slow(slow.a, slow.b, slow.extra)
+    await asyncio.sleep(slow.seconds)
+    trace(f"fault unslow {slow.a} {slow.b}")
+    net.unslow(slow.a, slow.b)
+
+
+async def clock_jump(walls: WallClocks, jump: Jump, trace: Trace) -> None:
+    """``jump.process``'s wall clock steps by ``jump.seconds`` at ``jump.at``, for good."""
+    await asyncio.sleep(jump.at)
+    trace(f"fault clock {jump.process} {jump.seconds:+g} s")
+    walls.jump(jump.process, jump.seconds)
+
+
+def _check(name: str, workers: int, flag: str) -> None:
+    index = name.removeprefix("worker-")
+    if name != "coordinator" and not (index.isdigit() and int(index) < workers):
+        raise ValueError(f"{flag}: {name!r} is no process of a run of {workers} workers "
+                         f"(coordinator, worker-0 … worker-{workers - 1})")
+
+
+def check(schedule: Schedule, workers: int) -> None:
+    """A ``ValueError`` if ``schedule``'s slow link or clock jump names a process a run of
+    ``workers`` workers does not have."""
+    if schedule.slow is not None:
+        for name in (schedule.slow.a, schedule.slow.b):
+            _check(name, workers, "--slow")
+    if schedule.clock is not None:
+        _check(schedule.clock.process, workers, "--clock")
+
+
+def start(schedule: Schedule, net: SimNetwork, walls: WallClocks, workers: int,
+          trace: Trace) -> list[asyncio.Task[None]]:
+    """The tasks of ``schedule``'s slow link and clock jump (none if it has neither), in a
+    run of ``workers`` workers (see :func:`check`)."""
+    check(schedule, workers)
+    loop = asyncio.get_running_loop()
+    tasks = []
+    if schedule.slow is not None:
+        tasks.append(loop.create_task(slow_link(net, schedule.slow, trace)))
+    if schedule.clock is not None:
+        tasks.append(loop.create_task(clock_jump(walls, schedule.clock, trace)))
+    return tasks
