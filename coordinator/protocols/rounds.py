@@ -88,7 +88,11 @@ class RoundSummary:
 class _InFlight:
     round: int
     epoch: int
+    #: wall time (the manifest's ``started``)
     started: float
+    #: monotonic time, what its age is measured from (a wall clock stepped by NTP would
+    #: fail a healthy round, or keep a stuck one, by the step)
+    began: float
     reports: dict[int, wire.Snapshotted] = field(default_factory=dict)
 
 
@@ -194,7 +198,7 @@ class RoundKeeper(Service):
         self._txns_at_last = txns
         round_id = self._next_id
         self._next_id += 1
-        self._inflight = _InFlight(round_id, epoch, self._clock.time())
+        self._inflight = _InFlight(round_id, epoch, self._clock.time(), now)
         self._next_at = now + self.interval
         return round_id
 
@@ -216,7 +220,7 @@ class RoundKeeper(Service):
 
     def _expire(self, now_monotonic: float) -> None:
         f = self._inflight
-        age = self._clock.time() - f.started if f is not None else 0.0
+        age = now_monotonic - f.began if f is not None else 0.0
         if f is not None and age > max(ROUND_TIMEOUT, 10 * self.interval):
             self._fail(f"not complete after {age:.0f} s "
                        f"(reports from workers {sorted(f.reports)} of {self._layout().workers})")

@@ -227,7 +227,7 @@ def bare_coordinator(home: str) -> Any:
     rounds._store_remote = lambda op, p: PathRemote(f"{home}/stores/{op}/p{p}")
     rounds._rounds = Rounds(PathRemote(f"{home}/rounds"))
     rounds._next_id = 2
-    rounds._inflight = _InFlight(1, 3, time.time())
+    rounds._inflight = _InFlight(1, 3, time.time(), rounds._clock.monotonic())
     m0 = Member(0, "w0", "127.0.0.1", 1, 1, FakeChannel(peer="w0"))  # type: ignore[arg-type]
     m0.ready.set()
     m1 = Member(1, "w1", "127.0.0.1", 2, 2, FakeChannel(peer="w1"),  # type: ignore[arg-type]
