@@ -281,12 +281,17 @@ class SimCluster:
                 s: Settings) -> None:
         """The supervisor (``launcher/supervisor.py``): a process that exits on its own is
         restarted — at once the first time, then after a backoff doubling from 0.2 s to
-        5 s (:data:`RESTART_BACKOFF`). A crash (a cancellation) is restarted by ``_crash``."""
+        5 s (:data:`RESTART_BACKOFF`). A crash (a cancellation) is restarted by ``_crash``.
+        A process whose main task ended on its own is dead whole, as an OS process whose
+        main returned: its other tasks and its connections end with it (``_kill``)."""
         if (task.cancelled() and task not in self._exiting) or task in self._crashed \
                 or self._stopping:
             return
-        self._exiting.discard(task)
         name = task.get_name()
+        if task in self._exiting:
+            self._exiting.discard(task)  # (its exit killed it already: ``_ended``)
+        elif task in self._owned.get(id(self._ports[name]), ()):
+            self._kill(name)
         exc = None if task.cancelled() else task.exception()
         n = self._exits[name] = self._exits.get(name, 0) + 1
         delay = 0.0 if n == 1 else min(RESTART_BACKOFF[1], RESTART_BACKOFF[0] * 2 ** (n - 2))

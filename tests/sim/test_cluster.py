@@ -163,3 +163,47 @@ def test_a_process_that_exits_ends_though_the_caller_goes_on() -> None:
     assert any("process worker-1 exits with 77" in line for line in o.trace)
     assert made.count("worker-1") >= 2  # (restarted)
     assert o.violations == [] and o.sent == len(o.replies)
+
+
+class _FailsAndLeavesATask:
+    """Worker 1's first process: a task of it notes the virtual time every 0.1 s, and its
+    main task fails on its own 0.5 s in (no process exit called: as a ``ClusterError``
+    ending ``worker.service.run_worker``)."""
+
+    def __init__(self, its: ports.Ports, notes: list[float]) -> None:
+        self._its, self._notes = its, notes
+        self._side: asyncio.Future[None] | None = None
+
+    async def _note(self) -> None:
+        while True:
+            self._notes.append(asyncio.get_running_loop().time())
+            await asyncio.sleep(0.1)
+
+    async def run(self) -> None:
+        self._side = asyncio.ensure_future(self._note())  # (never awaited nor cancelled here)
+        await asyncio.sleep(0.5)
+        raise RuntimeError("the process fails on its own")
+
+
+def test_a_process_whose_main_task_fails_ends_whole() -> None:
+    """An OS process whose main returns or raises is gone with every task and socket: the
+    simulator's supervisor ends the others too before it restarts the process. (They went
+    on: a coordinator failing its startup left the handler of a connection in its
+    handshake behind, which took a worker's registration for the dead coordinator, and the
+    new one waited for that worker for ever — seed 96, ``--cut 0.2,1.8 --slow
+    0.03,2.32,worker-0,coordinator,0.95``.)"""
+    notes: list[float] = []
+    first: list[ports.Ports] = []
+
+    def worker(s: Settings, a: App, name: str, its: ports.Ports) -> Process:
+        if name == "worker-1" and not first:
+            first.append(its)
+            return _FailsAndLeavesATask(its, notes)
+        return ROLES.worker(s, a, name, its)
+
+    o = simulate(app, Roles(ROLES.coordinator, worker), 7, workers=2,
+                 bank=Bank(accounts=6, transfers=60))
+    assert any("exit worker-1: RuntimeError" in line for line in o.trace)
+    assert notes and max(notes) < 0.5 + 1e-9  # (nothing of it ran after its exit)
+    assert getattr(first[0].network, "dead", False)
+    assert o.violations == [] and o.sent == len(o.replies)

@@ -291,3 +291,19 @@ def test_the_new_faults_are_drawn_by_the_seed_after_the_rest() -> None:
     assert min(j.seconds for j in jumps) < -10 and max(j.seconds for j in jumps) > 10
     assert draw(0).slow == Slow(0.57, 2.28, "worker-0", "worker-1", 1.57)
     assert draw(1).clock == Jump(0.02, "worker-1", -16.86)
+
+
+def test_a_slow_registration_reaches_the_restarted_coordinator() -> None:
+    """Found by the slow link (the simulator's own bug, fixed in ``SimCluster._exited``):
+    worker 0's registration crawls over a slow link while worker 1, cut off, makes the
+    coordinator's startup fail; the coordinator's process ended, but the handler of worker
+    0's connection, still in its handshake, went on as a zombie, took the registration and
+    the restarted coordinator waited for worker 0 for ever (nothing answered)."""
+    sched = _schedule("--cut 0.2,1.8 --slow 0.03,2.32,worker-0,coordinator,0.95")
+    o = run_seed(app, ROLES, 96, sched)
+    assert any("exit coordinator: ChannelClosed" in line for line in o.trace)
+    assert o.violations == [] and o.sent == len(o.replies)
+
+
+def _schedule(flags: str) -> Schedule:
+    return schedule(parser().parse_args(["--app", "a:b", "--seed", "0", *flags.split()]))
