@@ -202,7 +202,7 @@ class PeerCalls:
         scope, journal = self._world.for_call(tid) if self._world is not None else ("", {})
         trace = self._world.trace_of(tid) if tracing.ON and self._world is not None else None
         chan.send(wire.Call(eng.epoch, st.index, cid, tid, now, operator, key, function, argv,
-                            depth, st.recovery, fallback, scope, journal, trace))
+                            depth, st.epoch_recovery, fallback, scope, journal, trace))
         try:
             await chan.wait_room()  # a peer reading slower than we call: wait (channels.HIGH_WATER)
             return await fut

@@ -243,9 +243,10 @@ class Egress:
         if lane.batch or lane.busy():
             raise RuntimeError("replies are still being produced; the recovery fences after "
                                "they are committed")
+        await self._leased(recovering=True)  # (see FenceLease.held_open)
         if lane.broken or lane.producer is None:
             await self._renew(lane, Unstarted("the reply producer failed before the fence"))
-        await self._leased()  # (the abort ends a transaction of the slot: the owner's act)
+        await self._leased(recovering=True)  # (the abort ends a transaction of the slot)
         st, producer = self._state, lane.producer
         await producer.begin_transaction()
         try:
@@ -373,10 +374,12 @@ class Egress:
         else:
             await self._give_up(lane, batch, error)
 
-    async def _leased(self) -> None:
+    async def _leased(self, recovering: bool = False) -> None:
+        """Wait for the coordinator's lease (``recovering``: a recovery's step, which a
+        closed coordinator channel ends, ``FenceLease.held_open``)."""
         lease = self._lease
         if lease is not None and not lease.valid():
-            await lease.held()
+            await (lease.held_open() if recovering else lease.held())
 
     async def _transact(self, lane: Lane, batch: list[Queued], exc: BaseException) -> None:
         """Produce ``batch`` in one transaction through a new producer of ``lane``'s id,

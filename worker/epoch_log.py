@@ -82,7 +82,7 @@ class EpochLogWriter:
         st = self._state
         rec = FenceRecord(st.index, st.generation, attempt)
         if self._fence is not None and not self._fence.valid():
-            await self._fence.held()
+            await self._fence.held_open()  # (a recovery's step: see FenceLease.held_open)
         md = await self._kafka.delivered(await self._kafka.send(st.log_topic, rec.encode(), 0),
                                          self._fence)
         self.fenced_at = md.offset

@@ -66,7 +66,7 @@ import math
 import time
 from collections.abc import Callable
 
-from sfaas.errors import EXIT_FENCED
+from sfaas.errors import EXIT_FENCED, ChannelClosed
 from sfaas.runtime import ports, wire
 
 log = logging.getLogger("sfaas.worker")
@@ -75,6 +75,9 @@ __all__ = ["FenceLease", "LEASE_FRACTION", "Fenced"]
 
 #: The lease: this fraction of ``heartbeat_timeout`` from the send time of an answered beat.
 LEASE_FRACTION = 0.5
+#: Seconds between two looks at the coordinator's channel while :meth:`FenceLease.held_open`
+#: waits.
+OPEN_POLL = 0.1
 
 
 class Fenced(Exception):
@@ -204,6 +207,21 @@ class FenceLease:
             wait = None if self._waiting else max(0.01, left) if left > 0 else self._still()
             try:
                 await asyncio.wait_for(self._renewed.wait(), wait)
+            except TimeoutError:
+                pass
+
+    async def held_open(self) -> None:
+        """:meth:`held`, for a recovery's steps: a closed coordinator channel ends the wait
+        with :class:`~sfaas.errors.ChannelClosed`. The recovery runs inside the loop that
+        reads the coordinator, and a worker awake while its lease lapsed closes that channel
+        to rejoin; the rejoin that renews the lease runs only once the recovery returns
+        (the simulator's seed 49: it waited for ever)."""
+        while not self.check():
+            if self._closed():
+                raise ChannelClosed("the coordinator's channel closed during the recovery "
+                                    "(the worker rejoins)")
+            try:
+                await asyncio.wait_for(self.held(), OPEN_POLL)
             except TimeoutError:
                 pass
 

@@ -160,6 +160,10 @@ class WorkerState:
         self.replay_journals: dict[int, dict[int, dict[str, Any]]] = {}
         #: the last recovery this worker rolled back for (see ``wire.Call.recovery``)
         self.recovery = 0
+        #: the recovery the current epoch began under: what its calls carry. Calls of an
+        #: epoch a recovery interrupted must not carry the new one, or a peer that rolled
+        #: back already serves them in its replay (the simulator's seed 191)
+        self.epoch_recovery = 0
         #: state reads may be answered: the stores hold what the replies sent so far agree
         #: with — from this process's first live Begin until a recovery rolls them back
         #: (written by ``World``; read by the reads through Kafka and the direct ones)
@@ -281,6 +285,7 @@ class WorkerState:
     def epoch_began(self, replay: bool) -> None:
         """An epoch began: a recovery's replay, or live."""
         self.replaying = replay
+        self.epoch_recovery = self.recovery
 
     def drop_replays(self) -> None:
         """Forget the replays planned (a recovery starts over)."""

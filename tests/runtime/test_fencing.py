@@ -510,3 +510,39 @@ def test_a_recoverys_answer_stops_waiting_for_the_lease_once_the_coordinator_is_
         assert await asyncio.wait_for(waiting, 2) is False
 
     asyncio.run(main())
+
+
+def test_a_recovery_step_waiting_for_the_lease_ends_when_the_channel_closes() -> None:
+    """The simulator's seed 49 (``--crash 0.36,0.48 --slow 0.77,0.5,worker-0,coordinator,2.82``):
+    a recovery's fence waited in ``held`` — inside the loop that reads the coordinator — for
+    a lease only the rejoin after that loop renews; the awake worker had closed the channel
+    to rejoin, and nothing ended the wait. ``held_open`` ends it with ``ChannelClosed``."""
+    from sfaas.errors import ChannelClosed
+
+    clock, closed = Clock(), [False]
+    lease = _lease(clock, closed)
+    lease.tick()
+    clock.t = 100.2
+    lease.grant(100.2)
+    while clock.t < 103.5:  # awake throughout, its coordinator silent
+        clock.t += T / 4
+        lease.tick()
+    closed[0] = True  # the heartbeat task left the channel to rejoin
+
+    async def go() -> None:
+        async def heartbeat_task() -> None:  # (the worker stays awake)
+            while True:
+                lease.tick()
+                await asyncio.sleep(0.01)
+
+        ticks = asyncio.ensure_future(heartbeat_task())
+        try:
+            with pytest.raises(TimeoutError):  # (held: waits for a renewal nobody can send)
+                await asyncio.wait_for(lease.held(), 0.5)
+            with pytest.raises(ChannelClosed, match="during the recovery"):
+                await asyncio.wait_for(lease.held_open(), 5.0)
+            assert not lease.fenced
+        finally:
+            ticks.cancel()
+
+    asyncio.run(go())

@@ -171,3 +171,55 @@ def test_a_reset_connection_makes_the_written_channel_lost_and_it_is_replaced() 
             server.close()
 
     asyncio.run(asyncio.wait_for(go(), 30))
+
+
+# -- a call of an epoch a recovery interrupted carries that epoch's recovery ------------------------
+class _Sent:
+    def __init__(self) -> None:
+        self.sent: list[wire.Message] = []
+
+    def send(self, msg: wire.Message) -> None:
+        self.sent.append(msg)
+
+    async def wait_room(self) -> None:
+        return None
+
+
+def test_a_call_of_an_interrupted_epoch_carries_the_recovery_it_began_under() -> None:
+    """The simulator's seed 191 (``--cut 0.52,1.75 --slow 0.46,2.15,worker-0,coordinator,1``
+    on the driven replay): a worker's recovery began (``recovering``) while its lost epoch's
+    roots still ran; their calls left stamped with the *new* recovery, a peer that had
+    rolled back already took them for its replay's, and the replay's call counters never
+    matched. Stamped with the epoch's own, the peer drops them."""
+    from worker.state import WorkerState
+
+    st = WorkerState(max_batch=10, local_fallback=False)
+    st.index, st.n_workers = 0, 2
+    st.engine = SimpleNamespace(epoch=7, in_fallback=False)  # type: ignore[assignment]
+    st.recovering(3)
+    st.epoch_began(replay=False)  # epoch 7 begins under recovery 3
+    st.recovering(4)  # a recovery starts; epoch 7's roots are still running
+    chan = _Sent()
+    links: Any = SimpleNamespace(channels={1: chan}, gate=None)
+    calls = PeerCalls(SimpleNamespace(max_batch=10), st, links,  # type: ignore[arg-type]
+                      SimpleNamespace(held=0), SimpleNamespace())  # type: ignore[arg-type]
+    calls.sent = [0, 0]
+
+    async def call() -> None:
+        task = asyncio.ensure_future(calls.remote_call(1, 5, 1.0, "accounts", "a", "credit",
+                                                       [1], 0))
+        await asyncio.sleep(0)
+        task.cancel()
+
+    asyncio.run(call())
+    (msg,) = chan.sent
+    assert isinstance(msg, wire.Call) and msg.recovery == 3
+    # and a peer that rolled back for recovery 4 drops it
+    peer = WorkerState(max_batch=10, local_fallback=False)
+    peer.recovering(4)
+    peer.engine = SimpleNamespace(epoch=7)  # type: ignore[assignment]
+    served: list[Any] = []
+    peer_calls = PeerCalls(SimpleNamespace(max_batch=10), peer, links,  # type: ignore[arg-type]
+                           SimpleNamespace(held=0), SimpleNamespace(spawn=served.append))  # type: ignore[arg-type]
+    peer_calls.on_call(msg)
+    assert served == [] and peer_calls.deferred_n == 0

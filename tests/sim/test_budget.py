@@ -25,16 +25,18 @@ from tests.sim import leaky_bank
 #: "Findings"), not fixed yet: run and printed, not counted. A seed listed here that
 #: passes is printed as such (remove it once the bug is fixed).
 KNOWN: dict[int, str] = {}
-#: Schedules no budget seed draws that fail on main by a product bug reported, not fixed yet
-#: (found by session 9's stress survey: seeds run with a slow link forced on them,
-#: sfaas/sim/README.md "The slow link and the clock jump"): seed → (flags, reason). Each
-#: runs as a strict xfail — it fails the suite once the bug is fixed: then move it to a
-#: regression test.
-KNOWN_SCHEDULES: dict[int, tuple[str, str]] = {
+#: Schedules no budget seed draws that fail on main by a product bug reported, not fixed yet:
+#: seed → (flags, reason). Each must still fail (a test checks): once its bug is fixed, move
+#: it to ``FOUND_SCHEDULES``.
+KNOWN_SCHEDULES: dict[int, tuple[str, str]] = {}
+#: Schedules no budget seed draws that found product bugs, since fixed (session 9's stress
+#: survey: seeds run with a slow link forced on them, sfaas/sim/README.md "The slow link and
+#: the clock jump"): seed → (flags, what it found). Each is a test of its own.
+FOUND_SCHEDULES: dict[int, tuple[str, str]] = {
     49: ("--crash 0.36,0.48 --slow 0.77,0.5,worker-0,coordinator,2.82",
-         "a recovery's fence waits in the inbox loop for the lease only the rejoin renews"),
+         "a recovery's fence waited in the inbox loop for the lease only the rejoin renews"),
     191: ("--cut 0.52,1.75 --slow 0.46,2.15,worker-0,coordinator,1",
-          "calls of a lost epoch leave stamped with the new recovery; the replay stalls"),
+          "calls of a lost epoch left stamped with the new recovery; the replay stalled"),
 }
 #: Seeds that found exactly-once bugs, since fixed (sfaas/sim/README.md "Findings"): each is
 #: run by a test of its own, whatever the budget reaches.
@@ -112,14 +114,23 @@ def _replayed(seed: int, flags: str) -> Schedule:
                                          *flags.split()]))
 
 
-@pytest.mark.parametrize("seed", [
-    pytest.param(seed, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=why))
-    for seed, (_, why) in sorted(KNOWN_SCHEDULES.items())])
-def test_the_known_schedules_keep_every_invariant(seed: int) -> None:
-    flags = KNOWN_SCHEDULES[seed][0]
+def test_the_known_schedules_still_find_their_bugs() -> None:
+    """Each ``KNOWN_SCHEDULES`` entry still breaks an invariant: once its bug is fixed this
+    fails, and the schedule moves to ``FOUND_SCHEDULES`` (none known today)."""
+    for seed, (flags, why) in sorted(KNOWN_SCHEDULES.items()):
+        outcome = run_seed(app, ROLES, seed, _replayed(seed, flags))
+        print(f"seed {seed} {flags} ({why}): {outcome.violations[:1]}")
+        assert outcome.violations, f"seed {seed} passes now ({why}): move it to FOUND_SCHEDULES"
+
+
+@pytest.mark.parametrize("seed", sorted(FOUND_SCHEDULES))
+def test_the_schedules_that_found_bugs_keep_every_invariant(seed: int) -> None:
+    flags, why = FOUND_SCHEDULES[seed]
     outcome = run_seed(app, ROLES, seed, _replayed(seed, flags))
+    print(f"seed {seed} {flags} ({why}): {len(outcome.replies)} of {outcome.sent} answered")
     assert not outcome.violations, f"seed {seed}: {outcome.violations}\nreplay: " \
         + command(seed, _replayed(seed, flags))
+    assert len(outcome.replies) == outcome.sent
 
 
 def test_a_planted_bug_fails_the_budget_with_its_replay_command(capsys: object) -> None:

@@ -78,7 +78,7 @@ class CrossFallback:
                 self._take(msg)
             if held:
                 self._room()
-            recovery = self._state.recovery
+            recovery = self._state.epoch_recovery  # (the epoch's, as its calls')
 
             async def finish(tid: int, commit: bool) -> None:
                 self._finish(tid, commit)
