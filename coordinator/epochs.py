@@ -22,7 +22,8 @@ from coordinator.inbox import Inbox
 from coordinator.needs import EpochEnds, EpochObserver, Workers
 from coordinator.state import ClusterState
 from coordinator.traces import epoch_span
-from sfaas.runtime import tracing, wire
+from sfaas.runtime import ports, tracing, wire
+from sfaas.runtime.ports import ClockPort
 from sfaas.runtime.txn.loop import idle_after, merge_votes
 
 log = logging.getLogger("sfaas.coordinator")
@@ -38,8 +39,10 @@ class EagerEpochs:
 
     def __init__(self, state: ClusterState, inbox: Inbox, barrier: Barrier, workers: Workers,
                  ends: EpochEnds, observer: EpochObserver,
-                 gather: Gathering | None = None) -> None:
+                 gather: Gathering | None = None, clock: ClockPort | None = None) -> None:
         self._state = state
+        #: the wall clock each epoch's ``now`` is read from (the process's when None)
+        self._clock = clock or ports.current().clock
         self.gathering = gather or Gathering(0.0)
         self._inbox = inbox
         self._barrier = barrier
@@ -64,7 +67,7 @@ class EagerEpochs:
                 await asyncio.sleep(wait)  # requests gather: fewer, fuller epochs
             began = time.perf_counter()
             self._inbox.take_wakeup()
-            epoch, now = state.next_epoch(), time.time()
+            epoch, now = state.next_epoch(), state.next_now(self._clock.time())
             self._workers.broadcast(wire.Begin(epoch, now, None))
             t_begin = time.perf_counter()
             reports = await self._barrier.wait(epoch)

@@ -96,9 +96,10 @@ class Coordinator(Service):
         self.boundary = Boundary(self.rounds, self.rescale)
         self.epochs: EagerEpochs | LeasedEpochs = (
             LeasedEpochs(s.epoch_lease, self.state, self.inbox, self.membership, self.boundary,
-                         self.metrics) if s.epoch_lease > 0 else
+                         self.metrics, self.ports.clock) if s.epoch_lease > 0 else
             EagerEpochs(self.state, self.inbox, self.barrier, self.membership, self.boundary,
-                        self.metrics, Gathering(s.epoch_gather, s.epoch_gather_adaptive)))
+                        self.metrics, Gathering(s.epoch_gather, s.epoch_gather_adaptive),
+                        self.ports.clock))
         self.recovery = Recovery(self.state, self.inbox, self.barrier, self._rounds_remote,
                                  self.bulletin)
         # what runs before what: workers register once the layout is known, the watchdog

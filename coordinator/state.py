@@ -126,6 +126,8 @@ class ClusterState:
         self.owners: list[int] = []
         self.members: list[Member] = []
         self.epoch = 0
+        #: the newest ``now`` an epoch began with (``next_now``: never runs backwards)
+        self.now = 0.0
         #: the last epoch the workers were leased (``coordinator.protocols.lease``)
         self.lease_upto = 0
         self.stats = EpochStats()
@@ -266,6 +268,18 @@ class ClusterState:
     def next_epoch(self) -> int:
         self.epoch += 1
         return self.epoch
+
+    def next_now(self, wall: float) -> float:
+        """The ``now`` of the epoch that begins (what ``ctx.now()`` reads): the wall clock
+        ``wall``, but never below an earlier epoch's — a clock stepped back (an NTP step, a
+        replaced coordinator on a machine behind) holds it still until the wall catches up,
+        so a function never sees time run backwards."""
+        self.now = max(self.now, wall)
+        return self.now
+
+    def reach_now(self, now: float) -> None:
+        """Epochs that began with ``now`` were used (a recovery's replay)."""
+        self.now = max(self.now, now)
 
     def reach_epoch(self, epoch: int) -> None:
         """Epochs up to ``epoch`` were used: new ones are numbered above it."""

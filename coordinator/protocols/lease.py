@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from coordinator.inbox import Inbox, Interrupted, Lost, Tick
 from coordinator.needs import EpochEnds, EpochObserver, Workers
 from coordinator.state import ClusterState
-from sfaas.runtime import wire
+from sfaas.runtime import ports, wire
+from sfaas.runtime.ports import ClockPort
 from sfaas.runtime.txn.epochs import execution_finished
 from sfaas.runtime.txn.loop import idle_after, merge_votes
 
@@ -46,8 +47,11 @@ class LeasedEpochs:
     """Leased runs of ``width`` epochs (see the module docstring)."""
 
     def __init__(self, width: int, state: ClusterState, inbox: Inbox, workers: Workers,
-                 ends: EpochEnds, observer: EpochObserver) -> None:
+                 ends: EpochEnds, observer: EpochObserver,
+                 clock: ClockPort | None = None) -> None:
         self._width = width
+        #: the wall clock the run's first ``now`` is read from (the process's when None)
+        self._clock = clock or ports.current().clock
         self._state = state
         self._inbox = inbox
         self._workers = workers
@@ -76,7 +80,7 @@ class LeasedEpochs:
         state, workers, width = self._state, self._workers, self._width
         epoch = state.begin_lease_run()
         run = 1 + secrets.randbelow(2**62)
-        workers.broadcast(wire.Begin(epoch, time.time(), None))
+        workers.broadcast(wire.Begin(epoch, state.next_now(self._clock.time()), None))
         upto = epoch + width
         state.lease(upto)
         workers.broadcast(wire.EpochLease(upto, None, run))

@@ -254,6 +254,7 @@ class Recovery:
                 done.add(msg.index)
             # anything else is from before the replay (stale reports of the lost epoch)
         self._state.reach_epoch(last)
+        self._state.reach_now(max(e.now for e in epochs))
 
     async def _driven_replay(self, epochs: list[wire.LoggedEpoch]) -> None:
         """Step 4 after a leased replay stalled: each logged epoch as ``Begin(epoch, its
@@ -268,3 +269,4 @@ class Recovery:
                 [wire.Aborted(t, x, y) for t, (x, y) in aborts.items()], False, None))
         if epochs:
             self._state.reach_epoch(epochs[-1].epoch)
+            self._state.reach_now(max(e.now for e in epochs))

@@ -108,3 +108,55 @@ def test_epoch_gather_is_checked() -> None:
     assert Settings.load(env={"SFAAS_EPOCH_GATHER_ADAPTIVE": "0"}).epoch_gather_adaptive is False
     with pytest.raises(ConfigError, match="EPOCH_GATHER_ADAPTIVE"):
         Settings.load(env={"SFAAS_EPOCH_GATHER_ADAPTIVE": "sometimes"})
+
+
+class _StepBack:
+    """A wall clock stepped back 30 s at its 4th read (an NTP step), then running on."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def time(self) -> float:
+        self.reads += 1
+        return 1_000_000.0 + self.reads - (30.0 if self.reads >= 4 else 0.0)
+
+
+class _Nows(_Busy):
+    def __init__(self) -> None:
+        super().__init__()
+        self.nows: list[float] = []
+
+    def broadcast(self, msg: wire.Message) -> None:
+        if isinstance(msg, wire.Begin):
+            self.nows.append(msg.now)
+
+
+def test_an_epochs_now_never_runs_backwards_when_the_wall_clock_steps_back() -> None:
+    """Each epoch's ``now`` (``ctx.now()``) comes from the coordinator's clock port and never
+    falls below an earlier epoch's: a clock stepped back holds it still until the wall
+    catches up (the simulator's ``--clock AT,coordinator,-30`` reaches it)."""
+    async def go() -> list[float]:
+        busy = _Nows()
+        state = ClusterState(2)
+        epochs = EagerEpochs(state, Inbox(), busy, busy, busy, busy,  # type: ignore[arg-type]
+                             Gathering(0.0, False), _StepBack())
+        task = asyncio.create_task(epochs.run(idle=False))
+        while len(busy.nows) < 8:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return busy.nows
+
+    nows = asyncio.run(go())
+    assert nows[:3] == [1_000_001.0, 1_000_002.0, 1_000_003.0]
+    assert nows == sorted(nows), nows
+    assert nows[3] == nows[2]  # (held: the wall read 999,974)
+
+
+def test_a_recovery_holds_now_at_the_replayed_epochs() -> None:
+    state = ClusterState(2)
+    state.reach_now(5_000.0)  # the logged epochs ran up to this now
+    assert state.next_now(4_000.0) == 5_000.0 and state.next_now(5_001.0) == 5_001.0

@@ -36,7 +36,7 @@ def _recovery(n: int) -> tuple[Recovery, Inbox, list[_Channel], list[int]]:
     reached: list[int] = []
     state: Any = SimpleNamespace(
         members=[SimpleNamespace(index=i, channel=c) for i, c in enumerate(chans)],
-        reach_epoch=reached.append)
+        reach_epoch=reached.append, reach_now=lambda now: None)
     inbox = Inbox()
     rec = Recovery(state, inbox, Barrier(inbox, state, SimpleNamespace()),
                    lambda: None, SimpleNamespace())  # type: ignore[arg-type]
@@ -155,7 +155,8 @@ def _recovering(n: int, epochs: list[wire.LoggedEpoch]) -> tuple[Recovery, Inbox
     attempts = iter(range(1, 100))
     state: Any = SimpleNamespace(
         members=[SimpleNamespace(index=i, channel=c) for i, c in enumerate(chans)],
-        reach_epoch=reached.append, begin_recovery=lambda: next(attempts),
+        reach_epoch=reached.append, reach_now=lambda now: None,
+        begin_recovery=lambda: next(attempts),
         recovered=done.append)
     inbox = Inbox()
     barrier = Barrier(inbox, state, _Workers())
