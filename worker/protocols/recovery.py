@@ -109,6 +109,10 @@ class Recovery:
         try:
             epochs = await self.recover(msg)
         except Exception as exc:
+            if self._uplink.closed:  # (FenceLease.held_open: the inbox loop rejoins now)
+                log.warning("recovery %d given up: the coordinator's channel closed (%s); "
+                            "rejoining", msg.attempt, exc, extra={"worker": st.index})
+                return
             log.exception("recovery %d failed", msg.attempt, extra={"worker": st.index})
             error = f"{type(exc).__name__}: {exc}"[:2000]
             self._uplink.send(wire.Recovered(msg.attempt, st.index, [], error, permanent(exc)))
