@@ -237,11 +237,12 @@ class Recovery:
         self._broadcast(wire.ReplayLogged(attempt, run, epochs))
         last = epochs[-1].epoch
         patience = replay_patience(len(epochs))
-        deadline = time.monotonic() + patience
+        loop = asyncio.get_running_loop()  # (its clock: the process's, virtual when simulated)
+        deadline = loop.time() + patience
         done: set[int] = set()
         while len(done) < len(self._state.members):
             try:
-                msg = await asyncio.wait_for(self._inbox.get(), deadline - time.monotonic())
+                msg = await asyncio.wait_for(self._inbox.get(), deadline - loop.time())
             except TimeoutError:
                 raise _Stalled(f"the leased replay of {len(epochs)} epochs did not finish in "
                                f"{patience:.1f} s (answered: {sorted(done)})") from None
