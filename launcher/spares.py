@@ -12,7 +12,8 @@ therefore keeps one *spare* per role, started a little after the role's last (re
   child's command line, its log file and the environment it adds; the spare sends its
   output to the log, sets the environment and runs the command as ``python -m sfaas`` would
   have — the same code, only already imported;
-- a spare whose stdin closes (the supervisor went away) exits; one that died is replaced.
+- a spare whose stdin closes (the supervisor went away) exits; one that dies while it
+  waits failed, and its role's restarts start cold from then on.
 
 Nothing but the supervisor writes to a spare's stdin, and the line is JSON, never pickle.
 """
@@ -113,15 +114,20 @@ class Spares:
             self._due[role] = time.monotonic() + SPARE_DELAY
 
     def poll(self) -> None:
-        """Start the spares that are due; forget the ones that died."""
+        """Start the spares that are due. A spare that exits while it waits failed (it
+        leaves only when its pipe closes): its role restarts cold from then on, so that a
+        spare that cannot start (its log says why) is not started again every 2 s."""
         now = time.monotonic()
-        for role in self._roles:
+        for role in list(self._roles):
             proc = self._procs.get(role)
             if proc is not None and proc.poll() is not None:
-                log.warning("the %s spare (pid %d) exited with code %s; another follows",
-                            role, proc.pid, proc.returncode)
                 del self._procs[role]
-                self.later(role)
+                self._roles.remove(role)
+                self._due.pop(role, None)
+                log.warning("the %s spare (pid %d) exited with code %s (see %s): %s restarts "
+                            "start cold from now on", role, proc.pid, proc.returncode,
+                            self._dir / f"spare-{role}.log", role)
+                continue
             due = self._due.get(role)
             if role not in self._procs and due is not None and now >= due:
                 del self._due[role]

@@ -128,3 +128,22 @@ def test_without_spares_restarts_are_cold(tmp_path: Path) -> None:
         assert child.pid != first and _until(lambda: _supervisor_pid(tmp_path) == child.pid)
     finally:
         sup.stop()
+
+
+def test_a_spare_that_dies_while_it_waits_is_not_started_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spare leaves only when its pipe closes: one that exits otherwise failed (a broken
+    install, the OOM killer), and its role restarts cold from then on, not a new spare every
+    2 s."""
+    monkeypatch.setattr(spares_module, "SPARE_DELAY", 0.05)
+    spares = Spares(tmp_path, ["worker"])
+    spares.later("worker")
+    assert _until(lambda: (spares.poll(), bool(spares.pids()))[1])
+    os.kill(spares.pids()[0], signal.SIGKILL)
+    time.sleep(0.5)
+    for _ in range(20):
+        spares.poll()
+        time.sleep(0.05)
+    assert spares.pids() == [] and spares.started == 1
+    assert spares.take("worker", ["worker"], str(tmp_path / "w.log"), {}) is None
+    spares.stop()
