@@ -29,8 +29,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from launcher.alive import main as alive
 
         return alive(args[1:])
-    if args[:1] == ["spare"]:  # the supervisor's warm spare (``launcher.spares``)
-        from launcher.spares import serve
+    if args[:1] == ["spare"]:  # the supervisor's warm spare (``launcher.spare``)
+        from launcher.spare import serve
 
         return serve(args[1:])
     from launcher.commands import main as run

@@ -6,7 +6,8 @@ a 2-core host, the longest step of a killed worker's reply gap after the rollbac
 replay (``python -m benchmarks.cluster.series``). The supervisor (``launcher.supervisor``)
 therefore keeps one *spare* per role, started a little after the role's last (re)start:
 
-- ``python -m sfaas spare ROLE`` (:func:`serve`) imports what ROLE runs (:data:`IMPORTS`)
+- ``python -m sfaas spare ROLE`` (``launcher.spare.serve``: the process's side, apart so
+  that the supervisor's side imports no command) imports what ROLE runs (:data:`IMPORTS`)
   and waits for one line on its stdin, a pipe from the supervisor;
 - to restart a child, the supervisor writes that line (:meth:`Spares.take`): the JSON of the
   child's command line, its log file and the environment it adds; the spare sends its
@@ -20,10 +21,8 @@ Nothing but the supervisor writes to a spare's stdin, and the line is JSON, neve
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -33,7 +32,7 @@ from typing import Any
 
 log = logging.getLogger("sfaas.supervisor")
 
-__all__ = ["Spares", "serve", "IMPORTS", "SPARE_DELAY"]
+__all__ = ["Spares", "IMPORTS", "SPARE_DELAY"]
 
 #: What a spare of each role imports before it waits (what the role's process runs).
 IMPORTS: dict[str, tuple[str, ...]] = {
@@ -43,36 +42,6 @@ IMPORTS: dict[str, tuple[str, ...]] = {
 #: Seconds after a role's process (re)started before its next spare starts: the starting
 #: process gets the cores first.
 SPARE_DELAY = 2.0
-
-
-def serve(args: Sequence[str]) -> int:
-    """``python -m sfaas spare ROLE``: import ROLE's code, wait for the supervisor's line,
-    then run it (see the module docstring)."""
-    if len(args) != 1 or args[0] not in IMPORTS:
-        print(f"usage: sfaas spare {{{','.join(IMPORTS)}}} (started by the supervisor), "
-              f"got {list(args)}", file=sys.stderr)
-        return 2
-    for module in IMPORTS[args[0]]:
-        importlib.import_module(module)
-    line = sys.stdin.readline()
-    if not line.strip():
-        return 0  # the supervisor went away, or stops its spares
-    order = json.loads(line)
-    argv, logfile, env = list(order["args"]), str(order["log"]), dict(order["env"])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    fd = os.open(logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    os.environ.update(env)
-    sys.argv = [sys.argv[0], *argv]
-    from launcher.commands import main
-
-    return main(argv)
 
 
 class Spares:

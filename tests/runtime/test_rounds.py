@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaConnectionError
 
 from launcher import cluster
 from remotes.errors import SnapshotNotFoundError
@@ -79,13 +80,30 @@ async def _wait_rounds(rounds: Rounds, above: int, timeout: float = 60.0) -> lis
     raise AssertionError(f"no snapshot round above {above} published within {timeout} s")
 
 
+async def _started_consumer(s: Settings, committed: bool, patience: float = 90.0) -> AIOKafkaConsumer:
+    """A started consumer of ``s.kafka``, tried again while no broker answers its bootstrap
+    (a chaos run's last fault may have stopped one broker while another restarts: the
+    nemesis seed 99017787 read the replies as every broker refused or closed, once)."""
+    deadline = time.monotonic() + patience
+    while True:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.kafka, enable_auto_commit=False,
+            isolation_level="read_committed" if committed else "read_uncommitted")
+        try:
+            await consumer.start()
+            return consumer
+        except KafkaConnectionError:
+            await consumer.stop()
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1.0)
+
+
 async def _read_topic(s: Settings, topic: str, partitions: int,
                       committed: bool = False) -> dict[int, list[tuple[int, bytes]]]:
     """Every record of ``topic``: partition → [(offset, value)]; ``committed``: as a
     ``read_committed`` reader sees it (the egress topic's replies are transactional)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=s.kafka, enable_auto_commit=False,
-                                isolation_level="read_committed" if committed else "read_uncommitted")
-    await consumer.start()
+    consumer = await _started_consumer(s, committed)
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
