@@ -312,7 +312,7 @@ class Worker(Service):
                 break
             self.lost_coordinator = False
             if not self.ingress.started:  # no recovery follows when nothing ever ran
-                self.ingress.start()
+                self.ingress.start_where_taken()
                 self.direct.restore([], set())
 
     async def handle(self, msg: wire.Message) -> bool:
