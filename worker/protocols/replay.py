@@ -11,6 +11,7 @@ and go live again after the replay.
 from __future__ import annotations
 
 import logging
+from collections import ChainMap
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -196,7 +197,10 @@ class Replay:
             own = {(-1, -1 - tid): Pending.runtime(*req)
                    for tid, req in r.runtime_requests().items()}
             own.update(direct_items(r))
-            replays[r.epoch] = replay_batch(r, {**items, **own} if own else items, m.round)
+            # (a view, not a copy: copying every request after the round for each record
+            # with direct or runtime requests made the rebuild quadratic — 0.4 s of a
+            # 2,700-epoch recovery's restore)
+            replays[r.epoch] = replay_batch(r, ChainMap(own, items) if own else items, m.round)
             journals[r.epoch] = dict(r.journals)
             in_log.update((p, off) for _, p, off in r.batch)
             in_log.update(_rids(own.values()))
