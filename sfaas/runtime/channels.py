@@ -58,6 +58,16 @@ HIGH_WATER = 1 << 20
 GATE_RETRY = 0.02
 _HEADER = struct.Struct(">I")
 HANDSHAKE_TIMEOUT = 5.0
+#: A TCP connection whose sent bytes stay unacknowledged this long, or whose peer stops
+#: answering keepalive probes (sent after :data:`KEEPALIVE_IDLE` s of silence, then every
+#: :data:`KEEPALIVE_INTERVAL` s), is closed by the kernel: a partition that drops packets
+#: without a reset (no FIN, no RST) then ends the channel within ~5–7 s instead of the
+#: kernel's ~15 minutes of retransmissions — and a worker's channel from a peer that
+#: closes that way makes the coordinator recover (``wire.PeerBroken``).
+USER_TIMEOUT = 5.0
+KEEPALIVE_IDLE = 1
+KEEPALIVE_INTERVAL = 1
+KEEPALIVE_COUNT = 5
 #: Peers this process refused, by why: ``"unauthenticated"`` (failed the handshake) and
 #: ``"protocol"`` (an authenticated peer sent a frame that does not decode).
 REJECTED: collections.Counter[str] = collections.Counter()
@@ -172,7 +182,7 @@ class Channel:
             if n > MAX_FRAME:
                 raise ProtocolError(f"frame of {n} bytes from {self.peer} exceeds {MAX_FRAME}")
             payload = await self._reader.readexactly(n)
-        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+        except (asyncio.IncompleteReadError, OSError) as exc:  # (ETIMEDOUT: USER_TIMEOUT)
             self.closed = True
             raise ChannelClosed(f"channel to {self.peer} closed: {exc}") from None
         TRAFFIC.received_frames += 1
@@ -224,12 +234,23 @@ async def _server_handshake(
 
 
 def _tune(writer: asyncio.StreamWriter) -> None:
+    """No Nagle delay, and a bounded life for a connection whose peer went silent
+    (:data:`USER_TIMEOUT`). A stream without a TCP socket (the simulator's) has neither."""
     import socket
 
     sock = writer.get_extra_info("socket")
-    if sock is not None:
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    opts = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),
+            (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+                        ("TCP_KEEPCNT", KEEPALIVE_COUNT),
+                        ("TCP_USER_TIMEOUT", int(USER_TIMEOUT * 1000))):
+        if hasattr(socket, name):  # (Linux's; elsewhere the kernel's defaults)
+            opts.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    for level, opt, value in opts:
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(level, opt, value)
         except OSError:
             pass
 
