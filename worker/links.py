@@ -197,26 +197,44 @@ class PeerLinks:
             except ChannelClosed:
                 pass
 
-    async def connect(self, peers: Sequence[Sequence[Any]], me: int) -> None:
+    async def connect(self, peers: Sequence[Sequence[Any]], me: int,
+                      timeout: float | None = None) -> None:
         """Connect to every peer whose channel is missing, lost (closed, or its connection
         gone: a channel only written to learns it no other way), at a new address, or
         opened under an older generation of this worker (its ``Hello`` said that one: after
-        a rejoin the peer refuses what it sends, ``worker.calls.stale_generation``)."""
+        a rejoin the peer refuses what it sends, ``worker.calls.stale_generation``).
+        ``timeout``: per peer (the links' own by default); past it ``StartAgain``."""
         for j, peer in enumerate(peers):
-            host, port = peer[0], peer[1]
+            if j != me:
+                await self._connect_one(j, peer, me, self._timeout if timeout is None else timeout)
+
+    async def connect_reachable(self, peers: Sequence[Sequence[Any]], me: int,
+                                timeout: float) -> list[int]:
+        """:meth:`connect`, but a peer not reached within ``timeout`` is left without a
+        channel instead of failing the rest; returns those peers' indices."""
+        missing = []
+        for j, peer in enumerate(peers):
             if j == me:
                 continue
-            old = self.channels.get(j)
-            if (old is not None and not old.lost
-                    and self._addrs.get(j) == (tuple(peer), self.generation)):
-                continue
-            if old is not None:
-                old.close()
-            ch = await connect_retry(host, port, self._secret, timeout=self._timeout)
-            ch.gate = self.gate
-            ch.send(wire.Hello(me, self.generation))
-            self.channels[j] = ch
-            self._addrs[j] = (tuple(peer), self.generation)
+            try:
+                await self._connect_one(j, peer, me, timeout)
+            except StartAgain as exc:
+                log.warning("peer %d not reached: %s", j, exc)
+                missing.append(j)
+        return missing
+
+    async def _connect_one(self, j: int, peer: Sequence[Any], me: int, timeout: float) -> None:
+        old = self.channels.get(j)
+        if (old is not None and not old.lost
+                and self._addrs.get(j) == (tuple(peer), self.generation)):
+            return
+        if old is not None:
+            old.close()  # (kept until replaced: a send on it fails as ChannelClosed)
+        ch = await connect_retry(peer[0], peer[1], self._secret, timeout=timeout)
+        ch.gate = self.gate
+        ch.send(wire.Hello(me, self.generation))
+        self.channels[j] = ch
+        self._addrs[j] = (tuple(peer), self.generation)
 
     def drop_from(self, n_workers: int) -> None:
         """Close the channels to workers ``n_workers`` and above (the membership shrank)."""
