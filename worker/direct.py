@@ -36,12 +36,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from sfaas.errors import BadRequest, ChannelClosed
-from sfaas.runtime import channels, wire
+from sfaas.runtime import channels, ports, wire
 from sfaas.runtime.epochlog import CutRecord
 from sfaas.runtime.partitioning import partition_of
 from sfaas.runtime.protocols.reads import NOT_HERE
@@ -75,12 +74,14 @@ class DirectIngress:
 
     ``arrived.work_arrived()``: requests were queued (the epochs may need waking; given here
     or by :meth:`wakes`); ``limit``: pending entries at most; ``retention``: seconds an
-    unacknowledged reply is kept.
+    unacknowledged reply is kept, by ``clock`` (monotonic; the process's clock port's).
     """
 
     def __init__(self, state: WorkerState, arrived: WorkArrived | None, limit: int,
-                 retention: float, read: Callable[[wire.Read], wire.ReadReply]) -> None:
+                 retention: float, read: Callable[[wire.Read], wire.ReadReply],
+                 clock: Callable[[], float] | None = None) -> None:
         self._state = state
+        self._clock = clock or ports.current().clock.monotonic
         self._arrived = arrived
         #: answers a direct state read (``worker.protocols.reads.ReadServer.answer``)
         self._read = read
@@ -205,7 +206,7 @@ class DirectIngress:
             self._pending -= 1
             if self._pending < self.limit:
                 self._room.set()
-        entry.reply, entry.at = record, time.monotonic()
+        entry.reply, entry.at = record, self._clock()
         self._replied[rid] = None
         waiters, entry.waiters = entry.waiters, []
         for chan in waiters:
@@ -250,7 +251,7 @@ class DirectIngress:
         """This worker's cut of round ``round_id`` (after epoch ``epoch``): the replies not
         yet acknowledged and the direct requests waiting to re-run, in records of at most
         about :data:`CUT_RECORD_BYTES` (Kafka refuses records over 1 MiB)."""
-        now = time.monotonic()
+        now = self._clock()
         self._expire(now)
         index = self._state.index
         records: list[CutRecord] = []
@@ -285,7 +286,7 @@ class DirectIngress:
     def restore(self, cuts: Iterable[CutRecord], mine: set[int]) -> None:
         """The recovery rebuilt the epoch loop: keep the replies the round's ``cuts`` hold
         for ``mine`` partitions, and take requests again."""
-        now = time.monotonic()
+        now = self._clock()
         for cut in cuts:
             for p, record, age in cut.replies:
                 if p not in mine or age >= self.retention:

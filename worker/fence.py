@@ -63,7 +63,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Callable
 
 from sfaas.errors import EXIT_FENCED, ChannelClosed
@@ -94,18 +93,18 @@ class FenceLease:
 
     ``closed()``: the coordinator's channel is closed; ``rejoins``: a worker awake
     throughout rejoins the coordinator instead of leaving (with snapshot rounds on: without
-    them a lost coordinator ends the cluster); ``clock``: a monotonic clock (a fake one in
-    tests); ``exit``: how a fenced worker leaves (default: ``os._exit``; ``None`` raises
-    :class:`Fenced` instead).
+    them a lost coordinator ends the cluster); ``clock``: a monotonic clock (default: the
+    process's clock port's; a fake one in tests); ``exit``: how a fenced worker leaves
+    (default: ``os._exit``; ``None`` raises :class:`Fenced` instead).
     """
 
     def __init__(self, timeout: float, closed: Callable[[], bool], *, rejoins: bool = True,
-                 clock: Callable[[], float] = time.monotonic,
+                 clock: Callable[[], float] | None = None,
                  exit: Callable[[int], None] | None = _exit_now) -> None:
         self._timeout = timeout
         self._closed = closed
         self._rejoins = rejoins
-        self._clock = clock
+        self._clock = clock or ports.current().clock.monotonic
         self._exit = exit
         #: the lease runs until this time (``clock``); -inf: none yet, +inf: not enforced
         self.until = math.inf

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from sfaas.runtime import ports
 from sfaas.runtime.metrics import (
     LATENCY_BOUNDS,
     PHASE_BOUNDS,
@@ -121,7 +122,7 @@ class WorkerMetrics:
         """An epoch's ``fates`` are decided and their replies queued (``started``:
         ``perf_counter`` when its Commit arrived). Replays of requests whose replies are
         already out (``answered``) are not counted again."""
-        now = time.time()
+        now = ports.current().clock.time()
         observe = self.latency.observe
         for f in fates:
             req = f.item.request

@@ -122,9 +122,10 @@ class Worker(Service):
         self.reads = ReadServer(st)
         #: requests (and reads) clients send straight to this worker
         self.direct = DirectIngress(st, None, limit=IN_FLIGHT_BATCHES * s.max_batch,
-                                    retention=s.direct_retention, read=self.reads.answer)
+                                    retention=s.direct_retention, read=self.reads.answer,
+                                    clock=self.ports.clock.monotonic)
         #: effects, post-commit actions, timers
-        self.world = World(s, st, self.links, reads=self.ingress)
+        self.world = World(s, st, self.links, reads=self.ingress, wall=self.ports.clock.time)
         self.fallback = CrossFallback(st, self.links, self.tasks, self.world)
         #: calls to and from peers within an epoch (the engine's router)
         self.calls = PeerCalls(s, st, self.links, self.fallback, self.tasks, world=self.world,
@@ -180,7 +181,7 @@ class Worker(Service):
         watch = EpochWatch(self.metrics, traces)
         #: epochs this worker begins and commits itself, under the coordinator's lease
         #: (``worker.protocols.lease``: this worker is its ``LeaseHost``)
-        self.epoch_lease = EpochLeaseHolder(self)
+        self.epoch_lease = EpochLeaseHolder(self, wall=self.ports.clock.time)
         self.epoch_log = EpochLogWriter(st, self.kafka, self.uplink, self.lease)
         self.epochs = EpochRunner(
             s, st, uplink=self.uplink, calls=self.calls, world=self.world, watch=watch,

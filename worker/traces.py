@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from sfaas.runtime import tracing, wire
+from sfaas.runtime import ports, tracing, wire
 from sfaas.runtime.metrics import Buckets
 from sfaas.runtime.txn import internal
 from sfaas.runtime.txn.loop import Fate
@@ -178,7 +178,7 @@ class EpochTraces:
         later: ``conflicts`` re-run, the others wait for an effect); ``recovery``: the
         worker's recovery count."""
         self._index = index
-        end, wall = time.time_ns(), time.time()
+        end, wall = time.time_ns(), ports.current().clock.time()
         stamp = self._stamps.pop(epoch, None)
         for e in [e for e in self._stamps if e < epoch]:  # (rolled back, never committed)
             del self._stamps[e]

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from collections.abc import Callable
 from typing import Any
 
-from sfaas.runtime import tracing, wire
+from sfaas.runtime import ports, tracing, wire
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.txn import internal
 from sfaas.runtime.txn.actions import Actions
@@ -47,12 +47,15 @@ class World:
 
     ``links``: to every peer; ``arrived``: work was queued (wake the epochs; given here or
     by :meth:`wakes`); ``reads``: the state reads held until the stores caught up (ports
-    of ``worker.needs``).
+    of ``worker.needs``); ``wall``: the wall clock a timer's due time is read against (the
+    process's clock port's ``time``).
     """
 
     def __init__(self, settings: Settings, state: WorkerState, links: PeerSends,
-                 arrived: WorkArrived | None = None, reads: HeldReads | None = None) -> None:
+                 arrived: WorkArrived | None = None, reads: HeldReads | None = None,
+                 wall: Callable[[], float] | None = None) -> None:
         self._state = state
+        self._wall = wall or ports.current().clock.time
         self._reads = reads
         self._links = links
         self._arrived = arrived
@@ -97,7 +100,7 @@ class World:
         due = self.timers.next_due()
         if due is not None and not self.replaying:
             # (a little after: the epoch's now is the coordinator's clock)
-            delay = max(0.002, due - time.time() + 0.001)
+            delay = max(0.002, due - self._wall() + 0.001)
             self._wake = asyncio.get_running_loop().call_later(delay, self._timer_due)
 
     def _timer_due(self) -> None:

@@ -8,7 +8,7 @@ of a round's cut (``sfaas.runtime.epochlog``)."""
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -77,10 +77,11 @@ def _state(index: int = 0, log_topic: str = "ns.app.epochs") -> WorkerState:
     return st
 
 
-def _direct(st: WorkerState, limit: int = 100, retention: float = 300.0) -> DirectIngress:
+def _direct(st: WorkerState, limit: int = 100, retention: float = 300.0,
+            clock: Callable[[], float] | None = None) -> DirectIngress:
     arrived: list[int] = []
     d = DirectIngress(st, SimpleNamespace(work_arrived=lambda: arrived.append(1)), limit, retention,
-                      read=lambda m: wire.ReadReply(m.id, True, None, "", ""))
+                      read=lambda m: wire.ReadReply(m.id, True, None, "", ""), clock=clock)
     return d
 
 
@@ -173,11 +174,10 @@ def _reply_record(rid: str) -> bytes:
     return wire.Reply(rid, True, 1).encode()
 
 
-def test_replies_expire_in_the_order_they_were_made(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replies_expire_in_the_order_they_were_made() -> None:
     st = _state()
-    d = _direct(st, retention=10.0)
     now = [1000.0]
-    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    d = _direct(st, retention=10.0, clock=lambda: now[0])
     chan = _Chan()
     d.submit(chan, _record("a"))
     _decide(d, st)

@@ -40,10 +40,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
-from sfaas.runtime import wire
+from sfaas.runtime import ports, wire
 from sfaas.runtime.txn.epochs import execution_finished
 from sfaas.runtime.txn.loop import idle_after, merge_votes
 
@@ -75,10 +75,12 @@ class LeaseHost(Protocol):
 
 
 class EpochLeaseHolder:
-    """One worker's side of leased epochs (see the module docstring)."""
+    """One worker's side of leased epochs (see the module docstring); ``wall``: the wall
+    clock an epoch it begins takes its ``now`` from (the process's clock port's ``time``)."""
 
-    def __init__(self, host: LeaseHost) -> None:
+    def __init__(self, host: LeaseHost, wall: Callable[[], float] | None = None) -> None:
         self._host = host
+        self._wall = wall or ports.current().clock.time
         #: the last epoch this worker may begin on its own (0: no lease, the coordinator drives)
         self.upto = 0
         #: the leased run's id (``wire.EpochLease.run``)
@@ -235,7 +237,7 @@ class EpochLeaseHolder:
             if not self.woken and not any(m > e for m in self.markers):
                 return
             w.send_peers(wire.Wake(w.index, nxt, self.run))
-        w.start_epoch(wire.Begin(nxt, time.time()))
+        w.start_epoch(wire.Begin(nxt, self._wall()))
 
     async def _commit(self, epoch: int, reports: list[wire.Report]) -> None:
         try:

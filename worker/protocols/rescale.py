@@ -28,14 +28,13 @@ import asyncio
 import logging
 import os
 import shutil
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import statestores
 from sfaas.app import App
 from sfaas.errors import ChannelClosed, ClusterError
-from sfaas.runtime import wire
+from sfaas.runtime import ports, wire
 from sfaas.runtime.partitioning import owned
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import PartitionStores, StoreKey, store_engine, store_remote, stores_root
@@ -174,12 +173,14 @@ class StoreMoves:
                     self.followers[(op, p)] = statestores.follow(
                         engine, os.path.join(self.root, op, f"p{p}"), source, live_only=True,
                         **opts)
-        t0 = time.monotonic()
+        clock = ports.current().clock
+        t0 = clock.monotonic()
         for key, fol in self.followers.items():
             fol.wait(seq=seqs.get(key, 0), timeout=FOLLOW_TIMEOUT)
         got = sum(f.stats()["bytes_received"] for f in self.followers.values())
         log.info("following %d moving stores: caught up in %.2f s, %.1f MB received",
-                 len(self.followers), time.monotonic() - t0, got / 1e6, extra={"worker": msg.index})
+                 len(self.followers), clock.monotonic() - t0, got / 1e6,
+                 extra={"worker": msg.index})
 
     def hold(self, msg: wire.Hold) -> None:
         """The switch is at round ``msg.round``: each replica stops once it holds it."""
@@ -206,7 +207,7 @@ class StoreMoves:
         s, app = self._settings, self._app
         stores: dict[StoreKey, statestores.Store] = {}
         received = downloaded = held_bytes = 0
-        t0 = time.monotonic()
+        t0 = ports.current().clock.monotonic()
         try:
             for (op, p), fol in list(self.followers.items()):
                 received += fol.stats()["bytes_received"]
@@ -233,7 +234,7 @@ class StoreMoves:
         if stores:
             log.info("took over %d stores at round %d: %d bytes shipped, %d bytes in their files, "
                      "%d bytes downloaded (%.3f s)", len(stores), round_id, received, held_bytes,
-                     downloaded, time.monotonic() - t0, extra={"worker": index})
+                     downloaded, ports.current().clock.monotonic() - t0, extra={"worker": index})
         return PartitionStores(stores, partitions)
 
     async def reassign(self, msg: wire.Reassign) -> None:

@@ -43,12 +43,11 @@ import asyncio
 import logging
 import os
 import shutil
-import time
 
 import statestores
 from sfaas.app import App
 from sfaas.errors import EXIT_RETIRED, ChannelClosed, ClusterError, StartAgain
-from sfaas.runtime import wire
+from sfaas.runtime import ports, wire
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import (
     PartitionStores,
@@ -236,7 +235,7 @@ async def run_standby(settings: Settings, app: App, name: str, secret: str, upli
         # with its primary could not take over)
         while not uplink.closed:
             await asyncio.sleep(settings.heartbeat_timeout / 4)
-            uplink.send(wire.Heartbeat(-1, 0, [], time.monotonic()))
+            uplink.send(wire.Heartbeat(-1, 0, [], ports.current().clock.monotonic()))
 
     beats = asyncio.get_running_loop().create_task(beat(), name="standby-heartbeat")
     try:
