@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from coordinator.slowview import SlowView
 from coordinator.snapshot import ClusterSnapshot, RoundsView
 from coordinator.state import Member
-from sfaas.runtime import wire
+from sfaas.runtime import ports, wire
 from sfaas.runtime.metrics import (
     LATENCY_BOUNDS,
     PHASE_BOUNDS,
@@ -40,6 +39,7 @@ from sfaas.runtime.metrics import (
     local_url,
     new_registry,
 )
+from sfaas.runtime.ports import ClockPort
 from sfaas.runtime.protocols.rounds import RoundManifest
 
 log = logging.getLogger("sfaas.coordinator.metrics")
@@ -87,10 +87,12 @@ class Sample:
 
 class CoordinatorMetrics:
     """The metrics and recent history of one coordinator; ``snapshot``: what it looks like
-    now."""
+    now; ``clock``: its stamps' and ages' clocks (the process's clock port)."""
 
-    def __init__(self, snapshot: Callable[[], ClusterSnapshot]) -> None:
+    def __init__(self, snapshot: Callable[[], ClusterSnapshot],
+                 clock: ClockPort | None = None) -> None:
         self._snapshot = snapshot
+        self.clock = clock or ports.current().clock
         self.phases = {"wait": Buckets(PHASE_BOUNDS), "barrier": Buckets(PHASE_BOUNDS)}
         self.recovery_phases = {label: Buckets(PHASE_BOUNDS) for label in RECOVERY_PHASES.values()}
         self.recoveries: collections.deque[dict[str, Any]] = collections.deque(maxlen=20)
@@ -132,7 +134,7 @@ class CoordinatorMetrics:
     def diverged(self, msg: wire.Diverged) -> None:
         """A worker's replay answered a request otherwise than before the crash."""
         self.diverged_total += 1
-        self.divergences.append({"time": time.time(), "worker": msg.index, "rid": msg.rid,
+        self.divergences.append({"time": self.clock.time(), "worker": msg.index, "rid": msg.rid,
                                  "function": f"{msg.operator}.{msg.function}", "key": msg.key,
                                  "before": msg.before, "after": msg.after})
         log.error("worker %d's replay diverged: %s.%s on key %r (request %s) replied %s before "
@@ -147,7 +149,7 @@ class CoordinatorMetrics:
         for key, label in RECOVERY_PHASES.items():
             if key in info:
                 self.recovery_phases[label].observe(float(info[key]))
-        self.recoveries.append({"finished": time.time(), **info})
+        self.recoveries.append({"finished": self.clock.time(), **info})
 
     # -- the server ----------------------------------------------------------------------------
     async def start(self, host: str, port: int, pages: dict[str, Page]) -> None:
@@ -183,7 +185,7 @@ class CoordinatorMetrics:
             total = lat.total()
             answered[slot] = sum(total)
             merged = [a + b for a, b in zip(merged, total, strict=True)]
-        return Sample(time.time(), answered, merged)
+        return Sample(self.clock.time(), answered, merged)
 
     def sample(self) -> None:
         """Record the cluster's counts now (and take new rounds into their histogram)."""
@@ -248,7 +250,7 @@ class CoordinatorMetrics:
         yield from channel_traffic()
 
     def _members(self, c: ClusterSnapshot) -> Iterator[Any]:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         up = GaugeMetricFamily("sfaas_worker_up", "1 while the worker in a slot is alive and ready",
                                labels=["worker"])
         age = GaugeMetricFamily("sfaas_worker_heartbeat_age_seconds",
@@ -290,7 +292,7 @@ class CoordinatorMetrics:
             ("sfaas_snapshot_last_complete_timestamp_seconds", lambda m: m.created,
              "Unix time the newest complete round was published"),
             ("sfaas_snapshot_last_complete_age_seconds",
-             lambda m: max(0.0, time.time() - m.created),
+             lambda m: max(0.0, self.clock.time() - m.created),
              "Seconds since the newest complete round was published"),
         )
         for name, value, doc in gauges:

@@ -74,13 +74,14 @@ class Coordinator(Service):
         self.ready_file = ReadyFile(s.ready_file, self.snapshot)
         self.rounds = RoundKeeper(s.snapshot_interval, s.snapshot_retain, self.state.layout,
                                   self._rounds_remote, self._store_remote, clock=self.ports.clock)
-        self.metrics = CoordinatorMetrics(self.snapshot)
+        self.metrics = CoordinatorMetrics(self.snapshot, self.ports.clock)
         self.bulletin = Bulletin(self.metrics, self.rounds, self.ready_file)
         self.standbys = Standbys(self.state, s.workers, s.standbys, self.rounds, self.bulletin,
-                                 silent_after=s.heartbeat_timeout)
+                                 silent_after=s.heartbeat_timeout,
+                                 clock=self.ports.clock.monotonic)
         self.rescale = Rescaler(self.state, self.rounds, self, self.bulletin,
                                 rounds_on=s.snapshot_interval > 0, standbys=s.standbys,
-                                followers=self.standbys)
+                                followers=self.standbys, clock=self.ports.clock.monotonic)
         self.placements = Placements(self.state, app_name, self.rescale)
         ingress, egress = s.topics(app_name)
         self.membership = Membership(self.state, self.inbox, self.standbys, self.rescale,

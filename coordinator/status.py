@@ -211,7 +211,7 @@ def _tables(c: ClusterSnapshot, m: CoordinatorMetrics, workers: list[list[str]],
 def data(c: ClusterSnapshot, m: CoordinatorMetrics) -> dict[str, Any]:
     """What the status page shows (see module docstring): snapshot ``c`` and the history
     ``m`` keeps."""
-    now, mono = time.time(), time.monotonic()
+    now, mono = m.clock.time(), m.clock.monotonic()  # (the coordinator's clock port)
     samples = list(m.samples)
     cur = m.current()
     rate, recent = _window(samples, cur, RECENT_SECONDS)

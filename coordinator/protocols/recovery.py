@@ -47,7 +47,7 @@ from coordinator.state import ClusterState
 from coordinator.traces import steps_span
 from remotes import Remote
 from sfaas.errors import ChannelClosed, RecoveryStopped
-from sfaas.runtime import tracing, wire
+from sfaas.runtime import ports, tracing, wire
 from sfaas.runtime.protocols.rounds import Rounds
 from sfaas.runtime.txn.loop import merge_votes
 
@@ -102,7 +102,8 @@ class Recovery:
     async def run(self) -> None:
         """Recover; returns once live epochs may run."""
         state = self._state
-        t0, t0_ns = time.monotonic(), time.time_ns()
+        clock = ports.current().clock  # (the process's: virtual in the simulator)
+        t0, t0_ns = clock.monotonic(), time.time_ns()
         last, same = "", 0  # the last permanent failure, and how often in a row
         driven = False  # a leased replay stalled: this recovery's next attempts drive theirs
         while True:
@@ -110,19 +111,19 @@ class Recovery:
             self._inbox.rearm()
             try:
                 await self.members_ready(attempt)
-                phases: dict[str, float] = {"detect+restart": time.monotonic() - t0}
+                phases: dict[str, float] = {"detect+restart": clock.monotonic() - t0}
                 steps = [time.time_ns()]
-                t = time.monotonic()
+                t = clock.monotonic()
                 round_id = await self._latest_round()
                 epochs = await self._roll_back(attempt, round_id)
-                phases["restore"] = time.monotonic() - t
+                phases["restore"] = clock.monotonic() - t
                 steps.append(time.time_ns())
-                t = time.monotonic()
+                t = clock.monotonic()
                 if driven:
                     await self._driven_replay(epochs)
                 else:
                     await self._replay(attempt, epochs)
-                phases["replay"] = time.monotonic() - t
+                phases["replay"] = clock.monotonic() - t
                 steps.append(time.time_ns())
             except _Stalled as exc:
                 self.stalls += 1
@@ -146,7 +147,7 @@ class Recovery:
                 await asyncio.sleep(RETRY_PAUSE)
                 continue
             info = {"attempt": attempt, "round": round_id, "epochs_replayed": len(epochs),
-                    "seconds": time.monotonic() - t0, **phases}
+                    "seconds": clock.monotonic() - t0, **phases}
             state.recovered(info)
             self._recoveries.recovered(info)
             if tracing.ON:
@@ -156,7 +157,7 @@ class Recovery:
                     "sfaas.attempt": attempt, "sfaas.round": round_id,
                     "sfaas.epochs_replayed": len(epochs)})
             log.warning("recovery %d done in %.2f s: rolled back to round %d, replayed %d epochs "
-                        "(%s)", attempt, time.monotonic() - t0, round_id, len(epochs),
+                        "(%s)", attempt, clock.monotonic() - t0, round_id, len(epochs),
                         ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
             return
 

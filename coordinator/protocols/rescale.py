@@ -40,14 +40,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from coordinator.needs import Changes, Control, RescaledStandbys, SwitchRounds
 from coordinator.state import ClusterState, Member
 from sfaas.errors import ChannelClosed
-from sfaas.runtime import channels, wire
+from sfaas.runtime import channels, ports, wire
 from sfaas.runtime.partitioning import owned, rebalance
 from sfaas.runtime.protocols.rounds import RoundManifest
 
@@ -82,7 +82,8 @@ class _Plan:
     #: set once the switch's round is published: the new map and membership are in force
     adopted: bool = False
     old: list[Member] = field(default_factory=list)
-    started: float = field(default_factory=time.monotonic)
+    #: when it was planned (the coordinator's monotonic clock)
+    started: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
 
 
@@ -91,12 +92,16 @@ class Rescaler:
     loop. ``control``: wakes the epochs (the switch waits for an epoch boundary) or stops
     them for a recovery; ``changes``: told when the membership changed; ``rounds_on``: a
     rescale needs snapshot rounds; ``standbys``: the standbys per slot, and ``followers``
-    the coordinator's standbys (told what a rescale changes; needed when ``standbys`` > 0)."""
+    the coordinator's standbys (told what a rescale changes; needed when ``standbys`` > 0);
+    ``clock``: the monotonic clock its steps' deadlines and timings read (the process's clock
+    port's)."""
 
     def __init__(self, state: ClusterState, rounds: SwitchRounds, control: Control,
                  changes: Changes, *, rounds_on: bool, standbys: int,
-                 followers: RescaledStandbys | None = None) -> None:
+                 followers: RescaledStandbys | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
         self._state = state
+        self._clock = clock or ports.current().clock.monotonic
         self._rounds = rounds
         self._control = control
         self._changes = changes
@@ -234,16 +239,16 @@ class Rescaler:
                  if o != n}
         log.warning("rescale %d → %d workers: moving partitions %s", n_old, target,
                     ", ".join(f"{p} ({o}→{n})" for p, (o, n) in sorted(moves.items())) or "none")
-        return _Plan(target, owners, members, moves)
+        return _Plan(target, owners, members, moves, started=self._clock())
 
     async def _expect(self, kind: type[A], senders: set[int], what: str) -> dict[int, A]:
         """Wait for one ``kind`` from each of ``senders`` (by ``index``); errors abandon."""
         got: dict[int, A] = {}
-        deadline = time.monotonic() + STEP_TIMEOUT
+        deadline = self._clock() + STEP_TIMEOUT
         while senders - set(got):
             try:
                 msg = await asyncio.wait_for(self._inbox.get(),
-                                             max(0.0, deadline - time.monotonic()))
+                                             max(0.0, deadline - self._clock()))
             except TimeoutError:
                 raise _Abandon(f"{what}: no answer from worker(s) {sorted(senders - set(got))} "
                                f"within {STEP_TIMEOUT:.0f} s") from None
@@ -257,7 +262,7 @@ class Rescaler:
 
     async def _follow(self, plan: _Plan) -> None:
         """Step 3: sources ship, receivers follow until caught up."""
-        t0 = time.monotonic()
+        t0 = self._clock()
         try:
             while not self._inbox.empty():
                 self._inbox.get_nowait()
@@ -289,7 +294,7 @@ class Rescaler:
             if self._plan is plan:
                 self._plan = None
             return
-        plan.phases["follow"] = time.monotonic() - t0
+        plan.phases["follow"] = self._clock() - t0
         plan.prepared = True
         log.warning("rescale to %d workers: receivers caught up in %.2f s; "
                     "switching at the next epoch", plan.target, plan.phases["follow"])
@@ -332,12 +337,12 @@ class Rescaler:
         epoch begins until this returns."""
         state, plan = self._state, self._plan
         assert plan is not None
-        t0 = time.monotonic()
+        t0 = self._clock()
         manifest = await self._rounds.wait_published(round_id)
         if manifest is None or not plan.adopted:
             log.warning("rescale: round %d did not complete; switching at a later round", round_id)
             return
-        t_round = time.monotonic()
+        t_round = self._clock()
         try:
             old = plan.old
             while not self._inbox.empty():
@@ -345,7 +350,7 @@ class Rescaler:
             for m in old:  # (the old indices: only joiners were renumbered)
                 m.channel.send(wire.Release(round_id, state.owners))
             await self._expect(wire.Released, set(range(len(old))), "releasing")
-            t_release = time.monotonic()
+            t_release = self._clock()
             for m in old[plan.target:]:
                 self._retire(m)
             peers = state.peers()
@@ -358,7 +363,7 @@ class Rescaler:
             self._control.force_recovery(f"the rescale's switch failed ({exc}); the new map is "
                                          "in force")
             raise
-        t_end = time.monotonic()
+        t_end = self._clock()
         if self._followers is not None:  # (each primary's Ready already re-fed its standbys)
             self._followers.rescaled()
         plan.phases.update({"round": t_round - t0, "release": t_release - t_round,

@@ -31,13 +31,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from coordinator.needs import Changes, NewestRound
 from coordinator.state import ClusterView
 from sfaas.errors import ChannelClosed
-from sfaas.runtime import channels, wire
+from sfaas.runtime import channels, ports, wire
 from sfaas.runtime.partitioning import owned
 from sfaas.runtime.protocols.membership import REGISTER_AGAIN
 
@@ -62,12 +62,9 @@ class Standby:
     following: tuple[str, int] | None = None
     #: the partitions it was last told to follow (its primary's, by the map then)
     partitions: tuple[int, ...] = ()
-    #: when it was last heard from (a following standby sends heartbeats)
-    last_seen: float = field(default_factory=lambda: time.monotonic())
-
-    def heard(self) -> None:
-        """It sent something (a heartbeat)."""
-        self.last_seen = time.monotonic()
+    #: when it was last heard from (a following standby sends heartbeats; the
+    #: coordinator's monotonic clock)
+    last_seen: float = 0.0
 
     @property
     def followed(self) -> str:
@@ -79,11 +76,14 @@ class Standbys:
     """See the module docstring; owned by the coordinator's event loop. ``workers``: the
     primaries configured (the slots are the cluster state's: a rescale changes them),
     ``per_slot``: the standbys wanted for each; ``rounds``: the newest complete round to
-    promote to; ``changes``: told whenever the standbys change."""
+    promote to; ``changes``: told whenever the standbys change; ``clock``: the monotonic
+    clock silences and reservations are measured on (the process's clock port's)."""
 
     def __init__(self, state: ClusterView, workers: int, per_slot: int, rounds: NewestRound,
-                 changes: Changes, silent_after: float = float("inf")) -> None:
+                 changes: Changes, silent_after: float = float("inf"),
+                 clock: Callable[[], float] | None = None) -> None:
         self._state = state
+        self._clock = clock or ports.current().clock.monotonic
         self._silent_after = silent_after
         del workers  # (the slots are ``state.slots``: a rescale changes them)
         #: the slots a rescale under way heads for (0: none)
@@ -104,7 +104,7 @@ class Standbys:
         if r is None:
             self._recruit(slot)
             return None
-        now = time.monotonic()
+        now = self._clock()
         if r[2].channel.closed or now - r[2].last_seen > self._silent_after:
             self._gone.setdefault(slot, now)  # (closed or silent: it may still come back)
         else:
@@ -172,7 +172,7 @@ class Standbys:
         return slot if counts[slot] < want else None
 
     def add(self, reg: wire.Register, chan: channels.Channel, slot: int) -> Standby:
-        sb = Standby(reg.name, reg.host, reg.pid, chan, slot)
+        sb = Standby(reg.name, reg.host, reg.pid, chan, slot, last_seen=self._clock())
         self.by_slot.setdefault(slot, []).append(sb)
         log.info("worker %s (pid %d) stands by for worker %d", reg.name, reg.pid, slot)
         self.feed(slot)
@@ -185,7 +185,7 @@ class Standbys:
         try:
             while True:
                 await chan.recv()  # heartbeats; its closed channel says it is gone
-                sb.heard()
+                sb.last_seen = self._clock()  # (it sent something: a heartbeat)
         except ChannelClosed:
             self.remove(sb)
             raise
@@ -248,12 +248,12 @@ class Standbys:
         for sb in list(self.by_slot.get(slot, [])):
             if sb.following is None:
                 continue  # never followed anything: it holds nothing
-            if time.monotonic() - sb.last_seen > self._silent_after:
+            if (silent := self._clock() - sb.last_seen) > self._silent_after:
                 log.warning("standby %s of worker %d is silent for %.1f s: not promoted",
-                            sb.name, slot, time.monotonic() - sb.last_seen)
+                            sb.name, slot, silent)
                 continue
             self.by_slot[slot].remove(sb)
-            self._reserved[slot] = (sb.name, time.monotonic() + RESERVE_SECONDS, sb)
+            self._reserved[slot] = (sb.name, self._clock() + RESERVE_SECONDS, sb)
             self.promotions += 1
             task = asyncio.get_running_loop().create_task(self._promote(sb, slot),
                                                           name=f"promote-{slot}")

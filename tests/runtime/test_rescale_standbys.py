@@ -331,8 +331,7 @@ def test_a_follow_naming_partitions_outside_the_topic_is_refused() -> None:
     assert _Standby._mine(wire.Follow(1, 3, 4, [3, 1], "127.0.0.1", 1)) == [1, 3]
 
 
-def test_a_promotion_that_never_comes_back_frees_the_slot_and_recruits_an_idle_standby(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_promotion_that_never_comes_back_frees_the_slot_and_recruits_an_idle_standby() -> None:
     """A slot lost while its promoted standby was cut off too (the nemesis: the coordinator
     partitioned from everyone): the reservation ends GONE_SECONDS after the standby went
     silent, not after RESERVE_SECONDS; the restarted primary, standing by without holding
@@ -340,9 +339,7 @@ def test_a_promotion_that_never_comes_back_frees_the_slot_and_recruits_an_idle_s
     nobody is coming for takes it instead; a silent standby is never promoted."""
     from coordinator.protocols import standby as sbmod
 
-    now = [1000.0]
-    # (the module's clock only: the event loop keeps the real one)
-    monkeypatch.setattr(sbmod, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    now = [1000.0]  # (the standbys' clock only: the event loop keeps the real one)
     state = ClusterState(2)
     state.configure(4, 2, [0, 1, 0, 1])
     for i in range(2):
@@ -356,7 +353,8 @@ def test_a_promotion_that_never_comes_back_frees_the_slot_and_recruits_an_idle_s
 
     async def scenario() -> None:
         sbs = Standbys(state, 2, 1, types.SimpleNamespace(newest_complete=newest),  # type: ignore[arg-type]
-                       types.SimpleNamespace(changed=lambda: None), silent_after=1.0)
+                       types.SimpleNamespace(changed=lambda: None), silent_after=1.0,
+                       clock=lambda: now[0])
         chans = {i: _Chan() for i in range(2)}
         for i in range(2):
             sbs.add(wire.Register(f"sb{i}", "127.0.0.1", 7100 + i, 200 + i), chans[i], i)  # type: ignore[arg-type]
