@@ -20,7 +20,6 @@ import asyncio
 import bisect
 import logging
 import math
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -34,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.samples import Exemplar
 
 from sfaas.errors import ClusterError
+from sfaas.runtime import ports
 from sfaas.runtime.channels import TRAFFIC
 
 log = logging.getLogger("sfaas.runtime.metrics")
@@ -68,7 +68,8 @@ class Buckets:
         bucket's exemplar names trace ``trace_id`` (32 hex digits) from now on."""
         if self.exemplars is None:
             self.exemplars = [None] * len(self.counts)
-        self.exemplars[bisect.bisect_left(self.bounds, value)] = (trace_id, value, time.time())
+        at = ports.current().clock.time()
+        self.exemplars[bisect.bisect_left(self.bounds, value)] = (trace_id, value, at)
 
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1

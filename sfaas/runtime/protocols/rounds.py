@@ -25,6 +25,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from remotes import Remote
 from remotes.manifest import frame, unframe
+from sfaas.runtime import ports
 from sfaas.runtime.protocols.base import Message
 
 log = logging.getLogger("sfaas.runtime.protocols.rounds")
@@ -149,7 +150,7 @@ class RoundManifest:
     retries: tuple[tuple[int, int, int, float, dict[str, Any]], ...] = ()
     epoch_log: int = 0
     started: float = 0.0
-    created: float = field(default_factory=time.time)
+    created: float = field(default_factory=lambda: ports.current().clock.time())
     owners: tuple[int, ...] = ()
 
     @property

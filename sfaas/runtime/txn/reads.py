@@ -24,12 +24,12 @@ at most ``limit`` (≤ :data:`MAX_SCAN`).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sfaas.app import App
 from sfaas.errors import BadArguments, BadRequest
+from sfaas.runtime import ports
 from sfaas.runtime.values import ValueCodec
 
 __all__ = ["GET", "SCAN", "READS", "MAX_SCAN", "read", "scan_partition", "check_scan"]
@@ -76,7 +76,7 @@ def read(app: App, stores: Mapping[tuple[str, int], Any], partition_of_key: Any,
     arguments, a partition not here, a value newer than the code)."""
     codec = ValueCodec.of(app.get_operator(operator))
     if now is None:
-        now = time.time()
+        now = ports.current().clock.time()
     if function == GET:
         if not isinstance(key, str) or not key or key[0] == "\x00":
             raise BadRequest(f"a get needs a non-empty key not starting with \\x00, got "
