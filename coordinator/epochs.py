@@ -41,7 +41,8 @@ class EagerEpochs:
                  ends: EpochEnds, observer: EpochObserver,
                  gather: Gathering | None = None, clock: ClockPort | None = None) -> None:
         self._state = state
-        #: the wall clock each epoch's ``now`` is read from (the process's when None)
+        #: the clocks of each epoch's ``now`` (wall) and of the gathering window (monotonic;
+        #: the process's when None)
         self._clock = clock or ports.current().clock
         self.gathering = gather or Gathering(0.0)
         self._inbox = inbox
@@ -56,22 +57,22 @@ class EagerEpochs:
 
     async def run(self, idle: bool = True) -> None:
         """Run epochs until cancelled (a barrier interrupted by a loss raises)."""
-        state = self._state
+        state, mono = self._state, self._clock.monotonic  # (the gathering window's clock too)
         began = committed = 0.0
         while True:
-            t_idle = time.perf_counter()
+            t_idle = mono()
             if idle:
                 await self._inbox.wait_woken(1.0)
             window = self.gathering.window
-            if window > 0 and (wait := began + window - time.perf_counter()) > 0:
+            if window > 0 and (wait := began + window - mono()) > 0:
                 await asyncio.sleep(wait)  # requests gather: fewer, fuller epochs
-            began = time.perf_counter()
+            began = mono()
             self._inbox.take_wakeup()
             epoch, now = state.next_epoch(), state.next_now(self._clock.time())
             self._workers.broadcast(wire.Begin(epoch, now, None))
-            t_begin = time.perf_counter()
+            t_begin = mono()
             reports = await self._barrier.wait(epoch)
-            t_exec = time.perf_counter()
+            t_exec = mono()
             stamps = [time.time_ns()] if tracing.ON else None
             self._phases(t_begin - t_idle, t_exec - t_begin)
             conflicts, aborts = merge_votes((r.conflicts, r.aborts) for r in reports)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from dataclasses import dataclass, field
 
 from coordinator.inbox import Inbox, Interrupted, Lost, Tick
@@ -50,7 +49,8 @@ class LeasedEpochs:
                  ends: EpochEnds, observer: EpochObserver,
                  clock: ClockPort | None = None) -> None:
         self._width = width
-        #: the wall clock the run's first ``now`` is read from (the process's when None)
+        #: the clocks of the run's first ``now`` (wall) and its epochs' timings (monotonic;
+        #: the process's when None)
         self._clock = clock or ports.current().clock
         self._state = state
         self._inbox = inbox
@@ -86,7 +86,7 @@ class LeasedEpochs:
         workers.broadcast(wire.EpochLease(upto, None, run))
         log.info("leased run from epoch %d: the workers begin and commit epochs themselves, "
                  "%d ahead", epoch, width)
-        return _Run(run, epoch, upto, t_last=time.perf_counter())
+        return _Run(run, epoch, upto, t_last=self._clock.monotonic())
 
     async def _gather(self, r: _Run) -> dict[int, wire.Report] | None:
         """Epoch ``r.epoch``'s reports once it is over everywhere; None when an idle
@@ -151,7 +151,7 @@ class LeasedEpochs:
         reports = [latest[i] for i in sorted(latest)]
         conflicts, _aborts = merge_votes((x.conflicts, x.aborts) for x in reports)
         r.idle = idle_after((x.pending for x in reports), conflicts)
-        now = time.perf_counter()
+        now = self._clock.monotonic()
         self._observer.epoch(0.0, now - r.t_last)
         r.t_last = now
         state.count_epoch(sum(x.roots for x in reports), len(conflicts))

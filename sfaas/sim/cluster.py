@@ -210,8 +210,8 @@ class SimCluster:
             "snapshot_interval": self.rounds, "background": "loop", "metrics_port": 0,
             "coordinator": "127.0.0.1:7700",
             "namespace": "sim",
-            # (the gathering window is timed by wall-clock reads in coordinator/epochs.py,
-            # not by a port yet: a window > 0 makes runs of one seed differ)
+            # (no gathering window: the pinned digests were taken without one; it runs on
+            # the clock port since session 10 and replays alike, test_clock_reads.py)
             "epoch_gather": 0.0,
             "heartbeat_timeout": HEARTBEAT_TIMEOUT}, env={})
 

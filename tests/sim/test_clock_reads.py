@@ -2,7 +2,9 @@
 clock ... scheduled by one seeded random source"; no ``if simulated:``), so a simulated
 wall-clock jump (``--clock AT,PROCESS,SECONDS``) reaches the decisions that read the wall
 clock: a durable timer's wake-up (``worker/world.py:World.wake_for_timers``) and the
-``now`` of an epoch a worker begins under a lease (``worker/protocols/lease.py``).
+``now`` of an epoch a worker begins under a lease (``worker/protocols/lease.py``). The
+epochs' gathering window runs on the clock port's monotonic clock, so a run with it on
+replays byte for byte.
 
 The layout check reads the source of ``worker``, ``coordinator`` and ``sfaas/runtime``: no
 ``time.time``/``time.monotonic`` outside the real clock port (``sfaas/runtime/ports.py``)
@@ -14,14 +16,21 @@ from __future__ import annotations
 import ast
 import asyncio
 import dataclasses
+import hashlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
+from examples.bank import app
 from sfaas.runtime import ports, wire
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.txn import internal
-from sfaas.sim import clock
+from sfaas.sim import clock, cluster
+from sfaas.sim.__main__ import ROLES
+from sfaas.sim.budget import run_seed
+from sfaas.sim.faults import draw
 from sfaas.sim.ports import WALL_START, VirtualClockPort, WallClocks
 from worker.protocols.lease import EpochLeaseHolder
 from worker.state import WorkerState
@@ -161,3 +170,17 @@ def test_a_leased_epoch_takes_its_now_from_the_workers_wall_clock() -> None:
     wall, begun = clock.run(scenario(), seed=0)
     assert [b.epoch for b in begun] == [5]
     assert wall == WALL_START + 2.5 - 90.0 and begun[0].now == wall, (begun, wall)
+
+
+def test_a_run_with_the_gathering_window_on_replays_byte_for_byte(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window (``coordinator/epochs.py``) waits for requests to gather between epochs;
+    timed by ``time.perf_counter`` it made two runs of a seed differ (the simulator runs
+    with ``epoch_gather`` 0 for that)."""
+    settings = cluster.SimCluster._settings
+    monkeypatch.setattr(cluster.SimCluster, "_settings", lambda self: dataclasses.replace(
+        settings(self), epoch_gather=0.005))
+    runs = [run_seed(app, ROLES, 1, draw(1)) for _ in range(2)]
+    assert not runs[0].violations, runs[0].violations
+    digests = [hashlib.sha256("\n".join(o.trace).encode()).hexdigest()[:16] for o in runs]
+    assert digests[0] == digests[1], digests
