@@ -56,6 +56,10 @@ class World:
                  wall: Callable[[], float] | None = None) -> None:
         self._state = state
         self._wall = wall or ports.current().clock.time
+        #: the newest live epoch's ``now`` less this process's wall clock when it began: a
+        #: timer's due time is a ``now`` of the cluster's clock (the coordinator's), which
+        #: this machine's may be ahead of or behind
+        self._skew = 0.0
         self._reads = reads
         self._links = links
         self._arrived = arrived
@@ -99,8 +103,11 @@ class World:
             self._wake = None
         due = self.timers.next_due()
         if due is not None and not self.replaying:
-            # (a little after: the epoch's now is the coordinator's clock)
-            delay = max(0.002, due - self._wall() + 0.001)
+            # (on the cluster's clock as the newest epoch showed it, and a little after:
+            # an early wake runs an epoch that fires nothing, and every commit re-arms it
+            # 2 ms later, until this machine's clock reaches the due time — or fires late
+            # by as much as this machine's clock is behind)
+            delay = max(0.002, due - (self._wall() + self._skew) + 0.001)
             self._wake = asyncio.get_running_loop().call_later(delay, self._timer_due)
 
     def _timer_due(self) -> None:
@@ -125,6 +132,7 @@ class World:
         still write records here until then)."""
         loop = self._state.loop
         assert loop is not None
+        self._skew = now - self._wall()
         if self.replaying:
             self.replay_over()
         if self._state.open_reads() and self._reads is not None:

@@ -125,18 +125,23 @@ def _world() -> tuple[World, list[float]]:
     return world, woke
 
 
-def _timer_wakes(jump: float) -> list[float]:
+def _timer_wakes(jump: float, begun: bool = False) -> list[float]:
     """When a worker's epochs wake for a timer due 10 s after its start (the due time the
-    coordinator's clock stamped), its own wall clock stepped by ``jump`` s at 1 s."""
+    coordinator's clock stamped), its own wall clock stepped by ``jump`` s at 1 s;
+    ``begun``: a live epoch began after the jump, its ``now`` the cluster's clock."""
 
     async def scenario() -> list[float]:
         walls = WallClocks()
         p = _ports(walls, "worker-0")
         world, woke = await _in_process(p, _world)
-        due = p.clock.time() + 10.0
+        wall = p.clock.time  # (this worker's: the cluster's until the jump)
+        due = wall() + 10.0
         world.timers.on_record("op", internal.timer_key("k", due, 1, 0), b"x")
         await asyncio.sleep(1.0)
         walls.jump("worker-0", jump)
+        if begun:
+            world._state.loop = SimpleNamespace(queue=[])  # type: ignore[assignment]
+            await _in_process(p, lambda: world.before_begin(wall() - jump))  # the cluster's now
         await _in_process(p, world.wake_for_timers)  # (a commit's records re-arm the wake)
         await asyncio.sleep(60.0)
         return woke
@@ -151,6 +156,15 @@ def test_a_timer_wakes_the_epochs_by_the_workers_own_wall_clock() -> None:
     assert len(early) == 1 and abs(early[0] - 6.0) < 0.01, early
     late = _timer_wakes(-30.0)  # 30 s behind: 30 s later
     assert len(late) == 1 and abs(late[0] - 40.0) < 0.01, late
+
+
+def test_a_timer_wakes_by_the_clusters_clock_once_an_epoch_showed_it() -> None:
+    """After a live epoch began, the wake is timed on the cluster's clock as its ``now``
+    showed it, whatever this machine's clock says: on time, neither early (empty epochs
+    every 2 ms until this clock reached the due time) nor late."""
+    for jump in (4.0, -30.0):
+        woke = _timer_wakes(jump, begun=True)
+        assert len(woke) == 1 and abs(woke[0] - 10.0) < 0.01, (jump, woke)
 
 
 def test_a_leased_epoch_takes_its_now_from_the_workers_wall_clock() -> None:
