@@ -133,7 +133,8 @@ def _timer_wakes(jump: float, begun: bool = False) -> list[float]:
     async def scenario() -> list[float]:
         walls = WallClocks()
         p = _ports(walls, "worker-0")
-        world, woke = await _in_process(p, _world)
+        made: tuple[World, list[float]] = await _in_process(p, _world)
+        world, woke = made
         wall = p.clock.time  # (this worker's: the cluster's until the jump)
         due = wall() + 10.0
         world.timers.on_record("op", internal.timer_key("k", due, 1, 0), b"x")
