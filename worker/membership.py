@@ -65,10 +65,13 @@ class Membership:
         where their requests resume. Raises :class:`ClusterError` if refused."""
         s, up = self._settings, self._uplink
         chost, cport = s.coordinator_address()
-        await up.connect(chost, cport)
-        up.send(wire.Register(self._name, s.host, my_port, os.getpid(), -1, s.standby_of,
-                              repl_port))
-        assign = (await up.recv())[0]
+        async def register() -> list[wire.Message]:
+            await up.connect(chost, cport)
+            up.send(wire.Register(self._name, s.host, my_port, os.getpid(), -1, s.standby_of,
+                                  repl_port))
+            return await up.recv()
+
+        assign = (await register())[0]
         promoted = None
         if isinstance(assign, wire.Move):
             await self._start_early()
@@ -80,7 +83,8 @@ class Membership:
             # the Kafka clients take ~0.3 s to start: have them ready before a promotion needs them
             await self._start_early()
             await self.warm_up()
-            promoted, index = await run_standby(s, self._app, self._name, self._secret, up, assign)
+            promoted, index = await run_standby(s, self._app, self._name, self._secret, up, assign,
+                                                register)
             up.close()
             await up.connect(chost, cport)
             up.send(wire.Register(self._name, s.host, my_port, os.getpid(), index, -1, repl_port))

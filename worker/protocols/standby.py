@@ -19,6 +19,12 @@ into a replacement's stores, and the slot need not wait for one.) A new
 ``Follow`` (the primary was replaced, at another address) re-points the followers; they
 resume where they stand and receive only the files they lack.
 
+A standby whose coordinator goes away (killed, paused past its watchdog) keeps its
+followers going — they talk to the primary, not the coordinator — and registers with the
+coordinator's restart until it answers the same ``Follow`` (:data:`REJOIN_PATIENCE`), as a
+primary rejoins with its stores; it used to exit, which deleted its replicas, and its next
+process followed from scratch.
+
 ``Follow`` names the primary's partitions (the coordinator's map: after a rescale it is
 not round robin). A rescale that changes them sends it again: the followers of the
 partitions the primary lost are closed and their replicas deleted, those of partitions it
@@ -43,6 +49,7 @@ import asyncio
 import logging
 import os
 import shutil
+from collections.abc import Awaitable, Callable
 
 import statestores
 from sfaas.app import App
@@ -62,6 +69,11 @@ from worker.links import CoordinatorLink
 from worker.replication import store_name
 
 log = logging.getLogger("sfaas.worker.standby")
+
+#: Seconds a standby that lost its coordinator waits for it to come back (and answer its
+#: Register with a ``Follow``) before it exits for a fresh start (``worker.membership``'s
+#: primaries wait as long).
+REJOIN_PATIENCE = 120.0
 
 __all__ = ["run_standby"]
 
@@ -213,6 +225,35 @@ class _Standby:
         return store
 
 
+async def _register_again(register: Register, uplink: CoordinatorLink) -> list[wire.Message]:
+    """The coordinator went away: register with it again (its restart) until it answers
+    ``Follow``, for up to :data:`REJOIN_PATIENCE` s. A coordinator not back yet, or gone
+    again before it answered, is waited for; any other answer (an ``Assign``: the slot
+    lost its primary with no standby holding it) ends the standby (``StartAgain``: a fresh
+    process registers anew, as before)."""
+    log.warning("lost the coordinator while standing by; keeping the replicas and waiting "
+                "for it to come back")
+    clock = ports.current().clock
+    deadline = clock.monotonic() + REJOIN_PATIENCE
+    while True:
+        uplink.close()
+        try:
+            msgs = await register()
+            answer = msgs[0] if msgs else None
+        except (ClusterError, ChannelClosed, OSError) as exc:
+            answer, why = None, str(exc)
+        if isinstance(answer, wire.Follow):
+            log.info("registered again with the coordinator: still a standby of worker %d",
+                     answer.index, extra={"worker": answer.index})
+            return msgs
+        if answer is not None:
+            raise StartAgain("lost the coordinator while standing by; registered again, it "
+                             f"answered {type(answer).__name__}")
+        if clock.monotonic() >= deadline:
+            raise StartAgain(f"lost the coordinator while standing by; {why}")
+        await asyncio.sleep(0.2)
+
+
 def _retire_if_gone(f: wire.Follow) -> None:
     """A ``Follow`` naming no partition: this standby's slot left the cluster (a scale-down);
     the process exits with ``EXIT_RETIRED`` (its supervisor does not restart it)."""
@@ -223,9 +264,18 @@ def _retire_if_gone(f: wire.Follow) -> None:
         raise SystemExit(EXIT_RETIRED)
 
 
+#: What registers a standby with the (restarted) coordinator again: its answer's messages
+#: (a Follow, and whatever came in the same frame).
+Register = Callable[[], Awaitable[list[wire.Message]]]
+
+
 async def run_standby(settings: Settings, app: App, name: str, secret: str, uplink: CoordinatorLink,
-                      first: wire.Follow) -> tuple[PartitionStores, int]:
-    """Be a standby (``name``) until promoted; returns the promoted stores and the slot to take."""
+                      first: wire.Follow,
+                      register: Register | None = None) -> tuple[PartitionStores, int]:
+    """Be a standby (``name``) until promoted; returns the promoted stores and the slot to
+    take. ``register``: connects ``uplink`` and registers this standby again — a lost
+    coordinator is waited for (:func:`_register_again`) with the followers going on, instead
+    of the process starting over and its replicas following from scratch."""
     sb = _Standby(settings, app, name, secret)
     _retire_if_gone(first)
     sb.start(first)
@@ -233,9 +283,10 @@ async def run_standby(settings: Settings, app: App, name: str, secret: str, upli
     async def beat() -> None:
         # the coordinator promotes only a standby it heard from lately (a standby cut off
         # with its primary could not take over)
-        while not uplink.closed:
+        while True:
             await asyncio.sleep(settings.heartbeat_timeout / 4)
-            uplink.send(wire.Heartbeat(-1, 0, [], ports.current().clock.monotonic()))
+            if not uplink.closed:
+                uplink.send(wire.Heartbeat(-1, 0, [], ports.current().clock.monotonic()))
 
     beats = asyncio.get_running_loop().create_task(beat(), name="standby-heartbeat")
     try:
@@ -243,7 +294,9 @@ async def run_standby(settings: Settings, app: App, name: str, secret: str, upli
             try:
                 msgs = await uplink.recv()
             except ChannelClosed:
-                raise StartAgain("lost the coordinator while standing by") from None
+                if register is None:
+                    raise StartAgain("lost the coordinator while standing by") from None
+                msgs = await _register_again(register, uplink)
             for msg in msgs:
                 if isinstance(msg, wire.Follow):
                     _retire_if_gone(msg)

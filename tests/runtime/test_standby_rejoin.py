@@ -1,0 +1,120 @@
+"""A standby whose coordinator goes away registers with its restart and goes on following,
+instead of exiting — which deleted its replicas, so its next process followed from
+scratch (seeding from MinIO, then the primary shipping everything since) and a primary lost
+meanwhile found no standby holding its state (the ``pauses`` series: every standby exited
+with code 78 when the coordinator was paused and killed).
+
+``worker.protocols.standby.run_standby`` over a real channel to a coordinator's stand-in;
+the followers aim at a dead primary and MinIO refuses connections (as in
+``test_standby_leftovers.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import faulthandler
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sfaas.errors import StartAgain
+from sfaas.runtime import channels, wire
+from sfaas.runtime.settings import Settings
+from tests.runtime.apps.ledger import app
+from tests.runtime.test_standby_leftovers import SECRET, _follow
+from tests.runtime.test_standby_leftovers import settings as settings  # noqa: F401 (fixture)
+from worker.links import CoordinatorLink
+from worker.protocols import standby
+
+
+@pytest.fixture(autouse=True)
+def _watchdog() -> Iterator[None]:
+    """A hang fails fast."""
+    faulthandler.dump_traceback_later(60, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+async def _stand_by_through_a_coordinator_restart(settings: Settings, rejoin: bool,
+                                                  counts: dict[str, int]) -> list[str]:
+    """The stand-in answers the first Register with a Follow, then closes the channel (its
+    process died); a second Register (the restart) gets the same Follow and then a Promote.
+    Returns what each connection heard first; ``counts`` gets how many stores the
+    promotion gave."""
+    follow = _follow()
+    heard: list[str] = []
+
+    async def coordinator(chan: channels.Channel) -> None:
+        msg = (await chan.recv())[0]
+        heard.append(type(msg).__name__)
+        chan.send(follow)  # (and on the restart a Promote in the same frame)
+        if len(heard) == 1:
+            await asyncio.sleep(0.3)  # (the standby follows meanwhile)
+            chan.close()
+            return
+        chan.send(wire.Promote(0, 4, list(follow.owned)))
+        await asyncio.sleep(5)
+
+    server = await channels.serve("127.0.0.1", 0, SECRET, coordinator)
+    port = server.sockets[0].getsockname()[1]
+    up = CoordinatorLink(SECRET)
+
+    async def register() -> list[wire.Message]:
+        await up.connect("127.0.0.1", port)
+        up.send(wire.Register("standby-0", "127.0.0.1", 1, os.getpid(), -1, 0, 2))
+        return await up.recv()
+
+    first = (await register())[0]
+    assert isinstance(first, wire.Follow)
+    try:
+        stores, index = await standby.run_standby(settings, app, "standby-0", SECRET, up, first,
+                                                  register if rejoin else None)
+        assert index == 0
+        counts["stores promoted"] = len(stores)
+        stores.close()
+    finally:
+        up.close()
+        server.close()
+    return heard
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How often a store's follower is opened (``"followers opened"``)."""
+    counts = {"followers opened": 0, "stores promoted": 0}
+    opened = standby._Standby._follow
+
+    def counted(self: Any, *a: Any) -> Any:
+        counts["followers opened"] += 1
+        return opened(self, *a)
+
+    monkeypatch.setattr(standby._Standby, "_follow", counted)
+    return counts
+
+
+def test_a_standby_registers_with_the_restarted_coordinator_and_keeps_following(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    counts = _counting(monkeypatch)
+    heard = asyncio.run(_stand_by_through_a_coordinator_restart(settings, True, counts))
+    assert heard == ["Register", "Register"]
+    n = len(app.operators) * len(_follow().owned)
+    assert counts == {"followers opened": n, "stores promoted": n}  # (not opened again)
+
+
+def test_without_a_way_to_register_again_the_standby_starts_over(
+        settings: Settings) -> None:  # noqa: F811
+    with pytest.raises(StartAgain, match="lost the coordinator while standing by"):
+        asyncio.run(_stand_by_through_a_coordinator_restart(settings, False, {}))
+
+
+def test_a_restarted_coordinator_that_gives_the_slot_away_ends_the_standby(
+        tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async def register() -> list[wire.Message]:
+            return [wire.Stop("cluster already has 2 workers")]
+
+        with pytest.raises(StartAgain, match="answered Stop"):
+            await standby._register_again(register, CoordinatorLink(SECRET))
+
+    asyncio.run(scenario())
