@@ -280,12 +280,14 @@ async def run_standby(settings: Settings, app: App, name: str, secret: str, upli
     _retire_if_gone(first)
     sb.start(first)
 
+    standing = [True]  # (False while registering again: the answer may be a slot)
+
     async def beat() -> None:
         # the coordinator promotes only a standby it heard from lately (a standby cut off
         # with its primary could not take over)
         while True:
             await asyncio.sleep(settings.heartbeat_timeout / 4)
-            if not uplink.closed:
+            if standing[0] and not uplink.closed:
                 uplink.send(wire.Heartbeat(-1, 0, [], ports.current().clock.monotonic()))
 
     beats = asyncio.get_running_loop().create_task(beat(), name="standby-heartbeat")
@@ -296,7 +298,11 @@ async def run_standby(settings: Settings, app: App, name: str, secret: str, upli
             except ChannelClosed:
                 if register is None:
                     raise StartAgain("lost the coordinator while standing by") from None
+                # (a standby's heartbeat on a channel the coordinator took for a worker's —
+                # its slot was lost, it answers Assign — is a protocol error there)
+                standing[0] = False
                 msgs = await _register_again(register, uplink)
+                standing[0] = True
             for msg in msgs:
                 if isinstance(msg, wire.Follow):
                     _retire_if_gone(msg)
