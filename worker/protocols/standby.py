@@ -235,6 +235,7 @@ async def _register_again(register: Register, uplink: CoordinatorLink) -> list[w
                 "for it to come back")
     clock = ports.current().clock
     deadline = clock.monotonic() + REJOIN_PATIENCE
+    why = "it did not answer"
     while True:
         uplink.close()
         try:
