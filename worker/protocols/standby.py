@@ -225,9 +225,13 @@ class _Standby:
         return store
 
 
-async def _register_again(register: Register, uplink: CoordinatorLink) -> list[wire.Message]:
-    """The coordinator went away: register with it again (its restart) until it answers
-    ``Follow``, for up to :data:`REJOIN_PATIENCE` s. A coordinator not back yet, or gone
+async def _register_again(register: Register, uplink: CoordinatorLink,
+                          slot: int) -> list[wire.Message]:
+    """The coordinator went away: register with it again (its restart) as a standby of
+    ``slot`` — the one it follows, never "any role": a restarted coordinator whose primaries
+    had not rejoined yet gave such a registrant their slots, and refused the primaries (the
+    ``pauses`` series, seed 3125822761: a 22.78 s gap) — until it answers ``Follow``, for up
+    to :data:`REJOIN_PATIENCE` s. A coordinator not back yet, or gone
     again before it answered, is waited for; any other answer (an ``Assign``: the slot
     lost its primary with no standby holding it) ends the standby (``StartAgain``: a fresh
     process registers anew, as before)."""
@@ -239,7 +243,7 @@ async def _register_again(register: Register, uplink: CoordinatorLink) -> list[w
     while True:
         uplink.close()
         try:
-            msgs = await register()
+            msgs = await register(slot)
             answer = msgs[0] if msgs else None
         except (ClusterError, ChannelClosed, OSError) as exc:
             answer, why = None, str(exc)
@@ -265,9 +269,9 @@ def _retire_if_gone(f: wire.Follow) -> None:
         raise SystemExit(EXIT_RETIRED)
 
 
-#: What registers a standby with the (restarted) coordinator again: its answer's messages
-#: (a Follow, and whatever came in the same frame).
-Register = Callable[[], Awaitable[list[wire.Message]]]
+#: What registers a standby of the given slot with the (restarted) coordinator again: its
+#: answer's messages (a Follow, and whatever came in the same frame).
+Register = Callable[[int], Awaitable[list[wire.Message]]]
 
 
 async def run_standby(settings: Settings, app: App, name: str, secret: str, uplink: CoordinatorLink,
@@ -302,7 +306,8 @@ async def run_standby(settings: Settings, app: App, name: str, secret: str, upli
                 # (a standby's heartbeat on a channel the coordinator took for a worker's —
                 # its slot was lost, it answers Assign — is a protocol error there)
                 standing[0] = False
-                msgs = await _register_again(register, uplink)
+                assert sb.follow is not None
+                msgs = await _register_again(register, uplink, sb.follow.index)
                 standing[0] = True
             for msg in msgs:
                 if isinstance(msg, wire.Follow):
