@@ -5,7 +5,8 @@ behaves like a dead process: every later call fails too, and every descriptor it
 closed, so nothing it buffered reaches disk afterwards. Reopening the directory with a
 fresh :class:`~statestores.fs.FileSystem` is then exactly a restart after ``kill -9``.
 A store handed a file system other than the real one runs its background jobs on threads
-of this process, so the fault reaches merges and flushes too.
+of this process, so the fault reaches merges and flushes too. :meth:`FaultyFS.fail_next`
+arms the fault at a moment rather than a count (the simulator's disk faults, ``sfaas.sim``).
 
 :func:`inline_post` stands in for :meth:`~statestores.maintainer.Maintainer.post` and runs
 whatever a store posts to its maintainer thread at once, on the posting thread.
@@ -48,11 +49,14 @@ class FaultyFS(FileSystem):
     are closed (releasing the directory lock), so the store object is as good as dead.
     """
 
-    def __init__(self, fail_at: int | None = None, *, torn: bool = True, seed: int = 0) -> None:
+    def __init__(self, fail_at: int | None = None, *, torn: bool = True, seed: int = 0,
+                 on_fault: Callable[[str], None] | None = None) -> None:
         self.fail_at = fail_at
         self.torn = torn
         self.calls = 0
         self.dead = False
+        #: told what failed, once, when the fault strikes (``crash()`` included)
+        self.on_fault = on_fault
         self._rng = random.Random(seed)
         self._fds: set[int] = set()
         # held across each call's liveness check *and* its syscall: a crash() never lands
@@ -67,7 +71,7 @@ class FaultyFS(FileSystem):
             self.calls += 1
             return self.fail_at is not None and self.calls >= self.fail_at
 
-    def _die(self) -> InjectedFault:
+    def _die(self, what: str = "") -> InjectedFault:
         with self._mutex:
             self.dead = True
             fds, self._fds = self._fds, set()
@@ -76,11 +80,21 @@ class FaultyFS(FileSystem):
                 close_fd(fd)
             except OSError:
                 pass
-        return InjectedFault(f"injected fault at mutating call {self.calls}")
+        message = f"injected fault at mutating call {self.calls}{what}"
+        if self.on_fault is not None:
+            self.on_fault(message)
+        return InjectedFault(message)
 
     def crash(self) -> None:
         """Die now (as ``kill -9`` between two calls would)."""
-        self._die()
+        self._die(" (crash)")
+
+    def fail_next(self, *, torn: bool) -> None:
+        """Fail the next mutating call (tearing it if it is a ``write`` and ``torn``), and
+        every call after it."""
+        with self._mutex:
+            self.torn = torn
+            self.fail_at = self.calls + 1
 
     def _check_alive(self) -> None:
         if self.dead:
@@ -133,9 +147,12 @@ class FaultyFS(FileSystem):
     def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
         with self._mutex:
             if self._tick():
+                what = f": write of {len(data)} bytes"
                 if self.torn and len(data) > 1:
-                    super().write(fd, memoryview(data)[: self._rng.randrange(1, len(data))])
-                raise self._die()
+                    kept = self._rng.randrange(1, len(data))
+                    super().write(fd, memoryview(data)[:kept])
+                    what += f" torn after {kept}"
+                raise self._die(what)
             try:
                 super().write(fd, data)
             except OSError as exc:
@@ -144,7 +161,7 @@ class FaultyFS(FileSystem):
     def fsync(self, fd: int) -> None:
         with self._mutex:
             if self._tick():
-                raise self._die()
+                raise self._die(": fsync")
             try:
                 super().fsync(fd)
             except OSError as exc:
@@ -153,25 +170,25 @@ class FaultyFS(FileSystem):
     def truncate(self, path: str, size: int) -> None:
         with self._mutex:
             if self._tick():
-                raise self._die()
+                raise self._die(": truncate")
             super().truncate(path, size)
 
     def rename(self, src: str, dst: str) -> None:
         with self._mutex:
             if self._tick():
-                raise self._die()
+                raise self._die(": rename")
             super().rename(src, dst)
 
     def remove(self, path: str) -> None:
         with self._mutex:
             if self._tick():
-                raise self._die()
+                raise self._die(": remove")
             super().remove(path)
 
     def fsync_dir(self, directory: str) -> None:
         with self._mutex:
             if self._tick():
-                raise self._die()
+                raise self._die(": fsync_dir")
             super().fsync_dir(directory)
 
     def read_file(self, path: str) -> bytes:
