@@ -1,9 +1,9 @@
 """The ports a process gets its outside world from (issue 51): Kafka, the object store,
-the network, the clock and the process's own end.
+the network, the clock, the disk its stores write to and the process's own end.
 
 A process is built with one :class:`Ports` value. :data:`REAL` fills every port with the
-real implementation — aiokafka, MinIO, asyncio's TCP streams, the system clocks,
-``os._exit`` — and is
+real implementation — aiokafka, MinIO, asyncio's TCP streams, the system clocks, the
+stores' real ``statestores.FileSystem``, ``os._exit`` — and is
 what every process gets unless told otherwise; the simulator (``sfaas.sim``) fills them
 with its simulated log, object store, in-memory network and virtual clock. The product
 code reads its world through these and never asks which it got (no ``if simulated:``).
@@ -29,16 +29,17 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from remotes import Remote
     from sfaas.runtime.settings import Settings
+    from statestores import FileSystem
 
-__all__ = ["KafkaPort", "ObjectsPort", "NetworkPort", "ClockPort", "Ports", "REAL",
-           "AioKafka", "MinioObjects", "TcpNetwork", "SystemClock", "current", "context",
-           "Connected"]
+__all__ = ["KafkaPort", "ObjectsPort", "NetworkPort", "ClockPort", "DiskPort", "Ports", "REAL",
+           "AioKafka", "MinioObjects", "TcpNetwork", "SystemClock", "LocalDisk", "current",
+           "context", "Connected"]
 
 #: A connection handler: what a server runs for each stream pair it accepts.
 Connected = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -83,6 +84,13 @@ class ClockPort(Protocol):
     def time(self) -> float: ...
 
 
+class DiskPort(Protocol):
+    """The disk a process's stores write to: the file system they are opened with
+    (``sfaas.runtime.state.open_stores``; the stores' seam, ``statestores.fs``)."""
+
+    def file_system(self) -> FileSystem: ...
+
+
 class ProcessPort(Protocol):
     """The process's end: a worker fenced or with a failed ingest leaves at once."""
 
@@ -100,6 +108,8 @@ class Ports:
     network: NetworkPort
     clock: ClockPort
     process: ProcessPort
+    #: (last, with a default: the ports made before it had a disk give the real one)
+    disk: DiskPort = field(default_factory=lambda: LocalDisk())
 
 
 class AioKafka:
@@ -156,6 +166,15 @@ class SystemClock:
     time = staticmethod(time.time)
 
 
+class LocalDisk:
+    """The real disk port: the operating system's files."""
+
+    def file_system(self) -> FileSystem:
+        from statestores import FileSystem
+
+        return FileSystem()
+
+
 class OsProcess:
     """The real process port: ``os._exit`` after flushing the logs (no clean stop: it
     would flush replies and commit offsets)."""
@@ -172,7 +191,7 @@ class OsProcess:
 
 #: The real world: what every process gets unless it is built with other ports.
 REAL = Ports(kafka=AioKafka(), objects=MinioObjects(), network=TcpNetwork(),
-             clock=SystemClock(), process=OsProcess())
+             clock=SystemClock(), process=OsProcess(), disk=LocalDisk())
 
 _CURRENT: contextvars.ContextVar[Ports] = contextvars.ContextVar("sfaas_ports", default=REAL)
 

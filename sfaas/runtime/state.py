@@ -32,9 +32,9 @@ from sfaas.app import App
 from sfaas.errors import ConfigError
 from sfaas.runtime import ports
 from sfaas.runtime.partitioning import partition_of
-from sfaas.runtime.ports import ObjectsPort
+from sfaas.runtime.ports import DiskPort, ObjectsPort
 from sfaas.runtime.settings import Settings
-from statestores import Store
+from statestores import FileSystem, Store
 
 log = logging.getLogger("sfaas.runtime.state")
 
@@ -212,14 +212,15 @@ def check_layout(app: App, root: str, n_partitions: int, store: str | None = Non
 def open_partition_stores(
     app: App, root: str, partitions: Iterable[int], n_partitions: int, *,
     store: str | None = None, store_options: Mapping[str, Any] | None = None,
-    remote_of: Callable[[str, int], Remote] | None = None,
+    remote_of: Callable[[str, int], Remote] | None = None, fs: FileSystem | None = None,
 ) -> PartitionStores:
     """Open ``root/{operator}/p{partition}`` for every operator of ``app`` and partition.
 
     The engine is the operator's, or ``store`` for all (with ``store_options``). Each store
     gets ``remote_of(operator, partition)`` as its remote, attached after opening: opening
     never talks to the remote (MinIO may be down) and never restores implicitly —
-    recovery restores to a complete round explicitly.
+    recovery restores to a complete round explicitly. The stores write through ``fs``
+    (None: the real file system).
     """
     if ROUNDS_DIR in app.operators:
         raise ConfigError(
@@ -233,7 +234,7 @@ def open_partition_stores(
             for name, op in app.operators.items():
                 engine = store or op.store
                 opts = dict(store_options or {}) if store else dict(op.store_options)
-                s = statestores.open(engine, os.path.join(root, name, f"p{p}"), **opts)
+                s = statestores.open(engine, os.path.join(root, name, f"p{p}"), fs=fs, **opts)
                 if remote_of is not None:
                     s.remote = remote_of(name, p)
                 stores[(name, p)] = s
@@ -257,12 +258,13 @@ def store_engine(app: App, operator: str, store: str = "") -> tuple[str, dict[st
 
 def open_stores(
     settings: Settings, app: App, partitions: Iterable[int], n_partitions: int, *,
-    objects: ObjectsPort | None = None,
+    objects: ObjectsPort | None = None, disk: DiskPort | None = None,
 ) -> PartitionStores:
     """A worker's stores: :func:`open_partition_stores` under ``{home}/data/{namespace}/{app}``
     with ``settings.store`` and, when snapshot rounds are on, each store's remote (from
-    ``objects``, as :func:`store_remote`); refused in a namespace whose data directory
-    holds another app's (:func:`check_namespace`)."""
+    ``objects``, as :func:`store_remote`), writing through ``disk``'s file system (the disk
+    port: the process's when None — the real files in production); refused in a namespace
+    whose data directory holds another app's (:func:`check_namespace`)."""
     def remote_of(op: str, p: int) -> Remote:
         return store_remote(settings, app.name, op, p, objects=objects)
 
@@ -275,4 +277,5 @@ def open_stores(
         app, stores_root(settings, app.name), partitions, n_partitions,
         store=settings.store or None,
         remote_of=remote_of if settings.snapshot_interval > 0 else None,
+        fs=(disk or ports.current().disk).file_system(),
     )

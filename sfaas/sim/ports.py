@@ -1,7 +1,8 @@
 """The simulated fillings of the product's ports (``sfaas.runtime.ports``).
 
 One simulated process gets ``Ports(kafka=SimKafkaPort(sim), objects=SimObjects(store),
-network=net.port(name), clock=VirtualClockPort(clock, walls.of(name)))``: every process
+network=net.port(name), clock=VirtualClockPort(clock, walls.of(name)), disk=...)`` (its
+disk: ``sfaas.sim.disk.SimDisk``, or the real files): every process
 of a run shares the log, the object store, the switch and the virtual clock, and the
 network knows each process by its name (so a partition can cut two of them apart). Its
 wall clock is its machine's (:class:`WallClocks`): what a clock jump steps.
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiokafka.errors import KafkaConnectionError
 
-from sfaas.runtime.ports import Ports
+from sfaas.runtime.ports import DiskPort, LocalDisk, Ports
 from sfaas.sim.clock import VirtualClock
 from sfaas.sim.log import SimKafka
 from sfaas.sim.network import SimNetwork
@@ -148,10 +149,11 @@ class SimProcess:
 
 def process_ports(name: str, kafka: SimKafka, objects: SimObjectStore, net: SimNetwork,
                   clock: VirtualClock, ended: Callable[[str, int], None],
-                  walls: WallClocks | None = None) -> Ports:
+                  walls: WallClocks | None = None, disk: DiskPort | None = None) -> Ports:
     """The ports of the simulated process ``name`` (``ended``: what its exit does;
-    ``walls``: the machines' wall clocks, none: every one on time)."""
+    ``walls``: the machines' wall clocks, none: every one on time; ``disk``: what its
+    stores write through, none: the real files)."""
     wall = walls.of(name) if walls is not None else None
     return Ports(kafka=SimKafkaPort(kafka), objects=SimObjects(objects),
                  network=net.port(name), clock=VirtualClockPort(clock, wall),
-                 process=SimProcess(name, ended))
+                 process=SimProcess(name, ended), disk=disk or LocalDisk())
