@@ -15,7 +15,7 @@ from coordinator.service import Coordinator
 from sfaas.app import App
 from sfaas.sim import timed_faults
 from sfaas.sim.cluster import Bank, Roles, simulate
-from sfaas.sim.faults import Jump, Schedule, Slow, Stale
+from sfaas.sim.faults import DISK_KINDS, Disk, Jump, Schedule, Slow, Stale
 from worker.service import Worker
 
 #: the real processes (``python -m`` is the command: it may load the services)
@@ -81,6 +81,11 @@ def parser() -> argparse.ArgumentParser:
                    help="PROCESS's wall clock (time(), not monotonic()) jumps by SECONDS "
                         "(back when negative) AT simulated seconds in, and stays so "
                         "(e.g. 0.4,coordinator,-12.5)")
+    p.add_argument("--disk", metavar="AT,WORKER,KIND", default="",
+                   help="WORKER's disk (worker-N: its stores' file system) fails its first "
+                        f"write at or after AT simulated seconds, KIND one of {DISK_KINDS} "
+                        "(torn: a prefix written), and every call after it; the worker is "
+                        "restarted over the same directory (e.g. 0.4,worker-1,torn)")
     p.add_argument("--kafka-errors", type=float, default=0.0, metavar="P",
                    help="each produce request times out with probability P")
     p.add_argument("--object-errors", type=float, default=0.0, metavar="P",
@@ -103,7 +108,8 @@ def schedule(ns: argparse.Namespace) -> Schedule:
                     kafka_errors=ns.kafka_errors, object_errors=ns.object_errors,
                     coordinator=_pair(ns.crash_coordinator), rounds=ns.rounds,
                     store=ns.store, slow=Slow.parse(ns.slow) if ns.slow else None,
-                    clock=Jump.parse(ns.clock) if ns.clock else None)
+                    clock=Jump.parse(ns.clock) if ns.clock else None,
+                    disk=Disk.parse(ns.disk) if ns.disk else None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,7 @@ from sfaas.runtime import ports, wire
 from sfaas.runtime.partitioning import partition_of
 from sfaas.runtime.settings import Settings
 from sfaas.sim import clock, timed_faults
+from sfaas.sim.disk import SimDisk
 from sfaas.sim.faults import Schedule, Stale
 from sfaas.sim.log import Faults, SimKafka
 from sfaas.sim.network import SimNetwork, SimNetworkPort
@@ -193,6 +194,8 @@ class SimCluster:
         self._crashed: set[asyncio.Task[None]] = set()
         #: processes started so far, by name (each incarnation has a home of its own)
         self._incarnations: dict[str, int] = {}
+        #: process name → the home of its current incarnation
+        self._homes: dict[str, str] = {}
         #: the tasks each process started, by ``id`` of its ports (``_own``)
         self._owned: dict[int, weakref.WeakSet[asyncio.Task[Any]]] = {}
         self._bootstrap = ""
@@ -248,7 +251,8 @@ class SimCluster:
             if sched.coordinator:
                 faults.append(loop.create_task(
                     self._crash(s, *sched.coordinator, name="coordinator")))
-            faults += timed_faults.start(sched, self.net, self.walls, self.workers, self._trace)
+            faults += timed_faults.start(sched, self.net, self.walls, self.workers, self._trace,
+                                         self._disk_of)
             await self._drive(s, random.Random(rng.getrandbits(64)))
             for task in faults:
                 await task
@@ -267,9 +271,15 @@ class SimCluster:
         # (each process its own home, as on a machine of its own: a restarted coordinator
         # may give a worker another slot, whose stores a live worker holds open in its
         # home; and each incarnation a new one — a crashed process's stores stay open in
-        # this one OS process, where a real crash would have released their locks)
+        # this one OS process, where a real crash would have released their locks — but
+        # after a dead disk, which closed all it held: the same disk, a fresh file system)
         n = self._incarnations[name] = self._incarnations.get(name, 0) + 1
-        own = dataclasses.replace(s, home=os.path.join(self._home, f"{name}.{n}"))
+        before = self._ports[name].disk if name in self._ports else None
+        if isinstance(before, SimDisk) and before.dead:
+            self._trace(f"{name} starts over its dead disk's files, on a fresh file system")
+        else:
+            self._homes[name] = os.path.join(self._home, f"{name}.{n}")
+        own = dataclasses.replace(s, home=self._homes[name])
         task = asyncio.get_running_loop().create_task(process(name, own, its), name=name,
                                                       context=ports.context(its))
         self._tasks.append(task)
@@ -312,8 +322,15 @@ class SimCluster:
         """A new process ``name``'s ports."""
         loop = asyncio.get_running_loop()
         assert isinstance(loop, clock.VirtualLoop)
+        disk = SimDisk(name, self._incarnations.get(name, 0) + 1, self.outcome.seed, self._trace)
         return process_ports(name, self.kafka, self.objects, self.net, loop.clock, self._ended,
-                             self.walls)
+                             self.walls, disk)
+
+    def _disk_of(self, name: str) -> SimDisk | None:
+        """The disk of process ``name`` if it runs (a disk fault's target)."""
+        its = self._ports.get(name)
+        running = any(t.get_name() == name for t in self._tasks)
+        return its.disk if running and its is not None and isinstance(its.disk, SimDisk) else None
 
     def _ended(self, name: str, code: int) -> None:
         """Process ``name`` exits with ``code`` (``os._exit``: the fence, a failed ingest):

@@ -26,8 +26,15 @@ Faults a schedule may hold (each drawn or left out by the seed):
   by ``seconds`` (±0.5–30 s) at ``at`` and stays off by that much, as after an NTP step; a
   restart of the process keeps it (the clock is its machine's: ``sfaas.sim.ports``).
 
-The last two are drawn after everything else, the store included, so that adding them
-changed no earlier draw (``tests/sim/test_budget.py:test_the_store_is_drawn_last``).
+- ``disk``: a disk fault — one worker's file system (its stores' disk: ``sfaas.sim.disk``)
+  fails its first mutating call at or after ``at``: an I/O ``error`` (nothing written) or a
+  ``torn`` write (a random prefix written); every later call of that file system fails too
+  and its descriptors are closed (``statestores.testing.FaultyFS``). The worker reacts as
+  the product does; once it is gone the supervisor restarts it over the same directory.
+
+The last three are drawn after everything else, the store included, so that adding them
+changed no earlier draw (``tests/sim/test_budget.py:test_the_store_is_drawn_last``; the
+disk fault after the other two: ``tests/sim/test_disk_faults.py``).
 
 And the snapshot interval, ``rounds`` (drawn after all of them): 0.1–0.6 of the load's
 length, so that several rounds complete before and between the faults, and a recovery
@@ -48,8 +55,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-__all__ = ["Schedule", "Slow", "Jump", "draw", "STALE_TOPICS", "STORES", "FILE_ROUNDS", "HOT",
-           "HOT_RATE", "LINKS", "PROCESSES"]
+__all__ = ["Schedule", "Slow", "Jump", "Disk", "draw", "STALE_TOPICS", "STORES", "FILE_ROUNDS",
+           "HOT", "HOT_RATE", "LINKS", "PROCESSES", "DISK_KINDS", "DISK_WORKERS"]
 
 #: a hot workload: accounts, and requests per simulated second
 HOT, HOT_RATE = 3, 2000.0
@@ -71,6 +78,11 @@ FILE_ROUNDS = 8
 LINKS = (("worker-1", "coordinator"), ("worker-0", "coordinator"), ("worker-0", "worker-1"))
 #: the processes whose wall clock a clock jump may step
 PROCESSES = ("coordinator", "worker-0", "worker-1")
+
+#: what a disk fault does to the failing call: fails it, or writes a prefix then fails it
+DISK_KINDS = ("error", "torn")
+#: the workers whose disk a disk fault fails (the coordinator keeps no stores)
+DISK_WORKERS = ("worker-0", "worker-1")
 
 Pair = tuple[float, float]
 
@@ -151,6 +163,36 @@ class Jump:
 
 
 @dataclass(frozen=True)
+class Disk:
+    """A disk fault: ``worker``'s file system fails its first mutating call at or after
+    ``at`` as ``kind`` says (one of :data:`DISK_KINDS`), and every call after it."""
+
+    at: float
+    worker: str
+    kind: str
+
+    def flag(self) -> str:
+        return f"{self.at:g},{self.worker},{self.kind}"
+
+    @classmethod
+    def parse(cls, text: str) -> Disk:
+        """``AT,WORKER,KIND`` (e.g. ``0.4,worker-1,torn``)."""
+        try:
+            at, worker, kind = text.split(",")
+        except ValueError:
+            raise ValueError(f"--disk is AT,WORKER,KIND, not {text!r}") from None
+        if _process(worker, "--disk") == "coordinator":
+            raise ValueError("--disk: the coordinator keeps no stores; a disk fault is a "
+                             "worker's (worker-N)")
+        if kind not in DISK_KINDS:
+            raise ValueError(f"--disk: the kind is one of {DISK_KINDS}, not {kind!r}")
+        try:
+            return cls(float(at), worker, kind)
+        except ValueError:
+            raise ValueError(f"--disk: AT is simulated seconds, not {at!r}") from None
+
+
+@dataclass(frozen=True)
 class Schedule:
     """One run's faults (see the module docstring); all off by default."""
 
@@ -170,6 +212,7 @@ class Schedule:
     store: str = "memonly"
     slow: Slow | None = None
     clock: Jump | None = None
+    disk: Disk | None = None
 
     def args(self) -> list[str]:
         """The ``python -m sfaas.sim`` flags that give this schedule."""
@@ -185,6 +228,8 @@ class Schedule:
             out += ["--slow", self.slow.flag()]
         if self.clock is not None:
             out += ["--clock", self.clock.flag()]
+        if self.disk is not None:
+            out += ["--disk", self.disk.flag()]
         if self.kafka_errors:
             out += ["--kafka-errors", f"{self.kafka_errors:g}"]
         if self.object_errors:
@@ -200,7 +245,7 @@ class Schedule:
     def faults(self) -> int:
         return len([f for f in (self.crash, self.cut, self.outage, self.stale,
                                 self.kafka_errors, self.object_errors, self.coordinator,
-                                self.slow, self.clock) if f])
+                                self.slow, self.clock, self.disk) if f])
 
     def without(self, name: str) -> Schedule:
         """This schedule less one fault (shrinking)."""
@@ -213,7 +258,7 @@ class Schedule:
 
 #: the fields of a schedule, in the order shrinking drops them
 FAULTS = ("crash", "cut", "outage", "stale", "kafka_errors", "object_errors", "coordinator",
-          "slow", "clock")
+          "slow", "clock", "disk")
 
 
 def _r(x: float) -> float:
@@ -256,5 +301,9 @@ def draw(seed: int, *, load_seconds: float = 1.0, partitions: int = 4) -> Schedu
     if rng.random() < 0.3:
         process = rng.choice(PROCESSES)
         jump = Jump(when(), process, _r(rng.choice((-1, 1)) * rng.uniform(0.5, 30.0)))
+    # (drawn after the slow link and the clock jump: no earlier draw of any seed changed)
+    disk = None
+    if rng.random() < 0.25:
+        disk = Disk(when(), rng.choice(DISK_WORKERS), rng.choice(DISK_KINDS))
     return Schedule(crash, cut, outage, stale, kafka_errors, object_errors, hot, coordinator,
-                    rounds, store, slow, jump)
+                    rounds, store, slow, jump, disk)

@@ -1,11 +1,12 @@
-"""The network's and the clocks' timed faults of a schedule (``sfaas.sim.faults``): a slow
-link and a wall-clock jump, each a task of the run that waits for its time, injects the
-fault, traces it (``fault slow …``, ``fault clock …``) and, for a window, undoes it.
+"""The network's, the clocks' and the disks' timed faults of a schedule
+(``sfaas.sim.faults``): a slow link, a wall-clock jump and a disk fault, each a task of the
+run that waits for its time, injects the fault, traces it (``fault slow …``, ``fault clock
+…``, ``fault disk …``) and, for a window, undoes it.
 
 A slow link is the network's (:meth:`sfaas.sim.network.SimNetwork.slow`); a clock jump
 steps a machine's wall clock (:meth:`sfaas.sim.ports.WallClocks.jump`), which the process
 of that name reads through its clock port's ``time()`` — its incarnations after a restart
-too.
+too. A disk fault arms a worker's file system (:func:`sfaas.sim.disk.disk_fault`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from sfaas.sim.disk import SimDisk, disk_fault
 from sfaas.sim.faults import Jump, Schedule, Slow
 from sfaas.sim.network import SimNetwork
 from sfaas.sim.ports import WallClocks
@@ -48,19 +50,24 @@ def _check(name: str, workers: int, flag: str) -> None:
 
 
 def check(schedule: Schedule, workers: int) -> None:
-    """A ``ValueError`` if ``schedule``'s slow link or clock jump names a process a run of
-    ``workers`` workers does not have."""
+    """A ``ValueError`` if ``schedule``'s slow link, clock jump or disk fault names a process
+    a run of ``workers`` workers does not have."""
     if schedule.slow is not None:
         for name in (schedule.slow.a, schedule.slow.b):
             _check(name, workers, "--slow")
     if schedule.clock is not None:
         _check(schedule.clock.process, workers, "--clock")
+    if schedule.disk is not None:
+        _check(schedule.disk.worker, workers, "--disk")
 
 
 def start(schedule: Schedule, net: SimNetwork, walls: WallClocks, workers: int,
-          trace: Trace) -> list[asyncio.Task[None]]:
-    """The tasks of ``schedule``'s slow link and clock jump (none if it has neither), in a
-    run of ``workers`` workers (see :func:`check`)."""
+          trace: Trace,
+          disk_of: Callable[[str], SimDisk | None] = lambda name: None,
+          ) -> list[asyncio.Task[None]]:
+    """The tasks of ``schedule``'s slow link, clock jump and disk fault (none if it has
+    none), in a run of ``workers`` workers (see :func:`check`); ``disk_of``: a running
+    process's disk, by name."""
     check(schedule, workers)
     loop = asyncio.get_running_loop()
     tasks = []
@@ -68,4 +75,6 @@ def start(schedule: Schedule, net: SimNetwork, walls: WallClocks, workers: int,
         tasks.append(loop.create_task(slow_link(net, schedule.slow, trace)))
     if schedule.clock is not None:
         tasks.append(loop.create_task(clock_jump(walls, schedule.clock, trace)))
+    if schedule.disk is not None:
+        tasks.append(loop.create_task(disk_fault(disk_of, schedule.disk, trace)))
     return tasks
