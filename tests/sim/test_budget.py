@@ -94,9 +94,9 @@ def test_seeds_within_the_budget_keep_every_invariant() -> None:
 def found(seed: int) -> Schedule:
     """A ``FOUND`` seed's schedule on memonly, the engine it found its bug on (the budget
     draws a seed's engine since session 7), without the slow link and clock jump drawn
-    since session 9 (after all the rest, so the rest of the draw is unchanged): the
-    schedule that found the bug."""
-    return dataclasses.replace(draw(seed), store="memonly", slow=None, clock=None)
+    since session 9 and the disk fault since session 10 (after all the rest, so the rest of
+    the draw is unchanged): the schedule that found the bug."""
+    return dataclasses.replace(draw(seed), store="memonly", slow=None, clock=None, disk=None)
 
 
 @pytest.mark.parametrize("seed", sorted(FOUND))
@@ -172,7 +172,7 @@ def test_the_store_is_drawn_last() -> None:
     for seed, (text, rounds) in before.items():
         s = draw(seed)
         assert str(dataclasses.replace(s, store="memonly", rounds=None, slow=None,
-                                       clock=None)) == text
+                                       clock=None, disk=None)) == text
         assert s.rounds == (rounds if s.store == "memonly"
                             else max(0.01, round(rounds / FILE_ROUNDS, 2)))
     assert {draw(seed).store for seed in before} != {"memonly"}
