@@ -31,6 +31,7 @@ __all__ = [
     "ClusterError",
     "RequestTimeout",
     "ReplayError",
+    "DiskFailed",
     "error_class",
     "reply_error",
     "EXIT_RETIRED",
@@ -175,6 +176,12 @@ class RecoveryStopped(ClusterError):
     """A recovery failed the same way three times in a row (a cause retrying cannot cure:
     the state was written with another engine or partition count, a file is corrupt); the
     coordinator stopped retrying."""
+
+
+class DiskFailed(SfaasError, OSError):
+    """A worker's own disk failed under its stores (a write, rename or fsync of theirs
+    raised) where retrying on it cannot help: the worker leaves, and its supervisor
+    restarts it — a fresh process, on the same disk or, given a spare, on another."""
 
 
 class ReplayError(SfaasError):

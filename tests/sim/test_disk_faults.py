@@ -183,3 +183,18 @@ def test_a_faulty_fs_armed_now_tears_its_next_write_and_dies(tmp_path: str) -> N
         os.fstat(fd)  # (closed by the fault)
     [said] = heard
     assert "write of 100 bytes torn after" in said
+
+
+def test_a_disk_that_fails_under_a_recovery_makes_the_worker_leave() -> None:
+    """Found by the survey (seed 145; 29 of seeds 0–199 failed alike): worker 1's disk died
+    in a background write of its store (the worker went on), a recovery came (a produce
+    failed), and the store's restore failed on the dead disk — answered as an error, which
+    the coordinator retried every 0.5 s for good: 93 requests never answered. A restore
+    failing on the store's own disk is ``DiskFailed`` now: the worker leaves, is restarted
+    on a fresh file system over its files, and the next recovery succeeds."""
+    sched = draw(145)
+    print(f"seed 145 faults {sched}")
+    assert sched.disk == Disk(0.91, "worker-1", "error")
+    o = run_seed(app, ROLES, 145, sched)
+    assert o.violations == [] and len(o.replies) == o.sent
+    assert any(" exit worker-1: DiskFailed" in line for line in o.trace)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, cast
 
 from remotes.manifest import ManifestError
 from sfaas.app import App
-from sfaas.errors import ConfigError
+from sfaas.errors import ConfigError, DiskFailed
 from sfaas.runtime import wire
 from sfaas.runtime.liveness import Turns
 from sfaas.runtime.partitioning import owned
@@ -108,6 +108,12 @@ class Recovery:
         st.recovering(msg.attempt)
         try:
             epochs = await self.recover(msg)
+        except DiskFailed:
+            # (answering the error would have the coordinator retry on the same dead disk for
+            # ever: the sim's --disk; a fresh process may find it working again)
+            log.critical("recovery %d: this worker's disk failed; leaving", msg.attempt,
+                         extra={"worker": st.index})
+            raise
         except Exception as exc:
             if self._uplink.closed:  # (FenceLease.held_open: the inbox loop rejoins now)
                 log.warning("recovery %d given up: the coordinator's channel closed (%s); "
@@ -246,7 +252,15 @@ class RollBack:
         me = st.index
 
         def restore(op: str, p: int, store: Store) -> float:
-            """(a thread) Store ``(op, p)`` back to the round."""
+            """(a thread) Store ``(op, p)`` back to the round; :class:`DiskFailed` if its
+            files could not be written (the remote's errors are ``RemoteError``s)."""
+            try:
+                return restore_one(op, p, store)
+            except OSError as exc:
+                raise DiskFailed(f"{op}/p{p}: the store's disk failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+
+        def restore_one(op: str, p: int, store: Store) -> float:
             gave_up = abandon_uploads(store, m.round)
             if m.round > 0:
                 info = store.restore(m.round)
