@@ -118,6 +118,7 @@ def test_a_run_with_a_disk_fault_replays_byte_for_byte() -> None:
     assert runs[0].trace == runs[1].trace
     assert runs[0].violations == []
     assert any(" fault disk " in line for line in runs[0].trace)
+    assert any(" disk " in line and " fails: " in line for line in runs[0].trace)
     argv = command(seed, sched).removeprefix("python ").split()
     out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, check=True)
     assert f"digest {_digest(runs[0].trace)}" in out.stdout
@@ -154,6 +155,7 @@ BEFORE_DISK = "0ce504fe896947cc83de03fd9f75dab02b3fe2a9b5fb8dba5970ae4d92493acf"
 
 
 def test_the_disk_fault_is_drawn_last_and_changed_no_earlier_draw() -> None:
+    print("seeds 0-199")
     schedules = [draw(seed) for seed in range(200)]
     without = "\n".join(str(dataclasses.replace(s, disk=None)) for s in schedules)
     assert hashlib.sha256(without.encode()).hexdigest() == BEFORE_DISK
