@@ -144,6 +144,11 @@ class Channel:
                 asyncio.get_running_loop().call_later(GATE_RETRY, self._retry)
             return
         parts, self._queue, self._queued = self._queue, [], 0
+        if self._writer.transport.is_closing():
+            # the connection is gone under the channel (its peer died, a reset, the
+            # keepalive gave up): what was queued cannot leave — ``lost`` says so; uvloop's
+            # transport would raise here, in a loop callback, where nobody hears it
+            return
         payload = join_frame(parts)
         self._writer.write(_HEADER.pack(len(payload)) + payload)
         self.frames_sent += 1

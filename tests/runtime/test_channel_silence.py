@@ -17,6 +17,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from sfaas.runtime import channels
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,3 +77,42 @@ def test_a_channel_whose_packets_vanish_ends_on_both_sides_within_seconds() -> N
     bound = channels.USER_TIMEOUT + channels.KEEPALIVE_IDLE + 3 * channels.KEEPALIVE_INTERVAL
     assert ended["sender"][0] <= bound, ended
     assert ended["receiver"][0] <= bound, ended
+
+
+def test_a_send_on_a_connection_reset_under_the_channel_is_dropped_quietly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The peer's connection is reset (it died) before the channel learns it: a message
+    queued then is dropped (the channel is ``lost``), not written into uvloop's closed
+    transport — which raised in the loop's callback, logged as "Exception in callback
+    Channel._flush" (the faults series, seed 4242)."""
+    import asyncio
+    import socket
+    import struct
+
+    import uvloop
+
+    from sfaas.runtime import wire
+
+    async def scenario() -> channels.Channel:
+        async def handler(ch: channels.Channel) -> None:
+            sock = ch._writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            ch._writer.transport.abort()  # a reset, as a killed process's
+
+        server = await channels.serve("127.0.0.1", 0, "secret", handler)
+        client = await channels.connect("127.0.0.1", server.sockets[0].getsockname()[1],
+                                        "secret")
+        for _ in range(200):
+            if client._writer.transport.is_closing():
+                break
+            await asyncio.sleep(0.01)
+        assert client.lost
+        client.send(wire.Ready(0))
+        await asyncio.sleep(0.05)  # (the flush runs)
+        server.close()
+        return client
+
+    with caplog.at_level("ERROR", "asyncio"):
+        client = uvloop.run(scenario())
+    assert client.lost
+    assert not [r for r in caplog.records if "Exception in callback" in r.getMessage()]
