@@ -95,6 +95,19 @@ def inputs(docs: st.SearchStrategy[bytes], magic: bytes) -> st.SearchStrategy[by
     return mix((2, docs), (4, hostile(docs)), (4, reframed(docs, magic)))
 
 
+@st.composite
+def misshapen_retries(draw: st.DrawFn) -> bytes:
+    """A round manifest whose retries rows have the wrong length (a writer of another
+    version): a stage ``reframed`` reaches by luck only — one key of thirteen, and then a
+    list of lists of numbers (with the CI sample's seed of 2026-11-30 it did not)."""
+    body = _body(RoundManifest.encode(draw(round_manifests())), 9)
+    rows = draw(st.lists(st.lists(_small, min_size=0, max_size=7), min_size=1, max_size=3))
+    if all(len(r) in (3, 4, 5) for r in rows):
+        rows.append([0] * draw(st.sampled_from([0, 1, 2, 6, 7])))
+    body["retries"] = rows
+    return frame(b"SFRM", 1, body)
+
+
 @pytest.mark.spread(accepted=["manifest"],
                     min_accepted=0.04,
                     stages=["too short", "not a manifest", "unsupported manifest version", "checksum mismatch", "malformed manifest body"])
@@ -117,7 +130,8 @@ def test_store_manifest_decodes_or_raises_manifest_error(data: bytes, outcomes: 
                     min_accepted=0.05,
                     stages=["too short", "not a round manifest", "checksum mismatch", "malformed body", "a retries row"])
 @fuzz(share=0.25)
-@given(data=inputs(round_manifests().map(RoundManifest.encode), b"SFRM"))
+@given(data=mix((9, inputs(round_manifests().map(RoundManifest.encode), b"SFRM")),
+                (1, misshapen_retries())))
 def test_round_manifest_decodes_or_raises_round_error(data: bytes, outcomes: Outcomes) -> None:
     try:
         m = RoundManifest.decode(data, "fuzz")
