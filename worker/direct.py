@@ -97,6 +97,8 @@ class DirectIngress:
         #: requests are taken (False while a recovery rolls back, and without rounds:
         #: nothing would make them durable)
         self.accepting = bool(state.log_topic)
+        #: a joining worker waits for its takeover (:meth:`arriving`)
+        self._arriving = False
         #: requests taken, copies of known ones, replies sent, requests turned away
         self.taken = 0
         self.copies = 0
@@ -170,7 +172,7 @@ class DirectIngress:
             if not st.log_topic:
                 why = "direct requests need snapshot rounds (the epoch log makes them durable)"
             elif not self.accepting or st.loop is None:
-                why = "a recovery is under way"
+                why = "a recovery or a rescale's takeover is under way"
             else:
                 why = f"worker {st.index} does not own partition {p}"
             self._send(chan, wire.Reply(req.rid, False, None, NOT_HERE, why))
@@ -286,6 +288,48 @@ class DirectIngress:
     def restore(self, cuts: Iterable[CutRecord], mine: set[int]) -> None:
         """The recovery rebuilt the epoch loop: keep the replies the round's ``cuts`` hold
         for ``mine`` partitions, and take requests again."""
+        self._keep_replies(cuts, mine)
+        self.accepting = bool(self._state.log_topic)
+
+    def take_over(self, cuts: Iterable[CutRecord], gained: set[int]) -> None:
+        """A rescale gave this worker the partitions ``gained`` at the round whose ``cuts``
+        their previous owners wrote: keep their replies (a client resending a request
+        the previous owner committed gets its reply, the request does not run again)
+        and put their waiting re-runs back with their tids and journals (an effect
+        already journaled is not run again)."""
+        cuts = list(cuts)
+        self._keep_replies(cuts, gained)
+        self.requeue(cuts, gained, set())
+        if self._arriving:
+            self._arriving = False
+            self.accepting = bool(self._state.log_topic)
+
+    def arriving(self) -> None:
+        """A worker joining a rescale: take no request until :meth:`take_over` (one could
+        be a copy of a request the partition's previous owner committed)."""
+        self._arriving = True
+        self.accepting = False
+
+    def requeue(self, cuts: Iterable[CutRecord], mine: set[int], in_log: set[object]) -> None:
+        """The direct requests of ``mine`` partitions the round's ``cuts`` kept waiting
+        (their tids, first ``now`` and journals) wait to re-run, but those in ``in_log``
+        (request ids a logged epoch after the round runs again); a copy arriving now
+        waits for them."""
+        loop = self._state.loop
+        assert loop is not None
+        back = []
+        for cut in cuts:
+            for tid, p, now, journal, raw in cut.retries:
+                if p not in mine:
+                    continue
+                item = Pending(wire.Request.decode(raw), p, -1, now, journal=dict(journal),
+                               raw=raw)
+                if item.request.rid not in in_log and item.request.rid not in self._entries:
+                    loop.sequencer.requeue(tid, item)
+                    back.append(item)
+        self.expect(back)
+
+    def _keep_replies(self, cuts: Iterable[CutRecord], mine: set[int]) -> None:
         now = self._clock()
         for cut in cuts:
             for p, record, age in cut.replies:
@@ -299,7 +343,6 @@ class DirectIngress:
                 if rid not in self._entries:
                     self._entries[rid] = _Entry(p, reply=record, at=now - age)
                     self._replied[rid] = None
-        self.accepting = bool(self._state.log_topic)
 
     def counters(self) -> dict[str, float]:
         """What ``worker.metrics`` shows of the direct calls."""

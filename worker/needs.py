@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sfaas.runtime import wire
 
 if TYPE_CHECKING:
+    from sfaas.runtime.epochlog import CutRecord
     from sfaas.runtime.state import PartitionStores
     from sfaas.runtime.txn.engine import Engine
     from worker.replication import Shipping
@@ -182,6 +183,13 @@ class Rescaled(Protocol):
 
     def dropped(self, rids: list[str]) -> None:
         """The direct requests ``rids`` of partitions leaving were dropped."""
+
+    def arriving(self) -> None:
+        """A joining worker: no direct request is taken until :meth:`arrived`."""
+
+    def arrived(self, cuts: list[CutRecord], gained: set[int]) -> None:
+        """The partitions ``gained`` arrived with their previous owners' ``cuts`` of the
+        switch's round: their direct requests' replies and waiting re-runs."""
 
 
 class LeaseEnd(Protocol):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from sfaas.runtime.epochlog import CutRecord
 from worker.direct import DirectIngress
 from worker.egress import Egress
 from worker.ingress import Ingress
@@ -80,3 +81,9 @@ class Departures:
 
     def dropped(self, rids: list[str]) -> None:
         self._direct.dropped(rids)
+
+    def arriving(self) -> None:
+        self._direct.arriving()
+
+    def arrived(self, cuts: list[CutRecord], gained: set[int]) -> None:
+        self._direct.take_over(cuts, gained)

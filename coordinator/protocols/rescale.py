@@ -391,6 +391,7 @@ class Rescaler:
             {p: o for p, o in m.ingress.items() if p in mine},
             {p: list(v) for p, v in m.skip.items() if p in mine},
             [wire.Retry(*r) for r in m.retries if r[1] in mine],
+            {p: o for p, (o, _n) in moves if p in mine}, m.epoch_log,
         )
 
     def _finish(self, detail: str) -> None:

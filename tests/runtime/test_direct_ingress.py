@@ -1,7 +1,8 @@
 """The worker's side of direct calls without a cluster (``worker.direct``): one run per
 request id however many copies arrive, each copy answered; a reply kept until its
 client acknowledges it, through a round's cut and a recovery, and no longer than the
-retention; a rollback closes the clients' channels and turns requests away; a full
+retention; a rescale's new owner answers what the old one committed and re-runs what
+it kept waiting; a rollback closes the clients' channels and turns requests away; a full
 worker stops reading its clients; and the epoch log's records of direct requests and
 of a round's cut (``sfaas.runtime.epochlog``)."""
 
@@ -61,6 +62,9 @@ class _Seq:
 
     def retries(self) -> list[tuple[int, Pending]]:
         return list(self.waiting)
+
+    def requeue(self, tid: int, item: Pending) -> None:
+        self.waiting.append((tid, item))
 
 
 @dataclass
@@ -244,3 +248,86 @@ def test_epoch_records_log_direct_requests_whole() -> None:
         EpochRecord.decode(bad)
     with pytest.raises(EpochLogError, match="malformed body"):
         CutRecord.decode(b"SFDC\x01" + msgpack.packb([1, 2, 0, [["x"]], []]))
+
+
+def _moved_key(p: int) -> str:
+    return next(k for k in (f"k{i}" for i in range(1000))
+                if partition_of("counters", k, PARTITIONS) == p)
+
+
+def test_a_request_the_old_owner_committed_is_answered_not_run_again_by_the_new_one() -> None:
+    """A rescale moves partition ``p`` from worker 2 (retiring) to worker 0 at round 9.
+    Worker 2 committed ``paid`` in an epoch before the switch; its client got no answer
+    and sends it again to the new owner, which must answer from worker 2's cut — running
+    it again would commit it twice (a double charge)."""
+    p = 1
+    key = _moved_key(p)
+    old_st = _state(index=2)
+    old_st.owners = [0, 2, 0, 2]
+    old = _direct(old_st)
+    chan = _Chan()
+    old.submit(chan, _record("paid", key))
+    _decide(old, old_st, "charged once")
+    other = _moved_key(3)
+    old.submit(chan, _record("stays", other))
+    _decide(old, old_st, "kept by 2")
+    cuts = [CutRecord.decode(c.encode()) for c in old.cut(9, 40)]
+    new_st = _state(index=0)
+    new_st.owners = [0, 0, 0, 2]  # the map after the switch: 1 moved, 3 did not
+    new = _direct(new_st)
+    new.take_over(cuts, {p})
+    copy = _Chan()
+    assert new.submit(copy, _record("paid", key)) is False
+    assert [r.value for r in copy.sent] == ["charged once"]
+    assert new_st.loop.queue == [] and new.pending == 0  # type: ignore[union-attr]
+    # a reply of a partition that did not move is not the new owner's to give
+    elsewhere = _Chan()
+    new.submit(elsewhere, _record("stays", other))
+    assert elsewhere.sent[0].error_type == NOT_HERE
+
+
+def test_a_waiting_rerun_moves_with_its_tid_and_journal_and_a_copy_waits_for_it() -> None:
+    """A direct request waiting to re-run at the switch (its effect journaled) is dropped
+    by the old owner, which sends its client elsewhere; the new owner re-runs it under its
+    tid with its journal (the effect is not run again), and the client's copy waits for
+    that run instead of starting another."""
+    p = 2
+    key = _moved_key(p)
+    old_st = _state(index=1)
+    old_st.owners = [0, 1, 1, 0]
+    old = _direct(old_st)
+    chan = _Chan()
+    old.submit(chan, _record("effect", key))
+    waiting = old_st.loop.queue.pop(0)  # type: ignore[union-attr]
+    waiting.now, waiting.journal = 3.25, {"e:0": [True, "receipt-17"]}
+    old_st.loop.sequencer.waiting.append((77, waiting))  # type: ignore[union-attr]
+    cuts = old.cut(4, 12)
+    old.dropped(["effect"])  # (the release)
+    assert chan.sent[0].error_type == NOT_HERE
+    new_st = _state(index=0)
+    new_st.owners = [0, 1, 0, 0]
+    new = _direct(new_st)
+    new.take_over(cuts, {p})
+    [(tid, item)] = new_st.loop.sequencer.waiting  # type: ignore[union-attr]
+    assert (tid, item.request.rid, item.now, item.journal) == (
+        77, "effect", 3.25, {"e:0": [True, "receipt-17"]})
+    copy = _Chan()
+    assert new.submit(copy, _record("effect", key)) is False
+    assert new_st.loop.queue == [] and len(new_st.loop.sequencer.waiting) == 1  # type: ignore[union-attr]
+    new.replied(item, wire.Reply("effect", True, "done"))
+    assert [r.value for r in copy.sent] == ["done"]
+
+
+def test_a_joining_worker_takes_no_request_until_its_takeover() -> None:
+    """A worker joining a scale-up serves its clients only once the previous owners'
+    replies are in: before that, any request could be a copy of a committed one."""
+    st = _state(index=1)
+    st.owners = [0, 1, 0, 1]
+    d = _direct(st)
+    d.arriving()
+    early = _Chan()
+    d.submit(early, _record("r", _moved_key(1)))
+    assert early.sent[0].error_type == NOT_HERE and "takeover" in str(early.sent[0].reason)
+    d.take_over([], {1, 3})
+    later = _Chan()
+    assert d.submit(later, _record("r", _moved_key(1))) is True

@@ -170,7 +170,7 @@ class Replay:
                 if item is not None:
                     items[(p, off)] = item
         in_log = await self._plan(m, items, logs.later, turn)
-        self._requeue_direct(logs.cuts, set(mine), in_log)
+        self._direct.requeue(logs.cuts, set(mine), in_log)
         waiting = {(p, off): (tid, now, j) for tid, p, off, now, j in m.retries if p in mine}
         for key, item in sorted(items.items()):
             await turn()
@@ -233,24 +233,6 @@ class Replay:
         self._waiting = None
         self._direct.restore(cuts, mine)
         self._ingress.restart_at(at)
-
-    def _requeue_direct(self, cuts: list[CutRecord], mine: set[int],
-                        in_log: set[object]) -> None:
-        """The direct requests the round's cut kept waiting (their tids, first ``now`` and
-        journals), but those a logged epoch after the round runs again."""
-        loop = self._state.loop
-        assert loop is not None
-        back = []
-        for cut in cuts:
-            for tid, p, now, journal, raw in cut.retries:
-                if p not in mine:
-                    continue
-                item = Pending(wire.Request.decode(raw), p, -1, now, journal=dict(journal),
-                               raw=raw)
-                if item.request.rid not in in_log:
-                    loop.sequencer.requeue(tid, item)
-                    back.append(item)
-        self._direct.expect(back)
 
 
 def direct_items(rec: EpochRecord) -> dict[tuple[int, int], Pending]:

@@ -31,10 +31,14 @@ import shutil
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from aiokafka import TopicPartition
+
 import statestores
 from sfaas.app import App
 from sfaas.errors import ChannelClosed, ClusterError
 from sfaas.runtime import ports, wire
+from sfaas.runtime.epochlog import CutRecord, decode_record
+from sfaas.runtime.kafka import read_range
 from sfaas.runtime.partitioning import owned
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import PartitionStores, StoreKey, store_engine, store_remote, stores_root
@@ -47,12 +51,14 @@ from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker.moving")
 
-__all__ = ["StoreMoves", "join_as_receiver", "FOLLOW_TIMEOUT", "MERGE_HOLD"]
+__all__ = ["StoreMoves", "join_as_receiver", "CUTS_PATIENCE", "FOLLOW_TIMEOUT", "MERGE_HOLD"]
 
 #: Seconds a receiver may take to catch up with a moving store's version.
 FOLLOW_TIMEOUT = 240.0
 #: Seconds a store shipped for a move holds its merges at most (the switch comes sooner).
 MERGE_HOLD = 60.0
+#: Seconds a takeover waits for the switch round's cut records to show in the epoch log.
+CUTS_PATIENCE = 10.0
 
 
 class StoreMoves:
@@ -243,15 +249,53 @@ class StoreMoves:
         assert st.engine is not None
         self._rescaled.lease_over()  # the next run begins under the new membership
         gained = await asyncio.to_thread(self.take_over, msg.round, msg.index, len(msg.owners))
+        cuts = await self.switch_cuts(msg)
         st.engine.stores.update(gained.items())
         self.ship_to_standbys(gained)
+        # (the map and the previous owners' replies in one turn of the loop: a client's
+        # copy of a request they committed never finds the partition here without its reply)
         st.set_owners(msg.owners, msg.n_workers, msg.peers)
+        self._rescaled.arrived(cuts, set(msg.handed))
         self._rescaled.moved()
         self._links.drop_from(msg.n_workers)
         await self._links.connect(msg.peers, st.index)
         await self._ingress.pause()
         await self._ingress.resume(msg.ingress, msg.skip, msg.retries)
         self._uplink.send(wire.Ready(st.index))
+
+    def arriving(self) -> None:
+        """A joining worker takes no direct request until :meth:`arrive`."""
+        self._rescaled.arriving()
+
+    async def arrive(self, msg: wire.Reassign) -> None:
+        """A joining worker's takeover, its epoch loop running: the gained partitions'
+        direct replies and re-runs from the switch round's cut."""
+        self._rescaled.arrived(await self.switch_cuts(msg), set(msg.handed))
+
+    async def switch_cuts(self, msg: wire.Reassign) -> list[CutRecord]:
+        """The cut records of the switch's round that the gained partitions' previous
+        owners (``msg.handed``) wrote to the epoch log: their direct requests' replies
+        not yet acknowledged and waiting re-runs. Each previous owner wrote at least one
+        before the round was published; a read missing one (a stale leader's short end)
+        is made again, for :data:`CUTS_PATIENCE` seconds at most."""
+        if not msg.handed:
+            return []
+        tp = TopicPartition(self._settings.epoch_log_topic(self._app.name), 0)
+        clock = ports.current().clock
+        give_up = clock.monotonic() + CUTS_PATIENCE
+        while True:
+            raw = await read_range(self._settings.kafka, {tp: msg.epoch_log})
+            cuts = [r for o, v in raw[0]
+                    if isinstance(r := decode_record(v, f"{tp.topic}@{o}"), CutRecord)
+                    and r.round == msg.round]
+            missing = set(msg.handed.values()) - {c.worker for c in cuts}
+            if not missing:
+                return cuts
+            if clock.monotonic() > give_up:
+                raise ClusterError(f"the epoch log holds no cut of round {msg.round} by workers "
+                                   f"{sorted(missing)}, the previous owners of partitions "
+                                   f"{sorted(p for p, o in msg.handed.items() if o in missing)}")
+            await asyncio.sleep(0.2)
 
     def ship_to_standbys(self, stores: Mapping[StoreKey, statestores.Store]) -> None:
         """Stores this worker gained under a new map: with standbys, ship them too (the
@@ -274,6 +318,7 @@ async def join_as_receiver(
     """A joining worker: follow the partitions coming to it until ``Reassign``; returns it
     and the stores taken over. ``on_slot(reassign)`` takes the slot before the takeover:
     the running workers connect at once."""
+    mv.arriving()
     mv.follow(first)
     try:
         while True:

@@ -119,7 +119,9 @@ class Reassign(Message):
     Your slot is ``index`` of ``n_workers`` at ``peers``, the map is ``owners``. For each
     partition you gain, the round's ingress watermark (``ingress``), the completed offsets
     above it (``skip``) and its waiting re-runs (``retries``) say where its requests
-    resume. Answered with ``Ready``.
+    resume; ``handed`` names each gained partition's owner before the switch, whose cut
+    records in the epoch log (from offset ``epoch_log``, the round's) hold its direct
+    requests' unacknowledged replies and waiting re-runs. Answered with ``Ready``.
     """
 
     TAG: ClassVar[int] = 28
@@ -131,6 +133,8 @@ class Reassign(Message):
     ingress: dict[int, int]
     skip: dict[int, list[int]]
     retries: list[Retry]
+    handed: dict[int, int]
+    epoch_log: int
 
 
 @dataclass(slots=True)
