@@ -99,6 +99,12 @@ class Membership:
             raise ClusterError(f"expected Assign from the coordinator, got {type(assign).__name__}")
         return assign, promoted, None
 
+    async def arrive(self, takeover: wire.Reassign) -> None:
+        """A worker that joined a scale-up, its epoch loop running: the gained partitions'
+        direct replies and re-runs from their previous owners' cut
+        (``StoreMoves.arrive``)."""
+        await self._moving.arrive(takeover)
+
     def _take_slot(self, msg: wire.Reassign) -> wire.Assign:
         """A receiver's slot, from its ``Reassign``."""
         ingress, egress = self._settings.topics(self._app.name)

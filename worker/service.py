@@ -207,7 +207,7 @@ class Worker(Service):
         self.server.requires(stores)  # (stops taking peers before the stores close)
         peering = Peering(st, joining, self.links).requires(joining)
         ingest = Ingest(self.membership, joining, stores, self.kafka, self.ingress,
-                        self.egress, self.moving.arrive).requires(peering, stores)
+                        self.egress).requires(peering, stores)
         tasks = Background(self.egress, self.heartbeat, self.ingress, self.uplink,
                            self.lease).requires(ingest)
         world = WorldService(self.world).requires(stores, tasks)

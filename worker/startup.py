@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 
 from sfaas.app import App
 from sfaas.runtime import channels, wire
@@ -231,11 +230,8 @@ class Ingest(Service):
     part = "kafka"
 
     def __init__(self, membership: Membership, joining: Joining, stores: Stores,
-                 kafka: KafkaClients, ingress: Ingress, egress: Egress,
-                 arrivals: Callable[[wire.Reassign], Awaitable[None]]) -> None:
+                 kafka: KafkaClients, ingress: Ingress, egress: Egress) -> None:
         self._membership = membership
-        #: a joining worker's takeover of its partitions' direct requests (``StoreMoves.arrive``)
-        self._arrivals = arrivals
         self._joining = joining
         self._stores = stores
         self._kafka = kafka
@@ -250,7 +246,7 @@ class Ingest(Service):
         takeover = self._joining.takeover
         if takeover is not None:  # a joining worker: resume where the rescale's round left off
             await self._ingress.resume(takeover.ingress, takeover.skip, takeover.retries)
-            await self._arrivals(takeover)
+            await self._membership.arrive(takeover)
         else:  # (a promoted standby's recovery, next, seeks and starts the ingest)
             await self._ingress.start_at_group(record_start=not self._stores.promoted)
 
