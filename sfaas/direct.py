@@ -23,8 +23,10 @@ its own for them (issue 47: one frame less per transaction each way).
 **Kafka instead.** :meth:`DirectCalls.call` returns None when no worker may have taken
 the request — the coordinator or the workers cannot be reached, the secret was refused,
 the cluster runs without snapshot rounds — and the client sends it through Kafka. Once a
-worker may have taken it (it was written to a channel that then closed), it stays on
-the direct path until the timeout: the Kafka path would not know the request id.
+worker may have taken it (it was written to a channel that then closed, or a worker
+answered that the partition moved away while the request waited there: its re-run moves
+with the partition), it stays on the direct path until the timeout: the Kafka path would
+not know the request id, and would run it a second time.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import time
 from sfaas.errors import ChannelClosed
 from sfaas.reads import DirectReads, Unavailable
 from sfaas.runtime import channels, wire
-from sfaas.runtime.protocols.reads import NOT_HERE
+from sfaas.runtime.protocols.reads import MOVED, NOT_HERE
 
 log = logging.getLogger("sfaas.client")
 
@@ -104,6 +106,9 @@ class DirectCalls:
                 if reply.error_type != NOT_HERE:
                     self.answered += 1
                     return reply
+                if (reply.reason or "").startswith(MOVED):
+                    # (taken, then given up by a rescale: its re-run may run at the new owner)
+                    maybe_taken = True
                 if (reply.reason or "").startswith(NO_ROUNDS) and not maybe_taken:
                     self.off = True
                     self.fell_back += 1

@@ -43,7 +43,7 @@ from sfaas.errors import BadRequest, ChannelClosed
 from sfaas.runtime import channels, ports, wire
 from sfaas.runtime.epochlog import CutRecord
 from sfaas.runtime.partitioning import partition_of
-from sfaas.runtime.protocols.reads import NOT_HERE
+from sfaas.runtime.protocols.reads import MOVED, NOT_HERE
 from sfaas.runtime.txn.reads import READS
 from worker.needs import WorkArrived
 from worker.state import Pending, WorkerState
@@ -232,8 +232,7 @@ class DirectIngress:
                 continue
             self._pending -= 1
             for chan in entry.waiters:
-                self._send(chan, wire.Reply(rid, False, None, NOT_HERE,
-                                            "the partition moved to another worker"))
+                self._send(chan, wire.Reply(rid, False, None, NOT_HERE, MOVED))
         if self._pending < self.limit:
             self._room.set()
 

@@ -1,6 +1,7 @@
 """A direct call's acknowledgement rides with the next request to the same worker, or goes
 alone after ``ACK_DELAY`` (``sfaas.direct``, issue 47): never lost, never a frame of its own
-while calls keep coming. On fakes of the client's channel seam (the cluster tests in
+while calls keep coming. A call a rescale took away from its worker stays on the direct
+path. On fakes of the client's channel seam (the cluster tests in
 ``test_direct_calls.py`` run the real path)."""
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import pytest
 
 from sfaas import direct
 from sfaas.direct import DirectCalls
+from sfaas.reads import Unavailable
 from sfaas.runtime import wire
+from sfaas.runtime.protocols.reads import MOVED, NOT_HERE
 
 
 @pytest.fixture(autouse=True)
@@ -59,6 +62,8 @@ class _Path:
         self.on_closed: Any = None
 
     async def where(self, fresh: bool) -> Any:
+        if not self.available:
+            raise Unavailable("no placement (a recovery or a rescale is under way)")
         return SimpleNamespace(owners=[0], peers=[SimpleNamespace(host="h", port=1)])
 
     async def worker(self, host: str, port: int) -> _Chan:
@@ -125,5 +130,36 @@ def test_held_acknowledgements_are_bounded(monkeypatch: pytest.MonkeyPatch) -> N
         for i in range(7):  # (answers to copies nobody waits for are acknowledged too)
             path.on_answer(chan, wire.Answer(wire.Reply(f"r{i}", True, i).encode()))
         assert [a.rids for a in chan.sent(wire.Acked)] == [["r0", "r1", "r2"], ["r3", "r4", "r5"]]
+
+    asyncio.run(main())
+
+
+def test_a_call_a_rescale_took_away_never_falls_back_to_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker had taken the request and gave it up when its partition moved (its
+    re-run moves to the new owner): while the placement is unknown (the switch), the call
+    must not go through Kafka, where it would run a second time (seen in
+    test_rescale_standbys: one request committed at epoch 425 from the moved re-run and
+    again at 428 from its Kafka copy)."""
+    monkeypatch.setattr(direct, "FIRST_BACKOFF", 0.01)
+
+    async def main() -> None:
+        chan = _Chan()
+        path = _Path(chan)
+        calls = DirectCalls(path)  # type: ignore[arg-type]
+        task = asyncio.create_task(calls.call("moving", b"request", 0,
+                                              asyncio.get_running_loop().time() + 5))
+        while not chan.sent(wire.Submit):
+            await asyncio.sleep(0)
+        path.available = False  # (the switch: no placement for a while)
+        path.on_answer(chan, wire.Answer(wire.Reply("moving", False, None, NOT_HERE, MOVED).encode()))
+        await asyncio.sleep(0.2)
+        assert not task.done(), f"the call gave up the direct path: {task.result()}"
+        assert calls.fell_back == 0
+        path.available = True
+        while len(chan.sent(wire.Submit)) < 2:
+            await asyncio.sleep(0.005)
+        path.on_answer(chan, wire.Answer(wire.Reply("moving", True, 1).encode()))
+        reply = await task
+        assert reply is not None and reply.value == 1 and calls.fell_back == 0
 
     asyncio.run(main())

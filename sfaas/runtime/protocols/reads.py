@@ -12,11 +12,15 @@ from typing import Any, ClassVar
 from sfaas.runtime.protocols.base import Message
 from sfaas.runtime.protocols.membership import Peer
 
-__all__ = ["Where", "Placement", "Read", "ReadReply", "NOT_HERE"]
+__all__ = ["Where", "Placement", "Read", "ReadReply", "MOVED", "NOT_HERE"]
 
 #: ``ReadReply.error_type`` of a worker that cannot answer for the partition now (it does
 #: not own it, a recovery or a rescale is under way): ask again where it is, or use Kafka.
 NOT_HERE = "NotHere"
+#: The start of a ``NOT_HERE`` reason for a direct request the worker had taken and gave
+#: up when its partition moved (a rescale): the request may still run at the new owner
+#: (its waiting re-run moves there), so its client must not send it through Kafka.
+MOVED = "the partition moved to another worker"
 
 
 @dataclass(slots=True)
