@@ -250,6 +250,13 @@ def test_epoch_records_log_direct_requests_whole() -> None:
         CutRecord.decode(b"SFDC\x01" + msgpack.packb([1, 2, 0, [["x"]], []]))
 
 
+def _owner(index: int, owners: list[int]) -> tuple[WorkerState, DirectIngress]:
+    """A worker ``index`` under the map ``owners``, and its direct ingress."""
+    st = _state(index=index)
+    st.owners = owners
+    return st, _direct(st)
+
+
 def _moved_key(p: int) -> str:
     return next(k for k in (f"k{i}" for i in range(1000))
                 if partition_of("counters", k, PARTITIONS) == p)
@@ -262,9 +269,7 @@ def test_a_request_the_old_owner_committed_is_answered_not_run_again_by_the_new_
     it again would commit it twice (a double charge)."""
     p = 1
     key = _moved_key(p)
-    old_st = _state(index=2)
-    old_st.owners = [0, 2, 0, 2]
-    old = _direct(old_st)
+    old_st, old = _owner(2, [0, 2, 0, 2])
     chan = _Chan()
     old.submit(chan, _record("paid", key))
     _decide(old, old_st, "charged once")
@@ -272,9 +277,7 @@ def test_a_request_the_old_owner_committed_is_answered_not_run_again_by_the_new_
     old.submit(chan, _record("stays", other))
     _decide(old, old_st, "kept by 2")
     cuts = [CutRecord.decode(c.encode()) for c in old.cut(9, 40)]
-    new_st = _state(index=0)
-    new_st.owners = [0, 0, 0, 2]  # the map after the switch: 1 moved, 3 did not
-    new = _direct(new_st)
+    new_st, new = _owner(0, [0, 0, 0, 2])  # the map after the switch: 1 moved, 3 did not
     new.take_over(cuts, {p})
     copy = _Chan()
     assert new.submit(copy, _record("paid", key)) is False
@@ -293,9 +296,7 @@ def test_a_waiting_rerun_moves_with_its_tid_and_journal_and_a_copy_waits_for_it(
     that run instead of starting another."""
     p = 2
     key = _moved_key(p)
-    old_st = _state(index=1)
-    old_st.owners = [0, 1, 1, 0]
-    old = _direct(old_st)
+    old_st, old = _owner(1, [0, 1, 1, 0])
     chan = _Chan()
     old.submit(chan, _record("effect", key))
     waiting = old_st.loop.queue.pop(0)  # type: ignore[union-attr]
@@ -304,9 +305,7 @@ def test_a_waiting_rerun_moves_with_its_tid_and_journal_and_a_copy_waits_for_it(
     cuts = old.cut(4, 12)
     old.dropped(["effect"])  # (the release)
     assert chan.sent[0].error_type == NOT_HERE
-    new_st = _state(index=0)
-    new_st.owners = [0, 1, 0, 0]
-    new = _direct(new_st)
+    new_st, new = _owner(0, [0, 1, 0, 0])
     new.take_over(cuts, {p})
     [(tid, item)] = new_st.loop.sequencer.waiting  # type: ignore[union-attr]
     assert (tid, item.request.rid, item.now, item.journal) == (
@@ -321,9 +320,7 @@ def test_a_waiting_rerun_moves_with_its_tid_and_journal_and_a_copy_waits_for_it(
 def test_a_joining_worker_takes_no_request_until_its_takeover() -> None:
     """A worker joining a scale-up serves its clients only once the previous owners'
     replies are in: before that, any request could be a copy of a committed one."""
-    st = _state(index=1)
-    st.owners = [0, 1, 0, 1]
-    d = _direct(st)
+    _st, d = _owner(1, [0, 1, 0, 1])
     d.arriving()
     early = _Chan()
     d.submit(early, _record("r", _moved_key(1)))
