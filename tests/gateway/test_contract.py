@@ -26,8 +26,10 @@ from tests.gateway.conftest import APP, Gateway, app_cluster, gateway
 SEED = int(os.environ.get("SFAAS_GATEWAY_CONTRACT_SEED") or 20_460_006)
 #: Test cases per operation and phase: enough to cover every status an operation answers.
 MAX_EXAMPLES = 12
-#: A run that takes longer is stopped (and fails): the budget per app is well under 60 s.
-RUN_TIMEOUT = 150
+#: A run that takes longer is stopped (and fails): a hang guard, not a speed bound (a
+#: run takes 20–30 s alone; beside the gate's other lanes and a loaded machine, the shop
+#: app's took over 150 s once — timing belongs in benchmarks).
+RUN_TIMEOUT = 400
 TOKEN = "contract-token-" + "c" * 20
 SCHEMATHESIS = [sys.executable, "-m", "schemathesis.cli"]
 
