@@ -51,7 +51,8 @@ from worker.state import WorkerState
 
 log = logging.getLogger("sfaas.worker.moving")
 
-__all__ = ["StoreMoves", "join_as_receiver", "CUTS_PATIENCE", "FOLLOW_TIMEOUT", "MERGE_HOLD"]
+__all__ = ["StoreMoves", "join_as_receiver", "switch_cuts", "CUTS_PATIENCE", "FOLLOW_TIMEOUT",
+           "MERGE_HOLD"]
 
 #: Seconds a receiver may take to catch up with a moving store's version.
 FOLLOW_TIMEOUT = 240.0
@@ -273,29 +274,9 @@ class StoreMoves:
         self._rescaled.arrived(await self.switch_cuts(msg), set(msg.handed))
 
     async def switch_cuts(self, msg: wire.Reassign) -> list[CutRecord]:
-        """The cut records of the switch's round that the gained partitions' previous
-        owners (``msg.handed``) wrote to the epoch log: their direct requests' replies
-        not yet acknowledged and waiting re-runs. Each previous owner wrote at least one
-        before the round was published; a read missing one (a stale leader's short end)
-        is made again, for :data:`CUTS_PATIENCE` seconds at most."""
-        if not msg.handed:
-            return []
-        tp = TopicPartition(self._settings.epoch_log_topic(self._app.name), 0)
-        clock = ports.current().clock
-        give_up = clock.monotonic() + CUTS_PATIENCE
-        while True:
-            raw = await read_range(self._settings.kafka, {tp: msg.epoch_log})
-            cuts = [r for o, v in raw[0]
-                    if isinstance(r := decode_record(v, f"{tp.topic}@{o}"), CutRecord)
-                    and r.round == msg.round]
-            missing = set(msg.handed.values()) - {c.worker for c in cuts}
-            if not missing:
-                return cuts
-            if clock.monotonic() > give_up:
-                raise ClusterError(f"the epoch log holds no cut of round {msg.round} by workers "
-                                   f"{sorted(missing)}, the previous owners of partitions "
-                                   f"{sorted(p for p, o in msg.handed.items() if o in missing)}")
-            await asyncio.sleep(0.2)
+        """The switch round's cuts of the gained partitions' previous owners
+        (:func:`switch_cuts`)."""
+        return await switch_cuts(self._settings, self._app.name, msg)
 
     def ship_to_standbys(self, stores: Mapping[StoreKey, statestores.Store]) -> None:
         """Stores this worker gained under a new map: with standbys, ship them too (the
@@ -309,6 +290,32 @@ class StoreMoves:
         if self._task is not None:
             self._task.cancel()
         self.stop()
+
+
+async def switch_cuts(settings: Settings, app_name: str, msg: wire.Reassign) -> list[CutRecord]:
+    """The cut records of the switch's round that the gained partitions' previous owners
+    (``msg.handed``) wrote to the epoch log: their direct requests' replies not yet
+    acknowledged and waiting re-runs. Each previous owner wrote at least one before the
+    round was published; a read missing one (a stale leader's short end) is made again,
+    for :data:`CUTS_PATIENCE` seconds at most, then :class:`ClusterError` names them."""
+    if not msg.handed:
+        return []
+    tp = TopicPartition(settings.epoch_log_topic(app_name), 0)
+    clock = ports.current().clock
+    give_up = clock.monotonic() + CUTS_PATIENCE
+    while True:
+        raw = await read_range(settings.kafka, {tp: msg.epoch_log})
+        cuts = [r for o, v in raw[0]
+                if isinstance(r := decode_record(v, f"{tp.topic}@{o}"), CutRecord)
+                and r.round == msg.round]
+        missing = set(msg.handed.values()) - {c.worker for c in cuts}
+        if not missing:
+            return cuts
+        if clock.monotonic() > give_up:
+            raise ClusterError(f"the epoch log holds no cut of round {msg.round} by workers "
+                               f"{sorted(missing)}, the previous owners of partitions "
+                               f"{sorted(p for p, o in msg.handed.items() if o in missing)}")
+        await asyncio.sleep(0.2)
 
 
 async def join_as_receiver(
