@@ -9,7 +9,9 @@ Once the worker serves (:meth:`CoordinatorLink.listen`), a task of its own reads
 coordinator's channel: each ``Alive`` renews the worker's lease (``worker.fence``) the
 moment it arrives — never behind a recovery or a commit the worker is acting on — and the
 other messages wait, at most :data:`INBOX_FRAMES` frames, for :meth:`CoordinatorLink.recv`
-(a full queue stops the reading: the coordinator's messages then wait in TCP). Every peer
+(a full queue stops the reading: the coordinator's messages then wait in TCP). A ``Recover``
+read there also tells a recovery still running that a later one waits
+(:meth:`CoordinatorLink.newer_recover`). Every peer
 channel is gated by the lease: what is queued on it leaves only while the lease holds.
 """
 
@@ -66,6 +68,10 @@ class CoordinatorLink:
         self._error: BaseException | None = None
         #: the worker's lease (``worker.fence``), renewed by the ``Alive`` read here
         self.lease: FenceLease | None = None
+        #: the newest recovery attempt whose ``Recover`` was read from this channel, and the
+        #: waiters of :meth:`newer_recover`
+        self._newest_recover = 0
+        self._recover_waiters: list[asyncio.Future[None]] = []
 
     async def held(self) -> None:
         """Return once the worker may act on the coordinator's behalf (see
@@ -104,6 +110,7 @@ class CoordinatorLink:
             self._reader.cancel()
         self._frames = asyncio.Queue(INBOX_FRAMES)
         self._error = None
+        self._newest_recover = 0  # (a new coordinator counts its attempts from 1)
         self._reader = asyncio.get_running_loop().create_task(
             self._reading(self.channel, self._frames), name="coordinator-reader")
 
@@ -120,6 +127,8 @@ class CoordinatorLink:
                         if isinstance(m, wire.Alive):
                             on_alive(m)
                 if rest:
+                    if frames is self._frames:
+                        self._saw_recovers(rest)
                     await frames.put(rest)
         except asyncio.CancelledError:
             raise
@@ -127,6 +136,24 @@ class CoordinatorLink:
             if frames is self._frames:
                 self._error = exc
             await frames.put(None)
+
+    def _saw_recovers(self, msgs: list[wire.Message]) -> None:
+        attempts = [m.attempt for m in msgs if isinstance(m, wire.Recover)]
+        if attempts and max(attempts) > self._newest_recover:
+            self._newest_recover = max(attempts)
+            waiters, self._recover_waiters = self._recover_waiters, []
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+
+    async def newer_recover(self, attempt: int) -> None:
+        """Return once a ``Recover`` of a later attempt than ``attempt`` was read from the
+        coordinator's channel (it waits in the inbox behind the recovery running now: that
+        one's answer no longer matters, ``coordinator.protocols.recovery``)."""
+        while self._newest_recover <= attempt:
+            waiter = asyncio.get_running_loop().create_future()
+            self._recover_waiters = [*(w for w in self._recover_waiters if not w.done()), waiter]
+            await waiter
 
     @property
     def closed(self) -> bool:

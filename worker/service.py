@@ -159,7 +159,8 @@ class Worker(Service):
         self.recovery = Recovery(
             s, app, st, uplink=self.uplink,
             rollback=RollBack(s, app, st, quiet=self.quiet, world=self.world,
-                              moving=self.moving, links=self.links),
+                              moving=self.moving, links=self.links,
+                              newer=self.uplink.newer_recover),
             replay=Replay(s, app.name, st, kafka=self.kafka, ingress=self.ingress,
                           direct=self.direct, egress=self.egress, world=self.world,
                           log=self.epoch_log))

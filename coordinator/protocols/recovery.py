@@ -22,8 +22,9 @@ After a lost worker (a closed channel at once, silence after ``heartbeat_timeout
    barrier, ``Commit`` — two hops per epoch, slower, but every report comes here;
 5. resume live epochs above every epoch used before.
 
-A loss during any step, a worker that fails to roll back, or MinIO unreachable restarts
-the recovery (after a short pause); the cluster keeps trying and says why in its log —
+A loss during any step restarts the recovery at once (its first step waits for the slot's
+new process); a worker that fails to roll back, or MinIO unreachable, restarts it after a
+short pause (:data:`RETRY_PAUSE`); the cluster keeps trying and says why in its log —
 except when a worker's rollback fails *the same way* ``SAME_FAILURES`` times in a row
 with an error it calls permanent (``Recovered.permanent``: the state was written with
 another engine or partition count, a file is corrupt): retrying cannot cure that, so
@@ -132,8 +133,11 @@ class Recovery:
                             "epoch", attempt, exc)
                 await asyncio.sleep(RETRY_PAUSE)
                 continue
-            except (_Retry, Interrupted) as exc:
-                if isinstance(exc, _Retry) and exc.permanent:
+            except Interrupted as exc:  # (no pause: the next attempt waits for the slots)
+                log.warning("recovery %d interrupted (%s); starting again", attempt, exc)
+                continue
+            except _Retry as exc:
+                if exc.permanent:
                     # "the same way": the same error but for the numbers in it (which
                     # worker answered first, which partition it names)
                     shape = re.sub(r"\d+", "#", exc.error)
@@ -166,6 +170,8 @@ class Recovery:
             try:
                 m.channel.send(msg)
             except ChannelClosed:
+                if not m.alive:  # (a loss: the next attempt waits for the slot's new process)
+                    raise Interrupted(f"worker {m.index} was lost") from None
                 raise _Retry(f"worker {m.index}'s channel closed") from None
 
     async def members_ready(self, attempt: int) -> None:
@@ -213,7 +219,7 @@ class Recovery:
         while len(got) < len(state.members):
             msg = await self._inbox.get()
             if isinstance(msg, Lost):
-                raise _Retry("a worker was lost while rolling back")
+                raise Interrupted("a worker was lost while rolling back")
             if isinstance(msg, wire.Recovered) and msg.attempt == attempt:
                 if msg.error:
                     raise _Retry(f"worker {msg.index} could not roll back: {msg.error}",
@@ -248,7 +254,7 @@ class Recovery:
                 raise _Stalled(f"the leased replay of {len(epochs)} epochs did not finish in "
                                f"{patience:.1f} s (answered: {sorted(done)})") from None
             if isinstance(msg, Lost):
-                raise _Retry("a worker was lost during the replay")
+                raise Interrupted("a worker was lost during the replay")
             if isinstance(msg, wire.Replayed) and msg.attempt == attempt:
                 if msg.epoch != last:  # (a bug: every worker was given the same epochs)
                     raise _Retry(f"worker {msg.index} replayed up to epoch {msg.epoch}, "

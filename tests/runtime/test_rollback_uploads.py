@@ -27,7 +27,8 @@ def _rollback(stores: dict[tuple[str, int], statestores.Store]) -> RollBack:
     st.index = 0
     st.engine = SimpleNamespace(stores=stores)  # type: ignore[assignment]
     none: Any = None  # (restores uses the state only)
-    return RollBack(none, none, st, quiet=none, world=none, moving=none, links=none)
+    return RollBack(none, none, st, quiet=none, world=none, moving=none, links=none,
+                    newer=none)
 
 
 def _round(round_id: int) -> RoundManifest:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, cast
 
 from remotes.manifest import ManifestError
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sfaas.worker.recovery")
 
-__all__ = ["Recovery", "RollBack", "check_round_layout", "direct_items", "permanent",
+__all__ = ["Recovery", "RollBack", "Superseded", "check_round_layout", "direct_items", "permanent",
            "replay_batch"]
 
 
@@ -108,6 +108,9 @@ class Recovery:
         st.recovering(msg.attempt)
         try:
             epochs = await self.recover(msg)
+        except Superseded as exc:  # (its answer no longer matters: the coordinator moved on)
+            log.warning("recovery %d given up: %s", msg.attempt, exc, extra={"worker": st.index})
+            return
         except DiskFailed:
             # (answering the error would have the coordinator retry on the same dead disk for
             # ever: the sim's --disk; a fresh process may find it working again)
@@ -205,7 +208,8 @@ class RollBack:
     round."""
 
     def __init__(self, settings: Settings, app: App, state: WorkerState, *, quiet: Quiet,
-                 world: WorldRollback, moving: StoreMoves, links: PeerLinks) -> None:
+                 world: WorldRollback, moving: StoreMoves, links: PeerLinks,
+                 newer: Callable[[int], Awaitable[None]]) -> None:
         self._settings = settings
         self._app = app
         self._state = state
@@ -213,6 +217,8 @@ class RollBack:
         self._world = world
         self._moving = moving
         self._links = links
+        #: returns once a later attempt's ``Recover`` arrived (``CoordinatorLink.newer_recover``)
+        self._newer = newer
 
     async def stop(self, msg: wire.Recover) -> None:
         """1. stop; 2. peers, and the partition map (a rescale may have changed it)."""
@@ -223,9 +229,28 @@ class RollBack:
         self._moving.resume_merges()
         st.drop_expected()
         self._links.drop_from(len(msg.peers))
-        await self._links.connect(msg.peers, st.index)
+        await self._connect(msg)
         await asyncio.to_thread(self._adopt_map, msg.owners)
         st.set_owners(msg.owners, len(msg.peers), msg.peers)
+
+    async def _connect(self, msg: wire.Recover) -> None:
+        """2. the peers of ``msg`` — given up (:class:`Superseded`) once a later attempt's
+        ``Recover`` arrives. A peer named here may be a dead worker that attempt replaced:
+        the coordinator can hear of a peer's closed channel from a survivor before its own
+        closes, and the survivor then waited out the links' timeout (3.5 s) for the dead
+        address while the next attempt's ``Recover`` waited behind it in the inbox."""
+        connect = asyncio.ensure_future(self._links.connect(msg.peers, self._state.index))
+        newer = asyncio.ensure_future(self._newer(msg.attempt))
+        try:
+            await asyncio.wait({connect, newer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (connect, newer):
+                t.cancel()
+            await asyncio.gather(connect, newer, return_exceptions=True)
+        if connect.cancelled():
+            raise Superseded(f"recovery {msg.attempt}'s peers were not all reached before a "
+                             "later recovery's Recover arrived")
+        connect.result()  # (StartAgain: a peer not reached)
 
     def _adopt_map(self, owners: list[int]) -> None:
         """(a thread) Close the stores of partitions ``owners`` no longer gives this worker,
@@ -276,6 +301,10 @@ class RollBack:
         return asyncio.gather(*(asyncio.to_thread(restore, op, p, store)
                                 for (op, p), store in st.engine.stores.items()),
                               return_exceptions=True)
+
+
+class Superseded(Exception):
+    """A recovery attempt given up for a later one waiting behind it."""
 
 
 def permanent(exc: BaseException) -> bool:

@@ -1,0 +1,166 @@
+"""A recovery attempt waiting for a dead peer gives way to the next attempt at once.
+
+The failover benchmark found it (issue 48): a survivor heard its peer's channel close and
+told the coordinator, which started recovery 1 naming the dead worker's address; 5 ms
+later it declared that worker lost, promoted its standby and sent recovery 2. The survivor
+was still in recovery 1, retrying "Connection refused" for the links' timeout (3.5 s),
+with recovery 2's ``Recover`` waiting behind it in the inbox: replies stopped 4 s instead
+of 0.5 s. Now a later attempt's ``Recover``, read by the coordinator channel's own task,
+ends the older attempt's wait for its peers (``worker.protocols.recovery.RollBack``)."""
+
+from __future__ import annotations
+
+import asyncio
+import faulthandler
+import socket
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from sfaas.runtime import channels, wire
+from worker.links import CoordinatorLink, PeerLinks
+from worker.protocols.recovery import Recovery, RollBack, Superseded
+from worker.state import WorkerState
+
+SECRET = "superseded-secret-0123456789"
+LINKS_TIMEOUT = 3.5  # (the workers' own: connect_timeout)
+
+
+class _Channel:
+    """The coordinator's channel: hands out the frames the test puts in; records sends."""
+
+    def __init__(self) -> None:
+        self.frames: asyncio.Queue[list[wire.Message]] = asyncio.Queue()
+        self.sent: list[wire.Message] = []
+        self.closed = False
+
+    async def recv(self) -> list[wire.Message]:
+        return await self.frames.get()
+
+    def send(self, msg: wire.Message) -> None:
+        self.sent.append(msg)
+
+
+class _Parts:
+    """The rollback's other parts, doing nothing (this test is about the peers)."""
+
+    async def quiesce(self) -> None:
+        pass
+
+    def recovering(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def resume_merges(self) -> None:
+        pass
+
+    def detach(self, gone: set[int], n: int) -> Any:
+        return SimpleNamespace(close=lambda: None)
+
+
+def _refused_port() -> int:
+    """A port nobody listens on (a dead worker's)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _recover(attempt: int, peer_port: int) -> wire.Recover:
+    peers = [wire.Peer("127.0.0.1", 1), wire.Peer("127.0.0.1", peer_port)]
+    return wire.Recover(attempt, 0, peers, [1, 1])  # (worker 0 owns nothing: no stores)
+
+
+@pytest.fixture(autouse=True)
+def _watchdog() -> Any:
+    faulthandler.dump_traceback_later(60, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+def test_a_later_recover_ends_the_wait_for_a_dead_peer() -> None:
+    async def main() -> tuple[float, list[wire.Message], int]:
+        async def peer(ch: channels.Channel) -> None:
+            while True:
+                await ch.recv()
+
+        server = await channels.serve("127.0.0.1", 0, SECRET, peer)  # (the promoted standby)
+        live = server.sockets[0].getsockname()[1]
+        chan = _Channel()
+        uplink = CoordinatorLink(SECRET)
+        uplink.channel = chan
+        uplink.listen(lambda _: None)
+        st = WorkerState(max_batch=10, local_fallback=False)
+        st.index, st.engine = 0, SimpleNamespace(stores={})  # type: ignore[assignment]
+        parts: Any = _Parts()
+        st.loop = parts
+        links = PeerLinks(SECRET, LINKS_TIMEOUT)
+        rollback = RollBack(parts, parts, st, quiet=parts, world=parts, moving=parts,
+                            links=links, newer=uplink.newer_recover)
+        recovery = Recovery(parts, parts, st, uplink=uplink, rollback=rollback, replay=parts)
+        try:
+            first = _recover(1, _refused_port())
+            chan.frames.put_nowait([first])
+            assert await uplink.recv() == [first]
+            running = asyncio.ensure_future(recovery.run(first))
+            await asyncio.sleep(0.3)  # (retrying the dead address)
+            assert not running.done()
+            t0 = time.perf_counter()
+            chan.frames.put_nowait([_recover(2, live)])  # (waits in the inbox)
+            await asyncio.wait_for(running, LINKS_TIMEOUT)
+            took = time.perf_counter() - t0
+            await rollback.stop(_recover(2, live))  # the next attempt reaches its peers
+            return took, chan.sent, links.channels[1].closed
+        finally:
+            links.close()
+            server.close()
+
+    took, sent, closed = asyncio.run(main())
+    print(f"recovery 1 gave way {took * 1000:.0f} ms after recovery 2's Recover arrived")
+    assert took < 0.25  # (was the rest of the links' 3.5 s timeout)
+    assert sent == []  # the abandoned attempt answers nothing (its answer no longer matters)
+    assert not closed  # recovery 2 connected to the live peer
+
+
+def test_an_older_or_equal_recover_does_not_end_the_wait() -> None:
+    async def main() -> None:
+        chan = _Channel()
+        uplink = CoordinatorLink(SECRET)
+        uplink.channel = chan
+        uplink.listen(lambda _: None)
+        links = PeerLinks(SECRET, 0.6)
+        st = WorkerState(max_batch=10, local_fallback=False)
+        st.index, st.engine = 0, SimpleNamespace(stores={})  # type: ignore[assignment]
+        parts: Any = _Parts()
+        rollback = RollBack(parts, parts, st, quiet=parts, world=parts, moving=parts,
+                            links=links, newer=uplink.newer_recover)
+        dead = _refused_port()
+        chan.frames.put_nowait([_recover(3, dead)])
+        waiting = asyncio.ensure_future(rollback.stop(_recover(3, dead)))
+        await asyncio.sleep(0.1)
+        chan.frames.put_nowait([_recover(2, dead)])  # (a stale one: not later)
+        with pytest.raises(Exception, match="cannot reach 127.0.0.1") as got:
+            await asyncio.wait_for(waiting, 5)  # the links' own timeout, not given up early
+        assert not isinstance(got.value, Superseded)
+
+    asyncio.run(main())
+
+
+def test_a_recover_read_before_the_wait_began_still_ends_it() -> None:
+    """Two ``Recover``s read in one go: the first's wait ends as soon as it begins."""
+    async def main() -> None:
+        chan = _Channel()
+        uplink = CoordinatorLink(SECRET)
+        uplink.channel = chan
+        uplink.listen(lambda _: None)
+        dead = _refused_port()
+        chan.frames.put_nowait([_recover(4, dead), _recover(5, dead)])
+        await asyncio.sleep(0.05)
+        await asyncio.wait_for(uplink.newer_recover(4), 0.5)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(uplink.newer_recover(5), 0.2)
+
+    asyncio.run(main())
