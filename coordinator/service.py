@@ -102,7 +102,7 @@ class Coordinator(Service):
                         self.metrics, Gathering(s.epoch_gather, s.epoch_gather_adaptive),
                         self.ports.clock))
         self.recovery = Recovery(self.state, self.inbox, self.barrier, self._rounds_remote,
-                                 self.bulletin)
+                                 self.bulletin, self.rounds.known_latest)
         # what runs before what: workers register once the layout is known, the watchdog
         # watches a formed cluster
         self.listener.requires(self.startup)

@@ -335,6 +335,14 @@ class RoundKeeper(Service):
         if self._gc_due >= GC_EVERY and self._published_at - self._collected_at >= GC_PERIOD:
             self._collect()
 
+    def known_latest(self) -> RoundManifest | None:
+        """The newest complete round, as this coordinator published it — None when it does
+        not know for sure (none published by this process, one being published, or one
+        that failed midway may be in MinIO): a recovery then reads MinIO."""
+        if self._publishing is not None or self._stale or self._index is None:
+            return None
+        return self.last_complete
+
     @staticmethod
     def _traced(manifest: RoundManifest, reported: int, error: str | None = None) -> None:
         """The round's span: its marker → every worker's report → the manifest published."""

@@ -143,9 +143,17 @@ class Recovery:
         st = self._state
         assert st.engine is not None and st.loop is not None
         steps = _Steps()
-        await self._rollback.stop(msg)  # 1. stop; 2. peers and the partition map
+        reading = asyncio.ensure_future(self._read_round(msg.round))  # 3. beside 1. and 2.
+        try:
+            await self._rollback.stop(msg)  # 1. stop; 2. peers and the partition map
+        except BaseException:
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
+            raise
         steps.step("stop+peers")
-        m = await self._round(msg.round)  # 3. the round
+        m = await reading  # 3. the round
+        check_round_layout(m, {k: store.engine for k, store in st.engine.stores.items()},
+                           st.partitions)
         steps.step("round")
         raw_log, raw_in, raw_out = await self._stores_and_reads(m, msg.attempt, steps)  # 3., 4.
         steps.step("stores+reads")
@@ -161,19 +169,12 @@ class Recovery:
         self._logged(msg, m, epochs, logs, turn, steps)
         return [wire.LoggedEpoch(e, now) for e, now in epochs]
 
-    async def _round(self, round_id: int) -> RoundManifest:
-        """Round ``round_id``'s manifest (round 0: the empty state), checked against this
-        worker's stores."""
-        st = self._state
-        assert st.engine is not None
+    async def _read_round(self, round_id: int) -> RoundManifest:
+        """Round ``round_id``'s manifest (round 0: the empty state)."""
         if round_id > 0:
             remote = rounds_remote(self._settings, self._app.name)
-            m = await asyncio.to_thread(Rounds(remote).read, round_id)
-        else:
-            m = _empty_round(st.partitions)
-        check_round_layout(m, {k: store.engine for k, store in st.engine.stores.items()},
-                           st.partitions)
-        return m
+            return await asyncio.to_thread(Rounds(remote).read, round_id)
+        return _empty_round(self._state.partitions)
 
     async def _stores_and_reads(self, m: RoundManifest, attempt: int,
                                 steps: _Steps) -> tuple[Raw, Raw, Raw]:
