@@ -88,6 +88,30 @@ def test_faults_are_restarted_without_end_and_crashes_are_given_up() -> None:
         assert child.next_start or given_up
 
 
+def test_a_stalled_process_is_restarted_at_once_but_counted() -> None:
+    """The watchdog's kill of a process that ran a while (paused past its liveness limit)
+    restarts it without the crash backoff — the cluster waits for it — and still counts
+    toward giving up (a process that wedges at once every time is not restarted for ever);
+    a crash keeps its growing backoff."""
+    sup = Supervisor(Path("/nonexistent"), {"app": "t"}, [])
+    now = 1000.0
+    delays: dict[str, list[float]] = {}
+    for how in ("stalled", "crashed"):
+        child = Child("coordinator", 0, [], "c.log", started=now - 5.0)
+        delays[how] = []
+        for _ in range(MAX_CRASHES + 2):
+            now += 2.0  # (each ran past KILLED_AFTER; all within CRASH_WINDOW)
+            child.watchdog_killed = how == "stalled"
+            sup._exited(child, -signal.SIGKILL if how == "stalled" else 1, now)
+            if child.gave_up:
+                break
+            delays[how].append(round(child.next_start - now, 2))
+            child.started = now
+        assert child.gave_up, (how, child)
+    assert delays == {"stalled": [0.0] * (MAX_CRASHES - 1),
+                      "crashed": [0.0, 0.2, 0.4, 0.8, 1.6][:MAX_CRASHES - 1]}, delays
+
+
 def test_with_standbys_a_dead_worker_is_restarted_after_the_failover_not_during_it(tmp_path: Path) -> None:
     (tmp_path / "cluster.json").write_text("{}")
     waits: dict[int, float] = {}
