@@ -207,7 +207,7 @@ def test_a_loss_starts_the_next_attempt_at_once_a_failure_after_a_pause(
     benchmark lost half a second to the pause meant for failures (issue 48). A worker
     that failed to roll back, or a closed channel of a worker not called lost, still gets
     the pause (no loop without one)."""
-    monkeypatch.setattr(recovery_mod, "RETRY_PAUSE", 0.4)
+    monkeypatch.setattr(recovery_mod, "RETRY_PAUSE", 1.0)
 
     async def go() -> list[float]:
         rec, inbox, chans, _reached, done = _recovering(2, [])
@@ -244,9 +244,9 @@ def test_a_loss_starts_the_next_attempt_at_once_a_failure_after_a_pause(
 
     first, second = asyncio.run(go())
     if how in ("a loss", "a lost worker's closed channel"):
-        assert second - first < 0.2
+        assert second - first < 0.5
     else:
-        assert second - first >= 0.4
+        assert second - first >= 1.0
 
 
 def test_a_stalled_leased_replay_starts_over_driven_epoch_by_epoch(

@@ -74,6 +74,24 @@ def _recover(attempt: int, peer_port: int) -> wire.Recover:
     return wire.Recover(attempt, 0, peers, [1, 1])  # (worker 0 owns nothing: no stores)
 
 
+def _uplink() -> tuple[_Channel, CoordinatorLink]:
+    """The coordinator's channel, read by the link's own task (as a serving worker's is)."""
+    chan = _Channel()
+    uplink = CoordinatorLink(SECRET)
+    uplink.channel = chan
+    uplink.listen(lambda _: None)
+    return chan, uplink
+
+
+def _rollback(links: PeerLinks, uplink: CoordinatorLink) -> tuple[WorkerState, RollBack]:
+    """Worker 0's rollback, owning no partition (no stores), its other parts doing nothing."""
+    st = WorkerState(max_batch=10, local_fallback=False)
+    parts: Any = _Parts()
+    st.index, st.engine, st.loop = 0, SimpleNamespace(stores={}), parts  # type: ignore[assignment]
+    return st, RollBack(parts, parts, st, quiet=parts, world=parts, moving=parts, links=links,
+                        newer=uplink.newer_recover)
+
+
 @pytest.fixture(autouse=True)
 def _watchdog() -> Any:
     faulthandler.dump_traceback_later(60, exit=True)
@@ -89,17 +107,10 @@ def test_a_later_recover_ends_the_wait_for_a_dead_peer() -> None:
 
         server = await channels.serve("127.0.0.1", 0, SECRET, peer)  # (the promoted standby)
         live = server.sockets[0].getsockname()[1]
-        chan = _Channel()
-        uplink = CoordinatorLink(SECRET)
-        uplink.channel = chan
-        uplink.listen(lambda _: None)
-        st = WorkerState(max_batch=10, local_fallback=False)
-        st.index, st.engine = 0, SimpleNamespace(stores={})  # type: ignore[assignment]
-        parts: Any = _Parts()
-        st.loop = parts
+        chan, uplink = _uplink()
         links = PeerLinks(SECRET, LINKS_TIMEOUT)
-        rollback = RollBack(parts, parts, st, quiet=parts, world=parts, moving=parts,
-                            links=links, newer=uplink.newer_recover)
+        st, rollback = _rollback(links, uplink)
+        parts: Any = _Parts()
         recovery = Recovery(parts, parts, st, uplink=uplink, rollback=rollback, replay=parts)
         try:
             first = _recover(1, _refused_port())
@@ -120,23 +131,15 @@ def test_a_later_recover_ends_the_wait_for_a_dead_peer() -> None:
 
     took, sent, closed = asyncio.run(main())
     print(f"recovery 1 gave way {took * 1000:.0f} ms after recovery 2's Recover arrived")
-    assert took < 0.25  # (was the rest of the links' 3.5 s timeout)
+    assert took < 1.0  # (was the rest of the links' 3.5 s timeout: 3.2 s)
     assert sent == []  # the abandoned attempt answers nothing (its answer no longer matters)
     assert not closed  # recovery 2 connected to the live peer
 
 
 def test_an_older_or_equal_recover_does_not_end_the_wait() -> None:
     async def main() -> None:
-        chan = _Channel()
-        uplink = CoordinatorLink(SECRET)
-        uplink.channel = chan
-        uplink.listen(lambda _: None)
-        links = PeerLinks(SECRET, 0.6)
-        st = WorkerState(max_batch=10, local_fallback=False)
-        st.index, st.engine = 0, SimpleNamespace(stores={})  # type: ignore[assignment]
-        parts: Any = _Parts()
-        rollback = RollBack(parts, parts, st, quiet=parts, world=parts, moving=parts,
-                            links=links, newer=uplink.newer_recover)
+        chan, uplink = _uplink()
+        _st, rollback = _rollback(PeerLinks(SECRET, 0.6), uplink)
         dead = _refused_port()
         chan.frames.put_nowait([_recover(3, dead)])
         waiting = asyncio.ensure_future(rollback.stop(_recover(3, dead)))
@@ -152,10 +155,7 @@ def test_an_older_or_equal_recover_does_not_end_the_wait() -> None:
 def test_a_recover_read_before_the_wait_began_still_ends_it() -> None:
     """Two ``Recover``s read in one go: the first's wait ends as soon as it begins."""
     async def main() -> None:
-        chan = _Channel()
-        uplink = CoordinatorLink(SECRET)
-        uplink.channel = chan
-        uplink.listen(lambda _: None)
+        chan, uplink = _uplink()
         dead = _refused_port()
         chan.frames.put_nowait([_recover(4, dead), _recover(5, dead)])
         await asyncio.sleep(0.05)
