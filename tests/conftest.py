@@ -9,6 +9,7 @@ need it, with the log tail; nothing is skipped.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import re
 import sys
@@ -23,6 +24,7 @@ from launcher import cluster, services
 from launcher.services import Endpoints, ServiceError
 from remotes.minio import MinioRemote
 from sfaas.runtime.settings import Settings
+from tests.hang import terminal_fd
 from tests.namespaces import NAMESPACES, drop_objects, drop_topics, fresh_namespace
 
 TEST_BUCKET = "sfaas-tests"
@@ -30,6 +32,18 @@ TEST_BUCKET = "sfaas-tests"
 # The cluster's determinism check is on in the test suite (docs/guide/functions.md, "Mistakes the runtime
 # catches"): every cluster a test starts runs it, unless the test turns it off.
 os.environ.setdefault("SFAAS_CHECK_DETERMINISM", "1")
+
+
+@pytest.fixture
+def watchdog(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A hang fails fast: past the module's ``HANG_AFTER`` seconds (60 by default) the
+    process prints every thread's stack and exits. Per test: a module-level timer would end
+    the whole session. A module asks for it with
+    ``pytestmark = pytest.mark.usefixtures("watchdog")``."""
+    faulthandler.dump_traceback_later(getattr(request.module, "HANG_AFTER", 60), exit=True,
+                                      file=terminal_fd(request.config))
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 
 @contextlib.contextmanager

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import faulthandler
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -28,12 +27,7 @@ from worker import ingress as ingress_module
 from worker.calls import DEFERRED_BATCHES
 from worker.ingress import IN_FLIGHT_BATCHES, IngressRewound
 
-
-@pytest.fixture(autouse=True)
-def _watchdog() -> Iterator[None]:
-    faulthandler.dump_traceback_later(60, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+pytestmark = pytest.mark.usefixtures("watchdog")  # (tests/conftest.py: a hang fails fast)
 
 
 async def _until(cond: Any, timeout: float = 5.0) -> None:

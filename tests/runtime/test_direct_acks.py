@@ -7,8 +7,6 @@ path. On fakes of the client's channel seam (the cluster tests in
 from __future__ import annotations
 
 import asyncio
-import faulthandler
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,13 +18,7 @@ from sfaas.reads import Unavailable
 from sfaas.runtime import wire
 from sfaas.runtime.protocols.reads import MOVED, NOT_HERE
 
-
-@pytest.fixture(autouse=True)
-def _watchdog() -> Iterator[None]:
-    """A hang fails fast (per test: a module-level timer would end the whole session)."""
-    faulthandler.dump_traceback_later(60, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+pytestmark = pytest.mark.usefixtures("watchdog")  # (tests/conftest.py: a hang fails fast)
 
 
 class _Chan:

@@ -9,8 +9,6 @@ blobs may be in MinIO): then it reads MinIO as before."""
 from __future__ import annotations
 
 import asyncio
-import faulthandler
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,12 +22,7 @@ from coordinator.state import Layout
 from remotes import PathRemote
 from sfaas.runtime.protocols.rounds import RoundManifest, Rounds
 
-
-@pytest.fixture(autouse=True)
-def _watchdog() -> Iterator[None]:
-    faulthandler.dump_traceback_later(60, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+pytestmark = pytest.mark.usefixtures("watchdog")  # (tests/conftest.py: a hang fails fast)
 
 
 def _manifest(round_id: int, epoch: int) -> RoundManifest:

@@ -11,8 +11,6 @@ rollback replaces a channel whose connection is gone even if nothing ever read f
 from __future__ import annotations
 
 import asyncio
-import faulthandler
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,11 +26,7 @@ from worker.links import PeerLinks
 SECRET = "peer-broken-secret-0123456789"
 
 
-@pytest.fixture(autouse=True)
-def _watchdog() -> Iterator[None]:
-    faulthandler.dump_traceback_later(60, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+pytestmark = pytest.mark.usefixtures("watchdog")  # (tests/conftest.py: a hang fails fast)
 
 
 # -- the worker that served the channel tells the coordinator ----------------------------------

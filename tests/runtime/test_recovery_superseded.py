@@ -11,7 +11,6 @@ ends the older attempt's wait for its peers (``worker.protocols.recovery.RollBac
 from __future__ import annotations
 
 import asyncio
-import faulthandler
 import socket
 import time
 from types import SimpleNamespace
@@ -93,11 +92,7 @@ def _rollback(links: PeerLinks, uplink: CoordinatorLink) -> tuple[WorkerState, R
                         newer=uplink.newer_recover)
 
 
-@pytest.fixture(autouse=True)
-def _watchdog() -> Any:
-    faulthandler.dump_traceback_later(60, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+pytestmark = pytest.mark.usefixtures("watchdog")  # (tests/conftest.py: a hang fails fast)
 
 
 def test_a_later_recover_ends_the_wait_for_a_dead_peer() -> None:

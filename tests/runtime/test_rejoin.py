@@ -7,10 +7,8 @@ of their seams."""
 from __future__ import annotations
 
 import asyncio
-import faulthandler
 import socket
 import time
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,13 +20,7 @@ from sfaas.runtime.settings import Settings
 from worker.links import CoordinatorLink, PeerLinks
 from worker.membership import REJOIN_PEER_PATIENCE, Membership
 
-
-@pytest.fixture(autouse=True)
-def _watchdog() -> Iterator[None]:
-    """A hang fails fast (per test: a module-level timer would end the whole session)."""
-    faulthandler.dump_traceback_later(60, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+pytestmark = pytest.mark.usefixtures("watchdog")  # (tests/conftest.py: a hang fails fast)
 
 SECRET = "rejoin-test-secret-0123456789"
 

@@ -7,9 +7,7 @@ one never lands."""
 from __future__ import annotations
 
 import asyncio
-import faulthandler
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,11 +24,9 @@ from worker.protocols import rescale
 APP = "cuts"
 
 
-@pytest.fixture(autouse=True)
-def _watchdog() -> Iterator[None]:
-    faulthandler.dump_traceback_later(120, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+#: seconds after which a hanging test ends the process (the ``watchdog`` fixture)
+HANG_AFTER = 120
+pytestmark = pytest.mark.usefixtures("watchdog")
 
 
 def _reply(rid: str) -> bytes:

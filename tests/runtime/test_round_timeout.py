@@ -7,8 +7,6 @@ failed: not complete after 90 s`` — though it had run for milliseconds."""
 
 from __future__ import annotations
 
-import faulthandler
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,11 +18,7 @@ from remotes import PathRemote
 INTERVAL = 0.05
 
 
-@pytest.fixture(autouse=True)
-def _watchdog() -> Iterator[None]:
-    faulthandler.dump_traceback_later(60, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+pytestmark = pytest.mark.usefixtures("watchdog")  # (tests/conftest.py: a hang fails fast)
 
 
 class _Clocks:

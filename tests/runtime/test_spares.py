@@ -4,14 +4,13 @@ its output in the child's log, its environment the child's."""
 
 from __future__ import annotations
 
-import faulthandler
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,12 +19,9 @@ from launcher import spares as spares_module
 from launcher.spares import Spares
 from launcher.supervisor import Child, Supervisor
 
-
-@pytest.fixture(autouse=True)
-def _watchdog() -> Iterator[None]:
-    faulthandler.dump_traceback_later(120, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+#: seconds after which a hanging test ends the process (the ``watchdog`` fixture)
+HANG_AFTER = 120
+pytestmark = pytest.mark.usefixtures("watchdog")
 
 
 def _until(what: Callable[[], bool], timeout: float = 30.0) -> bool:

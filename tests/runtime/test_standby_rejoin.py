@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import faulthandler
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,13 +26,7 @@ from tests.runtime.test_standby_leftovers import settings as settings  # noqa: F
 from worker.links import CoordinatorLink
 from worker.protocols import standby
 
-
-@pytest.fixture(autouse=True)
-def _watchdog() -> Iterator[None]:
-    """A hang fails fast."""
-    faulthandler.dump_traceback_later(60, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+pytestmark = pytest.mark.usefixtures("watchdog")  # (tests/conftest.py: a hang fails fast)
 
 
 async def _stand_by_through_a_coordinator_restart(

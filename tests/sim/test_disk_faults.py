@@ -10,12 +10,10 @@ seed changed."""
 from __future__ import annotations
 
 import dataclasses
-import faulthandler
 import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 
@@ -36,11 +34,9 @@ SEED = 1
 FLAGS = "--rounds 0.04 --store appendlog"
 
 
-@pytest.fixture(autouse=True)
-def _watchdog() -> Iterator[None]:
-    faulthandler.dump_traceback_later(300, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+#: seconds after which a hanging test ends the process (the ``watchdog`` fixture)
+HANG_AFTER = 300
+pytestmark = pytest.mark.usefixtures("watchdog")
 
 
 def _schedule(flags: str) -> Schedule:

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import faulthandler
 import hashlib
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 
@@ -33,11 +31,9 @@ SECRET = "s3cret"
 DELAY = (0.001, 0.01)
 
 
-@pytest.fixture(autouse=True)
-def _watchdog() -> Iterator[None]:
-    faulthandler.dump_traceback_later(300, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+#: seconds after which a hanging test ends the process (the ``watchdog`` fixture)
+HANG_AFTER = 300
+pytestmark = pytest.mark.usefixtures("watchdog")
 
 
 def _chunk(i: int) -> bytes:

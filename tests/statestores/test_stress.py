@@ -29,7 +29,6 @@ import contextlib
 import faulthandler
 import os
 import random
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -40,6 +39,7 @@ import pytest
 
 import remotes
 import statestores
+from tests.hang import terminal_fd
 
 from .engines import TINY
 
@@ -64,19 +64,6 @@ FUTURE_WAIT_S = 30.0
 
 
 # ---------------------------------------------------------------------- seed and watchdog
-
-
-def _watchdog_fd(config: pytest.Config) -> int:
-    """A descriptor for the terminal's stderr: pytest's capture holds fd 2 in a temporary
-    file, which is lost when the watchdog ends the process. pytest's faulthandler plugin
-    keeps a copy of the real one; without it, fall back to fd 2."""
-    try:
-        from _pytest.faulthandler import fault_handler_stderr_fd_key
-
-        return config.stash[fault_handler_stderr_fd_key]
-    except (ImportError, KeyError):
-        assert sys.__stderr__ is not None
-        return sys.__stderr__.fileno()
 
 
 @dataclass
@@ -107,7 +94,7 @@ def stress(request: pytest.FixtureRequest) -> Iterator[Stress]:
     name = request.node.nodeid
     st = Stress(name, SEED, random.Random(f"{SEED}/{request.node.name}"))
     print(f"stress seed {SEED}, rounds {ROUNDS}, watchdog {WATCHDOG_S:.0f} s")
-    fd = _watchdog_fd(request.config)
+    fd = terminal_fd(request.config)
 
     def last_words() -> None:  # a Python thread still runs when the store threads deadlock
         msg = (
