@@ -5,7 +5,9 @@ a dead one alike — does the same (global rollback, Styx's way):
 
 1. stop: cancel ingest and every execution in flight, fail calls waiting on peers;
    let replies already handed to Kafka finish (they are correct: deterministic);
-2. reconnect peers whose address changed (a replaced worker);
+2. reconnect peers whose address changed (a replaced worker) — an attempt whose
+   ``Recover`` is followed by a later one gives up here (:class:`Superseded`, no answer):
+   it may name a dead peer the later one replaced; the round's manifest is read meanwhile;
 3. restore every store to the round (``restore`` downloads only files the local directory
    lacks; round 0 = the empty state before any round), giving up first the uploads of
    newer rounds (``statestores.snapshots.abandon_uploads``: they will never complete, and a
