@@ -51,12 +51,6 @@ async def connect_retry(host: str, port: int, secret: str,
             err: Exception = exc
         except OSError as exc:
             err = exc
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            # (a cancel that came as the attempt failed: Python 3.11's wait_for, in
-            # channels.connect, raises the attempt's error instead — and the loop went on
-            # retrying for the whole timeout; a superseded recovery waited it out)
-            raise asyncio.CancelledError
         if clock.monotonic() > deadline:
             raise StartAgain(f"cannot reach {host}:{port}: {err}")
         await asyncio.sleep(0.1)

@@ -266,17 +266,32 @@ async def connect(host: str, port: int, secret: str | bytes, *, timeout: float =
     process's network port when None: ``sfaas.runtime.ports``)."""
     key = secret.encode() if isinstance(secret, str) else secret
     net = network or ports.current().network
-    reader, writer = await asyncio.wait_for(net.open_connection(host, port), timeout)
+    try:
+        reader, writer = await asyncio.wait_for(net.open_connection(host, port), timeout)
+    except OSError:
+        _cancel_kept()
+        raise
     _tune(writer)
     try:
         await asyncio.wait_for(_client_handshake(reader, writer, key), HANDSHAKE_TIMEOUT)
     except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
         writer.close()
+        _cancel_kept()
         raise AuthenticationError(f"handshake with {host}:{port} failed: {exc!r}") from None
     except AuthenticationError:
         writer.close()
         raise
     return Channel(reader, writer, f"{host}:{port}")
+
+
+def _cancel_kept() -> None:
+    """Raise the cancel of the calling task that Python 3.11's ``asyncio.wait_for`` turned
+    into its inner attempt's error (a cancel that lands as the attempt fails): a caller
+    retrying on that error went on for its whole timeout (``worker.links.connect_retry``:
+    a superseded recovery waited 3.5 s for a dead peer)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 async def serve(

@@ -11,6 +11,7 @@ ends the older attempt's wait for its peers (``worker.protocols.recovery.RollBac
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import time
 from types import SimpleNamespace
@@ -18,8 +19,7 @@ from typing import Any
 
 import pytest
 
-from sfaas.runtime import channels, wire
-from worker import links as links_module
+from sfaas.runtime import channels, ports, wire
 from worker.links import CoordinatorLink, PeerLinks, connect_retry
 from worker.protocols.recovery import Recovery, RollBack, Superseded
 from worker.state import WorkerState
@@ -162,28 +162,32 @@ def test_a_recover_read_before_the_wait_began_still_ends_it() -> None:
     asyncio.run(main())
 
 
-def test_a_cancel_that_comes_as_a_connect_attempt_fails_still_ends_the_retries(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cancel_that_comes_as_a_connect_attempt_fails_still_ends_the_retries() -> None:
     """Python 3.11's ``asyncio.wait_for`` (in ``channels.connect``) answers a cancel that
-    comes as the attempt fails with the attempt's error: the retry loop took it for one
-    more refused attempt and went on for its whole timeout — the superseded recovery above
-    waited out the 3.5 s in 4 of 15 runs on a loaded host. The loop now sees the cancel."""
-    async def refused_as_cancelled(*_: object, **__: object) -> channels.Channel:
-        try:
-            await asyncio.sleep(0.05)  # (the attempt in flight)
-        except asyncio.CancelledError:
-            pass  # (what 3.11's wait_for does when its inner attempt had failed already)
-        raise ConnectionRefusedError(111, "Connection refused")
+    lands as its inner attempt has failed with the attempt's error: the retry loop took it
+    for one more refused attempt and went on for its whole timeout — the superseded
+    recovery above waited out the 3.5 s in 4 of 15 runs on a loaded host. Here the first
+    attempt cancels the retrying task and fails in the same loop turn, through the real
+    ``wait_for``; ``channels.connect`` now raises the cancel it kept."""
+    retrying: list[asyncio.Task[channels.Channel]] = []
 
-    monkeypatch.setattr(links_module.channels, "connect", refused_as_cancelled)
+    class _Refusing:
+        async def open_connection(self, host: str, port: int) -> Any:
+            await asyncio.sleep(0)
+            if not retrying[0].cancelling():
+                retrying[0].cancel()  # (lands as this attempt fails)
+            raise ConnectionRefusedError(111, "Connection refused")
+
+        async def start_server(self, *_: object) -> Any:
+            raise AssertionError("not used")
 
     async def main() -> float:
-        retrying = asyncio.ensure_future(connect_retry("127.0.0.1", 1, SECRET, timeout=3.0))
-        await asyncio.sleep(0.02)  # (inside the first attempt)
+        fake = dataclasses.replace(ports.REAL, network=_Refusing())
         t0 = time.perf_counter()
-        retrying.cancel()
+        retrying.append(asyncio.get_running_loop().create_task(
+            connect_retry("127.0.0.1", 1, SECRET, timeout=3.0), context=ports.context(fake)))
         with pytest.raises(asyncio.CancelledError):
-            await asyncio.wait_for(retrying, 5)
+            await asyncio.wait_for(retrying[0], 5)
         return time.perf_counter() - t0
 
     assert asyncio.run(main()) < 1.0
