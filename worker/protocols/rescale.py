@@ -250,7 +250,7 @@ class StoreMoves:
         assert st.engine is not None
         self._rescaled.lease_over()  # the next run begins under the new membership
         gained = await asyncio.to_thread(self.take_over, msg.round, msg.index, len(msg.owners))
-        cuts = await self.switch_cuts(msg)
+        cuts = await switch_cuts(self._settings, self._app.name, msg)
         st.engine.stores.update(gained.items())
         self.ship_to_standbys(gained)
         # (the map and the previous owners' replies in one turn of the loop: a client's
@@ -271,12 +271,8 @@ class StoreMoves:
     async def arrive(self, msg: wire.Reassign) -> None:
         """A joining worker's takeover, its epoch loop running: the gained partitions'
         direct replies and re-runs from the switch round's cut."""
-        self._rescaled.arrived(await self.switch_cuts(msg), set(msg.handed))
-
-    async def switch_cuts(self, msg: wire.Reassign) -> list[CutRecord]:
-        """The switch round's cuts of the gained partitions' previous owners
-        (:func:`switch_cuts`)."""
-        return await switch_cuts(self._settings, self._app.name, msg)
+        cuts = await switch_cuts(self._settings, self._app.name, msg)
+        self._rescaled.arrived(cuts, set(msg.handed))
 
     def ship_to_standbys(self, stores: Mapping[StoreKey, statestores.Store]) -> None:
         """Stores this worker gained under a new map: with standbys, ship them too (the
