@@ -29,7 +29,8 @@ class StoreClosedError(StoreError):
 
 
 class CorruptionError(StoreError):
-    """A file's bytes do not match their checksum (or are otherwise malformed).
+    """A file's bytes do not match their checksum (or are otherwise malformed), or a file
+    the store's version names is missing.
 
     The message names the file; the data in it is never returned.
     """

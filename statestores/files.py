@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import current
-from .errors import StoreError
+from .errors import CorruptionError
 from .fs import FileSystem
 from .snapshot_info import Frozen
 from .version import FileEntry, Version, VersionEdit, decode_entries, seq_of
@@ -91,7 +91,7 @@ class FileSet:
         self.version = Version(int(doc.get("version", 0)), {e.name: e for e in entries})
         for e in entries:
             if not self.fs.exists(self.path(e.name)):
-                raise StoreError(f"{self.path(e.name)}: named in {path} but missing")
+                raise CorruptionError(self.path(e.name), f"named in {path} but missing")
         names = self.fs.listdir(self.directory)
         own = [seq_of(n) for n in names if n.startswith(self.prefix + "-")]
         self.seq = max([self.seq, *own])

@@ -53,7 +53,7 @@ from sfaas.runtime import wire
 from sfaas.runtime.kafka import make_producer
 from sfaas.runtime.ports import KafkaPort
 from sfaas.runtime.settings import Settings
-from worker.clients import DESYNCED, RENEW_PATIENCE, RESENDS, start_kafka
+from worker.clients import DESYNCED, RENEW_PATIENCE, RESENDS, start_kafka, warm_topic
 from worker.fence import Fenced, FenceLease
 from worker.needs import Completions
 from worker.state import WorkerState
@@ -202,6 +202,7 @@ class Egress:
         lane.producer = await start_kafka(lambda: self.new_producer(tid), self._settings.kafka,
                                           index=slot)
         lane.broken = False
+        await warm_topic(lane.producer, self._state.egress_topic)
 
     async def stop(self) -> None:
         """Stop the producers after the replies queued (the worker stops), waiting for them
@@ -447,6 +448,7 @@ class Egress:
         lane.txn_id = tid
         self.renewals += 1
         lane.broken = False
+        await warm_topic(lane.producer, self._state.egress_topic)
 
     def _retire(self, old: Any) -> None:
         async def stop() -> None:

@@ -17,7 +17,7 @@ from sfaas.runtime.kafka import consumer_group
 from sfaas.runtime.protocols.membership import REGISTER_AGAIN
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import PartitionStores
-from worker.clients import KafkaClients
+from worker.clients import KafkaClients, warm_topic
 from worker.egress import Egress
 from worker.links import CoordinatorLink, PeerLinks
 from worker.protocols.rescale import StoreMoves, join_as_receiver
@@ -173,6 +173,8 @@ class Membership:
             egress = self._settings.topics(self._app.name)[1]
             out_tps, log_tps = await self._reply_and_log_partitions(egress)
             await self._kafka.consumer.end_offsets(out_tps + log_tps)
+            for tp in log_tps:  # (the recovery's fence record is the producer's first to it)
+                await warm_topic(self._kafka.producer, tp.topic)
         except Exception as exc:  # only a head start: the promotion fetches them anyway
             log.info("could not warm up the Kafka metadata: %s", exc)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -220,7 +221,8 @@ def open_partition_stores(
     gets ``remote_of(operator, partition)`` as its remote, attached after opening: opening
     never talks to the remote (MinIO may be down) and never restores implicitly —
     recovery restores to a complete round explicitly. The stores write through ``fs``
-    (None: the real file system).
+    (None: the real file system). With remotes, a store whose files are damaged is set
+    aside and opened empty (:func:`_open_store`).
     """
     if ROUNDS_DIR in app.operators:
         raise ConfigError(
@@ -234,7 +236,8 @@ def open_partition_stores(
             for name, op in app.operators.items():
                 engine = store or op.store
                 opts = dict(store_options or {}) if store else dict(op.store_options)
-                s = statestores.open(engine, os.path.join(root, name, f"p{p}"), fs=fs, **opts)
+                s = _open_store(engine, os.path.join(root, name, f"p{p}"), fs, opts,
+                                recoverable=remote_of is not None)
                 if remote_of is not None:
                     s.remote = remote_of(name, p)
                 stores[(name, p)] = s
@@ -242,6 +245,28 @@ def open_partition_stores(
         PartitionStores(stores, n_partitions).close()
         raise
     return PartitionStores(stores, n_partitions)
+
+
+def _open_store(engine: str, path: str, fs: FileSystem | None, opts: dict[str, Any], *,
+                recoverable: bool) -> Store:
+    """The store at ``path``. One whose files are damaged (a file its ``CURRENT`` names is
+    missing: a disk that lost files, a directory deleted under a process still writing it)
+    is moved to ``{path}.damaged`` (replacing an earlier one) and opened empty when its
+    state is ``recoverable`` from the snapshot rounds: the recovery that follows a worker's
+    start restores the round, downloading what the directory lacks. Refusing it made the
+    worker exit at every restart until the supervisor gave up — the slot never came back.
+    Without rounds the error stands: the files are the only copy of the state."""
+    try:
+        return statestores.open(engine, path, fs=fs, **opts)
+    except statestores.CorruptionError as exc:
+        if not recoverable:
+            raise
+        aside = f"{path}.damaged"
+        log.error("the store at %s is damaged (%s): moved to %s and opened empty; the "
+                  "recovery downloads its round", path, exc, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+        (fs or FileSystem()).rename(path, aside)
+        return statestores.open(engine, path, fs=fs, **opts)
 
 
 def stores_root(settings: Settings, app_name: str) -> str:

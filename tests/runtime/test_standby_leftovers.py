@@ -124,3 +124,22 @@ def test_a_promotion_that_fails_says_so_and_holds_no_store_open(
     for p in (0, 1):  # what was promoted before the failure was closed: a replacement opens it
         statestores.open(ENGINE, os.path.join(stores_root(settings, app.name), "accounts",
                                               f"p{p}")).close()
+
+
+def test_a_promoted_store_keeps_the_remote_its_replica_was_seeded_from(
+        settings: Settings) -> None:
+    """A promoted store snapshots and restores through the remote its replica seeded from:
+    its connections are open and its bucket checked. A new one paid both on its first call,
+    in the middle of the recovery's restore (0.1-0.2 s of a failover on a busy host)."""
+    sb = _Standby(settings, app, "standby-0", SECRET)
+    sb.start(_follow())
+    seeds = {key: fol.seed for key, fol in sb.followers.items()}
+    assert all(seed is not None for seed in seeds.values())
+    stores = sb.promote(wire.Promote(0, 4, [0, 1]))
+    try:
+        assert sorted(stores) == sorted(seeds)
+        for key, store in stores.items():
+            assert store.remote is seeds[key], key
+    finally:
+        stores.close()
+        sb.stop()

@@ -34,6 +34,12 @@ class TxnProducer:
         #: deliveries handed out and not yet resolved (``pending()`` resolves them)
         self.waiting: list[tuple[asyncio.Future[Any], str, int]] = []
         self.manual = manual
+        #: topics whose partitions were asked for (aiokafka fetches their metadata then)
+        self.asked: list[str] = []
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        self.asked.append(topic)
+        return {p for t, p in self.offsets if t == topic} or {0}
 
     async def start(self) -> None:
         self.started = True

@@ -36,7 +36,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from remotes.manifest import ManifestError
 from sfaas.app import App
@@ -66,12 +66,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sfaas.worker.recovery")
 
+T = TypeVar("T")
+
 __all__ = ["Recovery", "RollBack", "Superseded", "check_round_layout", "direct_items", "permanent",
            "replay_batch"]
 
 
 def _empty_round(partitions: int) -> RoundManifest:
     return RoundManifest(0, 0, 0, partitions, (), {p: 0 for p in range(partitions)}, {}, {}, (), 0)
+
+
+#: the recovery's three reads (:meth:`worker.protocols.replay.Replay.reads`), as logged
+_READS = ("log read", "ingress read", "replies read")
 
 
 class _Steps:
@@ -85,6 +91,14 @@ class _Steps:
         now = time.perf_counter()
         self.took[name] = now - self.t
         self.t = now
+
+    async def beside(self, name: str, work: Awaitable[T]) -> T:
+        """``work``'s result; its seconds noted as ``name`` (a part running beside others)."""
+        t0 = time.perf_counter()
+        try:
+            return await work
+        finally:
+            self.took[name] = time.perf_counter() - t0
 
     def __str__(self) -> str:
         return ", ".join(f"{k} {v:.2f} s" for k, v in self.took.items())
@@ -103,6 +117,8 @@ class Recovery:
         self._uplink = uplink
         self._rollback = rollback
         self._replay = replay
+        #: the app's rounds in MinIO (made at the first recovery)
+        self._rounds: Rounds | None = None
 
     async def run(self, msg: wire.Recover) -> None:
         """Recover for ``msg``; answer ``Recovered`` (with the error, if it failed)."""
@@ -174,8 +190,9 @@ class Recovery:
     async def _read_round(self, round_id: int) -> RoundManifest:
         """Round ``round_id``'s manifest (round 0: the empty state)."""
         if round_id > 0:
-            remote = rounds_remote(self._settings, self._app.name)
-            return await asyncio.to_thread(Rounds(remote).read, round_id)
+            if self._rounds is None:  # (kept: a new remote connects and checks its bucket)
+                self._rounds = Rounds(rounds_remote(self._settings, self._app.name))
+            return await asyncio.to_thread(self._rounds.read, round_id)
         return _empty_round(self._state.partitions)
 
     async def _stores_and_reads(self, m: RoundManifest, attempt: int,
@@ -185,8 +202,10 @@ class Recovery:
         ends before this returns, failed or not (the first error raised)."""
         out_parts = await self._replay.reply_partitions()
         restores = self._rollback.restores(m, steps.t)
-        got = await asyncio.gather(restores, *self._replay.reads(m, out_parts, attempt),
-                                   return_exceptions=True)
+        reads = self._replay.reads(m, out_parts, attempt)
+        got = await asyncio.gather(
+            restores, *(steps.beside(name, read) for name, read in zip(_READS, reads, strict=True)),
+            return_exceptions=True)
         parts = [*(got[0] if isinstance(got[0], list) else [got[0]]), *got[1:]]
         errors = [x for x in parts if isinstance(x, BaseException)]
         if errors:
