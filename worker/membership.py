@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Awaitable, Callable
 
 from aiokafka import TopicPartition
 
@@ -43,7 +44,7 @@ class Membership:
     def __init__(
         self, settings: Settings, app: App, name: str, secret: str, state: WorkerState, *,
         uplink: CoordinatorLink, links: PeerLinks, kafka: KafkaClients, moving: StoreMoves,
-        egress: Egress,
+        egress: Egress, warm_rounds: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._settings = settings
         self._app = app
@@ -55,6 +56,9 @@ class Membership:
         self._kafka = kafka
         self._moving = moving
         self._egress = egress
+        #: opens the snapshot rounds' remote (a standby's warm-up; None: rounds are off)
+        self._warm_rounds = warm_rounds
+        self._warming: asyncio.Future[None] | None = None
 
     async def join(self, my_port: int, repl_port: int,
                    ) -> tuple[wire.Assign, PartitionStores | None, wire.Reassign | None]:
@@ -83,6 +87,8 @@ class Membership:
             # the Kafka clients take ~0.3 s to start: have them ready before a promotion needs them
             await self._start_early()
             await self.warm_up()
+            if self._warm_rounds is not None:  # (beside the standby phase: MinIO may be down)
+                self._warming = asyncio.ensure_future(self._warm_rounds())
             promoted, index = await run_standby(s, self._app, self._name, self._secret, up, assign,
                                                 register)
             up.close()

@@ -166,7 +166,9 @@ class Worker(Service):
                           log=self.epoch_log))
         self.membership = Membership(s, app, self.name, secret, st, uplink=self.uplink,
                                      links=self.links, kafka=self.kafka, moving=self.moving,
-                                     egress=self.egress)
+                                     egress=self.egress,
+                                     warm_rounds=self.recovery.warm_rounds
+                                     if s.snapshot_interval > 0 else None)
         self.inbox = CoordinatorInbox(self.uplink, self.tasks, epochs=self.commits,
                                       directions=self, state=st)
         self.lost_coordinator = False
