@@ -18,6 +18,10 @@ and crossing clocks, half of them on one hot key), under a seeded schedule:
   7 s a worker or the coordinator is SIGSTOPped for 6 s (3× the heartbeat timeout: it is
   declared lost, fenced and replaced; the supervisor's watchdog may SIGKILL it first),
   then SIGCONTed. Target: longest reply gap ≤ 5 s.
+- ``cuts`` (no standbys; not run by default: it needs root, ``iptables`` and cgroup v2):
+  every 8 s a worker is cut from Kafka and MinIO for 5 s — every packet between it and
+  their ports dropped, its channels to the coordinator and its peers untouched
+  (``benchmarks.cluster.cut``). Target: longest reply gap ≤ 2 s (issue 48's one fault).
 
 For each series it prints, and writes to ``--out`` as JSON: the seed and the schedule
 (``--seed N`` with the same ``--seconds`` replays it); each fault, when it fired and whether
@@ -65,6 +69,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.cluster.cut import Cut  # noqa: E402
 from launcher import cluster, services  # noqa: E402
 from tests.cluster.faults import FaultLog, process_halted, process_stopped  # noqa: E402
 from tests.namespaces import drop_objects, drop_topics  # noqa: E402
@@ -73,6 +78,7 @@ from tests.runtime.test_fencing_cluster import APP, PAUSE  # noqa: E402
 from tests.runtime.test_standby import _wait_roles  # noqa: E402
 
 OUTAGE = 10.0  # seconds MinIO is down in the faults series
+CUT = 5.0  # seconds a worker is cut from Kafka and MinIO in the cuts series
 #: a gap's timeline: log lines from this long before it began to this long after it ended
 MARGIN = 1.0
 #: a gap may begin this long before the fault that caused it (the fault hit right after a reply)
@@ -84,7 +90,8 @@ _LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) (\w+) (\S+): (.*)
 _RECOVERY = re.compile(r"recovery (\d+) done in ([\d.]+) s: rolled back to round (\d+), "
                        r"replayed (\d+) epochs \(([^)]*)\)")
 INVARIANTS = [
-    "every fault took effect (its process gone or stopped, MinIO's port closed)",
+    "every fault took effect (its process gone or stopped, MinIO's port closed, a cut's "
+    "rules in place)",
     "every request answered, none still waiting 180 s after the load",
     "no request id answered twice in the egress topic",
     "money conserved and never negative (the balances sum to what was deposited)",
@@ -134,6 +141,16 @@ def pauses_schedule(rnd: random.Random, seconds: float, every: float = 7.0) -> l
     return [(t, f"pause {role}") for t, role in zip(slots, roles, strict=True)]
 
 
+def cuts_schedule(rnd: random.Random, seconds: float, every: float = 8.0) -> list[Fault]:
+    """Every ``every`` s a worker cut from Kafka and MinIO for :data:`CUT` s (``rnd`` is
+    the victims' tie-break, as for the other series)."""
+    slots = [every * i for i in range(1, int((seconds - 1e-9) // every) + 1)]
+    if not slots:
+        raise ValueError(f"--seconds must hold at least one cut (more than {every:g} s), "
+                         f"got {seconds:g}")
+    return [(t, "cut worker") for t in slots]
+
+
 @dataclass(frozen=True)
 class Series:
     """A fault series: its schedule, its target and the cluster it runs on."""
@@ -149,6 +166,8 @@ SERIES = {
                      "SIGKILLs, a 10 s MinIO outage then two worker kills 2 s apart"),
     "pauses": Series(pauses_schedule, 5.0, 1, f"a worker or the coordinator SIGSTOPped for "
                      f"{PAUSE:g} s every 7 s, one standby per worker"),
+    "cuts": Series(cuts_schedule, 2.0, 0, f"a worker cut from Kafka and MinIO (its packets "
+                   f"to and from their ports dropped) for {CUT:g} s every 8 s, no standby"),
 }
 
 
@@ -174,6 +193,8 @@ class Injector:
     stopped: set[int] = field(default_factory=set)
     #: faults per supervisor child (its log file) so far
     hits: Counter[str] = field(default_factory=Counter)
+    #: the ports a cut drops (Kafka's and MinIO's)
+    cut_ports: tuple[int, ...] = ()
 
     async def fire(self, fault: str, lasting: list[asyncio.Task[str]], log: FaultLog) -> object:
         self.log = log
@@ -184,6 +205,8 @@ class Injector:
             return 0
         if kind == "pause":
             return await self._pause(role, lasting, log)
+        if kind == "cut":
+            return await self._cut(role, lasting, log)
         pid = self._victim(kind)
         if pid is not None:
             os.kill(pid, signal.SIGKILL)
@@ -216,6 +239,27 @@ class Injector:
         self.shots.append(Shot(time.time(), "pause", f"pause {role} pid {pid} stopped"))
         await log.confirm("pause", self.shots[-1].what, process_stopped(pid), timeout=2.0)
         lasting.append(asyncio.create_task(self._resume(pid, role, stopped)))
+        return pid
+
+    async def _cut(self, role: str, lasting: list[asyncio.Task[str]], log: FaultLog) -> int | None:
+        pid = self._victim(role)
+        if pid is None:
+            return None
+        cut = Cut(pid, self.cut_ports)
+        try:
+            n = cut.apply()
+        except BaseException:
+            cut.heal()
+            raise
+        self.shots.append(Shot(time.time(), "cut", f"cut {role} pid {pid} ({n} connections)"))
+        await log.confirm("cut", self.shots[-1].what, cut.in_effect, timeout=2.0)
+
+        async def heal() -> str:
+            await asyncio.sleep(CUT)
+            cut.heal()
+            gone = process_halted(pid)() is not None
+            return f"{role} pid {pid} healed after {CUT:g} s ({'gone by then' if gone else 'still up'})"
+        lasting.append(asyncio.create_task(heal()))
         return pid
 
     async def _resume(self, pid: int, role: str, stopped: float) -> str:
@@ -430,7 +474,7 @@ def run_series(name: str, a: argparse.Namespace, seed: int, ep: services.Endpoin
               f"in namespace {s.namespace}", flush=True)
         load = os.getloadavg()[0]  # (the machine is shared: a gap may be a wait for a core)
         cluster.up(s, APP, a.workers, timeout=90, standbys=standbys)
-        injector = Injector(s, rnd)
+        injector = Injector(s, rnd, cut_ports=(_port(ep.kafka_bootstrap), _port(ep.minio_endpoint)))
         replies: list[float] = []
         report: dict[str, Any] = {"seed": seed}
 
@@ -466,16 +510,22 @@ def run_series(name: str, a: argparse.Namespace, seed: int, ep: services.Endpoin
                 print(f"{name}: the cluster's logs are in {logs / f'{name}-{seed}'}")
 
 
+def _port(endpoint: str) -> int:
+    """The port of ``host:port`` (a scheme or several endpoints: the first one's)."""
+    return int(endpoint.split(",")[0].rstrip("/").rsplit(":", 1)[1])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--series", default="faults,pauses",
-                   help=f"comma-separated, of {', '.join(SERIES)} (default: both)")
+                   help=f"comma-separated, of {', '.join(SERIES)} (default: faults,pauses; "
+                   "cuts needs root, iptables and cgroup v2)")
     p.add_argument("--seconds", type=float, default=60.0, help="seconds of load per series")
     p.add_argument("--seed", type=int, default=None, help="the schedule's seed (default: random)")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     p.add_argument("--workers", type=int, default=2, help="workers of the cluster (default 2)")
     p.add_argument("--standbys", type=int, default=None,
-                   help="standbys per worker (default: faults 0, pauses 1)")
+                   help="standbys per worker (default: faults 0, pauses 1, cuts 0)")
     p.add_argument("--logs", type=Path, default=None,
                    help="copy each cluster's logs to DIR/SERIES-SEED (a failed run's always are)")
     p.add_argument("--check-determinism", action="store_true",
