@@ -13,7 +13,7 @@ import asyncio
 import logging
 
 from sfaas.runtime import ports, wire
-from sfaas.runtime.kafka import Reachability
+from sfaas.runtime.kafka import Reachability, silence_limit
 from sfaas.runtime.settings import Settings
 from worker.fence import LEASE_FRACTION, FenceLease
 from worker.links import CoordinatorLink
@@ -42,6 +42,13 @@ class Heartbeat:
         #: whether this process reaches any Kafka broker (its heartbeats say so)
         self._reach = Reachability(settings.kafka)
         self._probe: asyncio.Future[None] | None = None
+
+    def cut_from_kafka(self) -> str:
+        """Why this process counts as cut from Kafka ("" if it does not): no broker answered
+        its probes for the coordinator's limit (``sfaas.runtime.kafka.silence_limit``)."""
+        silent = self._reach.silence()
+        limit = silence_limit(self._settings.kafka, self._settings.heartbeat_timeout)
+        return f"no Kafka broker answered for {silent:.1f} s" if silent > limit else ""
 
     def _leave_silent(self, fence: FenceLease) -> None:
         """The coordinator stands still while this process runs: close its channel, so the

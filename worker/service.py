@@ -306,6 +306,12 @@ class Worker(Service):
             # throughout and the silence was the coordinator's (paused, being restarted;
             # or this worker's heartbeat task left its channel): then it rejoins below
             self.lease.check()
+            if cut := self.heartbeat.cut_from_kafka():
+                # (the coordinator replaced it for that, or is gone while Kafka is: taking
+                # the slot back would only be lost again, until the cut heals — the cuts
+                # series' 10-16 s recoveries; a fresh process starts when Kafka answers it)
+                self.lease.fence(f"lost the coordinator while cut from Kafka ({cut})")
+                break
             # with rounds on, a restarted coordinator rolls everyone back to the newest
             # round: keep the stores and wait for it instead of restarting this process
             await self.quiet.quiesce(replies=False)  # (their commits wait for the rejoin)

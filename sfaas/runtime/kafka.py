@@ -18,7 +18,7 @@ log = logging.getLogger("sfaas.runtime.kafka")
 
 __all__ = [
     "ensure_topics", "make_producer", "make_consumer", "consumer_group", "partition_count",
-    "read_range", "Reachability", "silence_limit",
+    "read_range", "Reachability", "LATE_PROBE", "silence_limit",
 ]
 
 
@@ -88,6 +88,11 @@ def metadata_max_age_ms(bootstrap: str) -> int:
     return METADATA_MAX_AGE_MS if "," in bootstrap else METADATA_MAX_AGE_ONE_BROKER_MS
 
 
+#: A probe that timed out this many of its timeouts after it began came late because this
+#: process did not run (its event loop or its core was busy): it is not counted as silence.
+LATE_PROBE = 1.5
+
+
 class Reachability:
     """Can this process reach Kafka at all? Each :meth:`probe` opens (and closes) a TCP
     connection to the next broker of the bootstrap list, in turn; :meth:`silence` is the
@@ -121,10 +126,18 @@ class Reachability:
             self._last_ok = self._clock.monotonic()
         host, port = self._hosts[self._turn % len(self._hosts)]
         self._turn += 1
+        started = self._clock.monotonic()
         try:
             await asyncio.wait_for(self._kafka.probe(host, port), self._timeout)
             self._last_ok, self._silent = self._clock.monotonic(), 0.0
-        except (OSError, TimeoutError):  # (unreachable, refused, a name that no longer resolves)
+        except TimeoutError:
+            now = self._clock.monotonic()
+            if now - started <= LATE_PROBE * self._timeout:
+                self._silent = now - self._last_ok
+            # (else this process stood still — a busy host, a long turn of its loop — and
+            # the probe says nothing of Kafka: at a limit of 1.5 heartbeat timeouts a 1.2 s
+            # stall would read as a cut and replace a healthy worker)
+        except OSError:  # (unreachable, refused, a name that no longer resolves)
             self._silent = self._clock.monotonic() - self._last_ok
         finally:
             self._probing = False
@@ -137,8 +150,13 @@ class Reachability:
 
 def silence_limit(bootstrap: str, heartbeat_timeout: float) -> float:
     """How long a worker may hear nothing from Kafka before the coordinator replaces it
-    (while other workers do hear it): three metadata refreshes, and at least 1.5
-    heartbeat timeouts."""
+    (while other workers do hear it): 1.5 heartbeat timeouts, and with several brokers at
+    least three metadata refreshes (a worker's probes take the brokers in turn, and those
+    of brokers cut or stopped fail between the answers of the others: 1.5 s). A lone
+    broker's probes are its own: the limit was three of its 2 s refreshes, and a worker cut
+    from it stalled the replies for the 6 s (the ``cuts`` series, 6.6-6.8 s per cut)."""
+    if "," not in bootstrap:
+        return 1.5 * heartbeat_timeout
     return max(3 * metadata_max_age_ms(bootstrap) / 1000, 1.5 * heartbeat_timeout)
 
 

@@ -23,7 +23,7 @@ from coordinator.state import Member
 from coordinator.watchdog import Watchdog
 from launcher.cluster import free_port
 from sfaas.runtime import wire
-from sfaas.runtime.kafka import Reachability, silence_limit
+from sfaas.runtime.kafka import LATE_PROBE, Reachability, silence_limit
 
 T = 1.0  # heartbeat_timeout
 LIMIT = 1.5
@@ -114,10 +114,50 @@ def test_heartbeats_carry_the_silence() -> None:
         wire.decode_frame(wire.encode_frame([wire.Heartbeat(2, 10, [], 5.0, "x")]))  # type: ignore[arg-type]
 
 
-def test_the_limit_allows_three_metadata_refreshes() -> None:
+def test_the_limit_allows_three_metadata_refreshes_of_several_brokers() -> None:
     assert silence_limit("k1:9092,k2:9092", 1.0) == 1.5   # refreshes every 0.5 s
-    assert silence_limit("k1:9092", 1.0) == 6.0           # one broker: every 2 s
+    assert silence_limit("k1:9092,k2:9092", 0.75) == 1.5
     assert silence_limit("k1:9092,k2:9092", 2.0) == 3.0   # at least 1.5 heartbeat timeouts
+    # one broker: its probes alone say (three of its 2 s refreshes held a cut worker 6 s)
+    assert silence_limit("k1:9092", 0.75) == 1.125
+    assert silence_limit("k1:9092", 2.0) == 3.0
+
+
+class _Clock:
+    """A monotonic clock that reads what the test sets."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class _Hanging:
+    """A Kafka port whose probes never answer; ``clock`` moves by ``step`` on each one (the
+    time a probe took, as the process saw it)."""
+
+    def __init__(self, clock: _Clock, step: float) -> None:
+        self.clock, self.step = clock, step
+
+    async def probe(self, host: str, port: int) -> None:
+        self.clock.now += self.step
+        await asyncio.sleep(10)
+
+
+def test_a_probe_that_timed_out_late_is_not_silence() -> None:
+    """A probe whose timeout fired well after it was due (the process did not run: a busy
+    core, a long turn of the loop) says nothing of Kafka; one on time is silence."""
+    async def silence_after(step: float) -> float:
+        clock = _Clock()
+        r = Reachability("k1:9092", timeout=0.05, kafka=_Hanging(clock, 0.0),  # type: ignore[arg-type]
+                         clock=clock)  # type: ignore[arg-type]
+        r._last_ok = clock.now - 0.5  # (answered 0.5 s ago)
+        r._kafka = _Hanging(clock, step)  # type: ignore[assignment]
+        await r.probe()
+        return r.silence()
+    assert asyncio.run(silence_after(0.05)) == pytest.approx(0.55)  # on time: 0.55 s silent
+    assert asyncio.run(silence_after(0.05 * LATE_PROBE + 0.3)) == 0.0  # late: unknown
 
 
 def test_reachability_is_silent_only_when_no_broker_answers(kafka: Any) -> None:
@@ -147,3 +187,49 @@ def test_reachability_is_silent_only_when_no_broker_answers(kafka: Any) -> None:
         return live_silence, cut.silence(), unresolvable.silence()
     live, cut, unresolvable = asyncio.run(asyncio.wait_for(go(), 30))
     assert live < 0.5 and cut >= 0.9 and unresolvable >= 0.3, (live, cut, unresolvable)
+
+
+async def _after_losing_the_coordinator(tmp_path: Any, silent: float) -> tuple[list[str], int]:
+    """A bare worker (rounds on) whose coordinator channel closed, its Kafka probes silent
+    for ``silent`` s: what it fenced itself for, and how often it tried to rejoin."""
+    from tests.fuzz.harness import bare_worker
+
+    w = bare_worker(str(tmp_path), snapshot_interval=1.0)
+    fenced: list[str] = []
+    rejoins = [0]
+
+    async def follow() -> bool:
+        return True  # (the coordinator closed the channel)
+
+    async def quiesce(replies: bool = True) -> None:
+        pass
+
+    async def rejoin(_port: int, _repl: int) -> bool:
+        rejoins[0] += 1
+        return False  # (leave the loop: the test is over)
+
+    w.inbox.follow = follow  # type: ignore[method-assign]
+    w.quiet.quiesce = quiesce  # type: ignore[method-assign]
+    w.membership.rejoin = rejoin  # type: ignore[method-assign]
+    w.lease.check = lambda: True  # type: ignore[method-assign]  (it ran throughout)
+    w.lease.fence = lambda why="": fenced.append(why)  # type: ignore[method-assign]
+    w.heartbeat._reach._silent = silent
+    try:
+        await asyncio.wait_for(w._follow(), 10)
+    finally:
+        assert w.state.engine is not None
+        w.state.engine.close()
+    return fenced, rejoins[0]
+
+
+def test_a_worker_dropped_while_cut_from_kafka_leaves_instead_of_taking_its_slot_back(
+        tmp_path: Any) -> None:
+    """Taking the slot back while still cut, it was lost again every 1.1 s until the cut
+    healed (the cuts series: recoveries of 6-16 s); leaving, a fresh process takes the slot
+    (on a local cluster the supervisor's restart: gaps of 2.1-2.5 s)."""
+    fenced, rejoins = asyncio.run(_after_losing_the_coordinator(tmp_path / "cut", 5.0))
+    assert rejoins == 0
+    assert len(fenced) == 1 and "cut from Kafka (no Kafka broker answered for 5.0 s)" in fenced[0]
+    # hearing Kafka, it keeps its stores and rejoins (a coordinator restarted)
+    fenced, rejoins = asyncio.run(_after_losing_the_coordinator(tmp_path / "ok", 0.0))
+    assert rejoins == 1 and fenced == ["could not rejoin the coordinator"]
