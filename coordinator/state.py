@@ -113,6 +113,7 @@ class ClusterView(Protocol):
     @property
     def recovery_stopped(self) -> str: ...
     def member(self, index: int) -> Member | None: ...
+    async def kafka_silence_news(self, timeout: float) -> None: ...
 
 
 class ClusterState:
@@ -143,6 +144,7 @@ class ClusterState:
         self.generation = 0
         self._all_joined = asyncio.Event()
         self._changed = asyncio.Event()  # membership changed (a loss, a replacement ready)
+        self._kafka_news = asyncio.Event()  # a heartbeat said its worker hears no Kafka
 
     # -- the map -------------------------------------------------------------------------------
     def configure(self, partitions: int, workers: int, owners: list[int]) -> None:
@@ -234,6 +236,17 @@ class ClusterState:
         if beat is not None:
             m.committed = beat.committed
             m.kafka_silent, m.kafka_heard = beat.kafka_silent, m.last_seen
+            if beat.kafka_silent > 0:
+                self._kafka_news.set()
+
+    async def kafka_silence_news(self, timeout: float) -> None:
+        """Return once a heartbeat said its worker heard no Kafka broker for a while (since
+        the last call), or after ``timeout`` seconds: the watchdog judges a cut at once."""
+        try:
+            await asyncio.wait_for(self._kafka_news.wait(), timeout)
+        except TimeoutError:
+            pass
+        self._kafka_news.clear()
 
     def mark_ready(self, m: Member) -> None:
         m.ready.set()

@@ -52,7 +52,9 @@ class Watchdog(Service):
     async def _watch(self) -> None:
         timeout = self._timeout
         while True:
-            await asyncio.sleep(min(0.25, timeout / 4))
+            # (every tick, and at once when a beat says its worker hears no Kafka: each
+            # tick of delay was a gap in a cut worker's replies)
+            await self._state.kafka_silence_news(min(0.25, timeout / 4))
             now = ports.current().clock.monotonic()  # (virtual in the simulator)
             for m in self._state.members:
                 if not m.alive:

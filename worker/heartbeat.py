@@ -42,6 +42,28 @@ class Heartbeat:
         #: whether this process reaches any Kafka broker (its heartbeats say so)
         self._reach = Reachability(settings.kafka)
         self._probe: asyncio.Future[None] | None = None
+        #: the coordinator was told at once that this worker is cut from Kafka
+        self._told_cut = False
+
+    def _beat(self) -> None:
+        """Send one heartbeat (while the coordinator restarts, nobody listens: none)."""
+        lp = self._state.loop
+        if lp is None or self._uplink.closed:
+            return
+        self._uplink.send(wire.Heartbeat(
+            self._state.index, lp.committed, self._metrics.heartbeat_latency(),
+            ports.current().clock.monotonic(), self._reach.silence(), *self._slow_fields()))
+
+    def _probed(self, probe: asyncio.Future[None]) -> None:
+        """(the loop's callback) A probe that finds this worker newly cut from Kafka is
+        told at once, not at the next beat: the coordinator replaces a cut worker, and
+        each step of the wait is a gap in its partitions' replies."""
+        if probe.cancelled() or probe.exception() is not None:
+            return
+        cut = bool(self.cut_from_kafka())
+        if cut and not self._told_cut:
+            self._beat()
+        self._told_cut = cut
 
     def cut_from_kafka(self) -> str:
         """Why this process counts as cut from Kafka ("" if it does not): no broker answered
@@ -80,11 +102,9 @@ class Heartbeat:
         while True:
             lp = self._state.loop
             assert lp is not None
-            if not self._uplink.closed:  # (while the coordinator restarts, nobody listens)
-                self._uplink.send(wire.Heartbeat(
-                    self._state.index, lp.committed, self._metrics.heartbeat_latency(),
-                    clock.monotonic(), self._reach.silence(), *self._slow_fields()))
+            self._beat()
             self._probe = asyncio.ensure_future(self._reach.probe())  # (one broker, in turn)
+            self._probe.add_done_callback(self._probed)
             await asyncio.sleep(beat)
             if fence is not None:
                 fence.tick()  # (this process runs: a long gap before it was a pause of its own)

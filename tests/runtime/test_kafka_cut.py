@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from coordinator.membership import Membership
-from coordinator.state import Member
+from coordinator.state import ClusterState, Member
 from coordinator.watchdog import Watchdog
 from launcher.cluster import free_port
 from sfaas.runtime import wire
@@ -34,6 +34,34 @@ class _State:
         self.members = members
         self.joined = False
         self.lost: list[int] = []
+
+    def mark_lost(self, m: Member) -> None:
+        m.alive = False
+        m.ready.clear()
+        self.lost.append(m.index)
+
+    async def kafka_silence_news(self, timeout: float) -> None:
+        await asyncio.sleep(timeout)
+
+
+class _Heard(ClusterState):
+    """The coordinator's real state over ``members``, its losses noted, and each time the
+    members were looked at (a watchdog tick)."""
+
+    def __init__(self, members: list[Member]) -> None:
+        self.looked = 0
+        super().__init__(len(members))
+        self._all = members
+        self.lost: list[int] = []
+
+    @property  # type: ignore[override]
+    def members(self) -> list[Member]:
+        self.looked += 1
+        return self._all
+
+    @members.setter
+    def members(self, value: list[Member]) -> None:
+        self._all = value
 
     def mark_lost(self, m: Member) -> None:
         m.alive = False
@@ -105,6 +133,32 @@ def test_the_watchdog_loses_the_cut_worker_and_only_it() -> None:
         await dog.stop()
         return state.lost
     assert asyncio.run(go()) == [1]
+
+
+def test_a_beat_that_says_its_worker_is_cut_is_judged_at_once_not_at_the_next_tick() -> None:
+    """The watchdog ticks every heartbeat_timeout / 4 (0.25 s here); a beat whose worker
+    hears no Kafka wakes it at once: a cut worker is replaced a tick sooner."""
+    async def go() -> tuple[list[int], float]:
+        members = _members(0.2, 0.1)
+        for m in members:
+            m.last_seen = time.monotonic() + 60  # (heartbeats on time)
+        state = _Heard(members)
+        dog = _watchdog(state)  # type: ignore[arg-type]
+        await dog.start()
+        await asyncio.sleep(0.3)
+        assert state.lost == []
+        looked = state.looked
+        while state.looked == looked:  # a tick just ended: the next is 0.25 s away
+            await asyncio.sleep(0)
+        t0 = time.monotonic()
+        state.heard(members[1], wire.Heartbeat(1, 0, [], 0.0, 3.0))
+        while not state.lost and time.monotonic() - t0 < 1.0:
+            await asyncio.sleep(0.005)
+        took = time.monotonic() - t0
+        await dog.stop()
+        return state.lost, took
+    lost, took = asyncio.run(go())
+    assert lost == [1] and took < 0.1, (lost, took)
 
 
 def test_heartbeats_carry_the_silence() -> None:
@@ -233,3 +287,31 @@ def test_a_worker_dropped_while_cut_from_kafka_leaves_instead_of_taking_its_slot
     # hearing Kafka, it keeps its stores and rejoins (a coordinator restarted)
     fenced, rejoins = asyncio.run(_after_losing_the_coordinator(tmp_path / "ok", 0.0))
     assert rejoins == 1 and fenced == ["could not rejoin the coordinator"]
+
+
+def test_a_probe_that_finds_its_worker_cut_tells_the_coordinator_at_once_and_once(
+        tmp_path: Any) -> None:
+    """Not at the next beat, a quarter of the heartbeat timeout later: each step of the
+    wait is a gap in the cut worker's replies."""
+    from tests.fuzz.harness import bare_worker
+
+    w = bare_worker(str(tmp_path), snapshot_interval=1.0)
+    sent: list[Any] = []
+    w.uplink.send = sent.append  # type: ignore[method-assign]
+    w.uplink.channel = SimpleNamespace(closed=False)  # type: ignore[assignment]  (connected)
+
+    async def go() -> list[float]:
+        silences = []
+        for silent in (0.5, 3.0, 3.2, 0.0, 3.0):  # (under the limit, cut, still, heard, cut)
+            w.heartbeat._reach._silent = silent
+            probe = asyncio.get_running_loop().create_future()
+            probe.set_result(None)
+            w.heartbeat._probed(probe)
+            silences.append(sent[-1].kafka_silent if sent else -1.0)
+            sent.clear()
+        return silences
+    try:
+        assert asyncio.run(go()) == [-1.0, 3.0, -1.0, -1.0, 3.0]
+    finally:
+        assert w.state.engine is not None
+        w.state.engine.close()
