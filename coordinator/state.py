@@ -144,7 +144,8 @@ class ClusterState:
         self.generation = 0
         self._all_joined = asyncio.Event()
         self._changed = asyncio.Event()  # membership changed (a loss, a replacement ready)
-        self._kafka_news = asyncio.Event()  # a heartbeat said its worker hears no Kafka
+        #: the watchdog's wait for its next tick (:meth:`kafka_silence_news`)
+        self._tick: asyncio.Future[None] | None = None
 
     # -- the map -------------------------------------------------------------------------------
     def configure(self, partitions: int, workers: int, owners: list[int]) -> None:
@@ -236,17 +237,24 @@ class ClusterState:
         if beat is not None:
             m.committed = beat.committed
             m.kafka_silent, m.kafka_heard = beat.kafka_silent, m.last_seen
-            if beat.kafka_silent > 0:
-                self._kafka_news.set()
+            if beat.kafka_silent > 0 and self._tick is not None:
+                _resolve(self._tick)
 
     async def kafka_silence_news(self, timeout: float) -> None:
-        """Return once a heartbeat said its worker heard no Kafka broker for a while (since
-        the last call), or after ``timeout`` seconds: the watchdog judges a cut at once."""
+        """Return after ``timeout`` seconds, or sooner once a heartbeat says its worker
+        heard no Kafka broker for a while: the watchdog judges a cut at once. The timeout
+        ends the wait in the very turn its timer fires, as a sleep does (``wait_for``'s
+        cancellation took turns more: a coordinator resuming from a pause then handled its
+        workers' closed channels before its watchdog, and promoted their standbys over the
+        workers coming back — tests/runtime/test_fencing_cluster.py, coordinator-fenced)."""
+        loop = asyncio.get_running_loop()
+        tick = self._tick = loop.create_future()
+        timer = loop.call_later(timeout, _resolve, tick)
         try:
-            await asyncio.wait_for(self._kafka_news.wait(), timeout)
-        except TimeoutError:
-            pass
-        self._kafka_news.clear()
+            await tick
+        finally:
+            timer.cancel()
+            self._tick = None
 
     def mark_ready(self, m: Member) -> None:
         m.ready.set()
@@ -331,3 +339,9 @@ class ClusterState:
         """Recovery gave up: nothing will run until an operator intervenes."""
         self.recovering = False
         self.recovery_stopped = why
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    """End the wait on ``fut`` (if it is still waited for)."""
+    if not fut.done():
+        fut.set_result(None)
