@@ -239,6 +239,16 @@ READ_RANGE_PATIENCE = 30.0
 #: recovery's egress fence leaves both) returns none, and only the position says the read
 #: got there: a poll waiting 200 ms for records made every recovery 0.2 s longer.
 READ_POLL_MS = 10
+#: The pauses between :func:`read_range`'s askings of a short end, s: from short to long.
+#: The common short end is not a stale leader but the last stable offset of a
+#: ``read_committed`` read, held behind the recovery's egress fences — every worker's,
+#: written at once in transactions each aborts (``worker.egress.Egress.fence``) — until
+#: their markers land, a few ms later. A first pause of 0.2 s was 0.2–0.4 s of every
+#: failover with a standby (issue 48). A stale leader still gets its metadata refresh
+#: before every asking, and the long pauses after the first few.
+SHORT_END_PAUSES = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
+#: After how many askings a short end is logged as a warning (before: at debug).
+SHORT_END_WARN = 4
 
 
 async def read_range(
@@ -273,14 +283,18 @@ async def read_range(
     await consumer.start()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + patience
+    asked = 0
 
     async def refresh(why: str) -> None:
+        nonlocal asked
         if loop.time() > deadline:
             raise ClusterError(f"cannot read {why} for {patience:.0f} s; Kafka's partition "
                                "leaders keep answering as if records were missing")
-        log.warning("reading %s; asking again after a metadata refresh", why)
+        log.log(logging.WARNING if asked >= SHORT_END_WARN else logging.DEBUG,
+                "reading %s; asking again after a metadata refresh", why)
         await consumer._client.force_metadata_update()  # (no public call for it)
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(SHORT_END_PAUSES[min(asked, len(SHORT_END_PAUSES) - 1)])
+        asked += 1
 
     try:
         tps = list(starts)
