@@ -39,9 +39,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, NamedTuple, Protocol
 
+from aiokafka import TopicPartition
 from aiokafka.errors import (
     InvalidProducerEpoch,
     OutOfOrderSequenceNumber,
@@ -91,6 +92,30 @@ async def start_kafka(make: Callable[[], Any], where: str, patience: float = 120
             log.warning("Kafka at %s unreachable (%s); retrying", where, exc,
                         extra={"worker": index})
             await asyncio.sleep(1.0)
+
+
+async def know_topics(consumer: Any, topics: Collection[str]) -> None:
+    """Have ``consumer`` track ``topics``' metadata now: its first offset lookup of a topic
+    it does not track fails, refreshes and sleeps a retry backoff (100 ms) before asking
+    again — 0.2 s of a restarted worker's start for the egress topic and the epoch log.
+    Only a head start: the lookup fetches them anyway, so a failure is logged and left."""
+    try:
+        for topic in topics:
+            await consumer._client._wait_on_metadata(topic)  # (no public call for it)
+    except Exception as exc:
+        log.info("could not fetch the metadata of %s ahead of an offset lookup: %s",
+                 sorted(topics), exc)
+
+
+async def know_group(consumer: Any, tps: Collection[TopicPartition]) -> None:
+    """Have ``consumer`` find its group's coordinator now (asking for ``tps``' committed
+    offsets): the ingest's first positions otherwise fail once on an unknown coordinator
+    and wait a retry backoff (100 ms) of a restarted worker's start. Only a head start."""
+    try:
+        for tp in tps:
+            await consumer.committed(tp)
+    except Exception as exc:
+        log.info("could not find the consumer group's coordinator ahead of the ingest: %s", exc)
 
 
 async def warm_topic(producer: Any, topic: str) -> None:

@@ -66,6 +66,14 @@ PRODUCE_BATCH_BYTES = 1 << 20
 #: killed worker's open transaction is aborted at once by its slot's next process; this
 #: bounds how long it holds back ``read_committed`` readers if no next process comes.
 TRANSACTION_TIMEOUT_MS = 20_000
+#: A transactional producer's pause before asking again, ms (aiokafka's default: 100). The
+#: broker answers ``CONCURRENT_TRANSACTIONS`` while it aborts or commits the id's previous
+#: transaction — to every slot's new process whose predecessor died with one open (a kill,
+#: a cut, a fence), and to a ``begin`` right after a commit — and each answer cost a full
+#: pause: a replacing producer started in 0.12-0.13 s at 100 ms, 0.03-0.04 s at 20 ms
+#: (``python -m benchmarks.runtime.txn_takeover``). Kafka's Java producer pauses 20 ms on
+#: that answer too. Produce retries of these producers pause as long.
+TXN_RETRY_BACKOFF_MS = 20
 #: Bytes a consumer prefetches per partition, and per fetch in all: it fetches again for a
 #: partition only once its records were taken, so what is not taken stays in Kafka. (4 and
 #: 16 MiB made a worker's memory grow by a quarter under overload; these commit as much.)
@@ -180,6 +188,7 @@ def make_producer(bootstrap: str, linger_ms: int = 0, *, durable: bool = False,
     txn: dict[str, Any] = {} if transactional_id is None else {
         "transactional_id": transactional_id,
         "transaction_timeout_ms": TRANSACTION_TIMEOUT_MS,
+        "retry_backoff_ms": TXN_RETRY_BACKOFF_MS,
     }
     return (kafka or ports.current().kafka).producer(
         bootstrap_servers=bootstrap,

@@ -163,12 +163,12 @@ class Recovery:
         steps = _Steps()
         reading = asyncio.ensure_future(self._read_round(msg.round))  # 3. beside 1. and 2.
         try:
-            await self._rollback.stop(msg)  # 1. stop; 2. peers and the partition map
+            await self._rollback.stop(msg, steps.step)  # 1. stop; 2. peers and the partition map
         except BaseException:
             reading.cancel()
             await asyncio.gather(reading, return_exceptions=True)
             raise
-        steps.step("stop+peers")
+        steps.step("peers")
         m = await reading  # 3. the round
         check_round_layout(m, {k: store.engine for k, store in st.engine.stores.items()},
                            st.partitions)
@@ -256,14 +256,17 @@ class RollBack:
         #: returns once a later attempt's ``Recover`` arrived (``CoordinatorLink.newer_recover``)
         self._newer = newer
 
-    async def stop(self, msg: wire.Recover) -> None:
-        """1. stop; 2. peers, and the partition map (a rescale may have changed it)."""
+    async def stop(self, msg: wire.Recover,
+                   stopped: Callable[[str], None] = lambda _: None) -> None:
+        """1. stop (then ``stopped("stop")``); 2. peers, and the partition map (a rescale may
+        have changed it)."""
         st = self._state
         await self._quiet.quiesce()
         self._world.recovering()
         self._moving.stop()  # a rescale in progress is abandoned (the coordinator starts it over)
         self._moving.resume_merges()
         st.drop_expected()
+        stopped("stop")
         self._links.drop_from(len(msg.peers))
         await self._connect(msg)
         await asyncio.to_thread(self._adopt_map, msg.owners)
