@@ -45,4 +45,5 @@ class Bulletin:
 
     def recovered(self, info: dict[str, Any]) -> None:
         self._metrics.recovered(info)
+        self._rounds.recovered(int(info.get("epochs_replayed", 0)))
         self._ready_file.write()
