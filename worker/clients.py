@@ -94,16 +94,22 @@ async def start_kafka(make: Callable[[], Any], where: str, patience: float = 120
             await asyncio.sleep(1.0)
 
 
+#: Seconds a head start (:func:`know_topics`, :func:`know_group`) may take: past it the
+#: start goes on without it (a Kafka that does not answer holds the lookups themselves).
+HEAD_START_PATIENCE = 2.0
+
+
 async def know_topics(consumer: Any, topics: Collection[str]) -> None:
     """Have ``consumer`` track ``topics``' metadata now: its first offset lookup of a topic
     it does not track fails, refreshes and sleeps a retry backoff (100 ms) before asking
     again — 0.2 s of a restarted worker's start for the egress topic and the epoch log.
     Only a head start: the lookup fetches them anyway, so a failure is logged and left."""
     try:
-        for topic in topics:
-            await consumer._client._wait_on_metadata(topic)  # (no public call for it)
+        async with asyncio.timeout(HEAD_START_PATIENCE):
+            for topic in topics:
+                await consumer._client._wait_on_metadata(topic)  # (no public call for it)
     except Exception as exc:
-        log.info("could not fetch the metadata of %s ahead of an offset lookup: %s",
+        log.info("could not fetch the metadata of %s ahead of an offset lookup: %r",
                  sorted(topics), exc)
 
 
@@ -112,10 +118,11 @@ async def know_group(consumer: Any, tps: Collection[TopicPartition]) -> None:
     offsets): the ingest's first positions otherwise fail once on an unknown coordinator
     and wait a retry backoff (100 ms) of a restarted worker's start. Only a head start."""
     try:
-        for tp in tps:
-            await consumer.committed(tp)
+        async with asyncio.timeout(HEAD_START_PATIENCE):
+            for tp in tps:
+                await consumer.committed(tp)
     except Exception as exc:
-        log.info("could not find the consumer group's coordinator ahead of the ingest: %s", exc)
+        log.info("could not find the consumer group's coordinator ahead of the ingest: %r", exc)
 
 
 async def warm_topic(producer: Any, topic: str) -> None:

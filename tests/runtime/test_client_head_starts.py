@@ -56,3 +56,29 @@ def test_a_head_start_that_fails_is_logged_and_left(caplog: pytest.LogCaptureFix
         asyncio.run(go())
     assert "metadata of ['a.out']" in caplog.text and "no broker for a.out" in caplog.text
     assert "group's coordinator" in caplog.text and "no coordinator" in caplog.text
+
+
+def test_a_head_start_kafka_does_not_answer_gives_up_after_its_patience(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A head start never holds a worker's start longer than its patience: the lookups
+    after it wait for Kafka themselves."""
+    import worker.clients as clients
+    monkeypatch.setattr(clients, "HEAD_START_PATIENCE", 0.05)
+
+    class Silent:
+        class _client:  # noqa: N801 (aiokafka's attribute)
+            @staticmethod
+            async def _wait_on_metadata(topic: str) -> None:
+                await asyncio.sleep(3600)
+
+        @staticmethod
+        async def committed(tp: TopicPartition) -> None:
+            await asyncio.sleep(3600)
+
+    async def go() -> None:
+        await asyncio.wait_for(asyncio.gather(know_topics(Silent(), {"a.out"}),
+                                              know_group(Silent(), [TopicPartition("a.in", 0)])),
+                               5.0)
+    with caplog.at_level(logging.INFO, logger="sfaas.worker"):
+        asyncio.run(go())
+    assert caplog.text.count("TimeoutError") == 2
