@@ -4,7 +4,8 @@ A worker or coordinator that dies is replaced by a new ``python -m sfaas ROLE`` 
 and before it can register it starts an interpreter and imports the runtime: 0.4–1.1 s on
 a 2-core host, the longest step of a killed worker's reply gap after the rollback and the
 replay (``python -m benchmarks.cluster.series``). The supervisor (``launcher.supervisor``)
-therefore keeps one *spare* per role, started a little after the role's last (re)start:
+therefore keeps *spares* per role (:data:`POOL`: two for workers, one for the
+coordinator), each started a little after the role's last (re)start or spare:
 
 - ``python -m sfaas spare ROLE`` (``launcher.spare.serve``: the process's side, apart so
   that the supervisor's side imports no command) imports what ROLE runs (:data:`IMPORTS`)
@@ -42,18 +43,24 @@ IMPORTS: dict[str, tuple[str, ...]] = {
     "coordinator": ("launcher.commands", "coordinator.service", "sfaas.runtime.kafka",
                     "remotes.minio", "uvloop"),
 }
-#: Seconds after a role's process (re)started before its next spare starts: the starting
-#: process gets the cores first.
+#: Seconds after a role's process (re)started, or a spare started, before its next spare
+#: starts: the starting process gets the cores first.
 SPARE_DELAY = 2.0
+#: Spares kept per role. Faults come in series (the faults series kills a worker twice,
+#: 2 s apart): with one spare, the second restart found none ready — the first one's
+#: replacement starts :data:`SPARE_DELAY` s after it — and started cold, 0.8 s before it
+#: registered where a warm one takes 0.03 s. A coordinator restarts rarely twice at once.
+POOL: dict[str, int] = {"worker": 2, "coordinator": 1}
 
 
 class Spares:
-    """The supervisor's spare processes, one per role at most."""
+    """The supervisor's spare processes, up to :data:`POOL` per role."""
 
     def __init__(self, state_dir: Path, roles: Sequence[str] = tuple(IMPORTS)) -> None:
         self._dir = state_dir
         self._roles = [r for r in roles if r in IMPORTS]
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        #: role → its waiting spares, the oldest first
+        self._procs: dict[str, list[subprocess.Popen[bytes]]] = {}
         #: role → when its next spare may start (monotonic; absent: none due)
         self._due: dict[str, float] = {}
         #: restarts that took a spare, and spares started
@@ -64,7 +71,8 @@ class Spares:
              env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
         """Hand ``args`` to ``role``'s spare, which becomes that process (None: no live
         spare; the caller starts one the cold way). A new spare follows later either way."""
-        proc = self._procs.pop(role, None)
+        waiting = self._procs.get(role, [])
+        proc = waiting.pop(0) if waiting else None  # (the oldest: the likeliest imported)
         self.later(role)
         if proc is None or proc.poll() is not None or proc.stdin is None:
             return None
@@ -91,19 +99,23 @@ class Spares:
         spare that cannot start (its log says why) is not started again every 2 s."""
         now = time.monotonic()
         for role in list(self._roles):
-            proc = self._procs.get(role)
-            if proc is not None and proc.poll() is not None:
-                del self._procs[role]
+            waiting = self._procs.setdefault(role, [])
+            dead = next((p for p in waiting if p.poll() is not None), None)
+            if dead is not None:
                 self._roles.remove(role)
                 self._due.pop(role, None)
+                self._stop(self._procs.pop(role))
                 log.warning("the %s spare (pid %d) exited with code %s (see %s): %s restarts "
-                            "start cold from now on", role, proc.pid, proc.returncode,
+                            "start cold from now on", role, dead.pid, dead.returncode,
                             self._dir / f"spare-{role}.log", role)
                 continue
             due = self._due.get(role)
-            if role not in self._procs and due is not None and now >= due:
-                del self._due[role]
-                self._procs[role] = self._start(role)
+            if len(waiting) < POOL.get(role, 1) and due is not None and now >= due:
+                waiting.append(self._start(role))
+                if len(waiting) < POOL.get(role, 1):
+                    self._due[role] = now + SPARE_DELAY
+                else:
+                    del self._due[role]
 
     def _start(self, role: str) -> subprocess.Popen[bytes]:
         out = open(self._dir / f"spare-{role}.log", "ab")  # noqa: SIM115 - handed to the child
@@ -119,22 +131,27 @@ class Spares:
     def stop(self) -> None:
         """Stop every spare (their stdin closes: they exit)."""
         self._due.clear()
-        for proc in self._procs.values():
+        self._stop([p for waiting in self._procs.values() for p in waiting])
+        self._procs.clear()
+
+    @staticmethod
+    def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+        for proc in procs:
             if proc.stdin is not None:
                 try:
                     proc.stdin.close()
                 except OSError:
                     pass
-        for proc in self._procs.values():
+        for proc in procs:
             try:
                 proc.wait(5.0)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self._procs.clear()
 
     def pids(self) -> list[int]:
-        return [p.pid for p in self._procs.values()]
+        return [p.pid for waiting in self._procs.values() for p in waiting]
 
     def describe(self) -> dict[str, Any]:
-        return {"spares": sorted(self._procs), "taken": self.taken, "started": self.started}
+        return {"spares": sorted(r for r, waiting in self._procs.items() for _ in waiting),
+                "taken": self.taken, "started": self.started}

@@ -110,6 +110,33 @@ def test_a_killed_child_restarts_from_its_warm_spare(tmp_path: Path,
     assert not spares.pids()
 
 
+def test_two_kills_in_a_row_both_restart_from_warm_spares(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The faults series kills a worker twice, 2 s apart: the second restart must find a
+    spare ready too, not one that starts :data:`SPARE_DELAY` after the first restart."""
+    monkeypatch.setattr(spares_module, "SPARE_DELAY", 0.1)
+    (tmp_path / "cluster.json").write_text("{}")
+    child = Child("worker", 0, _idle_supervisor_args(tmp_path), str(tmp_path / "w.log"))
+    spares = Spares(tmp_path)
+    sup = Supervisor(tmp_path, {"app": "t"}, [child], spares)
+    sup.start(child)
+    try:
+        assert _until(lambda: sup.poll() or len(spares.pids()) == 2), "not two spares"
+        warm = spares.pids()
+        time.sleep(1.0)  # (they import the runtime meanwhile)
+        monkeypatch.setattr(spares_module, "SPARE_DELAY", 60.0)  # (no new spare meanwhile)
+        for kill in range(2):
+            assert child.proc is not None
+            os.kill(child.pid, signal.SIGKILL)
+            child.proc.wait()
+            assert _until(lambda: sup.poll() and child.alive)
+            assert child.pid == warm[kill], f"restart {kill + 1} did not take a warm spare"
+        assert spares.taken == 2
+    finally:
+        sup.stop()
+    assert not spares.pids()
+
+
 def test_without_spares_restarts_are_cold(tmp_path: Path) -> None:
     (tmp_path / "cluster.json").write_text("{}")
     child = Child("worker", 0, _idle_supervisor_args(tmp_path), str(tmp_path / "w.log"))
