@@ -315,3 +315,52 @@ def test_a_probe_that_finds_its_worker_cut_tells_the_coordinator_at_once_and_onc
     finally:
         assert w.state.engine is not None
         w.state.engine.close()
+
+
+class _StuckLookup:
+    """A Kafka port whose probes of ``stuck`` hang in a name lookup that a cancel does not
+    end (uvloop's ``getaddrinfo``: a stopped broker's name, 5 s in the nemesis), then fail;
+    every other broker answers at once."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        self.lookup_done = asyncio.Event()
+
+    async def probe(self, host: str, port: int) -> None:
+        self.calls[host] = self.calls.get(host, 0) + 1
+        if host != "stuck":
+            return
+        deadline = asyncio.get_running_loop().time() + 2.0
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                await asyncio.sleep(deadline - asyncio.get_running_loop().time())
+            except asyncio.CancelledError:
+                continue  # (the lookup goes on)
+        self.lookup_done.set()
+        raise OSError(-2, "Name or service not known")
+
+
+def test_a_probe_stuck_in_a_name_lookup_holds_neither_the_other_brokers_nor_the_silence() -> None:
+    """The nemesis (seed 101): a coordinator cut, then a broker stopped; the worker back from
+    the cut was replaced at once as "cut from Kafka: no answer from any broker for 5.1 s"
+    while two brokers of three were up — its one probe sat in the stopped broker's name
+    lookup, which ``wait_for`` could not cancel, and its failure counted the whole wait."""
+    async def go() -> None:
+        port = _StuckLookup()
+        r = Reachability("stuck:9092,k2:9092,k3:9092", timeout=0.05,
+                         kafka=port)  # type: ignore[arg-type]
+        await asyncio.wait_for(r.probe(), 1.0)  # (stuck: given up after its timeout)
+        assert not port.lookup_done.is_set() and 0.0 < r.silence() < 1.0
+        await r.probe()  # k2
+        assert r.silence() == 0.0
+        await r.probe()  # k3
+        await asyncio.wait_for(r.probe(), 1.0)  # stuck again: its lookup still hangs
+        assert port.calls == {"stuck": 1, "k2": 1, "k3": 1}, "a second lookup was started"
+        await r.probe()  # k2
+        assert r.silence() == 0.0
+        await asyncio.wait_for(port.lookup_done.wait(), 5.0)
+        await asyncio.sleep(0)
+        await r.probe()  # k3
+        await r.probe()  # stuck: its lookup ended, so it is asked again
+        assert port.calls["stuck"] == 2
+    asyncio.run(asyncio.wait_for(go(), 30))
