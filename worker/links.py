@@ -37,22 +37,32 @@ INBOX_FRAMES = 256
 HELD_POLL = 0.1
 
 
+#: Seconds one connection attempt of :func:`connect_retry` may take before the next: a
+#: peer that answers does within milliseconds. An attempt started while the coordinator
+#: was cut off (the nemesis' ``cut-coord``: its address unroutable, the SYN unanswered)
+#: waited out the channels' 10 s timeout past the heal — the workers holding the state
+#: came back 4 s after their standbys had taken their slots.
+CONNECT_ATTEMPT = 1.0
+
+
 async def connect_retry(host: str, port: int, secret: str,
                         timeout: float = 30.0) -> channels.Channel:
-    """A channel to ``host:port``, retrying until ``timeout`` seconds passed."""
+    """A channel to ``host:port``, retrying until ``timeout`` seconds passed (each attempt
+    at most :data:`CONNECT_ATTEMPT` s)."""
     clock = ports.current().clock  # (the process's: virtual in the simulator)
     deadline = clock.monotonic() + timeout
     while True:
         try:
-            return await channels.connect(host, port, secret)
+            attempt = min(CONNECT_ATTEMPT, max(0.1, deadline - clock.monotonic()))
+            return await channels.connect(host, port, secret, timeout=attempt)
         except AuthenticationError as exc:
             if "shared-secret" in str(exc):
                 raise
             err: Exception = exc
-        except OSError as exc:
+        except OSError as exc:  # (a TimeoutError too: this attempt's; the next may reach it)
             err = exc
         if clock.monotonic() > deadline:
-            raise StartAgain(f"cannot reach {host}:{port}: {err}")
+            raise StartAgain(f"cannot reach {host}:{port}: {err or type(err).__name__}")
         await asyncio.sleep(0.1)
 
 

@@ -191,3 +191,38 @@ def test_a_cancel_that_comes_as_a_connect_attempt_fails_still_ends_the_retries()
         return time.perf_counter() - t0
 
     assert asyncio.run(main()) < 1.0
+
+
+def test_a_connect_attempt_that_hangs_is_given_up_for_the_next_one() -> None:
+    """An attempt started while its peer was cut off (the nemesis' ``cut-coord``: the SYN
+    unanswered) is given up after ``CONNECT_ATTEMPT``, not the channels' 10 s: once the cut
+    heals the next attempt reaches the peer (the workers holding the state came back 4 s
+    after their standbys had taken their slots)."""
+    attempts: list[str] = []
+
+    class _CutThenHealed:
+        async def open_connection(self, host: str, port: int) -> Any:
+            attempts.append("hangs" if not attempts else "reaches")
+            if len(attempts) == 1:
+                await asyncio.sleep(3600)  # (a SYN nobody answers)
+            return await asyncio.open_connection(host, port)
+
+        async def start_server(self, *_: object) -> Any:
+            raise AssertionError("not used")
+
+    async def main() -> float:
+        server = await channels.serve("127.0.0.1", 0, SECRET, lambda ch: asyncio.sleep(0))
+        port = server.sockets[0].getsockname()[1]
+        fake = dataclasses.replace(ports.REAL, network=_CutThenHealed())
+        t0 = time.perf_counter()
+        try:
+            chan = await asyncio.wait_for(asyncio.get_running_loop().create_task(
+                connect_retry("127.0.0.1", port, SECRET, timeout=30.0),
+                context=ports.context(fake)), 8.0)
+            chan.close()
+        finally:
+            server.close()
+        return time.perf_counter() - t0
+
+    took = asyncio.run(main())
+    assert attempts == ["hangs", "reaches"] and took < 8.0
