@@ -164,8 +164,8 @@ class Reachability:
         lookup hangs (a stopped broker's, in the nemesis: 5 s) cannot be cancelled — every
         other broker's turn waited behind it, and its end counted the whole wait as silence:
         a worker back from a coordinator cut was replaced as "cut from Kafka for 5.1 s" while
-        two brokers of three were up. A probe left running keeps its broker's later turns
-        failing at once, without a second one."""
+        two brokers of three were up. A probe still running after its cancel keeps its
+        broker's later turns failing at once, without a second one."""
         hung = self._hung.get((host, port))
         if hung is not None:
             if not hung.done():
@@ -174,6 +174,9 @@ class Reachability:
         task = asyncio.ensure_future(self._kafka.probe(host, port))
         done, _ = await asyncio.wait({task}, timeout=self._timeout)
         if not done:
+            # (a connection attempt ends at the cancel — one kept would hold its broker's
+            # turns for the kernel's SYN retries, ~2 min; a name lookup does not)
+            task.cancel()
             task.add_done_callback(_ended)
             self._hung[(host, port)] = task
             raise TimeoutError

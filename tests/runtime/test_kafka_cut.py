@@ -364,3 +364,31 @@ def test_a_probe_stuck_in_a_name_lookup_holds_neither_the_other_brokers_nor_the_
         await r.probe()  # stuck: its lookup ended, so it is asked again
         assert port.calls["stuck"] == 2
     asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_a_probe_whose_connection_hangs_is_cancelled_and_its_broker_asked_again() -> None:
+    """A probe whose connection attempt goes unanswered (a cut: the SYN dropped) is cancelled
+    when given up, so the broker's next turn asks again — kept running, it would hold the
+    broker's turns for the kernel's SYN retries (~2 min) after the cut healed."""
+    class _Cut:
+        def __init__(self) -> None:
+            self.calls = 0
+            self.healed = False
+
+        async def probe(self, host: str, port: int) -> None:
+            self.calls += 1
+            if not self.healed:
+                await asyncio.sleep(3600)  # (a SYN nobody answers)
+
+    async def go() -> None:
+        port = _Cut()
+        r = Reachability("k1:9092", timeout=0.05, kafka=port)  # type: ignore[arg-type]
+        await r.probe()
+        await asyncio.sleep(0)
+        await r.probe()
+        assert port.calls == 2 and r.silence() > 0.0
+        port.healed = True
+        await asyncio.sleep(0)  # (probes run a beat apart)
+        await r.probe()
+        assert port.calls == 3 and r.silence() == 0.0
+    asyncio.run(asyncio.wait_for(go(), 30))
