@@ -73,8 +73,8 @@ class Membership(Service):
             state.reach_epoch(reg.epoch)  # (a worker rejoining a restarted coordinator)
             log.info("worker %s (pid %d) registered as %d at %s:%d",
                      reg.name, reg.pid, member.index, reg.host, reg.port)
-        elif dead:
-            member = next((m for m in dead if m.index == reg.index), dead[0])
+        elif dead and (lost := self._lost_slot_for(reg, dead)) is not None:
+            member = lost
             state.replace(member, reg, chan)
             self._standbys.registered(member.index, reg.name)
             log.warning("worker %s (pid %d) replaces lost worker %d at %s:%d",
@@ -86,9 +86,10 @@ class Membership(Service):
                     if not m.ready.is_set():
                         self.assign(m)
         else:
-            log.warning("refusing worker %s: cluster already has %d workers",
-                        reg.name, len(state.members))
-            chan.send(wire.Stop(f"cluster already has {len(state.members)} workers"))
+            why = (f"cluster already has {len(state.members)} workers" if not dead else
+                   f"its slot {reg.index} is not free, and it rejoins no other")
+            log.warning("refusing worker %s: %s", reg.name, why)
+            chan.send(wire.Stop(why))
             await chan.drain()
             return
         try:
@@ -126,6 +127,18 @@ class Membership(Service):
                     self._events.changed()
                 else:
                     await self._inbox.put(msg)  # waits while the inbox is full
+
+    @staticmethod
+    def _lost_slot_for(reg: wire.Register, dead: list[Member]) -> Member | None:
+        """The lost slot ``reg`` takes: the one it asks for if free, else the first free —
+        but none for a worker rejoining with its state (``reg.epoch`` > 0): it leaves on any
+        slot but its own (``worker.membership.Membership.rejoin``), and the slot it took is
+        lost to its own worker meanwhile. After the nemesis' coordinator cut the returning
+        workers and the standbys took each other's slots, each left and came back: 15 s."""
+        own = next((m for m in dead if m.index == reg.index), None)
+        if own is not None:
+            return own
+        return None if reg.epoch > 0 and reg.index >= 0 else dead[0]
 
     def _joins(self, reg: wire.Register) -> bool:
         """Does ``reg`` join for a scale-up (instead of taking or standing by for a slot)?"""
