@@ -71,7 +71,7 @@ TRANSACTION_TIMEOUT_MS = 20_000
 #: transaction — to every slot's new process whose predecessor died with one open (a kill,
 #: a cut, a fence), and to a ``begin`` right after a commit — and each answer cost a full
 #: pause: a replacing producer started in 0.12-0.13 s at 100 ms, 0.03-0.04 s at 20 ms
-#: (``python -m benchmarks.runtime.txn_takeover``). Kafka's Java producer pauses 20 ms on
+#: (``python -m benchmarks.runtime.client_starts``). Kafka's Java producer pauses 20 ms on
 #: that answer too. Produce retries of these producers pause as long.
 TXN_RETRY_BACKOFF_MS = 20
 #: Bytes a consumer prefetches per partition, and per fetch in all: it fetches again for a

@@ -356,7 +356,7 @@ async def fenced(s: Settings, topic: str) -> None:
 async def test_a_reply_producer_asks_again_soon_while_its_predecessors_transaction_ends() -> None:
     """A slot's new reply producer is answered ``CONCURRENT_TRANSACTIONS`` until the dead
     process's open transaction is aborted: each answer costs one retry backoff, on every
-    recovery's critical path (``benchmarks/runtime/txn_takeover.py``: 0.13 s at aiokafka's
+    recovery's critical path (``benchmarks/runtime/client_starts.py``: 0.13 s at aiokafka's
     100 ms, 0.03 s at 20 ms). Other producers keep aiokafka's."""
     from sfaas.runtime.kafka import TXN_RETRY_BACKOFF_MS, make_producer
     replies = make_producer("127.0.0.1:9", transactional_id="app.out.slot-0")
