@@ -94,23 +94,16 @@ async def start_kafka(make: Callable[[], Any], where: str, patience: float = 120
             await asyncio.sleep(1.0)
 
 
-#: Seconds a head start (:func:`know_topics`, :func:`know_group`) may take: past it the
-#: start goes on without it (a Kafka that does not answer holds the lookups themselves).
+#: Seconds the head start :func:`know_group` may take: past it the start goes on without it
+#: (a Kafka that does not answer holds the lookups themselves).
 HEAD_START_PATIENCE = 2.0
-
-
-async def know_topics(consumer: Any, topics: Collection[str]) -> None:
-    """Have ``consumer`` track ``topics``' metadata now: its first offset lookup of a topic
-    it does not track fails, refreshes and sleeps a retry backoff (100 ms) before asking
-    again — 0.2 s of a restarted worker's start for the egress topic and the epoch log.
-    Only a head start: the lookup fetches them anyway, so a failure is logged and left."""
-    try:
-        async with asyncio.timeout(HEAD_START_PATIENCE):
-            for topic in topics:
-                await consumer._client._wait_on_metadata(topic)  # (no public call for it)
-    except Exception as exc:
-        log.info("could not fetch the metadata of %s ahead of an offset lookup: %r",
-                 sorted(topics), exc)
+#: The worker's consumer's pause after a failed lookup, ms (aiokafka's default: 100). A
+#: restarted worker's first end-offset lookups of the egress topic and the epoch log fail
+#: on topics its consumer does not track yet, and its ingest's first positions on a group
+#: coordinator not yet found: each failure cost a full pause, 0.3 s of its start in all
+#: (``python -m benchmarks.runtime.client_starts``). Its fetches after an error pause as
+#: long.
+CONSUMER_RETRY_BACKOFF_MS = 20
 
 
 async def know_group(consumer: Any, tps: Collection[TopicPartition]) -> None:
@@ -199,7 +192,8 @@ class KafkaClients:
         if self.consumer is not None:
             await self.consumer.stop()
         self.consumer = await start_kafka(
-            lambda: make_consumer(s.kafka, group, s.fetch_wait_ms, kafka=self._port), s.kafka,
+            lambda: make_consumer(s.kafka, group, s.fetch_wait_ms, kafka=self._port,
+                                  retry_backoff_ms=CONSUMER_RETRY_BACKOFF_MS), s.kafka,
             index=index)
         self.group = group
 

@@ -18,7 +18,7 @@ from sfaas.runtime.kafka import consumer_group
 from sfaas.runtime.protocols.membership import REGISTER_AGAIN
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import PartitionStores
-from worker.clients import KafkaClients, know_group, know_topics, warm_topic
+from worker.clients import KafkaClients, know_group, warm_topic
 from worker.egress import Egress
 from worker.links import CoordinatorLink, PeerLinks
 from worker.protocols.rescale import StoreMoves, join_as_receiver
@@ -154,18 +154,12 @@ class Membership:
         out_tps, log_tps = await self._reply_and_log_partitions(assign.egress_topic)
         st.reply_partitions(len(out_tps))
         mine = [TopicPartition(st.ingress_topic, p) for p in st.mine()[:1]]
-        ends, _ = await asyncio.gather(self._ends(out_tps + log_tps),
+        ends, _ = await asyncio.gather(k.consumer.end_offsets(out_tps + log_tps),
                                        know_group(k.consumer, mine))  # (for the ingest, next)
         # every reply this worker produces from now on lands above these offsets
         self._egress.acked = {tp.partition: ends[tp] for tp in out_tps}
         if log_tps:
             st.logged(ends[log_tps[0]])
-
-    async def _ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        consumer = self._kafka.consumer
-        await know_topics(consumer, {tp.topic for tp in tps})
-        ends: dict[TopicPartition, int] = await consumer.end_offsets(tps)
-        return ends
 
     async def _register_again(self, my_port: int, repl_port: int,
                               timeout: float) -> tuple[wire.Message | None, float]:
@@ -186,7 +180,6 @@ class Membership:
         try:
             egress = self._settings.topics(self._app.name)[1]
             out_tps, log_tps = await self._reply_and_log_partitions(egress)
-            await know_topics(self._kafka.consumer, {tp.topic for tp in out_tps + log_tps})
             await self._kafka.consumer.end_offsets(out_tps + log_tps)
             for tp in log_tps:  # (the recovery's fence record is the producer's first to it)
                 await warm_topic(self._kafka.producer, tp.topic)
