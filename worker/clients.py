@@ -97,13 +97,6 @@ async def start_kafka(make: Callable[[], Any], where: str, patience: float = 120
 #: Seconds the head start :func:`know_group` may take: past it the start goes on without it
 #: (a Kafka that does not answer holds the lookups themselves).
 HEAD_START_PATIENCE = 2.0
-#: The worker's consumer's pause after a failed lookup, ms (aiokafka's default: 100). A
-#: restarted worker's first end-offset lookups of the egress topic and the epoch log fail
-#: on topics its consumer does not track yet, and its ingest's first positions on a group
-#: coordinator not yet found: each failure cost a full pause, 0.3 s of its start in all
-#: (``python -m benchmarks.runtime.client_starts``). Its fetches after an error pause as
-#: long.
-CONSUMER_RETRY_BACKOFF_MS = 20
 
 
 async def know_group(consumer: Any, tps: Collection[TopicPartition]) -> None:
@@ -192,8 +185,7 @@ class KafkaClients:
         if self.consumer is not None:
             await self.consumer.stop()
         self.consumer = await start_kafka(
-            lambda: make_consumer(s.kafka, group, s.fetch_wait_ms, kafka=self._port,
-                                  retry_backoff_ms=CONSUMER_RETRY_BACKOFF_MS), s.kafka,
+            lambda: make_consumer(s.kafka, group, s.fetch_wait_ms, kafka=self._port), s.kafka,
             index=index)
         self.group = group
 

@@ -17,9 +17,9 @@ workers' group) asks the end offsets of the egress topic and the epoch log, then
 ingest's committed positions (``worker.membership.Membership.start_clients``,
 ``worker.ingress.Ingress.start_at_group``). Its first lookup of a topic it does not track,
 and its first position before its group's coordinator is known, each fail once and wait a
-retry backoff. Timed from the started consumer to the last position, in alternation: as
-aiokafka makes it (a 100 ms backoff), and as a worker does (``worker.clients``: a 20 ms
-backoff, and ``know_group`` beside the end offsets).
+retry backoff (100 ms). Timed from the started consumer to the last position, in
+alternation: cold, and as a worker does (``worker.clients.know_group`` beside the end
+offsets).
 
     python -m benchmarks.runtime.client_starts                 # both, 6 repeats
     python -m benchmarks.runtime.client_starts --backoffs 100 20 10 --repeats 8
@@ -41,7 +41,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from sfaas.runtime import kafka
 from sfaas.runtime.settings import Settings
-from worker.clients import CONSUMER_RETRY_BACKOFF_MS, know_group
+from worker.clients import know_group
 
 PARTITIONS = 4
 
@@ -74,10 +74,9 @@ async def _take_over(bootstrap: str, topic: str, tid: str, backoff_ms: int) -> f
 async def _first_lookups(bootstrap: str, topics: list[str], worker: bool) -> float:
     """Seconds from a started consumer to the end offsets of ``topics[:2]`` and the
     positions of ``topics[2]`` (the egress topic, the epoch log, the ingress); ``worker``:
-    made and told as a worker's is."""
+    told as a worker's is."""
     out, log_topic, ingress = topics
-    c = kafka.make_consumer(bootstrap, f"{ingress}.group", 10,
-                            retry_backoff_ms=CONSUMER_RETRY_BACKOFF_MS if worker else 100)
+    c = kafka.make_consumer(bootstrap, f"{ingress}.group", 10)
     await c.start()
     try:
         t0 = time.perf_counter()
@@ -134,7 +133,7 @@ def main() -> None:
     print("| consumer's first lookups | s (median) | each |")
     print("|---|---|---|")
     for warm, xs in lookups.items():
-        what = "a worker's (20 ms, know_group)" if warm else "aiokafka's (100 ms)"
+        what = "with know_group" if warm else "cold"
         print(f"| {what} | **{statistics.median(xs):.3f}** | {', '.join(f'{x:.3f}' for x in xs)} |")
 
 

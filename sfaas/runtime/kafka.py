@@ -241,14 +241,11 @@ def consumer_group(settings: Any, app: str) -> str:
 
 
 def make_consumer(bootstrap: str, group: str | None, fetch_wait_ms: int, *,
-                  retry_backoff_ms: int = 100,
                   kafka: KafkaPort | None = None) -> AIOKafkaConsumer:
-    """A manually assigned consumer (no rebalancing) with a short fetch wait;
-    ``retry_backoff_ms``: its pause after a failed lookup (aiokafka's default: 100)."""
+    """A manually assigned consumer (no rebalancing) with a short fetch wait."""
     return (kafka or ports.current().kafka).consumer(
         bootstrap_servers=bootstrap,
         group_id=group,
-        retry_backoff_ms=retry_backoff_ms,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=fetch_wait_ms,
