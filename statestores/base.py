@@ -588,12 +588,17 @@ class Store(abc.ABC):
 
 
 def _dir_bytes(directory: str) -> int:
+    """The bytes of the files in ``directory`` now: a file background work removes between
+    the listing and its ``stat`` (a retired WAL, a merged run) is skipped, not the rest."""
     total = 0
     try:
         with os.scandir(directory) as it:
-            for e in it:
-                if e.is_file(follow_symlinks=False):
-                    total += e.stat().st_size
+            entries = [e for e in it if e.is_file(follow_symlinks=False)]
     except FileNotFoundError:
-        pass
+        return 0
+    for e in entries:
+        try:
+            total += e.stat(follow_symlinks=False).st_size
+        except FileNotFoundError:
+            continue
     return total
