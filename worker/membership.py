@@ -69,10 +69,11 @@ class Membership:
         where their requests resume. Raises :class:`ClusterError` if refused."""
         s, up = self._settings, self._uplink
         chost, cport = s.coordinator_address()
-        async def register(standby_of: int = s.standby_of) -> list[wire.Message]:
+        async def register(standby_of: int = s.standby_of,
+                           replicas: bool = False) -> list[wire.Message]:
             await up.connect(chost, cport)
             up.send(wire.Register(self._name, s.host, my_port, os.getpid(), -1, standby_of,
-                                  repl_port))
+                                  repl_port, replicas=replicas or None))
             return await up.recv()
 
         assign = (await register())[0]

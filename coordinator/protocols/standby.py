@@ -14,6 +14,10 @@ a silent standby promoted. A lost slot with no standby holding its state, but wi
 standbys that never followed anything (the restarted primary of a slot whose promotion
 failed), recruits one of them: it is told to stop and register again, and then takes the
 slot as a replacement (``slot_for``) instead of waiting for a primary that never comes.
+A standby that lost this coordinator (a cut, a restart) registers again saying it holds
+its slot's replicas (``Register.replicas``): it stands by for that slot only, and if the
+slot was lost meanwhile with no promotion under way it is promoted at once — never handed
+the lost slot as a replacement, which it would leave (its replicas are of that slot).
 
 ``Follow`` names the primary's partitions by the partition map in force, so after a
 rescale (``coordinator.protocols.rescale``) a standby follows what its primary owns: it
@@ -65,6 +69,14 @@ class Standby:
     #: when it was last heard from (a following standby sends heartbeats; the
     #: coordinator's monotonic clock)
     last_seen: float = 0.0
+    #: it registered again saying it holds replicas of its slot's stores
+    #: (``Register.replicas``): promotable before this coordinator told it to follow
+    replicas: bool = False
+
+    @property
+    def holds(self) -> bool:
+        """Does it hold (some of) its slot's state: told to follow, or it says so?"""
+        return self.following is not None or self.replicas
 
     @property
     def followed(self) -> str:
@@ -129,7 +141,7 @@ class Standbys:
         if m is None or m.alive:
             return
         for sb in list(self.by_slot.get(slot, [])):
-            if sb.following is not None:
+            if sb.holds:
                 continue  # (holds state: ``promote`` would have taken it)
             self.by_slot[slot].remove(sb)
             log.warning("slot %d is lost with no standby holding its state: standby %s (pid %d) "
@@ -152,6 +164,8 @@ class Standbys:
         n = max(self._state.slots, self._expected)
         if reg.index >= 0:
             return None  # re-registering for a slot it holds or was promoted to
+        if reg.replicas and 0 <= reg.standby_of < n:
+            return reg.standby_of  # (its slot's replicas: that slot or none, see ``add``)
         # a lost slot with no standby coming: this worker replaces it, even one that asked
         # to stand by (a promoted standby restarted while its slot had no other would
         # otherwise wait for a primary that never comes)
@@ -172,10 +186,19 @@ class Standbys:
         return slot if counts[slot] < want else None
 
     def add(self, reg: wire.Register, chan: channels.Channel, slot: int) -> Standby:
-        sb = Standby(reg.name, reg.host, reg.pid, chan, slot, last_seen=self._clock())
+        """``reg`` stands by for ``slot`` from now on. One that holds the slot's replicas
+        (it registers again after losing this coordinator) while the slot is lost with no
+        promotion under way is promoted at once: the slot's own process, if it comes back,
+        is refused and starts over as a standby."""
+        sb = Standby(reg.name, reg.host, reg.pid, chan, slot, last_seen=self._clock(),
+                     replicas=bool(reg.replicas))
         self.by_slot.setdefault(slot, []).append(sb)
-        log.info("worker %s (pid %d) stands by for worker %d", reg.name, reg.pid, slot)
+        log.info("worker %s (pid %d) stands by for worker %d%s", reg.name, reg.pid, slot,
+                 " with its replicas" if sb.replicas else "")
         self.feed(slot)
+        m = self._state.member(slot)
+        if sb.replicas and m is not None and not m.alive and slot not in self._reserved:
+            self.promote(slot)
         self._changes.changed()
         return sb
 
@@ -246,7 +269,7 @@ class Standbys:
     def promote(self, slot: int) -> bool:
         """Primary ``slot`` was lost: promote one of its standbys; False if it has none."""
         for sb in list(self.by_slot.get(slot, [])):
-            if sb.following is None:
+            if not sb.holds:
                 continue  # never followed anything: it holds nothing
             if (silent := self._clock() - sb.last_seen) > self._silent_after:
                 log.warning("standby %s of worker %d is silent for %.1f s: not promoted",

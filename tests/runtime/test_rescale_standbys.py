@@ -379,3 +379,48 @@ def test_a_promotion_that_never_comes_back_frees_the_slot_and_recruits_an_idle_s
         assert not [m for m in chans[1].sent if isinstance(m, wire.Promote)]
 
     asyncio.run(scenario())
+
+
+def test_a_standby_registering_again_with_its_replicas_keeps_its_slot_and_is_promoted() -> None:
+    """After the coordinator's cut heals (the nemesis, seed 7) every slot is lost. A standby
+    registering again says it holds its slot's replicas (``Register.replicas``): it stands
+    by for that slot, not handed it (or another) as a replacement, which it would leave —
+    and the slot is lost with no promotion under way, so it is promoted at once. A new
+    process asking for the same slot still takes it as a replacement; once the slot is
+    back, a registrant with replicas is told to follow."""
+    state = ClusterState(2)
+    state.configure(4, 2, [0, 1, 0, 1])
+    for i in range(2):
+        m = Member.of(i, wire.Register(f"w{i}", "127.0.0.1", 7000 + i, 100 + i, repl_port=8000 + i),
+                      _Chan())  # type: ignore[arg-type]
+        m.ready.set()
+        state.add_member(m)
+        state.mark_lost(m)
+
+    async def newest() -> int:
+        return 3
+
+    async def scenario() -> None:
+        sbs = Standbys(state, 2, 1, types.SimpleNamespace(newest_complete=newest),  # type: ignore[arg-type]
+                       types.SimpleNamespace(changed=lambda: None))
+        fresh = wire.Register("new", "127.0.0.1", 7200, 300, standby_of=1)
+        assert sbs.slot_for(fresh) is None, "a new process takes the orphaned slot"
+        back = wire.Register("sb1", "127.0.0.1", 7101, 201, standby_of=1, replicas=True)
+        assert sbs.slot_for(back) == 1
+        chan = _Chan()
+        sbs.add(back, chan, 1)  # type: ignore[arg-type]
+        await asyncio.sleep(0.01)
+        assert [(m.index, m.round) for m in chan.sent if isinstance(m, wire.Promote)] == [(1, 3)]
+        assert sbs.reserved_for(1) == "sb1"
+        # slot 0's primary is back: its standby, registering again, follows it
+        state.members[0].alive = True
+        state.members[0].ready.set()
+        back0 = wire.Register("sb0", "127.0.0.1", 7100, 200, standby_of=0, replicas=True)
+        assert sbs.slot_for(back0) == 0
+        chan0 = _Chan()
+        sbs.add(back0, chan0, 0)  # type: ignore[arg-type]
+        await asyncio.sleep(0.01)
+        assert _follows(chan0) == [[0, 2]] and not [m for m in chan0.sent
+                                                    if isinstance(m, wire.Promote)]
+
+    asyncio.run(scenario())

@@ -43,7 +43,7 @@ async def _stand_by_through_a_coordinator_restart(
         msg = (await chan.recv())[0]
         first = not heard
         assert isinstance(msg, wire.Register)
-        heard.append(f"Register(standby_of={msg.standby_of})")
+        heard.append(f"Register(standby_of={msg.standby_of}, replicas={msg.replicas})")
         if first:
             chan.send(follow)
             await asyncio.sleep(0.3)  # (the standby follows meanwhile)
@@ -66,9 +66,10 @@ async def _stand_by_through_a_coordinator_restart(
     port = server.sockets[0].getsockname()[1]
     up = CoordinatorLink(SECRET)
 
-    async def register(standby_of: int = -1) -> list[wire.Message]:
+    async def register(standby_of: int = -1, replicas: bool = False) -> list[wire.Message]:
         await up.connect("127.0.0.1", port)
-        up.send(wire.Register("standby-0", "127.0.0.1", 1, os.getpid(), -1, standby_of, 2))
+        up.send(wire.Register("standby-0", "127.0.0.1", 1, os.getpid(), -1, standby_of, 2,
+                              replicas=replicas or None))
         return await up.recv()
 
     first = (await register())[0]  # (any role: the coordinator chose the slot to follow)
@@ -105,7 +106,8 @@ def test_a_standby_registers_with_the_restarted_coordinator_and_keeps_following(
     # the restart is asked for the slot followed only (never a primary's slot, which a
     # restarted coordinator whose primaries had not rejoined yet gave away), and hears no
     # heartbeat before its Follow came
-    assert heard == ["Register(standby_of=-1)", f"Register(standby_of={_follow().index})"]
+    assert heard == ["Register(standby_of=-1, replicas=None)",
+                     f"Register(standby_of={_follow().index}, replicas=True)"]
     n = len(app.operators) * len(_follow().owned)
     assert counts == {"followers opened": n, "stores promoted": n}  # (not opened again)
 
@@ -126,4 +128,22 @@ def test_a_restarted_coordinator_that_gives_the_slot_away_ends_the_standby(
                          [0, 1, 0, 1], 9)
     with pytest.raises(StartAgain, match="answered Assign"):
         asyncio.run(_stand_by_through_a_coordinator_restart(settings, True, {}, heard, assign))
-    assert heard == ["Register(standby_of=-1)", f"Register(standby_of={_follow().index})"]
+    assert heard == ["Register(standby_of=-1, replicas=None)",
+                     f"Register(standby_of={_follow().index}, replicas=True)"]
+
+
+def test_a_coordinator_back_from_a_cut_promotes_the_standby_of_a_lost_slot_at_once(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The coordinator came back (a cut healed) with the slot lost and answers the standby,
+    which said it holds the slot's replicas, with a ``Promote`` alone: the standby takes
+    the slot with the replicas it kept, instead of leaving (seed 7 of the nemesis: the
+    standbys were handed their slots as replacements, left, and the primaries were
+    refused meanwhile)."""
+    counts = _counting(monkeypatch)
+    heard: list[str] = []
+    promote = wire.Promote(0, 4, list(_follow().owned))
+    asyncio.run(_stand_by_through_a_coordinator_restart(settings, True, counts, heard, promote))
+    assert heard == ["Register(standby_of=-1, replicas=None)",
+                     f"Register(standby_of={_follow().index}, replicas=True)"]
+    n = len(app.operators) * len(_follow().owned)
+    assert counts == {"followers opened": n, "stores promoted": n}

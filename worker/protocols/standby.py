@@ -251,13 +251,16 @@ class _Standby:
 
 async def _register_again(register: Register, uplink: CoordinatorLink,
                           slot: int) -> list[wire.Message]:
-    """The coordinator went away: register with it again (its restart) as a standby of
-    ``slot`` — the one it follows, never "any role": a restarted coordinator whose primaries
-    had not rejoined yet gave such a registrant their slots, and refused the primaries (the
-    ``pauses`` series, seed 3125822761: a 22.78 s gap) — until it answers ``Follow``, for up
-    to :data:`REJOIN_PATIENCE` s. A coordinator not back yet, or gone
-    again before it answered, is waited for; any other answer (an ``Assign``: the slot
-    lost its primary with no standby holding it) ends the standby (``StartAgain``: a fresh
+    """The coordinator went away: register with it again (its restart, or the same one
+    after a cut) as a standby of ``slot`` holding its replicas (``Register.replicas``) —
+    the one it follows, never "any role": a restarted coordinator whose primaries had not
+    rejoined yet gave such a registrant their slots, and refused the primaries (the
+    ``pauses`` series, seed 3125822761: a 22.78 s gap); after the nemesis' coordinator cut
+    the standbys took their lost slots as replacements, left at once and the primaries
+    were refused meanwhile (seed 7: 1.5 s of churn) — until it answers ``Follow`` (its
+    primary is back) or ``Promote`` (its primary's slot is lost: this standby takes it),
+    for up to :data:`REJOIN_PATIENCE` s. A coordinator not back yet, or gone again before
+    it answered, is waited for; any other answer ends the standby (``StartAgain``: a fresh
     process registers anew, as before)."""
     log.warning("lost the coordinator while standing by; keeping the replicas and waiting "
                 "for it to come back")
@@ -267,12 +270,13 @@ async def _register_again(register: Register, uplink: CoordinatorLink,
     while True:
         uplink.close()
         try:
-            msgs = await register(slot)
+            msgs = await register(slot, True)
             answer = msgs[0] if msgs else None
         except (ClusterError, ChannelClosed, OSError) as exc:
             answer, why = None, str(exc)
-        if isinstance(answer, wire.Follow):
-            log.info("registered again with the coordinator: still a standby of worker %d",
+        if isinstance(answer, (wire.Follow, wire.Promote)):
+            log.info("registered again with the coordinator: %s worker %d",
+                     "still a standby of" if isinstance(answer, wire.Follow) else "promoted to",
                      answer.index, extra={"worker": answer.index})
             return msgs
         if answer is not None:
@@ -293,9 +297,10 @@ def _retire_if_gone(f: wire.Follow) -> None:
         raise SystemExit(EXIT_RETIRED)
 
 
-#: What registers a standby of the given slot with the (restarted) coordinator again: its
-#: answer's messages (a Follow, and whatever came in the same frame).
-Register = Callable[[int], Awaitable[list[wire.Message]]]
+#: What registers a standby of the given slot with the (restarted) coordinator again, saying
+#: whether it holds replicas of the slot's stores (``Register.replicas``): its answer's
+#: messages (a Follow or a Promote, and whatever came in the same frame).
+Register = Callable[[int, bool], Awaitable[list[wire.Message]]]
 
 
 async def run_standby(settings: Settings, app: App, name: str, secret: str, uplink: CoordinatorLink,

@@ -29,9 +29,13 @@ class Register(Message):
     standby taking its primary's slot), or -1. ``standby_of``: I ask to be a standby of that
     slot (-1: any role). ``repl_port``: where standbys follow my stores (0: not shipping).
     ``epoch``: the last epoch I began (0: none) — a restarted coordinator numbers its
-    epochs above it, and recovers when workers ran epochs it does not know of."""
+    epochs above it, and recovers when workers ran epochs it does not know of.
+    ``replicas``: True from a standby registering again (it lost the coordinator) that
+    holds replicas of ``standby_of``'s stores — it stands by for that slot only, and is
+    promoted at once if the slot is lost (None: a new process, or not a standby)."""
 
     TAG: ClassVar[int] = 1
+    OPTIONAL: ClassVar[int] = 1  # (replicas)
     name: str
     host: str
     port: int
@@ -40,6 +44,7 @@ class Register(Message):
     standby_of: int = -1
     repl_port: int = 0
     epoch: int = 0
+    replicas: bool | None = None
 
 
 @dataclass(slots=True)
