@@ -119,8 +119,9 @@ class Recovery:
                 phases: dict[str, float] = {"detect+restart": clock.monotonic() - t0}
                 steps = [time.time_ns()]
                 t = clock.monotonic()
-                round_id = await self._latest_round()
-                epochs = await self._roll_back(attempt, round_id)
+                latest = await self._latest_round()
+                round_id = latest.round if latest is not None else 0
+                epochs = await self._roll_back(attempt, round_id, latest)
                 phases["restore"] = clock.monotonic() - t
                 steps.append(time.time_ns())
                 t = clock.monotonic()
@@ -202,8 +203,9 @@ class Recovery:
             if not await state.wait_change(1.0):
                 waited += 1.0
 
-    async def _latest_round(self) -> int:
-        """The newest complete round (0: none); new epochs will be numbered above its epoch."""
+    async def _latest_round(self) -> RoundManifest | None:
+        """The newest complete round (None: none); new epochs will be numbered above its
+        epoch."""
         latest = self._known_round()  # (two reads of MinIO less: 20-50 ms of the gap)
         if latest is None:
             try:
@@ -211,15 +213,17 @@ class Recovery:
             except Exception as exc:
                 raise _Retry(f"cannot read the snapshot rounds from MinIO: {exc}") from None
         if latest is None:
-            return 0
+            return None
         # a restarted coordinator counts epochs from 0: live epochs must come after the round's
         # (and after every logged one, see _replay), or the log would reuse epoch numbers
         self._state.reach_epoch(latest.epoch)
-        return latest.round
+        return latest
 
-    async def _roll_back(self, attempt: int, round_id: int) -> list[wire.LoggedEpoch]:
+    async def _roll_back(self, attempt: int, round_id: int,
+                         manifest: RoundManifest | None) -> list[wire.LoggedEpoch]:
         state = self._state
-        self._broadcast(wire.Recover(attempt, round_id, state.peers(), list(state.owners)))
+        self._broadcast(wire.Recover(attempt, round_id, state.peers(), list(state.owners),
+                                     manifest.encode() if manifest is not None else None))
         got: dict[int, wire.Recovered] = {}
         while len(got) < len(state.members):
             msg = await self._inbox.get()

@@ -123,6 +123,7 @@ _BY_ANNOTATION: dict[str, st.SearchStrategy[Any]] = {
     "bytes": st.binary(max_size=64), "list[str]": st.lists(_str, max_size=3),
     "int | None": st.one_of(st.none(), _int), "list[int]": st.lists(_small, max_size=3),
     "bool | None": st.one_of(st.none(), st.booleans()),
+    "bytes | None": st.one_of(st.none(), st.binary(max_size=64)),
     # (mostly absent or valid — a Call's trace context — and one in ten any string: the
     # inputs that reach the handler's work must stay a steady share, tests.fuzz.outcomes)
     "str | None": st.integers(0, 9).flatmap(lambda n: _str if n == 0 else st.none() if n < 6 else st.just(

@@ -70,7 +70,8 @@ def test_a_recovery_takes_the_known_round_without_reading_minio() -> None:
 
     rec = Recovery(state, Inbox(), SimpleNamespace(), unreachable,  # type: ignore[arg-type]
                    SimpleNamespace(), lambda: _manifest(7, 700))
-    assert asyncio.run(rec._latest_round()) == 7
+    latest = asyncio.run(rec._latest_round())
+    assert latest is not None and latest.round == 7
     assert reached == [700]  # live epochs go on above the round's
 
 
@@ -81,4 +82,40 @@ def test_a_recovery_reads_minio_when_the_round_is_not_known(tmp_path: Path) -> N
     state: Any = SimpleNamespace(reach_epoch=reached.append)
     rec = Recovery(state, Inbox(), SimpleNamespace(), lambda: remote,  # type: ignore[arg-type]
                    SimpleNamespace(), lambda: None)
-    assert asyncio.run(rec._latest_round()) == 3 and reached == [30]
+    latest = asyncio.run(rec._latest_round())
+    assert latest is not None and latest.round == 3 and reached == [30]
+
+
+def test_the_recover_message_carries_the_round_and_the_worker_reads_no_minio() -> None:
+    """The coordinator sends the round's manifest in ``Recover``; a worker takes it from
+    there instead of MinIO (a MinIO node down made that read 3 s of a recovery in the
+    nemesis, seed 101). A manifest of another round is refused, naming both."""
+    from sfaas.runtime import wire
+    from sfaas.runtime.protocols.rounds import RoundError
+    from worker.protocols.recovery import Recovery as WorkerRecovery
+
+    sent: list[wire.Message] = []
+    member: Any = SimpleNamespace(channel=SimpleNamespace(send=sent.append), alive=True)
+    state: Any = SimpleNamespace(members=[member], peers=lambda: [], owners=[0])
+    rec = Recovery(state, Inbox(), SimpleNamespace(), lambda: None,  # type: ignore[arg-type]
+                   SimpleNamespace(), lambda: None)
+
+    async def roll_back() -> None:
+        with pytest.raises(TimeoutError):  # (no worker answers here)
+            await asyncio.wait_for(rec._roll_back(3, 7, _manifest(7, 700)), 0.05)
+
+    asyncio.run(roll_back())
+    (msg,) = sent
+    assert isinstance(msg, wire.Recover) and msg.manifest is not None
+    again = wire.decode_frame(wire.encode_frame([msg]))[0]  # (the bytes on the wire)
+    assert isinstance(again, wire.Recover)
+
+    def no_minio() -> Any:
+        raise AssertionError("read MinIO though the Recover sent the manifest")
+
+    worker: Any = SimpleNamespace(_rounds_kept=no_minio, _state=SimpleNamespace(partitions=1))
+    got = asyncio.run(WorkerRecovery._read_round(worker, again))
+    assert (got.round, got.epoch, got.ingress) == (7, 700, {0: 7})
+    other = wire.Recover(3, 8, [], [0], _manifest(7, 700).encode())
+    with pytest.raises(RoundError, match="names round 8 but sent the manifest of round 7"):
+        asyncio.run(WorkerRecovery._read_round(worker, other))

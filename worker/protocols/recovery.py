@@ -161,7 +161,7 @@ class Recovery:
         st = self._state
         assert st.engine is not None and st.loop is not None
         steps = _Steps()
-        reading = asyncio.ensure_future(self._read_round(msg.round))  # 3. beside 1. and 2.
+        reading = asyncio.ensure_future(self._read_round(msg))  # 3. beside 1. and 2.
         try:
             await self._rollback.stop(msg, steps.step)  # 1. stop; 2. peers and the partition map
         except BaseException:
@@ -187,11 +187,20 @@ class Recovery:
         self._logged(msg, m, epochs, logs, turn, steps)
         return [wire.LoggedEpoch(e, now) for e, now in epochs]
 
-    async def _read_round(self, round_id: int) -> RoundManifest:
-        """Round ``round_id``'s manifest (round 0: the empty state)."""
-        if round_id > 0:
-            return await asyncio.to_thread(self._rounds_kept().read, round_id)
-        return _empty_round(self._state.partitions)
+    async def _read_round(self, msg: wire.Recover) -> RoundManifest:
+        """Round ``msg.round``'s manifest (round 0: the empty state): the one the
+        coordinator sent, else read from MinIO."""
+        round_id = msg.round
+        if round_id <= 0:
+            return _empty_round(self._state.partitions)
+        if msg.manifest is not None:
+            sent = RoundManifest.decode(msg.manifest, f"the manifest of round {round_id} in "
+                                                      f"Recover {msg.attempt}")
+            if sent.round != round_id:
+                raise RoundError(f"Recover {msg.attempt} names round {round_id} but sent the "
+                                 f"manifest of round {sent.round}")
+            return sent
+        return await asyncio.to_thread(self._rounds_kept().read, round_id)
 
     def _rounds_kept(self) -> Rounds:
         """The app's rounds, through one remote kept for every recovery: a new remote

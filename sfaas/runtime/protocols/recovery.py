@@ -26,15 +26,20 @@ class Recover(Message):
     state before any round) and prepare to replay the epoch log after it.
 
     ``peers``: the current membership (a replaced worker has a new address). ``attempt``
-    numbers recoveries, so a report of an abandoned one is recognised.
+    numbers recoveries, so a report of an abandoned one is recognised. ``manifest``: the
+    round's manifest as the coordinator published it (``RoundManifest.encode``), so the
+    workers need not read it from MinIO — a MinIO node down made that read take 3 s of a
+    recovery (the nemesis, seed 101); None: read it there.
     """
 
     TAG: ClassVar[int] = 13
+    OPTIONAL: ClassVar[int] = 1  # (manifest)
     attempt: int
     round: int
     peers: list[Peer]
     #: the partition map to recover under (it changes with a rescale)
     owners: list[int]
+    manifest: bytes | None = None
 
 
 @dataclass(slots=True)
