@@ -331,6 +331,18 @@ def test_a_follow_naming_partitions_outside_the_topic_is_refused() -> None:
     assert _Standby._mine(wire.Follow(1, 3, 4, [3, 1], "127.0.0.1", 1)) == [1, 3]
 
 
+def _two_ready_primaries() -> ClusterState:
+    """Two slots over four partitions, each with a ready primary shipping on a port."""
+    state = ClusterState(2)
+    state.configure(4, 2, [0, 1, 0, 1])
+    for i in range(2):
+        m = Member.of(i, wire.Register(f"w{i}", "127.0.0.1", 7000 + i, 100 + i, repl_port=8000 + i),
+                      _Chan())  # type: ignore[arg-type]
+        m.ready.set()
+        state.add_member(m)
+    return state
+
+
 def test_a_promotion_that_never_comes_back_frees_the_slot_and_recruits_an_idle_standby() -> None:
     """A slot lost while its promoted standby was cut off too (the nemesis: the coordinator
     partitioned from everyone): the reservation ends GONE_SECONDS after the standby went
@@ -340,13 +352,7 @@ def test_a_promotion_that_never_comes_back_frees_the_slot_and_recruits_an_idle_s
     from coordinator.protocols import standby as sbmod
 
     now = [1000.0]  # (the standbys' clock only: the event loop keeps the real one)
-    state = ClusterState(2)
-    state.configure(4, 2, [0, 1, 0, 1])
-    for i in range(2):
-        m = Member.of(i, wire.Register(f"w{i}", "127.0.0.1", 7000 + i, 100 + i, repl_port=8000 + i),
-                      _Chan())  # type: ignore[arg-type]
-        m.ready.set()
-        state.add_member(m)
+    state = _two_ready_primaries()
 
     async def newest() -> int:
         return 0
@@ -388,13 +394,8 @@ def test_a_standby_registering_again_with_its_replicas_keeps_its_slot_and_is_pro
     and the slot is lost with no promotion under way, so it is promoted at once. A new
     process asking for the same slot still takes it as a replacement; once the slot is
     back, a registrant with replicas is told to follow."""
-    state = ClusterState(2)
-    state.configure(4, 2, [0, 1, 0, 1])
-    for i in range(2):
-        m = Member.of(i, wire.Register(f"w{i}", "127.0.0.1", 7000 + i, 100 + i, repl_port=8000 + i),
-                      _Chan())  # type: ignore[arg-type]
-        m.ready.set()
-        state.add_member(m)
+    state = _two_ready_primaries()
+    for m in state.members:
         state.mark_lost(m)
 
     async def newest() -> int:
