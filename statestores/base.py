@@ -52,7 +52,7 @@ from .checks import (
 from .checksum import file_crc
 from .delivery import Delivery, Subscriber
 from .errors import StoreClosedError, StoreError
-from .files import FileSet
+from .files import FileSet, dir_bytes
 from .fs import FileSystem
 from .snapshot_info import Frozen, RestoreInfo, SnapshotInfo
 from .snapshots import SnapshotState
@@ -556,7 +556,7 @@ class Store(abc.ABC):
             s["version"] = self.files.version.seq
         s.setdefault("engine", self.engine)
         s.setdefault("directory", self.directory)
-        s.setdefault("disk_bytes", _dir_bytes(self.directory))
+        s.setdefault("disk_bytes", dir_bytes(self.directory))
         s["pinned_files"] = len(self.files.pins)
         s["last_snapshot_id"] = self.snapshot_state.last_id
         return s
@@ -586,19 +586,3 @@ class Store(abc.ABC):
                 log.debug("removing leftovers of %s failed: %s", self.directory, exc)
             self.fs.unlock(self._lock_fd)
 
-
-def _dir_bytes(directory: str) -> int:
-    """The bytes of the files in ``directory`` now: a file background work removes between
-    the listing and its ``stat`` (a retired WAL, a merged run) is skipped, not the rest."""
-    total = 0
-    try:
-        with os.scandir(directory) as it:
-            entries = [e for e in it if e.is_file(follow_symlinks=False)]
-    except FileNotFoundError:
-        return 0
-    for e in entries:
-        try:
-            total += e.stat(follow_symlinks=False).st_size
-        except FileNotFoundError:
-            continue
-    return total

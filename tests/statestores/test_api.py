@@ -247,7 +247,7 @@ def test_stats_count_the_files_left_when_one_vanishes_during_the_count(
     and its size: the count skips that file, never the others (it once reported 0)."""
     import os
 
-    import statestores.base as base
+    import statestores.files as files
 
     real_scandir = os.scandir
 
@@ -270,7 +270,7 @@ def test_stats_count_the_files_left_when_one_vanishes_during_the_count(
             s.put(b"key%05d" % i, b"v" * 100)
         s.flush()
         (tmp_path / "aaa-vanishing.tmp").write_bytes(b"x" * 10)
-        monkeypatch.setattr(base.os, "scandir", VanishingFirst)
+        monkeypatch.setattr(files.os, "scandir", VanishingFirst)
         st = s.stats()
         monkeypatch.undo()
     assert st["disk_bytes"] > 50_000  # the store's own files, without the vanished one
