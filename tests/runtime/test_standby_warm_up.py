@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from sfaas.runtime import wire
 from sfaas.runtime.protocols.rounds import INDEX_BLOB, RoundError, round_blob
 from sfaas.runtime.settings import Settings
 from worker.membership import Membership
@@ -97,7 +98,7 @@ def test_the_rounds_remote_a_standby_opened_is_the_one_its_recoveries_read(
         await r.warm_rounds()
         for _ in range(2):
             with pytest.raises(RoundError, match="round 3 is listed but its manifest"):
-                await r._read_round(3)
+                await r._read_round(wire.Recover(1, 3, [], [0]))  # (no manifest sent)
 
     asyncio.run(go())
     assert len(made) == 1, "one remote for the warm-up and every recovery"
