@@ -24,7 +24,7 @@ import shutil
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import current
@@ -55,7 +55,12 @@ from .wire import (
 if TYPE_CHECKING:
     from remotes.base import Remote
 
-__all__ = ["Follower", "STATE_NAME"]
+__all__ = ["Follower", "Driver", "STATE_NAME"]
+
+#: What runs a follower's steps (``Follower._steps``: each yields the seconds to wait, 0
+#: after a tip) instead of a thread: called with them and a name, it returns the call that
+#: ends them for good (between two steps).
+Driver = Callable[[Generator[float, None, None], str], Callable[[], None]]
 
 log = logging.getLogger("statestores.replica")
 
@@ -81,13 +86,15 @@ class Follower:
     names them in its hello, so the source ships only what changed since — the primary
     is spared the bulk of a catch-up. A seeded file the source lists with another
     checksum is deleted and fetched from the source;
+    ``driver``: what runs the following instead of a thread of its own (:data:`Driver`:
+    one thread driving its followers on sources that never block, the simulator's);
     ``options`` are the engine's, checked now and used by :meth:`promote`.
     """
 
     def __init__(
         self, engine: str, directory: str | os.PathLike[str], source: Source, *,
         name: str | None = None, keep_marks: int = 2, live_only: bool = False,
-        seed: Remote | None = None, **options: Any,
+        seed: Remote | None = None, driver: Driver | None = None, **options: Any,
     ) -> None:
         self.engine_cls = engine_class(engine)
         self.engine = engine
@@ -125,10 +132,12 @@ class Follower:
         except BaseException:
             self.fs.unlock(self._lock_fd)
             raise
-        self._thread = threading.Thread(
-            target=self._run, name=f"statestores-follow-{self.name}", daemon=True
-        )
-        self._thread.start()
+        name = f"statestores-follow-{self.name}"
+        self._halt = None if driver is None else driver(self._steps(), name)
+        self._thread = None if driver else threading.Thread(target=self._run, name=name,
+                                                             daemon=True)
+        if self._thread is not None:
+            self._thread.start()
 
     # ------------------------------------------------------------------ state
 
@@ -200,9 +209,8 @@ class Follower:
                 remote.get_file(name, part)
                 if file_crc(self.fs, part) != (info.size, info.crc):
                     os.remove(part)
-                    raise CorruptionError(
-                        f"remote:{name}", f"does not match snapshot {latest}'s checksum"
-                    )
+                    raise CorruptionError(f"remote:{name}",
+                                          f"does not match snapshot {latest}'s checksum")
                 self.fs.rename(part, self._path(name))
                 with self._lock:
                     self._seeded[name] = self._checked[name] = (info.size, info.crc)
@@ -210,11 +218,8 @@ class Follower:
             log.info("replica %s: seeded with %d files (%d bytes) of snapshot %d", self.directory,
                      len(self._seeded), self._counts["seeded_bytes"], latest)
         except Exception as exc:
-            log.info(
-                "replica %s: seeding from the snapshot remote stopped (%s); "
-                "the source ships the rest",
-                self.directory, exc,
-            )
+            log.info("replica %s: seeding from the snapshot remote stopped (%s); the source "
+                     "ships the rest", self.directory, exc)
 
     def _drop_seeded(self, names: list[str]) -> None:
         with self._lock:
@@ -223,7 +228,15 @@ class Follower:
                 self._checked.pop(n, None)
             self._collect(set(names))
 
-    def _run(self) -> None:
+    def _run(self) -> None:  # (the follow thread)
+        for wait in self._steps():
+            if wait > 0:
+                self._stop.wait(wait)
+
+    def _steps(self) -> Generator[float, None, None]:
+        """Seed, then follow the source until stopped: reopen a stream that ended or
+        failed after a backoff (yielded: the seconds to wait), and yield 0 after each
+        :class:`Tip` (where a driver on a source that never blocks waits for news)."""
         if self.seed is not None:
             self._seed_from(self.seed)
         delay = _BACKOFF[0]
@@ -241,6 +254,7 @@ class Follower:
                             break
                         if isinstance(item, Tip):
                             self._check_tip(item)
+                            yield 0.0
                         else:
                             self._apply(item)
                             delay = _BACKOFF[0]
@@ -267,7 +281,7 @@ class Follower:
                 self._counts["errors"] += 1
                 self.last_error = exc
                 log.exception("replica %s failed; reopening the stream", self.directory)
-            self._stop.wait(delay)
+            yield delay
             delay = min(delay * 2, _BACKOFF[1])
 
     def _open_ahead(self, entries: list[FileEntry]) -> None:
@@ -288,10 +302,8 @@ class Follower:
         with self._lock:
             newest = self.marks[-1][0] if self.marks else -1
             if tip.seq > self.seq or tip.mark > newest:
-                raise _Gap(
-                    f"the source is at version {tip.seq}, mark {tip.mark}; this replica at "
-                    f"{self.seq}, {newest}"
-                )
+                raise _Gap(f"the source is at version {tip.seq}, mark {tip.mark}; this replica "
+                           f"at {self.seq}, {newest}")
 
     def _receive(self, item: Received, wanted: list[tuple[str, int, int]]) -> list[str]:
         """Fetch the bodies, check each (size, crc32c); the temp names, or nothing installed."""
@@ -302,11 +314,8 @@ class Follower:
                 got = file_crc(self.fs, dests[n])
                 if got != (size, crc):
                     self._counts["bad_bodies"] += 1
-                    raise CorruptionError(
-                        f"replica:{n}",
-                        f"received {got[0]} bytes with crc {got[1]:#x}, expected {size} with "
-                        f"{crc:#x}",
-                    )
+                    raise CorruptionError(f"replica:{n}", f"received {got[0]} bytes with crc "
+                                          f"{got[1]:#x}, expected {size} with {crc:#x}")
                 self._counts["bytes"] += size
         except BaseException:
             for d in dests.values():
@@ -486,12 +495,8 @@ class Follower:
                 "snapshots": [i for i, _s, _f in self.marks],
                 "bytes_received": self._counts["bytes"],
                 "bytes_seeded": self._counts["seeded_bytes"],
-                **{
-                    k: self._counts[k]
-                    for k in (
-                        "edits", "bases", "marks", "duplicates", "gaps", "corrupt", "reconnects",
-                    )
-                },
+                **{k: self._counts[k] for k in ("edits", "bases", "marks", "duplicates", "gaps",
+                                                 "corrupt", "reconnects")},
             }
 
     def promote(
@@ -538,10 +543,9 @@ class Follower:
             if target != self.directory and os.path.exists(target):
                 old_fd = self.fs.lock(os.path.join(target, _LOCK_NAME))  # nobody may be using it
             top = max([seq_of(n) for n in names] + [0])
-            current.write(
-                self.fs, self.directory,
-                {"seq": top, "version": seq, "files": encode_entries(entries)}, sync=self._sync,
-            )
+            current.write(self.fs, self.directory,
+                          {"seq": top, "version": seq, "files": encode_entries(entries)},
+                          sync=self._sync)
             # (a replica that installed nothing yet never wrote one: it is version 0, empty)
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self._path(STATE_NAME))
@@ -563,6 +567,10 @@ class Follower:
     def _stop_following(self) -> None:
         self._stop.set()
         self.source.close()
+        if self._halt is not None:
+            self._halt()
+            return
+        assert self._thread is not None
         self._thread.join(timeout=30)
         if self._thread.is_alive():
             raise ReplicationError(

@@ -17,13 +17,14 @@ sealed WALs its snapshot names, so a follower holds every file of each snapshot.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import threading
 import uuid
 from collections import Counter, deque
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -94,6 +95,7 @@ class Shipper:
         self._mark: _Event | None = None  # the newest snapshot mark (its files stay staged)
         self._copy_warned = False
         self._acked_mark = -1  # the newest snapshot mark a follower acknowledged installing
+        self._ack_listeners: list[Callable[[], None]] = []
         self.followers = 0  # streams open now
         #: This shipper's lineage: followers resume only a stream of the same origin.
         self.origin = uuid.uuid4().hex
@@ -300,9 +302,30 @@ class Shipper:
     def note_ack(self, mark: int) -> None:
         """A follower installed snapshot mark ``mark`` (a transport calls this on its ack)."""
         with self._lock:
-            if mark > self._acked_mark:
-                self._acked_mark = mark
-                self._cond.notify_all()
+            if mark <= self._acked_mark:
+                return
+            self._acked_mark = mark
+            self._cond.notify_all()
+            told = list(self._ack_listeners)
+        for fn in told:
+            fn()
+
+    def acked(self, snapshot_id: int) -> bool:
+        """Has a follower acknowledged the mark of ``snapshot_id`` (or a newer one)?"""
+        with self._lock:
+            return self._acked_mark >= snapshot_id
+
+    def on_ack(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call ``fn()`` after each newer acknowledgement and when the shipper closes (on
+        the thread that notes it, no lock held): what an event loop waits on instead of
+        :meth:`wait_acked`. Returns the call that stops it."""
+        with self._lock:
+            self._ack_listeners.append(fn)
+
+        def off() -> None:
+            with self._lock, contextlib.suppress(ValueError):
+                self._ack_listeners.remove(fn)
+        return off
 
     def wait_acked(self, snapshot_id: int, timeout: float) -> bool:
         """Wait until a follower acknowledged the mark of ``snapshot_id`` (or a newer one):
@@ -347,6 +370,11 @@ class Shipper:
         """The version of the store this shipper has queued up to."""
         return self._seq
 
+    @property
+    def closed(self) -> bool:
+        """Has :meth:`close` run?"""
+        return self._closed
+
     def close(self) -> None:
         """Stop shipping: unsubscribe, end every stream, drop the staging directory."""
         with self._lock:
@@ -354,6 +382,9 @@ class Shipper:
                 return
             self._closed = True
             self._cond.notify_all()
+            told = list(self._ack_listeners)
+        for fn in told:
+            fn()
         self._unsubscribe()
         shutil.rmtree(self.staging, ignore_errors=True)
 
