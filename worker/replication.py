@@ -2,7 +2,8 @@
 
 With snapshot rounds on each worker runs a replication server; with ``standbys`` > 0 it ships
 every partition store (``worker.protocols.rescale`` ships only the stores of partitions moving away
-in a rescale). The server is a :class:`statestores.replica.TcpServer` (port sent to the
+in a rescale). The server is the process's replica port's (``sfaas.runtime.ports``: a
+:class:`statestores.replica.TcpServer`, the simulator's in its run; port sent to the
 coordinator in ``Register.repl_port``) with a :class:`~statestores.replica.Shipper` per
 shipped store, named :func:`store_name`. Every flush and merge the store does is
 shipped as it happens — the run files with their footers, the log files with their hints
@@ -15,16 +16,18 @@ round the coordinator promotes a standby to is one whose files the standby holds
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-import time
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
+from sfaas.runtime import ports
 from sfaas.runtime.lifecycle import Service
 from sfaas.runtime.settings import Settings
 from sfaas.runtime.state import StoreKey
 from statestores import Store
-from statestores.replica import Shipper, TcpServer
+from statestores.replica import Shipper
 
 log = logging.getLogger("sfaas.worker.replication")
 
@@ -45,7 +48,7 @@ class Shipping:
 
     def __init__(self, settings: Settings, secret: str) -> None:
         self._shippers: dict[str, Shipper] = {}
-        self.server = TcpServer(self._shippers.get, secret, host=settings.host, port=0)
+        self.server = ports.current().replica.serve(self._shippers.get, secret, settings.host)
         self.port = self.server.address[1]
 
     def attach(self, stores: Mapping[StoreKey, Store]) -> dict[StoreKey, int]:
@@ -73,18 +76,32 @@ class Shipping:
         """Does any store have a follower (standby or receiver) now?"""
         return any(sh.followers for sh in list(self._shippers.values()))
 
-    def wait_marks(self, round_id: int, timeout: float = MARK_WAIT) -> bool:
+    async def wait_marks(self, round_id: int, timeout: float = MARK_WAIT) -> bool:
         """Wait until every store's standby (if one follows it) acknowledged round
         ``round_id``'s snapshot mark, so a standby promoted after the round completes holds
-        all its files; False (logged) if one did not within ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        for name, sh in list(self._shippers.items()):
-            if sh.followers and not sh.wait_acked(round_id, max(0.0, deadline - time.monotonic())):
-                log.warning("round %d: the standby of %s did not acknowledge its snapshot within "
-                            "%.1f s; a promotion now would download what it lacks", round_id,
-                            name, timeout)
-                return False
-        return True
+        all its files; False (logged) if one did not within ``timeout`` seconds. Woken by
+        each acknowledgement (``Shipper.on_ack``, on the transport's thread): the loop runs
+        on meanwhile, and a standby driven on it (the simulator's) acknowledges."""
+        loop = asyncio.get_running_loop()
+        news = asyncio.Event()
+        shippers = list(self._shippers.items())
+
+        def poke() -> None:
+            loop.call_soon_threadsafe(news.set)
+
+        offs = [sh.on_ack(poke) for _n, sh in shippers]
+        deadline = loop.time() + timeout
+        try:
+            for name, sh in shippers:
+                if sh.followers and not await _acked(sh, round_id, news, deadline):
+                    log.warning("round %d: the standby of %s did not acknowledge its snapshot "
+                                "within %.1f s; a promotion now would download what it lacks",
+                                round_id, name, timeout)
+                    return False
+            return True
+        finally:
+            for off in offs:
+                off()
 
     def close(self) -> None:
         """Stop serving standbys and drop the staged links (before the stores close)."""
@@ -92,6 +109,17 @@ class Shipping:
         for sh in self._shippers.values():
             sh.close()
         self._shippers.clear()
+
+
+async def _acked(sh: Shipper, round_id: int, news: asyncio.Event, deadline: float) -> bool:
+    """Has ``sh``'s follower acknowledged round ``round_id``, waiting on ``news`` until
+    the loop's ``deadline``?"""
+    loop = asyncio.get_running_loop()
+    while not (sh.acked(round_id) or sh.closed) and (left := deadline - loop.time()) > 0:
+        news.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(news.wait(), left)
+    return sh.acked(round_id)
 
 
 class Opened(Protocol):

@@ -268,7 +268,7 @@ class Worker(Service):
     async def _held_by_standbys(self, round_id: int) -> object:
         """A round's report waits until the standbys hold the round (``Shipping.wait_marks``)."""
         shipping = self.replication.shipping
-        held = None if shipping is None else await asyncio.to_thread(shipping.wait_marks, round_id)
+        held = None if shipping is None else await shipping.wait_marks(round_id)
         await self.uplink.held()  # (a fenced worker reports no round: worker.fence)
         return held
 

@@ -1,9 +1,10 @@
 """The ports a process gets its outside world from (issue 51): Kafka, the object store,
-the network, the clock, the disk its stores write to and the process's own end.
+the network, the clock, the disk its stores write to, the transport that ships its stores
+to standbys and the process's own end.
 
 A process is built with one :class:`Ports` value. :data:`REAL` fills every port with the
 real implementation — aiokafka, MinIO, asyncio's TCP streams, the system clocks, the
-stores' real ``statestores.FileSystem``, ``os._exit`` — and is
+stores' real ``statestores.FileSystem``, the ``tcp`` replica transport, ``os._exit`` — and is
 what every process gets unless told otherwise; the simulator (``sfaas.sim``) fills them
 with its simulated log, object store, in-memory network and virtual clock. The product
 code reads its world through these and never asks which it got (no ``if simulated:``).
@@ -36,10 +37,11 @@ if TYPE_CHECKING:
     from remotes import Remote
     from sfaas.runtime.settings import Settings
     from statestores import FileSystem
+    from statestores.replica import Follower, Shipper
 
-__all__ = ["KafkaPort", "ObjectsPort", "NetworkPort", "ClockPort", "DiskPort", "Ports", "REAL",
-           "AioKafka", "MinioObjects", "TcpNetwork", "SystemClock", "LocalDisk", "current",
-           "context", "Connected"]
+__all__ = ["KafkaPort", "ObjectsPort", "NetworkPort", "ClockPort", "DiskPort", "ReplicaPort",
+           "ReplicaServer", "Ports", "REAL", "AioKafka", "MinioObjects", "TcpNetwork",
+           "SystemClock", "LocalDisk", "TcpReplicas", "current", "context", "Connected"]
 
 #: A connection handler: what a server runs for each stream pair it accepts.
 Connected = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -99,6 +101,30 @@ class ProcessPort(Protocol):
         real one never returns)."""
 
 
+class ReplicaServer(Protocol):
+    """A primary's replication server: where its standbys reach it, and its end."""
+
+    @property
+    def address(self) -> tuple[str, int]: ...
+
+    def close(self) -> None: ...
+
+
+class ReplicaPort(Protocol):
+    """Shipping a worker's stores to its standbys (``worker.replication``,
+    ``worker.protocols.standby``): the primary's server of its ``Shipper`` s, and a
+    standby's ``Follower`` of one store at such a server."""
+
+    def serve(self, shippers: Callable[[str], Shipper | None], secret: str,
+              host: str) -> ReplicaServer:
+        """Serve the shippers ``shippers`` names on a free port of ``host``."""
+
+    def follow(self, engine: str, directory: str, address: tuple[str, int], store: str,
+               secret: str, **options: Any) -> Follower:
+        """A replica in ``directory`` of the store ``store`` the server at ``address``
+        ships (``options``: ``statestores.follow``'s)."""
+
+
 @dataclass(frozen=True)
 class Ports:
     """Where a process gets its outside world from (see the module docstring)."""
@@ -110,6 +136,7 @@ class Ports:
     process: ProcessPort
     #: (last, with a default: the ports made before it had a disk give the real one)
     disk: DiskPort = field(default_factory=lambda: LocalDisk())
+    replica: ReplicaPort = field(default_factory=lambda: TcpReplicas())
 
 
 class AioKafka:
@@ -175,6 +202,26 @@ class LocalDisk:
         return FileSystem()
 
 
+class TcpReplicas:
+    """The real replica port: the ``tcp`` transport (``statestores.replica.tcp``), a
+    follower on a thread of its own."""
+
+    def serve(self, shippers: Callable[[str], Shipper | None], secret: str,
+              host: str) -> ReplicaServer:
+        from statestores.replica import TcpServer
+
+        return TcpServer(shippers, secret, host=host, port=0)
+
+    def follow(self, engine: str, directory: str, address: tuple[str, int], store: str,
+               secret: str, **options: Any) -> Follower:
+        import statestores
+        from statestores.replica import TcpSource
+
+        source = TcpSource(address[0], address[1], store, secret)
+        fol: Follower = statestores.follow(engine, directory, source, **options)
+        return fol
+
+
 class OsProcess:
     """The real process port: ``os._exit`` after flushing the logs (no clean stop: it
     would flush replies and commit offsets)."""
@@ -191,7 +238,7 @@ class OsProcess:
 
 #: The real world: what every process gets unless it is built with other ports.
 REAL = Ports(kafka=AioKafka(), objects=MinioObjects(), network=TcpNetwork(),
-             clock=SystemClock(), process=OsProcess(), disk=LocalDisk())
+             clock=SystemClock(), process=OsProcess(), disk=LocalDisk(), replica=TcpReplicas())
 
 _CURRENT: contextvars.ContextVar[Ports] = contextvars.ContextVar("sfaas_ports", default=REAL)
 

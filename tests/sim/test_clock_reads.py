@@ -43,9 +43,6 @@ CLOCKS = {"time", "monotonic"}
 #: (file, function) → why it reads the real clock. Nothing else may.
 ALLOWED: dict[tuple[str, str], str] = {
     ("sfaas/runtime/ports.py", "SystemClock"): "the real clock port itself",
-    ("worker/replication.py", "wait_marks"):
-        "a deadline for a thread's blocking waits on a threading.Condition, whose timeouts "
-        "are real seconds (a standby's acknowledgement); no event loop's time runs there",
     ("sfaas/runtime/liveness.py", "age"):
         "the age of a file's mtime, which the OS stamps with the machine's real clock "
         "(the launcher's liveness files)",

@@ -3,10 +3,10 @@
 A worker the coordinator answers with ``wire.Follow`` (it asked with ``--standby-of``, or
 the cluster was missing a standby) opens a :class:`statestores.replica.Follower` per
 partition store of that primary, under ``{home}/standby/{namespace}/{app}/{name}/``, fed
-by the primary's ``tcp`` replication server. The followers install the primary's own
-files — no flush, merge or index build here — and hold each snapshot round's files. A
-new standby first downloads the newest round's files of each store from MinIO (``seed``),
-so its catch-up costs the primary only what changed since that round.
+by the primary's replication server (its replica port's: ``tcp``). The followers install
+the primary's own files — no flush, merge or index build here — and hold each snapshot
+round's files. A new standby first downloads the newest round's files of each store from
+MinIO (``seed``), so its catch-up costs the primary only what changed since that round.
 
 On ``wire.Promote(index, round, owned)`` (the primary died) every follower of the slot's
 partitions ``owned`` is promoted to that round's files and moved (a rename) into the
@@ -65,7 +65,7 @@ from sfaas.runtime.state import (
     store_remote,
     stores_root,
 )
-from statestores.replica import Follower, TcpSource, discard
+from statestores.replica import Follower, discard
 from worker.links import CoordinatorLink
 from worker.replication import store_name
 
@@ -142,12 +142,11 @@ class _Standby:
         where = os.path.join(self.root, op, f"p{p}")
 
         def follow() -> Follower:
-            source = TcpSource(f.host, f.port, store_name(op, p), self._secret)
             # a new standby downloads the newest round's files from MinIO first: the
             # primary ships only what changed since (its network and CPU are spared)
-            fol: Follower = statestores.follow(engine, where, source,
-                                               seed=store_remote(s, app.name, op, p), **opts)
-            return fol
+            return ports.current().replica.follow(engine, where, (f.host, f.port),
+                                                  store_name(op, p), self._secret,
+                                                  seed=store_remote(s, app.name, op, p), **opts)
 
         try:
             return follow()
