@@ -97,6 +97,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--store", default="memonly",
                    help="the workers' store engine (memonly; hybridlog, appendlog, lsm: files "
                         "on a temp dir per process, background work on the loop)")
+    p.add_argument("--standbys", type=int, default=0, metavar="N",
+                   help="standby workers per worker (processes standby-N, following every "
+                        "store of their primary; promoted when it dies); rounds on")
     p.add_argument("--trace", action="store_true", help="print every line of the trace")
     return p
 
@@ -109,7 +112,7 @@ def schedule(ns: argparse.Namespace) -> Schedule:
                     coordinator=_pair(ns.crash_coordinator), rounds=ns.rounds,
                     store=ns.store, slow=Slow.parse(ns.slow) if ns.slow else None,
                     clock=Jump.parse(ns.clock) if ns.clock else None,
-                    disk=Disk.parse(ns.disk) if ns.disk else None)
+                    disk=Disk.parse(ns.disk) if ns.disk else None, standbys=ns.standbys)
 
 
 def main(argv: list[str] | None = None) -> int:

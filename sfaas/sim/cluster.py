@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import copy
 import dataclasses
 import logging
 import os
@@ -42,12 +41,15 @@ from sfaas.sim.faults import Schedule, Stale
 from sfaas.sim.log import Faults, SimKafka
 from sfaas.sim.network import SimNetwork, SimNetworkPort
 from sfaas.sim.objects import ObjectFaults, SimObjectStore
-from sfaas.sim.ports import SimKafkaPort, WallClocks, process_ports
+from sfaas.sim.ports import ProcessExited, SimKafkaPort, WallClocks, process_ports
+from sfaas.sim.replicas import SimReplicas
+from sfaas.sim.stores import SMALL_STORES, with_store
 from statestores import background
 
 log = logging.getLogger("sfaas.sim.cluster")
 
-__all__ = ["Bank", "Outcome", "Process", "Roles", "SimCluster", "simulate"]
+__all__ = ["Bank", "Outcome", "Process", "Roles", "SimCluster", "simulate", "SMALL_STORES",
+           "with_store"]
 
 #: The cluster's secret (channels authenticate over the simulated network as over TCP).
 SECRET = "simulated-cluster-secret-0123456789"
@@ -81,6 +83,9 @@ HEARTBEAT_TIMEOUT = 2.0
 #: stop waits at most a few heartbeat timeouts (``worker.egress.STOP_PATIENCE``)
 STOP_WITHIN = 30.0
 
+#: Simulated seconds into a run its standby processes start (the workers registered by then)
+STANDBYS_AFTER = 0.2
+
 #: The snapshot interval of a run with faults (simulated seconds): rounds on — so the
 #: epoch log is written and a lost worker is recovered — and several due in a run, so a
 #: recovery restores a real round and replays the log from there. The rounds' timing reads
@@ -99,21 +104,6 @@ NEVER_DUE = 1e9
 #: passing, so the stale leader never ends (``worker/ingress.py:Ingress._rewound`` gives up
 #: after 10 s read from ``time.monotonic``, the wall clock)
 KAFKA_LATENCY = (0.0005, 0.002)
-
-
-#: each engine's options in a run (``--store``): regions, WALs and segments small enough
-#: that a run of a few hundred writes flushes, seals and merges — so a round's snapshot
-#: names flushed files and sealed WALs, and a restore reads them back (the path of the
-#: old hybridlog tail bug, 2d6b97e: with 2–3 accounts per store no region fills, so the
-#: rounds' tails pile up until ``max_snapshot_wals`` — 1 or 2 here — makes a round flush
-#: the regions, covering the tails of the rounds before)
-SMALL_STORES: dict[str, dict[str, Any]] = {
-    "memonly": {},
-    "hybridlog": {"ro_lag_interval": 4, "flush_interval": 8, "max_wal_bytes": 4096,
-                  "max_runs_per_level": 2, "max_snapshot_wals": 2},
-    "appendlog": {"threshold": 2048, "max_runs_per_level": 2},
-    "lsm": {"memtable_bytes": 4096, "max_runs_per_level": 2},
-}
 
 
 #: the supervisor's restart backoff: (first, longest) seconds (``launcher/supervisor.py``)
@@ -178,6 +168,8 @@ class SimCluster:
         self.cut = cut
         #: the other faults (Kafka's and the object store's: ``sfaas.sim.faults``)
         self.schedule = schedule or Schedule()
+        #: standby workers per worker (``standby-N`` processes, started after the workers)
+        self.standbys = self.schedule.standbys
         self.bank = bank or Bank()
         self.outcome = Outcome(seed)
         self._tasks: list[asyncio.Task[None]] = []
@@ -215,7 +207,7 @@ class SimCluster:
             "namespace": "sim",
             # (no gathering window: the pinned digests were taken without one; it runs on
             # the clock port since session 10 and replays alike, test_clock_reads.py)
-            "epoch_gather": 0.0,
+            "epoch_gather": 0.0, "standbys": self.standbys,
             "heartbeat_timeout": HEARTBEAT_TIMEOUT}, env={})
 
     async def run(self) -> Outcome:
@@ -233,6 +225,7 @@ class SimCluster:
                                                 sleep=loop.clock.advance, clock=loop.time,
                                                 on_event=lambda e: self._trace(f"object {e}"))
         self.net = SimNetwork(random.Random(rng.getrandbits(64)))
+        self.replicas = SimReplicas(self.net, self._trace)
         self.walls = WallClocks()
         self._home = tempfile.mkdtemp(prefix="sfaas-sim-")
         try:
@@ -241,7 +234,8 @@ class SimCluster:
             for i in range(self.workers):
                 name = f"worker-{i}"
                 self._start(name, self._worker, self._ports_of(name), s)
-            faults = [loop.create_task(self._crash(s, *self.crash))] if self.crash else []
+            faults = [loop.create_task(self._standbys(s))] if self.standbys else []
+            faults += [loop.create_task(self._crash(s, *self.crash))] if self.crash else []
             if self.cut:
                 faults.append(loop.create_task(self._cut(*self.cut)))
             if sched.outage:
@@ -324,7 +318,7 @@ class SimCluster:
         assert isinstance(loop, clock.VirtualLoop)
         disk = SimDisk(name, self._incarnations.get(name, 0) + 1, self.outcome.seed, self._trace)
         return process_ports(name, self.kafka, self.objects, self.net, loop.clock, self._ended,
-                             self.walls, disk)
+                             self.walls, disk, self.replicas)
 
     def _disk_of(self, name: str) -> SimDisk | None:
         """The disk of process ``name`` if it runs (a disk fault's target)."""
@@ -371,6 +365,16 @@ class SimCluster:
 
     async def _worker(self, name: str, s: Settings, its: ports.Ports) -> None:
         await self.roles.worker(s, self.app, name, its).run()
+
+    async def _standbys(self, s: Settings) -> None:
+        """Start the standby processes (``standby-N``) :data:`STANDBYS_AFTER` s in: the
+        same worker processes as ``sfaas up --standbys`` starts — the coordinator gives
+        the first to register the slots, the others stand by where one is missing — late
+        enough that the workers took the slots (a crash or a disk fault of ``worker-1``
+        hits a primary), as after a standby's restart."""
+        await asyncio.sleep(STANDBYS_AFTER)
+        for i in range(self.standbys * self.workers):
+            self._start(f"standby-{i}", self._worker, self._ports_of(f"standby-{i}"), s)
 
     async def _crash(self, s: Settings, at: float, down: float, name: str = "worker-1") -> None:
         """Process ``name`` (worker 1, or the coordinator) dies (its connections break, its
@@ -437,8 +441,10 @@ class SimCluster:
             if not task.done():
                 self.outcome.violations.append(f"{task.get_name()} did not stop within "
                                                f"{STOP_WITHIN:g} s of being cancelled")
-            elif not task.cancelled() and task.exception() is not None:
-                # a process that failed: the run says so
+            elif not task.cancelled() and task.exception() is not None \
+                    and not isinstance(task.exception(), ProcessExited):
+                # a process that failed: the run says so (not one that exited meanwhile —
+                # fenced as its lease lapsed: the supervisor would restart it)
                 self.outcome.violations.append(f"{task.get_name()} failed: {task.exception()!r}")
 
     # -- the client ----------------------------------------------------------------------------
@@ -562,14 +568,15 @@ def simulate(app: App, roles: Roles, seed: int, *, seconds: float = 60.0, worker
     ``cut``: ``(at, for)``, worker 1 and the coordinator cut apart for a while;
     ``schedule``: all of a run's faults (``sfaas.sim.faults``; its crash and cut stand in
     for the two above); ``rounds``: the snapshot interval (None: :data:`ROUNDS` in a run
-    with faults, none without; 0: none); ``store``: the workers' store engine."""
+    with faults or standbys, none without; 0: none); ``store``: the workers' store engine.
+    The schedule's ``standbys``: standby workers per worker."""
     if schedule is not None:
         crash, cut = schedule.crash or crash, schedule.cut or cut
     faulty = crash or cut or (schedule is not None and schedule.faults())
     if rounds is None:
         rounds = schedule.rounds if schedule is not None else None
     if rounds is None:
-        rounds = ROUNDS if faulty else 0.0
+        rounds = ROUNDS if faulty or (schedule is not None and schedule.standbys) else 0.0
     if store != "memonly":
         app = with_store(app, store)
     cluster = SimCluster(app, roles, seed, workers=workers, seconds=seconds, bank=bank,
@@ -581,15 +588,3 @@ def simulate(app: App, roles: Roles, seed: int, *, seconds: float = 60.0, worker
         return clock.run(cluster.run(), seed=seed)
     finally:
         background.set_mode(mode)
-
-
-def with_store(app: App, engine: str) -> App:
-    """A copy of ``app`` whose operators keep their state in ``engine`` with the small
-    options of :data:`SMALL_STORES` (``app`` itself unchanged)."""
-    if engine not in SMALL_STORES:
-        raise ValueError(f"store must be one of {sorted(SMALL_STORES)}, got {engine!r}")
-    new = copy.copy(app)
-    new.operators = {name: dataclasses.replace(op, app=new, store=engine,
-                                               store_options=dict(SMALL_STORES[engine]))
-                     for name, op in app.operators.items()}
-    return new

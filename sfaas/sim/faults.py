@@ -45,6 +45,10 @@ earlier draw): one of :data:`STORES` — memonly, or an engine with files whose 
 seals and merges a round names and a recovery restores (``--store``); a file engine's
 rounds come :data:`FILE_ROUNDS` times as often.
 
+And ``standbys`` (drawn after the disk fault, last of all): one standby worker per worker
+in :data:`STANDBYS` of the seeds, following every store of its primary
+(``sfaas.sim.replicas``); a crashed or lost primary's standby is promoted to its slot.
+
 And the workload's shape: ``hot`` — :data:`HOT` accounts at :data:`HOT_RATE` requests per
 second (conflicting transactions in most epochs: the cross-worker fallback's ordered
 locks), else the ``Bank`` defaults (8 accounts, 200 per second).
@@ -56,7 +60,7 @@ import random
 from dataclasses import dataclass
 
 __all__ = ["Schedule", "Slow", "Jump", "Disk", "draw", "STALE_TOPICS", "STORES", "FILE_ROUNDS",
-           "HOT", "HOT_RATE", "LINKS", "PROCESSES", "DISK_KINDS", "DISK_WORKERS"]
+           "HOT", "HOT_RATE", "LINKS", "PROCESSES", "DISK_KINDS", "DISK_WORKERS", "STANDBYS"]
 
 #: a hot workload: accounts, and requests per simulated second
 HOT, HOT_RATE = 3, 2000.0
@@ -83,6 +87,9 @@ PROCESSES = ("coordinator", "worker-0", "worker-1")
 DISK_KINDS = ("error", "torn")
 #: the workers whose disk a disk fault fails (the coordinator keeps no stores)
 DISK_WORKERS = ("worker-0", "worker-1")
+#: the share of seeds whose workers have a standby each (``--standbys 1``: the crashed
+#: worker's standby is promoted; every store shipped, a rollback re-staging its files)
+STANDBYS = 0.5
 
 Pair = tuple[float, float]
 
@@ -213,6 +220,8 @@ class Schedule:
     slow: Slow | None = None
     clock: Jump | None = None
     disk: Disk | None = None
+    #: standby workers per worker (not a fault: kept when shrinking)
+    standbys: int = 0
 
     def args(self) -> list[str]:
         """The ``python -m sfaas.sim`` flags that give this schedule."""
@@ -240,6 +249,8 @@ class Schedule:
             out += ["--rounds", f"{self.rounds:g}"]
         if self.store != "memonly":
             out += ["--store", self.store]
+        if self.standbys:
+            out += ["--standbys", str(self.standbys)]
         return out
 
     def faults(self) -> int:
@@ -305,5 +316,7 @@ def draw(seed: int, *, load_seconds: float = 1.0, partitions: int = 4) -> Schedu
     disk = None
     if rng.random() < 0.25:
         disk = Disk(when(), rng.choice(DISK_WORKERS), rng.choice(DISK_KINDS))
+    # (drawn after the disk fault: no earlier draw of any seed changed)
+    standbys = 1 if rng.random() < STANDBYS else 0
     return Schedule(crash, cut, outage, stale, kafka_errors, object_errors, hot, coordinator,
-                    rounds, store, slow, jump, disk)
+                    rounds, store, slow, jump, disk, standbys)

@@ -244,6 +244,10 @@ class SimNetwork:
             if frozenset(conn.ends) == frozenset((a, b)):
                 self._break(conn)
 
+    def cut_apart(self, a: str, b: str) -> bool:
+        """Are ``a`` and ``b`` cut apart now?"""
+        return frozenset((a, b)) in self._cuts
+
     def heal(self, a: str, b: str) -> None:
         """End the partition between ``a`` and ``b`` (broken connections stay broken)."""
         self._cuts.discard(frozenset((a, b)))

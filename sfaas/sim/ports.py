@@ -1,8 +1,9 @@
 """The simulated fillings of the product's ports (``sfaas.runtime.ports``).
 
 One simulated process gets ``Ports(kafka=SimKafkaPort(sim), objects=SimObjects(store),
-network=net.port(name), clock=VirtualClockPort(clock, walls.of(name)), disk=...)`` (its
-disk: ``sfaas.sim.disk.SimDisk``, or the real files): every process
+network=net.port(name), clock=VirtualClockPort(clock, walls.of(name)), disk=...,
+replica=replicas.port(...))`` (its disk: ``sfaas.sim.disk.SimDisk``, or the real files;
+its replica transport: ``sfaas.sim.replicas``): every process
 of a run shares the log, the object store, the switch and the virtual clock, and the
 network knows each process by its name (so a partition can cut two of them apart). Its
 wall clock is its machine's (:class:`WallClocks`): what a clock jump steps.
@@ -15,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from aiokafka.errors import KafkaConnectionError
 
-from sfaas.runtime.ports import DiskPort, LocalDisk, Ports
+from sfaas.runtime.ports import DiskPort, LocalDisk, Ports, TcpReplicas
 from sfaas.sim.clock import VirtualClock
 from sfaas.sim.log import SimKafka
 from sfaas.sim.network import SimNetwork
 from sfaas.sim.objects import SimObjectStore
+from sfaas.sim.replicas import SimReplicas
 
 if TYPE_CHECKING:
     from remotes import Remote
@@ -149,11 +151,15 @@ class SimProcess:
 
 def process_ports(name: str, kafka: SimKafka, objects: SimObjectStore, net: SimNetwork,
                   clock: VirtualClock, ended: Callable[[str, int], None],
-                  walls: WallClocks | None = None, disk: DiskPort | None = None) -> Ports:
+                  walls: WallClocks | None = None, disk: DiskPort | None = None,
+                  replicas: SimReplicas | None = None) -> Ports:
     """The ports of the simulated process ``name`` (``ended``: what its exit does;
     ``walls``: the machines' wall clocks, none: every one on time; ``disk``: what its
-    stores write through, none: the real files)."""
+    stores write through, none: the real files; ``replicas``: the run's replication
+    servers, none: the real ``tcp`` transport)."""
     wall = walls.of(name) if walls is not None else None
+    network = net.port(name)
+    replica = replicas.port(network) if replicas is not None else TcpReplicas()
     return Ports(kafka=SimKafkaPort(kafka), objects=SimObjects(objects),
-                 network=net.port(name), clock=VirtualClockPort(clock, wall),
-                 process=SimProcess(name, ended), disk=disk or LocalDisk())
+                 network=network, clock=VirtualClockPort(clock, wall),
+                 process=SimProcess(name, ended), disk=disk or LocalDisk(), replica=replica)

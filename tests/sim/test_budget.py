@@ -24,7 +24,13 @@ from tests.sim import leaky_bank
 #: Seeds that fail on main today, each by a product bug reported (sfaas/sim/README.md
 #: "Findings"), not fixed yet: run and printed, not counted. A seed listed here that
 #: passes is printed as such (remove it once the bug is fixed).
-KNOWN: dict[int, str] = {}
+KNOWN: dict[int, str] = {
+    # found once the budget drew standbys (session 11): the run ends while a worker is cut
+    # off from the coordinator (its standby took its slot); its stop waits for ever for a
+    # round's report, which waits for the lease (worker/service.py:_held_by_standbys)
+    428: "a stopping worker cut off from its coordinator waits for its round report's lease",
+    686: "the same as 428",
+}
 #: Schedules no budget seed draws that fail on main by a product bug reported, not fixed yet:
 #: seed → (flags, reason). Each must still fail (a test checks): once its bug is fixed, move
 #: it to ``FOUND_SCHEDULES``.
@@ -94,9 +100,11 @@ def test_seeds_within_the_budget_keep_every_invariant() -> None:
 def found(seed: int) -> Schedule:
     """A ``FOUND`` seed's schedule on memonly, the engine it found its bug on (the budget
     draws a seed's engine since session 7), without the slow link and clock jump drawn
-    since session 9 and the disk fault since session 10 (after all the rest, so the rest of
-    the draw is unchanged): the schedule that found the bug."""
-    return dataclasses.replace(draw(seed), store="memonly", slow=None, clock=None, disk=None)
+    since session 9, the disk fault since session 10 and the standbys since session 11
+    (after all the rest, so the rest of the draw is unchanged): the schedule that found
+    the bug."""
+    return dataclasses.replace(draw(seed), store="memonly", slow=None, clock=None, disk=None,
+                               standbys=0)
 
 
 @pytest.mark.parametrize("seed", sorted(FOUND))
@@ -172,7 +180,7 @@ def test_the_store_is_drawn_last() -> None:
     for seed, (text, rounds) in before.items():
         s = draw(seed)
         assert str(dataclasses.replace(s, store="memonly", rounds=None, slow=None,
-                                       clock=None, disk=None)) == text
+                                       clock=None, disk=None, standbys=0)) == text
         assert s.rounds == (rounds if s.store == "memonly"
                             else max(0.01, round(rounds / FILE_ROUNDS, 2)))
     assert {draw(seed).store for seed in before} != {"memonly"}
