@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import itertools
 import logging
 import os
 import random
@@ -189,7 +190,8 @@ class SimCluster:
         #: process name → the home of its current incarnation
         self._homes: dict[str, str] = {}
         #: the tasks each process started, by ``id`` of its ports (``_own``)
-        self._owned: dict[int, weakref.WeakSet[asyncio.Task[Any]]] = {}
+        self._owned: dict[int, weakref.WeakKeyDictionary[asyncio.Task[Any], int]] = {}
+        self._born = itertools.count()  # (each task's number: ``_kill`` ends them in order)
         self._bootstrap = ""
 
     def _trace(self, line: str) -> None:
@@ -346,7 +348,10 @@ class SimCluster:
         assert isinstance(its.network, SimNetworkPort) and isinstance(its.kafka, SimKafkaPort)
         its.network.kill()
         its.kafka.kill()
-        for task in list(self._owned.get(id(its), ())):
+        # (in the order they were made: a weak set iterates in the order of addresses, which
+        # depend on what the OS process ran before — the seeds before it in a budget run)
+        owned = self._owned.get(id(its), weakref.WeakKeyDictionary())
+        for task, _n in sorted(owned.items(), key=lambda tn: tn[1]):
             if not task.done():
                 task.cancel()
 
@@ -357,7 +362,7 @@ class SimCluster:
         task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, context=context)
         its = context.run(ports.current) if context is not None else ports.current()
         if its is not ports.REAL:
-            self._owned.setdefault(id(its), weakref.WeakSet()).add(task)
+            self._owned.setdefault(id(its), weakref.WeakKeyDictionary())[task] = next(self._born)
         return task
 
     async def _coordinator(self, name: str, s: Settings, its: ports.Ports) -> None:
