@@ -86,8 +86,9 @@ class Shipping:
         news = asyncio.Event()
         shippers = list(self._shippers.items())
 
-        def poke() -> None:
-            loop.call_soon_threadsafe(news.set)
+        def poke() -> None:  # (a transport's thread; an ack after the loop closed is moot)
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(news.set)
 
         offs = [sh.on_ack(poke) for _n, sh in shippers]
         deadline = loop.time() + timeout

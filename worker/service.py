@@ -265,12 +265,16 @@ class Worker(Service):
         if not self.uplink.closed:
             self.uplink.send(wire.Replayed(self.state.recovery, self.state.index, epoch))
 
-    async def _held_by_standbys(self, round_id: int) -> object:
-        """A round's report waits until the standbys hold the round (``Shipping.wait_marks``)."""
+    async def _held_by_standbys(self, round_id: int) -> bool:
+        """A round's report waits until the standbys hold the round (``Shipping.wait_marks``)
+        and the worker holds the coordinator's lease (a fenced worker reports no round:
+        ``worker.fence``); False — not reported — once the coordinator's channel is closed:
+        only a rejoin renews that lease, and a worker whose slot went to its standby never
+        rejoins — its stop waited for this report for ever (the simulator's seeds 428, 686)."""
         shipping = self.replication.shipping
-        held = None if shipping is None else await shipping.wait_marks(round_id)
-        await self.uplink.held()  # (a fenced worker reports no round: worker.fence)
-        return held
+        if shipping is not None:
+            await shipping.wait_marks(round_id)
+        return await self.uplink.held_unless_closed()
 
     def start_engine(self, stores: PartitionStores) -> Engine:
         """The slot is known and its stores are open: execution can start."""

@@ -107,3 +107,27 @@ async def test_a_round_taken_after_a_rollback_is_reported() -> None:
     stores["op", 0].upload.set_result(_info(8))
     await taker.close()
     assert len(sent) == 1 and isinstance(sent[0], wire.Snapshotted) and sent[0].round == 8
+
+
+async def test_a_round_its_worker_may_no_longer_report_is_dropped_and_its_stop_ends() -> None:
+    """The coordinator's channel closed while the report waited for the lease (the worker
+    was cut off and its standby took the slot: it never rejoins, so nothing renews the
+    lease): ``held`` says no and the report is dropped — the stop, which waits for the
+    pending reports, ends (the simulator's seeds 428 and 686 hung there)."""
+    sent: list[wire.Message] = []
+    asked: list[int] = []
+
+    async def held(round_id: int) -> bool:
+        asked.append(round_id)
+        return False
+
+    taker = RoundTaker(0, sent.append, held, interval=1.0)
+    stores = {("op", 0): _Store()}
+
+    async def durable() -> None:
+        return None
+
+    taker.take(9, Cut(60, {0: 10}, {}, [], {0: 3}, 5), stores, durable)  # type: ignore[arg-type]
+    stores["op", 0].upload.set_result(_info(9))
+    await asyncio.wait_for(taker.close(), 5)
+    assert asked == [9] and sent == [] and taker.abandoned == 1 and taker.taken == 0

@@ -46,13 +46,14 @@ class RoundTaker:
     """Takes this worker's part of each round; ``send`` delivers the report."""
 
     def __init__(self, index: int, send: Callable[[wire.Message], None],
-                 held: Callable[[int], Awaitable[object]] | None = None,
+                 held: Callable[[int], Awaitable[bool]] | None = None,
                  interval: float = 1.0) -> None:
         self.index = index
         #: the rounds' interval (seconds): a round's uploads spread over at most half of it
         self.interval = interval
         self._send = send
-        #: awaited before a report: the standbys hold the round (``Shipping.wait_marks``)
+        #: awaited before a report: the standbys hold the round (``Shipping.wait_marks``) and
+        #: the worker may report it (False: it may not: the coordinator's channel closed)
         self._held = held
         self._tasks: set[asyncio.Task[None]] = set()
         #: rounds this worker took part in, how many failed, and how many a rollback gave
@@ -109,8 +110,11 @@ class RoundTaker:
                 continue
             cuts.append(wire.StoreCut(op, p, info.bytes_uploaded, info.files_total,
                                       info.bytes_total, engines[(op, p)]))
-        if self._held is not None and not errors:
-            await self._held(round_id)
+        if self._held is not None and not errors and not await self._held(round_id):
+            self.abandoned += 1
+            log.info("round %d: the coordinator's channel closed before its report (not sent)",
+                     round_id, extra={"worker": self.index})
+            return
         if any(restores(store) != n for store, n in before):
             self.abandoned += 1
             log.info("round %d: given up by a rollback before its report (not sent)", round_id,
