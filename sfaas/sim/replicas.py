@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import shutil
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import statestores
 from sfaas.sim.network import SimNetwork, SimNetworkPort
 from statestores.replica import Follower, Received, Shipper
+from statestores.replica.source import copier
 from statestores.replica.wire import Hello, MarkMsg, Tip, bodies_of
 
 __all__ = ["SimReplicas", "SimReplicaPort", "SimReplicaServer", "SimSource", "drive", "POLL",
@@ -159,19 +159,13 @@ class SimSource:
                 if isinstance(d, Tip):
                     yield d
                     continue
-                paths = d.paths
-
-                def fetch(dests: dict[str, str] | None, paths: dict[str, str] = paths) -> None:
-                    for name, dst in (dests or {}).items():
-                        shutil.copyfile(paths[name], dst)
-
                 msg = d.msg
                 what = (f"mark {msg.snapshot_id}" if isinstance(msg, MarkMsg)
                         else "base" if msg.base else "edit")
                 self._replicas.on_event(
                     f"replica {self._client.name} <- {self._address[1]} {hello.store}: {what} "
                     f"at version {msg.seq}, {len(bodies_of(msg))} files")
-                yield Received(msg, fetch)
+                yield Received(msg, copier(d.paths))
                 if isinstance(d.msg, MarkMsg):  # asked for the next: the mark is installed
                     shipper.note_ack(d.msg.snapshot_id)
         finally:

@@ -23,7 +23,7 @@ from typing import Protocol
 from .shipper import Shipper
 from .wire import EditMsg, Hello, MarkMsg, Tip
 
-__all__ = ["Received", "Source", "LocalSource"]
+__all__ = ["Received", "Source", "LocalSource", "copier"]
 
 Fetch = Callable[[dict[str, str] | None], None]
 
@@ -63,15 +63,18 @@ class LocalSource:
             if isinstance(d, Tip):
                 yield d
                 continue
-            paths = d.paths
-
-            def fetch(dests: dict[str, str] | None, paths: dict[str, str] = paths) -> None:
-                for name, dst in (dests or {}).items():
-                    shutil.copyfile(paths[name], dst)
-
-            yield Received(d.msg, fetch)
+            yield Received(d.msg, copier(d.paths))
             if isinstance(d.msg, MarkMsg):  # asked for the next: the mark is installed
                 self.shipper.note_ack(d.msg.snapshot_id)
 
     def close(self) -> None:
         self._closed = True
+
+
+def copier(paths: dict[str, str]) -> Callable[[dict[str, str] | None], None]:
+    """A delivery's ``fetch`` when its bodies are files here (``paths``: name → path): each
+    asked for is copied to its destination."""
+    def fetch(dests: dict[str, str] | None) -> None:
+        for name, dst in (dests or {}).items():
+            shutil.copyfile(paths[name], dst)
+    return fetch
