@@ -121,7 +121,7 @@ class Recovery:
                 t = clock.monotonic()
                 latest = await self._latest_round()
                 round_id = latest.round if latest is not None else 0
-                epochs = await self._roll_back(attempt, round_id, latest)
+                epochs = await self._roll_back(attempt, latest)
                 phases["restore"] = clock.monotonic() - t
                 steps.append(time.time_ns())
                 t = clock.monotonic()
@@ -219,11 +219,14 @@ class Recovery:
         self._state.reach_epoch(latest.epoch)
         return latest
 
-    async def _roll_back(self, attempt: int, round_id: int,
-                         manifest: RoundManifest | None) -> list[wire.LoggedEpoch]:
+    async def _roll_back(self, attempt: int,
+                         latest: RoundManifest | None) -> list[wire.LoggedEpoch]:
+        """Step 3: every worker back to round ``latest`` (None: round 0, the empty state),
+        its manifest sent along; the logged epochs after it, as the workers found them."""
         state = self._state
+        round_id, manifest = (0, None) if latest is None else (latest.round, latest.encode())
         self._broadcast(wire.Recover(attempt, round_id, state.peers(), list(state.owners),
-                                     manifest.encode() if manifest is not None else None))
+                                     manifest))
         got: dict[int, wire.Recovered] = {}
         while len(got) < len(state.members):
             msg = await self._inbox.get()

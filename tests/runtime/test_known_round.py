@@ -102,7 +102,7 @@ def test_the_recover_message_carries_the_round_and_the_worker_reads_no_minio() -
 
     async def roll_back() -> None:
         with pytest.raises(TimeoutError):  # (no worker answers here)
-            await asyncio.wait_for(rec._roll_back(3, 7, _manifest(7, 700)), 0.05)
+            await asyncio.wait_for(rec._roll_back(3, _manifest(7, 700)), 0.05)
 
     asyncio.run(roll_back())
     (msg,) = sent

@@ -175,8 +175,7 @@ def _recovering(n: int, epochs: list[wire.LoggedEpoch]) -> tuple[Recovery, Inbox
     async def latest() -> RoundManifest:
         return RoundManifest(3, 30, len(chans), len(chans), (), {}, {}, {})
 
-    async def roll_back(attempt: int, round_id: int,
-                        manifest: RoundManifest | None) -> list[wire.LoggedEpoch]:
+    async def roll_back(attempt: int, latest: RoundManifest | None) -> list[wire.LoggedEpoch]:
         return epochs
 
     rec.members_ready = ready  # type: ignore[method-assign]
@@ -217,19 +216,19 @@ def test_a_loss_starts_the_next_attempt_at_once_a_failure_after_a_pause(
         starts: list[float] = []
         real = Recovery._roll_back
 
-        async def roll_back(attempt: int, round_id: int,
-                            manifest: RoundManifest | None) -> list[wire.LoggedEpoch]:
+        async def roll_back(attempt: int,
+                            latest: RoundManifest | None) -> list[wire.LoggedEpoch]:
             starts.append(asyncio.get_running_loop().time())
             if attempt == 1 and "closed channel" in how:
                 member = rec._state.members[1]
                 member.alive = "live" in how
                 member.channel = SimpleNamespace(send=_closed)
                 try:
-                    return await real(rec, attempt, round_id, manifest)
+                    return await real(rec, attempt, latest)
                 finally:
                     member.channel, member.alive = chans[1], True
             if attempt == 1:
-                rolling = asyncio.ensure_future(real(rec, attempt, round_id, manifest))
+                rolling = asyncio.ensure_future(real(rec, attempt, latest))
                 await asyncio.sleep(0.01)
                 if how == "a loss":
                     inbox.interrupt()
