@@ -56,6 +56,7 @@ class Membership(Service):
     async def register(self, reg: wire.Register, chan: channels.Channel) -> None:
         """Serve the channel of a worker that sent ``reg`` until it closes."""
         state = self._state
+        self._supersede(reg)
         joins = self._joins(reg)
         slot = None if joins else self._standbys.slot_for(reg)
         if slot is not None:
@@ -128,6 +129,20 @@ class Membership(Service):
                 else:
                     await self._inbox.put(msg)  # waits while the inbox is full
 
+    def _supersede(self, reg: wire.Register) -> None:
+        """A worker registering again in the slot it holds here (the same process: name and
+        pid; it lost this coordinator, we did not lose it yet — a one-way cut, a FIN dropped
+        by a cut): its old channel is stale. Lose it — its standby not promoted, the process
+        is here — so the registration takes the slot back. Before, the slot stayed taken by
+        the stale channel: the process was refused or took another lost slot, and its own
+        slot was lost when the old channel closed (the nemesis' seed 4: 5 s of slots changing
+        hands after a coordinator cut)."""
+        if reg.index < 0 or reg.standby_of >= 0:
+            return
+        for m in self._state.members:
+            if m.alive and m.index == reg.index and (m.name, m.pid) == (reg.name, reg.pid):
+                self.lose(m, "it registered again (its old channel is stale)", promote=False)
+
     @staticmethod
     def _lost_slot_for(reg: wire.Register, dead: list[Member]) -> Member | None:
         """The lost slot ``reg`` takes: the one it asks for if free, else the first free —
@@ -180,9 +195,10 @@ class Membership(Service):
                 self.lose(m, "its channel closed")
 
     # -- losses --------------------------------------------------------------------------------
-    def lose(self, m: Member, why: str) -> None:
+    def lose(self, m: Member, why: str, *, promote: bool = True) -> None:
         """Worker ``m`` is gone (its channel closed, it broke the protocol or the watchdog
-        lost it): stop the epochs and recover (``coordinator.protocols.recovery``)."""
+        lost it): stop the epochs and recover (``coordinator.protocols.recovery``);
+        ``promote``: its standby takes the slot (not when its process registers again)."""
         if self._rescale.is_joiner(m):
             self._rescale.lost(m)
             return
@@ -193,7 +209,7 @@ class Membership(Service):
         log.warning("lost worker %d (%s, pid %d): %s", m.index, m.name, m.pid, why)
         self._events.member_lost(f"worker {m.index} lost")
         self._inbox.interrupt()
-        if self._state.joined:
+        if self._state.joined and promote:
             self._standbys.promote(m.index)
         self._events.changed()
 

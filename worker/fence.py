@@ -130,6 +130,17 @@ class FenceLease:
         self._renewed.set()
         self._renewed = asyncio.Event()
 
+    def start(self, now: float) -> None:
+        """The lease starts ``now``, granted by this process itself (assigned, not yet
+        ready: the heartbeat task's start). It runs now, so it counts as awake from here: a
+        coordinator silent from the first beat on is rejoined, not left. Before, the first
+        tick counted as the end of a stall, so a standby promoted just before a coordinator
+        cut could never be awake and left (exit, restart) instead of rejoining in its slot
+        (the nemesis' seed 4: its fresh process then took another slot)."""
+        self._ticked = now
+        self._still_until = -math.inf
+        self.grant(now)
+
     def alive(self, msg: wire.Alive) -> None:
         """The coordinator's ``Alive`` (read by ``CoordinatorLink``)."""
         self.on_alive(msg.index, msg.generation, msg.sent)

@@ -98,7 +98,7 @@ class Heartbeat:
         if fence is not None:
             # assigned and not yet ready: the coordinator loses it only with its channel
             # (or after STARTUP_TIMEOUT), so the lease starts now
-            fence.grant(clock.monotonic())
+            fence.start(clock.monotonic())
         while True:
             lp = self._state.loop
             assert lp is not None

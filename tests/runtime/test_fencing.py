@@ -168,6 +168,29 @@ def test_a_worker_that_ran_while_its_coordinator_stood_still_rejoins_instead_of_
         alone.check()
 
 
+def test_a_worker_whose_coordinator_is_silent_from_its_first_beat_rejoins() -> None:
+    """The heartbeat task starts the lease itself (a standby just promoted, a replacement
+    just assigned) and the coordinator is cut off at once: no Alive ever comes. The process
+    ran throughout, so once the lease expired by more than T it leaves the channel to
+    rejoin — it used to count its first tick as the end of a stall and leave the process
+    (the nemesis' seed 4: the promoted standby restarted and took another slot)."""
+    clock, closed = Clock(), [False]
+    lease = _lease(clock, closed)
+    lease.start(100.0)  # (worker.heartbeat: assigned, not yet ready)
+    while clock.t < 100.0 + T * LEASE_FRACTION + T + 0.3:
+        clock.t += T / 4
+        lease.tick()
+        assert lease.check() is lease.valid() and not lease.fenced
+    assert lease.awake() and lease.coordinator_silent()
+    # a process that stood still after its start is fenced as before
+    clock2 = Clock()
+    paused = _lease(clock2)
+    paused.start(100.0)
+    clock2.t = 100.0 + T * LEASE_FRACTION + T + 0.3
+    with pytest.raises(Fenced, match="lease expired"):
+        paused.check()
+
+
 def test_answers_renew_the_lease_while_the_worker_acts_on_something_else() -> None:
     """The coordinator's channel is read by a task of its own: an ``Alive`` renews the lease
     although nobody asks for the next message (the worker is busy with a recovery)."""

@@ -23,8 +23,13 @@ class _Chan:
     def __init__(self) -> None:
         self.sent: list[wire.Message] = []
 
+        self.closed = False
+
     def send(self, msg: wire.Message) -> None:
         self.sent.append(msg)
+
+    def close(self) -> None:
+        self.closed = True
 
     async def drain(self) -> None:
         pass
@@ -34,9 +39,10 @@ class _Chan:
         return []
 
 
-def _cluster(lost: list[int], reserved: dict[int, str]) -> tuple[Membership, ClusterState]:
+def _cluster(lost: list[int], reserved: dict[int, str],
+             promoted: list[int] | None = None) -> tuple[Membership, ClusterState]:
     """Three slots, ``lost`` of them lost; ``reserved``: a lost slot → the promoted standby
-    it waits for."""
+    it waits for; ``promoted``: the slots whose standby a loss promoted."""
     state = ClusterState(3)
     for i in range(3):
         state.add_member(Member(i, f"worker-{i}", "h", 7700 + i, 100 + i,
@@ -45,8 +51,10 @@ def _cluster(lost: list[int], reserved: dict[int, str]) -> tuple[Membership, Clu
         state.members[i].alive = False
     standbys: Any = SimpleNamespace(
         slot_for=lambda reg: None, registered=lambda slot, name: None,
-        reserved_for=lambda slot: reserved.get(slot))
-    rescale: Any = SimpleNamespace(wants_joiner=lambda: False)
+        reserved_for=lambda slot: reserved.get(slot),
+        promote=lambda slot: (promoted if promoted is not None else []).append(slot))
+    rescale: Any = SimpleNamespace(wants_joiner=lambda: False, is_joiner=lambda m: False,
+                                   abandon=lambda why: None)
     events: Any = SimpleNamespace(member_lost=lambda why: None, changed=lambda: None)
     inbox: Any = SimpleNamespace(interrupt=lambda: None)
     return Membership(state, inbox, standbys, rescale, events, topics=("in", "out", "g")), state
@@ -80,3 +88,23 @@ def test_a_fresh_worker_still_takes_any_lost_slot() -> None:
     m, state = _cluster(lost=[1], reserved={})
     asyncio.run(_register(m, wire.Register("spare", "h", 7802, 202, 0, -1, 0, 0)))
     assert state.members[1].alive and state.members[1].pid == 202
+
+
+def test_a_worker_registering_again_in_the_slot_it_holds_takes_it_back() -> None:
+    """The coordinator still holds slot 0's process alive (its old channel not closed: a
+    FIN lost in a cut) when that process — the same name and pid — registers again in it:
+    the old channel is stale and closed, the slot is the registrant's again and its standby
+    is not promoted. It used to be refused, or given another lost slot, and its own slot was
+    lost when the old channel closed (the nemesis' seed 4)."""
+    promoted: list[int] = []
+    m, state = _cluster(lost=[2], reserved={}, promoted=promoted)
+    old = state.members[0].channel
+    gen = state.members[0].generation
+    chan = asyncio.run(_register(m, wire.Register("worker-0", "h", 7900, 100, 0, -1, 0, 42)))
+    assert state.members[0].alive and state.members[0].port == 7900
+    assert state.members[0].generation != gen and old.closed  # type: ignore[attr-defined]
+    assert not state.members[2].alive and promoted == []  # (slot 2 waits for its own)
+    assert not any(isinstance(x, wire.Stop) for x in chan.sent)
+    # another process naming slot 0 (a different pid) does not take it from its holder
+    chan = asyncio.run(_register(m, wire.Register("worker-0", "h", 7901, 999, 0, -1, 0, 42)))
+    assert [type(x).__name__ for x in chan.sent] == ["Stop"] and state.members[0].port == 7900
