@@ -234,9 +234,26 @@ def _observe(s: Settings, process: str) -> None:
     tracing.setup(s, process)
 
 
+#: Threads of libuv's pool, which runs every name lookup of a uvloop process
+#: (``UV_THREADPOOL_SIZE``, unless the environment sets it). libuv's default is 4: a stopped broker's name lookup
+#: hangs for the resolver's timeout (5 s in the nemesis), and every Kafka client
+#: reconnecting to it holds a thread — four such lookups queued every other lookup behind
+#: them, the probes of the live brokers too (``sfaas.runtime.kafka.Reachability``), and the
+#: coordinator replaced healthy workers as "cut from Kafka for 5.3 s" (nemesis seed 3). A
+#: thread waiting on a lookup costs no CPU.
+RESOLVER_THREADS = 64
+
+
+def size_resolver_pool() -> None:
+    """Give libuv's thread pool :data:`RESOLVER_THREADS` threads (before the loop's first
+    use of it: the pool is sized once, at its first task)."""
+    os.environ.setdefault("UV_THREADPOOL_SIZE", str(RESOLVER_THREADS))
+
+
 def _run_service(coro_factory: Any, settings: Settings | None = None) -> int:
     """Run a service's coroutine until it ends or a signal stops it; with ``settings``,
     touch the process's liveness file from its loop meanwhile (``sfaas.runtime.liveness``)."""
+    size_resolver_pool()
     try:
         import uvloop
 
