@@ -235,12 +235,12 @@ def _observe(s: Settings, process: str) -> None:
 
 
 #: Threads of libuv's pool, which runs every name lookup of a uvloop process
-#: (``UV_THREADPOOL_SIZE``, unless the environment sets it). libuv's default is 4: a stopped broker's name lookup
-#: hangs for the resolver's timeout (5 s in the nemesis), and every Kafka client
-#: reconnecting to it holds a thread — four such lookups queued every other lookup behind
-#: them, the probes of the live brokers too (``sfaas.runtime.kafka.Reachability``), and the
-#: coordinator replaced healthy workers as "cut from Kafka for 5.3 s" (nemesis seed 3). A
-#: thread waiting on a lookup costs no CPU.
+#: (``UV_THREADPOOL_SIZE``, unless the environment sets it). libuv's default is 4: a
+#: stopped broker's name lookup hangs for the resolver's timeout (5 s in the nemesis), and
+#: every Kafka client reconnecting to it holds a thread — four such lookups queued every
+#: other lookup behind them, the probes of the live brokers too
+#: (``sfaas.runtime.kafka.Reachability``), and the coordinator replaced healthy workers as
+#: "cut from Kafka for 5.3 s" (nemesis seed 3). A thread waiting on a lookup costs no CPU.
 RESOLVER_THREADS = 64
 
 
