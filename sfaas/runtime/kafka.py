@@ -8,7 +8,12 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import NewTopic
-from aiokafka.errors import OffsetOutOfRangeError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    OffsetOutOfRangeError,
+    TopicAlreadyExistsError,
+)
 
 from sfaas.errors import ClusterError
 from sfaas.runtime import ports
@@ -291,6 +296,38 @@ READ_POLL_MS = 10
 SHORT_END_PAUSES = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
 #: After how many askings a short end is logged as a warning (before: at debug).
 SHORT_END_WARN = 4
+#: How long one request of :func:`read_range`'s consumer may wait for its broker, ms
+#: (aiokafka's default: 40 s). A request to a broker cut off — the leader of a partition
+#: the read wants, or the first of the bootstrap list — is answered by nobody until the
+#: cut heals; the read waited that long (nemesis seed 5: a recovery's replies read took
+#: 4.1 s, a cut broker's 3.1 s and more). Timed out, it is asked again after a metadata
+#: refresh, which names the partition's new leader once the brokers fenced the cut one
+#: (their session timeout, 1 s in our images); the whole read still has its patience.
+READ_REQUEST_TIMEOUT_MS = 2000
+
+
+async def _read_consumer(bootstrap: str, committed: bool, kafka: KafkaPort | None,
+                         deadline: float) -> Any:
+    """:func:`read_range`'s consumer, started: a start that reached no broker in
+    :data:`READ_REQUEST_TIMEOUT_MS` per bootstrap broker is tried again with a new one
+    until ``deadline`` (the loop's clock)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        consumer = (kafka or ports.current().kafka).consumer(
+            bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="none",
+            isolation_level="read_committed" if committed else "read_uncommitted",
+            max_partition_fetch_bytes=FETCH_PARTITION_BYTES, fetch_max_wait_ms=50,
+            metadata_max_age_ms=metadata_max_age_ms(bootstrap),
+            request_timeout_ms=READ_REQUEST_TIMEOUT_MS)
+        try:
+            await consumer.start()
+            return consumer
+        except (KafkaConnectionError, KafkaTimeoutError) as exc:
+            await consumer.stop()
+            if loop.time() > deadline:
+                raise ClusterError(f"cannot reach Kafka at {bootstrap} to read: {exc}") from None
+            log.warning("reading from Kafka: %s; trying again", exc)
+            await asyncio.sleep(SHORT_END_PAUSES[-1])
 
 
 async def read_range(
@@ -313,42 +350,66 @@ async def read_range(
     the partition. Both are what a stale leader answers (see :data:`READ_RANGE_PATIENCE`);
     the end is asked twice, the second time after a metadata refresh, and the larger
     answer kept."""
-    out: dict[int, list[tuple[int, bytes]]] = {tp.partition: [] for tp in starts}
     if not starts:
-        return out
+        return {}
     need = {tp: max(starts[tp], (at_least or {}).get(tp, 0)) for tp in starts}
-    consumer = (kafka or ports.current().kafka).consumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="none",
-        isolation_level="read_committed" if committed else "read_uncommitted",
-        max_partition_fetch_bytes=FETCH_PARTITION_BYTES, fetch_max_wait_ms=50,
-        metadata_max_age_ms=metadata_max_age_ms(bootstrap))
-    await consumer.start()
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + patience
-    asked = 0
-
-    async def refresh(why: str) -> None:
-        nonlocal asked
-        if loop.time() > deadline:
-            raise ClusterError(f"cannot read {why} for {patience:.0f} s; Kafka's partition "
-                               "leaders keep answering as if records were missing")
-        log.log(logging.WARNING if asked >= SHORT_END_WARN else logging.DEBUG,
-                "reading %s; asking again after a metadata refresh", why)
-        await consumer._client.force_metadata_update()  # (no public call for it)
-        await asyncio.sleep(SHORT_END_PAUSES[min(asked, len(SHORT_END_PAUSES) - 1)])
-        asked += 1
-
+    deadline = asyncio.get_running_loop().time() + patience
+    consumer = await _read_consumer(bootstrap, committed, kafka, deadline)
+    read = _RangeRead(consumer, list(starts), deadline, patience)
     try:
-        tps = list(starts)
-        consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
-        while short := [tp for tp in tps if ends[tp] < need[tp]]:
-            await refresh(f"{short[0].topic}[{short[0].partition}]: its end is {ends[short[0]]}, "
-                          f"before offset {need[short[0]]}, which exists")
-            ends = await consumer.end_offsets(tps)
-        await consumer._client.force_metadata_update()
-        again = await consumer.end_offsets(tps)
-        ends = {tp: max(ends[tp], again[tp]) for tp in tps}
+        consumer.assign(read.tps)
+        return await read.records(starts, await read.ends(need))
+    finally:
+        await consumer.stop()
+
+
+class _RangeRead:
+    """One :func:`read_range`: its consumer (assigned ``tps``), and how often it asked
+    again after a metadata refresh, until ``deadline`` (the loop's clock)."""
+
+    def __init__(self, consumer: Any, tps: list[TopicPartition], deadline: float,
+                 patience: float) -> None:
+        self.consumer, self.tps = consumer, tps
+        self._deadline, self._patience = deadline, patience
+        self._asked = 0
+
+    async def refresh(self, why: str) -> None:
+        """Ask Kafka for fresh metadata and pause before asking again (past the deadline:
+        a :class:`~sfaas.errors.ClusterError` saying ``why``)."""
+        if asyncio.get_running_loop().time() > self._deadline:
+            raise ClusterError(f"cannot read {why} for {self._patience:.0f} s; Kafka's "
+                               "partition leaders keep answering as if records were missing")
+        log.log(logging.WARNING if self._asked >= SHORT_END_WARN else logging.DEBUG,
+                "reading %s; asking again after a metadata refresh", why)
+        await self.consumer._client.force_metadata_update()  # (no public call for it)
+        await asyncio.sleep(SHORT_END_PAUSES[min(self._asked, len(SHORT_END_PAUSES) - 1)])
+        self._asked += 1
+
+    async def _end_offsets(self) -> dict[TopicPartition, int]:
+        while True:
+            try:
+                return dict(await self.consumer.end_offsets(self.tps))
+            except KafkaTimeoutError as exc:  # (a leader cut off: its new one, once named)
+                await self.refresh(f"the end offsets of {self.tps[0].topic}: {exc}")
+
+    async def ends(self, need: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Each partition's end, asked until it is not before ``need``, then once more
+        after a metadata refresh (the larger answer kept)."""
+        ends = await self._end_offsets()
+        while short := [tp for tp in self.tps if ends[tp] < need[tp]]:
+            tp = short[0]
+            await self.refresh(f"{tp.topic}[{tp.partition}]: its end is {ends[tp]}, "
+                               f"before offset {need[tp]}, which exists")
+            ends = await self._end_offsets()
+        await self.consumer._client.force_metadata_update()
+        again = await self._end_offsets()
+        return {tp: max(ends[tp], again[tp]) for tp in self.tps}
+
+    async def records(self, starts: dict[TopicPartition, int],
+                      ends: dict[TopicPartition, int]) -> dict[int, list[tuple[int, bytes]]]:
+        """Every record from each start to its end (out of range: asked again)."""
+        consumer, tps = self.consumer, self.tps
+        out: dict[int, list[tuple[int, bytes]]] = {tp.partition: [] for tp in tps}
         at = dict(starts)  # the next offset wanted, per partition
         for tp in tps:
             consumer.seek(tp, at[tp])
@@ -358,7 +419,8 @@ async def read_range(
             except OffsetOutOfRangeError as exc:
                 tp = next(iter(exc.args[0])) if exc.args and isinstance(exc.args[0], dict) \
                     else tps[0]
-                await refresh(f"{tp.topic}[{tp.partition}] at offset {at.get(tp)}: out of range")
+                await self.refresh(f"{tp.topic}[{tp.partition}] at offset {at.get(tp)}: "
+                                   "out of range")
                 for t in tps:
                     consumer.seek(t, at[t])
                 continue
@@ -370,6 +432,4 @@ async def read_range(
             for tp in tps:  # (past offsets without a record to hand out: control records)
                 if at[tp] < ends[tp]:
                     at[tp] = max(at[tp], await consumer.position(tp))
-    finally:
-        await consumer.stop()
-    return out
+        return out

@@ -85,3 +85,40 @@ def test_an_offset_out_of_range_is_an_error_never_a_jump(kafka: Any) -> None:
         got = await read_range(kafka.kafka_bootstrap, {tp: 12})  # what is there still reads
         assert [v for _, v in got[0]] == [f"v{i}".encode() for i in range(12, 20)]
     asyncio.run(asyncio.wait_for(go(), 60))
+
+
+def test_a_broker_that_never_answers_costs_the_read_one_request_timeout(kafka: Any) -> None:
+    """A broker cut off answers nothing until the cut heals (here: a server that accepts
+    connections and never answers). A read that reaches only such a broker gives up at its
+    patience, naming it — it used to wait aiokafka's 40 s request timeout, whatever its
+    patience; and one request waits :data:`READ_REQUEST_TIMEOUT_MS`, then the read goes on
+    with the next broker (aiokafka shuffles the bootstrap list: the silent one is asked
+    first in half the runs, and cost those 40 s)."""
+    from sfaas.runtime.kafka import READ_REQUEST_TIMEOUT_MS
+
+    async def go() -> None:
+        topic = await _topic(kafka, 8)
+        held: list[asyncio.StreamWriter] = []
+
+        async def silent(_: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            held.append(w)  # (never answers, never closes)
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        mute = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        loop = asyncio.get_running_loop()
+        try:
+            t0 = loop.time()
+            with pytest.raises(ClusterError, match=rf"cannot reach Kafka at {mute} to read"):
+                await read_range(mute, {TopicPartition(topic, 0): 0}, patience=3.0)
+            assert loop.time() - t0 < 3.0 + 2 * READ_REQUEST_TIMEOUT_MS / 1000 + 2
+            for _ in range(3):
+                t0 = loop.time()
+                got = await read_range(f"{mute},{kafka.kafka_bootstrap}",
+                                       {TopicPartition(topic, 0): 0})
+                assert [v for _, v in got[0]] == [f"v{2 * i}".encode() for i in range(4)]
+                assert loop.time() - t0 < READ_REQUEST_TIMEOUT_MS / 1000 + 5
+        finally:
+            server.close()
+            for w in held:
+                w.close()
+    asyncio.run(asyncio.wait_for(go(), 60))
