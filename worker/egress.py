@@ -249,8 +249,12 @@ class Egress:
             await self._renew(lane, Unstarted("the reply producer failed before the fence"))
         await self._leased(recovering=True)  # (the abort ends a transaction of the slot)
         st, producer = self._state, lane.producer
-        await producer.begin_transaction()
         try:
+            # (a producer fenced meanwhile by the slot's other process — a promoted standby
+            # that then was lost itself — is left in FATAL_ERROR, whose begin aiokafka
+            # refuses with an AssertionError: broken too, or every attempt of the recovery
+            # failed the same way for ever, nemesis seed 13)
+            await producer.begin_transaction()
             futs = [await producer.send(st.egress_topic, wire.FENCE, partition=p) for p in parts]
             mds = await asyncio.gather(*futs)
         except BaseException:

@@ -286,6 +286,11 @@ class LogResult:
     state: dict[str, dict[str, Any]]
     #: ``(request id, epoch)`` of requests committed a second time (a bug of the runtime)
     doubled: list[tuple[str, int]]
+    #: of each in :attr:`doubled`: where both commits came from — ``(epoch, ingress
+    #: partition, offset)`` of the first and of the second (to tell a record read twice
+    #: from one request sent twice)
+    origins: list[tuple[tuple[int, int, int], tuple[int, int, int]]] = field(
+        default_factory=list)
 
 
 async def replay_log(
@@ -303,14 +308,19 @@ async def replay_log(
         if remote_of is not None:
             await asyncio.to_thread(replay.restore, remote_of)
         fates: dict[str, tuple[bool, Any]] = {}
-        doubled = []
+        first: dict[str, tuple[int, int, int]] = {}  # request id → its first commit's origin
+        doubled, origins = [], []
         for epoch in replay.epochs:
             for d in await replay.run_epoch(epoch):
                 # exactly once: a request id commits at most once in the whole log (a copy
                 # run under another tid after its first run aborted is one run)
+                where = (epoch, d.item.partition, d.item.offset)
                 if d.committed and fates.get(d.item.rid, (False,))[0]:
                     doubled.append((d.item.rid, epoch))
+                    origins.append((first[d.item.rid], where))
+                if d.committed:
+                    first.setdefault(d.item.rid, where)
                 fates[d.item.rid] = (d.committed, d.value)
-        return LogResult(fates, replay.state(), doubled)
+        return LogResult(fates, replay.state(), doubled, origins)
     finally:
         await replay.close()

@@ -363,3 +363,34 @@ async def test_a_reply_producer_asks_again_soon_while_its_predecessors_transacti
     log = make_producer("127.0.0.1:9", durable=True)
     assert replies._sender._retry_backoff == TXN_RETRY_BACKOFF_MS / 1000 <= 0.02
     assert log._sender._retry_backoff == 0.1
+
+
+class _FencedProducer(TxnProducer):
+    """A producer another process of the slot fenced: aiokafka leaves it in FATAL_ERROR and
+    its state machine refuses every begin."""
+
+    async def begin_transaction(self) -> None:
+        raise AssertionError("Invalid state transition TransactionState.FATAL_ERROR -> "
+                             "TransactionState.IN_TRANSACTION")
+
+
+async def test_a_recoverys_fence_on_a_fenced_producer_renews_it_on_the_next_attempt(
+        tmp_path: Path) -> None:
+    """Nemesis seed 13: a worker got its slot back after the slot's promoted standby, which
+    had fenced its reply producers, was lost too. Each recovery attempt's fence began a
+    transaction on the fatal producer and failed — 25 attempts, until the run ended. The
+    failed fence now marks the lane broken, so the next attempt renews its producer."""
+    factory = Factory()
+    fenced_producer = _FencedProducer(factory.offsets)
+    w = _worker(tmp_path, fenced_producer, factory)
+
+    async def test() -> None:
+        with pytest.raises(AssertionError, match="FATAL_ERROR"):
+            await w.egress.fence([0, 1])  # (this attempt fails: the recovery tries again)
+        ends = await w.egress.fence([0, 1])
+        assert sorted(ends) == [0, 1] and w.egress.renewals == 1
+        assert factory.ids == [transactional_id(OUT, 0)] and factory.made[0].committed == []
+        await asyncio.sleep(0.01)
+        assert fenced_producer.stopped  # (retired in the background)
+
+    await _closing(w, test)

@@ -186,7 +186,9 @@ async def replay_log(app: App, m: RoundManifest, records: list[tuple[int, EpochR
     by_pos = {(p, o): req for p, reqs in requests.items() for o, req in reqs}
     out = await serial_replay(app, m, [rec for _, rec in records], by_pos, directory, maps=maps,
                               store=store)
-    assert not out.doubled, f"requests committed twice (request id, epoch): {out.doubled[:5]}"
+    assert not out.doubled, (f"requests committed twice (request id, epoch): {out.doubled[:5]}; "
+                             f"(epoch, partition, offset) of the first and second commit: "
+                             f"{out.origins[:5]}")
     return out.fates, out.state
 
 

@@ -85,6 +85,10 @@ class TxnProducer:
         self.committed.append(self._open)
         self._open = None
 
+    async def abort_transaction(self) -> None:
+        assert self._open is not None, "an abort outside a transaction"
+        self._open = None
+
     def values(self) -> list[bytes]:
         """The values of every committed record, in order."""
         return [v for txn in self.committed for _, v, _, _ in txn]
