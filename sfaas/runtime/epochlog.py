@@ -41,7 +41,9 @@ names the offset of its writer's newest fence when it was sent. A record of work
 at offset ``o`` naming fence ``f`` is *void* — no recovery replays it — when a fence of
 ``w`` lies between ``f`` and ``o`` (:func:`live`): it was sent before that fence and
 landed after it, so no recovery that read the log past the fence saw it, and none ever
-will.
+will. Only a fence of the record's generation or a later one counts: a process that lost
+its slot may still land a fence it handed to its producer before (cut from the brokers,
+paused), after its successor's records, and no recovery that counts read up to it.
 
 Encoding (``sfaas/runtime/FORMAT.md`` § "Epoch log"): ``b"SFEL" | version:u8 | msgpack([epoch,
 worker, now, [[tid, partition, offset], ...], [[tid, now], ...], [[tid, {effect key: [ok,
@@ -358,18 +360,29 @@ def live(records: Sequence[tuple[int, AnyRecord]], start: int) -> list[tuple[int
 
     Worker ``w``'s epoch record at offset ``o`` is void when a fence of ``w`` lies between
     the fence the record names and ``o``: a fence read here, or one before ``start`` that
-    a later record of ``w`` names (a record sent after a fence names it)."""
-    floor: dict[int, int] = {}
+    a later record of ``w`` names (a record sent after a fence names it) — a fence of the
+    record's generation or a later one. An earlier generation's fence voids nothing of a
+    later one: its process lost the slot (a stopped or cut worker whose fence was still in
+    its producer lands it after its successor's records), and what its recovery read was
+    never the slot's history."""
+    floors: dict[int, dict[int, int]] = {}  # worker → generation → its newest fence
+
+    def fenced(worker: int, generation: int, at: int) -> None:
+        gens = floors.setdefault(worker, {})
+        gens[generation] = max(gens.get(generation, -1), at)
+
     for _, r in records:
         if isinstance(r, EpochRecord) and 0 <= r.fence < start:
-            floor[r.worker] = max(floor.get(r.worker, -1), r.fence)
+            fenced(r.worker, r.generation, r.fence)
     out: list[tuple[int, AnyRecord]] = []
     for o, r in records:
         if isinstance(r, FenceRecord):
-            floor[r.worker] = max(floor.get(r.worker, -1), o)
+            fenced(r.worker, r.generation, o)
         elif isinstance(r, StartRecord):
             continue
-        elif isinstance(r, CutRecord) or r.fence >= floor.get(r.worker, -1):
+        elif isinstance(r, CutRecord) or r.fence >= max(
+                (at for gen, at in floors.get(r.worker, {}).items() if gen >= r.generation),
+                default=-1):
             out.append((o, r))
     return out
 

@@ -22,8 +22,9 @@ from sfaas.runtime.epochlog import (
 )
 
 
-def _rec(epoch: int, worker: int, fence: int) -> EpochRecord:
-    return EpochRecord(epoch, worker, 1.0, ((epoch, worker, epoch),), fence=fence)
+def _rec(epoch: int, worker: int, fence: int, generation: int = 0) -> EpochRecord:
+    return EpochRecord(epoch, worker, 1.0, ((epoch, worker, epoch),), generation=generation,
+                       fence=fence)
 
 
 def _kept(records: list[tuple[int, AnyRecord]], start: int = 0) -> list[int]:
@@ -56,6 +57,30 @@ def test_a_fence_before_the_read_still_voids_what_a_later_record_names() -> None
     ]
     assert _kept(log, start=40) == [41, 42]
     assert _kept(log[:2], start=40) == [40, 41]  # (nothing names the fence: kept)
+
+
+def test_a_late_fence_of_a_slots_lost_process_voids_none_of_its_successors_records() -> None:
+    """A worker cut from the brokers lost its slot with its recovery's fence still in its
+    producer; the fence landed after its successor's records. Counted like the
+    successor's own, it voided every record the successor sent until its next fence —
+    epochs whose replies had left (a direct request answered and in no counted epoch)
+    and whose requests the next recovery took again (committed twice)."""
+    old, new = 5, 9  # the lost process's generation and its successor's
+    log: list[tuple[int, AnyRecord]] = [
+        (20, FenceRecord(0, new, 1)),   # the successor's recovery
+        (21, _rec(7, 0, 20, new)),      # its records name its fence
+        (22, FenceRecord(0, old, 3)),   # the lost process's fence, landing late
+        (23, _rec(8, 0, 20, new)),      # counts still
+        (24, _rec(6, 0, -1, old)),      # the lost process's late record: void
+        (25, FenceRecord(0, new, 2)),   # the successor's next recovery
+        (26, _rec(9, 0, 20, new)),      # sent before it, landed after: void
+        (27, _rec(9, 0, 25, new)),
+    ]
+    assert _kept(log) == [21, 23, 27]
+    # read from a later round's position: the fences are known by what records name
+    assert _kept(log[3:5], start=23) == [23]  # (the successor's record names fence 20)
+    late = [(30, _rec(6, 0, 22, old)), (31, _rec(10, 0, 20, new))]
+    assert _kept(late, start=30) == [30, 31]  # (nothing of ``new``'s is after fence 22)
 
 
 def test_fence_records_round_trip_and_bad_ones_name_their_source() -> None:
