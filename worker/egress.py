@@ -54,7 +54,7 @@ from sfaas.runtime.kafka import make_producer
 from sfaas.runtime.ports import KafkaPort
 from sfaas.runtime.settings import Settings
 from worker.clients import DESYNCED, RENEW_PATIENCE, RESENDS, start_kafka, warm_topic
-from worker.fence import Fenced, FenceLease
+from worker.fence import OPEN_POLL, Fenced, FenceLease
 from worker.needs import Completions
 from worker.state import WorkerState
 
@@ -297,9 +297,25 @@ class Egress:
         finally:
             self._urgent -= 1
 
-    async def durable(self) -> None:
-        """Every reply queued so far is committed (or failed for good)."""
-        await self.flush()
+    async def durable(self, recovering: bool = False) -> None:
+        """Every reply queued so far is committed (or failed for good). ``recovering``: a
+        recovery's step — the commits wait for the coordinator's lease, so a lapsed lease
+        with the coordinator's channel closed ends the wait with ``ChannelClosed``
+        (``FenceLease.open``): only the rejoin that follows the recovery renews it (the
+        simulator, seed 456: a coordinator restarted while a worker's recovery flushed
+        its replies, cut from Kafka; the recovery waited for ever and the worker never
+        rejoined)."""
+        lease = self._lease
+        if not recovering or lease is None or not self._pending():
+            await self.flush()
+            return
+        flush = asyncio.ensure_future(self.flush())
+        try:
+            while not (await asyncio.wait([flush], timeout=OPEN_POLL))[0]:
+                lease.open()
+            flush.result()
+        finally:
+            flush.cancel()  # (its commits go on: flush shields them)
 
     async def _drain_all(self) -> None:
         """Send queued replies into the open transaction; commit it when its window ends (at

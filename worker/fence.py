@@ -226,14 +226,22 @@ class FenceLease:
         reads the coordinator, and a worker awake while its lease lapsed closes that channel
         to rejoin; the rejoin that renews the lease runs only once the recovery returns
         (the simulator's seed 49: it waited for ever)."""
-        while not self.check():
-            if self._closed():
-                raise ChannelClosed("the coordinator's channel closed during the recovery "
-                                    "(the worker rejoins)")
+        while not self.open():
             try:
                 await asyncio.wait_for(self.held(), OPEN_POLL)
             except TimeoutError:
                 pass
+
+    def open(self) -> bool:
+        """:meth:`held_open`'s test, once: True while the lease holds, False while it
+        lapsed with the coordinator's channel open; :class:`~sfaas.errors.ChannelClosed`
+        once it lapsed with the channel closed (the recovery ends; the worker rejoins)."""
+        if self.check():
+            return True
+        if self._closed():
+            raise ChannelClosed("the coordinator's channel closed during the recovery "
+                                "(the worker rejoins)")
+        return False
 
     def fence(self, why: str = "") -> None:
         """Leave: no word from the coordinator for too long (or its channel closed; or

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from sfaas.errors import ChannelClosed
 from sfaas.runtime.epochlog import CutRecord
 from worker.direct import DirectIngress
 from worker.egress import Egress
@@ -57,7 +58,9 @@ class Quiescer:
         if not replies:
             return
         try:
-            await self._egress.durable()
+            await self._egress.durable(recovering=True)
+        except ChannelClosed:
+            raise  # (the recovery ends; the worker rejoins: Egress.durable)
         except Exception as exc:
             log.warning("flushing replies before the recovery failed: %s", exc,
                         extra={"worker": self._state.index})

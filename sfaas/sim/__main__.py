@@ -68,6 +68,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cut", metavar="AT,FOR", default="",
                    help="worker 1 and the coordinator cut apart AT simulated seconds in, "
                         "healed FOR seconds later (e.g. 1,1)")
+    p.add_argument("--cut-kafka", metavar="AT,FOR", default="",
+                   help="worker 1 cut from every broker AT simulated seconds in, healed FOR "
+                        "seconds later (e.g. 1,2)")
     p.add_argument("--outage", metavar="AT,FOR", default="",
                    help="Kafka unreachable AT simulated seconds in, for FOR seconds")
     p.add_argument("--stale", metavar="AT,FOR,TOPIC,PART,BEHIND", default="",
@@ -112,7 +115,8 @@ def schedule(ns: argparse.Namespace) -> Schedule:
                     coordinator=_pair(ns.crash_coordinator), rounds=ns.rounds,
                     store=ns.store, slow=Slow.parse(ns.slow) if ns.slow else None,
                     clock=Jump.parse(ns.clock) if ns.clock else None,
-                    disk=Disk.parse(ns.disk) if ns.disk else None, standbys=ns.standbys)
+                    disk=Disk.parse(ns.disk) if ns.disk else None, standbys=ns.standbys,
+                    kafka_cut=_pair(ns.cut_kafka))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -137,6 +137,8 @@ class Broker:
         self.groups: dict[tuple[str, TopicPartition], int] = {}
         #: the whole cluster is unreachable until this loop time
         self.down_until = float("-inf")
+        #: process name → until when it is cut from every broker (``SimKafka.cut``)
+        self.cut_off: dict[str, float] = {}
         #: partition → until when its leader is unavailable
         self.leaderless: dict[TopicPartition, float] = {}
         #: partition → (until when, the end a stale leader answers)
@@ -173,12 +175,15 @@ class Broker:
         return p > 0 and self.rng.random() < p
 
     # -- availability --------------------------------------------------------------------------
-    def reachable(self) -> bool:
-        return self.now() >= self.down_until
+    def reachable(self, owner: str | None = None) -> bool:
+        """Is the cluster up, and not cut from process ``owner`` (None: anyone's view)?"""
+        now = self.now()
+        return now >= self.down_until and (
+            owner is None or now >= self.cut_off.get(owner, float("-inf")))
 
-    def leads(self, tp: TopicPartition) -> bool:
-        """Is ``tp``'s leader up (and the cluster reachable)?"""
-        return self.reachable() and self.now() >= self.leaderless.get(tp, float("-inf"))
+    def leads(self, tp: TopicPartition, owner: str | None = None) -> bool:
+        """Is ``tp``'s leader up (and the cluster reachable from ``owner``)?"""
+        return self.reachable(owner) and self.now() >= self.leaderless.get(tp, float("-inf"))
 
     def stale_end(self, tp: TopicPartition) -> int | None:
         """The end a stale leader of ``tp`` answers with now (None: it is not stale)."""

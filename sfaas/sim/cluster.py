@@ -37,6 +37,7 @@ from sfaas.runtime import ports, wire
 from sfaas.runtime.partitioning import partition_of
 from sfaas.runtime.settings import Settings
 from sfaas.sim import clock, timed_faults
+from sfaas.sim.checks import balances_violations
 from sfaas.sim.disk import SimDisk
 from sfaas.sim.faults import Schedule, Stale
 from sfaas.sim.log import Faults, SimKafka
@@ -134,6 +135,8 @@ class Outcome:
     sent: int = 0
     replies: dict[str, wire.Reply] = field(default_factory=dict)
     duplicates: list[str] = field(default_factory=list)
+    #: the transfers sent: request id → (from, to, amount)
+    transfers: dict[str, tuple[str, str, int]] = field(default_factory=dict)
     committed: int = 0
     aborted: int = 0
     balances: dict[str, int] = field(default_factory=dict)
@@ -248,7 +251,7 @@ class SimCluster:
                 faults.append(loop.create_task(
                     self._crash(s, *sched.coordinator, name="coordinator")))
             faults += timed_faults.start(sched, self.net, self.walls, self.workers, self._trace,
-                                         self._disk_of)
+                                         self._disk_of, self.kafka)
             await self._drive(s, random.Random(rng.getrandbits(64)))
             for task in faults:
                 await task
@@ -475,8 +478,9 @@ class SimCluster:
                 await self._send(ingress, name, "deposit", [b.opening])
             for _ in range(b.transfers):
                 src, dst = rng.sample(names, 2)
-                await self._send(ingress, src, "transfer",
-                                 [dst, rng.randint(1, b.opening)])
+                amount = rng.randint(1, b.opening)
+                rid = await self._send(ingress, src, "transfer", [dst, amount])
+                self.outcome.transfers[rid] = (src, dst, amount)
                 await asyncio.sleep(rng.expovariate(b.rate))
             await self._answered(loop.time() + self.seconds)
             await asyncio.sleep(b.idle)
@@ -557,9 +561,8 @@ class SimCluster:
             o.violations.append("an opening deposit did not commit")
         o.balances = {n: o.replies[r].value for n, r in zip(names, reads, strict=True)
                       if r in o.replies and o.replies[r].ok}
-        total = sum(o.balances.values())
-        if len(o.balances) == len(names) and total != b.accounts * b.opening:
-            o.violations.append(f"balances sum to {total}, not {b.accounts * b.opening}")
+        if len(o.balances) == len(names):  # (exactly once: sfaas.sim.checks)
+            o.violations += balances_violations(b.opening, o.balances, o.transfers, o.replies)
 
 
 def simulate(app: App, roles: Roles, seed: int, *, seconds: float = 60.0, workers: int = 2,

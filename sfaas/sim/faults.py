@@ -26,6 +26,12 @@ Faults a schedule may hold (each drawn or left out by the seed):
   by ``seconds`` (±0.5–30 s) at ``at`` and stays off by that much, as after an NTP step; a
   restart of the process keeps it (the clock is its machine's: ``sfaas.sim.ports``).
 
+- ``kafka_cut``: worker 1 cut from every broker at ``at`` for ``for`` seconds (the
+  others still reach them: the coordinator loses it as cut from Kafka); the request it has
+  on the wire if it dies meanwhile lands after the heal, as an orphaned socket's bytes do
+  (``sfaas.sim.log.SimKafka.cut``). Drawn after the standbys, last of all; near a
+  recovery when the schedule has one.
+
 - ``disk``: a disk fault — one worker's file system (its stores' disk: ``sfaas.sim.disk``)
   fails its first mutating call at or after ``at``: an I/O ``error`` (nothing written) or a
   ``torn`` write (a random prefix written); every later call of that file system fails too
@@ -222,15 +228,17 @@ class Schedule:
     disk: Disk | None = None
     #: standby workers per worker (not a fault: kept when shrinking)
     standbys: int = 0
+    #: worker 1 cut from every broker at ``at`` for ``for`` seconds
+    kafka_cut: Pair | None = None
 
     def args(self) -> list[str]:
         """The ``python -m sfaas.sim`` flags that give this schedule."""
         out: list[str] = []
-        for name in ("crash", "cut", "outage", "coordinator"):
+        flags = {"coordinator": "crash-coordinator", "kafka_cut": "cut-kafka"}
+        for name in ("crash", "cut", "outage", "coordinator", "kafka_cut"):
             pair = getattr(self, name)
             if pair is not None:
-                flag = "crash-coordinator" if name == "coordinator" else name
-                out += [f"--{flag}", f"{pair[0]:g},{pair[1]:g}"]
+                out += [f"--{flags.get(name, name)}", f"{pair[0]:g},{pair[1]:g}"]
         if self.stale is not None:
             out += ["--stale", self.stale.flag()]
         if self.slow is not None:
@@ -256,7 +264,7 @@ class Schedule:
     def faults(self) -> int:
         return len([f for f in (self.crash, self.cut, self.outage, self.stale,
                                 self.kafka_errors, self.object_errors, self.coordinator,
-                                self.slow, self.clock, self.disk) if f])
+                                self.slow, self.clock, self.disk, self.kafka_cut) if f])
 
     def without(self, name: str) -> Schedule:
         """This schedule less one fault (shrinking)."""
@@ -269,7 +277,7 @@ class Schedule:
 
 #: the fields of a schedule, in the order shrinking drops them
 FAULTS = ("crash", "cut", "outage", "stale", "kafka_errors", "object_errors", "coordinator",
-          "slow", "clock", "disk")
+          "slow", "clock", "disk", "kafka_cut")
 
 
 def _r(x: float) -> float:
@@ -318,5 +326,12 @@ def draw(seed: int, *, load_seconds: float = 1.0, partitions: int = 4) -> Schedu
         disk = Disk(when(), rng.choice(DISK_WORKERS), rng.choice(DISK_KINDS))
     # (drawn after the disk fault: no earlier draw of any seed changed)
     standbys = 1 if rng.random() < STANDBYS else 0
+    # (drawn after the standbys: no earlier draw of any seed changed) — near a recovery
+    # when there is one: a fence on the wire when the cut worker is lost lands late
+    kafka_cut = None
+    if rng.random() < 0.3:
+        recoveries = [sum(p) for p in (crash, cut) if p is not None]
+        at = _r(rng.choice(recoveries) + rng.uniform(0.0, 0.2)) if recoveries else when()
+        kafka_cut = (at, _r(rng.uniform(0.5, 4.0)))
     return Schedule(crash, cut, outage, stale, kafka_errors, object_errors, hot, coordinator,
-                    rounds, store, slow, jump, disk, standbys)
+                    rounds, store, slow, jump, disk, standbys, kafka_cut)

@@ -21,9 +21,9 @@ retention (an offset below it is out of range: ``auto_offset_reset``, or
 Faults, drawn from the seeded ``random.Random`` (:class:`~sfaas.sim.broker.Faults`) or
 switched on for a while: a send that fails, one whose answer is lost after the append, a
 producer stuck out of sequence, an empty fetch, latency; the cluster unreachable
-(:meth:`SimKafka.outage`), a partition's leader unavailable (:meth:`SimKafka.leader_down`),
-a stale leader answering a shorter log (:meth:`SimKafka.stale_leader`), records deleted
-(:meth:`SimKafka.delete_records`).
+(:meth:`SimKafka.outage`), one process cut from it (:meth:`SimKafka.cut`), a partition's
+leader unavailable (:meth:`SimKafka.leader_down`), a stale leader answering a shorter log
+(:meth:`SimKafka.stale_leader`), records deleted (:meth:`SimKafka.delete_records`).
 """
 
 from __future__ import annotations
@@ -94,6 +94,15 @@ class SimKafka:
         self.broker.event(f"fault outage {seconds}")
         self.broker.fault_over(until)
 
+    def cut(self, process: str, seconds: float) -> None:
+        """Process ``process`` reaches no broker for ``seconds`` (its link cut; every other
+        process still does): its requests wait, its fetches return nothing, its probes
+        fail; the request it has on the wire if it dies meanwhile lands after the heal."""
+        until = self.broker.now() + seconds
+        self.broker.cut_off[process] = max(self.broker.cut_off.get(process, until), until)
+        self.broker.event(f"fault kafka-cut {process} {seconds}")
+        self.broker.fault_over(until)
+
     def leader_down(self, tp: TopicPartition, seconds: float) -> None:
         """``tp`` has no leader for ``seconds``: its sends wait, its fetches return nothing."""
         until = self.broker.now() + seconds
@@ -122,12 +131,14 @@ class CreateTopicsResult(NamedTuple):
 class SimAdmin:
     """``AIOKafkaAdminClient``: topics, their description, the cluster's, record deletion."""
 
-    def __init__(self, broker: Broker, *, request_timeout_ms: int = 40_000, **_: Any) -> None:
+    def __init__(self, broker: Broker, *, request_timeout_ms: int = 40_000,
+                 owner: str | None = None, **_: Any) -> None:
         self._broker = broker
+        self._owner = owner
         self._timeout = request_timeout_ms / 1000
 
     async def start(self) -> None:
-        await until_reachable(self._broker, None, self._timeout)
+        await until_reachable(self._broker, None, self._timeout, self._owner)
 
     async def close(self) -> None:
         pass
@@ -136,7 +147,7 @@ class SimAdmin:
                             validate_only: bool = False) -> CreateTopicsResult:
         """Create each ``NewTopic``; as aiokafka's, an existing one is no exception but an
         error code in the answer's ``topic_errors`` (36: it exists)."""
-        await until_reachable(self._broker, None, self._timeout)
+        await until_reachable(self._broker, None, self._timeout, self._owner)
         errors: list[tuple[str, int, str | None]] = []
         for t in new_topics:
             try:
@@ -148,17 +159,17 @@ class SimAdmin:
         return CreateTopicsResult(errors)
 
     async def delete_topics(self, topics: Iterable[str], timeout_ms: int | None = None) -> None:
-        await until_reachable(self._broker, None, self._timeout)
+        await until_reachable(self._broker, None, self._timeout, self._owner)
         for t in topics:
             self._broker.topics.pop(t, None)
 
     async def list_topics(self) -> list[str]:
-        await until_reachable(self._broker, None, self._timeout)
+        await until_reachable(self._broker, None, self._timeout, self._owner)
         return sorted(self._broker.topics)
 
     async def describe_topics(self, topics: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """Each topic as aiokafka describes it (``error_code`` 3: no such topic)."""
-        await until_reachable(self._broker, None, self._timeout)
+        await until_reachable(self._broker, None, self._timeout, self._owner)
         out = []
         for t in (topics if topics is not None else sorted(self._broker.topics)):
             parts = self._broker.topics.get(t)
@@ -171,7 +182,7 @@ class SimAdmin:
         return out
 
     async def describe_cluster(self) -> dict[str, Any]:
-        await until_reachable(self._broker, None, self._timeout)
+        await until_reachable(self._broker, None, self._timeout, self._owner)
         return {"throttle_time_ms": 0, "brokers": [dict(NODE)], "cluster_id": "sim",
                 "controller_id": NODE["node_id"]}
 
@@ -179,6 +190,6 @@ class SimAdmin:
                              timeout_ms: int | None = None) -> dict[TopicPartition, int]:
         """Delete each partition's records below its ``RecordsToDelete.before_offset``; the
         new log starts."""
-        await until_reachable(self._broker, None, self._timeout)
+        await until_reachable(self._broker, None, self._timeout, self._owner)
         return {tp: self._broker.partition(tp).delete_before(r.before_offset)
                 for tp, r in records_to_delete.items()}

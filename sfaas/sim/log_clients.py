@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 from collections.abc import Iterable
 from typing import Any
 
@@ -35,14 +36,18 @@ __all__ = ["SimProducer", "SimConsumer"]
 #: aiokafka's defaults where the simulation uses them
 REQUEST_TIMEOUT_MS = 40_000
 TRANSACTION_TIMEOUT_MS = 60_000
+#: seconds at most between a cut's heal and an orphaned socket's next retransmission (its
+#: timer backed off through the cut)
+RETRANSMIT = 3.0
 
 
-async def until_reachable(broker: Broker, tp: TopicPartition | None, timeout: float) -> None:
-    """Wait while the cluster (or ``tp``'s leader) is down, at most ``timeout`` seconds; then
-    ``KafkaTimeoutError``."""
+async def until_reachable(broker: Broker, tp: TopicPartition | None, timeout: float,
+                          owner: str | None = None) -> None:
+    """Wait while the cluster (or ``tp``'s leader) is down or cut from process ``owner``, at
+    most ``timeout`` seconds; then ``KafkaTimeoutError``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while not (broker.leads(tp) if tp is not None else broker.reachable()):
+    while not (broker.leads(tp, owner) if tp is not None else broker.reachable(owner)):
         left = deadline - loop.time()
         if left <= 0:
             raise KafkaTimeoutError(f"no answer from Kafka in {timeout:.0f} s"
@@ -56,8 +61,14 @@ class SimProducer:
 
     def __init__(self, broker: Broker, *, transactional_id: str | None = None,
                  request_timeout_ms: int = REQUEST_TIMEOUT_MS,
-                 transaction_timeout_ms: int = TRANSACTION_TIMEOUT_MS, **_: Any) -> None:
+                 transaction_timeout_ms: int = TRANSACTION_TIMEOUT_MS,
+                 owner: str | None = None, **_: Any) -> None:
         self._broker = broker
+        #: the process holding it (a cut from the brokers is a process's)
+        self._owner = owner
+        #: ``(partition, record)`` of the request on the wire (handed to the socket, no
+        #: answer yet)
+        self._wire: tuple[TopicPartition, Any] | None = None
         self._tid = transactional_id
         self._request_timeout = request_timeout_ms / 1000
         self._txn_timeout = transaction_timeout_ms / 1000
@@ -80,7 +91,7 @@ class SimProducer:
         self._id = broker.producer_ids
 
     async def start(self) -> None:
-        await until_reachable(self._broker, None, self._request_timeout)
+        await until_reachable(self._broker, None, self._request_timeout, self._owner)
         if self._tid is not None:
             self._epoch = self._broker.init_producer(self._tid)
         self._started = True
@@ -96,7 +107,7 @@ class SimProducer:
             await asyncio.wait([self._delivering])
 
     async def partitions_for(self, topic: str) -> set[int]:
-        await until_reachable(self._broker, None, self._request_timeout)
+        await until_reachable(self._broker, None, self._request_timeout, self._owner)
         return {p.tp.partition for p in self._partitions(topic)}
 
     def _partitions(self, topic: str) -> list[Partition]:
@@ -126,14 +137,39 @@ class SimProducer:
         return fut
 
     def kill(self) -> None:
-        """The process holding this producer died: nothing it queued, has in flight or
-        does later reaches the log (a cancelled task's ``finally`` would still commit)."""
+        """The process holding this producer died: nothing it queued or does later reaches
+        the log (a cancelled task's ``finally`` would still commit), and what it has in
+        flight neither — but the request on the wire of a process cut from the brokers,
+        which lands once the cut heals (:meth:`_orphaned`)."""
         self._dead = self._closed = True
         self._fatal = ProducerFenced()
+        if self._wire is not None and self._wire[1][3] is None \
+                and not self._broker.reachable(self._owner):
+            # (owned by no process: the dead one's tasks are cancelled)
+            tp = self._wire[0]
+            self._broker.event(f"fault orphan p{self._id} {tp.topic}[{tp.partition}] on the wire")
+            asyncio.get_running_loop().create_task(self._orphaned(*self._wire),
+                                                   context=contextvars.Context())
         while self._queue:
             fut = self._queue.popleft()[2]
             if not fut.done():
                 fut.set_exception(ProducerClosed())
+
+    async def _orphaned(self, tp: TopicPartition, record: Any) -> None:
+        """The request on the wire when its process died cut from the brokers: the
+        kernel still sends an orphaned socket's bytes, so it lands after the cut heals
+        (within the request timeout), at the retransmission timer's next try — up to
+        :data:`RETRANSMIT` s later, after the slot's next process may have written — a
+        record its writer never knew was appended."""
+        try:
+            await until_reachable(self._broker, tp, self._request_timeout, self._owner)
+        except KafkaTimeoutError:
+            return
+        await asyncio.sleep(self._broker.rng.uniform(0.0, RETRANSMIT))
+        value, key, headers, txn = record
+        entry = self._broker.append(tp, value, key, headers, txn)
+        self._broker.event(f"fault orphan p{self._id} {tp.topic}[{tp.partition}] lands "
+                           f"@{entry.offset}")
 
     async def _deliver(self) -> None:
         while self._queue:
@@ -155,7 +191,11 @@ class SimProducer:
         value, key, headers, txn = record
         if wait := b.latency():
             await asyncio.sleep(wait)
-        await until_reachable(b, tp, self._request_timeout)
+        self._wire = (tp, record)
+        try:
+            await until_reachable(b, tp, self._request_timeout, self._owner)
+        finally:
+            self._wire = None
         if self._dead:
             raise ProducerClosed()
         if self._tid is not None and (b.fenced(self._tid, self._epoch)
@@ -205,7 +245,7 @@ class SimProducer:
         txn = self._txn
         assert txn is not None, "no transaction open"
         b = self._broker
-        await until_reachable(b, None, self._request_timeout)
+        await until_reachable(b, None, self._request_timeout, self._owner)
         if self._fatal is not None or b.fenced(txn.tid, txn.epoch) or txn.state != "open":
             self._fatal = ProducerFenced()
             raise self._fatal
@@ -236,12 +276,14 @@ class SimConsumer:
 
     def __init__(self, broker: Broker, *, group_id: str | None = None,
                  auto_offset_reset: str = "latest", isolation_level: str = "read_uncommitted",
-                 request_timeout_ms: int = REQUEST_TIMEOUT_MS, **_: Any) -> None:
+                 request_timeout_ms: int = REQUEST_TIMEOUT_MS, owner: str | None = None,
+                 **_: Any) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError(f"auto_offset_reset {auto_offset_reset!r}")
         if isolation_level not in ("read_committed", "read_uncommitted"):
             raise ValueError(f"isolation_level {isolation_level!r}")
         self._broker = broker
+        self._owner = owner
         self._group = group_id
         self._reset = auto_offset_reset
         self._committed_only = isolation_level == "read_committed"
@@ -254,7 +296,7 @@ class SimConsumer:
         self._client = _Metadata()
 
     async def start(self) -> None:
-        await until_reachable(self._broker, None, self._request_timeout)
+        await until_reachable(self._broker, None, self._request_timeout, self._owner)
 
     async def stop(self) -> None:
         self._closed = True
@@ -292,7 +334,7 @@ class SimConsumer:
         self._assigned(partition)
         at = self._positions[partition]
         if at is None:
-            await until_reachable(self._broker, partition, self._request_timeout)
+            await until_reachable(self._broker, partition, self._request_timeout, self._owner)
             at = self._positions[partition] = self._reset_position(partition)
         return at
 
@@ -324,7 +366,7 @@ class SimConsumer:
                        ) -> dict[TopicPartition, int]:
         out = {}
         for tp in partitions:
-            await until_reachable(self._broker, tp, self._request_timeout)
+            await until_reachable(self._broker, tp, self._request_timeout, self._owner)
             part = self._broker.partition(tp)
             stale = self._broker.stale_end(tp) if end else None
             out[tp] = part.start if not end else part.end(self._committed_only) \
@@ -343,7 +385,7 @@ class SimConsumer:
     async def committed(self, partition: TopicPartition) -> int | None:
         if self._group is None:
             raise IllegalOperation("Requires group_id")
-        await until_reachable(self._broker, None, self._request_timeout)
+        await until_reachable(self._broker, None, self._request_timeout, self._owner)
         return self._broker.groups.get((self._group, partition))
 
     async def commit(self, offsets: dict[TopicPartition, Any] | None = None) -> None:
@@ -351,7 +393,7 @@ class SimConsumer:
             raise IllegalOperation("Requires group_id")
         if offsets is None:
             offsets = {tp: await self.position(tp) for tp in self._positions}
-        await until_reachable(self._broker, None, self._request_timeout)
+        await until_reachable(self._broker, None, self._request_timeout, self._owner)
         for tp, o in offsets.items():
             offset = o.offset if isinstance(o, OffsetAndMetadata) else o
             self._broker.groups[(self._group, tp)] = offset
@@ -391,7 +433,7 @@ class SimConsumer:
         moves past them and past the control markers and aborted records it skipped."""
         b = self._broker
         self._assigned(tp)
-        if not b.leads(tp):
+        if not b.leads(tp, self._owner):
             return []
         part = b.partition(tp)
         end = part.end(self._committed_only)

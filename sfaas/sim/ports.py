@@ -1,6 +1,6 @@
 """The simulated fillings of the product's ports (``sfaas.runtime.ports``).
 
-One simulated process gets ``Ports(kafka=SimKafkaPort(sim), objects=SimObjects(store),
+One simulated process gets ``Ports(kafka=SimKafkaPort(sim, name), objects=SimObjects(store),
 network=net.port(name), clock=VirtualClockPort(clock, walls.of(name)), disk=...,
 replica=replicas.port(...))`` (its disk: ``sfaas.sim.disk.SimDisk``, or the real files;
 its replica transport: ``sfaas.sim.replicas``): every process
@@ -36,10 +36,12 @@ WALL_START = 1_798_761_600.0
 
 
 class SimKafkaPort:
-    """The Kafka port on a :class:`SimKafka`; a probe fails while the cluster is out."""
+    """The Kafka port of process ``owner`` on a :class:`SimKafka`; a probe fails while the
+    cluster is out or cut from ``owner``."""
 
-    def __init__(self, sim: SimKafka) -> None:
+    def __init__(self, sim: SimKafka, owner: str | None = None) -> None:
         self.sim = sim
+        self.owner = owner
         self.producers: list[Any] = []
         #: the process died (:meth:`kill`): it makes no client any more
         self.dead = False
@@ -50,7 +52,7 @@ class SimKafkaPort:
 
     def producer(self, **kwargs: Any) -> Any:
         self._alive()
-        p = self.sim.producer(**kwargs)
+        p = self.sim.producer(owner=self.owner, **kwargs)
         self.producers.append(p)
         return p
 
@@ -63,15 +65,15 @@ class SimKafkaPort:
 
     def consumer(self, **kwargs: Any) -> Any:
         self._alive()
-        return self.sim.consumer(**kwargs)
+        return self.sim.consumer(owner=self.owner, **kwargs)
 
     def admin(self, **kwargs: Any) -> Any:
         self._alive()
-        return self.sim.admin(**kwargs)
+        return self.sim.admin(owner=self.owner, **kwargs)
 
     async def probe(self, host: str, port: int) -> None:
         broker = self.sim.broker
-        if broker.now() < broker.down_until:
+        if not broker.reachable(self.owner):
             raise ConnectionRefusedError(111, f"{host}:{port}: the simulated Kafka is out")
 
 
@@ -160,6 +162,6 @@ def process_ports(name: str, kafka: SimKafka, objects: SimObjectStore, net: SimN
     wall = walls.of(name) if walls is not None else None
     network = net.port(name)
     replica = replicas.port(network) if replicas is not None else TcpReplicas()
-    return Ports(kafka=SimKafkaPort(kafka), objects=SimObjects(objects),
+    return Ports(kafka=SimKafkaPort(kafka, name), objects=SimObjects(objects),
                  network=network, clock=VirtualClockPort(clock, wall),
                  process=SimProcess(name, ended), disk=disk or LocalDisk(), replica=replica)

@@ -1,7 +1,8 @@
-"""The network's, the clocks' and the disks' timed faults of a schedule
-(``sfaas.sim.faults``): a slow link, a wall-clock jump and a disk fault, each a task of the
-run that waits for its time, injects the fault, traces it (``fault slow …``, ``fault clock
-…``, ``fault disk …``) and, for a window, undoes it.
+"""The network's, the clocks', the disks' and one process's Kafka link's timed faults of a
+schedule (``sfaas.sim.faults``): a slow link, a wall-clock jump, a disk fault and a worker
+cut from the brokers, each a task of the run that waits for its time, injects the fault,
+traces it (``fault slow …``, ``fault clock …``, ``fault disk …``, ``fault kafka-cut …``)
+and, for a window, undoes it.
 
 A slow link is the network's (:meth:`sfaas.sim.network.SimNetwork.slow`); a clock jump
 steps a machine's wall clock (:meth:`sfaas.sim.ports.WallClocks.jump`), which the process
@@ -16,10 +17,11 @@ from collections.abc import Callable
 
 from sfaas.sim.disk import SimDisk, disk_fault
 from sfaas.sim.faults import Jump, Schedule, Slow
+from sfaas.sim.log import SimKafka
 from sfaas.sim.network import SimNetwork
 from sfaas.sim.ports import WallClocks
 
-__all__ = ["check", "clock_jump", "slow_link", "start"]
+__all__ = ["check", "clock_jump", "kafka_cut", "slow_link", "start"]
 
 Trace = Callable[[str], None]
 
@@ -33,6 +35,15 @@ async def slow_link(net: SimNetwork, slow: Slow, trace: Trace) -> None:
     await asyncio.sleep(slow.seconds)
     trace(f"fault unslow {slow.a} {slow.b}")
     net.unslow(slow.a, slow.b)
+
+
+async def kafka_cut(kafka: SimKafka, at: float, seconds: float, trace: Trace,
+                    process: str = "worker-1") -> None:
+    """``process`` reaches no broker from ``at`` for ``seconds`` (``SimKafka.cut`` traces it)."""
+    await asyncio.sleep(at)
+    kafka.cut(process, seconds)
+    await asyncio.sleep(seconds)
+    trace(f"fault kafka-heal {process}")
 
 
 async def clock_jump(walls: WallClocks, jump: Jump, trace: Trace) -> None:
@@ -64,7 +75,7 @@ def check(schedule: Schedule, workers: int) -> None:
 def start(schedule: Schedule, net: SimNetwork, walls: WallClocks, workers: int,
           trace: Trace,
           disk_of: Callable[[str], SimDisk | None] = lambda name: None,
-          ) -> list[asyncio.Task[None]]:
+          kafka: SimKafka | None = None) -> list[asyncio.Task[None]]:
     """The tasks of ``schedule``'s slow link, clock jump and disk fault (none if it has
     none), in a run of ``workers`` workers (see :func:`check`); ``disk_of``: a running
     process's disk, by name."""
@@ -77,4 +88,6 @@ def start(schedule: Schedule, net: SimNetwork, walls: WallClocks, workers: int,
         tasks.append(loop.create_task(clock_jump(walls, schedule.clock, trace)))
     if schedule.disk is not None:
         tasks.append(loop.create_task(disk_fault(disk_of, schedule.disk, trace)))
+    if schedule.kafka_cut is not None and kafka is not None:
+        tasks.append(loop.create_task(kafka_cut(kafka, *schedule.kafka_cut, trace)))
     return tasks

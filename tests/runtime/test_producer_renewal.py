@@ -315,7 +315,7 @@ async def test_a_rejoin_does_not_wait_for_replies_that_need_the_lease_it_renews(
     w = _worker(tmp_path)
     lease_back = asyncio.Event()  # (a reply transaction's commit, waiting for the lease)
 
-    async def durable() -> None:
+    async def durable(recovering: bool = False) -> None:
         await lease_back.wait()
 
     w.egress.durable = durable  # type: ignore[method-assign]

@@ -37,6 +37,12 @@ FOUND_SCHEDULES: dict[int, tuple[str, str]] = {
          "a recovery's fence waited in the inbox loop for the lease only the rejoin renews"),
     191: ("--cut 0.52,1.75 --slow 0.46,2.15,worker-0,coordinator,1",
           "calls of a lost epoch left stamped with the new recovery; the replay stalled"),
+    # found once a worker could be cut from Kafka alone (session 17): the coordinator
+    # restarted while that worker's recovery flushed its replies, whose commits wait for
+    # the lease only the rejoin after the recovery renews (worker/egress.py: durable)
+    456: ("--cut 0.12,0.27 --crash-coordinator 0.88,0.35 --cut-kafka 0.46,3.16 "
+          "--kafka-errors 0.02 --rounds 0.02 --store lsm",
+          "a recovery's flush waited for ever for a gone coordinator's lease (161 unanswered)"),
 }
 #: Seeds that found exactly-once bugs, since fixed (sfaas/sim/README.md "Findings"): each is
 #: run by a test of its own, whatever the budget reaches.
@@ -99,11 +105,12 @@ def test_seeds_within_the_budget_keep_every_invariant() -> None:
 def found(seed: int) -> Schedule:
     """A ``FOUND`` seed's schedule on memonly, the engine it found its bug on (the budget
     draws a seed's engine since session 7), without the slow link and clock jump drawn
-    since session 9, the disk fault since session 10 and the standbys since session 15
-    (after all the rest, so the rest of the draw is unchanged): the schedule that found
+    since session 9, the disk fault since session 10, the standbys since session 15 and
+    the Kafka cut since session 17 (after all the rest, so the rest of the draw is
+    unchanged): the schedule that found
     the bug."""
     return dataclasses.replace(draw(seed), store="memonly", slow=None, clock=None, disk=None,
-                               standbys=0)
+                               standbys=0, kafka_cut=None)
 
 
 @pytest.mark.parametrize("seed", sorted(FOUND))
@@ -179,7 +186,7 @@ def test_the_store_is_drawn_last() -> None:
     for seed, (text, rounds) in before.items():
         s = draw(seed)
         assert str(dataclasses.replace(s, store="memonly", rounds=None, slow=None,
-                                       clock=None, disk=None, standbys=0)) == text
+                                       clock=None, disk=None, standbys=0, kafka_cut=None)) == text
         assert s.rounds == (rounds if s.store == "memonly"
                             else max(0.01, round(rounds / FILE_ROUNDS, 2)))
     assert {draw(seed).store for seed in before} != {"memonly"}
