@@ -68,26 +68,33 @@ def test_a_cut_process_waits_its_peers_do_not_and_its_probe_fails() -> None:
     _run(body)
 
 
+async def _dies_cut_off(kafka: SimKafka, queued: bool) -> None:
+    """Worker 1, cut from the brokers for 1 s, sends its fence (on the wire) and maybe a
+    record behind it, dies at 0.5 s; the slot's successor (not cut) writes at 1.05 s."""
+    port = SimKafkaPort(kafka, "worker-1")
+    p = port.producer()
+    await p.start()
+    kafka.cut("worker-1", 1.0)
+    futs = [await p.send(T, b"fence", partition=0)]
+    if queued:
+        futs.append(await p.send(T, b"behind it", partition=0))
+    await asyncio.sleep(0.5)
+    port.kill()
+    for fut in futs:
+        with pytest.raises(ProducerClosed):
+            await fut
+    await asyncio.sleep(0.55)  # (healed at 1.0)
+    successor = SimKafkaPort(kafka, "standby-0").producer()
+    await successor.start()
+    await (await successor.send(T, b"successor", partition=0))
+    await asyncio.sleep(RETRANSMIT + 0.1)
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_the_request_on_the_wire_of_a_process_that_died_cut_off_lands_after_the_heal(
         seed: int) -> None:
     async def body(kafka: SimKafka, loop: Any) -> None:
-        port = SimKafkaPort(kafka, "worker-1")
-        p = port.producer()
-        await p.start()
-        kafka.cut("worker-1", 1.0)
-        wire = await p.send(T, b"fence", partition=0)
-        queued = await p.send(T, b"behind it", partition=0)
-        await asyncio.sleep(0.5)
-        port.kill()
-        for fut in (wire, queued):
-            with pytest.raises(ProducerClosed):
-                await fut
-        await asyncio.sleep(0.6)  # (healed at 1.0)
-        successor = SimKafkaPort(kafka, "standby-0").producer()
-        await successor.start()
-        await (await successor.send(T, b"successor", partition=0))
-        await asyncio.sleep(RETRANSMIT + 0.1)
+        await _dies_cut_off(kafka, queued=True)
         landed = [v for v, _ in _values(kafka)]
         assert sorted(landed) == [b"fence", b"successor"]  # (never what was queued behind)
         at = dict(_values(kafka))[b"fence"] / 1000  # (ms)
@@ -99,20 +106,7 @@ def test_an_orphaned_request_lands_after_the_successor_for_some_seeds() -> None:
     """The retransmission timer: some seeds land the dead process's request after what the
     slot's next process wrote right after the heal (the case the epoch log must survive)."""
     async def body(kafka: SimKafka, loop: Any) -> bool:
-        port = SimKafkaPort(kafka, "worker-1")
-        p = port.producer()
-        await p.start()
-        kafka.cut("worker-1", 1.0)
-        wire = await p.send(T, b"fence", partition=0)
-        await asyncio.sleep(0.5)
-        port.kill()
-        with pytest.raises(ProducerClosed):
-            await wire
-        await asyncio.sleep(0.55)
-        successor = SimKafkaPort(kafka, "standby-0").producer()
-        await successor.start()
-        await (await successor.send(T, b"successor", partition=0))
-        await asyncio.sleep(RETRANSMIT)
+        await _dies_cut_off(kafka, queued=False)
         return [v for v, _ in _values(kafka)] == [b"successor", b"fence"]
     later = [_run(body, seed) for seed in range(12)]
     assert any(later) and not all(later), later
