@@ -242,7 +242,18 @@ async def test_rounds_under_load_are_consistent_cuts_that_match_their_offsets(le
         bumps: dict[str, list[int]] = {k: [] for k in COUNTERS}
         futs: list[tuple[str, asyncio.Future[wire.Reply]]] = []
         t_end = time.monotonic() + 4.0
-        while time.monotonic() < t_end:  # ~4 s of load, ~250 requests/s
+        # ~4 s of load, ~250 requests/s, and on until a round past ``first_checked + 1`` is
+        # published: a round is taken only if something committed since the last one, so
+        # one that cut after the load's last commit is the last (slow uploads on a cold
+        # MinIO made only three rounds in the 4 s: CI, session 17)
+        newest, polled = 0, t_end
+        while time.monotonic() < t_end or newest <= first_checked + 1:
+            if time.monotonic() > t_end + 60:
+                raise AssertionError(f"no snapshot round above {first_checked + 1} published "
+                                     f"within 60 s of load past the first 4 s")
+            if time.monotonic() >= polled:
+                newest = max(await asyncio.to_thread(rounds.ids), default=0)
+                polled = time.monotonic() + 0.25
             for _ in range(5):
                 a, b = rnd.sample(ACCOUNTS, 2)
                 futs.append(("t", await c.submit("accounts", a, "transfer", b, rnd.randint(1, 300))))
