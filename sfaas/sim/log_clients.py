@@ -143,13 +143,15 @@ class SimProducer:
         which lands once the cut heals (:meth:`_orphaned`)."""
         self._dead = self._closed = True
         self._fatal = ProducerFenced()
-        if self._wire is not None and self._wire[1][3] is None \
-                and not self._broker.reachable(self._owner):
-            # (owned by no process: the dead one's tasks are cancelled)
-            tp = self._wire[0]
-            self._broker.event(f"fault orphan p{self._id} {tp.topic}[{tp.partition}] on the wire")
-            asyncio.get_running_loop().create_task(self._orphaned(*self._wire),
-                                                   context=contextvars.Context())
+        if self._wire is not None and not self._broker.reachable(self._owner):
+            tp, record = self._wire
+            txn = record[3]
+            if txn is None:  # (a transaction's send dies with its producer's epoch)
+                self._broker.event(f"fault orphan p{self._id} {tp.topic}[{tp.partition}] "
+                                   f"on the wire")
+                # (owned by no process: the dead one's tasks are cancelled)
+                asyncio.get_running_loop().create_task(self._orphaned(tp, record),
+                                                       context=contextvars.Context())
         while self._queue:
             fut = self._queue.popleft()[2]
             if not fut.done():
