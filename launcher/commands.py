@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from launcher import alive, ready, replay
 from sfaas.errors import (
     EXIT_RECOVERY_STOPPED,
+    EXIT_RETIRED,
     EXIT_START_AGAIN,
     RecoveryStopped,
     SfaasError,
@@ -271,14 +272,17 @@ def _run_service(coro_factory: Any, settings: Settings | None = None) -> int:
         if settings is not None:
             from sfaas.runtime import liveness
 
-            beat = loop.create_task(liveness.touch_forever(
-                liveness.alive_path(settings.home, settings.alive_file),
-                settings.heartbeat_timeout / 4),
-                name="liveness")
+            path, every = (liveness.alive_path(settings.home, settings.alive_file),
+                           settings.heartbeat_timeout / 4)
+            beat = loop.create_task(liveness.touch_forever(path, every), name="liveness")
         try:
             await coro_factory()
         except asyncio.CancelledError:
             log.info("stopped by signal")
+        except SystemExit as exc:
+            if beat is not None and exc.code == EXIT_RETIRED:  # (the rest of its exit is no stall)
+                liveness.touch_while_exiting(path, every)
+            raise
         finally:
             if beat is not None:
                 beat.cancel()

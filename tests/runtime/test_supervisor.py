@@ -234,3 +234,50 @@ def test_up_reports_a_recovery_that_stopped_retrying_even_when_it_stops_mid_poll
     with pytest.raises(ClusterError, match=f"{why}. The cluster is still running"):
         cluster._await_ready(s, os.getpid(), timeout=10)
     assert stopped == [], "up stopped a cluster whose recovery stopped: its status page is gone"
+
+
+_RETIRING = """
+import asyncio, sys, threading, time
+from launcher.commands import _run_service
+from sfaas.errors import EXIT_RETIRED
+from sfaas.runtime.settings import Settings
+
+async def retire():
+    await asyncio.sleep(0.3)  # (serving: its liveness file is touched)
+    # what a retiring worker leaves behind: work that ends only after its loop (1.5 s here)
+    threading.Thread(target=time.sleep, args=(1.5,)).start()
+    print("retiring", flush=True)
+    raise SystemExit(EXIT_RETIRED)
+
+_run_service(retire, Settings.load({"home": sys.argv[1], "heartbeat_timeout": 0.4}))
+"""
+
+
+def test_a_worker_retired_by_a_rescale_stays_alive_to_the_watchdog_until_it_exited(
+        tmp_path: Path) -> None:
+    """A worker a rescale retired exits with ``EXIT_RETIRED``, which the supervisor does not
+    restart; the rest of its exit (threads, the interpreter) took up to 1.8 s on a loaded
+    host, and the watchdog killed it for a stale liveness file — the kill's code is no
+    "retired", so it was restarted into a cluster without a place for it. Its file stays
+    fresh until it is gone."""
+    import subprocess
+    import sys
+
+    from sfaas.errors import EXIT_RETIRED
+    from sfaas.runtime import liveness
+
+    proc = subprocess.Popen([sys.executable, "-c", _RETIRING, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "retiring\n"
+        path, oldest = liveness.alive_path(str(tmp_path), ""), 0.0
+        while proc.poll() is None:
+            age = liveness.age(path)
+            assert age is not None, f"no liveness file {path}"
+            oldest = max(oldest, age)
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+    assert proc.returncode == EXIT_RETIRED
+    # beats every 0.1 s (timeout / 4); without them the file ages by the whole 1.5 s
+    assert oldest < 0.6, f"the liveness file aged {oldest:.2f} s while the worker exited"
