@@ -252,6 +252,15 @@ _KAFKA = _Service("kafka", "kafka.Kafka", lambda s: s.kafka_port)
 _JAEGER = _Service("jaeger", "jaeger.yaml", lambda s: s.jaeger_port)
 
 
+def _default_priority() -> None:
+    """(In the child, before exec.) A shared service runs at the default priority whoever
+    started it: ``./run test`` nices its CPU-bound lane, and a broker that lane happened to
+    start would serve every other lane's clusters niced. Only allowed to root; else kept."""
+    with contextlib.suppress(OSError):
+        if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+
+
 def _spawn(svc: _Service, s: ServiceSettings, argv: list[str], env: dict[str, str]) -> int:
     """Start ``argv`` detached (own session), output to the service log; write the pid file."""
     logf = svc.log_file(s)
@@ -267,6 +276,7 @@ def _spawn(svc: _Service, s: ServiceSettings, argv: list[str], env: dict[str, st
             env=env,
             start_new_session=True,
             close_fds=True,
+            preexec_fn=_default_priority,
         )
     with _children_lock:
         _children[proc.pid] = proc
