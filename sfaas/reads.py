@@ -10,7 +10,8 @@ the worker owning its partition over an authenticated channel (``Read`` →
 ``worker.protocols.reads`` — without the broker. Whenever that path cannot answer (no
 coordinator there, a wrong secret, a recovery or a rescale under way, a worker gone),
 :meth:`DirectReads.read` says so and the client reads through Kafka; after a failure
-to connect it does not try again for :data:`RETRY_AFTER` seconds, and never after its
+to connect it asks the coordinator again and does not try for a while — :data:`RETRY_FIRST`
+seconds, doubled with each failure in a row up to :data:`RETRY_AFTER` — and never after its
 secret was refused (a wrong secret does not fix itself, and each try is logged by the
 server).
 """
@@ -31,9 +32,14 @@ from sfaas.runtime.settings import DEV_SECRET, Settings
 
 log = logging.getLogger("sfaas.client")
 
-__all__ = ["DirectReads", "Unavailable", "RETRY_AFTER", "CONNECT_TIMEOUT"]
+__all__ = ["DirectReads", "Unavailable", "RETRY_FIRST", "RETRY_AFTER", "CONNECT_TIMEOUT"]
 
-#: Seconds a client reads through Kafka after the direct path failed to connect.
+#: Seconds a client reads through Kafka after the direct path failed to connect: the first
+#: failure in a row turns it off for RETRY_FIRST, each next one for twice as long, up to
+#: RETRY_AFTER; a read answered directly starts the count again. (A recovery takes about a
+#: second; a flat 5 s kept a client on Kafka seconds after it, and each unlucky try — the
+#: lost worker's old address, a coordinator still recovering — cost 5 s more.)
+RETRY_FIRST = 0.25
 RETRY_AFTER = 5.0
 #: Seconds to connect to the coordinator or a worker.
 CONNECT_TIMEOUT = 1.0
@@ -62,6 +68,7 @@ class DirectReads:
         self._ids = 0
         self._lock = asyncio.Lock()
         self._off_until = 0.0
+        self._failures = 0  # failed connects in a row (how long the next is off)
         #: reads answered directly, and reads handed back to Kafka
         self.direct = 0
         self.fell_back = 0
@@ -95,6 +102,7 @@ class DirectReads:
                 break
             if reply.ok:
                 self.direct += 1
+                self._failures = 0
                 return True, reply.value
             if reply.error_type != NOT_HERE:
                 raise reply_error(reply.error_type or "BadRequest", reply.reason)
@@ -158,7 +166,9 @@ class DirectReads:
             self._off_until = float("inf")
             raise Unavailable(f"{host}:{port} refused this client's secret: {exc}") from None
         except Exception as exc:  # refused, unreachable: Kafka for a while
-            self._off_until = time.monotonic() + RETRY_AFTER
+            self._off_until = time.monotonic() + min(RETRY_AFTER,
+                                                     RETRY_FIRST * 2 ** self._failures)
+            self._failures += 1
             raise Unavailable(f"cannot connect to {host}:{port}: {exc}") from None
 
     async def worker(self, host: str, port: int) -> channels.Channel:
@@ -167,7 +177,11 @@ class DirectReads:
         chan = self._workers.get((host, port))
         if chan is not None and not chan.closed:
             return chan
-        chan = await self._connect(host, port)
+        try:
+            chan = await self._connect(host, port)
+        except Unavailable:
+            self._placement = None  # (a worker that was lost: ask the coordinator again)
+            raise
         self._workers[(host, port)] = chan
         task = asyncio.get_running_loop().create_task(self._replies(chan))
         self._readers.add(task)

@@ -89,6 +89,7 @@ def test_direct_reads_answer_refuse_and_survive_a_worker_kill(kafka: Any, minio:
                 t_kill = time.monotonic() + rnd.uniform(0.2, 1.0)
                 killed = False
                 reads = 0
+                timeline: list[tuple[float, str]] = []  # (seconds since the kill, how read)
                 t_end = time.monotonic() + 15
                 while time.monotonic() < t_end:
                     if not killed and time.monotonic() >= t_kill:
@@ -97,11 +98,17 @@ def test_direct_reads_answer_refuse_and_survive_a_worker_kill(kafka: Any, minio:
                         os.kill(victim.pid, signal.SIGKILL)
                         killed = True
                     a = rnd.choice(ACCOUNTS)
+                    before = (c.direct.direct, c.direct.fell_back)
                     assert await c.get("accounts", a) == want[a], a
                     reads += 1
+                    how = "direct" if c.direct.direct > before[0] else c.direct.why_not
+                    if not timeline or timeline[-1][1] != how:  # (what a failure prints)
+                        timeline.append((round(time.monotonic() - t_kill, 2), how))
+                print(f"how the reads went since the kill (s, how): {timeline}")
                 assert killed and reads > 50
                 assert c.direct.fell_back > 0, "no read went through Kafka during the recovery"
-                assert c.direct.direct > len(ACCOUNTS), "the direct path never came back"
+                assert c.direct.direct > len(ACCOUNTS), \
+                    f"the direct path never came back: {timeline}"
 
         asyncio.run(go())
     except BaseException:
@@ -114,3 +121,78 @@ def test_direct_reads_answer_refuse_and_survive_a_worker_kill(kafka: Any, minio:
 def _split(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host, int(port)
+
+
+@pytest.mark.timeout(60)
+def test_a_lost_workers_address_is_asked_again_and_retried_soon() -> None:
+    """After a worker is lost, its old address refuses: the client forgets the placement
+    (the coordinator has the new one once it recovered) and retries the direct path after
+    ``RETRY_FIRST`` — doubled with each failure in a row, up to ``RETRY_AFTER`` — not a flat
+    5 s, and a read answered directly starts the count again (stand-ins for the
+    coordinator and the worker on real authenticated channels)."""
+    from sfaas.reads import RETRY_AFTER, RETRY_FIRST, DirectReads
+    from sfaas.runtime.protocols.membership import Peer
+    from sfaas.runtime.settings import Settings
+
+    secret = "test-secret"
+
+    async def go() -> None:
+        asked: list[str] = []
+        peers: list[Peer] = []
+
+        async def coordinator(chan: channels.Channel) -> None:
+            while True:
+                for m in await chan.recv():
+                    assert isinstance(m, wire.Where)
+                    asked.append(m.app)
+                    chan.send(wire.Placement(list(peers), [0]))
+
+        async def worker(chan: channels.Channel) -> None:
+            for m in await chan.recv():  # (one answer, then it is lost: the channel closes)
+                assert isinstance(m, wire.Read)
+                chan.send(wire.ReadReply(m.id, True, 7, "", ""))
+            await asyncio.sleep(0.2)
+            chan.close()
+
+        coord = await channels.serve("127.0.0.1", 0, secret, coordinator)
+        gone = await channels.serve("127.0.0.1", 0, secret, worker)
+        gone_port = gone.sockets[0].getsockname()[1]
+        gone.close()
+        await gone.wait_closed()
+        peers.append(Peer("127.0.0.1", gone_port))  # (the lost worker's old address)
+        port = coord.sockets[0].getsockname()[1]
+        dr = DirectReads(Settings.load({"coordinator": f"127.0.0.1:{port}",
+                                        "secret": secret}), "app")
+        try:
+            offs = []
+            for _ in range(5):  # refused each time: off for 0.25, 0.5, 1, 2, 4 s
+                assert await dr.read("op", 0, "k") == (False, None)
+                assert "cannot connect" in dr.why_not
+                t0 = time.monotonic()
+                while not dr.available:
+                    await asyncio.sleep(0.01)
+                offs.append(time.monotonic() - t0)
+            want = [min(RETRY_AFTER, RETRY_FIRST * 2 ** i) for i in range(5)]
+            assert all(w * 0.9 <= o <= w + 0.5 for o, w in zip(offs, want, strict=True)), (offs, want)
+            assert len(asked) == 5, f"the placement was asked {len(asked)} times, not per failure"
+
+            back = await channels.serve("127.0.0.1", 0, secret, worker)  # the recovered one
+            peers[0] = Peer("127.0.0.1", back.sockets[0].getsockname()[1])
+            assert await dr.read("op", 0, "k") == (True, 7) and dr.direct == 1
+            back.close()
+            await back.wait_closed()
+            peers[0] = Peer("127.0.0.1", gone_port)  # (lost again, its channel closes)
+            await asyncio.sleep(0.5)
+            assert await dr.read("op", 0, "k") == (False, None)
+            assert "cannot connect" in dr.why_not
+            t0 = time.monotonic()
+            while not dr.available:
+                await asyncio.sleep(0.01)
+            off = time.monotonic() - t0
+            assert RETRY_FIRST * 0.9 <= off <= RETRY_FIRST + 0.5, \
+                f"off {off:.2f} s after a direct answer: the count did not start again"
+        finally:
+            await dr.close()
+            coord.close()
+
+    asyncio.run(go())
