@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from launcher import alive, ready, replay
+from launcher.stalls import StallWatch
 from sfaas.errors import (
     EXIT_RECOVERY_STOPPED,
     EXIT_RETIRED,
@@ -269,6 +270,8 @@ def _run_service(coro_factory: Any, settings: Settings | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
         beat = None
+        watch = StallWatch(loop, max(0.5, settings.heartbeat_timeout / 2 if settings else 0))
+        watch.start()
         if settings is not None:
             from sfaas.runtime import liveness
 
@@ -284,6 +287,7 @@ def _run_service(coro_factory: Any, settings: Settings | None = None) -> int:
                 liveness.touch_while_exiting(path, every)
             raise
         finally:
+            watch.stop()
             if beat is not None:
                 beat.cancel()
 

@@ -23,8 +23,9 @@ PACKAGES = ("sfaas", "statestores", "remotes", "worker", "coordinator", "launche
 CLEAN = ("statestores",)
 
 #: Names public by documentation though spelled with an underscore: ``os._exit`` (end a
-#: process without cleanup, what a fenced worker must do) and the namedtuple API.
-PUBLIC_UNDERSCORE = {("os", "_exit")}
+#: process without cleanup, what a fenced worker must do), ``sys._current_frames`` (each
+#: thread's stack: what held a stalled loop, ``launcher.stalls``) and the namedtuple API.
+PUBLIC_UNDERSCORE = {("os", "_exit"), ("sys", "_current_frames")}
 NAMEDTUPLE_API = {"_make", "_fields", "_replace", "_asdict", "_field_defaults"}
 
 #: The one adapter that must reach into a library: file → count. Lower a count with its
