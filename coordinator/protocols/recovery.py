@@ -196,9 +196,16 @@ class Recovery:
         waited = 0.0
         while not state.all_ready():
             if waited >= 10.0:
-                log.warning("recovery %d: still waiting for worker(s) %s to be restarted (sfaas "
-                            "up restarts them; any worker process of this app can take the slot)",
-                            attempt, state.not_ready())
+                starting = [m.index for m in state.members if m.alive and not m.ready.is_set()]
+                if starting:  # (registered: opening its stores, connecting to Kafka)
+                    log.warning("recovery %d: still waiting for worker(s) %s to get ready "
+                                "(registered: opening their stores and connecting to Kafka)",
+                                attempt, starting)
+                lost = [i for i in state.not_ready() if i not in starting]
+                if lost:
+                    log.warning("recovery %d: still waiting for worker(s) %s to be restarted "
+                                "(sfaas up restarts them; any worker process of this app can "
+                                "take the slot)", attempt, lost)
                 waited = 0.0
             if not await state.wait_change(1.0):
                 waited += 1.0
