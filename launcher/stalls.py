@@ -38,8 +38,10 @@ TICK = 0.1
 STACK_EVERY = 5.0
 #: Frames of the loop thread's stack a report shows (the innermost ones).
 FRAMES = 12
-#: Names of the functions a loop is in while it waits for events (nothing holds it).
+#: Names of the functions a loop is in while it waits for events (nothing holds it), and
+#: the files whose frame is innermost then under uvloop (its waiting is C code).
 _WAITING = {"select", "poll", "epoll", "_run_once", "run_forever"}
+_WAITING_IN = ("asyncio/runners.py", "uvloop/__init__.py")
 
 
 class StallWatch:
@@ -116,7 +118,7 @@ class StallWatch:
         stack = traceback.extract_stack(frame)[-FRAMES:]
         if self._last != last:  # (it moved on while the stack was taken: not the culprit)
             return False
-        if stack and stack[-1].name in _WAITING:
+        if stack and (stack[-1].name in _WAITING or stack[-1].filename.endswith(_WAITING_IN)):
             return False  # (it is waiting for events: it ran since, the tick is due)
         self.stacks += 1
         log.warning("the event loop has not run for %.2f s; it is held by:\n%s", now - last,
