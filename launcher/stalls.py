@@ -16,6 +16,10 @@ waking late; the process's CPU time over that gap tells the two apart (little: i
 still, not its code; most of it: held by code that kept the GIL). A stack taken after the
 loop moved on is never reported as the culprit.
 
+A stall held by code reports the CPU the process used meanwhile too: little of it means the
+loop's thread waited — on a blocking call (I/O, a lock, a sleep), or for a CPU on a starved
+host, when its stack shows code that cannot wait (a dict lookup) and only says where.
+
 The thread only reads the loop's tick time and logs; the loop owns the tick.
 """
 
@@ -52,7 +56,9 @@ class StallWatch:
         self._loop = loop
         self._threshold = threshold
         self._loop_thread = threading.get_ident()
-        self._last = time.monotonic()  # (written by the loop only)
+        #: the last tick's (monotonic time, process CPU time): written by the loop only,
+        #: one reference swapped at a time
+        self._mark = (time.monotonic(), time.process_time())
         self._handle: asyncio.TimerHandle | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="stall-watch", daemon=True)
@@ -72,7 +78,7 @@ class StallWatch:
             self._handle.cancel()
 
     def _tick(self) -> None:
-        self._last = time.monotonic()
+        self._mark = (time.monotonic(), time.process_time())
         self._handle = self._loop.call_later(TICK, self._tick)
 
     def _watch(self) -> None:
@@ -87,14 +93,14 @@ class StallWatch:
                 self._frozen(late, used)
                 stalled_since = None
                 continue
-            last = self._last
+            last, last_cpu = self._mark
             if stalled_since is not None and last != stalled_since:
                 log.warning("the event loop stood still for %.2f s", last - stalled_since)
                 stalled_since = None
             if stalled_since is None and now - last >= self._threshold:
                 stalled_since = last
                 self.stalls += 1
-                if now - last_stack >= STACK_EVERY and self._report(last, now):
+                if now - last_stack >= STACK_EVERY and self._report(last, last_cpu, now):
                     last_stack = now
 
     def _frozen(self, late: float, used: float) -> None:
@@ -111,16 +117,20 @@ class StallWatch:
             log.warning("the process did not run for %.2f s (%.2f s of CPU used): the whole "
                         "process stood still (a starved CPU, a pause), not its code", late, used)
 
-    def _report(self, last: float, now: float) -> bool:
+    def _report(self, last: float, last_cpu: float, now: float) -> bool:
         frame = sys._current_frames().get(self._loop_thread)
         if frame is None:
             return False
         stack = traceback.extract_stack(frame)[-FRAMES:]
-        if self._last != last:  # (it moved on while the stack was taken: not the culprit)
+        used = time.process_time() - last_cpu
+        if self._mark[0] != last:  # (it moved on while the stack was taken: not the culprit)
             return False
         if stack and (stack[-1].name in _WAITING or stack[-1].filename.endswith(_WAITING_IN)):
             return False  # (it is waiting for events: it ran since, the tick is due)
         self.stacks += 1
-        log.warning("the event loop has not run for %.2f s; it is held by:\n%s", now - last,
+        waited = ("; it waited, on a blocking call (I/O, a lock, a sleep) or for a CPU (a "
+                  "starved host)" if used < (now - last) / 4 else "")
+        log.warning("the event loop has not run for %.2f s (%.2f s of CPU used%s); it is held "
+                    "by:\n%s", now - last, used, waited,
                     "".join(traceback.format_list(stack)).rstrip())
         return True

@@ -44,6 +44,7 @@ def test_a_held_loop_is_reported_with_the_code_holding_it(
     text = caplog.text
     assert (watch.stalls, watch.stacks) == (1, 1), text
     assert "held by" in text and "_hold_the_loop" in text and "time.sleep" in text, text
+    assert "it waited, on a blocking call" in text, text  # (a sleep uses no CPU)
     ended = [r.getMessage() for r in caplog.records if "stood still for" in r.getMessage()]
     assert len(ended) == 1 and 0.9 <= float(ended[0].split()[-2]) <= 1.5, ended
 
@@ -108,3 +109,21 @@ def test_c_code_that_keeps_the_gil_is_told_apart_from_a_frozen_process(
     with caplog.at_level(logging.WARNING, "sfaas.stalls"):
         watch = asyncio.run(_watched(stall()))
     assert watch.frozen == 1 and "held by code that kept the GIL" in caplog.text, caplog.text
+
+
+def _spin(seconds: float) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        pass
+
+
+@pytest.mark.timeout(30)
+def test_a_loop_held_by_computing_is_not_said_to_wait(caplog: pytest.LogCaptureFixture) -> None:
+    async def stall() -> None:
+        await asyncio.sleep(0.3)
+        _spin(1.0)  # Python code: the watching thread still gets the GIL
+
+    with caplog.at_level(logging.WARNING, "sfaas.stalls"):
+        watch = asyncio.run(_watched(stall()))
+    assert watch.stacks == 1 and "_spin" in caplog.text, caplog.text
+    assert "it waited" not in caplog.text, caplog.text
