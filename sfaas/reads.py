@@ -168,7 +168,7 @@ class DirectReads:
         except Exception as exc:  # refused, unreachable: Kafka for a while
             self._off_until = time.monotonic() + min(RETRY_AFTER,
                                                      RETRY_FIRST * 2 ** self._failures)
-            self._failures += 1
+            self._failures = min(self._failures + 1, 30)  # (2 ** n stays a float for ever)
             raise Unavailable(f"cannot connect to {host}:{port}: {exc}") from None
 
     async def worker(self, host: str, port: int) -> channels.Channel:

@@ -191,6 +191,10 @@ def test_a_lost_workers_address_is_asked_again_and_retried_soon() -> None:
             off = time.monotonic() - t0
             assert RETRY_FIRST * 0.9 <= off <= RETRY_FIRST + 0.5, \
                 f"off {off:.2f} s after a direct answer: the count did not start again"
+            for _ in range(1100):  # (an hour and a half of failures: 2 ** n overflowed)
+                dr._off_until = 0.0
+                assert await dr.read("op", 0, "k") == (False, None)
+            assert not dr.available
         finally:
             await dr.close()
             coord.close()
