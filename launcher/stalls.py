@@ -1,7 +1,8 @@
 """Report a stall of a service's event loop, with the code that held it (issue 48).
 
-A loop that stands still past half the heartbeat timeout costs a cluster a recovery: a
-coordinator silent for 1 s loses every worker at once, and the workers leave it in turn
+A loop that stands still near the heartbeat timeout costs a cluster a recovery: a
+coordinator whose loop stood still for 1 s reads every worker's beats late and loses them
+all at once, and the workers, hearing nothing meanwhile, leave it
 ("no word from the coordinator for 1.8 s while this worker ran"). The nemesis saw exactly
 that mid-recovery, with no line in any log saying what the coordinator was doing.
 
