@@ -49,6 +49,12 @@ _WAITING = {"select", "poll", "epoll", "_run_once", "run_forever"}
 _WAITING_IN = ("asyncio/runners.py", "uvloop/__init__.py")
 
 
+def _waited(used: float, span: float) -> bool:
+    """Did a process that used ``used`` seconds of CPU over ``span`` seconds mostly wait?
+    (Under a quarter: on a shared CPU a busy process still gets a share.)"""
+    return used < span / 4
+
+
 class StallWatch:
     """Watch ``loop`` (run by the calling thread) for stalls of ``threshold`` seconds or more
     (see the module docstring); :meth:`start` on the loop's thread, :meth:`stop` at the end."""
@@ -106,12 +112,11 @@ class StallWatch:
 
     def _frozen(self, late: float, used: float) -> None:
         """This thread woke ``late`` seconds late, the process having used ``used`` seconds
-        of CPU meanwhile: code that kept the GIL (C code) if it ran a good part of that time
-        (a quarter: on a shared CPU it gets a share), else the whole process was stopped or
-        starved."""
+        of CPU meanwhile: code that kept the GIL (C code) if it did not mostly wait
+        (:func:`_waited`), else the whole process was stopped or starved."""
         self.stalls += 1
         self.frozen += 1
-        if used >= late / 4:
+        if not _waited(used, late):
             log.warning("the process did not run Python for %.2f s (%.2f s of CPU used): held "
                         "by code that kept the GIL", late, used)
         else:
@@ -130,7 +135,7 @@ class StallWatch:
             return False  # (it is waiting for events: it ran since, the tick is due)
         self.stacks += 1
         waited = ("; it waited, on a blocking call (I/O, a lock, a sleep) or for a CPU (a "
-                  "starved host)" if used < (now - last) / 4 else "")
+                  "starved host)" if _waited(used, now - last) else "")
         log.warning("the event loop has not run for %.2f s (%.2f s of CPU used%s); it is held "
                     "by:\n%s", now - last, used, waited,
                     "".join(traceback.format_list(stack)).rstrip())

@@ -201,7 +201,7 @@ class Recovery:
                     log.warning("recovery %d: still waiting for worker(s) %s to get ready "
                                 "(registered: opening their stores and connecting to Kafka)",
                                 attempt, starting)
-                lost = [i for i in state.not_ready() if i not in starting]
+                lost = [m.index for m in state.members if not m.alive]
                 if lost:
                     log.warning("recovery %d: still waiting for worker(s) %s to be restarted "
                                 "(sfaas up restarts them; any worker process of this app can "
