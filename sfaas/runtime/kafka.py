@@ -358,6 +358,13 @@ async def read_range(
     read = _RangeRead(consumer, list(starts), deadline, patience)
     try:
         consumer.assign(read.tps)
+        # (positioned before anything awaits: a partition assigned without a position sends
+        # aiokafka's fetcher to look for one, which ``auto_offset_reset="none"`` cannot give,
+        # and a seek after that left the fetcher idle for its 0.2 s poll interval — 0.21 s
+        # of a promoted standby's recovery in 4 of 6 failovers; the records fetched while
+        # the ends are asked are kept)
+        for tp, start in starts.items():
+            consumer.seek(tp, start)
         return await read.records(starts, await read.ends(need))
     finally:
         await consumer.stop()
@@ -407,12 +414,11 @@ class _RangeRead:
 
     async def records(self, starts: dict[TopicPartition, int],
                       ends: dict[TopicPartition, int]) -> dict[int, list[tuple[int, bytes]]]:
-        """Every record from each start to its end (out of range: asked again)."""
+        """Every record from each start (where the consumer stands) to its end (out of
+        range: asked again)."""
         consumer, tps = self.consumer, self.tps
         out: dict[int, list[tuple[int, bytes]]] = {tp.partition: [] for tp in tps}
         at = dict(starts)  # the next offset wanted, per partition
-        for tp in tps:
-            consumer.seek(tp, at[tp])
         while [tp for tp in tps if at[tp] < ends[tp]]:
             try:
                 got = await consumer.getmany(timeout_ms=READ_POLL_MS)
