@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -115,23 +116,35 @@ class Rotation:
 
 
 def on_some_endpoint(rotation: Rotation, clients: Sequence[C], fn: Callable[[C], T], *,
-                     what: str, scrub: Callable[[str], str]) -> T:
+                     what: str, scrub: Callable[[str], str],
+                     first: Sequence[C] | None = None,
+                     after_first: Callable[[float], None] | None = None) -> T:
     """``fn(client)`` on the current endpoint; on an error that :func:`fails_over`, on each
     following endpoint in turn (each once). Other errors propagate at once; when every
-    endpoint failed, :class:`EndpointsFailed` names them all."""
+    endpoint failed, :class:`EndpointsFailed` names them all. ``first``: the clients of
+    the first endpoint tried (the same endpoints as ``clients``, with a shorter timeout);
+    ``after_first(seconds)``: told how long the call that succeeded after ``first`` failed
+    took."""
     start = rotation.current
     n = len(clients)
-    failures: list[tuple[str, BaseException]] = []
+    failures: list[tuple[str, BaseException, bool]] = []
     for k in range(n):
         i = (start + k) % n
+        use = first if first is not None and k == 0 else clients
+        hurried = use is not clients
+        t0 = time.monotonic()
         try:
-            return fn(clients[i])
+            got = fn(use[i])
         except Exception as e:
             if not fails_over(e):
                 raise
-            failures.append((rotation.urls[i], e))
+            failures.append((rotation.urls[i], e, hurried))
             rotation.leave(i)
             if k + 1 < n:
                 log.warning("%s: MinIO at %s failed (%s: %s); trying %s", what, rotation.urls[i],
                             type(e).__name__, scrub(str(e)), rotation.urls[(i + 1) % n])
-    raise EndpointsFailed(failures, scrub)
+            continue
+        if failures and failures[0][2] and after_first is not None:
+            after_first(time.monotonic() - t0)
+        return got
+    raise EndpointsFailed([(url, e) for url, e, _ in failures], scrub)

@@ -21,6 +21,7 @@ import io
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -80,6 +81,20 @@ CONNECT_TIMEOUT = 3.0
 #: a second (its host gone: no answer at all) counts as down. On a LAN a connect takes well
 #: under a millisecond, and a refusing node (its process gone) answers at once.
 FAILOVER_CONNECT_TIMEOUT = 1.0
+#: With several endpoints, how long the first endpoint of each try may keep a request
+#: without a byte of answer before the next one is tried (the others get ``read_timeout``).
+#: A distributed MinIO node holds a request it was serving when a peer node died (a
+#: ``docker stop``): it waits on the dead peer's connection until that peer is back, while
+#: a new request to any node is answered at once. Seen: a GET held 7.1 s in one of six
+#: stops of a non-serving node; in the nemesis a recovery's restore held 5.2 s (seed
+#: 2949546457, 5 s of its 16.75 s reply gap). Only the first endpoint is hurried: an
+#: answer that is slow everywhere (a listing while MinIO still waits for a dead node) costs
+#: this once, then waits as long as ``read_timeout`` allows.
+FIRST_READ_TIMEOUT = 2.0
+#: Seconds every endpoint gets the whole ``read_timeout`` after a call answered slowly by
+#: the endpoint tried after a hurried one: MinIO is slow everywhere, and hurrying would
+#: only add :data:`FIRST_READ_TIMEOUT` to every call.
+PATIENT_FOR = 30.0
 _MISSING_CODES = frozenset({"NoSuchKey", "NoSuchObject"})
 _CHUNK = 1 << 20
 
@@ -139,7 +154,9 @@ class MinioRemote(Remote):
     all threads. ``retry`` bounds how long transient errors are retried; ``connect_timeout``
     (default :data:`CONNECT_TIMEOUT`, or :data:`FAILOVER_CONNECT_TIMEOUT` with several
     endpoints) and ``read_timeout`` bound each request (so a node that accepts connections
-    but never answers costs ``read_timeout`` before the next endpoint is tried).
+    but never answers costs ``read_timeout`` before the next endpoint is tried); with
+    several endpoints, the first one of each try has ``first_read_timeout`` (default
+    :data:`FIRST_READ_TIMEOUT`, at most ``read_timeout``).
     """
 
     shareable = True
@@ -158,10 +175,16 @@ class MinioRemote(Remote):
         pool_size: int = 16,
         connect_timeout: float | None = None,
         read_timeout: float = 30.0,
+        first_read_timeout: float | None = None,
     ) -> None:
         endpoints, secure = parse_endpoints(endpoint, secure)
         if connect_timeout is None:
             connect_timeout = CONNECT_TIMEOUT if len(endpoints) == 1 else FAILOVER_CONNECT_TIMEOUT
+        if first_read_timeout is None:
+            first_read_timeout = FIRST_READ_TIMEOUT
+        first_read_timeout = min(first_read_timeout, read_timeout)
+        if first_read_timeout <= 0:
+            raise ValueError(f"first_read_timeout must be > 0 s, got {first_read_timeout}")
         for label, value in (("access_key", access_key), ("secret_key", secret_key)):
             if not isinstance(value, str) or not value:
                 # Never echo the value: it may be a credential.
@@ -185,6 +208,7 @@ class MinioRemote(Remote):
             credential=credentials.register(full_endpoint, access_key, secret_key), bucket=bucket,
             prefix=prefix, region=region, retry=retry, pool_size=pool_size,
             connect_timeout=connect_timeout, read_timeout=read_timeout,
+            first_read_timeout=first_read_timeout,
         )
         #: Every endpoint, ``host:port``; :attr:`endpoint` is the one in use.
         self.endpoints = endpoints
@@ -193,23 +217,34 @@ class MinioRemote(Remote):
         self.prefix = _normalize_prefix(prefix)
         self.retry = retry or RetryPolicy()
         self._secret = secret_key
-        self._http = urllib3.PoolManager(
-            timeout=urllib3.Timeout(connect=connect_timeout, read=read_timeout),
-            maxsize=pool_size,
-            block=False,
-            cert_reqs="CERT_REQUIRED" if self.secure else "CERT_NONE",
-            ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
-            # Our own retry loop decides; urllib3 must not retry (or sleep) underneath it.
-            retries=False,
-        )
-        self._clients = tuple(
-            Minio(e, access_key=access_key, secret_key=secret_key, secure=self.secure,
-                  region=region, http_client=self._http)
-            for e in endpoints
-        )
+        #: every connection pool (one per read timeout), for :meth:`close`
+        self._pools: list[urllib3.PoolManager] = []
+
+        def clients(read: float) -> tuple[Minio, ...]:
+            http = urllib3.PoolManager(
+                timeout=urllib3.Timeout(connect=connect_timeout, read=read),
+                maxsize=pool_size,
+                block=False,
+                cert_reqs="CERT_REQUIRED" if self.secure else "CERT_NONE",
+                ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+                # Our own retry loop decides; urllib3 must not retry (or sleep) underneath it.
+                retries=False,
+            )
+            self._pools.append(http)
+            return tuple(Minio(e, access_key=access_key, secret_key=secret_key,
+                               secure=self.secure, region=region, http_client=http)
+                         for e in endpoints)
+
+        self._clients = clients(read_timeout)
         self._client = self._clients[0]
         #: One endpoint: no failover bookkeeping at all on the request path.
         self._rotation = Rotation(urls) if len(urls) > 1 else None
+        #: the first endpoint of each try's clients (several endpoints: hurried)
+        self._first_clients = self._clients if self._rotation is None \
+            or first_read_timeout >= read_timeout else clients(first_read_timeout)
+        self._first_read_timeout = first_read_timeout
+        #: until when (``time.monotonic``) no endpoint is hurried (:data:`PATIENT_FOR`)
+        self._patient_until = 0.0
         self._label = ", ".join(urls)
         self._bucket_lock = threading.Lock()
         self._bucket_ready = False
@@ -273,11 +308,22 @@ class MinioRemote(Remote):
     def _failover_call(self, rotation: Rotation, fn: _OnClient[T], what: str) -> T:
         # (not inlined in _call: its closure would turn _call's locals into cells, which
         # slows the one-endpoint path down)
-        clients = self._clients
+        clients, first = self._clients, self._first_clients
+        hurry = first is not clients and time.monotonic() >= self._patient_until
         return retry_call(
-            lambda: on_some_endpoint(rotation, clients, fn, what=what, scrub=self._scrub),
+            lambda: on_some_endpoint(rotation, clients, fn, what=what, scrub=self._scrub,
+                                     first=first if hurry else None,
+                                     after_first=self._after_hurried),
             policy=self.retry, is_transient=_transient_or_swept, what=what, scrub=self._scrub,
         )
+
+    def _after_hurried(self, took: float) -> None:
+        """A call succeeded in ``took`` s on the endpoint after a hurried one: slower than
+        the hurry allows, every endpoint gets its whole ``read_timeout`` for a while."""
+        if took > self._first_read_timeout:
+            self._patient_until = time.monotonic() + PATIENT_FOR
+            log.warning("MinIO answers slowly on every endpoint (%.1f s): no endpoint is "
+                        "hurried for %.0f s", took, PATIENT_FOR)
 
     def _error(self, op: str, key: str | None, e: Exception) -> RemoteError:
         detail = f"{e.code}: {e.message}" if isinstance(e, S3Error) else f"{type(e).__name__}: {e}"
@@ -546,7 +592,8 @@ class MinioRemote(Remote):
 
     def close(self) -> None:
         """Close pooled connections (the remote reopens them if used again)."""
-        self._http.clear()
+        for pool in self._pools:
+            pool.clear()
 
 
 #: Remotes rebuilt by unpickling in this process, by settings: a store's background

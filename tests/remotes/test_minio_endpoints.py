@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import pickle
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from launcher.minio_server import DistributedMinio, start_distributed
 from launcher.services import Endpoints
 from remotes import FileInfo, Manifest, RemoteError
 from remotes._retry import RetryPolicy
-from remotes.minio import FAILOVER_CONNECT_TIMEOUT, MinioRemote
+from remotes.minio import FAILOVER_CONNECT_TIMEOUT, FIRST_READ_TIMEOUT, MinioRemote
 from tests.conftest import TEST_BUCKET
 
 BUCKET = "failover"
@@ -229,3 +230,102 @@ def test_endpoint_lists_parse_pickle_and_name_bad_entries() -> None:
                       ("http://a:1,https://b:2", "mix"), ("a:1,b:2/x", "entry 2"), ("", "non-empty")):
         with pytest.raises(ValueError, match=says):
             MinioRemote(bad, "sfaas", secret, BUCKET)
+
+
+class _Relay:
+    """A TCP relay to ``upstream`` on a thread per direction: ``delay`` s before each chunk
+    of the answer; ``silent``: it takes connections and never answers (a node that holds a
+    request, as a distributed MinIO node does when a peer died under it)."""
+
+    def __init__(self, upstream: str, delay: float = 0.0, silent: bool = False) -> None:
+        host, port = upstream.rsplit(":", 1)
+        self.upstream, self.delay, self.silent = (host, int(port)), delay, silent
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.endpoint = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+            if not self.silent:
+                up = socket.create_connection(self.upstream)
+                self.held.append(up)
+                threading.Thread(target=self._pipe, args=(conn, up, 0.0), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(up, conn, self.delay), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket, delay: float) -> None:
+        try:
+            while chunk := src.recv(1 << 16):
+                time.sleep(delay)
+                dst.sendall(chunk)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+        for s in self.held:
+            s.close()
+
+
+def test_a_node_that_holds_a_request_costs_the_first_read_timeout(minio: Endpoints) -> None:
+    """A distributed MinIO node serving a request when a peer node died can hold it until
+    the peer is back (a GET held 7.1 s; a recovery's restore 5.2 s of a nemesis reply gap),
+    while any node answers a new request at once. The first endpoint of a try gets
+    :data:`FIRST_READ_TIMEOUT`, not the 30 s ``read_timeout``, before the next is tried."""
+    held = _Relay(minio.minio_endpoint, silent=True)
+    remote = MinioRemote(f"{held.endpoint},{minio.minio_endpoint}", minio.minio_access_key,
+                         minio.minio_secret_key, TEST_BUCKET,
+                         prefix=f"t-{uuid.uuid4().hex[:10]}", retry=ROUNDS)
+    try:
+        t0 = time.perf_counter()
+        remote.put_blob("a", b"x")
+        took = time.perf_counter() - t0
+        assert remote.endpoint == minio.minio_endpoint
+        assert remote.get_blob("a") == b"x"
+        print(f"\na request held by the first node: answered by the next in {took:.2f} s "
+              f"(first read timeout {FIRST_READ_TIMEOUT} s)")
+        assert FIRST_READ_TIMEOUT * 0.9 <= took < FIRST_READ_TIMEOUT * 2 + 1
+    finally:
+        remote.destroy()
+        held.close()
+
+
+def test_answers_slow_on_every_node_still_arrive(minio: Endpoints,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """Only the first endpoint of a try is hurried: when every node answers slowly (a
+    listing while MinIO itself still waits for a dead node), the next one gets the whole
+    ``read_timeout`` and the call succeeds — a timeout on every endpoint would turn slow
+    into never."""
+    relays = [_Relay(minio.minio_endpoint, delay=0.5) for _ in range(2)]
+    remote = MinioRemote(",".join(r.endpoint for r in relays), minio.minio_access_key,
+                         minio.minio_secret_key, TEST_BUCKET, prefix=f"t-{uuid.uuid4().hex[:10]}",
+                         retry=RetryPolicy(attempts=1), read_timeout=10.0, first_read_timeout=0.2)
+    caplog.set_level(logging.WARNING, logger="remotes.minio")
+    try:
+        def hurried() -> int:
+            return len([r for r in caplog.records if "timed out" in r.getMessage().lower()])
+
+        t0 = time.perf_counter()
+        remote.put_blob("a", b"slow")
+        took = time.perf_counter() - t0
+        first = hurried()
+        assert first >= 1, caplog.text  # the first endpoint was given up after 0.2 s
+        assert "answers slowly on every endpoint" in caplog.text
+        t0 = time.perf_counter()
+        assert remote.get_blob("a") == b"slow"
+        then = time.perf_counter() - t0
+        print(f"\nslow on every node: the put took {took:.2f} s, hurried away {first} times; "
+              f"the get after it {then:.2f} s, hurried away {hurried() - first} times")
+        assert hurried() == first, caplog.text  # patient now: no endpoint is hurried
+    finally:
+        remote.destroy()
+        for r in relays:
+            r.close()
