@@ -20,7 +20,8 @@ from typing import TypeVar
 import urllib3
 from minio.error import InvalidResponseError, S3Error, ServerError
 
-__all__ = ["parse_endpoints", "fails_over", "EndpointsFailed", "Rotation", "on_some_endpoint"]
+__all__ = ["parse_endpoints", "fails_over", "EndpointsFailed", "Rotation", "on_some_endpoint",
+           "Hurry", "FIRST_READ_TIMEOUT", "PATIENT_FOR"]
 
 log = logging.getLogger("remotes.minio")
 
@@ -31,6 +32,42 @@ C = TypeVar("C")
 #: starts, its drives unreachable).
 _NODE_CODES = frozenset({"XMinioServerNotInitialized", "ServiceUnavailable",
                          "XMinioBackendDown"})
+
+#: With several endpoints, how long the first endpoint of each try may keep a request
+#: without a byte of answer before the next one is tried (the others get a remote's
+#: ``read_timeout``). A distributed MinIO node holds a request it was serving when a peer
+#: node died (a ``docker stop``): it waits on the dead peer's connection until that peer
+#: is back, while a new request to any node is answered at once. Seen: a GET held 7.1 s in
+#: one of six stops of a non-serving node; in the nemesis a recovery's restore held 5.2 s
+#: (seed 2949546457, 5 s of its 16.75 s reply gap). Only the first endpoint is hurried: an
+#: answer that is slow everywhere (a listing while MinIO still waits for a dead node) costs
+#: this once, then waits as long as ``read_timeout`` allows.
+FIRST_READ_TIMEOUT = 2.0
+#: Seconds every endpoint gets the whole ``read_timeout`` after a call answered slowly by
+#: the endpoint tried after a hurried one: MinIO is slow everywhere, and hurrying would
+#: only add :data:`FIRST_READ_TIMEOUT` to every call.
+PATIENT_FOR = 30.0
+
+
+class Hurry:
+    """Whether the first endpoint of a try is hurried (given ``timeout`` s, the others the
+    remote's whole read timeout): yes, but for :data:`PATIENT_FOR` s after a call the next
+    endpoint answered slower than ``timeout``."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        #: until when (``time.monotonic``) no endpoint is hurried
+        self._patient_until = 0.0
+
+    def now(self) -> bool:
+        return time.monotonic() >= self._patient_until
+
+    def answered_after(self, took: float) -> None:
+        """A call succeeded in ``took`` s on the endpoint tried after a hurried one."""
+        if took > self.timeout:
+            self._patient_until = time.monotonic() + PATIENT_FOR
+            log.warning("MinIO answers slowly on every endpoint (%.1f s): no endpoint is "
+                        "hurried for %.0f s", took, PATIENT_FOR)
 
 
 def parse_endpoints(endpoint: str | Sequence[str], secure: bool) -> tuple[tuple[str, ...], bool]:

@@ -23,6 +23,7 @@ __all__ = [
     "check_snapshot_id",
     "manifest_name",
     "parse_manifest_name",
+    "normalize_prefix",
 ]
 
 FILES = "files"
@@ -72,3 +73,18 @@ def parse_manifest_name(name: str) -> int | None:
     """The snapshot id encoded in a ``manifests/`` entry name, or ``None`` for other names."""
     m = _MANIFEST_RE.match(name)
     return int(m.group(1)) if m else None
+
+
+def normalize_prefix(prefix: str) -> str:
+    """``prefix`` as ``a/b/`` (``""`` for none); ``ValueError`` naming a bad component."""
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, got {type(prefix).__name__}: {prefix!r}")
+    parts = [p for p in prefix.strip("/").split("/")]
+    if parts == [""]:
+        return ""
+    for p in parts:
+        if p in ("", ".", "..") or "\\" in p or "\x00" in p:
+            raise ValueError(
+                f"prefix {prefix!r} has an empty, '.', '..' or invalid component {p!r}"
+            )
+    return "/".join(parts) + "/"

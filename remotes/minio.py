@@ -21,7 +21,6 @@ import io
 import logging
 import os
 import threading
-import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -35,7 +34,14 @@ from minio.error import InvalidResponseError, S3Error, ServerError
 from minio.helpers import check_bucket_name
 
 from . import credentials
-from ._endpoints import EndpointsFailed, Rotation, on_some_endpoint, parse_endpoints
+from ._endpoints import (
+    FIRST_READ_TIMEOUT,
+    EndpointsFailed,
+    Hurry,
+    Rotation,
+    on_some_endpoint,
+    parse_endpoints,
+)
 from ._gc import plan_gc
 from ._layout import (
     BLOBS,
@@ -44,6 +50,7 @@ from ._layout import (
     check_name,
     check_snapshot_id,
     manifest_name,
+    normalize_prefix,
     parse_manifest_name,
 )
 from ._retry import RetriesExhausted, RetryPolicy, retry_call
@@ -81,20 +88,6 @@ CONNECT_TIMEOUT = 3.0
 #: a second (its host gone: no answer at all) counts as down. On a LAN a connect takes well
 #: under a millisecond, and a refusing node (its process gone) answers at once.
 FAILOVER_CONNECT_TIMEOUT = 1.0
-#: With several endpoints, how long the first endpoint of each try may keep a request
-#: without a byte of answer before the next one is tried (the others get ``read_timeout``).
-#: A distributed MinIO node holds a request it was serving when a peer node died (a
-#: ``docker stop``): it waits on the dead peer's connection until that peer is back, while
-#: a new request to any node is answered at once. Seen: a GET held 7.1 s in one of six
-#: stops of a non-serving node; in the nemesis a recovery's restore held 5.2 s (seed
-#: 2949546457, 5 s of its 16.75 s reply gap). Only the first endpoint is hurried: an
-#: answer that is slow everywhere (a listing while MinIO still waits for a dead node) costs
-#: this once, then waits as long as ``read_timeout`` allows.
-FIRST_READ_TIMEOUT = 2.0
-#: Seconds every endpoint gets the whole ``read_timeout`` after a call answered slowly by
-#: the endpoint tried after a hurried one: MinIO is slow everywhere, and hurrying would
-#: only add :data:`FIRST_READ_TIMEOUT` to every call.
-PATIENT_FOR = 30.0
 _MISSING_CODES = frozenset({"NoSuchKey", "NoSuchObject"})
 _CHUNK = 1 << 20
 
@@ -126,20 +119,6 @@ class _OnClient(Protocol[T_co]):
 def _transient_or_swept(e: BaseException) -> bool:
     # a round in which every endpoint failed is retried like one endpoint's transient error
     return isinstance(e, EndpointsFailed) or is_transient(e)
-
-
-def _normalize_prefix(prefix: str) -> str:
-    if not isinstance(prefix, str):
-        raise TypeError(f"prefix must be a str, got {type(prefix).__name__}: {prefix!r}")
-    parts = [p for p in prefix.strip("/").split("/")]
-    if parts == [""]:
-        return ""
-    for p in parts:
-        if p in ("", ".", "..") or "\\" in p or "\x00" in p:
-            raise ValueError(
-                f"prefix {prefix!r} has an empty, '.', '..' or invalid component {p!r}"
-            )
-    return "/".join(parts) + "/"
 
 
 class MinioRemote(Remote):
@@ -214,7 +193,7 @@ class MinioRemote(Remote):
         self.endpoints = endpoints
         self.bucket = bucket
         self.secure = bool(secure)
-        self.prefix = _normalize_prefix(prefix)
+        self.prefix = normalize_prefix(prefix)
         self.retry = retry or RetryPolicy()
         self._secret = secret_key
         #: every connection pool (one per read timeout), for :meth:`close`
@@ -242,9 +221,7 @@ class MinioRemote(Remote):
         #: the first endpoint of each try's clients (several endpoints: hurried)
         self._first_clients = self._clients if self._rotation is None \
             or first_read_timeout >= read_timeout else clients(first_read_timeout)
-        self._first_read_timeout = first_read_timeout
-        #: until when (``time.monotonic``) no endpoint is hurried (:data:`PATIENT_FOR`)
-        self._patient_until = 0.0
+        self._hurry = Hurry(first_read_timeout)
         self._label = ", ".join(urls)
         self._bucket_lock = threading.Lock()
         self._bucket_ready = False
@@ -309,21 +286,13 @@ class MinioRemote(Remote):
         # (not inlined in _call: its closure would turn _call's locals into cells, which
         # slows the one-endpoint path down)
         clients, first = self._clients, self._first_clients
-        hurry = first is not clients and time.monotonic() >= self._patient_until
+        hurry = first is not clients and self._hurry.now()
         return retry_call(
             lambda: on_some_endpoint(rotation, clients, fn, what=what, scrub=self._scrub,
                                      first=first if hurry else None,
-                                     after_first=self._after_hurried),
+                                     after_first=self._hurry.answered_after),
             policy=self.retry, is_transient=_transient_or_swept, what=what, scrub=self._scrub,
         )
-
-    def _after_hurried(self, took: float) -> None:
-        """A call succeeded in ``took`` s on the endpoint after a hurried one: slower than
-        the hurry allows, every endpoint gets its whole ``read_timeout`` for a while."""
-        if took > self._first_read_timeout:
-            self._patient_until = time.monotonic() + PATIENT_FOR
-            log.warning("MinIO answers slowly on every endpoint (%.1f s): no endpoint is "
-                        "hurried for %.0f s", took, PATIENT_FOR)
 
     def _error(self, op: str, key: str | None, e: Exception) -> RemoteError:
         detail = f"{e.code}: {e.message}" if isinstance(e, S3Error) else f"{type(e).__name__}: {e}"
