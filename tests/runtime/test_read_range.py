@@ -134,11 +134,9 @@ def test_a_busy_loop_never_leaves_the_fetcher_idle_for_its_poll_interval(kafka: 
     between, looked for one and then sat out its 0.2 s poll interval after the seek — 0.21 s
     of a promoted standby's recovery in 4 of 6 failovers (issue 48). Each read here took
     0.25 s then beside a loop that turns every 0.5 ms, and 0.05 s positioned at once."""
-    from sfaas.runtime import kafka as kafka_mod
-
     async def go() -> None:
         topic = await _topic(kafka, 0, partitions=8)
-        producer = kafka_mod.make_producer(kafka.kafka_bootstrap, transactional_id=topic)
+        producer = make_producer(kafka.kafka_bootstrap, transactional_id=topic)
         await producer.start()
         try:
             await producer.begin_transaction()
