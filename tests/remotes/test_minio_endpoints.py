@@ -270,6 +270,10 @@ class _Relay:
             pass
 
     def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # (wakes the accepting thread; close does not)
+        except OSError:
+            pass
         self.sock.close()
         for s in self.held:
             s.close()
