@@ -93,19 +93,26 @@ def test_an_acknowledgement_rides_in_the_next_requests_frame(monkeypatch: pytest
 
 
 def test_a_lone_acknowledgement_goes_after_the_delay(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(direct, "ACK_DELAY", 0.05)
+    # (a delay a loaded CI host cannot outlast between two calls: at 0.05 s, a's lone
+    # acknowledgement once left before b's request, and b's before the check)
+    monkeypatch.setattr(direct, "ACK_DELAY", 1.0)
 
     async def main() -> None:
         chan = _Chan()
         path = _Path(chan)
         calls = DirectCalls(path)  # type: ignore[arg-type]
+        loop = asyncio.get_running_loop()
         for rid in ("a", "b"):
             assert (await _call(calls, path, rid)).ok  # type: ignore[union-attr]
+        answered = loop.time()
         acked = [a.rids for a in chan.sent(wire.Acked)]
         assert acked == [["a"]]  # (rode with b's request)
-        await asyncio.sleep(0.2)
+        while len(chan.sent(wire.Acked)) < 2 and loop.time() - answered < 10:
+            await asyncio.sleep(0.01)
+        waited = loop.time() - answered
         acked = [a.rids for a in chan.sent(wire.Acked)]
         assert acked == [["a"], ["b"]], acked
+        assert waited >= 0.9, f"b acknowledged alone {waited:.2f} s after its answer, before the delay"
         assert [type(m) for m in chan.frames[-1]] == [wire.Acked]
 
     asyncio.run(main())
