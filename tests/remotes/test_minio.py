@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -18,100 +17,15 @@ from remotes import RemoteError
 from remotes._retry import RetryPolicy
 from remotes.minio import MinioRemote
 from tests.conftest import TEST_BUCKET, make_minio_remote
+from tests.remotes.relay import Proxy, free_port
 
 FAST = RetryPolicy(attempts=3, base_delay=0.02, max_delay=0.05, deadline=5)
 PATIENT = RetryPolicy(attempts=200, base_delay=0.05, max_delay=0.3, deadline=30)  # deadline governs
 SECRET = "Zq9-very-secret-value-7731"
 
 
-def free_port() -> int:
-    """Outside the ephemeral range (see ``launcher.cluster.free_port``)."""
-    from launcher.cluster import free_port as pick
-
-    return pick("127.0.0.1")
-
-
 def retry_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "transient error" in r.getMessage()]
-
-
-class Proxy:
-    """A TCP forwarder to MinIO that can start late and answer the first requests with
-    ``503 SlowDown`` (what S3 sends when it throttles)."""
-
-    def __init__(self, target_port: int, *, slowdowns: int = 0) -> None:
-        self.port = free_port()
-        self.target_port = target_port
-        self.slowdowns = slowdowns
-        self._lock = threading.Lock()
-        self._sock: socket.socket | None = None
-        self._closed = threading.Event()
-
-    def start(self) -> None:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", self.port))
-        sock.listen(16)
-        self._sock = sock
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def stop(self) -> None:
-        self._closed.set()
-        if self._sock is not None:
-            self._sock.close()
-
-    def _accept(self) -> None:
-        assert self._sock is not None
-        while not self._closed.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
-
-    def _handle(self, conn: socket.socket) -> None:
-        with self._lock:
-            throttle = self.slowdowns > 0
-            if throttle:
-                self.slowdowns -= 1
-        if throttle:
-            buf = b""
-            while b"\r\n\r\n" not in buf:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    break
-                buf += chunk
-            body = (
-                b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-                b"<Message>Please reduce your request rate.</Message></Error>"
-            )
-            conn.sendall(
-                b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\n"
-                + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                + body
-            )
-            conn.close()
-            return
-        upstream = socket.create_connection(("127.0.0.1", self.target_port))
-
-        def pump(src: socket.socket, dst: socket.socket) -> None:
-            try:
-                while True:
-                    data = src.recv(65536)
-                    if not data:
-                        break
-                    dst.sendall(data)
-            except OSError:
-                pass
-            finally:
-                for s in (src, dst):
-                    try:
-                        s.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-
-        threading.Thread(target=pump, args=(upstream, conn), daemon=True).start()
-        pump(conn, upstream)
 
 
 def minio_port(ep: Endpoints) -> int:

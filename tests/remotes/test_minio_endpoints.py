@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import pickle
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from remotes import FileInfo, Manifest, RemoteError
 from remotes._retry import RetryPolicy
 from remotes.minio import FAILOVER_CONNECT_TIMEOUT, FIRST_READ_TIMEOUT, MinioRemote
 from tests.conftest import TEST_BUCKET
+from tests.remotes.relay import Proxy
 
 BUCKET = "failover"
 #: A short retry budget: what the runtime's snapshot rounds use (``sfaas.runtime.state``).
@@ -232,51 +232,8 @@ def test_endpoint_lists_parse_pickle_and_name_bad_entries() -> None:
             MinioRemote(bad, "sfaas", secret, BUCKET)
 
 
-class _Relay:
-    """A TCP relay to ``upstream`` on a thread per direction: ``delay`` s before each chunk
-    of the answer; ``silent``: it takes connections and never answers (a node that holds a
-    request, as a distributed MinIO node does when a peer died under it)."""
-
-    def __init__(self, upstream: str, delay: float = 0.0, silent: bool = False) -> None:
-        host, port = upstream.rsplit(":", 1)
-        self.upstream, self.delay, self.silent = (host, int(port)), delay, silent
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.endpoint = f"127.0.0.1:{self.sock.getsockname()[1]}"
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.held.append(conn)
-            if not self.silent:
-                up = socket.create_connection(self.upstream)
-                self.held.append(up)
-                threading.Thread(target=self._pipe, args=(conn, up, 0.0), daemon=True).start()
-                threading.Thread(target=self._pipe, args=(up, conn, self.delay), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket, delay: float) -> None:
-        try:
-            while chunk := src.recv(1 << 16):
-                time.sleep(delay)
-                dst.sendall(chunk)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)  # (wakes the accepting thread; close does not)
-        except OSError:
-            pass
-        self.sock.close()
-        for s in self.held:
-            s.close()
+def _port(minio: Endpoints) -> int:
+    return int(minio.minio_endpoint.rsplit(":", 1)[1])
 
 
 def test_a_node_that_holds_a_request_costs_the_first_read_timeout(minio: Endpoints) -> None:
@@ -284,7 +241,8 @@ def test_a_node_that_holds_a_request_costs_the_first_read_timeout(minio: Endpoin
     the peer is back (a GET held 7.1 s; a recovery's restore 5.2 s of a nemesis reply gap),
     while any node answers a new request at once. The first endpoint of a try gets
     :data:`FIRST_READ_TIMEOUT`, not the 30 s ``read_timeout``, before the next is tried."""
-    held = _Relay(minio.minio_endpoint, silent=True)
+    held = Proxy(_port(minio), silent=True)
+    held.start()
     remote = MinioRemote(f"{held.endpoint},{minio.minio_endpoint}", minio.minio_access_key,
                          minio.minio_secret_key, TEST_BUCKET,
                          prefix=f"t-{uuid.uuid4().hex[:10]}", retry=ROUNDS)
@@ -299,7 +257,7 @@ def test_a_node_that_holds_a_request_costs_the_first_read_timeout(minio: Endpoin
         assert FIRST_READ_TIMEOUT * 0.9 <= took < FIRST_READ_TIMEOUT * 2 + 1
     finally:
         remote.destroy()
-        held.close()
+        held.stop()
 
 
 def test_answers_slow_on_every_node_still_arrive(minio: Endpoints,
@@ -308,7 +266,9 @@ def test_answers_slow_on_every_node_still_arrive(minio: Endpoints,
     listing while MinIO itself still waits for a dead node), the next one gets the whole
     ``read_timeout`` and the call succeeds — a timeout on every endpoint would turn slow
     into never."""
-    relays = [_Relay(minio.minio_endpoint, delay=0.5) for _ in range(2)]
+    relays = [Proxy(_port(minio), delay=0.5) for _ in range(2)]
+    for r in relays:
+        r.start()
     remote = MinioRemote(",".join(r.endpoint for r in relays), minio.minio_access_key,
                          minio.minio_secret_key, TEST_BUCKET, prefix=f"t-{uuid.uuid4().hex[:10]}",
                          retry=RetryPolicy(attempts=1), read_timeout=10.0, first_read_timeout=0.2)
@@ -332,4 +292,4 @@ def test_answers_slow_on_every_node_still_arrive(minio: Endpoints,
     finally:
         remote.destroy()
         for r in relays:
-            r.close()
+            r.stop()
