@@ -219,6 +219,15 @@ def _kafka_usable(s: ServiceSettings) -> bool:
     return result[0]
 
 
+def new_cluster_id(draw: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:
+    """A Kafka cluster id: 16 random bytes, url-safe base64 without padding — drawn again
+    when it begins with '-', as Kafka's own ``Uuid.randomUuid`` does (the storage tool
+    read one such id, 1 in 64, as an option: "--cluster-id: expected one argument")."""
+    while (cid := base64.urlsafe_b64encode(draw()).decode().rstrip("=")).startswith("-"):
+        pass
+    return cid
+
+
 def _up_kafka(s: ServiceSettings, say: Callable[[str], None], *, auto: bool,
               timeout: float = 180.0) -> None:
     svc = _KAFKA
@@ -245,8 +254,7 @@ def _up_kafka(s: ServiceSettings, say: Callable[[str], None], *, auto: bool,
         classpath = f"{libs}/*"
         jvm_log = [f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={logs}"]
         if not (data / "meta.properties").exists():
-            # Kafka's cluster id: 16 random bytes, url-safe base64 without padding.
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = new_cluster_id()
             say(f"formatting Kafka storage in {data} (cluster id {cluster_id})")
             res = subprocess.run(
                 [java, *jvm_log, "-cp", classpath, "kafka.tools.StorageTool", "format",
