@@ -91,6 +91,9 @@ class Store(abc.ABC):
     OPTIONS: ClassVar[dict[str, Option]] = {}
     #: Default for ``sync`` when the caller does not give one.
     DEFAULT_SYNC: ClassVar[str] = "os"
+    #: Whether the engine, opened on a snapshot's files, writes only into files it begins
+    #: then, never into one the snapshot names (:meth:`stands_at`, ``snapshots.adopt``).
+    NEW_FILES_AT_OPEN: ClassVar[bool] = False
 
     #: An engine's WAL descriptor, if it keeps one (closed by the default :meth:`_abandon`).
     _wal_fd: int | None
@@ -411,6 +414,12 @@ class Store(abc.ABC):
     def resume_after_restore(self) -> None:
         """Undo :meth:`pause_for_restore`."""
         self._resume()
+
+    def stands_at(self, names: Iterable[str], seq_floor: int) -> bool:
+        """(lock held) Whether this store, opened on the files ``names`` and not written
+        since, stands exactly there (see :data:`NEW_FILES_AT_OPEN`); if so, new files are
+        numbered above ``seq_floor`` from now on."""
+        return self.NEW_FILES_AT_OPEN and self.files.stands_at(names, seq_floor)
 
     def install_snapshot(
         self, entries: list[FileEntry], replaced: frozenset[str], seq_floor: int

@@ -81,6 +81,17 @@ class FileSet:
         """Number new files above ``seq`` (names another copy of the store has used)."""
         self.seq = max(self.seq, seq)
 
+    def stands_at(self, names: Iterable[str], seq_floor: int) -> bool:
+        """Whether every live file outside ``names`` is a WAL numbered above ``seq_floor``
+        (nothing flushed or merged since ``names``: the open's new WAL, its spare) — if so,
+        new files are numbered above it from now on."""
+        want = set(names)
+        if any(e.kind != "wal" or seq_of(n) <= seq_floor
+               for n, e in self.version.files.items() if n not in want):
+            return False
+        self.skip_to(seq_floor)
+        return True
+
     def load(self) -> Version:
         """(open) Read ``CURRENT`` into :attr:`version`, continue numbering above every name
         in the directory, and delete leftovers no version names."""

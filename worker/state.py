@@ -139,6 +139,9 @@ class WorkerState:
         self.assigned = asyncio.Event()
         # -- execution ------------------------------------------------------------------------
         self.engine: Engine | None = None
+        #: the snapshot a promotion opened each store at (``PartitionStores.opened_at``): the
+        #: first rollback, before any epoch began here, adopts those at its round as they are
+        self.opened_at: dict[tuple[str, int], int] = {}
         #: the epoch loop's state (queue, batch, re-runs, counters); made with the engine
         self.loop: Participant[Pending] | None = None
         #: the epoch running now is a recovery's replay (set at each Begin)

@@ -23,7 +23,7 @@ from benchmarks.replication import cluster_args, finish, run_points
 
 def report(rows: list[dict[str, Any]]) -> str:
     lines = ["| standby | repeats | longest reply gap s (median; each) | recovery s | restore s | replay: epochs, s "
-             "| replay speed × live (median; each) | files downloaded / restored | p99 ms |",
+             "| replay speed × live (median; each) | files downloaded / restored; stores adopted | p99 ms |",
              "|---|---|---|---|---|---|---|---|---|"]
     for sb in (1, 0):
         rs = [r for r in rows if r["standbys"] == sb and "recovery" in r]
@@ -34,7 +34,8 @@ def report(rows: list[dict[str, Any]]) -> str:
             return statistics.median(x.get(k, float("nan")) for x in rec)
 
         gaps = ", ".join(str(x["longest_gap_s"]) for x in rec)
-        files = ", ".join(f"{x.get('files_downloaded', '?')}/{x.get('files_restored', '?')}" for x in rec)
+        files = ", ".join(f"{x.get('files_downloaded', '?')}/{x.get('files_restored', '?')}; "
+                          f"{x.get('stores_adopted', '?')}" for x in rec)
         # replay speed (issue 48): logged epochs per second in the replay over epochs per second live
         speeds = ", ".join(f"{x['replay_speedup']:.2f} ({x['replay_epochs_per_s']:.0f}/{x['live_epochs_per_s']:.0f} "
                            "epochs/s)" if "replay_speedup" in x else "?" for x in rec)

@@ -212,14 +212,17 @@ def _recovery_stats(res, kill: dict, settings: Settings) -> dict:
                        replay_speedup=round(int(epochs) / float(replay) / live, 2))
         # what the workers downloaded to restore the round (survivors hold their files: the
         # downloads are the lost slot's)
-        files = total_files = 0
+        files = total_files = adopted = 0
         for f in cluster.state_dir(settings).glob("worker-*.log"):
             text = f.read_text()
-            for _st, r, d, t in re.findall(r"restored (\S+) to round (\d+): (\d+) of (\d+) files downloaded", text):
+            for _st, r, d, t, rest in re.findall(r"restored (\S+) to round (\d+): (\d+) of (\d+) files "
+                                                 r"downloaded(.*)$", text, re.M):
                 if int(r) == int(rnd):
                     files += int(d)
                     total_files += int(t)
-        out.update(files_downloaded=files, files_restored=total_files)
+                    adopted += "adopted as promoted" in rest
+        # (stores a promoted standby took as they stood, not installed again: worker.protocols.recovery)
+        out.update(files_downloaded=files, files_restored=total_files, stores_adopted=adopted)
     out["promoted_standby"] = "promoting standby" in log_text
     return out
 

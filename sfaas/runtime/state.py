@@ -74,9 +74,13 @@ class PartitionStores(Mapping[StoreKey, Store]):
     (:func:`sfaas.runtime.partitioning.partition_of`).
     """
 
-    def __init__(self, stores: Mapping[StoreKey, Store], partitions: int) -> None:
+    def __init__(self, stores: Mapping[StoreKey, Store], partitions: int,
+                 opened_at: Mapping[StoreKey, int] | None = None) -> None:
         self._stores = dict(stores)
         self.partitions = partitions
+        #: the snapshot each store was opened at, of those a promoted standby opened at the
+        #: round asked (none written since: the first rollback adopts them as they stand)
+        self.opened_at = dict(opened_at or {})
 
     def __getitem__(self, key: StoreKey) -> Store:
         return self._stores[key]

@@ -68,6 +68,7 @@ class LSMStore(Store):
     engine = "lsm"
     PREFIX = "lsm"
     DEFAULT_SYNC = "os"
+    NEW_FILES_AT_OPEN = True  # (its open starts a new WAL; runs are never written again)
     OPTIONS = {
         "memtable_bytes": Option(8 << 20, int, _positive, "an int >= 1 (bytes)"),
         "max_runs_per_level": Option(4, int, lambda v: v >= 2, "an int >= 2"),

@@ -54,7 +54,7 @@ from statestores.errors import (
     StoreClosedError,
     StoreError,
 )
-from statestores.snapshots import abandon_uploads, restore_empty
+from statestores.snapshots import abandon_uploads, adopt, restore_empty
 from worker.links import CoordinatorLink, PeerLinks
 from worker.needs import Quiet, WorldRollback
 from worker.protocols.replay import Logs, Raw, Replay, direct_items, replay_batch
@@ -323,6 +323,10 @@ class RollBack:
         st = self._state
         assert st.engine is not None
         me = st.index
+        # (stores a promotion opened at a snapshot, untouched while no epoch began here: the
+        # round's files are in place, and installing them again cost a promoted standby
+        # 0.13-0.19 s per store, its loop starved meanwhile; once: the replay writes them)
+        opened_at, st.opened_at = st.opened_at if st.engine.epoch == 0 else {}, {}
 
         def restore(op: str, p: int, store: Store) -> float:
             """(a thread) Store ``(op, p)`` back to the round; :class:`DiskFailed` if its
@@ -336,10 +340,13 @@ class RollBack:
         def restore_one(op: str, p: int, store: Store) -> float:
             gave_up = abandon_uploads(store, m.round)
             if m.round > 0:
-                info = store.restore(m.round)
+                info = adopt(store, store.remote, m.round) if opened_at.get((op, p)) == \
+                    m.round and store.remote is not None else None
+                how = "; adopted as promoted, nothing installed again" if info else ""
+                info = info or store.restore(m.round)
                 log.info("restored %s/p%d to round %d: %d of %d files downloaded; %d uploads of "
-                         "later rounds given up", op, p, m.round, info.files_downloaded,
-                         info.files_total, gave_up, extra={"worker": me})
+                         "later rounds given up%s", op, p, m.round, info.files_downloaded,
+                         info.files_total, gave_up, how, extra={"worker": me})
             elif store.remote is not None:  # no round yet: back to empty, new files
                 restore_empty(store, store.remote)  # named above what failed rounds left
             else:

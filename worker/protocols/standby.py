@@ -174,12 +174,13 @@ class _Standby:
         wanted = set(_partitions(msg.owned, self.follow.partitions,
                                  f"Promote to worker {msg.index}"))
         stores: dict[StoreKey, statestores.Store] = {}
+        opened_at: dict[StoreKey, int] = {}
         try:
             for (op, p), fol in list(self.followers.items()):
                 if p not in wanted:
                     fol.close()
                     del self.followers[(op, p)]
-            self._promote_all(msg, stores)
+            self._promote_all(msg, stores, opened_at)
             missing = sorted(wanted - {p for _op, p in stores})
             if missing:
                 log.warning("promoted to worker %d without following its partitions %s (the map "
@@ -189,9 +190,10 @@ class _Standby:
         except BaseException:
             PartitionStores(stores, self.follow.partitions).close()
             raise
-        return PartitionStores(stores, self.follow.partitions)
+        return PartitionStores(stores, self.follow.partitions, opened_at)
 
-    def _promote_all(self, msg: wire.Promote, stores: dict[StoreKey, statestores.Store]) -> None:
+    def _promote_all(self, msg: wire.Promote, stores: dict[StoreKey, statestores.Store],
+                     opened_at: dict[StoreKey, int]) -> None:
         """(a thread) Every follower left promoted into ``stores``, a thread each (their
         renames and syncs wait on the disk: one after the other took 30-80 ms apiece of a
         failover's gap on a busy host); the first failure raised once all ended."""
@@ -205,19 +207,23 @@ class _Standby:
         for key, fut in got:
             exc = fut.exception()
             if exc is None:
-                stores[key] = fut.result()
+                stores[key], at = fut.result()
+                if at == msg.round:
+                    opened_at[key] = at
                 del self.followers[key]
             elif failed is None:
                 failed = exc
         if failed is not None:
             raise failed
 
-    def _promote_one(self, fol: Follower, op: str, p: int, msg: wire.Promote) -> statestores.Store:
-        """``(op, p)``'s follower as the slot's store: at the round asked if it holds it,
-        else at its newest snapshot, else its newest version — the recovery restores the
-        round anyway, downloading what it lacks. A follower that installed nothing yet is
-        promoted empty. A failed promotion is logged and raised: this process exits, and
-        the coordinator gives the slot to another standby or a replacement."""
+    def _promote_one(self, fol: Follower, op: str, p: int,
+                     msg: wire.Promote) -> tuple[statestores.Store, int | None]:
+        """``(op, p)``'s follower as the slot's store, and the snapshot it was opened at: at
+        the round asked if it holds it, else at its newest snapshot, else its newest version
+        — the recovery restores the round anyway, downloading what it lacks. A follower
+        that installed nothing yet is promoted empty. A failed promotion is logged and
+        raised: this process exits, and the coordinator gives the slot to another standby
+        or a replacement."""
         s, app = self._settings, self._app
         held = fol.snapshots()
         at = msg.round if msg.round in held else (held[-1] if held else None)
@@ -245,7 +251,7 @@ class _Standby:
         store.remote = fol.seed if fol.seed is not None else store_remote(s, app.name, op, p)
         log.info("promoted %s/p%d to snapshot %s (round %d asked), %d files local", op, p, at,
                  msg.round, len(store.version()[1]), extra={"worker": msg.index})
-        return store
+        return store, at
 
 
 async def _register_again(register: Register, uplink: CoordinatorLink,
