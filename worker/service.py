@@ -282,8 +282,7 @@ class Worker(Service):
         # (the engine reads the partition map from the state: one copy, one writer)
         engine = Engine(self.app, st.index, st.n_workers, st.partitions, stores, self.calls,
                         st.current_owners)
-        st.opened_at = dict(stores.opened_at)
-        st.attach(engine)
+        st.attach(engine, stores.opened_at)
         self.world.attach(engine)
         self.rounds.index = st.index
         return engine

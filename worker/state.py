@@ -251,10 +251,21 @@ class WorkerState:
         return self.owners
 
     # -- the epoch loop --------------------------------------------------------------------------
-    def attach(self, engine: Engine) -> None:
-        """The engine is open: start the epoch loop on it."""
+    def attach(self, engine: Engine, opened_at: dict[tuple[str, int], int] | None = None) -> None:
+        """The engine is open: start the epoch loop on it. ``opened_at``: the snapshot a
+        promotion opened each of its stores at (``PartitionStores.opened_at``)."""
         self.engine = engine
+        self.opened_at = dict(opened_at or {})
         self.loop = self._new_loop()
+
+    def take_opened_at(self) -> dict[tuple[str, int], int]:
+        """(a rollback) The stores a promotion opened at a snapshot and nothing wrote to since
+        — none once an epoch began here (epoch commits are their only writers) — once: the
+        replay that follows writes them."""
+        opened_at, self.opened_at = self.opened_at, {}
+        if not opened_at or self.engine is None or self.engine.epoch != 0:
+            return {}
+        return opened_at
 
     def _new_loop(self) -> Participant[Pending]:
         assert self.engine is not None

@@ -326,7 +326,7 @@ class RollBack:
         # (stores a promotion opened at a snapshot, untouched while no epoch began here: the
         # round's files are in place, and installing them again cost a promoted standby
         # 0.13-0.19 s per store, its loop starved meanwhile; once: the replay writes them)
-        opened_at, st.opened_at = st.opened_at if st.engine.epoch == 0 else {}, {}
+        opened_at = st.take_opened_at()
 
         def restore(op: str, p: int, store: Store) -> float:
             """(a thread) Store ``(op, p)`` back to the round; :class:`DiskFailed` if its
